@@ -1,0 +1,160 @@
+"""The cost-model JSON: written by the fit, read by the Oracle, editable by hand for a what-if.
+
+Format (ms units)::
+
+    {"target": {"c": 0.0011,
+                "by_m": {"2": {"beta0": 7.3, "alpha": 0.078}, "3": {...}, ...}},
+     "draft":  {"a": 0.459, "b": 0.073}}
+
+Target time of a pass with ``m`` rows, ``u_bar`` unique experts per layer and context ``L``:
+``beta0(m) + alpha(m) * u_bar + c * L``. Draft time of ``k`` steps: ``a * k + b`` (0 for k = 0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from speclimits.errors import CostModelError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Round-cost model.
+
+    Attributes
+    ----------
+    c : ms per context token (shared across m).
+    beta0 : ``{m: intercept in ms}``.
+    alpha : ``{m: ms per unique expert}``.
+    a, b : draft time ``a * k + b`` in ms.
+    source : free text: where the numbers came from (fit on which trace, planted truth, hand edit).
+    """
+
+    c: float
+    beta0: Mapping[int, float]
+    alpha: Mapping[int, float]
+    a: float
+    b: float
+    source: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    # -- construction -----------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "cost model") -> "CostModel":
+        """Build from the JSON structure; errors name the missing or bad field."""
+
+        def need(obj: Any, key: str, where: str) -> Any:
+            if not isinstance(obj, Mapping) or key not in obj:
+                raise CostModelError(f"{origin}: missing '{where}{key}'")
+            return obj[key]
+
+        def num(value: Any, where: str) -> float:
+            try:
+                out = float(value)
+            except (TypeError, ValueError):
+                raise CostModelError(f"{origin}: '{where}' must be a number, got {value!r}") from None
+            if not np.isfinite(out):
+                raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
+            return out
+
+        target = need(data, "target", "")
+        draft = need(data, "draft", "")
+        by_m = need(target, "by_m", "target.")
+        if not isinstance(by_m, Mapping) or not by_m:
+            raise CostModelError(f"{origin}: 'target.by_m' must be a non-empty object keyed by m")
+        beta0, alpha = {}, {}
+        for key, entry in by_m.items():
+            try:
+                m = int(key)
+            except (TypeError, ValueError):
+                raise CostModelError(f"{origin}: 'target.by_m' key {key!r} is not an integer m") from None
+            if m < 1:
+                raise CostModelError(f"{origin}: 'target.by_m' key {key!r}: m must be >= 1")
+            beta0[m] = num(need(entry, "beta0", f"target.by_m.{key}."), f"target.by_m.{key}.beta0")
+            alpha[m] = num(need(entry, "alpha", f"target.by_m.{key}."), f"target.by_m.{key}.alpha")
+        return cls(
+            c=num(need(target, "c", "target."), "target.c"),
+            beta0=dict(sorted(beta0.items())),
+            alpha=dict(sorted(alpha.items())),
+            a=num(need(draft, "a", "draft."), "draft.a"),
+            b=num(need(draft, "b", "draft."), "draft.b"),
+            source=str(data.get("source", "")),
+            extra={k: v for k, v in data.items() if k not in ("target", "draft", "source")},
+        )
+
+    @classmethod
+    def read(cls, path: str | Path) -> "CostModel":
+        """Read a cost-model JSON file."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise CostModelError(f"cost model {p}: file not found") from None
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"cost model {p}: not valid JSON: {exc}") from None
+        return cls.from_dict(data, origin=f"cost model {p}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "target": {
+                "c": self.c,
+                "by_m": {str(m): {"beta0": self.beta0[m], "alpha": self.alpha[m]} for m in self.ms},
+            },
+            "draft": {"a": self.a, "b": self.b},
+        }
+        if self.source:
+            out["source"] = self.source
+        out.update(self.extra)
+        return out
+
+    def write(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return p
+
+    def with_alpha_scale(self, scale: float) -> "CostModel":
+        """The same model with every ``alpha(m)`` multiplied by ``scale`` (0 = the α = 0 ablation)."""
+        return replace(self, alpha={m: v * scale for m, v in self.alpha.items()})
+
+    # -- evaluation -------------------------------------------------------
+    @property
+    def ms(self) -> list[int]:
+        """The m values the model covers, sorted."""
+        return sorted(self.beta0)
+
+    def require_ms(self, ms: range | list[int], origin: str = "cost model") -> None:
+        """Raise :class:`CostModelError` naming every needed m the model lacks."""
+        missing = [m for m in ms if m not in self.beta0]
+        if missing:
+            raise CostModelError(
+                f"{origin} has no target coefficients for m = {missing} "
+                f"(it covers m = {self.ms}); fit on a trace with those K = m - 1, or add them to 'target.by_m'"
+            )
+
+    def target_ms(self, m: Any, u_bar: Any, context_len: Any) -> np.ndarray:
+        """Target time (ms) for arrays of ``m``, ``u_bar``, ``context_len`` (broadcast)."""
+        m_arr = np.asarray(m, dtype=np.int64)
+        self.require_ms(sorted(set(np.unique(m_arr).tolist())))
+        b0 = np.vectorize(self.beta0.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
+        al = np.vectorize(self.alpha.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
+        return b0 + al * np.asarray(u_bar, dtype=float) + self.c * np.asarray(context_len, dtype=float)
+
+    def draft_ms(self, k: Any) -> np.ndarray:
+        """Draft time (ms) of ``k`` draft steps; 0 when k = 0 (plain autoregressive step)."""
+        k_arr = np.asarray(k, dtype=float)
+        return np.where(k_arr > 0, self.a * k_arr + self.b, 0.0)
+
+    def arrays(self, m_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(beta0, alpha)`` as arrays indexed by m = 0..m_max (index 0 unused, NaN)."""
+        self.require_ms(range(1, m_max + 1))
+        beta0 = np.full(m_max + 1, np.nan)
+        alpha = np.full(m_max + 1, np.nan)
+        for m in range(1, m_max + 1):
+            beta0[m], alpha[m] = self.beta0[m], self.alpha[m]
+        return beta0, alpha

@@ -1,0 +1,31 @@
+"""Where things live: defined once, used by the CLI, the book pipeline and the notebooks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Root of the source checkout (``src/speclimits/paths.py`` -> three levels up).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: Book sources: jupytext percent notebooks plus ``_config.yml`` / ``_toc.yml`` at the repo root.
+BOOK_DIR = REPO_ROOT / "book"
+BOOK_CONFIG = REPO_ROOT / "_config.yml"
+BOOK_TOC = REPO_ROOT / "_toc.yml"
+BOOK_STATIC = BOOK_DIR / "_static"
+
+#: Bundled data.
+DATA_DIR = REPO_ROOT / "data"
+TRACES_DIR = DATA_DIR / "traces"
+
+#: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
+DEFAULT_TRACE = TRACES_DIR / "sim-default"
+
+#: Build outputs (never committed).
+BUILD_DIR = REPO_ROOT / "_build"
+
+
+def default_trace() -> Path:
+    """The trace to analyse when the caller names none (``$SPECLIMITS_TRACE`` wins)."""
+    env = os.environ.get("SPECLIMITS_TRACE")
+    return Path(env) if env else DEFAULT_TRACE

@@ -1,0 +1,87 @@
+"""The data contract of a trace directory (DESIGN §4), written down once.
+
+A trace is a directory holding ``meta.json`` and Parquet tables:
+
+``rounds.parquet``  one row per speculative round (prefill rounds included, marked by ``phase``)
+``oracle.parquet``  one row per (reference sequence, position) for the Oracle (optional)
+``tokens.parquet``  one row per reference token, for routing / linguistic studies (optional)
+
+Each table may be a single Parquet file or a directory of Parquet part files with that
+name (the tracing harness writes parts as it goes, so an interrupted sweep stays readable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+#: Values allowed in meta.json's ``source``.
+SOURCES = ("vllm", "simulator")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table.
+
+    ``kind`` is one of ``int``, ``float``, ``str``, ``list_float``, ``list_int``.
+    """
+
+    name: str
+    kind: str
+    description: str
+    required: bool = True
+
+
+ROUNDS_COLUMNS: tuple[Column, ...] = (
+    Column("generation_id", "int", "one generation (prompt x K configuration); cluster for SEs and CV"),
+    Column("prompt_id", "str", "the prompt / question this generation answers"),
+    Column("K", "int", "speculation budget of the run (draft tokens proposed per round)"),
+    Column("m", "int", "rows in the verification pass, m = K + 1 on decode rounds"),
+    Column("round", "int", "0-based index of the round within its generation"),
+    Column("phase", "str", "'prefill' or 'decode'"),
+    Column("t_target_ms", "float", "target forward time T_T in ms"),
+    Column("t_draft_ms", "float", "draft time T_D in ms (all K draft steps of the round)"),
+    Column("u_bar", "float", "unique experts touched by the pass, averaged over MoE layers (Ū_r)"),
+    Column("e_max", "float", "largest per-layer unique-expert count in the pass (E_max)"),
+    Column("context_len", "int", "context length L (tokens already in the KV cache) at the round"),
+    Column("kv_usage", "float", "KV-cache occupancy in [0, 1]"),
+    Column("graph_bucket", "int", "graph bucket: padded token count of the pass"),
+    Column("n_draft", "int", "draft tokens verified this round"),
+    Column("n_accepted", "int", "draft tokens accepted"),
+    Column("n_emitted", "int", "tokens emitted (accepted + bonus, fewer at the end)"),
+    Column("category", "str", "prompt category, when the prompt set has one", required=False),
+)
+
+ORACLE_COLUMNS: tuple[Column, ...] = (
+    Column("seq_id", "str", "reference sequence id"),
+    Column("pos", "int", "state n: reference tokens already emitted, 0..N-1"),
+    Column("context_len", "int", "context length L_n = P + n"),
+    Column("match_prob", "list_float", "K_max floats: P(draft token i matches y_{n+i} | chain matched so far)"),
+    Column("draft_conf", "list_float", "K_max floats: the draft's own top-1 probability at step i"),
+    Column("accept_len", "int", "observed greedy match length of the draft chain, 0..K_max"),
+    Column("u_bar_window", "list_float", "K_max+1 floats: Ū over the window [y_n, d_1..d_k], m = 1..K_max+1"),
+    Column("category", "str", "prompt category, when known", required=False),
+)
+
+TOKENS_COLUMNS: tuple[Column, ...] = (
+    Column("seq_id", "str", "reference sequence id (matches oracle.parquet)"),
+    Column("pos", "int", "position in the reference sequence"),
+    Column("token_id", "int", "token id"),
+    Column("text", "str", "decoded token text"),
+    Column("new_experts", "float", "experts per layer used here but not at the previous position"),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    "rounds": ROUNDS_COLUMNS,
+    "oracle": ORACLE_COLUMNS,
+    "tokens": TOKENS_COLUMNS,
+}
+
+#: Keys every meta.json must have.
+META_REQUIRED = ("schema_version", "source", "models", "method", "hardware", "dtype", "k_values", "seed", "created")
+
+
+def column_names(table: str, required_only: bool = False) -> list[str]:
+    """Names of the columns of ``table`` (``rounds``, ``oracle`` or ``tokens``)."""
+    return [c.name for c in TABLES[table] if c.required or not required_only]
