@@ -19,7 +19,7 @@ from speclimits.errors import SpeclimitsError
 COMMANDS = (
     "speclimits.simulate",
     "speclimits.validate",
-    # "speclimits.book",
+    "speclimits.book",
 )
 
 

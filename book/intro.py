@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-intro)=
+# # The limits of speculation, measured
+#
+# This book is the research companion of the preprint *The Limits of Speculation: Bounding
+# Speculative Decoding in Mixture-of-Experts* (arXiv 2609.22156). It asks three questions of
+# speculative decoding on a Mixture-of-Experts (MoE) target:
+#
+# 1. **What does a verification round really cost?** The target verifies $m = K + 1$ positions in
+#    one pass; on an MoE the pass reads the weights of every expert that any of those positions
+#    routes to, so the cost depends on $\bar U_r$, the unique experts touched, not only on $m$.
+# 2. **Which factors drive that cost**, and how well does a simple model
+#    $T_T = \beta_0(m) + \alpha(m)\,\bar U_r + c\,L$ predict it on held-out generations?
+# 3. **How much could an ideal per-round choice of the draft length $K$ gain** over the best
+#    static $K$? The Oracle solves a Bellman equation over reference sequences with
+#    counterfactual MoE verification costs and gives a bound that no $K$ policy can beat.
+#
+# Every number in the book is computed when the book is built, by the `speclimits` package, from
+# one **trace**: a directory with `meta.json` and Parquet tables (one row per speculative round,
+# plus dense per-position data for the Oracle). The cell below says which trace this build used.
+
+# %% tags=["remove-input"]
+import speclimits.book_support as bs
+
+bs.setup()
+
+# %% tags=["parameters", "remove-cell"]
+trace = None
+smoke = False
+seed = 0
+
+# %% tags=["remove-input"]
+tr = bs.load(trace)
+print(f"This build ran on: {tr.source_label}")
+print(f"Trace directory:   {tr.path}")
+print(f"Description:       {tr.meta.get('description', '(none)')}")
+
+# %% [markdown]
+# ## Simulated or measured?
+#
+# A trace's `meta.json` says where it came from: `source: "vllm"` for a trace recorded by the
+# `speclimits trace` harness around a real vLLM engine, `source: "simulator"` for one written by
+# `speclimits simulate`, a seeded digital twin of the paper's setting (48 MoE layers × 128
+# experts, top-8, a $K$ sweep 1..10) with a **planted** ground truth. Figures computed on a
+# simulated trace are labelled SIMULATED; they show that the analysis recovers what was planted,
+# not how real hardware behaves.
+#
+# ## Rebuild this book on your own trace
+#
+# ```bash
+# speclimits validate /path/to/trace        # checks the data contract, names file/column/rows
+# speclimits book --trace /path/to/trace    # executes every section on it and builds the site
+# ```
+#
+# A trace can come from the harness (`speclimits trace --target DIR --draft DIR --method eagle3
+# --k 1-10 --prompts prompts.jsonl --out my-trace`) or from the simulator
+# (`speclimits simulate --preset paper --out my-trace`).
+#
+# ## Sections
+#
+# 1. {ref}`sec-tracing`: what a round is, what the trace records, and a summary of the loaded trace.
+
+# %% tags=["remove-input"]
+bs.version_report(tr)

@@ -1,0 +1,259 @@
+"""Build the book: jupytext sources -> executed notebooks (papermill) -> static site (Jupyter Book 1).
+
+Steps (``speclimits book``):
+
+1. validate the trace the book will run on (the bundled default unless ``--trace``);
+2. stage a clean source tree under ``<out>/source``: ``_config.yml``, ``_toc.yml``, the
+   pages listed in the toc, and ``_static`` with the offline assets (MathJax 3 from the npm
+   package ``mathjax``, and one Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``);
+3. convert each ``book/*.py`` listed in ``_toc.yml`` to a notebook and execute it with
+   papermill, injecting ``trace``, ``smoke`` and ``seed`` into its ``parameters`` cell;
+4. run ``jupyter-book build -W`` (warnings are errors) with execution off, so the site
+   shows exactly papermill's outputs;
+5. check that no page references a CDN: the site reads offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from tqdm.auto import tqdm
+
+from speclimits.errors import SpeclimitsError
+from speclimits.paths import BOOK_CONFIG, BOOK_DIR, BOOK_TOC, BUILD_DIR, REPO_ROOT, default_trace
+
+MATHJAX_VERSION = "3.2.2"
+#: Parts of MathJax's es5 folder the site needs (tex-chtml and what it loads lazily).
+MATHJAX_PARTS = ("tex-chtml.js", "a11y", "ui", "input", "output", "adaptors")
+#: Strings that must not appear in the built HTML (the site must read offline).
+CDN_PATTERNS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com", "cdn.mathjax.org",
+                "fonts.googleapis.com", "requirejs")
+VENDOR_DIR = BUILD_DIR / "vendor"
+
+
+def toc_files(toc_path: Path = BOOK_TOC) -> list[str]:
+    """Page paths (without suffix) in ``_toc.yml`` order, root first."""
+    toc = yaml.safe_load(toc_path.read_text())
+    files = [toc["root"]]
+
+    def walk(entries: list[dict]) -> None:
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            for key in ("sections", "chapters"):
+                walk(entry.get(key, []))
+            for part in entry.get("parts", []):
+                walk(part.get("chapters", []))
+
+    walk(toc.get("chapters", []))
+    for part in toc.get("parts", []):
+        walk(part.get("chapters", []))
+    return files
+
+
+# ---------------------------------------------------------------------------
+# offline assets
+# ---------------------------------------------------------------------------
+
+
+def mathjax_dir() -> Path:
+    """MathJax's es5 folder, fetched once from the npm registry with ``npm pack``."""
+    target = VENDOR_DIR / f"mathjax-{MATHJAX_VERSION}"
+    if (target / "tex-chtml.js").exists():
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SpeclimitsError(
+            "the book serves MathJax locally and gets it from the npm package 'mathjax', but npm is not "
+            "installed: install Node.js/npm (e.g. apt-get install npm) and run again")
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run([npm, "pack", f"mathjax@{MATHJAX_VERSION}", "--silent"], cwd=tmp,
+                              capture_output=True, text=True)
+        tgz = next(Path(tmp).glob("mathjax-*.tgz"), None)
+        if proc.returncode != 0 or tgz is None:
+            raise SpeclimitsError(f"npm pack mathjax@{MATHJAX_VERSION} failed: {proc.stderr.strip()[-500:]}")
+        with tarfile.open(tgz) as tar:
+            tar.extractall(tmp, filter="data")
+        staging = Path(tmp) / "es5"
+        staging.mkdir()
+        for part in MATHJAX_PARTS:
+            src = Path(tmp) / "package" / "es5" / part
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / part)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(staging), target)
+    return target
+
+
+def vega_bundle() -> Path:
+    """One self-contained script defining ``vegaEmbed``, ``vegaLite`` and ``vega`` on ``window``."""
+    import altair as alt
+    import vl_convert
+
+    target = VENDOR_DIR / f"vega-offline-{alt.VEGALITE_VERSION}.js"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        major_minor = "v" + ".".join(alt.VEGALITE_VERSION.split(".")[:2])
+        try:
+            code = vl_convert.javascript_bundle(vl_version=major_minor)
+        except ValueError:
+            code = vl_convert.javascript_bundle()
+        target.write_text("(function(){\n" + code + "\n})();\n")
+    return target
+
+
+# ---------------------------------------------------------------------------
+# the build
+# ---------------------------------------------------------------------------
+
+
+def _stage(stage: Path, pages: list[str]) -> list[Path]:
+    """Fresh staging tree; returns the jupytext notebooks to execute (in toc order)."""
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    shutil.copy2(BOOK_CONFIG, stage / "_config.yml")
+    shutil.copy2(BOOK_TOC, stage / "_toc.yml")
+    static = stage / "_static"
+    if (BOOK_DIR / "_static").is_dir():
+        shutil.copytree(BOOK_DIR / "_static", static)
+    static.mkdir(exist_ok=True)
+    shutil.copytree(mathjax_dir(), static / "mathjax")
+    shutil.copy2(vega_bundle(), static / "vega-offline.js")
+    notebooks = []
+    for page in pages:
+        src_py = REPO_ROOT / f"{page}.py"
+        src_md = REPO_ROOT / f"{page}.md"
+        (stage / page).parent.mkdir(parents=True, exist_ok=True)
+        if src_py.exists():
+            notebooks.append(src_py)
+        elif src_md.exists():
+            shutil.copy2(src_md, stage / f"{page}.md")
+        else:
+            raise SpeclimitsError(f"_toc.yml lists '{page}', but neither {page}.py nor {page}.md exists")
+    return notebooks
+
+
+def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
+    import jupytext
+    import nbformat
+    import papermill
+
+    page = src.relative_to(REPO_ROOT).with_suffix("")
+    raw = stage / f"{page}.raw.ipynb"
+    out = stage / f"{page}.ipynb"
+    nb = jupytext.read(src)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, raw)
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(str(raw), str(out), parameters=parameters, kernel_name="python3",
+                                   cwd=str(out.parent), progress_bar=False, log_output=False)
+    except papermill.PapermillExecutionError as exc:
+        raise SpeclimitsError(
+            f"notebook {src.relative_to(REPO_ROOT)} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
+            f"(executed copy with the traceback: {out})") from None
+    finally:
+        raw.unlink(missing_ok=True)
+    dt = time.perf_counter() - t0
+    log.write(f"executed {src.name} in {dt:.1f} s\n")
+    return dt
+
+
+def _check_offline(html_dir: Path) -> None:
+    offenders = []
+    for page in html_dir.rglob("*.html"):
+        text = page.read_text(errors="replace")
+        for pat in CDN_PATTERNS:
+            if pat in text:
+                offenders.append(f"{page.relative_to(html_dir)} ({pat})")
+    if offenders:
+        raise SpeclimitsError("built pages still reference a CDN, so the site would not read offline: "
+                              + ", ".join(offenders[:10]))
+
+
+def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
+               seed: int = 0, progress: bool = True) -> Path:
+    """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site.
+
+    Returns the path of the site's ``index.html``.
+    """
+    from speclimits.validate import validate_trace
+
+    trace_path = Path(trace) if trace else default_trace()
+    if not trace_path.exists():
+        hint = " (generate it with `speclimits simulate --preset default --out data/traces/sim-default`)" \
+            if trace is None else ""
+        raise SpeclimitsError(f"trace {trace_path} does not exist{hint}")
+    validate_trace(trace_path)
+    out_dir = Path(out) if out else BUILD_DIR / "book"
+    stage = out_dir / "source"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "build.log"
+    pages = toc_files()
+    with log_path.open("w") as log:
+        notebooks = _stage(stage, pages)
+        params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed)}
+        log.write(f"parameters: {params}\n")
+        bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress)
+        for src in bar:
+            bar.set_postfix_str(src.name)
+            dt = _execute(src, stage, params, log)
+            if progress:
+                tqdm.write(f"  {src.name}: {dt:.1f} s")
+        jb = Path(sys.executable).with_name("jupyter-book")
+        cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output", str(out_dir),
+               "-W", "--keep-going"]
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        if progress:
+            print("building the site with jupyter-book ...", file=sys.stderr)
+        env = dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning")
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
+        raise SpeclimitsError(f"jupyter-book build failed (full log: {log_path}):\n{tail}")
+    html = out_dir / "_build" / "html"
+    _check_offline(html)
+    return html / "index.html"
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "book",
+        help="execute the book's notebooks on a trace and build the static site",
+        description=(
+            "Convert book/*.py (jupytext percent) to notebooks, execute them with papermill on a trace "
+            "(parameters trace, smoke, seed), and build the site with Jupyter Book 1 (warnings are errors). "
+            "The site reads offline: MathJax (npm package 'mathjax', fetched once with npm pack) and Vega "
+            "(bundled by vl-convert) are served from _static. Without --trace the bundled default trace is used."
+        ),
+        epilog="example: speclimits book --trace /tmp/my-trace --out /tmp/site",
+    )
+    p.add_argument("--trace", type=Path, default=None, help="trace directory (default: %s)" % default_trace())
+    p.add_argument("--smoke", action="store_true", help="small settings in every notebook (fast; for tests)")
+    p.add_argument("--seed", type=int, default=0, help="seed injected into every notebook (default 0)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"output folder; the site lands in OUT/_build/html (default: {BUILD_DIR / 'book'})")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    index = build_book(args.trace, smoke=args.smoke, out=args.out, seed=args.seed, progress=not args.quiet)
+    print(f"book built in {time.perf_counter() - t0:.0f} s: {index}")
+    return 0

