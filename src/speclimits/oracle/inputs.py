@@ -1,0 +1,301 @@
+"""Oracle inputs: per-state arrays built from ``oracle.parquet`` and round costs from a :class:`CostModel`.
+
+Semantics (DESIGN §4): state ``pos`` runs 0..N-1 within each ``seq_id``; in that state N - pos
+tokens remain and a round's progress is capped at that. The cost of action k is
+``a·k + b + beta0(k+1) + alpha(k+1)·u_bar_window[k] + c·context_len`` (k = 0: no draft cost,
+m = 1, ``u_bar_window[0]``), and ``P(a >= j) = prod_{i<j} match_prob[i]`` (0-based lists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.costmodel import CostModel
+from speclimits.errors import CostModelError, Problem, TraceFormatError
+
+FILE = "oracle.parquet"
+REQUIRED = ("seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window")
+
+
+@dataclass(frozen=True, eq=False)
+class OracleInputs:
+    """Reference sequences as flat per-state arrays, sorted by sequence then ``pos``.
+
+    Attributes
+    ----------
+    seq_ids : (S,) sequence ids, in the order of the state blocks.
+    offsets : (S + 1,) states of sequence s are rows ``offsets[s]:offsets[s + 1]``.
+    pos, context_len, accept_len : (n,) per state.
+    match_prob, draft_conf : (n, K_list) floats in [0, 1].
+    u_bar_window : (n, K_list + 1) Ū for windows m = 1..K_list + 1.
+    category : (S,) prompt category per sequence, or None.
+    origin : where the arrays came from (used in error messages).
+    """
+
+    seq_ids: np.ndarray
+    offsets: np.ndarray
+    pos: np.ndarray
+    context_len: np.ndarray
+    accept_len: np.ndarray
+    match_prob: np.ndarray
+    draft_conf: np.ndarray
+    u_bar_window: np.ndarray
+    category: np.ndarray | None = None
+    origin: str = FILE
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # -- shape helpers ------------------------------------------------------
+    @property
+    def n_states(self) -> int:
+        return int(len(self.pos))
+
+    @property
+    def n_sequences(self) -> int:
+        return int(len(self.seq_ids))
+
+    @property
+    def k_list(self) -> int:
+        """Length of the ``match_prob`` lists: the largest K_max these inputs support."""
+        return int(self.match_prob.shape[1])
+
+    @property
+    def n_tokens(self) -> np.ndarray:
+        """(S,) reference length N of each sequence."""
+        return np.diff(self.offsets)
+
+    @property
+    def seq_index(self) -> np.ndarray:
+        """(n,) index into ``seq_ids`` of each state."""
+        if "seq_index" not in self._cache:
+            self._cache["seq_index"] = np.repeat(np.arange(self.n_sequences), self.n_tokens)
+        return self._cache["seq_index"]
+
+    @property
+    def remaining(self) -> np.ndarray:
+        """(n,) tokens still to emit in each state, N - pos (>= 1)."""
+        return self.n_tokens[self.seq_index] - self.pos
+
+    def subset(self, seqs: np.ndarray | list[int]) -> "OracleInputs":
+        """The inputs restricted to the sequences with indices ``seqs`` (in that order)."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        rows = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1]) for s in seqs]) if len(seqs) else \
+            np.zeros(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(self.n_tokens[seqs])]).astype(np.int64)
+        return OracleInputs(
+            seq_ids=self.seq_ids[seqs], offsets=offsets, pos=self.pos[rows], context_len=self.context_len[rows],
+            accept_len=self.accept_len[rows], match_prob=self.match_prob[rows], draft_conf=self.draft_conf[rows],
+            u_bar_window=self.u_bar_window[rows],
+            category=None if self.category is None else self.category[seqs], origin=self.origin)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Scalar per-state columns: ``seq_id``, ``pos``, ``remaining``, ``context_len``, ``accept_len``."""
+        return pd.DataFrame({
+            "seq_id": self.seq_ids[self.seq_index], "pos": self.pos, "remaining": self.remaining,
+            "context_len": self.context_len, "accept_len": self.accept_len,
+        })
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def from_arrays(cls, n_tokens: Any, match_prob: Any, u_bar_window: Any, context_len: Any = None,
+                    accept_len: Any = None, draft_conf: Any = None, seq_ids: Any = None,
+                    origin: str = "arrays") -> "OracleInputs":
+        """Build from flat arrays (rows: sequence by sequence, pos 0..N-1 within each).
+
+        ``n_tokens`` (S,) gives N per sequence; the other arrays have ``sum(n_tokens)`` rows.
+        Missing ``context_len`` defaults to ``pos``, ``draft_conf`` to ``match_prob`` and
+        ``accept_len`` to 0. Values are validated as for ``oracle.parquet``.
+        """
+        n_tok = np.asarray(n_tokens, dtype=np.int64)
+        if n_tok.ndim != 1 or (n_tok < 1).any():
+            raise TraceFormatError(origin, [Problem(origin, "n_tokens", "every sequence needs N >= 1 tokens")])
+        seq = np.repeat(np.arange(len(n_tok)), n_tok)
+        offsets = np.concatenate([[0], np.cumsum(n_tok)])
+        pos = np.arange(len(seq)) - offsets[seq]
+        mp = np.asarray(match_prob, dtype=float)
+        ids = np.arange(len(n_tok)).astype(str) if seq_ids is None else np.asarray(seq_ids, dtype=object)
+        df = pd.DataFrame({
+            "seq_id": ids[seq],
+            "pos": pos,
+            "context_len": pos if context_len is None else np.asarray(context_len),
+            "match_prob": list(mp),
+            "draft_conf": list(mp if draft_conf is None else np.asarray(draft_conf, dtype=float)),
+            "accept_len": np.zeros(len(seq), np.int64) if accept_len is None else np.asarray(accept_len),
+            "u_bar_window": list(np.asarray(u_bar_window, dtype=float)),
+        })
+        return cls.from_frame(df, origin=origin)
+
+    @classmethod
+    def from_frame(cls, df: pd.DataFrame, origin: str = FILE) -> "OracleInputs":
+        """Validate an ``oracle.parquet`` table and build the arrays.
+
+        Every defect found is reported at once in a :class:`TraceFormatError` naming the file,
+        the column and the first offending rows (row numbers of ``df`` as given).
+        """
+        file = origin
+        missing = [c for c in REQUIRED if c not in df.columns]
+        if missing:
+            raise TraceFormatError(origin, [Problem(file, c, "required column is missing") for c in missing])
+        if len(df) == 0:
+            raise TraceFormatError(origin, [Problem(file, None, "has no rows")])
+        problems: list[Problem] = []
+
+        def bad(column: str, message: str, mask: np.ndarray) -> None:
+            rows = np.flatnonzero(mask)
+            if rows.size:
+                problems.append(Problem(file, column, message, tuple(rows[:5].tolist()), int(rows.size)))
+
+        lengths = {}
+        for col in ("match_prob", "draft_conf", "u_bar_window"):
+            vals = df[col].to_numpy()
+            lengths[col] = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+        k_list = int(np.bincount(lengths["match_prob"][lengths["match_prob"] >= 0]).argmax()) \
+            if (lengths["match_prob"] >= 0).any() else 0
+        if k_list < 1:
+            raise TraceFormatError(origin, [Problem(file, "match_prob", "lists must hold K_max >= 1 floats")])
+        expected = {"match_prob": k_list, "draft_conf": k_list, "u_bar_window": k_list + 1}
+        for col, width in expected.items():
+            bad(col, f"lists must have length {width} (K_max = {k_list}"
+                     + (", plus one for m = 1)" if col == "u_bar_window" else ")"), lengths[col] != width)
+        if problems:
+            raise TraceFormatError(origin, problems)
+
+        def stack(col: str) -> np.ndarray:
+            return np.concatenate([np.asarray(v, dtype=float) for v in df[col].to_numpy()]).reshape(
+                len(df), expected[col])
+
+        match_prob, draft_conf, u_bar = stack("match_prob"), stack("draft_conf"), stack("u_bar_window")
+        for col, arr in (("match_prob", match_prob), ("draft_conf", draft_conf)):
+            bad(col, "probabilities must be finite and in [0, 1]", ~((arr >= 0) & (arr <= 1)).all(axis=1))
+        bad("u_bar_window", "values must be finite and >= 0", ~(np.isfinite(u_bar) & (u_bar >= 0)).all(axis=1))
+        pos = pd.to_numeric(df["pos"], errors="coerce").to_numpy(dtype=float)
+        ctx = pd.to_numeric(df["context_len"], errors="coerce").to_numpy(dtype=float)
+        acc = pd.to_numeric(df["accept_len"], errors="coerce").to_numpy(dtype=float)
+        bad("pos", "must be an integer >= 0", ~(np.isfinite(pos) & (pos >= 0) & (pos == np.round(pos))))
+        bad("context_len", "must be finite and >= 0", ~(np.isfinite(ctx) & (ctx >= 0)))
+        bad("accept_len", f"must be an integer in 0..{k_list}",
+            ~(np.isfinite(acc) & (acc >= 0) & (acc <= k_list) & (acc == np.round(acc))))
+        seq_raw = df["seq_id"].astype(str).to_numpy()
+        bad("seq_id", "must not be missing", df["seq_id"].isna().to_numpy())
+        if problems:
+            raise TraceFormatError(origin, problems)
+
+        order = np.lexsort((pos, seq_raw))
+        seq_sorted, pos_sorted = seq_raw[order], pos[order].astype(np.int64)
+        ids, starts, counts = np.unique(seq_sorted, return_index=True, return_counts=True)
+        expect_pos = np.arange(len(order)) - np.repeat(starts, counts)
+        wrong = pos_sorted != expect_pos
+        if wrong.any():
+            bad_seqs = np.unique(seq_sorted[wrong])
+            rows_bad = order[np.isin(seq_sorted, bad_seqs)]
+            problems.append(Problem(
+                file, "pos", f"each seq_id must have pos = 0..N-1 exactly once; sequences {bad_seqs[:5].tolist()} "
+                             "have gaps or duplicates", tuple(np.sort(rows_bad)[:5].tolist()), int(rows_bad.size)))
+            raise TraceFormatError(origin, problems)
+        category = None
+        if "category" in df.columns:
+            category = df["category"].astype(str).to_numpy()[order][starts]
+        return cls(
+            seq_ids=ids.astype(object), offsets=np.concatenate([starts, [len(order)]]).astype(np.int64),
+            pos=pos_sorted, context_len=ctx[order], accept_len=acc[order].astype(np.int64),
+            match_prob=match_prob[order], draft_conf=draft_conf[order], u_bar_window=u_bar[order],
+            category=category, origin=origin)
+
+
+def load_inputs(trace: Any) -> OracleInputs:
+    """The Oracle inputs of a trace (a :class:`~speclimits.trace.Trace` or a path)."""
+    from speclimits.trace import Trace, read_trace
+
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    if tr.oracle is None:
+        raise TraceFormatError(str(tr.path), [Problem(FILE, None, "is missing: this trace has no Oracle data")])
+    return OracleInputs.from_frame(tr.oracle, origin=str(tr.path / FILE))
+
+
+# ---------------------------------------------------------------------------
+# Costs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class CostTable:
+    """Round costs C(n, k) for k = 0..k_max over the states of ``inputs``.
+
+    Column 0 (k = 0, a plain autoregressive step at m = 1) is NaN when the cost model has no
+    m = 1 (then ``has_k0`` is False).
+    """
+
+    inputs: OracleInputs
+    model: CostModel
+    k_max: int
+    has_k0: bool
+    beta0: np.ndarray  # (k_max + 2,) by m, NaN where unavailable
+    alpha: np.ndarray
+
+    @classmethod
+    def build(cls, inputs: OracleInputs, model: CostModel, k_max: int, origin: str = "cost model") -> "CostTable":
+        if not 1 <= k_max <= inputs.k_list:
+            raise ValueError(f"k_max must be in 1..{inputs.k_list} (the length of the match_prob lists), got {k_max}")
+        model.require_ms(range(2, k_max + 2), origin=origin + (f" ({model.source})" if model.source else ""))
+        beta0 = np.full(k_max + 2, np.nan)
+        alpha = np.full(k_max + 2, np.nan)
+        for m in range(1, k_max + 2):
+            if m in model.beta0:
+                beta0[m], alpha[m] = model.beta0[m], model.alpha[m]
+        return cls(inputs, model, k_max, bool(np.isfinite(beta0[1])), beta0, alpha)
+
+    def parts(self, k: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Cost parts in ms: ``draft``, ``target_base`` (beta0), ``target_expert`` (alpha·Ū), ``target_context``.
+
+        With ``k`` = None each part has shape (n, k_max + 1); with ``k`` an (n,) int array of
+        actions, shape (n,) (the part at each state's action).
+        """
+        inp = self.inputs
+        ks = np.arange(self.k_max + 1) if k is None else np.asarray(k, dtype=np.int64)
+        u = inp.u_bar_window[:, : self.k_max + 1] if k is None else \
+            np.take_along_axis(inp.u_bar_window, ks[:, None], axis=1)[:, 0]
+        draft = np.where(ks > 0, self.model.a * ks + self.model.b, 0.0)
+        ctx = self.model.c * inp.context_len
+        if k is None:
+            draft = np.broadcast_to(draft, u.shape)
+            ctx = np.broadcast_to(ctx[:, None], u.shape)
+        return {
+            "draft": np.asarray(draft, dtype=float),
+            "target_base": np.broadcast_to(self.beta0[ks + 1], u.shape).astype(float),
+            "target_expert": self.alpha[ks + 1] * u,
+            "target_context": np.asarray(ctx, dtype=float),
+        }
+
+    def total(self) -> np.ndarray:
+        """(n, k_max + 1) round cost in ms (column 0 NaN without m = 1)."""
+        inp = self.inputs
+        ks = np.arange(self.k_max + 1)
+        out = inp.u_bar_window[:, : self.k_max + 1] * self.alpha[ks + 1]
+        out += (np.where(ks > 0, self.model.a * ks + self.model.b, 0.0) + self.beta0[ks + 1])[None, :]
+        out += (self.model.c * inp.context_len)[:, None]
+        return out
+
+
+def default_cost_model(trace: Any) -> tuple[CostModel, str]:
+    """The cost model to use when the user names none: fitted on the trace's rounds.
+
+    Uses ``speclimits.stats.fit_cost_model`` when it is available; otherwise, for a simulated
+    trace, the planted truth in ``meta.json`` (said so in the returned note).
+    Returns ``(model, note)``.
+    """
+    try:
+        from speclimits.stats import fit_cost_model  # type: ignore[attr-defined]
+    except ImportError:
+        fit_cost_model = None
+    if fit_cost_model is not None:
+        model = fit_cost_model(trace.rounds)
+        return model, f"cost model fitted on {trace.path}/rounds.parquet"
+    truth = trace.meta.get("truth")
+    if truth is None:
+        raise CostModelError(
+            "no cost model given and speclimits.stats.fit_cost_model is unavailable; pass --cost-model JSON")
+    return CostModel.from_dict(truth, origin=f"{trace.path}/meta.json 'truth'"), \
+        "cost model = the simulator's planted truth (meta.json 'truth'; the fit is not available yet)"

@@ -1,0 +1,485 @@
+"""Backward induction for the Oracle (DESIGN §2), vectorized across sequences and actions.
+
+Bellman equation over state n (tokens already emitted) of a sequence of N tokens::
+
+    V(N) = 0
+    Q(n, k) = C(n, k) + sum_{a=0..k} P(a | n, k) · V(min(N, n + a + 1))
+    V(n) = min_k Q(n, k),   k*(n) = argmin_k Q(n, k)   (smallest k on ties)
+
+With ``S_j = P(a >= j)`` and ``W_j = V(min(N, n + j))`` the expectation telescopes to
+``W_1 + sum_{j=1..k} S_j · (W_{j+1} - W_j)``, a cumulative sum over k. All sequences are
+solved in lockstep by "tokens remaining" t = N - n: sorting sequences by N (longest first),
+the states with t remaining form one contiguous block, and their successors' values are a
+contiguous slice of a (t, sequence) value buffer. One numpy step per t handles every
+sequence and every k at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.costmodel import CostModel
+from speclimits.errors import CostModelError
+from speclimits.oracle.inputs import CostTable, OracleInputs
+
+PART_NAMES = ("draft", "target_base", "target_expert", "target_context")
+
+#: Third-party summaries of the paper (DESIGN §2; provisional): Oracle plateau and accepted length.
+PAPER_PLATEAU_SPEEDUP = 2.34
+PAPER_PLATEAU_ACCEPTED = 2.1
+PAPER_PLATEAU_FROM_K_MAX = 6
+
+
+# ---------------------------------------------------------------------------
+# Transition tables
+# ---------------------------------------------------------------------------
+
+
+def survival(inputs: OracleInputs, k_max: int, deterministic: bool = False) -> np.ndarray:
+    """(n, k_max) ``S[:, j-1] = P(a >= j)`` for j = 1..k_max.
+
+    Probabilistic: ``prod_{i<j} match_prob[i]``; deterministic: ``1[j <= accept_len]``.
+    """
+    if deterministic:
+        return (np.arange(1, k_max + 1)[None, :] <= inputs.accept_len[:, None]).astype(float)
+    return np.cumprod(inputs.match_prob[:, :k_max], axis=1)
+
+
+def expected_accepted(surv: np.ndarray, remaining: np.ndarray) -> np.ndarray:
+    """(n, k_max + 1) E[min(a, remaining) | n, k] for k = 0..k_max (accepted drafts that count)."""
+    j = np.arange(1, surv.shape[1] + 1)
+    capped = np.where(j[None, :] <= remaining[:, None], surv, 0.0)
+    return np.concatenate([np.zeros((len(surv), 1)), np.cumsum(capped, axis=1)], axis=1)
+
+
+@dataclass(frozen=True, eq=False)
+class _Layout:
+    """Lockstep order of states: blocks by tokens remaining t = 1..t_max, longest sequences first."""
+
+    perm: np.ndarray  # (n,) original state index at each lockstep position
+    bounds: np.ndarray  # (t_max + 1,) block t is perm positions bounds[t-1]:bounds[t]
+    seq_rank: np.ndarray  # (S,) rank of each sequence in the longest-first order
+    n_seq: int
+
+    @classmethod
+    def build(cls, inputs: OracleInputs) -> "_Layout":
+        n_tok = inputs.n_tokens
+        order = np.argsort(-n_tok, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        remaining = inputs.remaining
+        perm = np.lexsort((rank[inputs.seq_index], remaining))
+        counts = np.bincount(remaining, minlength=int(n_tok.max()) + 1)[1:]
+        return cls(perm, np.concatenate([[0], np.cumsum(counts)]), rank, len(n_tok))
+
+    @property
+    def t_max(self) -> int:
+        return len(self.bounds) - 1
+
+
+def _lockstep(layout: _Layout, k_max: int, step, channels: int | None = None) -> None:
+    """Drive ``step(lo, hi, W)`` for t = 1..t_max, where rows ``lo:hi`` of the lockstep order are the
+    states with t tokens remaining and W is (block, k_max + 1[, channels]) with column j-1 holding
+    W_j = V(min(N, n + j)). ``step`` returns the block's values, kept for the blocks that follow.
+    """
+    pad = k_max + 1
+    shape = (pad + layout.t_max + 1, layout.n_seq) + (() if channels is None else (channels,))
+    buf = np.zeros(shape)  # row pad + r: V with r tokens remaining (r <= 0 -> 0)
+    for t in range(1, layout.t_max + 1):
+        lo, hi = int(layout.bounds[t - 1]), int(layout.bounds[t])
+        w = buf[t: pad + t][::-1, : hi - lo]
+        buf[pad + t, : hi - lo] = step(lo, hi, np.moveaxis(w, 0, 1))
+
+
+def _expected_next(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """(block, k_max + 1): E[V(next) | k] = W_1 + cumsum_j S_j (W_{j+1} - W_j), for k = 0..k_max.
+
+    ``w`` is (block, k_max + 1[, ch]) and ``s`` (block, k_max).
+    """
+    d = w[:, 1:] - w[:, :-1]
+    if d.ndim == 3:
+        inc = np.cumsum(s[:, :, None] * d, axis=1)
+    else:
+        inc = np.cumsum(s * d, axis=1)
+    return np.concatenate([w[:, :1], w[:, :1] + inc], axis=1)
+
+
+def solve_arrays(surv: np.ndarray, cost: np.ndarray, allowed: np.ndarray, layout: _Layout
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Optimal values. ``cost`` (n, k_max + 1), ``allowed`` (k_max + 1,) bool.
+
+    Returns ``(V (n,), k_star (n,), Q (n, k_max + 1))``; Q is NaN where the cost is NaN.
+    """
+    k_max = surv.shape[1]
+    s_p = surv[layout.perm]
+    c_p = cost[layout.perm]
+    q_p = np.empty_like(c_p)
+    k_p = np.empty(len(c_p), dtype=np.int64)
+    v_p = np.empty(len(c_p))
+    masked_out = np.where(allowed, 0.0, np.inf)
+
+    def step(lo, hi, w):
+        q = c_p[lo:hi] + _expected_next(w, s_p[lo:hi])
+        q_p[lo:hi] = q
+        k = np.argmin(np.where(np.isnan(q), np.inf, q) + masked_out, axis=1)
+        k_p[lo:hi] = k
+        v = q[np.arange(hi - lo), k]
+        v_p[lo:hi] = v
+        return v
+
+    _lockstep(layout, k_max, step)
+    v, k_star, q = np.empty_like(v_p), np.empty_like(k_p), np.empty_like(q_p)
+    v[layout.perm], k_star[layout.perm], q[layout.perm] = v_p, k_p, q_p
+    return v, k_star, q
+
+
+def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, layout: _Layout) -> np.ndarray:
+    """Policy evaluation: expected sum of per-round ``rewards`` (n, ch) from each state under ``actions`` (n,)."""
+    k_max = surv.shape[1]
+    s_p = surv[layout.perm]
+    a_p = np.asarray(actions, dtype=np.int64)[layout.perm]
+    r_p = np.asarray(rewards, dtype=float)[layout.perm]
+    out_p = np.empty_like(r_p)
+
+    def step(lo, hi, w):
+        e = _expected_next(w, s_p[lo:hi])  # (block, k_max + 1, ch)
+        v = r_p[lo:hi] + e[np.arange(hi - lo), a_p[lo:hi]]
+        out_p[lo:hi] = v
+        return v
+
+    _lockstep(layout, k_max, step, channels=r_p.shape[1])
+    out = np.empty_like(out_p)
+    out[layout.perm] = out_p
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Pure-Python reference (benchmark baseline and test cross-check)
+# ---------------------------------------------------------------------------
+
+
+def solve_python(inputs: OracleInputs, model: CostModel, k_max: int, allow_k0: bool = False,
+                 deterministic: bool = False) -> tuple[list[float], list[int]]:
+    """A straightforward loop over sequences, states (backwards) and k; same values as :func:`solve`.
+
+    Returns ``(V, k_star)`` as lists in the inputs' state order. Slow by design: it is the
+    baseline the benchmark compares against.
+    """
+    a, b, c = model.a, model.b, model.c
+    beta0 = [model.beta0.get(m, math.nan) for m in range(k_max + 2)]
+    alpha = [model.alpha.get(m, math.nan) for m in range(k_max + 2)]
+    ks = list(range(0 if allow_k0 else 1, k_max + 1))
+    values = [0.0] * inputs.n_states
+    kstar = [0] * inputs.n_states
+    mp = inputs.match_prob.tolist()
+    ub = inputs.u_bar_window.tolist()
+    ctx = inputs.context_len.tolist()
+    acc = inputs.accept_len.tolist()
+    for s in range(inputs.n_sequences):
+        lo, hi = int(inputs.offsets[s]), int(inputs.offsets[s + 1])
+        n_tok = hi - lo
+        v_seq = [0.0] * (n_tok + 1)
+        for n in range(n_tok - 1, -1, -1):
+            row = lo + n
+            best, best_k = math.inf, -1
+            for k in ks:
+                cost = (a * k + b if k > 0 else 0.0) + beta0[k + 1] + alpha[k + 1] * ub[row][k] + c * ctx[row]
+                expect = v_seq[min(n_tok, n + 1)]
+                surv = 1.0
+                for j in range(1, k + 1):
+                    surv = (1.0 if j <= acc[row] else 0.0) if deterministic else surv * mp[row][j - 1]
+                    expect += surv * (v_seq[min(n_tok, n + j + 1)] - v_seq[min(n_tok, n + j)])
+                q = cost + expect
+                if q < best:
+                    best, best_k = q, k
+            v_seq[n] = best
+            values[row], kstar[row] = best, best_k
+    return values, kstar
+
+
+# ---------------------------------------------------------------------------
+# The result
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OracleBounds:
+    """Totals over all sequences (ms) and the bounds derived from them.
+
+    ``autoregressive_ms`` and the speedups against it are None when the cost model has no
+    m = 1; ``autoregressive_note`` then says why.
+    """
+
+    oracle_ms: float
+    autoregressive_ms: float | None
+    static_ms: dict[int, float]
+    best_static_k: int
+    n_sequences: int
+    n_tokens: int
+    oracle_rounds: float
+    oracle_accepted: float
+    breakdown_ms: dict[str, float]
+    autoregressive_note: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        """Autoregressive time / Oracle time."""
+        return None if self.autoregressive_ms is None else self.autoregressive_ms / self.oracle_ms
+
+    @property
+    def best_static_ms(self) -> float:
+        return self.static_ms[self.best_static_k]
+
+    @property
+    def best_static_speedup(self) -> float | None:
+        return None if self.autoregressive_ms is None else self.autoregressive_ms / self.best_static_ms
+
+    @property
+    def gain_over_best_static(self) -> float:
+        """Best static K time / Oracle time (>= 1)."""
+        return self.best_static_ms / self.oracle_ms
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per round along the Oracle's own trajectories (ratio of expectations)."""
+        return self.oracle_accepted / self.oracle_rounds
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.n_tokens / self.oracle_rounds
+
+    @property
+    def ms_per_token(self) -> float:
+        """λ: the Oracle's time per emitted token."""
+        return self.oracle_ms / self.n_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "oracle_ms": self.oracle_ms, "autoregressive_ms": self.autoregressive_ms, "speedup": self.speedup,
+            "autoregressive_note": self.autoregressive_note or None,
+            "static_ms": {str(k): v for k, v in self.static_ms.items()}, "best_static_k": self.best_static_k,
+            "best_static_ms": self.best_static_ms, "best_static_speedup": self.best_static_speedup,
+            "oracle_gain_over_best_static": self.gain_over_best_static, "mean_accepted": self.mean_accepted,
+            "tokens_per_round": self.tokens_per_round, "ms_per_token": self.ms_per_token,
+            "breakdown_ms": self.breakdown_ms, "n_sequences": self.n_sequences, "n_tokens": self.n_tokens,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class OracleResult:
+    """The solved Oracle.
+
+    Attributes
+    ----------
+    inputs : the :class:`OracleInputs` (states in sequence / pos order; all arrays below follow it).
+    cost_model : the cost model as given (before ``alpha_scale``).
+    k_max, allow_k0, deterministic, alpha_scale : the options solved with.
+    value : (n,) V(n) in ms, expected time to finish the sequence from each state.
+    k_star : (n,) optimal action.
+    q : (n, k_max + 1) Q(n, k) for k = 0..k_max (column 0 NaN without m = 1; it is computed but
+        only chosen when ``allow_k0``).
+    bounds : :class:`OracleBounds`.
+    per_sequence : DataFrame, one row per sequence: ``seq_id``, ``n_tokens``, ``value_ms`` (V(0)),
+        ``autoregressive_ms``, ``best_static_ms``, ``static_<K>_ms`` ..., ``rounds``, ``accepted``.
+    """
+
+    inputs: OracleInputs
+    cost_model: CostModel
+    k_max: int
+    allow_k0: bool
+    deterministic: bool
+    alpha_scale: float
+    value: np.ndarray
+    k_star: np.ndarray
+    q: np.ndarray
+    bounds: OracleBounds
+    per_sequence: pd.DataFrame = field(repr=False)
+
+    @cached_property
+    def costs(self) -> CostTable:
+        return CostTable.build(self.inputs, self.cost_model.with_alpha_scale(self.alpha_scale), self.k_max)
+
+    @cached_property
+    def survival(self) -> np.ndarray:
+        """(n, k_max) P(a >= j), j = 1..k_max."""
+        return survival(self.inputs, self.k_max, self.deterministic)
+
+    @cached_property
+    def expected_accept(self) -> np.ndarray:
+        """(n, k_max + 1) E[a | n, k] (accepted drafts, capped at the tokens remaining)."""
+        return expected_accepted(self.survival, self.inputs.remaining)
+
+    @property
+    def cost(self) -> np.ndarray:
+        """(n, k_max + 1) round cost C(n, k) in ms."""
+        return self.costs.total()
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.bounds.ms_per_token
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per state: ``seq_id``, ``pos``, ``remaining``, ``context_len``, ``value_ms``, ``k_star``,
+        ``expected_accept`` (at k*), ``cost_ms`` (at k*) and the cost parts at k*."""
+        df = self.inputs.to_frame()
+        df["value_ms"] = self.value
+        df["k_star"] = self.k_star
+        rows = np.arange(self.inputs.n_states)
+        df["expected_accept"] = self.expected_accept[rows, self.k_star]
+        parts = self.costs.parts(self.k_star)
+        df["cost_ms"] = sum(parts.values())
+        for name in PART_NAMES:
+            df[f"{name}_ms"] = parts[name]
+        if self.inputs.category is not None:
+            df["category"] = self.inputs.category[self.inputs.seq_index]
+        return df
+
+    def q_frame(self) -> pd.DataFrame:
+        """Long table of the full Q: ``seq_id``, ``pos``, ``k``, ``q_ms``, ``cost_ms``, ``expected_accept``."""
+        n, kk = self.q.shape
+        base = self.inputs.to_frame()[["seq_id", "pos"]]
+        out = base.loc[base.index.repeat(kk)].reset_index(drop=True)
+        out["k"] = np.tile(np.arange(kk), n)
+        out["q_ms"] = self.q.ravel()
+        out["cost_ms"] = self.cost.ravel()
+        out["expected_accept"] = self.expected_accept.ravel()
+        return out
+
+    def summary(self) -> str:
+        bd = self.bounds
+        lines = [
+            f"Oracle over {bd.n_sequences} sequences, {bd.n_tokens:,} tokens; K_max = {self.k_max}, "
+            f"{'deterministic' if self.deterministic else 'probabilistic'} transitions, "
+            f"k = 0 {'allowed' if self.allow_k0 else 'not allowed'}, alpha scale {self.alpha_scale:g}",
+            f"  Oracle time           {bd.oracle_ms:12.1f} ms  ({bd.ms_per_token:.3f} ms/token)",
+        ]
+        if bd.autoregressive_ms is None:
+            lines.append(f"  autoregressive time   unavailable: {bd.autoregressive_note}")
+        else:
+            lines.append(f"  autoregressive time   {bd.autoregressive_ms:12.1f} ms  -> Oracle speedup {bd.speedup:.3f}x")
+        lines.append(f"  best static K = {bd.best_static_k}    {bd.best_static_ms:12.1f} ms  -> Oracle is "
+                     f"{bd.gain_over_best_static:.3f}x faster"
+                     + ("" if bd.best_static_speedup is None else f" (static speedup {bd.best_static_speedup:.3f}x)"))
+        lines.append(f"  mean accepted length {bd.mean_accepted:.3f} drafts/round, {bd.tokens_per_round:.3f} tokens/round")
+        lines.append("  cost breakdown (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in bd.breakdown_ms.items()))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The command line's JSON: totals, ``static_ms`` by K and ``per_sequence`` V(0)."""
+        out = {
+            "k_max": self.k_max, "allow_k0": self.allow_k0, "deterministic": self.deterministic,
+            "alpha_scale": self.alpha_scale, "cost_model_source": self.cost_model.source or None,
+        }
+        out.update(self.bounds.to_dict())
+        out["per_sequence"] = [{"seq_id": str(s), "value_ms": float(v)}
+                               for s, v in zip(self.per_sequence["seq_id"], self.per_sequence["value_ms"])]
+        return out
+
+
+def _first_state(inputs: OracleInputs) -> np.ndarray:
+    return inputs.offsets[:-1]
+
+
+def solve(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None, allow_k0: bool = False,
+          deterministic: bool = False, alpha_scale: float = 1.0) -> OracleResult:
+    """Solve the Oracle on every sequence of ``inputs``.
+
+    Parameters
+    ----------
+    inputs : from :func:`~speclimits.oracle.inputs.load_inputs` or :meth:`OracleInputs.from_arrays`.
+    cost_model : must cover m = 2..k_max + 1; m = 1 as well when ``allow_k0`` (else a
+        :class:`CostModelError`). Without m = 1 the autoregressive baseline is reported unavailable.
+    k_max : largest draft length (default: the length of the ``match_prob`` lists).
+    allow_k0 : let the Oracle take plain autoregressive steps.
+    deterministic : transitions from the observed ``accept_len`` (a = min(k, accept_len)) instead
+        of ``match_prob``.
+    alpha_scale : multiply every alpha(m) (0 gives the α = 0 ablation).
+    """
+    k_max = inputs.k_list if k_max is None else int(k_max)
+    model = cost_model.with_alpha_scale(alpha_scale) if alpha_scale != 1.0 else cost_model
+    table = CostTable.build(inputs, model, k_max)
+    if allow_k0 and not table.has_k0:
+        raise CostModelError(
+            f"k = 0 actions need m = 1 in the cost model, which covers m = {model.ms}; the cost-model fit has m = 1 "
+            "only when the trace has K = 0 rounds. Drop --allow-k0 or add 'target.by_m.1'.")
+    surv = survival(inputs, k_max, deterministic)
+    layout = _Layout.build(inputs)
+    allowed = np.arange(k_max + 1) >= (0 if allow_k0 else 1)
+    cost = table.total()
+    value, k_star, q = solve_arrays(surv, cost, allowed, layout)
+
+    # policy evaluations: Oracle breakdown / rounds / accepted, static K, autoregressive
+    first = _first_state(inputs)
+    e_acc = expected_accepted(surv, inputs.remaining)
+    rows = np.arange(inputs.n_states)
+    parts = table.parts(k_star)
+    rewards = np.column_stack([parts[p] for p in PART_NAMES] + [np.ones(inputs.n_states), e_acc[rows, k_star]])
+    ev = evaluate_arrays(surv, k_star, rewards, layout)[first]
+    static = {}
+    per_seq = pd.DataFrame({"seq_id": inputs.seq_ids, "n_tokens": inputs.n_tokens, "value_ms": value[first]})
+    for k in range(1, k_max + 1):
+        col = evaluate_arrays(surv, np.full(inputs.n_states, k), cost[:, k:k + 1], layout)[first, 0]
+        per_seq[f"static_{k}_ms"] = col
+        static[k] = float(col.sum())
+    best_k = min(static, key=static.get)
+    per_seq["best_static_ms"] = per_seq[f"static_{best_k}_ms"]
+    if table.has_k0:
+        ar_seq = np.add.reduceat(cost[:, 0], first)
+        ar_total, note = float(ar_seq.sum()), ""
+    else:
+        ar_seq, ar_total = np.full(inputs.n_sequences, np.nan), None
+        note = (f"the cost model has no m = 1 (it covers m = {model.ms}); the fit has m = 1 only when the trace "
+                "has K = 0 rounds, so plain decoding cannot be priced")
+    per_seq.insert(3, "autoregressive_ms", ar_seq)
+    per_seq["rounds"] = ev[:, 4]
+    per_seq["accepted"] = ev[:, 5]
+    bounds = OracleBounds(
+        oracle_ms=float(value[first].sum()), autoregressive_ms=ar_total, static_ms=static, best_static_k=best_k,
+        n_sequences=inputs.n_sequences, n_tokens=int(inputs.n_tokens.sum()), oracle_rounds=float(ev[:, 4].sum()),
+        oracle_accepted=float(ev[:, 5].sum()),
+        breakdown_ms={p: float(ev[:, i].sum()) for i, p in enumerate(PART_NAMES)}, autoregressive_note=note)
+    return OracleResult(inputs, cost_model, k_max, allow_k0, deterministic, float(alpha_scale), value, k_star, q,
+                        bounds, per_seq)
+
+
+def evaluate_policy(result_or_inputs: OracleResult | OracleInputs, cost_model: CostModel | None = None,
+                    actions: np.ndarray | None = None, k_max: int | None = None, deterministic: bool = False,
+                    alpha_scale: float = 1.0, extra_cost: np.ndarray | None = None) -> pd.DataFrame:
+    """Expected time of a Markov policy (one action per state), per sequence.
+
+    Either pass an :class:`OracleResult` (its inputs, cost model and options are used) or
+    inputs plus ``cost_model``. ``extra_cost`` (n,) ms is added to each state's round cost (e.g.
+    one draft step a rule ran to look at a confidence it then discarded).
+    Returns a DataFrame with ``seq_id``, ``time_ms``, ``rounds``, ``accepted`` and the cost parts.
+    """
+    if isinstance(result_or_inputs, OracleResult):
+        res = result_or_inputs
+        inputs, model, k_max = res.inputs, res.cost_model, res.k_max
+        deterministic, alpha_scale = res.deterministic, res.alpha_scale
+    else:
+        inputs, model = result_or_inputs, cost_model
+        k_max = inputs.k_list if k_max is None else k_max
+    if actions is None:
+        raise ValueError("actions (n,) are required")
+    actions = np.asarray(actions, dtype=np.int64)
+    table = CostTable.build(inputs, model.with_alpha_scale(alpha_scale), k_max)
+    if (actions == 0).any() and not table.has_k0:
+        raise CostModelError(f"the policy takes k = 0 actions but the cost model has no m = 1 (m = {model.ms})")
+    surv = survival(inputs, k_max, deterministic)
+    parts = table.parts(actions)
+    extra = np.zeros(inputs.n_states) if extra_cost is None else np.asarray(extra_cost, dtype=float)
+    parts["draft"] = parts["draft"] + extra
+    e_acc = expected_accepted(surv, inputs.remaining)[np.arange(inputs.n_states), actions]
+    rewards = np.column_stack([parts[p] for p in PART_NAMES] + [np.ones(inputs.n_states), e_acc])
+    ev = evaluate_arrays(surv, actions, rewards, _Layout.build(inputs))[_first_state(inputs)]
+    out = pd.DataFrame({"seq_id": inputs.seq_ids, "time_ms": ev[:, :4].sum(axis=1), "rounds": ev[:, 4],
+                        "accepted": ev[:, 5]})
+    for i, p in enumerate(PART_NAMES):
+        out[f"{p}_ms"] = ev[:, i]
+    return out
