@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.costmodel import CostModel
-from speclimits.errors import CostModelError, Problem, TraceFormatError
+from speclimits.errors import CostModelError, Problem, SpeclimitsError, TraceFormatError
 
 FILE = "oracle.parquet"
 REQUIRED = ("seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window")
@@ -238,7 +238,8 @@ class CostTable:
     @classmethod
     def build(cls, inputs: OracleInputs, model: CostModel, k_max: int, origin: str = "cost model") -> "CostTable":
         if not 1 <= k_max <= inputs.k_list:
-            raise ValueError(f"k_max must be in 1..{inputs.k_list} (the length of the match_prob lists), got {k_max}")
+            raise SpeclimitsError(f"k_max must be in 1..{inputs.k_list} (the length of the match_prob lists in "
+                                  f"{inputs.origin}), got {k_max}")
         model.require_ms(range(2, k_max + 2), origin=origin + (f" ({model.source})" if model.source else ""))
         beta0 = np.full(k_max + 2, np.nan)
         alpha = np.full(k_max + 2, np.nan)
