@@ -191,7 +191,7 @@ PRESETS: dict[str, SimConfig] = {
     # the bundled default trace of the book (~120k rounds)
     "default": SimConfig(preset="default"),
     # the paper's scale: ~925k decode rounds over K = 1..10
-    "paper": SimConfig(preset="paper", n_prompts=480, response_median=440, response_max=2048,
+    "paper": SimConfig(preset="paper", n_prompts=480, response_median=447, response_max=2048,
                        oracle_prompts=120, k0_share=0.1),
 }
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set everything up (including vLLM's CPU build) and run the whole test suite.
+# Pass pytest options through, e.g. `bash scripts/test.sh -m "not vllm and not book"` for a quick run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+.venv/bin/python -m pytest "$@"

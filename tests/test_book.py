@@ -1,0 +1,43 @@
+"""The book: every section is in the toc, and a smoke build executes them all and reads offline."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclimits.book import toc_files
+from speclimits.paths import BOOK_DIR, REPO_ROOT
+
+
+def test_every_notebook_is_in_the_toc_and_every_toc_page_exists():
+    pages = toc_files()
+    notebooks = {f"book/{p.stem}" for p in BOOK_DIR.glob("*.py")}
+    assert notebooks == set(pages)
+    for page in pages:
+        assert (REPO_ROOT / f"{page}.py").exists() or (REPO_ROOT / f"{page}.md").exists()
+
+
+def test_notebooks_follow_the_house_layout():
+    for path in BOOK_DIR.glob("*.py"):
+        text = path.read_text()
+        assert text.count('\n# # ') == 1, f"{path.name}: exactly one H1"
+        assert 'tags=["parameters", "remove-cell"]' in text, f"{path.name}: a parameters cell"
+        assert "\ndef " not in text and "\nclass " not in text, f"{path.name}: logic belongs in src/"
+        assert "version_report" in text, f"{path.name}: ends with the version record"
+
+
+@pytest.mark.book
+def test_smoke_build_executes_every_section_offline(smoke_trace, tmp_path):
+    from speclimits.book import build_book
+
+    index = build_book(smoke_trace, smoke=True, out=tmp_path / "site", progress=False)
+    html_dir = index.parent
+    assert index.exists()
+    for page in toc_files():
+        html = (html_dir / f"{page}.html").read_text()
+        assert "Traceback" not in html, page
+    intro = (html_dir / "book" / "intro.html").read_text()
+    assert "SIMULATED" in intro
+    assert (html_dir / "_static" / "vega-offline.js").exists()
+    assert (html_dir / "_static" / "mathjax" / "tex-chtml.js").exists()
+    for page in html_dir.rglob("*.html"):
+        assert "https://" not in page.read_text(), f"{page.name} references a remote URL"

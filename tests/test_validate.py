@@ -1,0 +1,160 @@
+"""The validator catches each class of defect and names file, column and first rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits.cli import main
+from speclimits.errors import TraceFormatError
+from speclimits.trace import read_trace, write_table
+from speclimits.validate import find_problems, validate_trace
+
+
+@pytest.fixture()
+def trace_copy(smoke_trace, tmp_path):
+    dst = tmp_path / "t"
+    shutil.copytree(smoke_trace, dst)
+    return dst
+
+
+def _first_decode(df: pd.DataFrame) -> int:
+    return int(np.flatnonzero((df["phase"] == "decode").to_numpy())[3])
+
+
+def _set(col, value, *, decode=True):
+    def mutate(df):
+        row = _first_decode(df) if decode else 0
+        df[col] = df[col].astype(type(value)) if isinstance(value, float) else df[col]
+        df.loc[row, col] = value
+        return df, row
+    return mutate
+
+
+def _drop(col):
+    def mutate(df):
+        return df.drop(columns=[col]), None
+    return mutate
+
+
+def _shrink_context(df):
+    row = _first_decode(df) + 1
+    df.loc[row, "context_len"] = df.loc[row - 1, "context_len"]
+    return df, row
+
+
+ROUND_DEFECTS = [
+    (_drop("t_target_ms"), "t_target_ms", "required column is missing"),
+    (_set("t_target_ms", -1.0), "t_target_ms", "timings must not be negative"),
+    (_set("t_draft_ms", float("nan")), "t_draft_ms", "must not be NaN"),
+    (_set("m", 99), "m", "must equal K + 1 on decode rounds"),
+    (_set("n_accepted", 50), "n_accepted", "accepted must lie in [0, n_draft]"),
+    (_set("n_emitted", 40), "n_emitted", "emitted must lie in [0, n_accepted + 1]"),
+    (_set("u_bar", 3.0), "u_bar", "must be >= top_k = 8"),
+    (_set("u_bar", 500.0), "u_bar", "must be <= n_experts = 128"),
+    (_set("kv_usage", 1.5), "kv_usage", "must lie in [0, 1]"),
+    (_shrink_context, "context_len", "must grow from round to round"),
+    (_set("phase", "warmup"), "phase", "must be 'prefill' or 'decode'"),
+]
+
+
+@pytest.mark.parametrize("mutate, column, message", ROUND_DEFECTS, ids=[d[2][:30] for d in ROUND_DEFECTS])
+def test_round_defects_are_named(trace_copy, mutate, column, message):
+    df = read_trace(trace_copy).rounds.copy()
+    df, row = mutate(df)
+    write_table(trace_copy, "rounds", df)
+    with pytest.raises(TraceFormatError) as err:
+        validate_trace(trace_copy)
+    text = str(err.value)
+    assert f"rounds.parquet, column '{column}': {message}" in text
+    if row is not None:
+        assert f"first at row {row}" in text
+
+
+def _oracle_mutation(kind):
+    def mutate(df):
+        row = 5
+        if kind == "short":
+            df.at[row, "match_prob"] = df.at[row, "match_prob"][:-1]
+        elif kind == "prob":
+            v = np.array(df.at[row, "draft_conf"], dtype=np.float32)
+            v[0] = 1.2
+            df.at[row, "draft_conf"] = v
+        elif kind == "window":
+            v = np.array(df.at[row, "u_bar_window"], dtype=float)
+            v[3] = v[2] - 1.0
+            df.at[row, "u_bar_window"] = v
+        elif kind == "pos":
+            df.loc[row, "pos"] = 77
+        elif kind == "accept":
+            df.loc[row, "accept_len"] = 11
+        return df, row
+    return mutate
+
+
+ORACLE_DEFECTS = [
+    ("short", "match_prob", "lists must have length 10"),
+    ("prob", "draft_conf", "probabilities must lie in [0, 1]"),
+    ("window", "u_bar_window", "must not decrease as the window grows"),
+    ("pos", "pos", "must run 0..N-1 in order within each seq_id"),
+    ("accept", "accept_len", "must lie in [0, K_max = 10]"),
+]
+
+
+@pytest.mark.parametrize("kind, column, message", ORACLE_DEFECTS, ids=[d[0] for d in ORACLE_DEFECTS])
+def test_oracle_defects_are_named(trace_copy, kind, column, message):
+    df = read_trace(trace_copy).oracle.copy()
+    df, row = _oracle_mutation(kind)(df)
+    write_table(trace_copy, "oracle", df)
+    with pytest.raises(TraceFormatError) as err:
+        validate_trace(trace_copy)
+    assert f"oracle.parquet, column '{column}': {message}" in str(err.value)
+    assert f"first at row {row}" in str(err.value)
+
+
+def test_meta_missing_broken_or_incomplete(trace_copy):
+    meta_path = trace_copy / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["k_values"]
+    meta["source"] = "guess"
+    meta_path.write_text(json.dumps(meta))
+    text = "\n".join(str(p) for p in find_problems(trace_copy))
+    assert "meta.json: required key 'k_values' is missing" in text
+    assert "'source' must be one of" in text
+    meta_path.write_text("{not json")
+    assert "meta.json: is not valid JSON" in str(find_problems(trace_copy)[0])
+    meta_path.unlink()
+    assert str(find_problems(trace_copy)[0]) == "meta.json: is missing"
+
+
+def test_all_problems_reported_together(trace_copy):
+    df = read_trace(trace_copy).rounds.copy()
+    row = _first_decode(df)
+    df.loc[row, "t_target_ms"] = -2.0
+    df.loc[row + 1, "n_accepted"] = 99
+    write_table(trace_copy, "rounds", df)
+    problems = find_problems(trace_copy)
+    assert {p.column for p in problems} >= {"t_target_ms", "n_accepted"}
+
+
+def test_zero_timings_and_prefill_are_not_errors(smoke_trace):
+    rounds = read_trace(smoke_trace).rounds
+    assert (rounds["t_target_ms"] == 0).any() and (rounds["phase"] == "prefill").any()
+    validate_trace(smoke_trace)  # no exception
+
+
+def test_cli_exit_codes_and_message(trace_copy, capsys):
+    assert main(["validate", str(trace_copy)]) == 0
+    assert "valid" in capsys.readouterr().out
+    df = read_trace(trace_copy).rounds.copy()
+    df.loc[_first_decode(df), "t_target_ms"] = -1.0
+    write_table(trace_copy, "rounds", df)
+    assert main(["validate", str(trace_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "rounds.parquet, column 't_target_ms': timings must not be negative" in err
+    assert "Traceback" not in err
+    assert main(["validate", str(trace_copy / "nowhere")]) == 2
