@@ -1,0 +1,23 @@
+"""Cost-model statistics: factor analysis, the final target model (Eq. 4), the draft model,
+robustness checks, and the cost-model fit the Oracle reads.
+
+Every fit uses the decode rounds with a non-zero timing (:func:`speclimits.trace.decode_rounds`),
+OLS with standard errors clustered by generation, and GroupKFold(5) by generation for
+out-of-sample metrics. Results objects carry ``params``, ``bse``, ``conf_int()``, ``summary()``,
+``to_frame()``, ``to_dict()`` and ``to_json()``.
+"""
+
+from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, bootstrap_weights, cluster_bootstrap,
+                                   cross_validate, fit_ols, group_folds, t_interval)
+from speclimits.stats.draft import DraftResults, fit_draft_line, fit_draft_model
+from speclimits.stats.factors import FactorResults, analyze_factors
+from speclimits.stats.final import (BoundaryResults, FinalModelResults, JointResults, detect_boundary,
+                                    fit_cost_model, fit_final_model, fit_joint)
+from speclimits.stats.robustness import RobustnessResults, robustness_checks
+
+__all__ = [
+    "BoundaryResults", "CVResult", "CellMoments", "Design", "DraftResults", "FactorResults", "FinalModelResults",
+    "JointResults", "OLSResults", "RobustnessResults", "analyze_factors", "bootstrap_weights", "cluster_bootstrap",
+    "cross_validate", "detect_boundary", "fit_cost_model", "fit_draft_line", "fit_draft_model", "fit_final_model",
+    "fit_joint", "fit_ols", "group_folds", "robustness_checks", "t_interval",
+]

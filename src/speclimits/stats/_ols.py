@@ -1,0 +1,557 @@
+"""OLS from per-cell sufficient statistics, with standard errors clustered by generation.
+
+Every regression in this package is a linear model whose columns are *base variables*
+(``const``, ``u_bar``, ``context_len``, ...) multiplied by quantities that are constant within
+a **cell** (one generation at one m; a generation is one prompt at one K, so a cell is usually
+the whole generation). For such a design the per-cell cross-products are linear maps of the
+per-cell moments of the base variables::
+
+    X_c = Z_c A_c      =>   X_c'X_c = A_c' (Z_c'Z_c) A_c,   X_c'y_c = A_c' Z_c'y_c
+
+so one pass over the rows (``Z'Z``, ``Z'y``, ``y'y`` per cell, :class:`CellMoments`) serves the
+per-K fits, the joint categorical model, the pooled model, every cross-validation fold and
+every bootstrap resample. Cluster-robust covariances need only the per-cluster scores
+``s_g = X_g'y_g - X_g'X_g b``, which are also linear in the moments, so they are exact, not an
+approximation. The small-sample correction and the t reference with ``G - 1`` degrees of freedom
+are those of statsmodels' ``OLS.fit(cov_type="cluster", use_t=True)``; tests check the match.
+
+Row-level quantities that are not moments (MAPE, medians, residual bins) use the kept row arrays:
+``predict`` turns the coefficients into per-cell coefficients on the base variables,
+``b_c = A_c β``, and the prediction of a row is ``Z_row · b_cell``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+from sklearn.model_selection import GroupKFold
+
+from speclimits.errors import SpeclimitsError
+
+#: Base variables a design may use (``const`` is added first).
+BASE_VARS = ("u_bar", "context_len", "kv_usage", "graph_bucket", "e_max")
+#: Cell-level attributes a term may multiply by (constant within a cell).
+CELL_ATTRS = ("K", "m")
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the two-sided ``level`` t-interval (``len(values) - 1`` df)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size < 2:
+        return (float(v.mean()) if v.size else math.nan, math.nan)
+    half = sps.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
+    return float(v.mean()), float(half)
+
+
+# ---------------------------------------------------------------------------
+# sufficient statistics
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class CellMoments:
+    """Per-cell moments of the base variables and the response, plus the rows they came from.
+
+    Attributes
+    ----------
+    names : base variable names, ``("const", *base)``; q of them.
+    zz : (C, q, q) ``Z_c'Z_c`` per cell.  zy : (C, q) ``Z_c'y_c``.  yy : (C,) ``y_c'y_c``.
+    n : (C,) rows per cell.
+    cells : DataFrame with C rows: ``generation_id``, ``m``, ``K``, ``cluster`` (0..G-1 code of the
+        generation), and ``category`` when the rounds have one.
+    z : (N, q) row-level base variables; y : (N,) response; cell_of_row : (N,) cell index per row.
+    response : name of the response column.
+    """
+
+    names: tuple[str, ...]
+    zz: np.ndarray
+    zy: np.ndarray
+    yy: np.ndarray
+    n: np.ndarray
+    cells: pd.DataFrame
+    z: np.ndarray = field(repr=False)
+    y: np.ndarray = field(repr=False)
+    cell_of_row: np.ndarray = field(repr=False)
+    response: str = "t_target_ms"
+
+    @classmethod
+    def from_rounds(cls, rounds: pd.DataFrame, response: str = "t_target_ms",
+                    base: Sequence[str] = BASE_VARS) -> "CellMoments":
+        """Moments of ``rounds`` (already filtered, e.g. by :func:`speclimits.trace.decode_rounds`).
+
+        Cells are (generation_id, m) pairs. Raises :class:`SpeclimitsError` naming a missing column
+        or the first row with a non-finite value.
+        """
+        need = ["generation_id", "K", "m", response, *base]
+        missing = [c for c in need if c not in rounds.columns]
+        if missing:
+            raise SpeclimitsError(f"rounds table lacks column(s) {missing} needed for the fit")
+        if len(rounds) == 0:
+            raise SpeclimitsError("no rounds left to fit (after filtering)")
+        z = np.column_stack([np.ones(len(rounds))] + [rounds[c].to_numpy(dtype=float) for c in base])
+        y = rounds[response].to_numpy(dtype=float)
+        bad = ~(np.isfinite(z).all(axis=1) & np.isfinite(y))
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            cols = [c for c in [*base, response] if not np.isfinite(float(rounds[c].iloc[first]))]
+            raise SpeclimitsError(
+                f"rounds: {int(bad.sum())} row(s) with a non-finite value (first at row {first}, column(s) {cols})")
+        gen = rounds["generation_id"].to_numpy()
+        mm = rounds["m"].to_numpy()
+        keys = pd.MultiIndex.from_arrays([gen, mm])
+        cell_of_row, uniq = pd.factorize(keys, sort=True)
+        n_cells = len(uniq)
+        q = z.shape[1]
+        zz = np.empty((n_cells, q, q))
+        for i in range(q):
+            for j in range(i, q):
+                s = np.bincount(cell_of_row, weights=z[:, i] * z[:, j], minlength=n_cells)
+                zz[:, i, j] = s
+                zz[:, j, i] = s
+        zy = np.column_stack([np.bincount(cell_of_row, weights=z[:, i] * y, minlength=n_cells) for i in range(q)])
+        yy = np.bincount(cell_of_row, weights=y * y, minlength=n_cells)
+        n = np.bincount(cell_of_row, minlength=n_cells).astype(float)
+        first = np.zeros(n_cells, dtype=np.int64)
+        first[cell_of_row[::-1]] = np.arange(len(rounds))[::-1]
+        cells = pd.DataFrame({
+            "generation_id": uniq.get_level_values(0).to_numpy(),
+            "m": uniq.get_level_values(1).to_numpy().astype(np.int64),
+            "K": rounds["K"].to_numpy()[first].astype(np.int64),
+        })
+        if "category" in rounds.columns:
+            cells["category"] = rounds["category"].astype(str).to_numpy()[first]
+        cells["cluster"] = pd.factorize(cells["generation_id"], sort=True)[0]
+        cells["first_row"] = first
+        return cls(("const", *base), zz, zy, yy, n, cells, z, y, cell_of_row, response)
+
+    # -- selection ----------------------------------------------------------
+    @property
+    def n_rows(self) -> int:
+        return int(self.n.sum())
+
+    def subset(self, cell_mask: np.ndarray) -> "CellMoments":
+        """The moments of the cells where ``cell_mask`` is True (rows follow their cells)."""
+        cell_mask = np.asarray(cell_mask, dtype=bool)
+        idx = np.flatnonzero(cell_mask)
+        new_index = np.full(len(cell_mask), -1)
+        new_index[idx] = np.arange(idx.size)
+        rows = cell_mask[self.cell_of_row]
+        cells = self.cells.iloc[idx].reset_index(drop=True)
+        cells["cluster"] = pd.factorize(cells["generation_id"], sort=True)[0]
+        return CellMoments(self.names, self.zz[idx], self.zy[idx], self.yy[idx], self.n[idx], cells,
+                           self.z[rows], self.y[rows], new_index[self.cell_of_row[rows]], self.response)
+
+    def where(self, **eq: Any) -> "CellMoments":
+        """Cells whose attributes equal the given values, e.g. ``mom.where(K=8)``."""
+        mask = np.ones(len(self.cells), bool)
+        for k, v in eq.items():
+            mask &= self.cells[k].to_numpy() == v
+        return self.subset(mask)
+
+    def column(self, name: str) -> np.ndarray:
+        """Row-level values of a base variable (or ``y`` for the response)."""
+        if name in ("y", self.response):
+            return self.y
+        return self.z[:, self.names.index(name)]
+
+    def row_attr(self, attr: str) -> np.ndarray:
+        """A cell attribute broadcast to the rows."""
+        return self.cells[attr].to_numpy()[self.cell_of_row]
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.cells["cluster"].max()) + 1 if len(self.cells) else 0
+
+
+# ---------------------------------------------------------------------------
+# designs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """One design column: ``base`` variable times a cell-level multiplier, active on some cells.
+
+    ``name`` is the column name; ``base`` a base variable (``const`` for intercept-like terms);
+    ``mult`` a cell attribute (``K``, ``m``) or ``None`` (1); ``active`` a function of the cells
+    frame returning a boolean mask (``None`` = all cells).
+    """
+
+    name: str
+    base: str
+    mult: str | None = None
+    active: Callable[[pd.DataFrame], np.ndarray] | None = field(default=None, compare=False)
+
+
+def parse_term(spec: str) -> Term:
+    """``"u_bar"`` -> u_bar; ``"m"`` / ``"K"`` -> const x m; ``"m:context_len"`` -> context_len x m."""
+    if ":" in spec:
+        mult, base = spec.split(":", 1)
+        return Term(spec, base, mult)
+    if spec in CELL_ATTRS:
+        return Term(spec, "const", spec)
+    return Term(spec, spec)
+
+
+@dataclass(frozen=True)
+class Design:
+    """A list of terms; ``matrices(moments)`` gives the per-cell maps ``A_c`` (C, q, p)."""
+
+    terms: tuple[Term, ...]
+    label: str = ""
+
+    @classmethod
+    def linear(cls, *specs: str, const: bool = True, label: str = "") -> "Design":
+        terms = ([Term("const", "const")] if const else []) + [parse_term(s) for s in specs]
+        return cls(tuple(terms), label or " + ".join(specs))
+
+    @classmethod
+    def grouped(cls, groups: Callable[[pd.DataFrame], np.ndarray], levels: Iterable[Any],
+                varying: Sequence[str], shared: Sequence[str], fmt: str = "{term}[{level}]",
+                label: str = "") -> "Design":
+        """Free coefficients of the ``varying`` terms per level of ``groups(cells)``; ``shared`` terms common.
+
+        ``varying`` may include ``"const"``. Names come from ``fmt`` (``{term}``, ``{level}``).
+        """
+        terms = []
+        for level in levels:
+            for spec in varying:
+                base = Term("const", "const") if spec == "const" else parse_term(spec)
+                terms.append(Term(fmt.format(term=spec, level=level), base.base, base.mult,
+                                  (lambda cells, lv=level: groups(cells) == lv)))
+        terms += [Term("const", "const") if s == "const" else parse_term(s) for s in shared]
+        return cls(tuple(terms), label)
+
+    @property
+    def columns(self) -> list[str]:
+        return [t.name for t in self.terms]
+
+    def matrices(self, mom: CellMoments) -> np.ndarray:
+        cells = mom.cells
+        a = np.zeros((len(cells), len(mom.names), len(self.terms)))
+        for j, t in enumerate(self.terms):
+            if t.base not in mom.names:
+                raise SpeclimitsError(f"design term {t.name!r} uses {t.base!r}, not among {mom.names}")
+            v = np.ones(len(cells)) if t.mult is None else cells[t.mult].to_numpy(dtype=float)
+            if t.active is not None:
+                v = v * np.asarray(t.active(cells), dtype=float)
+            a[:, mom.names.index(t.base), j] = v
+        return a
+
+
+def cross_products(mom: CellMoments, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell ``X'X`` (C, p, p) and ``X'y`` (C, p) of the design with maps ``a``."""
+    at = a.transpose(0, 2, 1)
+    return at @ mom.zz @ a, np.einsum("cqp,cq->cp", a, mom.zy)
+
+
+def _solve(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np.ndarray:
+    """Solve the normal equations with column equilibration; raise naming unidentified columns."""
+    d = np.sqrt(np.diag(xtx))
+    if (d <= 0).any():
+        bad = [columns[i] for i in np.flatnonzero(d <= 0)]
+        raise SpeclimitsError(f"design columns {bad} are identically zero on the fitted rows (no data)")
+    s = xtx / np.outer(d, d)
+    try:
+        cho = np.linalg.cholesky(s)
+    except np.linalg.LinAlgError:
+        raise SpeclimitsError(f"design is singular (collinear columns among {list(columns)})") from None
+    if np.linalg.cond(s) > 1e13:
+        raise SpeclimitsError(f"design is numerically singular (collinear columns among {list(columns)})")
+    w = np.linalg.solve(cho.T, np.linalg.solve(cho, xty / d))
+    return w / d
+
+
+def _solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """Batched solve for (B, p, p) and (B, p), equilibrated."""
+    d = np.sqrt(np.einsum("bii->bi", xtx))
+    s = xtx / (d[:, :, None] * d[:, None, :])
+    return np.linalg.solve(s, (xty / d)[..., None])[..., 0] / d
+
+
+# ---------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------
+
+
+def _jsonable(obj: Any) -> Any:
+    """Turn DataFrames, Series, numpy values and nested containers into JSON-ready values."""
+    if isinstance(obj, pd.DataFrame):
+        return [_jsonable(r) for r in obj.reset_index().to_dict(orient="records")] \
+            if not isinstance(obj.index, pd.RangeIndex) else [_jsonable(r) for r in obj.to_dict(orient="records")]
+    if isinstance(obj, pd.Series):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [_jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return _jsonable(obj.to_dict())
+    return obj
+
+
+class ResultsMixin:
+    """``to_json`` from ``to_dict``; ``__str__`` from ``summary``."""
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(_jsonable(self.to_dict()), **kwargs)
+
+    def __str__(self) -> str:  # pragma: no cover - convenience
+        return self.summary()
+
+
+@dataclass(frozen=True)
+class OLSResults(ResultsMixin):
+    """A fitted linear model with cluster-robust covariance (statsmodels-like).
+
+    Attributes
+    ----------
+    params, bse : Series indexed by column name (ms units of the response per unit of the column).
+    cov : DataFrame (p x p), cluster-robust covariance with statsmodels' small-sample correction.
+    nobs, n_clusters : rows and generations fitted. df_t : ``n_clusters - 1``, the t reference df.
+    rsquared, rmse : in-sample. col_mean, col_sd : means / sds of the design columns (for β*).
+    y_mean, y_sd : of the response.
+    """
+
+    params: pd.Series
+    cov: pd.DataFrame
+    nobs: int
+    n_clusters: int
+    rsquared: float
+    rmse: float
+    col_mean: pd.Series
+    col_sd: pd.Series
+    y_mean: float
+    y_sd: float
+    label: str = ""
+    response: str = "t_target_ms"
+
+    @property
+    def bse(self) -> pd.Series:
+        return pd.Series(np.sqrt(np.clip(np.diag(self.cov.to_numpy()), 0, None)), index=self.params.index)
+
+    @property
+    def df_t(self) -> int:
+        return max(self.n_clusters - 1, 1)
+
+    @property
+    def tvalues(self) -> pd.Series:
+        return self.params / self.bse
+
+    @property
+    def pvalues(self) -> pd.Series:
+        return pd.Series(2 * sps.t.sf(np.abs(self.tvalues.to_numpy()), self.df_t), index=self.params.index)
+
+    def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
+        """Two-sided ``1 - alpha`` t-intervals (``n_clusters - 1`` df); columns ``lower``, ``upper``."""
+        q = sps.t.ppf(1 - alpha / 2, self.df_t)
+        return pd.DataFrame({"lower": self.params - q * self.bse, "upper": self.params + q * self.bse})
+
+    def standardized(self) -> pd.DataFrame:
+        """β* = β · sd(x) / sd(y) with its CI scaled the same way (sds treated as fixed)."""
+        scale = self.col_sd / self.y_sd
+        ci = self.conf_int()
+        out = pd.DataFrame({"beta_std": self.params * scale, "lower": ci["lower"] * scale,
+                            "upper": ci["upper"] * scale})
+        return out.drop(index=[c for c in out.index if self.col_sd[c] == 0])
+
+    def to_frame(self) -> pd.DataFrame:
+        ci = self.conf_int()
+        return pd.DataFrame({"coef": self.params, "se": self.bse, "t": self.tvalues, "p": self.pvalues,
+                             "ci_lower": ci["lower"], "ci_upper": ci["upper"]})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "response": self.response, "nobs": self.nobs, "n_clusters": self.n_clusters,
+                "rsquared": self.rsquared, "rmse": self.rmse,
+                "params": self.to_frame().rename_axis("term").reset_index()}
+
+    def summary(self) -> str:
+        head = (f"OLS {self.response} ~ {self.label or ' + '.join(self.params.index)}\n"
+                f"rows {self.nobs:,}  generations (clusters) {self.n_clusters:,}  R² {self.rsquared:.4f}  "
+                f"RMSE {self.rmse:.4f}\nSE clustered by generation; 95% CI with t({self.df_t})\n")
+        return head + self.to_frame().to_string(float_format=lambda v: f"{v:.6g}")
+
+
+def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] | None = None) -> OLSResults:
+    """OLS of the response on ``design`` over all cells of ``mom``, SEs clustered by generation."""
+    a = design.matrices(mom)
+    xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
+    cols = design.columns
+    xtx, xty = xtx_c.sum(0), xty_c.sum(0)
+    beta = _solve(xtx, xty, cols)
+    nobs, p = mom.n_rows, len(cols)
+    # per-cell scores, summed per cluster
+    scores_c = xty_c - xtx_c @ beta
+    g = mom.n_clusters
+    scores = np.zeros((g, p))
+    np.add.at(scores, mom.cells["cluster"].to_numpy(), scores_c)
+    bread = np.linalg.inv(xtx)
+    meat = scores.T @ scores
+    corr = (g / (g - 1.0)) * ((nobs - 1.0) / (nobs - p)) if g > 1 and nobs > p else math.nan
+    cov = corr * bread @ meat @ bread
+    yy, ysum = mom.yy.sum(), mom.zy[:, 0].sum()
+    ssr = yy - 2 * beta @ xty + beta @ xtx @ beta
+    sst = yy - ysum ** 2 / nobs
+    # design column moments from X'X (const column: n)
+    sum_x = np.einsum("cqp,cq->p", a, mom.zz[:, :, 0])
+    col_mean = sum_x / nobs
+    col_var = np.diag(xtx) / nobs - col_mean ** 2
+    return OLSResults(
+        params=pd.Series(beta, index=cols), cov=pd.DataFrame(cov, index=cols, columns=cols),
+        nobs=nobs, n_clusters=g, rsquared=float(1 - ssr / sst), rmse=float(math.sqrt(max(ssr, 0) / nobs)),
+        col_mean=pd.Series(col_mean, index=cols), col_sd=pd.Series(np.sqrt(np.clip(col_var, 0, None)), index=cols),
+        y_mean=float(ysum / nobs), y_sd=float(math.sqrt(max(sst, 0) / nobs)), label=design.label,
+        response=mom.response)
+
+
+def predict(mom: CellMoments, design: Design, params: np.ndarray | pd.Series,
+            a: np.ndarray | None = None) -> np.ndarray:
+    """Row-level fitted values of ``design`` with coefficients ``params`` (N,)."""
+    a = design.matrices(mom) if a is None else a
+    b = a @ np.asarray(params, dtype=float)  # (C, q): coefficients on the base variables per cell
+    return np.einsum("nq,nq->n", mom.z, b[mom.cell_of_row])
+
+
+# ---------------------------------------------------------------------------
+# cross-validation by generation
+# ---------------------------------------------------------------------------
+
+
+def group_folds(mom: CellMoments, n_splits: int = 5) -> np.ndarray:
+    """Fold (0..n_splits-1) of every cluster by scikit-learn's ``GroupKFold`` on the rows.
+
+    A generation is never split: the fold is a property of the cluster. Returns (G,) ints.
+    """
+    g = mom.n_clusters
+    if g < n_splits:
+        raise SpeclimitsError(f"GroupKFold({n_splits}) needs at least {n_splits} generations; got {g}")
+    cl = mom.cells["cluster"].to_numpy()
+    sizes = np.bincount(cl, weights=mom.n, minlength=g).astype(np.int64)
+    groups = np.repeat(np.arange(g), sizes)
+    fold = np.empty(g, dtype=np.int64)
+    for f, (_, test) in enumerate(GroupKFold(n_splits=n_splits).split(groups, groups=groups)):
+        fold[np.unique(groups[test])] = f
+    return fold
+
+
+@dataclass(frozen=True)
+class CVResult(ResultsMixin):
+    """Out-of-sample metrics of one design across GroupKFold folds.
+
+    ``folds`` has one row per fold: ``r2``, ``rmse``, ``mape`` (%), ``medape`` (%), ``n_test``.
+    ``oof`` is the (N,) out-of-fold prediction of every row (same order as the moments' rows).
+    """
+
+    label: str
+    folds: pd.DataFrame
+    oof: np.ndarray = field(repr=False)
+
+    def mean_ci(self, metric: str) -> tuple[float, float]:
+        return t_interval(self.folds[metric].to_numpy())
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = {}
+        for met in ("r2", "rmse", "mape", "medape"):
+            mean, half = self.mean_ci(met)
+            rows[met] = {"mean": mean, "ci_halfwidth": half}
+        return pd.DataFrame(rows).T
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "folds": self.folds, "summary": self.to_frame().rename_axis("metric")}
+
+    def summary(self) -> str:
+        return f"GroupKFold CV of {self.label}\n" + self.to_frame().to_string()
+
+
+def ape(y: np.ndarray, yhat: np.ndarray) -> np.ndarray:
+    """Absolute percentage error, in percent."""
+    return 100.0 * np.abs(y - yhat) / np.abs(y)
+
+
+def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVResult:
+    """Fit on all folds but one, score on the held-out one, for every fold (GroupKFold by generation).
+
+    R² is ``1 - SSE/SST`` around the held-out fold's mean (as scikit-learn's ``r2_score``).
+    """
+    a = design.matrices(mom)
+    xtx_c, xty_c = cross_products(mom, a)
+    cell_fold = folds[mom.cells["cluster"].to_numpy()]
+    row_fold = cell_fold[mom.cell_of_row]
+    oof = np.full(mom.n_rows, np.nan)
+    recs = []
+    for f in np.unique(folds):
+        tr, te = cell_fold != f, cell_fold == f
+        beta = _solve(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+        rows = row_fold == f
+        b = a @ beta
+        yhat = np.einsum("nq,nq->n", mom.z[rows], b[mom.cell_of_row[rows]])
+        oof[rows] = yhat
+        y = mom.y[rows]
+        sse = float(((y - yhat) ** 2).sum())
+        sst = float(((y - y.mean()) ** 2).sum())
+        e = ape(y, yhat)
+        recs.append({"fold": int(f), "n_test": int(rows.sum()), "r2": 1 - sse / sst,
+                     "rmse": math.sqrt(sse / rows.sum()), "mape": float(e.mean()), "medape": float(np.median(e))})
+    return CVResult(design.label, pd.DataFrame(recs), oof)
+
+
+def cv_sse(mom: CellMoments, design: Design, folds: np.ndarray,
+           xp: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, int]:
+    """Total held-out SSE and rows over the folds, from moments only (fast; no row pass)."""
+    a = design.matrices(mom)
+    xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
+    cell_fold = folds[mom.cells["cluster"].to_numpy()]
+    sse = 0.0
+    for f in np.unique(cell_fold):
+        tr, te = cell_fold != f, cell_fold == f
+        beta = _solve(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+        sse += mom.yy[te].sum() - 2 * beta @ xty_c[te].sum(0) + beta @ xtx_c[te].sum(0) @ beta
+    return float(sse), int(mom.n[cell_fold >= 0].sum())
+
+
+# ---------------------------------------------------------------------------
+# cluster bootstrap from sufficient statistics
+# ---------------------------------------------------------------------------
+
+
+def bootstrap_weights(n_clusters: int, n_boot: int, seed: int = 0) -> np.ndarray:
+    """(n_boot, G) multinomial counts: how often each generation is drawn in each resample."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(float)
+
+
+def cluster_bootstrap(mom: CellMoments, design: Design, weights: np.ndarray) -> pd.DataFrame:
+    """OLS estimates for each resample of generations; ``weights`` from :func:`bootstrap_weights`.
+
+    Resampling a generation ``w`` times adds ``w`` copies of its ``X'X`` and ``X'y``, so each
+    resample is a weighted sum of per-cluster cross-products and one small solve.
+    Returns (n_boot, p) DataFrame of estimates.
+    """
+    a = design.matrices(mom)
+    xtx_c, xty_c = cross_products(mom, a)
+    g = mom.n_clusters
+    cl = mom.cells["cluster"].to_numpy()
+    p = len(design.columns)
+    xtx_g = np.zeros((g, p, p))
+    xty_g = np.zeros((g, p))
+    np.add.at(xtx_g, cl, xtx_c)
+    np.add.at(xty_g, cl, xty_c)
+    xtx_b = np.einsum("bg,gij->bij", weights, xtx_g)
+    xty_b = weights @ xty_g
+    return pd.DataFrame(_solve_batch(xtx_b, xty_b), columns=design.columns)

@@ -1,0 +1,111 @@
+"""Draft-time model ``T_D = a·K + b`` (the draft head is dense: no routing term).
+
+Fitted on decode rounds with K >= 1 and a non-zero draft time (:func:`decode_rounds` with
+``timing="draft"``), SEs clustered by generation, GroupKFold(5) by generation for the CV MedAPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.stats import paper
+from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
+                                   group_folds, predict)
+from speclimits.trace import FilterReport, decode_rounds
+
+DRAFT_DESIGN = Design.linear("K", label="a·K + b")
+
+
+def _draft_moments(rounds: pd.DataFrame) -> tuple[CellMoments, FilterReport]:
+    dec, report = decode_rounds(rounds, timing="draft")
+    return CellMoments.from_rounds(dec, response="t_draft_ms", base=()), report
+
+
+def fit_draft_line(rounds: pd.DataFrame) -> OLSResults:
+    """OLS ``t_draft_ms ~ K`` (params ``const`` = b, ``K`` = a), SEs clustered by generation."""
+    mom, _ = _draft_moments(rounds)
+    return fit_ols(mom, DRAFT_DESIGN)
+
+
+@dataclass(frozen=True)
+class DraftResults(ResultsMixin):
+    """The draft section.
+
+    ``ols`` the fit; ``by_k``: per K mean T_D, the line's value and the deviation (%);
+    ``cv`` GroupKFold metrics (``medape`` is the paper's CV MedAPE); ``tail_share`` share of rounds
+    with |residual| > 1 ms; ``zero_share_draft`` share of decode rounds (K >= 1) with a zero draft
+    time; ``zero_share_any`` share with a zero target or draft time; ``residual_quantiles``.
+    """
+
+    ols: OLSResults
+    by_k: pd.DataFrame
+    cv: CVResult
+    tail_share: float
+    zero_share_draft: float
+    zero_share_any: float
+    residual_quantiles: pd.Series
+    report: FilterReport
+
+    @property
+    def params(self) -> pd.Series:
+        return self.ols.params.rename({"K": "a", "const": "b"})
+
+    @property
+    def bse(self) -> pd.Series:
+        return self.ols.bse.rename({"K": "a", "const": "b"})
+
+    def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
+        return self.ols.conf_int(alpha).rename({"K": "a", "const": "b"})
+
+    def table(self) -> pd.DataFrame:
+        """Ours beside the paper's."""
+        ci = self.conf_int()
+        rows = [
+            ("a (ms/step)", self.params["a"], self.bse["a"], f"{paper.DRAFT['a'][0]} ({paper.DRAFT['a'][1]})"),
+            ("b (ms)", self.params["b"], self.bse["b"], f"{paper.DRAFT['b'][0]} ({paper.DRAFT['b'][1]})"),
+            ("mean |dev| of mean T_D by K from line (%)", self.by_k["dev_pct"].abs().mean(), np.nan,
+             paper.DRAFT["mean_dev_pct"]),
+            ("CV MedAPE (%)", self.cv.mean_ci("medape")[0], self.cv.mean_ci("medape")[1], paper.DRAFT["cv_medape_pct"]),
+            ("per-round R²", self.ols.rsquared, np.nan, paper.DRAFT["r2"]),
+            ("rounds with |residual| > 1 ms (%)", 100 * self.tail_share, np.nan, paper.DRAFT["tail_share_pct"]),
+            ("records with a zero timing (%)", 100 * self.zero_share_any, np.nan, paper.DRAFT["zero_share_pct"]),
+        ]
+        out = pd.DataFrame(rows, columns=["quantity", "ours", "se_or_ci", "paper"]).set_index("quantity")
+        out.attrs["ci"] = ci
+        return out
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fit": self.ols.to_dict(), "a": float(self.params["a"]), "b": float(self.params["b"]),
+                "a_se": float(self.bse["a"]), "b_se": float(self.bse["b"]), "by_k": self.by_k,
+                "cv": self.cv.to_dict(), "tail_share": self.tail_share, "zero_share_draft": self.zero_share_draft,
+                "zero_share_any": self.zero_share_any, "residual_quantiles": self.residual_quantiles,
+                "filter": self.report.to_dict(), "table": self.table().reset_index()}
+
+    def summary(self) -> str:
+        return (f"Draft model T_D = a·K + b ({self.ols.nobs:,} rounds, {self.ols.n_clusters:,} generations; "
+                f"{self.report})\n" + self.table().to_string(float_format=lambda v: f"{v:.4g}"))
+
+
+def fit_draft_model(rounds: pd.DataFrame, n_splits: int = 5) -> DraftResults:
+    """Fit and check the draft line on the ``rounds`` table of a trace."""
+    mom, report = _draft_moments(rounds)
+    fit = fit_ols(mom, DRAFT_DESIGN)
+    resid = mom.y - predict(mom, DRAFT_DESIGN, fit.params)
+    k = mom.row_attr("K")
+    means = pd.Series(mom.y).groupby(k).mean()
+    line = fit.params["const"] + fit.params["K"] * means.index.to_numpy()
+    by_k = pd.DataFrame({"K": means.index.astype(int), "n": pd.Series(k).value_counts().sort_index().to_numpy(),
+                         "mean_t_draft_ms": means.to_numpy(), "line_ms": line,
+                         "dev_pct": 100 * (means.to_numpy() - line) / line})
+    cv = cross_validate(mom, DRAFT_DESIGN, group_folds(mom, n_splits))
+    _, both = decode_rounds(rounds.loc[rounds["K"].to_numpy() > 0], timing="both")
+    q = pd.Series(np.quantile(resid, [0.001, 0.01, 0.5, 0.99, 0.999]), index=["0.1%", "1%", "50%", "99%", "99.9%"])
+    return DraftResults(fit, by_k, cv, float(np.mean(np.abs(resid) > 1.0)), report.share_zero_timing,
+                        both.share_zero_timing, q, report)
