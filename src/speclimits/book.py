@@ -164,6 +164,13 @@ def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
     finally:
         raw.unlink(missing_ok=True)
     dt = time.perf_counter() - t0
+    # the injected parameters are listed on the intro page; hide the cell in each section
+    executed = nbformat.read(out, as_version=4)
+    for cell in executed.cells:
+        tags = cell.metadata.setdefault("tags", [])
+        if "injected-parameters" in tags and "remove-cell" not in tags:
+            tags.append("remove-cell")
+    nbformat.write(executed, out)
     log.write(f"executed {src.name} in {dt:.1f} s\n")
     return dt
 

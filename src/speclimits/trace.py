@@ -238,12 +238,14 @@ class FilterReport:
         }
 
     def __str__(self) -> str:
-        no_draft = f"{self.n_no_draft:,} K=0 rounds (no draft) excluded, " if self.n_no_draft else ""
-        return (
-            f"{self.n_total:,} rounds: {self.n_prefill:,} prefill excluded, {no_draft}"
-            f"{self.n_zero_timing:,} decode rounds with a zero {self.timing} timing excluded "
-            f"({100 * self.share_zero_timing:.2f}%), {self.n_kept:,} kept"
-        )
+        lines = [f"{self.n_total:,} rounds in the trace",
+                 f"  - {self.n_prefill:,} prefill rounds excluded"]
+        if self.n_no_draft:
+            lines.append(f"  - {self.n_no_draft:,} K=0 rounds excluded (plain decoding: no draft)")
+        lines.append(f"  - {self.n_zero_timing:,} decode rounds with a zero {self.timing} timing excluded "
+                     f"({100 * self.share_zero_timing:.2f}%)")
+        lines.append(f"  = {self.n_kept:,} rounds kept")
+        return "\n".join(lines)
 
 
 TIMING_COLUMNS = {"target": ("t_target_ms",), "draft": ("t_draft_ms",), "both": ("t_target_ms", "t_draft_ms")}

@@ -288,7 +288,7 @@ def _cli(args: argparse.Namespace) -> int:
     if (args.trace / "rounds.parquet").exists():
         _, rep = decode_rounds(tr.rounds, timing="target")
         _, rep_d = decode_rounds(tr.rounds, timing="draft")
-        print(f"  rounds: {rep}")
+        print("  rounds (target-time fits): " + str(rep).replace("\n", "\n    "))
         print(f"  draft timing: {rep_d.n_zero_timing:,} decode rounds with a zero t_draft_ms "
               f"({100 * rep_d.share_zero_timing:.2f}%)")
     if tr.oracle is not None:
