@@ -19,6 +19,7 @@ from speclimits.errors import SpeclimitsError
 COMMANDS = (
     "speclimits.simulate",
     "speclimits.validate",
+    "speclimits.stats.cli",
     "speclimits.book",
 )
 

@@ -365,7 +365,12 @@ class FinalModelResults(ResultsMixin):
     def to_dict(self) -> dict[str, Any]:
         return {"filter": self.report.to_dict(), "n_rows": self.n_rows, "n_generations": self.n_generations,
                 "per_k": self.per_k, "joint": self.joint.to_dict(), "pooled": self.pooled.to_dict(),
-                "comparison": self.comparison, "pooled_standardized": self.pooled_std, "mape_by_k": self.mape_by_k,
+                "comparison": self.comparison,
+                "pooled_vs_base": {"cv_rmse_reduction": self.comparison.attrs["pooled_drmse"][0],
+                                   "cv_rmse_reduction_ci": self.comparison.attrs["pooled_drmse"][1],
+                                   "cv_rmse_reduction_pct": self.comparison.attrs["pooled_drmse_pct"],
+                                   "mape_ratio_base_over_categorical": self.comparison.attrs["mape_ratio"]},
+                "pooled_standardized": self.pooled_std, "mape_by_k": self.mape_by_k,
                 "leave_one_k_out": self.loko, "boundary": self.boundary.to_dict(),
                 "interpolation": self.interpolation, "ladder": self.ladder}
 

@@ -1,0 +1,109 @@
+"""``speclimits factors`` and ``speclimits fit``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclimits.stats._ols import _jsonable
+
+
+def _top_k(meta: dict[str, Any]) -> int | None:
+    tk = ((meta.get("models") or {}).get("target") or {}).get("top_k")
+    return int(tk) if tk is not None else None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "factors",
+        help="factor analysis of target time (Table A2) and standardized associations by K",
+        description=(
+            "Six candidate factors (Ū, m, L, KV usage, graph bucket, E_max): GroupKFold(5) by generation, "
+            "out-of-sample R² and RMSE (mean, 95%% t-interval over folds), paired RMSE reduction of Ū + factor "
+            "over Ū alone; standardized β* of Ū and L within each K; factor correlations. Decode rounds with "
+            "K >= 1 and a non-zero target time."
+        ),
+        epilog="example: speclimits factors data/traces/sim-default --json",
+    )
+    p.add_argument("trace", type=Path, help="trace directory")
+    p.add_argument("--json", action="store_true", help="print all results as JSON instead of text tables")
+    p.set_defaults(func=_factors)
+
+    p = sub.add_parser(
+        "fit",
+        help="fit the cost model (target Eq. 4 per m + draft line) and the final-model comparisons",
+        description=(
+            "Per-K OLS T_T ~ Ū + L with SEs clustered by generation; the joint categorical model (free beta0(m), "
+            "alpha(m), shared c; m = 1 from K = 0 rounds with alpha(1) := alpha(2)); pooled model with γK; "
+            "regime boundary chosen by nested GroupKFold; specification ladder; draft line T_D = a·K + b. "
+            "--out writes the cost-model JSON the Oracle reads."
+        ),
+        epilog="example: speclimits fit data/traces/sim-default --out cost_model.json",
+    )
+    p.add_argument("trace", type=Path, help="trace directory")
+    p.add_argument("--json", action="store_true",
+                   help="print all results as JSON (the cost model under the key 'cost_model')")
+    p.add_argument("--out", type=Path, default=None, help="write the cost-model JSON here")
+    p.add_argument("--robustness-k", type=int, default=None, metavar="K",
+                   help="also run the robustness checks on this K (999 bootstrap resamples)")
+    p.set_defaults(func=_fit)
+
+
+def _factors(args: argparse.Namespace) -> int:
+    from speclimits.stats.factors import analyze_factors
+    from speclimits.trace import read_trace
+
+    tr = read_trace(args.trace)
+    res = analyze_factors(tr.rounds)
+    if args.json:
+        json.dump(_jsonable({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}), sys.stdout,
+                  indent=1)
+        print()
+    else:
+        print(f"{args.trace}: {tr.source_label}")
+        print(res.summary())
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from speclimits.stats.draft import fit_draft_model
+    from speclimits.stats.final import fit_cost_model, fit_final_model
+    from speclimits.trace import read_trace
+
+    tr = read_trace(args.trace)
+    rounds = tr.rounds
+    cost = fit_cost_model(rounds, top_k=_top_k(tr.meta), source=f"speclimits fit {args.trace} ({tr.source_label})")
+    final = fit_final_model(rounds)
+    draft = fit_draft_model(rounds)
+    robust = None
+    if args.robustness_k is not None:
+        from speclimits.stats.robustness import robustness_checks
+
+        robust = robustness_checks(rounds, k=args.robustness_k)
+    if args.out is not None:
+        cost.write(args.out)
+    if args.json:
+        out = {"trace": str(args.trace), "source": tr.source_label, "cost_model": cost.to_dict(),
+               "final": final.to_dict(), "draft": draft.to_dict()}
+        if robust is not None:
+            out["robustness"] = robust.to_dict()
+        json.dump(_jsonable(out), sys.stdout, indent=1)
+        print()
+    else:
+        print(f"{args.trace}: {tr.source_label}")
+        print(final.summary())
+        print()
+        print(final.joint.summary())
+        print()
+        print(draft.summary())
+        if robust is not None:
+            print()
+            print(robust.summary())
+        if args.out is not None:
+            print(f"\nwrote cost model {args.out}")
+    if args.json and args.out is not None:
+        print(f"wrote cost model {args.out}", file=sys.stderr)
+    return 0
