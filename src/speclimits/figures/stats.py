@@ -1,0 +1,185 @@
+"""Charts of the cost-model sections (factors, final model, draft model, robustness).
+
+Each function takes a results object from :mod:`speclimits.stats` and returns an ``alt.Chart``
+built from its small aggregated tables (never the rounds themselves).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from speclimits.figures._common import HEIGHT, WIDTH
+
+__all__ = ["factor_cv_chart", "standardized_by_k_chart", "factor_corr_chart", "coefficients_by_m_chart",
+           "boundary_chart", "mape_by_k_chart", "ladder_chart", "draft_line_chart", "robustness_chart",
+           "binned_residuals_chart", "bootstrap_chart"]
+
+TERM_LABELS = {"u_bar": "Ū (unique experts)", "context_len": "L (context)"}
+
+
+def _errorbars(df: pd.DataFrame, x: str, y: str, lo: str, hi: str, **enc: Any) -> alt.LayerChart:
+    base = alt.Chart(df)
+    pts = base.mark_point(filled=True, size=50).encode(x=x, y=y, **enc)
+    bars = base.mark_rule().encode(x=x, y=alt.Y(lo), y2=hi, **enc)
+    return bars + pts
+
+
+def factor_cv_chart(res: Any) -> alt.HConcatChart:
+    """Table A2 as two panels: standalone CV R² and the paired RMSE reduction over Ū, 95% t-intervals."""
+    t = res.table.reset_index()
+    t = t.assign(r2_lo=t["r2"] - t["r2_ci"], r2_hi=t["r2"] + t["r2_ci"],
+                 d_lo=t["drmse"] - t["drmse_ci"], d_hi=t["drmse"] + t["drmse_ci"])
+    order = list(t["label"])
+    y = alt.Y("label:N", sort=order, title=None)
+    left = alt.Chart(t).mark_bar(opacity=0.6).encode(
+        y=y, x=alt.X("r2:Q", title="out-of-sample R² alone"), tooltip=["label", "r2", "r2_ci"])
+    left += alt.Chart(t).mark_rule().encode(y=y, x="r2_lo:Q", x2="r2_hi:Q")
+    d = t.dropna(subset=["drmse"])
+    right = alt.Chart(d).mark_bar(opacity=0.6, color="#d62728").encode(
+        y=alt.Y("label:N", sort=order, title=None),
+        x=alt.X("drmse:Q", title="RMSE reduction of Ū + factor over Ū (ms)"), tooltip=["label", "drmse", "drmse_ci"])
+    right += alt.Chart(d).mark_rule().encode(y=alt.Y("label:N", sort=order), x="d_lo:Q", x2="d_hi:Q")
+    return alt.hconcat(left.properties(width=WIDTH // 2, height=HEIGHT // 1.5),
+                       right.properties(width=WIDTH // 2, height=HEIGHT // 1.5))
+
+
+def standardized_by_k_chart(res: Any) -> alt.LayerChart:
+    """β* of T_T on Ū and on L within each K with 95% CIs (H3); the paper's endpoints as open squares."""
+    df = res.by_k.assign(term_label=res.by_k["term"].map(TERM_LABELS))
+    color = alt.Color("term_label:N", title="standardized association with")
+    line = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("K:O"), y=alt.Y("beta_std:Q", title="β* (σ of T_T per σ of the factor)"), color=color,
+        tooltip=["K", "term", alt.Tooltip("beta_std:Q", format=".3f"), alt.Tooltip("lower:Q", format=".3f"),
+                 alt.Tooltip("upper:Q", format=".3f")])
+    band = alt.Chart(df).mark_rule().encode(x="K:O", y="lower:Q", y2="upper:Q", color=color)
+    pap = alt.Chart(df.dropna(subset=["paper"])).mark_point(shape="square", size=90, filled=False).encode(
+        x="K:O", y="paper:Q", color=color, tooltip=["K", "term", "paper"])
+    return (band + line + pap).properties(width=WIDTH, height=HEIGHT)
+
+
+def factor_corr_chart(res: Any) -> alt.LayerChart:
+    """Heat map of the Pearson correlations among the factors and T_T."""
+    c = res.corr.rename_axis("a").reset_index().melt(id_vars="a", var_name="b", value_name="r")
+    order = list(res.corr.index)
+    base = alt.Chart(c).encode(x=alt.X("a:N", sort=order, title=None), y=alt.Y("b:N", sort=order, title=None))
+    heat = base.mark_rect().encode(color=alt.Color("r:Q", scale=alt.Scale(scheme="redblue", domain=[-1, 1]),
+                                                   title="corr"))
+    text = base.mark_text(fontSize=10).encode(text=alt.Text("r:Q", format=".2f"))
+    return (heat + text).properties(width=HEIGHT * 1.3, height=HEIGHT * 1.3)
+
+
+def coefficients_by_m_chart(res: Any, truth: Any = None) -> alt.HConcatChart:
+    """α(m) and β0(m) of the per-K fits with 95% clustered CIs; a dashed rule after the detected
+    boundary; the planted truth (a CostModel) as crosses when given (simulated traces)."""
+    pk = res.per_k
+    panels = []
+    for name, title in (("alpha", "α(m), ms per unique expert"), ("beta0", "β0(m), ms")):
+        df = pk[["m", "K", name, f"{name}_lower", f"{name}_upper"]].rename(
+            columns={name: "est", f"{name}_lower": "lo", f"{name}_upper": "hi"})
+        chart = _errorbars(df, alt.X("m:Q", title="m = K + 1", axis=alt.Axis(tickMinStep=1)),
+                           alt.Y("est:Q", title=title, scale=alt.Scale(zero=False)), "lo:Q", "hi:Q")
+        if truth is not None:
+            tv = getattr(truth, name)
+            tdf = pd.DataFrame({"m": [m for m in pk["m"] if m in tv], "truth": [tv[m] for m in pk["m"] if m in tv]})
+            chart += alt.Chart(tdf).mark_point(shape="cross", size=80, color="#d62728").encode(
+                x="m:Q", y="truth:Q", tooltip=["m", "truth"])
+        if res.boundary.split is not None:
+            chart += alt.Chart(pd.DataFrame({"x": [res.boundary.split + 0.5]})).mark_rule(
+                strokeDash=[4, 4], color="gray").encode(x="x:Q")
+        panels.append(chart.properties(width=WIDTH // 2, height=HEIGHT))
+    return alt.hconcat(*panels)
+
+
+def boundary_chart(res: Any) -> alt.LayerChart:
+    """Out-of-sample RMSE of each candidate regime split (split = last m of the lower regime; the
+    'none' point is the one-regime model)."""
+    c = res.boundary.curve.copy()
+    c["candidate"] = ["none" if pd.isna(s) else f"m ≤ {int(s)}" for s in c["split"]]
+    chart = alt.Chart(c).mark_line(point=True).encode(
+        x=alt.X("candidate:N", sort=list(c["candidate"]), title="candidate split"),
+        y=alt.Y("cv_rmse:Q", title="GroupKFold RMSE (ms)", scale=alt.Scale(type="log")),
+        tooltip=["candidate", alt.Tooltip("cv_rmse:Q", format=".4f")])
+    return chart.properties(width=WIDTH, height=HEIGHT)
+
+
+def mape_by_k_chart(res: Any) -> alt.Chart:
+    """MAPE by K: pooled linear model (out-of-fold), categorical model (out-of-fold), and the pooled
+    form fitted without that K (leave-one-K-out); log scale."""
+    m = res.mape_by_k.merge(res.loko[["K", "loko_mape"]], on="K")
+    df = m.melt(id_vars="K", value_vars=["pooled", "categorical", "loko_mape"], var_name="model", value_name="mape")
+    df["model"] = df["model"].map({"pooled": "pooled Ū + L + γK (CV)", "categorical": "categorical Eq. 4 (CV)",
+                                   "loko_mape": "pooled, leave-one-K-out"})
+    return alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("K:O"), y=alt.Y("mape:Q", title="MAPE (%)", scale=alt.Scale(type="log")),
+        color=alt.Color("model:N", title=None), tooltip=["K", "model", alt.Tooltip("mape:Q", format=".3f")],
+    ).properties(width=WIDTH, height=HEIGHT)
+
+
+def ladder_chart(res: Any) -> alt.LayerChart:
+    """CV MAPE of each rung of the specification ladder with its 95% t-interval (log scale)."""
+    d = res.ladder.reset_index()
+    d = d.assign(lo=(d["cv_mape"] - d["cv_mape_ci"]).clip(lower=1e-3), hi=d["cv_mape"] + d["cv_mape_ci"])
+    y = alt.Y("spec:N", sort=list(d["spec"]), title=None)
+    pts = alt.Chart(d).mark_point(filled=True, size=60).encode(
+        y=y, x=alt.X("cv_mape:Q", title="GroupKFold MAPE (%)", scale=alt.Scale(type="log")),
+        tooltip=["spec", alt.Tooltip("cv_mape:Q", format=".3f"), alt.Tooltip("r2:Q", format=".4f")])
+    bars = alt.Chart(d).mark_rule().encode(y=y, x="lo:Q", x2="hi:Q")
+    return (bars + pts).properties(width=WIDTH, height=HEIGHT // 1.5)
+
+
+def draft_line_chart(res: Any) -> alt.LayerChart:
+    """Mean T_D by K (points) against the fitted line a·K + b."""
+    d = res.by_k
+    pts = alt.Chart(d).mark_point(filled=True, size=60).encode(
+        x=alt.X("K:Q", title="K (draft steps)"), y=alt.Y("mean_t_draft_ms:Q", title="mean T_D (ms)"),
+        tooltip=["K", "n", alt.Tooltip("mean_t_draft_ms:Q", format=".4f"), alt.Tooltip("dev_pct:Q", format=".2f")])
+    line = alt.Chart(d).mark_line(color="#d62728").encode(x="K:Q", y="line_ms:Q")
+    return (line + pts).properties(width=WIDTH, height=HEIGHT)
+
+
+def robustness_chart(res: Any, param: str = "alpha") -> alt.LayerChart:
+    """Estimate and 95% interval of ``alpha`` (or ``c``) under every robustness check; the paper's
+    range as a grey band."""
+    from speclimits.stats import paper
+
+    e = res.estimates.copy()
+    e["check"] = e["method"] + ": " + e["variant"]
+    e = e.rename(columns={param: "est", f"{param}_lower": "lo", f"{param}_upper": "hi"})
+    y = alt.Y("check:N", sort=list(e["check"]), title=None)
+    rng = paper.ROBUST_ALPHA if param == "alpha" else paper.ROBUST_C
+    band = alt.Chart(pd.DataFrame({"lo": [rng[0]], "hi": [rng[1]]})).mark_rect(opacity=0.2, color="gray").encode(
+        x="lo:Q", x2="hi:Q")
+    bars = alt.Chart(e).mark_rule().encode(y=y, x="lo:Q", x2="hi:Q")
+    pts = alt.Chart(e).mark_point(filled=True).encode(
+        y=y, x=alt.X("est:Q", title=("α, ms per unique expert" if param == "alpha" else "c, ms per token"),
+                     scale=alt.Scale(zero=False)),
+        tooltip=["check", alt.Tooltip("est:Q", format=".6g"), alt.Tooltip("lo:Q", format=".6g"),
+                 alt.Tooltip("hi:Q", format=".6g")])
+    return (band + bars + pts).properties(width=WIDTH // 1.4, height=max(HEIGHT, 14 * len(e)))
+
+
+def binned_residuals_chart(res: Any) -> alt.FacetChart:
+    """Mean residual (± 2 SE) by decile of context length, KV usage and position in the generation."""
+    b = res.bins.assign(lo=res.bins["mean_resid"] - 2 * res.bins["se"], hi=res.bins["mean_resid"] + 2 * res.bins["se"])
+    base = alt.Chart()  # data comes from the facet, so each panel gets its own variable's bins
+    layer = (base.mark_rule().encode(x=alt.X("center:Q", title="bin mean"), y="lo:Q", y2="hi:Q")
+             + base.mark_line(point=True).encode(x="center:Q", y=alt.Y("mean_resid:Q", title="mean residual (ms)"),
+                                                 tooltip=["variable", "center", "mean_resid", "se", "n"])
+             + alt.Chart().mark_rule(color="gray", strokeDash=[3, 3]).encode(y=alt.datum(0)))
+    return layer.properties(width=WIDTH // 3, height=HEIGHT // 1.3).facet(
+        column=alt.Column("variable:N", title=None), data=b).resolve_scale(x="independent")
+
+
+def bootstrap_chart(res: Any, param: str = "u_bar", bins: int = 40) -> alt.Chart:
+    """Histogram of the cluster-bootstrap estimates of one coefficient (pre-binned)."""
+    v = res.boot[param].to_numpy()
+    counts, edges = np.histogram(v, bins=bins)
+    h = pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": counts})
+    title = {"u_bar": "α (bootstrap)", "context_len": "c (bootstrap)", "const": "β0 (bootstrap)"}.get(param, param)
+    return alt.Chart(h).mark_bar().encode(
+        x=alt.X("left:Q", bin="binned", title=title), x2="right:Q", y=alt.Y("count:Q", title="resamples"),
+    ).properties(width=WIDTH, height=HEIGHT // 1.3)
