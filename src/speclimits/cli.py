@@ -20,6 +20,7 @@ COMMANDS = (
     "speclimits.simulate",
     "speclimits.validate",
     "speclimits.stats.cli",
+    "speclimits.oracle.cli",
     "speclimits.book",
 )
 

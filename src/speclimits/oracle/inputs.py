@@ -283,20 +283,21 @@ class CostTable:
 def default_cost_model(trace: Any) -> tuple[CostModel, str]:
     """The cost model to use when the user names none: fitted on the trace's rounds.
 
-    Uses ``speclimits.stats.fit_cost_model`` when it is available; otherwise, for a simulated
-    trace, the planted truth in ``meta.json`` (said so in the returned note).
-    Returns ``(model, note)``.
+    Uses :func:`speclimits.stats.fit_cost_model` (joint categorical fit; m = 1 present only when
+    the trace has K = 0 rounds). If that function is unavailable, a simulated trace falls back to
+    its planted truth (meta.json ``truth``), and the returned note says so. Returns ``(model, note)``.
     """
     try:
-        from speclimits.stats import fit_cost_model  # type: ignore[attr-defined]
-    except ImportError:
+        from speclimits.stats import fit_cost_model
+    except ImportError:  # pragma: no cover - the stats package ships with speclimits
         fit_cost_model = None
     if fit_cost_model is not None:
-        model = fit_cost_model(trace.rounds)
-        return model, f"cost model fitted on {trace.path}/rounds.parquet"
+        top_k = ((trace.meta.get("models") or {}).get("target") or {}).get("top_k")
+        model = fit_cost_model(trace.rounds, top_k=top_k, source=f"speclimits fit on {trace.path}")
+        return model, f"cost model fitted on {trace.path}/rounds.parquet (joint categorical fit)"
     truth = trace.meta.get("truth")
     if truth is None:
-        raise CostModelError(
-            "no cost model given and speclimits.stats.fit_cost_model is unavailable; pass --cost-model JSON")
+        raise CostModelError("no cost model given and speclimits.stats.fit_cost_model is unavailable; "
+                             "pass --cost-model JSON")
     return CostModel.from_dict(truth, origin=f"{trace.path}/meta.json 'truth'"), \
-        "cost model = the simulator's planted truth (meta.json 'truth'; the fit is not available yet)"
+        "cost model = the simulator's planted truth (meta.json 'truth'; the fit is not available)"
