@@ -11,9 +11,9 @@ Modules: :mod:`~speclimits.oracle.inputs` (arrays and costs), :mod:`~speclimits.
 """
 
 from speclimits.oracle.inputs import CostTable, OracleInputs, default_cost_model, load_inputs
-from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, solve_python
+from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, solve_python, sweep_k_max
 
 __all__ = [
     "CostTable", "OracleInputs", "OracleBounds", "OracleResult", "default_cost_model", "evaluate_policy",
-    "load_inputs", "solve", "solve_python",
+    "load_inputs", "solve", "solve_python", "sweep_k_max",
 ]

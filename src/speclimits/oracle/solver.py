@@ -483,3 +483,23 @@ def evaluate_policy(result_or_inputs: OracleResult | OracleInputs, cost_model: C
     for i, p in enumerate(PART_NAMES):
         out[f"{p}_ms"] = ev[:, i]
     return out
+
+
+def sweep_k_max(inputs: OracleInputs, cost_model: CostModel, k_values: list[int] | range | None = None,
+                **options: Any) -> pd.DataFrame:
+    """Solve for each K_max in ``k_values`` (default 1..list length): the plateau of the bound.
+
+    Columns: ``k_max``, ``oracle_ms``, ``speedup`` (NaN without m = 1), ``best_static_k``,
+    ``best_static_speedup``, ``gain_over_best_static``, ``mean_accepted``, ``tokens_per_round``,
+    ``ms_per_token``.
+    """
+    k_values = range(1, inputs.k_list + 1) if k_values is None else k_values
+    rows = []
+    for k in k_values:
+        bd = solve(inputs, cost_model, k_max=int(k), **options).bounds
+        rows.append({"k_max": int(k), "oracle_ms": bd.oracle_ms,
+                     "speedup": np.nan if bd.speedup is None else bd.speedup, "best_static_k": bd.best_static_k,
+                     "best_static_speedup": np.nan if bd.best_static_speedup is None else bd.best_static_speedup,
+                     "gain_over_best_static": bd.gain_over_best_static, "mean_accepted": bd.mean_accepted,
+                     "tokens_per_round": bd.tokens_per_round, "ms_per_token": bd.ms_per_token})
+    return pd.DataFrame(rows)
