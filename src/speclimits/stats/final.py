@@ -372,7 +372,60 @@ class FinalModelResults(ResultsMixin):
                                    "mape_ratio_base_over_categorical": self.comparison.attrs["mape_ratio"]},
                 "pooled_standardized": self.pooled_std, "mape_by_k": self.mape_by_k,
                 "leave_one_k_out": self.loko, "boundary": self.boundary.to_dict(),
-                "interpolation": self.interpolation, "ladder": self.ladder}
+                "interpolation": self.interpolation, "ladder": self.ladder,
+                "paper_comparison": self.headline().reset_index()}
+
+    def headline(self) -> pd.DataFrame:
+        """The section's numbers beside the paper's: one row per quantity (``ours``, ``paper`` as text)."""
+        pk, split = self.per_k, self.boundary.split
+        small = pk[pk["m"] <= split] if split is not None else pk.iloc[:0]
+        large = pk[pk["m"] > split] if split is not None else pk
+
+        def rng(s: pd.Series, fmt: str = "{:.3f}") -> str:
+            return "—" if s.empty else f"{fmt.format(s.min())}–{fmt.format(s.max())}"
+
+        pooled, pse = self.pooled.params, self.pooled.bse
+        interp = self.interpolation
+        within = interp[(interp["scheme"] == "interpolate") & (interp["relation"] == "within regime")]["mape"]
+        across = interp[interp["relation"] == "across boundary"]["mape"]
+        mk = self.mape_by_k
+        comp = self.comparison
+        d, dh = comp.attrs["pooled_drmse"]
+
+        def at_k(k: int) -> str:
+            v = mk.loc[mk["K"] == k, "pooled"]
+            return f"{v.iloc[0]:.1f}" if len(v) else "—"
+
+        rows = [
+            ("regime boundary (last m of the small regime)", f"{split} (nested GroupKFold)", "4 (by eye)"),
+            ("α(m), small regime (ms/expert)", rng(small["alpha"]), paper.fmt_range(paper.ALPHA_SMALL)),
+            ("α(m), large regime (ms/expert)", rng(large["alpha"]), paper.fmt_range(paper.ALPHA_LARGE)),
+            ("β0(m), small regime (ms)", rng(small["beta0"], "{:.2f}"), paper.fmt_range(paper.BETA0_SMALL, digits=1)),
+            ("β0 at the first large m (ms)", f"{large['beta0'].iloc[0]:.2f}" if len(large) else "—",
+             f"{paper.BETA0_LARGE_START}"),
+            ("c across per-K fits (1e-3 ms/token)", rng(pk["c"] * 1e3), paper.fmt_range(paper.C_RANGE, 1e3)),
+            ("c, joint categorical (1e-3 ms/token)", f"{self.joint.c * 1e3:.3f} ({self.joint.bse['c'] * 1e3:.3f})", "—"),
+            ("pooled α (SE)", f"{pooled['u_bar']:.4f} ({pse['u_bar']:.4f})", "0.2528 (0.0014)"),
+            ("pooled c (SE), 1e-3", f"{pooled['context_len'] * 1e3:.3f} ({pse['context_len'] * 1e3:.3f})",
+             "1.09 (0.02)"),
+            ("pooled γ per K (SE)", f"{pooled['K']:.3f} ({pse['K']:.3f})", "−0.081 (0.004)"),
+            ("pooled β0 (SE)", f"{pooled['const']:.3f} ({pse['const']:.3f})", "5.971 (0.035)"),
+            ("R²: Ū + L → + γK", f"{comp.loc['Ū + L', 'r2']:.3f} → {comp.iloc[1]['r2']:.3f}", "0.856 → 0.861"),
+            ("CV RMSE reduction by γK (ms)", f"{d:.4f} ± {dh:.4f} ({comp.attrs['pooled_drmse_pct']:.1f}%)",
+             paper.POOLED_DRMSE),
+            ("CV MAPE ratio, Ū + L over categorical", f"{comp.attrs['mape_ratio']:.1f}×", "≈12×"),
+            ("pooled CV MAPE at K ≥ 5 (%)", rng(mk.loc[mk["K"] >= 5, "pooled"], "{:.1f}"),
+             paper.fmt_range(paper.POOLED_MAPE_LARGE, digits=1)),
+            ("pooled CV MAPE at K = 1 / K = 3 (%)", f"{at_k(1)} / {at_k(3)}", "7.2 / 12.7"),
+            ("leave-one-K-out MAPE, mean (%)", f"{self.loko['loko_mape'].mean():.1f}", f"{paper.LOKO_MEAN}"),
+            ("within-K CV MAPE (%)", rng(pk["cv_mape"], "{:.2f}"), paper.fmt_range(paper.WITHIN_K_MAPE, digits=2)),
+            ("interpolation within a regime, MAPE (%)", rng(within, "{:.2f}"),
+             paper.fmt_range(paper.INTERP_WITHIN, digits=2)),
+            ("across the boundary, MAPE (%)", rng(across, "{:.1f}"), paper.fmt_range(paper.TRANSFER_ACROSS, digits=1)),
+            ("categorical CV MAPE (%) / R²", f"{comp.iloc[2]['cv_mape']:.2f} / {comp.iloc[2]['r2']:.3f}",
+             "0.37 / 0.999"),
+        ]
+        return pd.DataFrame(rows, columns=["quantity", "ours", "paper"]).set_index("quantity")
 
     def summary(self) -> str:
         cols = ["K", "m", "alpha", "alpha_se", "beta0", "c", "cv_r2", "cv_mape"]
