@@ -46,7 +46,7 @@ def sims():
 
 
 def test_cost_model_intervals_cover_the_planted_truth(sims):
-    hits, total = 0, 0
+    hits, total, zs = 0, 0, []
     for cfg, rounds in sims:
         cm = stats.fit_cost_model(rounds, top_k=cfg.top_k)
         truth = _mean_truth(cfg)
@@ -62,6 +62,7 @@ def test_cost_model_intervals_cover_the_planted_truth(sims):
         for est, se, true in checks:
             hits += abs(est - true) <= q * se
             total += 1
+            zs.append((est - true) / se)
         # and the estimates are close in absolute terms (not just covered by wide intervals)
         assert max(abs(cm.alpha[m] - truth.alpha[m]) for m in cm.ms) < 0.01
         assert abs(cm.c - truth.c) / truth.c < 0.05
@@ -69,6 +70,8 @@ def test_cost_model_intervals_cover_the_planted_truth(sims):
     rate = hits / total
     assert total >= 70
     assert 0.85 <= rate <= 1.0, f"coverage {rate:.3f} over {total} intervals"
+    # and the intervals are not trivially wide: standardized errors scatter like N(0, 1)
+    assert 0.6 < np.std(zs) < 1.5, f"sd of (estimate - truth) / SE = {np.std(zs):.2f}"
 
 
 def test_boundary_is_found_where_it_was_planted(sims):

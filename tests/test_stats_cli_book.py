@@ -1,0 +1,60 @@
+"""The `factors` and `fit` commands, and the four statistics notebooks executed with smoke parameters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speclimits.cli import main
+from speclimits.costmodel import CostModel
+from speclimits.paths import BOOK_DIR
+
+NOTEBOOKS = ("02_factors", "03_final_model", "04_draft_model", "05_robustness")
+
+
+def test_fit_json_and_out_agree(smoke_trace, tmp_path, capsys):
+    out = tmp_path / "cost_model.json"
+    assert main(["fit", str(smoke_trace), "--json", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert {"cost_model", "final", "draft"} <= set(printed)
+    written = json.loads(out.read_text())
+    assert written["target"] == printed["cost_model"]["target"]
+    cm = CostModel.read(out)
+    truth = CostModel.from_dict(json.loads((smoke_trace / "meta.json").read_text())["truth"])
+    assert cm.ms == truth.ms  # the smoke trace has K = 0 rounds, so m = 1 is there
+    assert abs(cm.alpha[8] - truth.alpha[8]) < 0.01
+    assert cm.alpha[1] == cm.alpha[2]
+    assert printed["final"]["boundary"]["split"] == 4  # the smoke preset plants the paper's boundary
+    assert "alpha(1) := alpha(2)" in " ".join(written["fit"]["notes"])
+
+
+def test_factors_json(smoke_trace, capsys):
+    assert main(["factors", str(smoke_trace), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["factor"] for r in d["table_a2"]] == ["u_bar", "m", "context_len", "kv_usage", "graph_bucket", "e_max"]
+    assert d["k_values"] == list(range(1, 11))
+
+
+def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):
+    assert main(["fit", str(smoke_trace), "--robustness-k", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "Regime boundary" in text and "Robustness on K = 8" in text
+    assert main(["fit", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
+@pytest.mark.book
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_executes_with_smoke_parameters(name, smoke_trace, tmp_path):
+    jupytext = pytest.importorskip("jupytext")
+    papermill = pytest.importorskip("papermill")
+    nb = jupytext.read(BOOK_DIR / f"{name}.py")
+    src = tmp_path / f"{name}.ipynb"
+    jupytext.write(nb, src)
+    out = tmp_path / f"{name}_out.ipynb"
+    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
+                               kernel_name="python3", progress_bar=False)
+    text = out.read_text()
+    assert "SIMULATED" in text
+    assert "Traceback" not in text
