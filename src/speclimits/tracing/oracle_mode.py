@@ -1,0 +1,245 @@
+"""Dense Oracle data from stock vLLM: the draft chain and the target's window routing at every position.
+
+For a reference sequence (by default the target's own greedy output of a sweep generation,
+``y_1..y_N``; or a held-out continuation, teacher-forced) and each state ``pos`` = 0..N−2
+(``y_1..y_{pos+1}`` emitted; the prefill always emits ``y_1``, so the Oracle's reference
+is the decode-phase tokens ``y_2..y_N``), one request with prompt ``P + y_1..y_pos``,
+``max_tokens=2``, greedy, ``ignore_eos``; all requests of a batch go in one ``generate()``
+with prefix caching:
+
+* step A (prefill) samples ``y_{pos+1}`` — the reference token is written into the sample
+  (``forced_flips`` counts where the target's own choice differed) — and the drafter
+  proposes its chain ``d_1..d_K`` (K = ``k_max``); a wrapper on the drafter model's
+  ``compute_logits`` keeps, per draft step, the top-1 probability, the draft token and the
+  probability of the reference token ``y_{pos+1+i}`` (along the draft's own chain);
+* step B verifies all K drafts: the target-forward rows of the request are the window
+  ``[y_{pos+1}, d_1..d_K]``, junk tail after the first mismatch included; the unique experts
+  per layer over its first m rows give ``u_bar_window[m-1]``, m = 1..K+1.
+
+Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.schema` first):
+
+``context_len``         P + pos (the KV length at the verification pass; equals the sweep's
+                        ``rounds.context_len`` of the same state)
+``match_prob``          teacher-forced: P_draft(y_{pos+1+i} | P + y_1..y_{pos+i}), i = 1..K, i.e.
+                        the draft's first-step probability at state pos+i−1; 0 past the end
+``draft_conf``          the draft's top-1 probability at chain step i
+``accept_len``          greedy match length of the chain against the reference (capped by the
+                        tokens left)
+``u_bar_window``        K+1 floats
+``match_prob_chain``    P_draft(y_{pos+i}) along the draft's own chain (equals ``match_prob``
+                        up to the first mismatch for ``draft_model``; EAGLE differs because
+                        its later steps use its own hidden states)
+``draft_tokens``        the chain (K ids); ``e_max_window`` K+1 floats (max over layers);
+``accept_len_engine``   accepted drafts reported by vLLM's rejection sampler (equal to
+                        ``accept_len`` when the reference is the target's greedy output and
+                        no near-tie flipped); ``forced`` whether step A's sample was overridden
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from speclimits.errors import SpeclimitsError
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference sequence: prompt ids and the continuation ``y_1..y_N`` (N >= 2)."""
+
+    seq_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    category: str | None = None
+    source: str = "target greedy"
+
+
+def plan_requests(ref: Reference, k_max: int) -> list[tuple[int, list[int], int, list[int]]]:
+    """Per state: (pos, prompt ids, forced token y_{pos+1}, reference chain y_{pos+2..pos+1+K} padded with -1)."""
+    y = list(ref.output_ids)
+    out = []
+    for pos in range(len(y) - 1):
+        chain = y[pos + 1: pos + 1 + k_max]
+        out.append((pos, list(ref.prompt_ids) + y[:pos], y[pos], chain + [-1] * (k_max - len(chain))))
+    return out
+
+
+def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], n_experts: int) -> pd.DataFrame:
+    """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos)."""
+    y = np.asarray(ref.output_ids)
+    n_states = len(y) - 1
+    missing = [p for p in range(n_states) if not {"u_window", "draft_conf"} <= set(results.get(p, {}))]
+    if missing:
+        raise SpeclimitsError(f"Oracle: sequence {ref.seq_id}: no draft chain or window for states {missing[:5]} "
+                              f"({len(missing)} in all); the engine verified fewer drafts than k_max = {k_max} "
+                              "(check max_model_len)")
+    tf = np.array([float(results[p]["chain_prob"][0]) for p in range(n_states)])  # step-1 prob of y_{p+2}
+    rows: dict[str, list[Any]] = {c: [] for c in (
+        "seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window",
+        "match_prob_chain", "draft_tokens", "e_max_window", "accept_len_engine", "forced")}
+    P = len(ref.prompt_ids)
+    for p in range(n_states):
+        res = results[p]
+        conf = np.asarray(res["draft_conf"], dtype=float)
+        if conf.size != k_max or res["u_window"].shape[0] != k_max + 1:
+            raise SpeclimitsError(f"Oracle: sequence {ref.seq_id}, state {p}: drafted {conf.size} and verified "
+                                  f"{res['u_window'].shape[0] - 1} tokens, expected k_max = {k_max}")
+        match = np.zeros(k_max)
+        avail = min(k_max, n_states - p)
+        match[:avail] = tf[p: p + avail]
+        chain = np.asarray(res["draft_tokens"], dtype=np.int64)
+        ref_chain = y[p + 1: p + 1 + k_max]
+        eq = chain[: len(ref_chain)] == ref_chain
+        accept = int(np.argmin(eq)) if not eq.all() else len(ref_chain)
+        u = np.asarray(res["u_window"], dtype=float)
+        rows["seq_id"].append(ref.seq_id)
+        rows["pos"].append(p)
+        rows["context_len"].append(P + p)
+        rows["match_prob"].append(np.clip(match, 0.0, 1.0))
+        rows["draft_conf"].append(np.clip(conf, 0.0, 1.0))
+        rows["accept_len"].append(accept)
+        rows["u_bar_window"].append(u.mean(axis=1))
+        rows["match_prob_chain"].append(np.clip(np.asarray(res["chain_prob"], dtype=float), 0.0, 1.0))
+        rows["draft_tokens"].append(chain)
+        rows["e_max_window"].append(u.max(axis=1))
+        rows["accept_len_engine"].append(int(res.get("n_sampled_verify", 0)) - 1)
+        rows["forced"].append(bool(res.get("forced", False)))
+    df = pd.DataFrame(rows)
+    for col in ("pos", "context_len", "accept_len", "accept_len_engine"):
+        df[col] = df[col].astype(np.int64)
+    if ref.category is not None:
+        df["category"] = ref.category
+    return df
+
+
+def run_oracle(llm: Any, refs: Sequence[Reference], k_max: int, n_experts: int, *, batch: int = 64,
+               on_sequence: Any = None, progress: bool = True) -> dict[str, Any]:
+    """Run every state of every reference through ``llm`` (an engine with K = ``k_max`` and the
+    tracing extension installed). ``on_sequence(ref, df)`` receives each finished sequence's rows.
+    Returns ``{"states": n, "forced_flips": n}``."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
+    total = sum(max(len(r.output_ids) - 1, 0) for r in refs)
+    bar = tqdm(total=total, desc="oracle", unit="state", disable=not progress)
+    counter = {"states": 0, "forced_flips": 0}
+    for ref in refs:
+        if len(ref.output_ids) < 2:
+            continue
+        plan = plan_requests(ref, k_max)
+        results: dict[int, dict[str, Any]] = {}
+        for start in range(0, len(plan), batch):
+            chunk = plan[start: start + batch]
+            # request ids LLM.generate will assign: it counts requests per engine
+            next_id = int(getattr(getattr(llm, "request_counter", None), "counter", -1))
+            if next_id < 0:
+                raise SpeclimitsError("Oracle: cannot read vLLM's request counter (LLM.request_counter.counter); "
+                                      "supported vLLM: 0.32.0")
+            ids = [str(next_id + i) for i in range(len(chunk))]
+            arm = {rid: {"forced": forced, "ref": chain} for rid, (_, _, forced, chain) in zip(ids, chunk)}
+            llm.collective_rpc("speclimits_set_oracle", args=(arm,))
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for (_, p, _, _) in chunk], params, use_tqdm=False)
+            got = llm.collective_rpc("speclimits_drain_oracle")[0]
+            llm.collective_rpc("speclimits_set_oracle", args=(None,))
+            if [o.request_id for o in outs] != ids:
+                raise SpeclimitsError(f"Oracle: vLLM assigned request ids {[o.request_id for o in outs][:3]}..., "
+                                      f"expected {ids[:3]}...; the request counter moved unexpectedly")
+            counter["forced_flips"] += int(got["forced_flips"])
+            for rid, (pos, _, _, _) in zip(ids, chunk):
+                results[pos] = got["results"].get(rid, {})
+            bar.update(len(chunk))
+        df = oracle_rows(ref, k_max, results, n_experts)
+        counter["states"] += len(df)
+        if on_sequence is not None:
+            on_sequence(ref, df)
+    bar.close()
+    return counter
+
+
+def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
+                          held_out: dict[str, list[int]] | None = None) -> list[Reference]:
+    """References: per prompt, the sweep generation with K = ``k_ref`` (its output), or the
+    prompt's held-out reference continuation when given in ``held_out``."""
+    from speclimits.tracing.sweep import read_generations
+
+    gens = read_generations(root)
+    by_prompt = {g["prompt_id"]: g for g in gens.values() if int(g["K"]) == k_ref}
+    refs = []
+    for p in prompts:
+        g = by_prompt.get(p.id)
+        if g is None:
+            raise SpeclimitsError(f"Oracle: no K={k_ref} generation for prompt {p.id!r} in {root}; run the sweep first")
+        if held_out and p.id in held_out:
+            refs.append(Reference(p.id, tuple(g["prompt_token_ids"]), tuple(held_out[p.id]), p.category, "held-out"))
+        else:
+            refs.append(Reference(p.id, tuple(g["prompt_token_ids"]), tuple(g["output_token_ids"]), p.category))
+    return refs
+
+
+def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
+    """The Oracle pass of ``speclimits trace --oracle`` on the sweep trace at ``cfg.out``.
+
+    Writes ``oracle.parquet/part-s{index:05d}.parquet`` per reference (resumable: sequences
+    with a part are skipped) and ``meta["oracle"]`` (``k_max``, reference source, states,
+    forced flips). ``cfg`` is the :class:`~speclimits.tracing.sweep.SweepConfig` of the sweep.
+    """
+    from speclimits.trace import read_meta, write_meta
+    from speclimits.tracing import engine as eng
+    from speclimits.tracing.prompts import read_prompts, reference_ids
+    from speclimits.tracing.sweep import _engine_kwargs, write_part
+
+    if k_max < 1:
+        raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {k_max}")
+    if cfg.method == "ngram":
+        raise SpeclimitsError("Oracle mode reads the draft's probabilities; ngram has none (use eagle, eagle3 or "
+                              "draft_model)")
+    root = Path(cfg.out)
+    meta = read_meta(root)
+    prompts = read_prompts(cfg.prompts, limit=cfg.limit)
+    k_ref = min(meta["k_values"])
+    held_out = {}
+    for p in prompts:
+        if p.reference_token_ids is not None or p.reference_text is not None:
+            if p.reference_text is not None and p.reference_token_ids is None:
+                raise SpeclimitsError(f"prompt {p.id!r}: text references need a tokenizer; give "
+                                      "'reference_token_ids' (tokenizer-backed references are not wired yet)")
+            held_out[p.id] = reference_ids(p, None)
+    refs = references_from_sweep(root, prompts, k_ref, held_out)
+    folder = root / "oracle.parquet"
+    done = {int(p.stem[len("part-s"):]) for p in folder.glob("part-s*.parquet")} if folder.is_dir() else set()
+    todo = [(i, r) for i, r in enumerate(refs) if i not in done]
+    old = meta.get("oracle") or {}
+    if old and int(old.get("k_max", k_max)) != k_max:
+        raise SpeclimitsError(f"--resume: the trace's Oracle data use k_max = {old['k_max']}, not {k_max}")
+    counter = {"states": int(old.get("states", 0)), "forced_flips": int(old.get("forced_flips", 0))}
+    if todo:
+        longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in todo)
+        kwargs = _engine_kwargs(cfg, k_max, prompts, [k_max], batch=batch, prefix_caching=True,
+                                extra_len=max(0, longest - cfg.max_tokens))
+        kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
+        llm, info = eng.make_llm(kwargs)
+        index = {id(r): i for i, r in todo}
+        try:
+            def save(ref: Reference, df: pd.DataFrame) -> None:
+                write_part(root, "oracle", f"part-s{index[id(ref)]:05d}", df)
+
+            got = run_oracle(llm, [r for _, r in todo], k_max, int(info["n_experts"]), batch=batch,
+                             on_sequence=save, progress=cfg.progress)
+        finally:
+            eng.close_llm(llm)
+        counter["states"] += got["states"]
+        counter["forced_flips"] += got["forced_flips"]
+    meta = read_meta(root)
+    meta["oracle"] = {"k_max": k_max, "k_ref": k_ref, "batch": batch,
+                      "reference": "held-out continuations (teacher-forced) where given, else the target's greedy "
+                                   f"output of the K={k_ref} sweep generation; states pos = 0..N-2 (y_1 comes "
+                                   "from the prefill)",
+                      "sequences": len(refs), **counter}
+    write_meta(root, meta)
+    return meta

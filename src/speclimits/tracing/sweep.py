@@ -1,0 +1,401 @@
+"""K sweeps on the real vLLM engine, written as they run, resumable.
+
+One engine configuration per K (K = 0: plain decoding, no speculative config), batch size
+1, greedy. Per (K, prompt) generation the harness writes, atomically (dot-temp file, then
+``os.replace``):
+
+``tokens.parquet/part-g{gid:06d}.parquet``   token rows (see below), when tokens are kept
+``generations.jsonl``                        one line: output ids, checks, wall time
+``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the generation done
+
+so a killed sweep leaves a valid partial trace, and ``resume=True`` runs only the
+generations without a rounds part (none duplicated, none lost). Generation ids are fixed by
+position: ``gid = k_index * n_prompts + prompt_index``.
+
+Tables (beyond the contract columns of :mod:`speclimits.schema`):
+
+``rounds``  ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
+            ``step`` (engine step number), ``n_drafted_next`` (drafts proposed in this step),
+            ``category`` (when the prompt file has one). See :mod:`speclimits.tracing.records`
+            for what a round, ``m``, ``t_draft_ms`` and Ū mean here.
+``tokens``  ``seq_id`` (= prompt id), ``pos`` (0 = first generated token), ``token_id``,
+            ``text`` (``""`` without a tokenizer), ``new_experts`` (experts per layer not
+            used by the previous token's producing row), ``experts`` (list of
+            n_layers × top_k int16 expert ids, layer-major: ``experts[l*top_k:(l+1)*top_k]``
+            is layer l; producing-row convention), ``generation_id``, ``K``, ``round``,
+            ``row`` (row of that round's pass), ``context_len`` (= prompt_len + pos).
+            By default only the reference generation of each prompt (the smallest K of the
+            sweep) is kept; ``tokens="all"`` keeps every K, ``"none"`` none.
+
+``meta.json`` records the engine version, method, models (target with ``n_layers``,
+``n_experts``, ``top_k``), hardware, dtype, seed, the sweep settings and, when complete, the
+cross-checks against vLLM's own spec-decode counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm.auto import tqdm
+
+from speclimits.errors import SpeclimitsError
+from speclimits.trace import new_meta, read_meta, write_meta
+from speclimits.tracing import engine as eng
+from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
+from speclimits.tracing.records import generation_tables, request_steps
+
+#: Settings that must match for ``resume`` to continue a trace.
+RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
+               "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra")
+
+
+@dataclass
+class SweepConfig:
+    """Everything a sweep needs; ``speclimits trace`` builds one from its flags."""
+
+    target: str
+    prompts: str
+    out: str
+    method: str = "draft_model"
+    draft: str | None = None
+    k_values: list[int] = field(default_factory=lambda: [1, 2, 3])
+    max_tokens: int = 128
+    seed: int = 0
+    dtype: str = "auto"
+    load_format: str = "auto"
+    tokens: str = "ref"
+    ignore_eos: bool = False
+    chat_template: bool = True
+    limit: int | None = None
+    resume: bool = False
+    progress: bool = True
+    block_size: int | None = None
+    max_model_len: int | None = None
+    spec_extra: dict[str, Any] = field(default_factory=dict)
+    engine_extra: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self, prompts_sha: str) -> dict[str, Any]:
+        return {
+            "target": str(self.target), "draft": None if self.draft is None else str(self.draft),
+            "method": self.method, "k_values": list(self.k_values), "prompts": str(self.prompts),
+            "prompts_sha256": prompts_sha, "max_tokens": self.max_tokens, "seed": self.seed, "dtype": self.dtype,
+            "load_format": self.load_format, "tokens": self.tokens, "ignore_eos": self.ignore_eos,
+            "chat_template": self.chat_template, "limit": self.limit, "spec_extra": dict(self.spec_extra),
+        }
+
+
+def parse_k(spec: str) -> list[int]:
+    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> sorted unique list of K >= 0."""
+    out: set[int] = set()
+    try:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+    except ValueError:
+        raise SpeclimitsError(f"--k expects e.g. '1-10' or '0,1,2,4', got {spec!r}") from None
+    if not out or min(out) < 0:
+        raise SpeclimitsError(f"--k needs at least one K >= 0, got {spec!r}")
+    return sorted(out)
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    cfg = Path(path) / "config.json"
+    if not cfg.exists():
+        return {}
+    try:
+        return json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+# ---------------------------------------------------------------------------
+# atomic part files
+# ---------------------------------------------------------------------------
+
+
+def write_part(root: Path, table: str, name: str, df: pd.DataFrame) -> Path:
+    """Write ``root/<table>.parquet/<name>.parquet`` atomically (dot-temp file + rename)."""
+    folder = root / f"{table}.parquet"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{name}.parquet"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    os.close(fd)
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp, compression="zstd")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, target)
+    return target
+
+
+def part_name(gid: int) -> str:
+    return f"part-g{gid:06d}"
+
+
+def done_generations(root: Path) -> set[int]:
+    """Generation ids with a rounds part (finished generations)."""
+    folder = root / "rounds.parquet"
+    if not folder.is_dir():
+        return set()
+    out = set()
+    for p in folder.glob("part-g*.parquet"):
+        try:
+            out.add(int(p.stem[len("part-g"):]))
+        except ValueError:
+            continue
+    return out
+
+
+def append_generation(root: Path, entry: dict[str, Any]) -> None:
+    with open(root / "generations.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_generations(root: str | Path) -> dict[int, dict[str, Any]]:
+    """The ``generations.jsonl`` entries by generation id (the last line wins; a torn last line is skipped)."""
+    path = Path(root) / "generations.jsonl"
+    out: dict[int, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[int(entry["generation_id"])] = entry
+    return out
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------
+# the sweep
+# ---------------------------------------------------------------------------
+
+
+def _check_resume(root: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    meta = read_meta(root)
+    old = meta.get("sweep") or {}
+    diff = [k for k in RESUME_KEYS if old.get(k) != settings.get(k)]
+    if diff:
+        shown = "; ".join(f"{k}: trace has {old.get(k)!r}, now {settings.get(k)!r}" for k in diff)
+        raise SpeclimitsError(f"--resume: {root} was traced with other settings ({shown}); use a new --out")
+    return meta
+
+
+def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
+    """Run (or finish, with ``cfg.resume``) the sweep; returns the final meta dict."""
+    if cfg.tokens not in ("ref", "all", "none"):
+        raise SpeclimitsError(f"tokens must be 'ref', 'all' or 'none', got {cfg.tokens!r}")
+    if cfg.max_tokens < 1:
+        raise SpeclimitsError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
+    k_values = sorted(set(int(k) for k in cfg.k_values))
+    if cfg.method != "ngram" and any(k > 0 for k in k_values) and cfg.draft is None:
+        raise SpeclimitsError(f"--method {cfg.method} needs --draft DIR")
+    prompts = read_prompts(cfg.prompts, limit=cfg.limit)
+    root = Path(cfg.out)
+    settings = cfg.settings(file_sha256(cfg.prompts))
+    if (root / "meta.json").exists():
+        if not cfg.resume:
+            raise SpeclimitsError(f"{root} already holds a trace; pass --resume to finish it or choose a new --out")
+        meta = _check_resume(root, settings)
+    elif root.exists() and any(root.iterdir()):
+        raise SpeclimitsError(f"{root} exists and is not a trace directory; choose a new --out")
+    else:
+        meta = None
+    vllm = eng.require_vllm()
+    done = done_generations(root)
+    n_p = len(prompts)
+    ref_k = k_values[0]
+    todo = [(ki, K, pi) for ki, K in enumerate(k_values) for pi in range(n_p) if ki * n_p + pi not in done]
+    bar = tqdm(total=len(k_values) * n_p, initial=len(k_values) * n_p - len(todo), desc="trace",
+               unit="gen", disable=not cfg.progress)
+    tokenizer = None
+    info: dict[str, Any] | None = (meta or {}).get("models", {}).get("target") if meta else None
+    for ki, K in enumerate(k_values):
+        mine = [pi for (kj, _, pi) in todo if kj == ki]
+        if not mine:
+            continue
+        bar.set_postfix_str(f"K={K}: building engine")
+        kwargs = _engine_kwargs(cfg, K, prompts, k_values)
+        llm, info_k = eng.make_llm(kwargs)
+        try:
+            if tokenizer is None and not kwargs["skip_tokenizer_init"]:
+                tokenizer = llm.get_tokenizer()
+            prompt_ids = {pi: tokenize(prompts[pi], tokenizer, cfg.chat_template) for pi in mine}
+            if meta is None:
+                meta = _initial_meta(cfg, settings, vllm, info_k, kwargs)
+                root.mkdir(parents=True, exist_ok=True)
+                write_meta(root, meta)
+            info = meta["models"]["target"]
+            _warmup(llm, prompt_ids[mine[0]])
+            for pi in mine:
+                gid = ki * n_p + pi
+                bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}")
+                _one_generation(llm, root, cfg, prompts[pi], prompt_ids[pi], gid, K,
+                                keep_tokens=cfg.tokens == "all" or (cfg.tokens == "ref" and K == ref_k),
+                                top_k=int(info["top_k"]), tokenizer=tokenizer)
+                bar.update(1)
+        finally:
+            eng.close_llm(llm)
+    bar.close()
+    if meta is None:  # everything was already done
+        meta = read_meta(root)
+    meta = finalize_meta(root, meta)
+    return meta
+
+
+def _engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_values: list[int],
+                   batch: int = 1, prefix_caching: bool = False, extra_len: int = 0) -> dict[str, Any]:
+    longest = max((len(p.token_ids) if p.token_ids is not None else 4 * len(p.text or "") + 64) for p in prompts)
+    max_len = cfg.max_model_len or (longest + cfg.max_tokens + max(k_values) + extra_len + 8)
+    model_cfg = read_model_config(cfg.target)
+    limit = model_cfg.get("max_position_embeddings")
+    if cfg.max_model_len is None and limit:
+        max_len = min(max_len, int(limit))
+    return eng.engine_kwargs(target=cfg.target, draft=cfg.draft, method=cfg.method, K=K, seed=cfg.seed,
+                             dtype=cfg.dtype, load_format=cfg.load_format, max_model_len=int(max_len),
+                             max_num_seqs=batch, prefix_caching=prefix_caching, block_size=cfg.block_size,
+                             spec_extra=cfg.spec_extra, extra=cfg.engine_extra)
+
+
+def _initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm: Any, info: dict[str, Any],
+                  kwargs: dict[str, Any]) -> dict[str, Any]:
+    target_cfg = read_model_config(cfg.target)
+    models: dict[str, Any] = {
+        "target": {"path": str(cfg.target), "architecture": (target_cfg.get("architectures") or ["?"])[0],
+                   "n_layers": info["n_layers"], "n_experts": info["n_experts"], "top_k": info["top_k"],
+                   "load_format": cfg.load_format},
+    }
+    if cfg.method == "ngram":
+        models["draft"] = {"method": "ngram", **cfg.spec_extra}
+    elif cfg.draft is not None:
+        draft_cfg = read_model_config(cfg.draft)
+        models["draft"] = {"path": str(cfg.draft), "architecture": (draft_cfg.get("architectures") or ["?"])[0]}
+    return new_meta(
+        source="vllm",
+        simulated=False,
+        models=models,
+        method=cfg.method,
+        hardware=eng.hardware(),
+        dtype=info["dtype"],
+        k_values=sorted(set(int(k) for k in cfg.k_values)),
+        seed=cfg.seed,
+        engine={"name": "vllm", "version": getattr(vllm, "__version__", "?"), "torch": info.get("torch"),
+                "device": info.get("device"), "runner": "V1",
+                "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")}},
+        sweep=settings,
+        batch_size=1,
+        greedy=True,
+        complete=False,
+        env={k: os.environ.get(k) for k in eng.CPU_ENV_DEFAULTS},
+        conventions="round = engine step (target pass + drafter call of that step); tokens.experts = "
+                    "routing of the producing row; see speclimits.tracing.records",
+    )
+
+
+def _warmup(llm: Any, prompt_ids: list[int]) -> None:
+    """One short untraced generation (ngram JIT, first-call allocations); its records are dropped."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))],
+                 SamplingParams(temperature=0.0, max_tokens=8, detokenize=False), use_tqdm=False)
+    llm.collective_rpc("speclimits_drain")
+
+
+def _one_generation(llm: Any, root: Path, cfg: SweepConfig, prompt: Prompt, prompt_ids: list[int], gid: int, K: int,
+                    *, keep_tokens: bool, top_k: int, tokenizer: Any) -> None:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos,
+                            detokenize=tokenizer is not None, seed=cfg.seed)
+    llm.collective_rpc("speclimits_drain")  # drop anything left over
+    c0 = eng.spec_counters(llm)
+    t0 = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)[0]
+    wall = time.perf_counter() - t0
+    c1 = eng.spec_counters(llm)
+    records = llm.collective_rpc("speclimits_drain")[0]
+    output_ids = list(out.outputs[0].token_ids)
+    decode = (lambda t: tokenizer.decode([t])) if tokenizer is not None else None
+    rounds, tokens, check = generation_tables(
+        request_steps(records, out.request_id), output_ids=output_ids, generation_id=gid, prompt_id=prompt.id,
+        K=K, category=prompt.category, top_k=top_k, decode=decode, with_tokens=keep_tokens)
+    if tokens is not None:
+        write_part(root, "tokens", part_name(gid), tokens)
+    append_generation(root, {
+        "generation_id": gid, "prompt_id": prompt.id, "K": K, "category": prompt.category,
+        "prompt_len": len(prompt_ids), "prompt_token_ids": list(prompt_ids), "output_token_ids": output_ids,
+        "finish_reason": out.outputs[0].finish_reason, "n_rounds": int(len(rounds)), "wall_s": wall,
+        "tokens_per_s": len(output_ids) / wall if wall > 0 else None,
+        "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
+        "vllm": {k: c1[k] - c0[k] for k in c0}, "tokens_match": check["tokens_match"],
+    })
+    write_part(root, "rounds", part_name(gid), rounds)
+
+
+def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Summarise ``generations.jsonl`` into meta.json: completeness and the cross-checks by K."""
+    gens = read_generations(root)
+    done = done_generations(root)
+    n_expected = len(meta.get("k_values", [])) * _n_prompts(meta)
+    by_k: dict[str, dict[str, int]] = {}
+    mismatched = []
+    for gid in sorted(done):
+        g = gens.get(gid)
+        if g is None:
+            continue
+        s = by_k.setdefault(str(g["K"]), {"generations": 0, "drafted": 0, "accepted": 0, "vllm_drafted": 0,
+                                          "vllm_accepted": 0, "emitted": 0, "output_tokens": 0})
+        s["generations"] += 1
+        s["drafted"] += g["trace"]["drafted"]
+        s["accepted"] += g["trace"]["accepted"]
+        s["emitted"] += g["trace"]["emitted"]
+        s["output_tokens"] += g["trace"]["output_len"]
+        s["vllm_drafted"] += g["vllm"]["drafted"]
+        s["vllm_accepted"] += g["vllm"]["accepted"]
+        if not g.get("tokens_match", False):
+            mismatched.append(gid)
+    meta = dict(meta)
+    meta["checks"] = {"by_K": by_k, "token_mismatch_generations": mismatched,
+                      "counters_match": all(s["drafted"] == s["vllm_drafted"] and s["accepted"] == s["vllm_accepted"]
+                                            for s in by_k.values()),
+                      "emitted_match": all(s["emitted"] == s["output_tokens"] for s in by_k.values())}
+    meta["complete"] = bool(n_expected) and len(done) >= n_expected
+    meta["generations_done"] = len(done)
+    write_meta(root, meta)
+    return meta
+
+
+def _n_prompts(meta: dict[str, Any]) -> int:
+    sweep = meta.get("sweep") or {}
+    try:
+        return len(read_prompts(sweep["prompts"], limit=sweep.get("limit")))
+    except (KeyError, SpeclimitsError):
+        return 0
+
+
+def sweep_config_dict(cfg: SweepConfig) -> dict[str, Any]:
+    return asdict(cfg)
