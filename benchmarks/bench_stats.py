@@ -1,0 +1,81 @@
+"""Benchmark of the cost-model statistics (a script, not a test).
+
+1. Cluster bootstrap on one K from per-generation sufficient statistics against refitting
+   statsmodels OLS on the resampled rows in a loop (same multinomial weights): both timings, the
+   ratio, and the largest difference of the estimates.
+2. Wall time of each statistics section's fit on the trace.
+
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_stats.py TRACE [--k 8] [--n-boot 999] [--n-loop N]
+(--n-loop: how many of the resamples the statsmodels loop refits; default all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import statsmodels.api as sm
+
+from speclimits import stats
+from speclimits.stats._ols import CellMoments, Design
+from speclimits.trace import decode_rounds, read_trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--n-boot", type=int, default=999)
+    ap.add_argument("--n-loop", type=int, default=None)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    tr = read_trace(args.trace)
+    rounds = tr.rounds
+    print(f"trace {args.trace}: {len(rounds):,} rows ({tr.source_label}); read in {time.perf_counter() - t0:.2f} s")
+    dec, _ = decode_rounds(rounds)
+    dk = dec[dec["K"] == args.k].reset_index(drop=True)
+    design = Design.linear("u_bar", "context_len")
+
+    t0 = time.perf_counter()
+    mom = CellMoments.from_rounds(dk)
+    w = stats.bootstrap_weights(mom.n_clusters, args.n_boot, seed=0)
+    boot = stats.cluster_bootstrap(mom, design, w)
+    t_fast = time.perf_counter() - t0
+    print(f"K = {args.k}: {len(dk):,} rounds, {mom.n_clusters} generations")
+    print(f"sufficient-statistics bootstrap, {args.n_boot} resamples (moments included): {t_fast:.3f} s")
+
+    n_loop = args.n_boot if args.n_loop is None else min(args.n_loop, args.n_boot)
+    gens = mom.cells["generation_id"].to_numpy()  # cluster code order
+    codes = mom.cells["cluster"].to_numpy()
+    order = np.argsort(codes)
+    gen_of_cluster = gens[order]
+    rows_of = {g: np.flatnonzero(dk["generation_id"].to_numpy() == g) for g in gen_of_cluster}
+    x_all = sm.add_constant(dk[["u_bar", "context_len"]].to_numpy(float))
+    y_all = dk["t_target_ms"].to_numpy(float)
+    t0 = time.perf_counter()
+    max_diff = 0.0
+    for b in range(n_loop):
+        idx = np.concatenate([np.tile(rows_of[g], int(c)) for g, c in zip(gen_of_cluster, w[b]) if c > 0])
+        params = sm.OLS(y_all[idx], x_all[idx]).fit().params
+        max_diff = max(max_diff, float(np.max(np.abs(params - boot.iloc[b].to_numpy()))))
+    t_loop = time.perf_counter() - t0
+    t_loop_all = t_loop * args.n_boot / n_loop
+    print(f"statsmodels OLS refit loop, {n_loop} resamples: {t_loop:.2f} s"
+          + (f" (x{args.n_boot / n_loop:.1f} -> {t_loop_all:.1f} s for {args.n_boot})" if n_loop < args.n_boot else ""))
+    print(f"speed-up: {t_loop_all / t_fast:.0f}x; largest |difference| of estimates: {max_diff:.2e}")
+
+    for name, fn in (("factors", lambda: stats.analyze_factors(rounds)),
+                     ("final model", lambda: stats.fit_final_model(rounds)),
+                     ("draft model", lambda: stats.fit_draft_model(rounds)),
+                     ("robustness (K=%d, %d boot)" % (args.k, args.n_boot),
+                      lambda: stats.robustness_checks(rounds, k=args.k, n_boot=args.n_boot)),
+                     ("fit_cost_model", lambda: stats.fit_cost_model(rounds))):
+        t0 = time.perf_counter()
+        fn()
+        print(f"{name:32s} {time.perf_counter() - t0:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()
