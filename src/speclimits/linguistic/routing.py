@@ -1,0 +1,306 @@
+"""New experts at linguistic events: Latin↔Cyrillic script changes and the draft's first mismatch.
+
+"New experts" at a step = experts per MoE layer (averaged over layers) used at this position and
+not at the preceding one. Each comparison is aligned by continuation step: the event step
+against the step right before it in the same continuation, with a bootstrap over responses
+(clusters) for the interval of the difference (appendix; paper: script change 2.66 → 3.12,
++0.46 [+0.26; +0.66]; first mismatch 3.30 → 3.31, +0.01 [−0.05; +0.07]).
+
+Three contrasts are built here:
+
+``script_change`` (:func:`script_change_contrast`)
+    Reference tokens with letters whose script differs from the script of the last token with
+    letters before them (the labeller's ``label_script``, so it works on any trace with text),
+    against the token right before, from ``tokens.parquet``'s ``new_experts``. Each token is one
+    event (a token that many decisions share is counted once).
+``first_mismatch_reference`` (:func:`first_mismatch_contrast`, ``source="reference"``)
+    Per decision n with observed greedy match length a < K_max: the reference token the draft
+    missed (``tokens`` row ``pos = n + a``) against the token before it, from ``new_experts``
+    of the reference. This asks whether the target's own routing jumps where the draft fails.
+``first_mismatch_window`` (``source="window"``)
+    Per decision with 1 <= a < K_max: the target's routing on the draft chain, from
+    ``u_bar_window``. The increment ``Δ_j = Ū(window of j+1) − Ū(window of j)`` is the experts per
+    layer the draft token d_j adds to the window; the event is Δ at the first wrong draft (j = a+1,
+    the start of the junk tail) against Δ at the last matched one (j = a). Because the window's
+    unique count saturates, Δ shrinks with j even without any event; so the contrast also reports
+    a **step-adjusted** difference: the event's difference minus the mean difference of matched
+    pairs (both d_{j-1} and d_j correct) at the same step j, estimated inside every bootstrap
+    replicate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
+from speclimits.linguistic.bootstrap import draw_counts, percentile_interval
+from speclimits.oracle.inputs import OracleInputs
+from speclimits.oracle.solver import OracleResult
+
+#: The appendix's values (new experts per layer; 95% interval of the difference).
+PAPER_ROUTING: dict[str, dict[str, float]] = {
+    "script_change": {"before": 2.66, "at": 3.12, "diff": 0.46, "diff_lo": 0.26, "diff_hi": 0.66},
+    "first_mismatch": {"before": 3.30, "at": 3.31, "diff": 0.01, "diff_lo": -0.05, "diff_hi": 0.07},
+}
+EVENT_COLUMNS = ["seq_id", "pos", "step", "before", "at", "diff"]
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """Events (one row each) and, for the window contrast, the matched control pairs.
+
+    Attributes
+    ----------
+    name : ``script_change``, ``first_mismatch_reference`` or ``first_mismatch_window``.
+    events : ``seq_id``, ``pos`` (the token or the state), ``step`` (continuation step of the
+        event), ``before``, ``at``, ``diff`` = at − before, plus descriptive columns.
+    controls : window contrast only: ``seq_id``, ``step``, ``diff`` of matched pairs.
+    note : how the events were formed.
+    """
+
+    name: str
+    events: pd.DataFrame
+    controls: pd.DataFrame | None = None
+    note: str = ""
+    _reps: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_events(self) -> int:
+        return int(len(self.events))
+
+    @property
+    def n_responses(self) -> int:
+        return int(self.events["seq_id"].nunique())
+
+    def replicates(self, n_boot: int = 999, seed: int = 0) -> dict[str, np.ndarray]:
+        """Bootstrap replicates (responses resampled with replacement) of ``before``, ``at``,
+        ``diff`` and, with controls, ``adjusted``; each an (n_boot,) array."""
+        key = (n_boot, seed)
+        if key in self._reps:
+            return self._reps[key]
+        ev = self.events
+        clusters = np.unique(np.concatenate([ev["seq_id"].astype(str).to_numpy()] + (
+            [] if self.controls is None else [self.controls["seq_id"].astype(str).to_numpy()])))
+        idx = {c: i for i, c in enumerate(clusters)}
+        w = draw_counts(len(clusters), n_boot, np.random.default_rng(seed))
+        ci = np.fromiter((idx[c] for c in ev["seq_id"].astype(str)), np.int64, len(ev))
+        sums = np.zeros((len(clusters), 4))
+        np.add.at(sums, ci, np.column_stack([ev["before"], ev["at"], ev["diff"], np.ones(len(ev))]))
+        tot = w @ sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = {"before": tot[:, 0] / tot[:, 3], "at": tot[:, 1] / tot[:, 3], "diff": tot[:, 2] / tot[:, 3]}
+            if self.controls is not None:
+                out["adjusted"] = self._adjusted(w, idx)
+        self._reps[key] = out
+        return out
+
+    def _step_sums(self, df: pd.DataFrame, idx: dict, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        s = np.zeros((len(idx), n_steps))
+        c = np.zeros((len(idx), n_steps))
+        rows = np.fromiter((idx[x] for x in df["seq_id"].astype(str)), np.int64, len(df))
+        np.add.at(s, (rows, df["step"].to_numpy()), df["diff"].to_numpy())
+        np.add.at(c, (rows, df["step"].to_numpy()), 1.0)
+        return s, c
+
+    def _adjusted(self, w: np.ndarray, idx: dict) -> np.ndarray:
+        n_steps = int(max(self.events["step"].to_numpy().max(initial=0), self.controls["step"].to_numpy().max(initial=0))) + 1
+        e_s, e_c = self._step_sums(self.events, idx, n_steps)
+        m_s, m_c = self._step_sums(self.controls, idx, n_steps)
+        es, ec, ms, mc = w @ e_s, w @ e_c, w @ m_s, w @ m_c
+        ok = mc > 0
+        base = np.where(ok, ms / np.where(ok, mc, 1.0), 0.0)
+        num = np.where(ok, es - ec * base, 0.0).sum(axis=1)
+        den = np.where(ok, ec, 0.0).sum(axis=1)
+        return num / den
+
+    def point(self) -> dict[str, float]:
+        """Estimates on the data as observed (no resampling)."""
+        ev = self.events
+        out = {"before": float(ev["before"].mean()), "at": float(ev["at"].mean()), "diff": float(ev["diff"].mean())}
+        if self.controls is not None:
+            clusters = sorted(set(ev["seq_id"].astype(str)) | set(self.controls["seq_id"].astype(str)))
+            idx = {c: i for i, c in enumerate(clusters)}
+            out["adjusted"] = float(self._adjusted(np.ones((1, len(clusters))), idx)[0])
+        return out
+
+    def summary(self, n_boot: int = 999, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
+        """``name``, ``n_events``, ``n_responses``, ``before``, ``at``, ``diff`` with ``diff_lo`` /
+        ``diff_hi`` and, with controls, ``adjusted`` with ``adjusted_lo`` / ``adjusted_hi``."""
+        out: dict[str, Any] = {"contrast": self.name, "n_events": self.n_events, "n_responses": self.n_responses}
+        if self.n_events == 0:
+            return out
+        pt = self.point()
+        reps = self.replicates(n_boot, seed)
+        out.update(before=pt["before"], at=pt["at"], diff=pt["diff"])
+        out["diff_lo"], out["diff_hi"] = percentile_interval(reps["diff"], level)
+        if "adjusted" in pt:
+            out["adjusted"] = pt["adjusted"]
+            out["adjusted_lo"], out["adjusted_hi"] = percentile_interval(reps["adjusted"], level)
+        return out
+
+
+def _require(df: pd.DataFrame, cols: tuple[str, ...], origin: str, why: str) -> None:
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise TraceFormatError(origin, [Problem(origin, c, f"required column is missing ({why})") for c in missing])
+
+
+def _sorted_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
+    df = tokens.copy()
+    df["seq_id"] = df["seq_id"].astype(str)
+    df = df.sort_values(["seq_id", "pos"], kind="stable").reset_index(drop=True)
+    bad = ~np.isfinite(pd.to_numeric(df["new_experts"], errors="coerce").to_numpy(dtype=float))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise TraceFormatError("tokens.parquet", [Problem("tokens.parquet", "new_experts", "must be a finite number",
+                                                          tuple(rows[:5].tolist()), int(rows.size))])
+    return df
+
+
+def script_change_contrast(labelled: pd.DataFrame, script_col: str = "label_script") -> Contrast:
+    """Latin↔Cyrillic transitions in the reference against the preceding token (see the module docs).
+
+    ``labelled`` is :func:`~speclimits.linguistic.labels.label_trace_tokens` output (any table with
+    ``seq_id``, ``pos``, ``new_experts`` and a script column with ``latin`` / ``cyrillic`` / ``none``).
+    Events carry ``direction`` and, when the trace has planted labels, ``context_before`` /
+    ``context_at``.
+    """
+    _require(labelled, ("seq_id", "pos", "new_experts", script_col), "tokens.parquet", "routing at script changes")
+    df = _sorted_tokens(labelled)
+    script = df[script_col].astype(str).where(df[script_col].astype(str).isin(["latin", "cyrillic"]))
+    last = script.groupby(df["seq_id"]).shift(1)
+    last = last.groupby(df["seq_id"]).ffill()
+    same_seq = df["seq_id"].eq(df["seq_id"].shift(1))
+    contiguous = df["pos"].eq(df["pos"].shift(1) + 1)
+    event = script.notna() & last.notna() & (script != last) & same_seq & contiguous
+    i = np.flatnonzero(event.to_numpy())
+    ne = df["new_experts"].to_numpy(dtype=float)
+    events = pd.DataFrame({"seq_id": df["seq_id"].to_numpy()[i], "pos": df["pos"].to_numpy()[i],
+                           "step": np.ones(len(i), np.int64), "before": ne[i - 1], "at": ne[i],
+                           "diff": ne[i] - ne[i - 1],
+                           "direction": (last.to_numpy()[i] + "->" + script.to_numpy()[i]).astype(str)})
+    if "text" in df.columns:
+        events["text_before"] = df["text"].to_numpy()[i - 1]
+        events["text_at"] = df["text"].to_numpy()[i]
+    if "context" in df.columns:
+        events["context_before"] = df["context"].astype(str).to_numpy()[i - 1]
+        events["context_at"] = df["context"].astype(str).to_numpy()[i]
+    return Contrast("script_change", events, note=f"script from column {script_col!r}; one event per token")
+
+
+def first_mismatch_contrast(result: OracleResult | OracleInputs, tokens: pd.DataFrame | None = None,
+                            source: str = "reference") -> Contrast:
+    """New experts at the draft's first mismatch against the preceding step (see the module docs).
+
+    Parameters
+    ----------
+    result : the solved Oracle or its inputs (``accept_len``, ``u_bar_window``).
+    tokens : the tokens table with ``new_experts`` (needed for ``source="reference"``).
+    source : ``"reference"`` (the target's routing on the reference tokens) or ``"window"`` (the
+        target's routing on the draft chain, step-adjusted).
+    """
+    inp = result.inputs if isinstance(result, OracleResult) else result
+    k_max = inp.k_list
+    a = inp.accept_len.astype(np.int64)
+    seq = inp.seq_ids[inp.seq_index].astype(str)
+    if source == "reference":
+        if tokens is None:
+            raise SpeclimitsError("first_mismatch_contrast(source='reference') needs the tokens table")
+        _require(tokens, ("seq_id", "pos", "new_experts"), "tokens.parquet", "routing at the first mismatch")
+        tok = _sorted_tokens(tokens).set_index(["seq_id", "pos"])
+        target = inp.pos + a  # 0-based reference token the draft missed
+        ok = (a < k_max) & (a < inp.remaining) & (target >= 1)
+        keys_at = pd.MultiIndex.from_arrays([seq[ok], target[ok]])
+        keys_before = pd.MultiIndex.from_arrays([seq[ok], target[ok] - 1])
+        ne = tok["new_experts"]
+        at = ne.reindex(keys_at).to_numpy(dtype=float)
+        before = ne.reindex(keys_before).to_numpy(dtype=float)
+        have = np.isfinite(at) & np.isfinite(before)
+        rows = np.flatnonzero(ok)[have]
+        events = pd.DataFrame({"seq_id": seq[rows], "pos": inp.pos[rows], "step": a[rows] + 1,
+                               "before": before[have], "at": at[have], "diff": at[have] - before[have],
+                               "token_pos": target[rows]})
+        if "context" in tok.columns:
+            ctx = tok["context"].astype(str)
+            events["context_before"] = ctx.reindex(keys_before).to_numpy()[have]
+            events["context_at"] = ctx.reindex(keys_at).to_numpy()[have]
+        return Contrast("first_mismatch_reference", events,
+                        note="reference token the draft missed vs the token before it; one event per decision")
+    if source != "window":
+        raise SpeclimitsError(f"source must be 'reference' or 'window', got {source!r}")
+    u = inp.u_bar_window[:, : k_max + 1]
+    delta = np.diff(u, axis=1)  # (n, k_max): Δ_j for j = 1..k_max in column j - 1
+    ok = (a >= 1) & (a < k_max) & (a + 1 <= inp.remaining)
+    rows = np.flatnonzero(ok)
+    j = a[rows] + 1
+    at, before = delta[rows, j - 1], delta[rows, j - 2]
+    events = pd.DataFrame({"seq_id": seq[rows], "pos": inp.pos[rows], "step": j, "before": before, "at": at,
+                           "diff": at - before, "u_before": u[rows, j - 1]})
+    # matched control pairs: steps j with 2 <= j <= a (d_{j-1}, d_j both correct) inside the sequence
+    steps = np.arange(1, k_max + 1)
+    ctrl = (steps[None, :] >= 2) & (steps[None, :] <= a[:, None]) & (steps[None, :] <= inp.remaining[:, None])
+    r, c = np.nonzero(ctrl)
+    controls = pd.DataFrame({"seq_id": seq[r], "step": steps[c], "diff": delta[r, c] - delta[r, c - 1]})
+    return Contrast("first_mismatch_window", events, controls,
+                    note="draft chain: Δ at the first wrong draft vs the last matched one; adjusted by matched pairs "
+                         "at the same step")
+
+
+def routing_table(contrasts: list[Contrast], n_boot: int = 999, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """One row per contrast (:meth:`Contrast.summary`) with the paper's values beside ours."""
+    rows = []
+    for i, c in enumerate(contrasts):
+        row = c.summary(n_boot=n_boot, seed=seed + i, level=level)
+        paper = PAPER_ROUTING["script_change" if c.name == "script_change" else "first_mismatch"]
+        row.update({f"paper_{k}": v for k, v in paper.items()})
+        rows.append(row)
+    cols = ["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi", "adjusted",
+            "adjusted_lo", "adjusted_hi", "paper_before", "paper_at", "paper_diff", "paper_diff_lo", "paper_diff_hi"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+# ---------------------------------------------------------------------------
+# Planted truth (simulated traces only)
+# ---------------------------------------------------------------------------
+
+
+def planted_new_experts(meta: dict[str, Any]) -> dict[str, float]:
+    """Expected new experts per layer of a reference token, by planted context, for a simulated trace.
+
+    The simulator draws, per layer l, ``Binomial(top_k, (1 - clip(rho + off_l)) * (1 - top_k / E))``
+    with ``rho = clip(rho_context + N(0, rho_token_sd), 0, 0.98)`` and per-layer offsets ``off_l``
+    (``N(0, rho_layer_sd)``, drawn from the fourth stream spawned from the seed). This integrates
+    that expectation over the token noise on a fine grid, for the trace's seed and config in
+    ``meta.json``. Raises for a trace that is not simulated.
+    """
+    cfg = meta.get("simulator")
+    if not meta.get("simulated") or not isinstance(cfg, dict):
+        raise SpeclimitsError("planted_new_experts needs a simulated trace (meta.json 'simulator')")
+    top_k, n_exp, n_layers = int(cfg["top_k"]), int(cfg["n_experts"]), int(cfg["n_layers"])
+    layer_rng = np.random.default_rng(np.random.SeedSequence(int(meta["seed"])).spawn(4)[3])
+    off = layer_rng.normal(0.0, float(cfg["rho_layer_sd"]), n_layers)
+    x = np.linspace(-8.0, 8.0, 3201)
+    w = np.exp(-0.5 * x ** 2)
+    w /= w.sum()
+    out = {}
+    for name, rho_c in cfg["context_rho"].items():
+        rho_tok = np.clip(rho_c + float(cfg["rho_token_sd"]) * x, 0.0, 0.98)
+        rho = np.clip(rho_tok[:, None] + off[None, :], 0.0, 0.98)
+        per = top_k * (1.0 - rho) * (1.0 - top_k / n_exp)
+        out[name] = float((w[:, None] * per).sum(axis=0).mean())
+    return out
+
+
+def planted_contrast(contrast: Contrast, meta: dict[str, Any]) -> float:
+    """The planted difference for a contrast's own events: mean over events of
+    E[new experts | context at] − E[new experts | context before] (simulated traces with planted
+    ``context``; reference-token contrasts only)."""
+    ev = contrast.events
+    if "context_at" not in ev.columns:
+        raise SpeclimitsError(f"contrast {contrast.name!r} has no planted contexts (simulated reference tokens only)")
+    truth = planted_new_experts(meta)
+    return float((ev["context_at"].map(truth) - ev["context_before"].map(truth)).mean())
