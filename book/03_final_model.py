@@ -52,11 +52,13 @@ truth = CostModel.from_dict(tr.meta["truth"]) if tr.simulated and "truth" in tr.
 # ## Per-$K$ fits
 #
 # OLS of $T_T$ on $\bar U_r$ and $L$ within each $K$; `_lower`/`_upper` are 95% intervals from
-# generation-clustered standard errors ($t$ with $G-1$ df); `cv_` columns are GroupKFold means.
+# generation-clustered standard errors ($t$ with $G-1$ df); `c_per_1k` is $c$ in ms per 1000 context
+# tokens; `cv_` columns are GroupKFold means (MAPE in %).
 
 # %%
-res.per_k[["K", "m", "n", "alpha", "alpha_lower", "alpha_upper", "beta0", "beta0_lower", "beta0_upper",
-           "c", "cv_r2", "cv_rmse", "cv_mape"]].round(5)
+res.per_k.assign(c_per_1k=res.per_k["c"] * 1e3, c_se_per_1k=res.per_k["c_se"] * 1e3)[
+    ["K", "m", "n", "alpha", "alpha_lower", "alpha_upper", "beta0", "beta0_lower", "beta0_upper",
+     "c_per_1k", "c_se_per_1k", "cv_r2", "cv_rmse", "cv_mape"]].round(4)
 
 # %% [markdown]
 # The coefficients across $m$, with their intervals; the dashed line is the regime boundary

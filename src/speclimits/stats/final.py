@@ -404,7 +404,7 @@ class FinalModelResults(ResultsMixin):
             ("β0 at the first large m (ms)", f"{large['beta0'].iloc[0]:.2f}" if len(large) else "—",
              f"{paper.BETA0_LARGE_START}"),
             ("c across per-K fits (1e-3 ms/token)", rng(pk["c"] * 1e3), paper.fmt_range(paper.C_RANGE, 1e3)),
-            ("c, joint categorical (1e-3 ms/token)", f"{self.joint.c * 1e3:.3f} ({self.joint.bse['c'] * 1e3:.3f})", "—"),
+            ("c, joint categorical (1e-3 ms/token)", f"{self.joint.c * 1e3:.4f} ({self.joint.bse['c'] * 1e3:.4f})", "—"),
             ("pooled α (SE)", f"{pooled['u_bar']:.4f} ({pse['u_bar']:.4f})", "0.2528 (0.0014)"),
             ("pooled c (SE), 1e-3", f"{pooled['context_len'] * 1e3:.3f} ({pse['context_len'] * 1e3:.3f})",
              "1.09 (0.02)"),
