@@ -62,6 +62,15 @@ res.by_k.round(4)
 figures.draft_line_chart(res)
 
 # %% [markdown]
+# OLS estimates the conditional mean, so the rare large spikes in single rounds lift the
+# intercept $b$ a little: on a simulated trace compare it with the planted truth printed below
+# (the simulator adds spikes on top of its planted line, as a real engine would add stalls).
+
+# %%
+if tr.simulated and "truth" in tr.meta:
+    print(f"planted draft line: a = {tr.meta['truth']['draft']['a']}, b = {tr.meta['truth']['draft']['b']}")
+
+# %% [markdown]
 # The per-round $R^2$ is modest although the means sit on the line: single rounds scatter, and a
 # few carry large spikes. The residual quantiles show the tail; the CV MedAPE (a typical round's
 # error on held-out generations) is the number to use when judging the line.

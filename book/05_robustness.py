@@ -56,7 +56,9 @@ print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generatio
 # categories, otherwise one of 14 consecutive blocks of generations; the line above says which.
 
 # %%
-res.estimates.round(6)
+est = res.estimates.copy()
+est[["c", "c_lower", "c_upper"]] *= 1e3  # c in 1e-3 ms/token
+est.round(4)
 
 # %%
 figures.robustness_chart(res, "alpha")
@@ -80,7 +82,7 @@ figures.bootstrap_chart(res, "u_bar")
 cbk = res.c_by_k
 print(f"c from {cbk['c'].min() * 1e3:.3f} to {cbk['c'].max() * 1e3:.3f} e-3 ms/token across K "
       f"(spread {100 * (cbk['c'].max() - cbk['c'].min()) / cbk['c'].mean():.1f}% of the mean; paper 1.098–1.107, < 0.9%)")
-cbk.round(7)
+cbk.assign(c=cbk["c"] * 1e3, c_se=cbk["c_se"] * 1e3).rename(columns={"c": "c_1e-3", "c_se": "c_se_1e-3"}).round(4)
 
 # %% [markdown]
 # ## Residual diagnostics

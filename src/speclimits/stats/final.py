@@ -535,7 +535,7 @@ def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str =
     (written to the JSON under ``"fit"``).
     """
     dec, report = decode_rounds(rounds, timing="target")
-    joint = fit_joint(CellMoments.from_rounds(dec), top_k=top_k)
+    joint = fit_joint(CellMoments.from_rounds(dec, base=("u_bar", "context_len")), top_k=top_k)
     from speclimits.stats.draft import fit_draft_line
 
     draft = fit_draft_line(rounds)

@@ -29,7 +29,8 @@ class RobustnessResults(ResultsMixin):
     """Robustness checks on one K.
 
     ``estimates``: one row per method/refit with ``alpha``, ``c`` and their 95% CI where defined
-    (``method``, ``variant``). ``ranges``: min–max of α and c over the estimates beside the paper's.
+    (``method``, ``variant``). ``ranges``: min–max of α (ms/expert) and c (1e-3 ms/token) over the
+    estimates beside the paper's.
     ``boot``: (n_boot, 3) bootstrap estimates. ``c_by_k``: c of the per-K fits (all K >= 1).
     ``bins``: mean residual by decile of ``context_len``, ``kv_usage`` and ``round`` (position).
     ``breusch_pagan``: LM statistic, p-value. ``corr_u_l``: on this K and pooled.
@@ -60,11 +61,12 @@ class RobustnessResults(ResultsMixin):
         e = self.estimates
         c_spread = self.c_by_k["c"]
         return pd.DataFrame({
-            "ours_min": [e["alpha"].min(), e["c"].min(), c_spread.min()],
-            "ours_max": [e["alpha"].max(), e["c"].max(), c_spread.max()],
-            "paper_min": [paper.ROBUST_ALPHA[0], paper.ROBUST_C[0], paper.C_RANGE[0]],
-            "paper_max": [paper.ROBUST_ALPHA[1], paper.ROBUST_C[1], paper.C_RANGE[1]],
-        }, index=[f"alpha (K={self.k}, all checks)", f"c (K={self.k}, all checks)", "c across per-K fits"])
+            "ours_min": [e["alpha"].min(), 1e3 * e["c"].min(), 1e3 * c_spread.min()],
+            "ours_max": [e["alpha"].max(), 1e3 * e["c"].max(), 1e3 * c_spread.max()],
+            "paper_min": [paper.ROBUST_ALPHA[0], 1e3 * paper.ROBUST_C[0], 1e3 * paper.C_RANGE[0]],
+            "paper_max": [paper.ROBUST_ALPHA[1], 1e3 * paper.ROBUST_C[1], 1e3 * paper.C_RANGE[1]],
+        }, index=[f"alpha, ms/expert (K={self.k}, all checks)", f"c, 1e-3 ms/token (K={self.k}, all checks)",
+                  "c, 1e-3 ms/token, across per-K fits"])
 
     def to_frame(self) -> pd.DataFrame:
         return self.estimates
