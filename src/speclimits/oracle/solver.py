@@ -48,7 +48,18 @@ def survival(inputs: OracleInputs, k_max: int, deterministic: bool = False) -> n
     """
     if deterministic:
         return (np.arange(1, k_max + 1)[None, :] <= inputs.accept_len[:, None]).astype(float)
-    return np.cumprod(inputs.match_prob[:, :k_max], axis=1)
+    mp = inputs.match_prob
+    out = np.empty((len(mp), k_max))
+    out[:, 0] = mp[:, 0]
+    for j in range(1, k_max):  # column loop: faster than np.cumprod along a short axis
+        np.multiply(out[:, j - 1], mp[:, j], out=out[:, j])
+    return out
+
+
+def accepted_at(surv: np.ndarray, remaining: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(n,) E[min(a, remaining) | n, k(n)] at one action per state."""
+    j = np.arange(1, surv.shape[1] + 1)[None, :]
+    return (surv * (j <= np.minimum(k, remaining)[:, None])).sum(axis=1)
 
 
 def expected_accepted(surv: np.ndarray, remaining: np.ndarray) -> np.ndarray:
@@ -60,102 +71,126 @@ def expected_accepted(surv: np.ndarray, remaining: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class _Layout:
-    """Lockstep order of states: blocks by tokens remaining t = 1..t_max, longest sequences first."""
+    """Lockstep schedule: at t tokens remaining, the active sequences (N >= t) are the first
+    ``n_active[t]`` of the longest-first order, and their states are rows ``ends[:n_active[t]] - t``."""
 
-    perm: np.ndarray  # (n,) original state index at each lockstep position
-    bounds: np.ndarray  # (t_max + 1,) block t is perm positions bounds[t-1]:bounds[t]
-    seq_rank: np.ndarray  # (S,) rank of each sequence in the longest-first order
+    ends: np.ndarray  # (S,) one past the last row of each sequence, longest sequence first
+    n_active: np.ndarray  # (t_max + 1,) sequences with N >= t
     n_seq: int
 
     @classmethod
     def build(cls, inputs: OracleInputs) -> "_Layout":
         n_tok = inputs.n_tokens
         order = np.argsort(-n_tok, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        remaining = inputs.remaining
-        perm = np.lexsort((rank[inputs.seq_index], remaining))
-        counts = np.bincount(remaining, minlength=int(n_tok.max()) + 1)[1:]
-        return cls(perm, np.concatenate([[0], np.cumsum(counts)]), rank, len(n_tok))
+        t_max = int(n_tok.max())
+        n_active = (n_tok[order][None, :] >= np.arange(t_max + 1)[:, None]).sum(axis=1) if t_max < 4096 else \
+            np.searchsorted(-n_tok[order], -np.arange(t_max + 1), side="right")
+        return cls(inputs.offsets[order + 1], n_active.astype(np.int64), len(n_tok))
 
     @property
     def t_max(self) -> int:
-        return len(self.bounds) - 1
+        return len(self.n_active) - 1
 
 
 def _lockstep(layout: _Layout, k_max: int, step, channels: int | None = None) -> None:
-    """Drive ``step(lo, hi, W)`` for t = 1..t_max, where rows ``lo:hi`` of the lockstep order are the
-    states with t tokens remaining and W is (block, k_max + 1[, channels]) with column j-1 holding
+    """Drive ``step(rows, W)`` for t = 1..t_max, where ``rows`` are the states with t tokens remaining
+    (one per active sequence) and W is (block, k_max + 1[, channels]) with column j-1 holding
     W_j = V(min(N, n + j)). ``step`` returns the block's values, kept for the blocks that follow.
     """
     pad = k_max + 1
-    shape = (pad + layout.t_max + 1, layout.n_seq) + (() if channels is None else (channels,))
-    buf = np.zeros(shape)  # row pad + r: V with r tokens remaining (r <= 0 -> 0)
+    shape = (layout.n_seq, pad + layout.t_max + 1) + (() if channels is None else (channels,))
+    buf = np.zeros(shape)  # [seq, pad + r]: V with r tokens remaining (r <= 0 -> 0)
     for t in range(1, layout.t_max + 1):
-        lo, hi = int(layout.bounds[t - 1]), int(layout.bounds[t])
-        w = buf[t: pad + t][::-1, : hi - lo]
-        buf[pad + t, : hi - lo] = step(lo, hi, np.moveaxis(w, 0, 1))
+        n_t = int(layout.n_active[t])
+        rows = layout.ends[:n_t] - t
+        buf[:n_t, pad + t] = step(rows, buf[:n_t, pad + t - 1: t - 1: -1])
 
 
-def _expected_next(w: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """(block, k_max + 1): E[V(next) | k] = W_1 + cumsum_j S_j (W_{j+1} - W_j), for k = 0..k_max.
+def _expected_next(w: np.ndarray, s: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """(block, k_max + 1[, ch]): E[V(next) | k] = W_1 + sum_{j<=k} S_j (W_{j+1} - W_j), for k = 0..k_max.
 
-    ``w`` is (block, k_max + 1[, ch]) and ``s`` (block, k_max).
+    ``w`` is (block, k_max + 1[, ch]), ``s`` (block, k_max); ``upper`` is the (k_max, k_max + 1)
+    0/1 matrix with ``upper[j-1, k] = 1[j <= k]``, so the running sum over j is one matrix product
+    (much faster than ``np.cumsum`` along a short axis).
     """
     d = w[:, 1:] - w[:, :-1]
-    if d.ndim == 3:
-        inc = np.cumsum(s[:, :, None] * d, axis=1)
+    if d.ndim == 2:
+        d *= s
+        out = d @ upper
     else:
-        inc = np.cumsum(s * d, axis=1)
-    return np.concatenate([w[:, :1], w[:, :1] + inc], axis=1)
+        d *= s[:, :, None]
+        out = np.matmul(upper.T, d)
+    out += w[:, :1]
+    return out
+
+
+def _upper(k_max: int) -> np.ndarray:
+    return np.triu(np.ones((k_max, k_max + 1)), 1)
 
 
 def solve_arrays(surv: np.ndarray, cost: np.ndarray, allowed: np.ndarray, layout: _Layout
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Optimal values. ``cost`` (n, k_max + 1), ``allowed`` (k_max + 1,) bool.
+    """Optimal values. ``surv`` (n, k_max), ``cost`` (n, k_max + 1), ``allowed`` (k_max + 1,) bool
+    and contiguous (k = k_lo..k_max).
 
     Returns ``(V (n,), k_star (n,), Q (n, k_max + 1))``; Q is NaN where the cost is NaN.
     """
     k_max = surv.shape[1]
-    s_p = surv[layout.perm]
-    c_p = cost[layout.perm]
-    q_p = np.empty_like(c_p)
-    k_p = np.empty(len(c_p), dtype=np.int64)
-    v_p = np.empty(len(c_p))
-    masked_out = np.where(allowed, 0.0, np.inf)
+    k_lo = int(np.argmax(allowed))
+    if not allowed[k_lo:].all():
+        raise ValueError("allowed actions must be a contiguous range k_lo..k_max")
+    n = len(cost)
+    q_out = np.empty_like(cost)
+    k_out = np.empty(n, dtype=np.int64)
+    v_out = np.empty(n)
+    idx = np.arange(layout.n_seq)
+    upper = _upper(k_max)
 
-    def step(lo, hi, w):
-        q = c_p[lo:hi] + _expected_next(w, s_p[lo:hi])
-        q_p[lo:hi] = q
-        k = np.argmin(np.where(np.isnan(q), np.inf, q) + masked_out, axis=1)
-        k_p[lo:hi] = k
-        v = q[np.arange(hi - lo), k]
-        v_p[lo:hi] = v
+    def step(rows, w):
+        q = _expected_next(w, surv[rows], upper)
+        q += cost[rows]
+        q_out[rows] = q
+        k = np.argmin(q[:, k_lo:], axis=1)
+        k += k_lo
+        k_out[rows] = k
+        v = q[idx[: len(rows)], k]
+        v_out[rows] = v
         return v
 
     _lockstep(layout, k_max, step)
-    v, k_star, q = np.empty_like(v_p), np.empty_like(k_p), np.empty_like(q_p)
-    v[layout.perm], k_star[layout.perm], q[layout.perm] = v_p, k_p, q_p
-    return v, k_star, q
+    return v_out, k_out, q_out
 
 
 def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, layout: _Layout) -> np.ndarray:
-    """Policy evaluation: expected sum of per-round ``rewards`` (n, ch) from each state under ``actions`` (n,)."""
-    k_max = surv.shape[1]
-    s_p = surv[layout.perm]
-    a_p = np.asarray(actions, dtype=np.int64)[layout.perm]
-    r_p = np.asarray(rewards, dtype=float)[layout.perm]
-    out_p = np.empty_like(r_p)
+    """Policy evaluation: expected sum of per-round ``rewards`` (n, ch) from each state.
 
-    def step(lo, hi, w):
-        e = _expected_next(w, s_p[lo:hi])  # (block, k_max + 1, ch)
-        v = r_p[lo:hi] + e[np.arange(hi - lo), a_p[lo:hi]]
-        out_p[lo:hi] = v
+    ``actions`` is (n,) (one policy, ch reward channels), (n, ch) (one policy per channel) or
+    (1, ch) (channel c always takes ``actions[0, c]``: every static K at once). Only the chosen
+    action's transition is used:
+    ``E = W_1 + sum_j S_j 1[j <= k] (W_{j+1} - W_j)``.
+    """
+    k_max = surv.shape[1]
+    rewards = np.asarray(rewards, dtype=float)
+    actions = np.asarray(actions, dtype=np.int64)
+    if actions.ndim == 1:
+        actions = actions[:, None]
+    out = np.empty_like(rewards)
+    steps = np.arange(1, k_max + 1)[None, :, None]
+    static = len(actions) == 1 and len(rewards) != 1
+    if static:
+        const_mask = (steps <= actions[0][None, None, :]).astype(float)
+
+    def step(rows, w):  # w (block, k_max + 1, ch)
+        d = w[:, 1:] - w[:, :-1]
+        d *= surv[rows][:, :, None]
+        d *= const_mask if static else steps <= actions[rows][:, None, :]
+        v = d.sum(axis=1)
+        v += w[:, 0]
+        v += rewards[rows]
+        out[rows] = v
         return v
 
-    _lockstep(layout, k_max, step, channels=r_p.shape[1])
-    out = np.empty_like(out_p)
-    out[layout.perm] = out_p
+    _lockstep(layout, k_max, step, channels=rewards.shape[1])
     return out
 
 
@@ -416,17 +451,16 @@ def solve(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None,
 
     # policy evaluations: Oracle breakdown / rounds / accepted, static K, autoregressive
     first = _first_state(inputs)
-    e_acc = expected_accepted(surv, inputs.remaining)
-    rows = np.arange(inputs.n_states)
     parts = table.parts(k_star)
-    rewards = np.column_stack([parts[p] for p in PART_NAMES] + [np.ones(inputs.n_states), e_acc[rows, k_star]])
+    rewards = np.column_stack([parts[p] for p in PART_NAMES]
+                              + [np.ones(inputs.n_states), accepted_at(surv, inputs.remaining, k_star)])
     ev = evaluate_arrays(surv, k_star, rewards, layout)[first]
     static = {}
     per_seq = pd.DataFrame({"seq_id": inputs.seq_ids, "n_tokens": inputs.n_tokens, "value_ms": value[first]})
+    static_ev = evaluate_arrays(surv, np.arange(1, k_max + 1)[None, :], cost[:, 1:], layout)[first]
     for k in range(1, k_max + 1):
-        col = evaluate_arrays(surv, np.full(inputs.n_states, k), cost[:, k:k + 1], layout)[first, 0]
-        per_seq[f"static_{k}_ms"] = col
-        static[k] = float(col.sum())
+        per_seq[f"static_{k}_ms"] = static_ev[:, k - 1]
+        static[k] = float(static_ev[:, k - 1].sum())
     best_k = min(static, key=static.get)
     per_seq["best_static_ms"] = per_seq[f"static_{best_k}_ms"]
     if table.has_k0:
@@ -475,7 +509,7 @@ def evaluate_policy(result_or_inputs: OracleResult | OracleInputs, cost_model: C
     parts = table.parts(actions)
     extra = np.zeros(inputs.n_states) if extra_cost is None else np.asarray(extra_cost, dtype=float)
     parts["draft"] = parts["draft"] + extra
-    e_acc = expected_accepted(surv, inputs.remaining)[np.arange(inputs.n_states), actions]
+    e_acc = accepted_at(surv, inputs.remaining, actions)
     rewards = np.column_stack([parts[p] for p in PART_NAMES] + [np.ones(inputs.n_states), e_acc])
     ev = evaluate_arrays(surv, actions, rewards, _Layout.build(inputs))[_first_state(inputs)]
     out = pd.DataFrame({"seq_id": inputs.seq_ids, "time_ms": ev[:, :4].sum(axis=1), "rounds": ev[:, 4],

@@ -1,0 +1,251 @@
+"""Delta Space, the α = 0 ablation, online policies, the command line and the book section."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits.cli import main
+from speclimits.costmodel import CostModel
+from speclimits.oracle import OracleInputs, evaluate_policy, load_inputs, solve
+from speclimits.oracle.ablation import alpha_ablation
+from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
+from speclimits.oracle.inputs import CostTable
+from speclimits.oracle.policies import (ConfidenceThreshold, DeltaRule, StaticK, compare_policies,
+                                        draw_accept_lengths, evaluate_exact, mean_u_bar, rollout,
+                                        split_sequences)
+from speclimits.paths import BOOK_DIR
+from speclimits.trace import read_trace
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_trace):
+    tr = read_trace(smoke_trace)
+    return tr, load_inputs(tr), CostModel.from_dict(tr.meta["truth"])
+
+
+@pytest.fixture(scope="module")
+def solved(smoke):
+    _, inputs, model = smoke
+    return solve(inputs, model)
+
+
+# -- Delta Space ----------------------------------------------------------------
+
+
+def test_best_slope_on_hand_data():
+    s, acc = best_slope(np.array([1.0, 2.0, 3.0, 4.0]), np.array([True, True, False, False]))
+    assert s == 2.5 and acc == 1.0
+    s, acc = best_slope(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.array([True, False, True, False, False]))
+    assert acc == pytest.approx(0.8) and s in (1.5, 3.5)
+
+
+def test_delta_points_obey_the_bellman_identity(solved):
+    pts = delta_points(solved)
+    # ΔQ = ΔC - ΔE[a] · (V(n+k+1) - V(n+k+2)) exactly: the local form of the Delta-Space line
+    np.testing.assert_allclose(pts["delta_q"], pts["delta_cost"] - pts["delta_accept"] * pts["local_lambda"],
+                               atol=1e-9)
+    # at the boundary: the first rejected extension never lowers Q; labels follow k*
+    first_rej = pts[~pts["accepted"] & pts["boundary"]]
+    assert (first_rej["delta_q"] >= -1e-9).all()
+    merged = pts.merge(solved.to_frame()[["seq_id", "pos", "k_star"]], on=["seq_id", "pos"])
+    assert (merged["accepted"] == (merged["k"] + 1 <= merged["k_star"])).all()
+    assert (pts["delta_accept"].between(0, 1)).all()
+
+
+def test_fit_line_recovers_a_planted_slope():
+    rng = np.random.default_rng(0)
+    n = 4000
+    x = rng.uniform(0.05, 1, n)
+    y = rng.uniform(-1, 8, n)
+    pts = pd.DataFrame({"seq": rng.integers(0, 40, n), "delta_accept": x, "delta_cost": y,
+                        "accepted": y <= 3.0 * x, "boundary": np.ones(n, bool), "local_lambda": 3.0})
+    line = fit_line(pts, lambda_=3.0, n_boot=49)
+    assert line.accuracy == 1.0 and line.accuracy_at_lambda == 1.0 and line.local_accuracy == 1.0
+    assert line.slope == pytest.approx(3.0, abs=0.05)
+    assert line.slope_ci[0] <= 3.0 <= line.slope_ci[1] and line.slope_ci[1] - line.slope_ci[0] < 0.3
+    assert line.svm_accuracy > 0.99 and line.svm_slope == pytest.approx(3.0, rel=0.1)
+    assert abs(line.svm_intercept) < 0.3
+
+
+def test_delta_space_on_a_trace(solved):
+    ds = delta_space(solved, n_boot=9)
+    line = ds.line
+    assert line.lambda_ == pytest.approx(solved.bounds.ms_per_token)
+    assert 0.5 < line.accuracy <= 1 and line.accuracy >= line.accuracy_at_lambda - 1e-12
+    assert line.slope_ci[0] <= line.slope_ci[1]
+    assert len(line.to_frame()) > 5
+
+
+# -- α = 0 ablation --------------------------------------------------------------
+
+
+def test_alpha_ablation(solved):
+    ab = alpha_ablation(solved)
+    assert (ab.zero.value <= solved.value + 1e-9).all()
+    assert ab.repriced_ms >= solved.bounds.oracle_ms - 1e-9
+    assert ab.moves["share"].sum() == pytest.approx(1.0)
+    assert ab.transitions["n_states"].sum() == solved.inputs.n_states
+    c = ab.cases
+    assert len(c) > 0 and (c["q0_diff"] < 0).all() and (c["k_star_alpha0"] != c["k_star"]).all()
+    # recompute one case from the α = 0 Q table
+    row = int(np.flatnonzero((solved.inputs.seq_ids[solved.inputs.seq_index] == c["seq_id"].iloc[0])
+                             & (solved.inputs.pos == c["pos"].iloc[0]))[0])
+    k = int(c["k_star"].iloc[0])
+    assert ab.zero.q[row, k + 1] - ab.zero.q[row, k] == pytest.approx(c["q0_diff"].iloc[0])
+    assert c["match_prob_added"].iloc[0] == pytest.approx(solved.inputs.match_prob[row, k])
+    assert ab.case_summary()["n_cases"].sum() == len(c)
+
+
+def test_alpha_ablation_without_expert_cost_changes_nothing(smoke):
+    _, inputs, model = smoke
+    flat = model.with_alpha_scale(0.0)
+    ab = alpha_ablation(solve(inputs, flat))
+    assert ab.moves.set_index("direction").loc["same", "share"] == 1.0
+    assert ab.cases.empty and ab.repriced_ms == pytest.approx(ab.full.bounds.oracle_ms)
+
+
+# -- policies -------------------------------------------------------------------
+
+
+def test_split_is_seeded_disjoint_and_complete(smoke):
+    _, inputs, _ = smoke
+    tr1, te1 = split_sequences(inputs, 0.5, seed=3)
+    tr2, te2 = split_sequences(inputs, 0.5, seed=3)
+    assert np.array_equal(tr1, tr2) and np.array_equal(te1, te2)
+    assert not set(tr1) & set(te1) and sorted(set(tr1) | set(te1)) == list(range(inputs.n_sequences))
+
+
+def test_rollouts_agree_with_exact_evaluation(smoke):
+    _, inputs, model = smoke
+    table = CostTable.build(inputs, model, inputs.k_list)
+    accept = draw_accept_lengths(inputs, inputs.k_list, 200, seed=0)
+    for pol in (StaticK(3), ConfidenceThreshold(0.2)):
+        pol.bind(inputs, table)
+        exact = evaluate_exact(pol)["time_ms"].to_numpy()
+        mc = rollout(pol, accept)
+        z = (mc["time_ms"].sum() - exact.sum()) / np.sqrt((mc["time_se"] ** 2).sum())
+        assert abs(z) < 4
+    # with the trace's own greedy match lengths as the only draw, a rollout is the deterministic variant exactly
+    pol = StaticK(4).bind(inputs, table)
+    det = rollout(pol, inputs.accept_len[None, :].astype(np.int16))
+    exact_det = evaluate_policy(inputs, model, actions=np.full(inputs.n_states, 4), deterministic=True)
+    np.testing.assert_allclose(det["time_ms"], exact_det["time_ms"], rtol=1e-12)
+
+
+def test_policy_edge_cases(smoke):
+    _, inputs, model = smoke
+    table = CostTable.build(inputs, model, 6)
+    k, _ = ConfidenceThreshold(0.0).bind(inputs, table).actions()
+    assert (k == 6).all()
+    k, _ = ConfidenceThreshold(1.01).bind(inputs, table).actions()
+    assert (k == 1).all()
+    u = mean_u_bar(inputs, 6)
+    # λ = 0: progress is worthless, so the rule never extends past k = 1
+    k, extra = DeltaRule(0.0, u, running_lambda=False).bind(inputs, table).actions()
+    assert (k == 1).all() and (extra == 0).all()
+    # a huge λ: always extend to K_max
+    k, _ = DeltaRule(1e30, u, running_lambda=False).bind(inputs, table).actions()
+    assert (k == 6).all()
+    k, extra = DeltaRule(1e30, u, running_lambda=False, stop="greedy").bind(inputs, table).actions()
+    assert (k == 6).all() and (extra == 0).all()
+
+
+def test_compare_policies(smoke):
+    tr, inputs, model = smoke
+    pc = compare_policies(inputs, model, k_max=6, seed=1, n_rollouts=24, rounds=tr.rounds)
+    t = pc.table.set_index("policy")
+    oracle = t.loc["Oracle (bound)", "time_ms"]
+    assert ((t["time_ms"] + 4 * t["time_se"]) >= oracle - 1e-9).all()
+    assert t.loc["Oracle (bound)", "gain_captured"] == pytest.approx(1.0)
+    assert t.loc[f"static K = {pc.best_static_k_test}", "gain_captured"] == pytest.approx(0.0, abs=1e-12)
+    assert (t["speedup"] > 1).all()
+    assert set(pc.train_seq_ids).isdisjoint(pc.test_seq_ids)
+    assert pc.tau_curve["train_time_ms"].min() == pytest.approx(
+        pc.tau_curve.set_index("tau").loc[pc.tau, "train_time_ms"])
+    # no m = 1: policies are still compared, speedups unavailable
+    data = model.to_dict()
+    del data["target"]["by_m"]["1"]
+    pc2 = compare_policies(inputs, CostModel.from_dict(data), k_max=4, n_rollouts=4)
+    assert pc2.table["speedup"].isna().all() and "unavailable" in pc2.notes[0]
+
+
+# -- recovery: the fitted cost model gives the planted Oracle --------------------
+
+
+def test_fitted_cost_model_recovers_the_planted_bound(smoke):
+    from speclimits.oracle import default_cost_model
+
+    tr, inputs, truth = smoke
+    fitted, note = default_cost_model(tr)
+    assert "fitted" in note
+    a, b = solve(inputs, truth).bounds, solve(inputs, fitted).bounds
+    assert b.speedup == pytest.approx(a.speedup, rel=0.03)
+    assert b.best_static_k == a.best_static_k
+
+
+# -- command line -----------------------------------------------------------------
+
+
+def _write_model(tmp_path, model, drop=()):
+    data = model.to_dict()
+    for m in drop:
+        del data["target"]["by_m"][str(m)]
+    path = tmp_path / f"cm_{'_'.join(map(str, drop)) or 'full'}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cli_json(smoke, smoke_trace, tmp_path, capsys):
+    _, inputs, model = smoke
+    cm = _write_model(tmp_path, model)
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--k-max", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = solve(inputs, model, k_max=6).bounds
+    assert out["oracle_ms"] == pytest.approx(ref.oracle_ms)
+    assert out["speedup"] == pytest.approx(out["autoregressive_ms"] / out["oracle_ms"])
+    assert sorted(out["static_ms"], key=int) == [str(k) for k in range(1, 7)]
+    assert sum(r["value_ms"] for r in out["per_sequence"]) == pytest.approx(out["oracle_ms"])
+    assert {r["seq_id"] for r in out["per_sequence"]} == set(inputs.seq_ids)
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--alpha-scale", "0", "--json"]) == 0
+    zero = json.loads(capsys.readouterr().out)
+    assert zero["oracle_ms"] < out["oracle_ms"]
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--deterministic"]) == 0
+    assert "deterministic transitions" in capsys.readouterr().out
+
+
+def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys):
+    _, _, model = smoke
+    no_m1 = _write_model(tmp_path, model, drop=(1,))
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m1), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["speedup"] is None and out["autoregressive_ms"] is None and "m = 1" in out["autoregressive_note"]
+    assert out["static_ms"] and out["oracle_ms"] > 0
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m1), "--allow-k0"]) == 2
+    assert "m = 1" in capsys.readouterr().err
+    no_m5 = _write_model(tmp_path, model, drop=(5,))
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m5)]) == 2
+    assert "m = [5]" in capsys.readouterr().err
+    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m5), "--k-max", "3", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["oracle", str(tmp_path / "nope")]) == 2
+
+
+# -- book -------------------------------------------------------------------------
+
+
+@pytest.mark.book
+def test_oracle_notebook_executes_with_smoke_parameters(smoke_trace, tmp_path):
+    jupytext = pytest.importorskip("jupytext")
+    papermill = pytest.importorskip("papermill")
+    src = tmp_path / "06_oracle.ipynb"
+    jupytext.write(jupytext.read(BOOK_DIR / "06_oracle.py"), src)
+    out = tmp_path / "06_oracle_out.ipynb"
+    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
+                               kernel_name="python3", progress_bar=False)
+    text = out.read_text()
+    assert "SIMULATED" in text and "Traceback" not in text
+    assert "Oracle speedup over autoregressive" in text and "gain_captured" in text
