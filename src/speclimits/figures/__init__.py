@@ -8,3 +8,4 @@ Submodules by book section; everything is re-exported so notebooks call
 from speclimits.figures.trace import *  # noqa: F401,F403  (section 1: tracing)
 from speclimits.figures.stats import *  # noqa: F401,F403  (sections 2-5: cost-model statistics)
 from speclimits.figures.oracle import *  # noqa: F401,F403  (section 6: the Oracle)
+from speclimits.figures.linguistic import *  # noqa: F401,F403  (section 7: linguistic)

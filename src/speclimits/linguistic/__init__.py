@@ -7,6 +7,7 @@
 :mod:`~speclimits.linguistic.bootstrap` (the cluster bootstrap they share).
 """
 
+from speclimits.linguistic.gallery import panel_data, select_ablation_cases, select_gallery
 from speclimits.linguistic.contexts import (
     K_LONG, PAPER_K_BY_CONTEXT, PAPER_N_RESPONSES, decision_table, k_by_context, k_star_shares, modal_advancement)
 from speclimits.linguistic.labels import (
@@ -19,5 +20,6 @@ __all__ = [
     "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "K_LONG", "LabelAgreement", "PAPER_K_BY_CONTEXT",
     "PAPER_N_RESPONSES", "PAPER_ROUTING", "decision_table", "first_mismatch_contrast", "k_by_context",
     "k_star_shares", "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement",
-    "planted_contrast", "planted_new_experts", "routing_table", "script_change_contrast",
+    "panel_data", "planted_contrast", "planted_new_experts", "routing_table", "script_change_contrast",
+    "select_ablation_cases", "select_gallery",
 ]
