@@ -25,7 +25,8 @@ Generative story
    for matched drafts and, after the first mismatch (the junk tail), the same overlap plus
    ``junk_rho_shift``.
 5. **Cost.** ``T_T = beta0(m) + alpha(m) * u_bar + c * L + noise`` (noise multiplicative,
-   Student-t, heavier when larger, plus rare spikes); ``T_D = a * K + b + noise`` with rare
+   Student-t, with a spread that grows with ``(u_bar / mean u_bar at m) ** target_noise_u_power``,
+   plus rare spikes); ``T_D = a * K + b + noise`` with rare
    large spikes; a small share of records gets a zero timing, as the paper saw.
 
 Tables written: ``rounds.parquet`` (the K sweep, prefill rounds included), ``oracle.parquet``
@@ -162,6 +163,7 @@ class SimConfig:
     cost_model: dict[str, Any] = field(default_factory=paper_cost_model)
     target_noise_rel: float = 0.004
     target_noise_df: float = 5.0
+    target_noise_u_power: float = 2.0
     target_spike_share: float = 0.001
     target_spike_mean_ms: float = 3.0
     draft_noise_rel: float = 0.01
@@ -434,7 +436,11 @@ def _finish_rounds(cfg: SimConfig, refs: list[Reference], cols: dict[str, np.nda
     dec = ~prefill
     t_target = np.empty(n)
     mean_t = model.target_ms(m[dec], u_bar[dec], L[dec])
-    noise = rng.standard_t(cfg.target_noise_df, dec.sum()) * cfg.target_noise_rel * mean_t * (mean_t / mean_t.mean())
+    # heteroscedastic: passes touching more experts than usual for their m are noisier
+    u_dec = u_bar[dec]
+    u_rel = u_dec / pd.Series(u_dec).groupby(m[dec]).transform("mean").to_numpy()
+    noise = (rng.standard_t(cfg.target_noise_df, dec.sum()) * cfg.target_noise_rel * mean_t
+             * u_rel ** cfg.target_noise_u_power)
     spikes = (rng.random(dec.sum()) < cfg.target_spike_share) * rng.exponential(cfg.target_spike_mean_ms, dec.sum())
     t_target[dec] = np.maximum(mean_t + noise + spikes, 0.05)
     t_target[prefill] = 12.0 + 0.04 * prompt_len[prefill] * (1 + rng.normal(0, 0.02, prefill.sum()))
