@@ -22,7 +22,9 @@ COMMANDS = (
     "speclimits.tracing.cli",
     "speclimits.stats.cli",
     "speclimits.oracle.cli",
+    "speclimits.linguistic.cli",
     "speclimits.book",
+    "speclimits.models.pipeline",
 )
 
 
