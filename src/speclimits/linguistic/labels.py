@@ -31,7 +31,8 @@ prose; ``$``, LaTeX commands, HTML tags and ``**`` to markup; words shared by co
 (``if``, ``for``, ``data``) and bare punctuation score for both or neither. A Viterbi pass
 (:func:`segment_modes`) then chooses the mode sequence with the largest total evidence minus
 ``switch_cost`` per change, so that one odd token does not flip the mode, and puts each change at
-the first token that shows the new mode (ties are broken toward the later switch). Tokens between
+the first token that shows the new mode (ties are broken toward the later switch), or at the
+start of the word when that token continues a word. Tokens between
 Markdown code fences are forced to code; the fence tokens are markup.
 
 Precedence of the context label: script change, then mode change, then the label of the mode.
@@ -74,12 +75,15 @@ CODE_ONLY_KEYWORDS = frozenset({
     "len", "str", "dict", "args", "kwargs", "init", "endif", "ifdef", "ifndef", "elseif", "esac", "fi", "var",
     "const", "enum", "impl", "pub", "usize", "println!", "typeof", "instanceof", "foreach", "def", "cls",
 })
-#: Keywords that are also ordinary English words: evidence for code and (less) for prose.
+#: Keywords that are also ordinary English words, mostly seen as code: evidence for code and (less) for prose.
 SHARED_KEYWORDS = frozenset({
-    "if", "else", "for", "while", "in", "return", "class", "import", "from", "not", "and", "or", "is", "with",
-    "as", "break", "continue", "try", "except", "catch", "finally", "case", "switch", "do", "new", "this",
-    "function", "select", "where", "print", "pass", "raise", "yield", "global", "public", "private", "protected",
-    "include", "define", "throw", "default", "let", "goto", "then", "done", "until", "match", "use",
+    "if", "else", "for", "while", "return", "class", "import", "break", "continue", "try", "except", "catch",
+    "finally", "switch", "function", "raise", "yield", "throw", "goto", "print", "pass", "include", "define",
+})
+#: Keywords that are first of all English words: as much evidence for prose as for code.
+ENGLISH_KEYWORDS = frozenset({
+    "in", "is", "and", "or", "not", "as", "with", "from", "this", "new", "do", "case", "match", "default",
+    "select", "where", "let", "global", "public", "private", "protected", "then", "done", "until", "use",
 })
 STRUCTURE_KEYWORDS = (CODE_ONLY_KEYWORDS & DEFINITION_KEYWORDS) | CONTROL_KEYWORDS | DEFINITION_KEYWORDS | {
     "import", "from", "in", "not", "and", "or", "is", "as", "pass", "global", "nonlocal", "assert", "del",
@@ -160,6 +164,8 @@ def token_evidence(text: str) -> tuple[float, float, float]:
         return (0.0, 1.0, 0.0)
     if low in SHARED_KEYWORDS:
         return (1.0, 2.0, 0.0)
+    if low in ENGLISH_KEYWORDS:
+        return (1.5, 1.5, 0.0)
     if low in PROSE_WORDS:
         return (2.0, 0.0, 0.0)
     if word[:1].isupper() and word[1:].islower() and word.isalpha():
@@ -259,6 +265,13 @@ def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame
     n = len(texts)
     ev = np.array([token_evidence(t) for t in texts], dtype=float).reshape(n, 3)
     modes = segment_modes(ev, switch_cost=switch_cost, forced=_fence_state(texts))
+    # a word is not split across modes: a change inside a glued word moves back to the word's start
+    for t in range(1, n):
+        if modes[t] != modes[t - 1] and _glued(texts[t - 1], texts[t]):
+            j = t - 1
+            while j > 0 and _glued(texts[j - 1], texts[j]):
+                j -= 1
+            modes[j:t] = modes[t]
     mode_names = np.array(MODES, dtype=object)[modes] if n else np.zeros(0, object)
     scripts = [script_of(t) for t in texts]
     context, fine = [], []

@@ -1,0 +1,303 @@
+"""k* by context, routing contrasts, panels and the gallery: hand-checkable units, the alignment of
+Oracle states with tokens, and recovery of the simulator's planted effects within the CIs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits import linguistic as ling
+from speclimits.errors import SpeclimitsError, TraceFormatError
+from speclimits.linguistic import gallery
+from speclimits.linguistic.bootstrap import draw_counts, ratio_bootstrap
+from speclimits.oracle import OracleInputs, solve
+from speclimits.simulate import make_meta, preset, simulate
+
+
+def _sim(n_prompts: int, seed: int, **over):
+    """A simulated trace with every prompt in the Oracle table (only K = 1 rounds: they are not used)."""
+    cfg = preset("smoke", n_prompts=n_prompts, oracle_prompts=n_prompts, k_values=[1], **over)
+    tables = simulate(cfg, seed=seed, progress=False)
+    res = solve(OracleInputs.from_frame(tables["oracle"]), cfg.truth(), k_max=10)
+    lab = ling.label_trace_tokens(tables["tokens"])
+    return {"cfg": cfg, "meta": make_meta(cfg, seed), "res": res, "lab": lab, "oracle": tables["oracle"],
+            "dec": ling.decision_table(res, lab)}
+
+
+@pytest.fixture(scope="module")
+def sim():
+    return _sim(42, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Ten times larger, another seed: the population values the small trace's CIs should cover."""
+    return _sim(420, seed=99)
+
+
+# ---------------------------------------------------------------------------
+# units
+# ---------------------------------------------------------------------------
+
+
+def test_ratio_bootstrap_by_hand():
+    rng = np.random.default_rng(0)
+    w = draw_counts(5, 200, rng)
+    assert w.shape == (200, 5) and (w.sum(axis=1) == 5).all()
+    est, lo, hi = ratio_bootstrap(np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0, 4.0]), 500, rng)
+    assert est == pytest.approx(6 / 8)
+    assert 0.5 <= lo <= est <= hi <= 1.0
+    # one cluster: nothing to resample, the interval collapses on the estimate
+    est, lo, hi = ratio_bootstrap(np.array([3.0]), np.array([4.0]), 100, rng)
+    assert est == lo == hi == 0.75
+
+
+def test_cluster_bootstrap_is_wider_than_an_iid_one_when_responses_differ():
+    # 10 responses of 50 decisions: half the responses always long, half never
+    df = pd.DataFrame({"seq_id": np.repeat(np.arange(10), 50), "k_star": np.repeat([6, 1] * 5, 50),
+                       "label": "prose_vocab"})
+    clustered = ling.k_by_context(df, n_boot=2000, seed=1).iloc[0]
+    iid = ling.k_by_context(df.assign(seq_id=np.arange(len(df))), n_boot=2000, seed=1).iloc[0]
+    assert clustered.share_long == iid.share_long == 0.5
+    assert clustered.n_responses == 10 and clustered.n_decisions == 500
+    assert (clustered.long_hi - clustered.long_lo) > 3 * (iid.long_hi - iid.long_lo)
+
+
+def _brute_mode(surv_row, k, remaining):
+    s = [1.0] + list(surv_row[:k]) + [0.0]
+    p = {j: (s[j] - s[j + 1]) if j < k else s[k] for j in range(k + 1)}
+    capped = {}
+    for j, v in p.items():
+        jj = min(j, remaining - 1)
+        capped[jj] = capped.get(jj, 0.0) + v
+    best = max(capped.values())
+    return min(j for j, v in capped.items() if v == best)
+
+
+def test_modal_advancement_against_enumeration():
+    rng = np.random.default_rng(3)
+    q = rng.uniform(0.05, 0.99, size=(300, 6))
+    surv = np.cumprod(q, axis=1)
+    k = rng.integers(1, 7, 300)
+    rem = rng.integers(1, 9, 300)
+    got = ling.modal_advancement(surv, k, rem)
+    want = [_brute_mode(surv[i], int(k[i]), int(rem[i])) for i in range(300)]
+    assert got.tolist() == want
+    # q = 0.9 everywhere, k = 4: P(a=4) = 0.656 is the mode; q = 0.3: a = 0
+    assert ling.modal_advancement(np.cumprod(np.full((1, 4), 0.9), axis=1), np.array([4]))[0] == 4
+    assert ling.modal_advancement(np.cumprod(np.full((1, 4), 0.3), axis=1), np.array([4]))[0] == 0
+
+
+def test_decisions_take_the_label_of_the_token_the_first_draft_step_targets():
+    # one sequence of 12 tokens; the draft cannot match reference token 5 (0-based), so the state
+    # whose FIRST step targets it is state n = 5, which must get k* = 1 and token 5's label
+    n = 12
+    q_token = np.full(n, 0.95)
+    q_token[5] = 0.01
+    idx = np.arange(n)[:, None] + np.arange(1, 7)[None, :]  # y_{n+i}: 0-based token n+i-1
+    mp = np.where(idx <= n, q_token[np.clip(idx - 1, 0, n - 1)], 0.0)
+    u = np.tile(8.0 + 2.0 * np.arange(7), (n, 1))
+    inp = OracleInputs.from_arrays([n], mp, u, seq_ids=["s"])
+    res = solve(inp, preset("smoke").truth(), k_max=6)
+    texts = [" the", " model"] * 6
+    texts[5] = " модель"
+    tok = pd.DataFrame({"seq_id": "s", "pos": np.arange(n), "text": texts, "new_experts": 2.0})
+    dec = ling.decision_table(res, ling.label_trace_tokens(tok))
+    row = dec.set_index("pos").loc[5]
+    assert row["label"] == "script_change" and row["text"] == " модель"
+    assert row["k_star"] == 1 and row["match_prob_1"] == pytest.approx(0.01)
+    assert dec.set_index("pos").loc[4, "label"] != "script_change"
+    assert dec.set_index("pos").loc[4, "match_prob_1"] == pytest.approx(0.95)
+    assert dec.attrs["n_unmatched"] == 0
+
+
+def test_decision_table_needs_labels(sim):
+    with pytest.raises(SpeclimitsError, match="label_trace_tokens"):
+        ling.decision_table(sim["res"], sim["lab"].drop(columns="label"))
+
+
+# ---------------------------------------------------------------------------
+# k* by context: planted effects
+# ---------------------------------------------------------------------------
+
+
+def test_k_by_context_recovers_the_planted_ordering_and_sizes(sim, reference):
+    for by in ("context", "label"):
+        tab = ling.k_by_context(sim["dec"], by=by, n_boot=999, seed=0).set_index("context")
+        # sign: code formatting drafts long, script change short (planted q 0.96 vs 0.15)
+        assert tab.loc["code_format", "long_lo"] > tab.loc["prose_vocab", "long_hi"]
+        assert tab.loc["prose_vocab", "long_lo"] > tab.loc["script_change", "long_hi"]
+        assert tab.loc["script_change", "share_k1"] > 0.85
+        assert tab.loc["code_format", "n_decisions"] == (sim["dec"][by].astype(str) == "code_format").sum()
+        assert tab.loc["code_format", "paper_share_long"] == 0.718
+    # size: the small trace's intervals cover the population values of a ten times larger trace
+    small = ling.k_by_context(sim["dec"], by="context", n_boot=999, seed=0).set_index("context")
+    big = ling.k_by_context(reference["dec"], by="context", n_boot=9, seed=0).set_index("context")
+    for ctx in ("code_format", "code_structure", "prose_vocab", "prose_boundary", "markup"):
+        assert small.loc[ctx, "long_lo"] <= big.loc[ctx, "share_long"] <= small.loc[ctx, "long_hi"], ctx
+
+
+def test_k_by_context_bad_column(sim):
+    with pytest.raises(SpeclimitsError, match="no column 'nope'"):
+        ling.k_by_context(sim["dec"], by="nope")
+    fine = ling.k_by_context(sim["dec"], by="label_fine", n_boot=50)
+    assert set(fine["context"]) <= {"function_start", "control_flow", "comment", "word_continuation"}
+    shares = ling.k_star_shares(sim["dec"])
+    assert np.allclose(shares.groupby("context")["share"].sum(), 1.0)
+
+
+# ---------------------------------------------------------------------------
+# routing: planted effects
+# ---------------------------------------------------------------------------
+
+
+def test_script_change_routing_recovers_the_planted_difference(reference):
+    # script changes are rare (a few per Cyrillic-prose response): the larger trace is needed for the sign
+    c = ling.script_change_contrast(reference["lab"])
+    assert c.n_events > 100 and set(c.events["direction"]) == {"latin->cyrillic", "cyrillic->latin"}
+    s = c.summary(n_boot=1999, seed=0)
+    truth = ling.planted_contrast(c, reference["meta"])
+    assert truth > 0.15  # planted: lower routing overlap at a script change
+    assert s["diff_lo"] > 0
+    assert s["diff_lo"] <= truth <= s["diff_hi"]
+    # before/at are the token and the one before it
+    ev = c.events.iloc[0]
+    lab = reference["lab"].set_index(["seq_id", "pos"])
+    assert ev["at"] == lab.loc[(ev["seq_id"], ev["pos"]), "new_experts"]
+    assert ev["before"] == lab.loc[(ev["seq_id"], ev["pos"] - 1), "new_experts"]
+
+
+def test_planted_new_experts_matches_the_simulated_means(reference):
+    truth = ling.planted_new_experts(reference["meta"])
+    obs = reference["lab"].groupby("context")["new_experts"].agg(["mean", "std", "size"])
+    for ctx, r in obs.iterrows():
+        assert abs(r["mean"] - truth[ctx]) < 4 * r["std"] / np.sqrt(r["size"]), ctx
+    with pytest.raises(SpeclimitsError, match="simulated"):
+        ling.planted_new_experts({"simulated": False})
+
+
+def test_first_mismatch_reference_contrast_recovers_the_planted_difference(sim):
+    c = ling.first_mismatch_contrast(sim["res"], sim["lab"], source="reference")
+    inp = sim["res"].inputs
+    assert c.n_events == int(((inp.accept_len < inp.k_list) & (inp.accept_len < inp.remaining)
+                              & (inp.pos + inp.accept_len >= 1)).sum())
+    s = c.summary(n_boot=1999, seed=0)
+    truth = ling.planted_contrast(c, sim["meta"])
+    assert s["diff_lo"] <= truth <= s["diff_hi"]
+    assert (c.events["token_pos"] == c.events["pos"] + c.events["step"] - 1).all()
+
+
+@pytest.mark.parametrize("shift", [0.0, -0.1])
+def test_first_mismatch_window_detects_a_planted_junk_tail_shift(shift):
+    t = _sim(42, seed=1, junk_rho_shift=shift)
+    c = ling.first_mismatch_contrast(t["res"], source="window")
+    s = c.summary(n_boot=999, seed=0)
+    top_k, n_exp = t["cfg"].top_k, t["cfg"].n_experts
+    # planted size: the junk token's overlap drops by |shift|, so it adds about
+    # top_k * |shift| * (1 - U/E) more experts per layer than a correct draft would
+    planted = float((top_k * -shift * (1 - c.events["u_before"] / n_exp)).mean())
+    assert s["adjusted_lo"] <= planted <= s["adjusted_hi"]
+    if shift < 0:
+        assert s["adjusted_lo"] > 0.3
+    assert c.controls is not None and (c.controls["step"] >= 2).all()
+
+
+def test_routing_table_and_errors(sim):
+    cs = [ling.script_change_contrast(sim["lab"]), ling.first_mismatch_contrast(sim["res"], source="window")]
+    tab = ling.routing_table(cs, n_boot=99)
+    assert tab["paper_diff"].tolist() == [0.46, 0.01]
+    assert np.isnan(tab.loc[0, "adjusted"]) and np.isfinite(tab.loc[1, "adjusted"])
+    with pytest.raises(SpeclimitsError, match="tokens table"):
+        ling.first_mismatch_contrast(sim["res"], None, source="reference")
+    with pytest.raises(SpeclimitsError, match="source"):
+        ling.first_mismatch_contrast(sim["res"], source="both")
+    with pytest.raises(TraceFormatError, match="new_experts"):
+        ling.script_change_contrast(sim["lab"].drop(columns="new_experts"))
+
+
+# ---------------------------------------------------------------------------
+# panels and the gallery
+# ---------------------------------------------------------------------------
+
+
+def test_gallery_follows_its_selection_rule(sim):
+    dec = sim["dec"]
+    excl = [(str(dec.loc[0, "seq_id"]), int(dec.loc[0, "pos"]))]
+    gal = gallery.select_gallery(dec, n_per_group=4, exclude=excl, seed=0)
+    assert len(gal) == 12 and gal["seq_id"].nunique() == 12
+    assert gal.attrs["short"] == {}
+    assert (gal["group"].value_counts() == 4).all()
+    assert excl[0] not in set(zip(gal["seq_id"], gal["pos"]))
+    k_max = sim["res"].k_max
+    assert (gal["remaining"] > k_max).all()
+    reg = gal[gal["group"] == "regular continuation"]
+    assert (reg["accept_len"] >= 8).all() and (reg["k_star"] >= 4).all()
+    st = gal[gal["group"] == "structural boundary"]
+    assert (st["label"].isin(ling.BOUNDARY_LABELS) | st["label_fine"].isin(gallery.STRUCTURE_FINE)).all()
+    ce = gal[gal["group"] == "counterexample"]
+    assert (ce["k_star"] >= 4).all()
+    assert (ce["label"].isin(ling.BOUNDARY_LABELS) | (ce["accept_len"] <= 1)).all()
+    assert ce["subtype"].nunique() >= 2
+    again = gallery.select_gallery(dec, n_per_group=4, exclude=excl, seed=0)
+    pd.testing.assert_frame_equal(gal, again)
+
+
+def test_ablation_cases_are_shifts_from_different_responses(sim):
+    from speclimits.oracle.ablation import alpha_ablation
+
+    cases = gallery.select_ablation_cases(alpha_ablation(sim["res"]).cases, n=4)
+    assert 1 <= len(cases) <= 4
+    assert cases["seq_id"].nunique() == len(cases)
+    assert (cases["k_star_alpha0"] != cases["k_star"]).all() and (cases["q0_diff"] < 0).all()
+    assert cases["match_prob_added"].is_monotonic_decreasing or cases["boundary"].nunique() > 1
+
+
+def test_panel_data_rows_statuses_and_draft_tokens(sim):
+    res, lab = sim["res"], sim["lab"]
+    dec = sim["dec"]
+    pick = dec[(dec["accept_len"] == 2) & (dec["remaining"] > 10)].iloc[[0]]
+    p = gallery.panel_data(res, lab, pick)
+    s, n = str(pick["seq_id"].iloc[0]), int(pick["pos"].iloc[0])
+    tgt = p[p["row"] == "target"].set_index("step")
+    dr = p[p["row"] == "draft"].set_index("step")
+    assert len(tgt) == res.k_max
+    tok = lab.set_index(["seq_id", "pos"])["text"]
+    for i in range(1, res.k_max + 1):
+        assert tgt.loc[i, "raw_text"] == tok.loc[(s, n + i - 1)]
+    assert tgt["status"].tolist()[:4] == ["match", "match", "first mismatch", "after mismatch"]
+    assert dr.loc[1, "raw_text"] == tgt.loc[1, "raw_text"]
+    assert dr.loc[3, "raw_text"] == gallery.MISMATCH_GLYPH and dr.loc[4, "raw_text"] == gallery.UNKNOWN_GLYPH
+    k = int(pick["k_star"].iloc[0])
+    assert (tgt["past_kstar"] == (tgt.index > k)).all()
+    assert (tgt["a_mode"] == pick["a_mode"].iloc[0]).all()
+    # a trace that carries the draft's tokens: they are shown instead of placeholders
+    oracle = sim["oracle"].copy()
+    oracle["draft_text"] = [[f"d{j}" for j in range(10)] for _ in range(len(oracle))]
+    p2 = gallery.panel_data(res, lab, pick, oracle=oracle)
+    assert p2[p2["row"] == "draft"]["raw_text"].tolist() == [f"d{j}" for j in range(10)]
+    oracle = oracle.drop(columns="draft_text")
+    oracle["draft_tokens"] = [[-5] * 10 for _ in range(len(oracle))]
+    p3 = gallery.panel_data(res, lab, pick, oracle=oracle)
+    assert set(p3[p3["row"] == "draft"]["raw_text"]) == {"#-5"}
+    with pytest.raises(SpeclimitsError, match="not in the Oracle"):
+        gallery.panel_data(res, lab, pd.DataFrame({"seq_id": ["nope"], "pos": [0]}))
+
+
+def test_figures_build(sim):
+    from speclimits import figures
+
+    dec, res, lab = sim["dec"], sim["res"], sim["lab"]
+    gal = gallery.select_gallery(dec, n_per_group=1)
+    spec = figures.decision_panels(gallery.panel_data(res, lab, gal)).to_dict()
+    assert spec["facet"]["row"]["field"] == "panel"
+    rules = [layer for layer in spec["spec"]["layer"] if layer["mark"]["type"] == "rule"]
+    assert len(rules) == 2  # k* and a_mode (no α = 0 line without k_star_alpha0)
+    tab = ling.k_by_context(dec, n_boot=20)
+    assert figures.k_by_context_chart(tab).to_dict()
+    assert figures.k_by_context_chart(tab, measure="k1").to_dict()
+    assert figures.k_star_distribution_chart(ling.k_star_shares(dec)).to_dict()
+    rt = ling.routing_table([ling.script_change_contrast(lab), ling.first_mismatch_contrast(res, source="window")],
+                            n_boot=20)
+    assert figures.routing_contrast_chart(rt).to_dict()
+    assert figures.label_confusion_chart(ling.label_agreement(lab).confusion).to_dict()

@@ -1,0 +1,62 @@
+"""``speclimits linguistic`` and the book section 07 executed with smoke parameters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from speclimits.cli import main
+from speclimits.costmodel import CostModel
+from speclimits.paths import BOOK_DIR
+from speclimits.trace import read_trace
+
+
+def test_cli_json_and_text(smoke_trace, tmp_path, capsys):
+    tr = read_trace(smoke_trace)
+    cm = tmp_path / "truth.json"
+    CostModel.from_dict(tr.meta["truth"]).write(cm)
+    assert main(["linguistic", str(smoke_trace), "--cost-model", str(cm), "--n-boot", "50", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_decisions"] == len(tr.oracle) and out["n_states_without_token"] == 0
+    assert out["n_responses"] == tr.oracle["seq_id"].nunique()
+    ctx = {r["context"]: r for r in out["k_by_context"]}
+    assert sum(r["n_decisions"] for r in out["k_by_context"]) == out["n_decisions"]
+    assert ctx["code_format"]["share_long"] > ctx["script_change"]["share_long"]
+    assert ctx["code_format"]["paper_share_long"] == 0.718 and ctx["code_vocab"]["paper_share_long"] is None
+    assert [r["contrast"] for r in out["routing"]] == ["script_change", "first_mismatch_reference",
+                                                       "first_mismatch_window"]
+    assert 0.8 < out["label_agreement"]["accuracy"] <= 1
+    assert main(["linguistic", str(smoke_trace), "--cost-model", str(cm), "--n-boot", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "SIMULATED" in text and "k* by context" in text and "script_change" in text
+
+
+def test_cli_errors_name_the_missing_table(smoke_trace, tmp_path, capsys):
+    no_tokens = tmp_path / "no_tokens"
+    shutil.copytree(smoke_trace, no_tokens)
+    (no_tokens / "tokens.parquet").unlink()
+    assert main(["linguistic", str(no_tokens), "--n-boot", "10"]) == 2
+    assert "tokens.parquet" in capsys.readouterr().err
+    bad = tmp_path / "no_text"
+    shutil.copytree(smoke_trace, bad)
+    tok = pd.read_parquet(bad / "tokens.parquet").drop(columns="text")
+    tok.to_parquet(bad / "tokens.parquet")
+    assert main(["linguistic", str(bad), "--n-boot", "10"]) == 2
+    assert "'text'" in capsys.readouterr().err
+
+
+@pytest.mark.book
+def test_linguistic_notebook_executes_with_smoke_parameters(smoke_trace, tmp_path):
+    jupytext = pytest.importorskip("jupytext")
+    papermill = pytest.importorskip("papermill")
+    src = tmp_path / "07_linguistic.ipynb"
+    jupytext.write(jupytext.read(BOOK_DIR / "07_linguistic.py"), src)
+    out = tmp_path / "07_linguistic_out.ipynb"
+    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
+                               kernel_name="python3", progress_bar=False)
+    text = out.read_text()
+    assert "SIMULATED" in text and "Traceback" not in text
+    assert "share k*>=4" in text and "planted difference" in text and "agreement" in text
