@@ -23,6 +23,7 @@ COMMANDS = (
     "speclimits.stats.cli",
     "speclimits.oracle.cli",
     "speclimits.linguistic.cli",
+    "speclimits.linguistic.cli",
     "speclimits.book",
     "speclimits.models.pipeline",
 )
