@@ -23,7 +23,6 @@ COMMANDS = (
     "speclimits.stats.cli",
     "speclimits.oracle.cli",
     "speclimits.linguistic.cli",
-    "speclimits.linguistic.cli",
     "speclimits.book",
     "speclimits.models.pipeline",
 )
