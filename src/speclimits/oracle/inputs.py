@@ -48,6 +48,11 @@ class OracleInputs:
     origin: str = FILE
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        # the solver gathers rows with np.take, which copies a non-contiguous array on every call
+        for name in ("pos", "context_len", "accept_len", "match_prob", "draft_conf", "u_bar_window"):
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name)))
+
     # -- shape helpers ------------------------------------------------------
     @property
     def n_states(self) -> int:
@@ -269,6 +274,24 @@ class CostTable:
             "target_expert": self.alpha[ks + 1] * u,
             "target_context": np.asarray(ctx, dtype=float),
         }
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """(len(rows), k_max + 1) round costs of the given states (same values as ``total()[rows]``)."""
+        inp = self.inputs
+        out = np.take(inp.u_bar_window, rows, axis=0)[:, : self.k_max + 1]
+        out *= self._alpha_k
+        out += self._fixed_k
+        out += (self.model.c * np.take(inp.context_len, rows))[:, None]
+        return out
+
+    @property
+    def _alpha_k(self) -> np.ndarray:
+        return self.alpha[1: self.k_max + 2]
+
+    @property
+    def _fixed_k(self) -> np.ndarray:
+        ks = np.arange(self.k_max + 1)
+        return np.where(ks > 0, self.model.a * ks + self.model.b, 0.0) + self.beta0[ks + 1]
 
     def total(self) -> np.ndarray:
         """(n, k_max + 1) round cost in ms (column 0 NaN without m = 1)."""

@@ -71,55 +71,63 @@ def expected_accepted(surv: np.ndarray, remaining: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class _Layout:
-    """Lockstep schedule: at t tokens remaining, the active sequences (N >= t) are the first
-    ``n_active[t]`` of the longest-first order, and their states are rows ``ends[:n_active[t]] - t``."""
+    """Lockstep schedule. At t tokens remaining the active sequences (N >= t) are the first
+    ``n_active[t]`` of the longest-first order; their states are rows ``ends[:n_active[t]] - t``,
+    and their results are stored contiguously at lockstep positions ``bounds[t-1]:bounds[t]``.
+    ``state_lock[row]`` is the lockstep position of each state (to put results back in order)."""
 
     ends: np.ndarray  # (S,) one past the last row of each sequence, longest sequence first
     n_active: np.ndarray  # (t_max + 1,) sequences with N >= t
+    bounds: np.ndarray  # (t_max + 1,) lockstep positions of block t: bounds[t-1]:bounds[t]
+    state_lock: np.ndarray  # (n,) lockstep position of each state row
     n_seq: int
 
     @classmethod
     def build(cls, inputs: OracleInputs) -> "_Layout":
         n_tok = inputs.n_tokens
         order = np.argsort(-n_tok, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
         t_max = int(n_tok.max())
-        n_active = (n_tok[order][None, :] >= np.arange(t_max + 1)[:, None]).sum(axis=1) if t_max < 4096 else \
-            np.searchsorted(-n_tok[order], -np.arange(t_max + 1), side="right")
-        return cls(inputs.offsets[order + 1], n_active.astype(np.int64), len(n_tok))
+        n_active = np.searchsorted(-n_tok[order], -np.arange(t_max + 1), side="right").astype(np.int64)
+        bounds = np.concatenate([[0], np.cumsum(n_active[1:])]).astype(np.int64)
+        state_lock = bounds[inputs.remaining - 1] + rank[inputs.seq_index]
+        return cls(inputs.offsets[order + 1], n_active, bounds, state_lock, len(n_tok))
 
     @property
     def t_max(self) -> int:
         return len(self.n_active) - 1
 
+    def restore(self, lock: np.ndarray) -> np.ndarray:
+        """Results stored in lockstep order -> state order."""
+        return np.take(lock, self.state_lock, axis=0)
+
 
 def _lockstep(layout: _Layout, k_max: int, step, channels: int | None = None) -> None:
-    """Drive ``step(rows, W)`` for t = 1..t_max, where ``rows`` are the states with t tokens remaining
-    (one per active sequence) and W is (block, k_max + 1[, channels]) with column j-1 holding
-    W_j = V(min(N, n + j)). ``step`` returns the block's values, kept for the blocks that follow.
+    """Drive ``step(rows, lo, hi, W)`` for t = 1..t_max: ``rows`` are the states with t tokens
+    remaining (one per active sequence, longest-first), ``lo:hi`` their lockstep positions, and W
+    is (block, k_max + 1[, channels]) with column j-1 holding W_j = V(min(N, n + j)). ``step``
+    returns the block's values, kept for the blocks that follow.
     """
     pad = k_max + 1
-    shape = (layout.n_seq, pad + layout.t_max + 1) + (() if channels is None else (channels,))
-    buf = np.zeros(shape)  # [seq, pad + r]: V with r tokens remaining (r <= 0 -> 0)
+    shape = (pad + layout.t_max + 1, layout.n_seq) + (() if channels is None else (channels,))
+    buf = np.zeros(shape)  # [pad + r, seq]: V with r tokens remaining (r <= 0 -> 0)
     for t in range(1, layout.t_max + 1):
         n_t = int(layout.n_active[t])
-        rows = layout.ends[:n_t] - t
-        buf[:n_t, pad + t] = step(rows, buf[:n_t, pad + t - 1: t - 1: -1])
+        w = np.moveaxis(buf[t: pad + t][::-1, :n_t], 0, 1)
+        buf[pad + t, :n_t] = step(layout.ends[:n_t] - t, int(layout.bounds[t - 1]), int(layout.bounds[t]), w)
 
 
-def _expected_next(w: np.ndarray, s: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """(block, k_max + 1[, ch]): E[V(next) | k] = W_1 + sum_{j<=k} S_j (W_{j+1} - W_j), for k = 0..k_max.
+def _expected_next(w: np.ndarray, s: np.ndarray, upper: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """(block, k_max + 1): E[V(next) | k] = W_1 + sum_{j<=k} S_j (W_{j+1} - W_j), for k = 0..k_max.
 
-    ``w`` is (block, k_max + 1[, ch]), ``s`` (block, k_max); ``upper`` is the (k_max, k_max + 1)
-    0/1 matrix with ``upper[j-1, k] = 1[j <= k]``, so the running sum over j is one matrix product
+    ``w`` is (block, k_max + 1), ``s`` (block, k_max); ``upper`` is the (k_max, k_max + 1) 0/1
+    matrix with ``upper[j-1, k] = 1[j <= k]``, so the running sum over j is one matrix product
     (much faster than ``np.cumsum`` along a short axis).
     """
     d = w[:, 1:] - w[:, :-1]
-    if d.ndim == 2:
-        d *= s
-        out = d @ upper
-    else:
-        d *= s[:, :, None]
-        out = np.matmul(upper.T, d)
+    d *= s
+    out = np.matmul(d, upper, out=out)
     out += w[:, :1]
     return out
 
@@ -128,37 +136,67 @@ def _upper(k_max: int) -> np.ndarray:
     return np.triu(np.ones((k_max, k_max + 1)), 1)
 
 
-def solve_arrays(surv: np.ndarray, cost: np.ndarray, allowed: np.ndarray, layout: _Layout
+def solve_arrays(surv, cost, allowed: np.ndarray, layout: _Layout, n_states: int | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Optimal values. ``surv`` (n, k_max), ``cost`` (n, k_max + 1), ``allowed`` (k_max + 1,) bool
-    and contiguous (k = k_lo..k_max).
+    """Optimal values by lockstep backward induction.
 
-    Returns ``(V (n,), k_star (n,), Q (n, k_max + 1))``; Q is NaN where the cost is NaN.
+    ``surv`` (n, k_max) and ``cost`` (n, k_max + 1) are arrays, or callables mapping an array of
+    state rows to those rows' blocks (then ``n_states`` is required); ``allowed`` (k_max + 1,) bool,
+    a contiguous range k_lo..k_max. Returns ``(V (n,), k_star (n,), Q (n, k_max + 1))``.
     """
-    k_max = surv.shape[1]
+    if isinstance(surv, np.ndarray):
+        surv_arr = np.ascontiguousarray(surv, dtype=float)  # np.take on a view would copy it every call
+        surv_rows = lambda rows: np.take(surv_arr, rows, axis=0)  # noqa: E731
+    else:
+        surv_rows = surv
+    if isinstance(cost, np.ndarray):
+        cost_arr = np.ascontiguousarray(cost, dtype=float)
+        cost_rows = lambda rows: np.take(cost_arr, rows, axis=0)  # noqa: E731
+    else:
+        cost_rows = cost
+    n = len(cost) if isinstance(cost, np.ndarray) else int(n_states)
+    k_max = len(allowed) - 1
     k_lo = int(np.argmax(allowed))
     if not allowed[k_lo:].all():
         raise ValueError("allowed actions must be a contiguous range k_lo..k_max")
-    n = len(cost)
-    q_out = np.empty_like(cost)
-    k_out = np.empty(n, dtype=np.int64)
-    v_out = np.empty(n)
+    q_lock = np.empty((n, k_max + 1))
+    k_lock = np.empty(n, dtype=np.int64)
+    v_lock = np.empty(n)
     idx = np.arange(layout.n_seq)
     upper = _upper(k_max)
 
-    def step(rows, w):
-        q = _expected_next(w, surv[rows], upper)
-        q += cost[rows]
-        q_out[rows] = q
+    def step(rows, lo, hi, w):
+        q = _expected_next(w, surv_rows(rows), upper, out=q_lock[lo:hi])
+        q += cost_rows(rows)
         k = np.argmin(q[:, k_lo:], axis=1)
         k += k_lo
-        k_out[rows] = k
-        v = q[idx[: len(rows)], k]
-        v_out[rows] = v
+        k_lock[lo:hi] = k
+        v = v_lock[lo:hi]
+        np.take(q.ravel(), idx[: hi - lo] * (k_max + 1) + k, out=v)
         return v
 
     _lockstep(layout, k_max, step)
-    return v_out, k_out, q_out
+    return layout.restore(v_lock), layout.restore(k_lock), layout.restore(q_lock)
+
+
+def backward_induction(inputs: OracleInputs, table: CostTable, allow_k0: bool = False,
+                       deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(V, k_star, Q)`` for every state; survival and round costs are built block by block
+    inside the sweep (small, cache-resident arrays) rather than as full (n, k_max) tables."""
+    k_max = table.k_max
+    steps = np.arange(1, k_max + 1)[None, :]
+    mp, acc = inputs.match_prob, inputs.accept_len
+
+    def surv_rows(rows):
+        if deterministic:
+            return (steps <= np.take(acc, rows)[:, None]).astype(float)
+        block = np.take(mp, rows, axis=0)[:, :k_max]
+        for j in range(1, k_max):  # running product along a short axis: faster than np.cumprod
+            np.multiply(block[:, j - 1], block[:, j], out=block[:, j])
+        return block
+
+    allowed = np.arange(k_max + 1) >= (0 if allow_k0 else 1)
+    return solve_arrays(surv_rows, table.rows, allowed, _Layout.build(inputs), n_states=inputs.n_states)
 
 
 def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -166,32 +204,33 @@ def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, 
 
     ``actions`` is (n,) (one policy, ch reward channels), (n, ch) (one policy per channel) or
     (1, ch) (channel c always takes ``actions[0, c]``: every static K at once). Only the chosen
-    action's transition is used:
-    ``E = W_1 + sum_j S_j 1[j <= k] (W_{j+1} - W_j)``.
+    action's transition is used: ``E = W_1 + sum_j S_j 1[j <= k] (W_{j+1} - W_j)``.
     """
     k_max = surv.shape[1]
-    rewards = np.asarray(rewards, dtype=float)
-    actions = np.asarray(actions, dtype=np.int64)
+    # np.take on a non-contiguous view copies the whole array each call: make everything contiguous once
+    surv = np.ascontiguousarray(surv, dtype=float)
+    rewards = np.ascontiguousarray(rewards, dtype=float)
+    actions = np.ascontiguousarray(actions, dtype=np.int64)
     if actions.ndim == 1:
         actions = actions[:, None]
-    out = np.empty_like(rewards)
+    out_lock = np.empty_like(rewards)
     steps = np.arange(1, k_max + 1)[None, :, None]
     static = len(actions) == 1 and len(rewards) != 1
     if static:
         const_mask = (steps <= actions[0][None, None, :]).astype(float)
 
-    def step(rows, w):  # w (block, k_max + 1, ch)
+    def step(rows, lo, hi, w):  # w (block, k_max + 1, ch)
         d = w[:, 1:] - w[:, :-1]
-        d *= surv[rows][:, :, None]
-        d *= const_mask if static else steps <= actions[rows][:, None, :]
-        v = d.sum(axis=1)
+        d *= np.take(surv, rows, axis=0)[:, :, None]
+        d *= const_mask if static else steps <= np.take(actions, rows, axis=0)[:, None, :]
+        v = out_lock[lo:hi]
+        np.sum(d, axis=1, out=v)
         v += w[:, 0]
-        v += rewards[rows]
-        out[rows] = v
+        v += np.take(rewards, rows, axis=0)
         return v
 
     _lockstep(layout, k_max, step, channels=rewards.shape[1])
-    return out
+    return layout.restore(out_lock)
 
 
 # ---------------------------------------------------------------------------
@@ -443,11 +482,10 @@ def solve(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None,
         raise CostModelError(
             f"k = 0 actions need m = 1 in the cost model, which covers m = {model.ms}; the cost-model fit has m = 1 "
             "only when the trace has K = 0 rounds. Drop --allow-k0 or add 'target.by_m.1'.")
+    value, k_star, q = backward_induction(inputs, table, allow_k0, deterministic)
     surv = survival(inputs, k_max, deterministic)
     layout = _Layout.build(inputs)
-    allowed = np.arange(k_max + 1) >= (0 if allow_k0 else 1)
     cost = table.total()
-    value, k_star, q = solve_arrays(surv, cost, allowed, layout)
 
     # policy evaluations: Oracle breakdown / rounds / accepted, static K, autoregressive
     first = _first_state(inputs)
