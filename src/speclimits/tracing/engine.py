@@ -156,9 +156,35 @@ def engine_kwargs(
     return kw
 
 
+def _guard_llvmlite() -> None:
+    """Work around a crash when a second engine is built in a process that ran ngram.
+
+    The ngram proposer imports numba, hence ``llvmlite.binding.ffi``, whose ``lib`` object
+    answers *any* attribute (``__dict__`` included) with a function wrapper. vLLM 0.32's
+    Triton-override scan (``vllm/triton_utils/dispatcher.py``) then calls
+    ``vars(lib).get(...)`` and fails with ``'_lib_fn_wrapper' object has no attribute 'get'``.
+    Making that ``__getattr__`` refuse dunder names (llvmlite's C functions are ``LLVMPY_*``)
+    lets the scan skip it.
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    cls = getattr(ffi, "_lib_wrapper", None)
+    if cls is None or getattr(cls, "_speclimits_guarded", False):
+        return
+    original = cls.__getattr__
+
+    def __getattr__(self: Any, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return original(self, name)
+
+    cls.__getattr__ = __getattr__
+    cls._speclimits_guarded = True
+
+
 def make_llm(kwargs: dict[str, Any]) -> Any:
     """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info)."""
     vllm = require_vllm()
+    _guard_llvmlite()
     llm = vllm.LLM(**kwargs)
     info = llm.collective_rpc("speclimits_install", args=({},))[0]
     return llm, info

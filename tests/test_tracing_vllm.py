@@ -1,0 +1,217 @@
+"""The tracing harness on the real vLLM engine (CPU build), with a tiny config-only MoE.
+
+Marked ``vllm``: skipped by ``-m "not vllm"`` and when vLLM is not importable.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from speclimits.paths import DATA_DIR
+from speclimits.trace import read_trace
+from speclimits.validate import find_problems, validate_trace
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = DATA_DIR / "prompts" / "smoke.jsonl"
+
+
+@pytest.fixture(scope="module")
+def vllm_mod():
+    from speclimits.tracing.engine import apply_env_defaults
+
+    apply_env_defaults()
+    return pytest.importorskip("vllm")
+
+
+@pytest.fixture(scope="module")
+def tiny(vllm_mod, tmp_path_factory):
+    from speclimits.tracing.tinymodel import write_tiny_moe
+
+    return write_tiny_moe(tmp_path_factory.mktemp("tiny"))
+
+
+def _cfg(tiny, out, **kw):
+    from speclimits.tracing.sweep import SweepConfig
+
+    base = dict(target=str(tiny), draft=str(tiny), method="draft_model", prompts=str(PROMPTS), out=str(out),
+                k_values=[0, 3], max_tokens=20, load_format="dummy", tokens="all", progress=False, limit=3)
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def selfdraft(tiny, tmp_path_factory):
+    """K = 0 and K = 3 with the target as its own draft, plus the Oracle pass (K_max = 3)."""
+    from speclimits.tracing.oracle_mode import trace_oracle
+    from speclimits.tracing.sweep import run_sweep
+
+    out = tmp_path_factory.mktemp("selfdraft") / "trace"
+    cfg = _cfg(tiny, out)
+    run_sweep(cfg)
+    trace_oracle(cfg, k_max=3, batch=16)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ngram(tiny, tmp_path_factory):
+    from speclimits.tracing.sweep import run_sweep
+
+    out = tmp_path_factory.mktemp("ngram") / "trace"
+    # two K: the second engine is built after numba/llvmlite were imported (see engine._guard_llvmlite)
+    run_sweep(_cfg(tiny, out, method="ngram", draft=None, k_values=[2, 3], max_tokens=40, limit=2))
+    return out
+
+
+def test_selfdraft_trace_is_valid_and_accepts_every_draft(selfdraft):
+    validate_trace(selfdraft)
+    tr = read_trace(selfdraft)
+    meta = tr.meta
+    assert meta["source"] == "vllm" and meta["simulated"] is False and meta["complete"] is True
+    assert {k: meta["models"]["target"][k] for k in ("n_layers", "n_experts", "top_k")} == \
+        {"n_layers": 2, "n_experts": 16, "top_k": 4}
+    assert meta["engine"]["version"] == "0.32.0" and meta["method"] == "draft_model"
+    r = tr.rounds
+    dec = r[(r["phase"] == "decode") & (r["K"] == 3)]
+    assert len(dec) > 0
+    # the target drafting for itself: every draft accepted, every round verifies K
+    assert (dec["n_draft"] == 3).all() and (dec["n_accepted"] == 3).all() and (dec["m"] == 4).all()
+    assert (dec["t_target_ms"] > 0).all() and (dec["t_draft_ms"] > 0).all()
+    k0 = r[(r["phase"] == "decode") & (r["K"] == 0)]
+    assert (k0["m"] == 1).all() and (k0["n_draft"] == 0).all() and (k0["t_draft_ms"] == 0).all()
+    assert (k0["u_bar"] == 4).all()  # one row routes to exactly top_k experts per layer
+    assert (r.loc[r["phase"] == "decode", "graph_bucket"] >= r.loc[r["phase"] == "decode", "m"]).all()
+    # context grows by exactly what the previous round emitted
+    for _, g in r.groupby("generation_id"):
+        g = g.sort_values("round")
+        np.testing.assert_array_equal(np.diff(g["context_len"].to_numpy())[1:], g["n_emitted"].to_numpy()[1:-1])
+
+
+def test_counters_and_lengths_match_vllm(selfdraft, ngram):
+    from speclimits.tracing.sweep import read_generations
+
+    for root in (selfdraft, ngram):
+        tr = read_trace(root)
+        checks = tr.meta["checks"]
+        assert checks["counters_match"] and checks["emitted_match"] and not checks["token_mismatch_generations"]
+        gens = read_generations(root)
+        r = tr.rounds
+        for gid, g in r.groupby("generation_id"):
+            entry = gens[int(gid)]
+            # drafted / accepted totals equal vLLM's own spec-decode counters on the same run
+            assert int(g["n_draft"].sum()) == entry["vllm"]["drafted"]
+            assert int(g["n_accepted"].sum()) == entry["vllm"]["accepted"]
+            # emitted counts of a generation sum to its output length
+            assert int(g["n_emitted"].sum()) == len(entry["output_token_ids"]) == 20 * (root == selfdraft) + \
+                40 * (root == ngram)
+    assert read_trace(selfdraft).meta["checks"]["by_K"]["3"]["vllm_drafted"] > 0
+
+
+def test_u_bar_recomputed_from_token_experts(selfdraft):
+    tr = read_trace(selfdraft)
+    r, t = tr.rounds, tr.tokens
+    top_k, n_layers = 4, 2
+    full = r[(r["phase"] == "decode") & (r["n_emitted"] == r["m"])]
+    assert len(full) > 10
+    for _, row in full.iterrows():
+        toks = t[(t["generation_id"] == row["generation_id"]) & (t["round"] == row["round"])]
+        ex = np.stack(toks["experts"].to_list()).reshape(len(toks), n_layers, top_k)
+        per_layer = [len(set(ex[:, layer].ravel().tolist())) for layer in range(n_layers)]
+        assert row["u_bar"] == pytest.approx(np.mean(per_layer))
+        assert row["e_max"] == max(per_layer)
+    # tokens agree with vLLM's output and do not depend on K (greedy)
+    by_k = {k: g.sort_values(["seq_id", "pos"])["token_id"].to_numpy() for k, g in t.groupby("K")}
+    np.testing.assert_array_equal(by_k[0], by_k[3])
+
+
+def test_oracle_on_selfdraft(selfdraft):
+    tr = read_trace(selfdraft)
+    o, t = tr.oracle, tr.tokens
+    assert tr.meta["oracle"]["k_max"] == 3 and tr.meta["oracle"]["forced_flips"] == 0
+    n_states = 19  # 20 tokens, y_1 from the prefill
+    assert len(o) == 3 * n_states
+    left = n_states - o["pos"].to_numpy()
+    # the self-draft's chain is the reference: full matches wherever three tokens remain
+    np.testing.assert_array_equal(o["accept_len"].to_numpy(), np.minimum(3, left))
+    np.testing.assert_array_equal(o.loc[left >= 3, "accept_len_engine"], 3)
+    ubw = np.stack(o["u_bar_window"])
+    assert (ubw[:, 0] == 4).all() and (np.diff(ubw, axis=1) >= 0).all()
+    # match_prob (teacher-forced) equals the chain's own probability while the chain matches
+    mp, mpc = np.stack(o["match_prob"]), np.stack(o["match_prob_chain"])
+    ok = left >= 3
+    np.testing.assert_allclose(mp[ok], mpc[ok], rtol=1e-5)
+    # window routing equals the sweep's routing of the same tokens: window [y_{p+1}, d_1..d_k] produces
+    # tokens pos p+1..p+1+k of the K=0 generation (producing-row convention)
+    t0 = t[t["K"] == 0]
+    for seq, g in o.groupby("seq_id"):
+        ex = np.stack(t0[t0["seq_id"] == seq].sort_values("pos")["experts"].to_list()).reshape(-1, 2, 4)
+        for _, row in g.iterrows():
+            p = int(row["pos"])
+            for k in range(4):
+                if p + 1 + k < len(ex):
+                    win = ex[p + 1: p + 2 + k]
+                    u = np.mean([len(set(win[:, layer].ravel().tolist())) for layer in range(2)])
+                    assert row["u_bar_window"][k] == pytest.approx(u), (seq, p, k)
+
+
+def test_ngram_accepts_some(ngram):
+    tr = read_trace(ngram)
+    r = tr.rounds
+    dec = r[r["phase"] == "decode"]
+    rep = dec[dec["prompt_id"] == "rep"]
+    assert rep["n_accepted"].sum() > 0 and (dec["n_draft"] <= dec["K"]).all()
+    assert set(r["K"]) == {2, 3}
+    # ngram proposes nothing when it finds no match: such rounds verify 1 + n_draft rows
+    assert (dec["m"] == dec["n_draft"] + 1).all()
+    # the only contract problem allowed is the validator's m = K + 1 rule on rounds with fewer drafts
+    for p in find_problems(ngram):
+        assert p.column == "m" and "K + 1" in p.message
+    short = r.loc[(r["phase"] == "decode") & (r["n_draft"] < r["K"])]
+    n_m_problems = sum(p.n_rows for p in find_problems(ngram))
+    assert n_m_problems == len(short)
+
+
+def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch):
+    from speclimits.errors import SpeclimitsError
+    from speclimits.tracing import sweep
+
+    out = tmp_path / "trace"
+    cfg = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=12, tokens="ref")
+    real = sweep._one_generation
+    calls = {"n": 0}
+
+    def dying(*args, **kwargs):
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # killed while generating the 4th of 4
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "_one_generation", dying)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(cfg)
+    monkeypatch.setattr(sweep, "_one_generation", real)
+    validate_trace(out)  # a killed sweep is a valid partial trace
+    partial = read_trace(out).rounds
+    assert sorted(partial["generation_id"].unique()) == [0, 1, 2]
+    assert json.loads((out / "meta.json").read_text())["complete"] is False
+    with pytest.raises(SpeclimitsError, match="--resume"):
+        sweep.run_sweep(cfg)
+    cfg.resume = True
+    cfg_other = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=13, resume=True, tokens="ref")
+    with pytest.raises(SpeclimitsError, match="max_tokens"):
+        sweep.run_sweep(cfg_other)
+    meta = sweep.run_sweep(cfg)
+    assert meta["complete"] is True and meta["checks"]["counters_match"]
+    validate_trace(out)
+    done = read_trace(out).rounds
+    assert sorted(done["generation_id"].unique()) == [0, 1, 2, 3]
+    assert not done.duplicated(["generation_id", "round"]).any()
+    keep = ["generation_id", "round", "m", "n_draft", "n_accepted", "n_emitted", "context_len"]
+    before = partial[keep].sort_values(["generation_id", "round"]).reset_index(drop=True)
+    after = done.loc[done["generation_id"] < 3, keep].sort_values(["generation_id", "round"]).reset_index(drop=True)
+    assert before.equals(after)
+    # tokens kept for the reference K (the smallest, 0) only
+    assert set(read_trace(out).tokens["K"]) == {0}
