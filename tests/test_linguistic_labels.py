@@ -167,3 +167,17 @@ def test_agreement_with_the_planted_contexts_of_a_simulated_trace(smoke_trace):
         assert by.loc[ctx, "f1"] > 0.85, ctx
     assert by.loc["mode_change", "recall"] < 0.6
     assert agree.confusion.to_numpy().sum() == agree.n_tokens
+
+
+def test_inline_math_and_inline_code_spans():
+    texts = ["The", " sum", " is", " $", "x", "_i", "$", " for", " every", " item", " in", " the", " list", "."]
+    df = label_tokens(texts)
+    assert df["mode"].tolist()[3:7] == ["markup"] * 4  # identifiers inside $...$ are a formula, not code
+    assert df["context"].tolist()[3] == "mode_change"
+    assert df["mode"].tolist()[-1] == "prose"
+    # an unpaired "$" (a price) does not swallow the rest of the sentence
+    df = label_tokens(["It", " costs", " $", "5", " and", " the", " model", " runs", " on", " the", " cluster", "."])
+    assert df["mode"].tolist()[5:] == ["prose"] * 7
+    # a fenced block wins over the look of its tokens
+    df = label_tokens(["Text", " here", ":", "\n", "```", "\n", "the", " quick", " brown", " fox", "\n", "```"])
+    assert df["mode"].tolist()[6:10] == ["code"] * 4
