@@ -10,7 +10,7 @@ import pytest
 
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.oracle import OracleInputs, evaluate_policy, load_inputs, solve
+from speclimits.oracle import evaluate_policy, load_inputs, solve
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable

@@ -16,14 +16,14 @@ rollout mean is an unbiased estimate of the exact value, and every policy sees t
 (common random numbers).
 
 A rule that looks at draft step k + 1's confidence and then stops at k has run that draft
-step: it pays one extra ``a`` ms of draft time (the token is discarded). The threshold rule
-keeps the token at which the cumulative confidence fell below τ, so it wastes no step.
+step: it pays one extra ``a`` ms of draft time (the token is discarded; the greedy Delta rule).
+The threshold rule keeps the token at which the cumulative confidence fell below τ, and the
+look-ahead Delta rule decides before drafting each next step, so neither wastes a step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
