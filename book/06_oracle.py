@@ -99,10 +99,10 @@ pd.Series(bd.breakdown_ms, name="ms").to_frame().assign(share=lambda d: d["ms"] 
 
 # %%
 states = res.to_frame()
-longest = str(res.per_sequence.sort_values("n_tokens")["seq_id"].iloc[len(res.per_sequence) // 2])
-print(f"sequence {longest}: N = {int(res.per_sequence.set_index('seq_id').loc[longest, 'n_tokens'])}, "
+example = str(res.per_sequence.sort_values("n_tokens")["seq_id"].iloc[len(res.per_sequence) // 2])
+print(f"sequence {example}: N = {int(res.per_sequence.set_index('seq_id').loc[example, 'n_tokens'])}, "
       f"λ = {res.ms_per_token:.3f} ms/token")
-figures.oracle_value_along_sequence(states, longest)
+figures.oracle_value_along_sequence(states, example)
 
 # %%
 figures.oracle_k_star_distribution(states)
