@@ -249,3 +249,27 @@ def test_oracle_notebook_executes_with_smoke_parameters(smoke_trace, tmp_path):
     text = out.read_text()
     assert "SIMULATED" in text and "Traceback" not in text
     assert "Oracle speedup over autoregressive" in text and "gain_captured" in text
+
+
+# -- figures ----------------------------------------------------------------------
+
+
+def test_figures_build_valid_specs(smoke, solved):
+    from speclimits import figures
+    from speclimits.oracle import sweep_k_max
+
+    _, inputs, model = smoke
+    states = solved.to_frame()
+    sweep = sweep_k_max(inputs, model, range(1, 4))
+    spec = figures.oracle_speedup_by_k_max(sweep, 2.34, 6).to_dict()
+    assert "speedup over autoregressive" in json.dumps(spec)
+    data = model.to_dict()
+    del data["target"]["by_m"]["1"]
+    no_ar = sweep_k_max(inputs, CostModel.from_dict(data), range(1, 4))
+    assert "no autoregressive baseline" in json.dumps(figures.oracle_speedup_by_k_max(no_ar, 2.34, 6).to_dict())
+    ds = delta_space(solved, n_boot=5)
+    for chart in (figures.oracle_value_along_sequence(states, states["seq_id"].iloc[0]),
+                  figures.oracle_k_star_distribution(states),
+                  figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, n=500),
+                  figures.oracle_ablation_moves(alpha_ablation(solved).transitions)):
+        assert chart.to_dict()

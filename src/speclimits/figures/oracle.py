@@ -39,12 +39,23 @@ def oracle_k_star_distribution(states: pd.DataFrame) -> alt.Chart:
 def oracle_speedup_by_k_max(sweep: pd.DataFrame, paper_speedup: float | None = None,
                             paper_from_k_max: int | None = None) -> alt.LayerChart:
     """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`),
-    with the paper's provisional plateau as a dashed rule from ``paper_from_k_max`` on."""
-    long = sweep.melt(id_vars="k_max", value_vars=["speedup", "best_static_speedup"], var_name="bound",
-                      value_name="x").replace({"speedup": "Oracle", "best_static_speedup": "best static K"})
+    with the paper's provisional plateau as a dashed rule from ``paper_from_k_max`` on.
+
+    Without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN) the chart
+    shows ms per token instead, and no paper line.
+    """
+    df = sweep.copy()
+    if df["speedup"].notna().any():
+        cols, title = ["speedup", "best_static_speedup"], "speedup over autoregressive"
+    else:
+        df["best_static_ms_per_token"] = df["ms_per_token"] * df["gain_over_best_static"]
+        cols, title = ["ms_per_token", "best_static_ms_per_token"], "ms per token (no autoregressive baseline)"
+        paper_speedup = None
+    long = df.melt(id_vars="k_max", value_vars=cols, var_name="bound", value_name="x")
+    long["bound"] = np.where(long["bound"] == cols[0], "Oracle", "best static K")
     lines = alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("k_max:Q", title="K_max", axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y("x:Q", title="speedup over autoregressive", scale=alt.Scale(zero=False)),
+        y=alt.Y("x:Q", title=title, scale=alt.Scale(zero=False)),
         color=alt.Color("bound:N", title=None), tooltip=["k_max", "bound", alt.Tooltip("x:Q", format=".3f")])
     chart = lines
     if paper_speedup is not None:
