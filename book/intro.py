@@ -71,6 +71,11 @@ print(f"Description:       {tr.meta.get('description', '(none)')}")
 # ## Sections
 #
 # 1. {ref}`sec-tracing`: what a round is, what the trace records, and a summary of the loaded trace.
+# 2. {ref}`sec-factors`: which of six candidate factors predicts the target time (Table A2, H1, H3).
+# 3. {ref}`sec-final-model`: the categorical cost model $T_T = \beta_0(m) + \alpha(m)\,\bar U_r + c\,L$, its regime boundary, and its rivals.
+# 4. {ref}`sec-draft-model`: draft time as a line in $K$.
+# 5. {ref}`sec-robustness`: bootstrap, Huber, trimming, halves, leave-one-category-out, residual diagnostics.
+# 6. {ref}`sec-oracle`: the Bellman bound on adaptive $K$, Delta Space, the $\alpha = 0$ ablation, and online policies against the bound.
 
 # %% tags=["remove-input"]
 bs.version_report(tr)
