@@ -301,3 +301,15 @@ def test_figures_build(sim):
                             n_boot=20)
     assert figures.routing_contrast_chart(rt).to_dict()
     assert figures.label_confusion_chart(ling.label_agreement(lab).confusion).to_dict()
+
+
+def test_missing_new_experts_values_drop_events_not_the_analysis(sim):
+    lab = sim["lab"].copy()
+    full = ling.script_change_contrast(lab)
+    first = full.events.iloc[0]
+    lab.loc[(lab["seq_id"] == first["seq_id"]) & (lab["pos"] == first["pos"]), "new_experts"] = np.nan
+    assert ling.script_change_contrast(lab).n_events == full.n_events - 1
+    ref = ling.first_mismatch_contrast(sim["res"], lab, source="reference")
+    assert np.isfinite(ref.events[["before", "at"]].to_numpy()).all()
+    with pytest.raises(TraceFormatError, match="no finite number"):
+        ling.script_change_contrast(lab.assign(new_experts=np.nan))

@@ -153,11 +153,13 @@ def _sorted_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
     df = tokens.copy()
     df["seq_id"] = df["seq_id"].astype(str)
     df = df.sort_values(["seq_id", "pos"], kind="stable").reset_index(drop=True)
-    bad = ~np.isfinite(pd.to_numeric(df["new_experts"], errors="coerce").to_numpy(dtype=float))
-    if bad.any():
-        rows = np.flatnonzero(bad)
-        raise TraceFormatError("tokens.parquet", [Problem("tokens.parquet", "new_experts", "must be a finite number",
-                                                          tuple(rows[:5].tolist()), int(rows.size))])
+    # NaN is allowed (e.g. the first token of a sequence has no previous token): such events are
+    # left out. A column with no number at all is an error.
+    ne = pd.to_numeric(df["new_experts"], errors="coerce").to_numpy(dtype=float)
+    if len(df) and not np.isfinite(ne).any():
+        raise TraceFormatError("tokens.parquet", [Problem("tokens.parquet", "new_experts",
+                                                          "holds no finite number", (0,), len(df))])
+    df["new_experts"] = ne
     return df
 
 
@@ -177,8 +179,9 @@ def script_change_contrast(labelled: pd.DataFrame, script_col: str = "label_scri
     same_seq = df["seq_id"].eq(df["seq_id"].shift(1))
     contiguous = df["pos"].eq(df["pos"].shift(1) + 1)
     event = script.notna() & last.notna() & (script != last) & same_seq & contiguous
-    i = np.flatnonzero(event.to_numpy())
     ne = df["new_experts"].to_numpy(dtype=float)
+    i = np.flatnonzero(event.to_numpy())
+    i = i[np.isfinite(ne[i]) & np.isfinite(ne[i - 1])]
     events = pd.DataFrame({"seq_id": df["seq_id"].to_numpy()[i], "pos": df["pos"].to_numpy()[i],
                            "step": np.ones(len(i), np.int64), "before": ne[i - 1], "at": ne[i],
                            "diff": ne[i] - ne[i - 1],
