@@ -32,7 +32,7 @@ STRUCTURE_FINE = ("function_start", "control_flow", "comment")
 
 
 def show_token(text: str, width: int = 10) -> str:
-    """A token made visible: newline ↵, tab ⇥, spaces ␣ (leading ones only in words), cut to ``width`` characters."""
+    """A token made visible: newline ↵, tab ⇥, spaces ␣ (leading ones only in words), cut to ``width``."""
     t = str(text)
     if not any(c.isalnum() for c in t):  # layout and punctuation: show every space
         t = t.replace(" ", "␣")

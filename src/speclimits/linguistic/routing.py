@@ -107,7 +107,8 @@ class Contrast:
         return s, c
 
     def _adjusted(self, w: np.ndarray, idx: dict) -> np.ndarray:
-        n_steps = int(max(self.events["step"].to_numpy().max(initial=0), self.controls["step"].to_numpy().max(initial=0))) + 1
+        n_steps = int(max(self.events["step"].to_numpy().max(initial=0),
+                          self.controls["step"].to_numpy().max(initial=0))) + 1
         e_s, e_c = self._step_sums(self.events, idx, n_steps)
         m_s, m_c = self._step_sums(self.controls, idx, n_steps)
         es, ec, ms, mc = w @ e_s, w @ e_c, w @ m_s, w @ m_c
