@@ -76,6 +76,7 @@ print(f"Description:       {tr.meta.get('description', '(none)')}")
 # 4. {ref}`sec-draft-model`: draft time as a line in $K$.
 # 5. {ref}`sec-robustness`: bootstrap, Huber, trimming, halves, leave-one-category-out, residual diagnostics.
 # 6. {ref}`sec-oracle`: the Bellman bound on adaptive $K$, Delta Space, the $\alpha = 0$ ablation, and online policies against the bound.
+# 7. {ref}`sec-linguistic`: how the text context relates to the Oracle's $K$ and to routing.
 
 # %% tags=["remove-input"]
 bs.version_report(tr)
