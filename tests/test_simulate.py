@@ -123,3 +123,18 @@ def test_cli_simulate_with_override(tmp_path, capsys):
     assert sorted(tr.rounds["K"].unique()) == [0, 1, 2, 3]
     assert tr.rounds["prompt_id"].nunique() == 5
     assert main(["simulate", "--preset", "smoke", "--out", str(out), "--set", "bogus=1"]) == 2
+
+
+def test_config_round_trips_through_meta_and_planted_new_experts_match(smoke_trace):
+    from speclimits.simulate import config_from_meta, expected_new_experts
+
+    tr = read_trace(smoke_trace)
+    cfg = config_from_meta(tr.meta)
+    assert cfg == preset("smoke")
+    expected = expected_new_experts(cfg, tr.meta["seed"])
+    observed = tr.tokens.groupby("context")["new_experts"].agg(["mean", "std", "size"])
+    for ctx, row in observed.iterrows():
+        if row["size"] >= 30:
+            assert abs(row["mean"] - expected[ctx]) < 4 * row["std"] / np.sqrt(row["size"]) + 0.02, ctx
+    with pytest.raises(SpeclimitsError, match="not simulated"):
+        config_from_meta({"source": "vllm"})

@@ -365,6 +365,50 @@ def _walk(accept_len: np.ndarray, n_tokens: int, K: int) -> tuple[np.ndarray, np
     return np.asarray(states, dtype=np.int64), np.asarray(acc, dtype=np.int64), np.asarray(emit, dtype=np.int64)
 
 
+def _streams(seed: int) -> list[np.random.Generator]:
+    """The simulator's independent random streams: references, routing, timing, layer offsets."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+
+
+def layer_offsets(cfg: SimConfig, seed: int) -> np.ndarray:
+    """The fixed per-layer routing-overlap offsets a run with ``seed`` uses (length ``n_layers``)."""
+    return _streams(seed)[3].normal(0.0, cfg.rho_layer_sd, cfg.n_layers)
+
+
+def expected_new_experts(cfg: SimConfig, seed: int) -> dict[str, float]:
+    """Planted truth for the routing study: expected new experts per layer of a reference token
+    (against the previous token), by context, for a run with ``seed``.
+
+    Integrates ``top_k * (1 - clip(rho_token + off_l)) * (1 - top_k / n_experts)`` over the
+    token-level noise ``rho_token ~ clip(N(rho_context, rho_token_sd), 0, 0.98)`` and averages
+    over layers, exactly as :func:`_new_experts` draws it.
+    """
+    off = layer_offsets(cfg, seed)
+    x = np.linspace(-8.0, 8.0, 3201)
+    w = np.exp(-0.5 * x ** 2)
+    w /= w.sum()
+    out = {}
+    for name, rho_c in cfg.context_rho.items():
+        rho_tok = np.clip(rho_c + cfg.rho_token_sd * x, 0.0, 0.98)
+        rho = np.clip(rho_tok[:, None] + off[None, :], 0.0, 0.98)
+        per = cfg.top_k * (1.0 - rho) * (1.0 - cfg.top_k / cfg.n_experts)
+        out[name] = float((w[:, None] * per).sum(axis=0).mean())
+    return out
+
+
+def config_from_meta(meta: dict[str, Any]) -> SimConfig:
+    """The :class:`SimConfig` recorded in a simulated trace's meta.json."""
+    raw = meta.get("simulator")
+    if not meta.get("simulated") or not isinstance(raw, dict):
+        raise SpeclimitsError("this trace is not simulated (meta.json has no 'simulator' section)")
+    valid = {f.name for f in fields(SimConfig)}
+    kwargs = {k: v for k, v in raw.items() if k in valid}
+    for key in ("k_values", "graph_buckets"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
+    return SimConfig(**kwargs)
+
+
 def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progress: bool = True) -> dict[str, pd.DataFrame]:
     """Generate a trace. Returns the tables; writes them with meta.json when ``out`` is given.
 
@@ -372,9 +416,8 @@ def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progr
     so changing a cost parameter leaves the routing and acceptance draws unchanged.
     """
     _check_config(cfg)
-    ss = np.random.SeedSequence(seed)
-    rng_ref, rng_route, rng_time, rng_layer = (np.random.default_rng(s) for s in ss.spawn(4))
-    layer_off = rng_layer.normal(0.0, cfg.rho_layer_sd, cfg.n_layers)
+    rng_ref, rng_route, rng_time = _streams(seed)[:3]
+    layer_off = layer_offsets(cfg, seed)
     cats = list(CATEGORIES)
     refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
 

@@ -273,30 +273,12 @@ def routing_table(contrasts: list[Contrast], n_boot: int = 999, seed: int = 0, l
 
 
 def planted_new_experts(meta: dict[str, Any]) -> dict[str, float]:
-    """Expected new experts per layer of a reference token, by planted context, for a simulated trace.
+    """Expected new experts per layer of a reference token, by planted context, for a simulated
+    trace (the simulator's own :func:`speclimits.simulate.expected_new_experts` for the trace's
+    config and seed). Raises for a trace that is not simulated."""
+    from speclimits.simulate import config_from_meta, expected_new_experts
 
-    The simulator draws, per layer l, ``Binomial(top_k, (1 - clip(rho + off_l)) * (1 - top_k / E))``
-    with ``rho = clip(rho_context + N(0, rho_token_sd), 0, 0.98)`` and per-layer offsets ``off_l``
-    (``N(0, rho_layer_sd)``, drawn from the fourth stream spawned from the seed). This integrates
-    that expectation over the token noise on a fine grid, for the trace's seed and config in
-    ``meta.json``. Raises for a trace that is not simulated.
-    """
-    cfg = meta.get("simulator")
-    if not meta.get("simulated") or not isinstance(cfg, dict):
-        raise SpeclimitsError("planted_new_experts needs a simulated trace (meta.json 'simulator')")
-    top_k, n_exp, n_layers = int(cfg["top_k"]), int(cfg["n_experts"]), int(cfg["n_layers"])
-    layer_rng = np.random.default_rng(np.random.SeedSequence(int(meta["seed"])).spawn(4)[3])
-    off = layer_rng.normal(0.0, float(cfg["rho_layer_sd"]), n_layers)
-    x = np.linspace(-8.0, 8.0, 3201)
-    w = np.exp(-0.5 * x ** 2)
-    w /= w.sum()
-    out = {}
-    for name, rho_c in cfg["context_rho"].items():
-        rho_tok = np.clip(rho_c + float(cfg["rho_token_sd"]) * x, 0.0, 0.98)
-        rho = np.clip(rho_tok[:, None] + off[None, :], 0.0, 0.98)
-        per = top_k * (1.0 - rho) * (1.0 - top_k / n_exp)
-        out[name] = float((w[:, None] * per).sum(axis=0).mean())
-    return out
+    return expected_new_experts(config_from_meta(meta), int(meta["seed"]))
 
 
 def planted_contrast(contrast: Contrast, meta: dict[str, Any]) -> float:
