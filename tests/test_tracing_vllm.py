@@ -166,12 +166,9 @@ def test_ngram_accepts_some(ngram):
     assert set(r["K"]) == {2, 3}
     # ngram proposes nothing when it finds no match: such rounds verify 1 + n_draft rows
     assert (dec["m"] == dec["n_draft"] + 1).all()
-    # the only contract problem allowed is the validator's m = K + 1 rule on rounds with fewer drafts
-    for p in find_problems(ngram):
-        assert p.column == "m" and "K + 1" in p.message
-    short = r.loc[(r["phase"] == "decode") & (r["n_draft"] < r["K"])]
-    n_m_problems = sum(p.n_rows for p in find_problems(ngram))
-    assert n_m_problems == len(short)
+    # and the contract accepts them: m = n_draft + 1, n_draft <= K
+    assert ((dec["n_draft"] < dec["K"])).any()
+    assert find_problems(ngram) == []
 
 
 def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch):

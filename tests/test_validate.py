@@ -51,7 +51,7 @@ ROUND_DEFECTS = [
     (_drop("t_target_ms"), "t_target_ms", "required column is missing"),
     (_set("t_target_ms", -1.0), "t_target_ms", "timings must not be negative"),
     (_set("t_draft_ms", float("nan")), "t_draft_ms", "must not be NaN"),
-    (_set("m", 99), "m", "must equal K + 1 on decode rounds"),
+    (_set("m", 99), "m", "must equal n_draft + 1 on decode rounds"),
     (_set("n_accepted", 50), "n_accepted", "accepted must lie in [0, n_draft]"),
     (_set("n_emitted", 40), "n_emitted", "emitted must lie in [0, n_accepted + 1]"),
     (_set("u_bar", 3.0), "u_bar", "must be >= top_k = 8"),

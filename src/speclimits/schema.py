@@ -37,7 +37,7 @@ ROUNDS_COLUMNS: tuple[Column, ...] = (
     Column("generation_id", "int", "one generation (prompt x K configuration); cluster for SEs and CV"),
     Column("prompt_id", "str", "the prompt / question this generation answers"),
     Column("K", "int", "speculation budget of the run (draft tokens proposed per round)"),
-    Column("m", "int", "rows in the verification pass, m = K + 1 on decode rounds"),
+    Column("m", "int", "rows in the verification pass: m = n_draft + 1 on decode rounds (= K + 1 when all K drafts are proposed)"),
     Column("round", "int", "0-based index of the round within its generation"),
     Column("phase", "str", "'prefill' or 'decode'"),
     Column("t_target_ms", "float", "target forward time T_T in ms"),

@@ -127,7 +127,13 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     if {"m", "K"} <= ok:
         m, k = df["m"].to_numpy(), df["K"].to_numpy()
         c.rows(f, "K", k < 0, "must be >= 0")
-        c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
+        if "n_draft" in ok:
+            # a drafter may propose fewer than K tokens (ngram without a match): the pass then
+            # verifies n_draft + 1 rows; with every draft proposed this is m = K + 1
+            c.rows(f, "m", decode & (m != df["n_draft"].to_numpy() + 1),
+                   "must equal n_draft + 1 on decode rounds (K + 1 when all K drafts are proposed)")
+        else:
+            c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
         ks = meta.get("k_values")
         if isinstance(ks, list) and ks:
             c.rows(f, "K", ~np.isin(k, ks), f"value not listed in meta.json 'k_values' {ks}")
@@ -268,7 +274,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check a trace directory against the data contract",
         description=(
             "Check meta.json and the Parquet tables of a trace: required columns and types, "
-            "no negative or NaN timings, m = K+1 on decode rounds, accepted <= drafted, "
+            "no negative or NaN timings, m = n_draft+1 (= K+1) on decode rounds, n_draft <= K, accepted <= drafted, "
             "emitted <= accepted+1, u_bar within [top_k, n_experts], context growing within a "
             "generation, list columns of the right length, probabilities in [0, 1]. "
             "Zero timings and prefill rounds are not errors; they are counted and reported. "
