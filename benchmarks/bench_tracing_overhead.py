@@ -1,13 +1,27 @@
 """Tokens/s with and without the tracing harness, same engine, model and prompts, one run.
 
 One vLLM engine (CPU build, tiny config-only Qwen3-MoE with dummy weights, the target as its
-own draft, K=3 by default). Blocks alternate: *untraced* (extension uninstalled; plain
-``llm.generate``), *hooks* (extension installed; generate, then drain the step records) and
-*traced* (the sweep's full per-generation work: generate, drain, build round and token rows,
-write the Parquet parts and the generations line, read vLLM's counters). Each block generates every prompt once; the figure is the median over
-blocks of output tokens / wall seconds. Target: <= 5% slowdown on CPU.
+own draft, K=3 by default). Blocks alternate (order reversed every other block):
 
-    .venv/bin/python benchmarks/bench_tracing_overhead.py [--blocks 5] [--max-tokens 96] [--method draft_model]
+* *untraced*: extension uninstalled; plain ``llm.generate``;
+* *hooks*: extension installed; generate, then drain the step records;
+* *traced*: the sweep's own per-generation path, :class:`~speclimits.tracing.sweep.GenerationWriter`
+  with its default flush policy: generate, drain, build round and token columns, and whenever
+  a flush is due write the Parquet parts, the jsonl lines and read vLLM's counters.
+
+Each block generates every prompt once. Two figures per mode, medians over blocks:
+output tokens per wall second, and process CPU time per output token (``time.process_time``:
+CPU this process used; waiting for a core taken by another process does not count, so it
+is steadier on a shared machine). Slowdowns are medians of per-block ratios against the
+untraced block of the same round. Target: <= 5% slowdown on CPU.
+
+Benchmark-only bookkeeping outside the timed regions: vLLM's counters are re-read around each
+traced block so that the untraced generations in between do not enter the traced parts'
+cross-check (a sweep reads them once per engine and at each flush, which is timed here).
+Because untraced blocks also age the buffer, parts are flushed more often than in a sweep:
+the traced figure is, if anything, pessimistic.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_tracing_overhead.py [--blocks 7] [--max-tokens 96]
 """
 
 from __future__ import annotations
@@ -18,10 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+TARGET_PCT = 5.0
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, default=5, help="blocks per mode (alternating)")
+    ap.add_argument("--blocks", type=int, default=7, help="blocks per mode (alternating)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per block")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--k", type=int, default=3)
@@ -29,6 +45,8 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--flush-every", type=int, default=None, help="override the sweep's flush_every")
+    ap.add_argument("--flush-seconds", type=float, default=None, help="override the sweep's flush_seconds")
     args = ap.parse_args()
 
     from speclimits.tracing import engine as eng
@@ -38,8 +56,9 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     from speclimits.tracing.prompts import Prompt
-    from speclimits.tracing.sweep import SweepConfig, _one_generation
+    from speclimits.tracing.sweep import GenerationWriter, SweepConfig, read_parts_log
     from speclimits.tracing.tinymodel import write_tiny_moe
+    from speclimits.trace import read_table
 
     work = Path(tempfile.mkdtemp(prefix="bench-tracing-"))
     model = write_tiny_moe(work / "model", hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -53,44 +72,49 @@ def main() -> None:
     cfg = SweepConfig(target=str(model), prompts="-", out=str(work / "trace"), method=args.method,
                       draft=str(model), k_values=[args.k], max_tokens=args.max_tokens, tokens="all",
                       load_format="dummy", progress=False)
+    if args.flush_every is not None:
+        cfg.flush_every = args.flush_every
+    if args.flush_seconds is not None:
+        cfg.flush_seconds = args.flush_seconds
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, detokenize=False)
     root = work / "trace"
     root.mkdir()
 
-    def untraced() -> float:
-        t0 = time.perf_counter()
+    def untraced() -> int:
         n = 0
         for p in prompts:
             out = llm.generate([TokensPrompt(prompt_token_ids=list(p.token_ids))], params, use_tqdm=False)
             n += len(out[0].outputs[0].token_ids)
-        return n / (time.perf_counter() - t0)
+        return n
 
-    def hooks_only() -> float:
-        t0 = time.perf_counter()
+    def hooks_only() -> int:
         n = 0
         for p in prompts:
             out = llm.generate([TokensPrompt(prompt_token_ids=list(p.token_ids))], params, use_tqdm=False)
             llm.collective_rpc("speclimits_drain")
             n += len(out[0].outputs[0].token_ids)
-        return n / (time.perf_counter() - t0)
+        return n
 
     gid = [0]
+    writer: list[GenerationWriter] = []
 
-    def traced() -> float:
-        t0 = time.perf_counter()
+    def traced() -> int:
+        w = writer[0]
         for p in prompts:
-            _one_generation(llm, root, cfg, p, list(p.token_ids), gid[0], args.k, keep_tokens=True,
-                            top_k=int(info["top_k"]), tokenizer=None)
+            w.run(p, list(p.token_ids), gid[0], keep_tokens=True)
             gid[0] += 1
-        return len(prompts) * args.max_tokens / (time.perf_counter() - t0)
+        return len(prompts) * args.max_tokens
 
-    # warm up both paths
+    # warm up every path
     llm.collective_rpc("speclimits_uninstall")
     untraced()
     llm.collective_rpc("speclimits_install", args=({},))
+    hooks_only()
+    writer.append(GenerationWriter(llm, root, cfg, args.k, top_k=int(info["top_k"])))
     traced()
     modes = {"untraced": untraced, "hooks": hooks_only, "traced": traced}
-    rates: dict[str, list[float]] = {m: [] for m in modes}
+    wall: dict[str, list[float]] = {m: [] for m in modes}  # tokens per wall second
+    cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU ms per token
     for b in range(args.blocks):
         order = list(modes) if b % 2 == 0 else list(reversed(modes))
         for mode in order:
@@ -98,19 +122,46 @@ def main() -> None:
                 llm.collective_rpc("speclimits_uninstall")
             else:
                 llm.collective_rpc("speclimits_install", args=({},))
-            rates[mode].append(modes[mode]())
+            if mode == "traced":
+                writer[0].sync_counters(count=False)  # untimed: forget the other modes' drafts
+            c0, t0 = time.process_time(), time.perf_counter()
+            n = modes[mode]()
+            t1, c1 = time.perf_counter(), time.process_time()
+            if mode == "traced":
+                writer[0].sync_counters(count=True)  # untimed: attribute this block's drafts to its generations
+            wall[mode].append(n / (t1 - t0))
+            cpu[mode].append(1e3 * (c1 - c0) / n)
+    writer[0].close()
     eng.close_llm(llm)
-    med = {m: statistics.median(v) for m, v in rates.items()}
-    ratios = {m: [t / u for t, u in zip(rates[m], rates["untraced"])] for m in ("hooks", "traced")}
+
+    # the traced generations' self-check, as the sweep records it
+    parts = read_parts_log(root)
+    rounds = read_table(root, "rounds")
+    counters_ok = all(p["trace"] == p["vllm"] for p in parts.values()) and \
+        sum(p["vllm"]["drafted"] for p in parts.values()) == int(rounds["n_draft"].sum())
+
     print(f"model: Qwen3-MoE hidden {args.hidden}, {args.layers} layers, {args.experts} experts top-{info['top_k']}, "
           f"{info['dtype']}, dummy weights; method {args.method}, K={args.k}; {args.prompts} prompts x "
           f"{args.max_tokens} tokens per block, {args.blocks} blocks per mode (alternating)")
+    print(f"harness flush policy: every {cfg.flush_every} generations or {cfg.flush_seconds:g} s; "
+          f"{gid[0]} traced generations written in {len(parts)} parts; drafted/accepted equal vLLM's counters "
+          f"in every part: {counters_ok}")
     for m in modes:
-        print(f"{m:>9}: median {med[m]:8.1f} tok/s   blocks: " + ", ".join(f"{x:.1f}" for x in rates[m]))
+        print(f"{m:>9}: median {statistics.median(wall[m]):7.1f} tok/s, {statistics.median(cpu[m]):6.3f} CPU ms/token"
+              "   blocks tok/s: " + ", ".join(f"{x:.0f}" for x in wall[m]))
+    verdict = {}
     for m, label in (("hooks", "extension hooks only (generate + drain)"),
-                     ("traced", "full harness (hooks + rows + Parquet parts + checks)")):
-        slow = 100 * (1 - statistics.median(ratios[m]))
-        print(f" slowdown, {label}: {slow:+.1f}% (median of per-block ratios; target <= 5%)")
+                     ("traced", "full harness (hooks + rows + buffered Parquet parts + counter checks)")):
+        slow = 100 * (1 - statistics.median([t / u for t, u in zip(wall[m], wall["untraced"])]))
+        extra = 100 * (statistics.median([t / u for t, u in zip(cpu[m], cpu["untraced"])]) - 1)
+        verdict[m] = (slow, extra)
+        print(f" {label}:\n   tokens/s slowdown {slow:+.1f}%   CPU time per token {extra:+.1f}%   "
+              "(medians of per-block ratios)")
+    slow, extra = verdict["traced"]
+    print(f"target <= {TARGET_PCT:g}% slowdown (full harness): tokens/s figure "
+          f"{'MEETS' if slow <= TARGET_PCT else 'MISSES'} it ({slow:+.1f}%); CPU-time-per-token figure "
+          f"{'MEETS' if extra <= TARGET_PCT else 'MISSES'} it ({extra:+.1f}%). Machine shared with other work: "
+          "wall-clock figures carry its contention; CPU time counts this process only.")
 
 
 if __name__ == "__main__":

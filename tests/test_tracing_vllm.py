@@ -62,7 +62,9 @@ def ngram(tiny, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("ngram") / "trace"
     # two K: the second engine is built after numba/llvmlite were imported (see engine._guard_llvmlite)
-    run_sweep(_cfg(tiny, out, method="ngram", draft=None, k_values=[2, 3], max_tokens=40, limit=2))
+    # counters checked after every generation here (the selfdraft sweep checks them per part)
+    run_sweep(_cfg(tiny, out, method="ngram", draft=None, k_values=[2, 3], max_tokens=40, limit=2,
+                   check_counters="generation"))
     return out
 
 
@@ -91,23 +93,39 @@ def test_selfdraft_trace_is_valid_and_accepts_every_draft(selfdraft):
 
 
 def test_counters_and_lengths_match_vllm(selfdraft, ngram):
-    from speclimits.tracing.sweep import read_generations
+    from speclimits.tracing.sweep import read_generations, read_parts_log
 
     for root in (selfdraft, ngram):
         tr = read_trace(root)
         checks = tr.meta["checks"]
         assert checks["counters_match"] and checks["emitted_match"] and not checks["token_mismatch_generations"]
+        assert not checks["counters_mismatch_parts"] and not checks["counters_unchecked_generations"]
         gens = read_generations(root)
         r = tr.rounds
+        n_tokens = 20 if root == selfdraft else 40
         for gid, g in r.groupby("generation_id"):
             entry = gens[int(gid)]
-            # drafted / accepted totals equal vLLM's own spec-decode counters on the same run
-            assert int(g["n_draft"].sum()) == entry["vllm"]["drafted"]
-            assert int(g["n_accepted"].sum()) == entry["vllm"]["accepted"]
             # emitted counts of a generation sum to its output length
-            assert int(g["n_emitted"].sum()) == len(entry["output_token_ids"]) == 20 * (root == selfdraft) + \
-                40 * (root == ngram)
+            assert int(g["n_emitted"].sum()) == len(entry["output_token_ids"]) == n_tokens
+            if root == ngram:  # check_counters="generation": vLLM's counter deltas of this generation alone
+                assert int(g["n_draft"].sum()) == entry["vllm"]["drafted"]
+                assert int(g["n_accepted"].sum()) == entry["vllm"]["accepted"]
+            else:
+                assert "vllm" not in entry
+        # drafted / accepted totals of each part equal vLLM's own spec-decode counters over the same generations
+        parts = read_parts_log(root)
+        assert sorted(p.name[:-len(".parquet")] for p in (root / "rounds.parquet").glob("part-*")) == sorted(parts)
+        for name, part in parts.items():
+            rows = r[r["generation_id"].isin(part["generation_ids"])]
+            assert set(rows["K"]) == {part["K"]}
+            assert int(rows["n_draft"].sum()) == part["vllm"]["drafted"]
+            assert int(rows["n_accepted"].sum()) == part["vllm"]["accepted"]
+        for K, s in checks["by_K"].items():
+            rows = r[r["K"] == int(K)]
+            assert (int(rows["n_draft"].sum()), int(rows["n_accepted"].sum())) == (s["vllm_drafted"],
+                                                                                  s["vllm_accepted"])
     assert read_trace(selfdraft).meta["checks"]["by_K"]["3"]["vllm_drafted"] > 0
+    assert read_trace(ngram).meta["checks"]["by_K"]["3"]["vllm_drafted"] > 0
 
 
 def test_u_bar_recomputed_from_token_experts(selfdraft):
@@ -171,28 +189,33 @@ def test_ngram_accepts_some(ngram):
     assert find_problems(ngram) == []
 
 
-def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch):
+def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vllm_mod):
     from speclimits.errors import SpeclimitsError
     from speclimits.tracing import sweep
 
     out = tmp_path / "trace"
-    cfg = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=12, tokens="ref")
-    real = sweep._one_generation
+    # parts of two generations: K=0 writes gids 0-1; K=2 buffers gid 2, then dies inside gid 3's generate
+    cfg = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=12, tokens="ref", flush_every=2, flush_seconds=60)
+    real = vllm_mod.LLM.generate
     calls = {"n": 0}
 
-    def dying(*args, **kwargs):
-        if calls["n"] == 3:
-            raise KeyboardInterrupt  # killed while generating the 4th of 4
-        calls["n"] += 1
-        return real(*args, **kwargs)
+    def dying(self, prompts, params=None, *args, **kwargs):
+        if params is not None and params.max_tokens == 12:  # not the warm-up
+            if calls["n"] == 3:
+                raise KeyboardInterrupt  # killed while generating the 4th of 4
+            calls["n"] += 1
+        return real(self, prompts, params, *args, **kwargs)
 
-    monkeypatch.setattr(sweep, "_one_generation", dying)
+    monkeypatch.setattr(vllm_mod.LLM, "generate", dying)
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(cfg)
-    monkeypatch.setattr(sweep, "_one_generation", real)
+    monkeypatch.setattr(vllm_mod.LLM, "generate", real)
     validate_trace(out)  # a killed sweep is a valid partial trace
     partial = read_trace(out).rounds
-    assert sorted(partial["generation_id"].unique()) == [0, 1, 2]
+    # gid 2 was finished but buffered with the interrupted one: dropped, since vLLM's counters then
+    # include the interrupted generation's drafts; a resume runs it again
+    assert sorted(partial["generation_id"].unique()) == [0, 1]
+    assert sweep.done_generations(out) == {0, 1}
     assert json.loads((out / "meta.json").read_text())["complete"] is False
     with pytest.raises(SpeclimitsError, match="--resume"):
         sweep.run_sweep(cfg)
@@ -202,13 +225,14 @@ def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch):
         sweep.run_sweep(cfg_other)
     meta = sweep.run_sweep(cfg)
     assert meta["complete"] is True and meta["checks"]["counters_match"]
+    assert not meta["checks"]["counters_mismatch_parts"]
     validate_trace(out)
     done = read_trace(out).rounds
     assert sorted(done["generation_id"].unique()) == [0, 1, 2, 3]
     assert not done.duplicated(["generation_id", "round"]).any()
     keep = ["generation_id", "round", "m", "n_draft", "n_accepted", "n_emitted", "context_len"]
     before = partial[keep].sort_values(["generation_id", "round"]).reset_index(drop=True)
-    after = done.loc[done["generation_id"] < 3, keep].sort_values(["generation_id", "round"]).reset_index(drop=True)
+    after = done.loc[done["generation_id"] < 2, keep].sort_values(["generation_id", "round"]).reset_index(drop=True)
     assert before.equals(after)
     # tokens kept for the reference K (the smallest, 0) only
     assert set(read_trace(out).tokens["K"]) == {0}

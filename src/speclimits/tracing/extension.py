@@ -242,7 +242,9 @@ class TracingWorkerExtension:
         (output tokens before the step), ``row_offset``, ``n_sampled`` (tokens the runner
         sampled: accepted + bonus, before stop-condition truncation), ``sampled`` (their ids),
         ``n_drafted`` (drafts proposed in this step for the next round), ``u_layers`` (unique
-        experts per MoE layer over the request's rows), ``routing`` (int16 [rows, layers,
+        experts per MoE layer over the request's rows; prefill steps only, whose rows are not
+        all kept: decode steps keep every row and the driver counts them, vectorised over the
+        generation, in :func:`speclimits.tracing.records.generation_columns`), ``routing`` (int16 [rows, layers,
         top_k]: all rows of decode steps, the last ``keep_prefill_rows`` of prefill steps) and
         ``routing_from`` (index of the first kept row).
         """
@@ -458,8 +460,8 @@ class TracingWorkerExtension:
                 r["routing"] = np.zeros((0, 0, 0), dtype=np.int16)
                 r["routing_from"] = 0
                 continue
-            r["u_layers"] = unique_per_layer(rows, n_experts)
-            if r["n_out_before"] == 0:  # prefill (possibly a chunk): keep the last rows only
+            if r["n_out_before"] == 0:  # prefill (possibly a chunk): count here, keep the last rows only
+                r["u_layers"] = unique_per_layer(rows, n_experts)
                 keep = min(self._speclimits_keep_prefill, len(rows))
                 r["routing"] = rows[len(rows) - keep:].copy()
                 r["routing_from"] = len(rows) - keep

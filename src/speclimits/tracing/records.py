@@ -27,7 +27,6 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.tracing.capture import new_experts
 from speclimits.tracing.extension import _external
 
 
@@ -39,6 +38,194 @@ def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[t
             if _external(r["req_id"]) == external_id:
                 out.append((rec, r))
     return out
+
+
+#: Round columns built here, in order (``category`` is added by the caller when known).
+ROUND_COLUMNS = ("generation_id", "prompt_id", "K", "m", "round", "phase", "t_target_ms", "t_draft_ms", "u_bar",
+                 "e_max", "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted",
+                 "n_sampled", "prompt_len", "step", "n_drafted_next")
+#: Token columns built here, in order. ``experts`` is a 2-D int16 array [tokens, n_layers * top_k].
+TOKEN_COLUMNS = ("seq_id", "pos", "token_id", "text", "new_experts", "experts", "generation_id", "K", "round", "row",
+                 "context_len")
+#: Columns holding strings (everything else is int64 / float64, ``experts`` int16 lists).
+STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category")
+FLOAT_COLUMNS = ("t_target_ms", "t_draft_ms", "u_bar", "e_max", "kv_usage", "new_experts")
+
+
+def _unique_by_round(routing: list[np.ndarray], round_of_row: np.ndarray, n_rounds: int) -> np.ndarray:
+    """Unique experts per layer of each round over its rows: int array [n_rounds, n_layers].
+
+    ``routing`` holds each round's rows ([rows, n_layers, top_k] int; negative ids are not
+    experts), ``round_of_row`` the round of each concatenated row. One scatter for the whole
+    generation instead of one count per round."""
+    rows = np.concatenate(routing).astype(np.int64)
+    n_layers = rows.shape[1]
+    n_ids = int(rows.max()) + 1 if rows.size else 1
+    rows = np.where(rows < 0, n_ids, rows)  # invalid ids land in a spare slot
+    seen = np.zeros((n_rounds, n_layers, n_ids + 1), dtype=bool)
+    seen[round_of_row[:, None, None], np.arange(n_layers)[None, :, None], rows] = True
+    return seen[:, :, :n_ids].sum(axis=2)
+
+
+def generation_columns(
+    steps: list[tuple[dict[str, Any], dict[str, Any]]],
+    *,
+    output_ids: Sequence[int],
+    generation_id: int,
+    prompt_id: str,
+    K: int,
+    top_k: int,
+    decode: Any = None,
+    with_tokens: bool = True,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, Any]]:
+    """Round (and token) columns of one finished generation as numpy arrays, plus a check summary.
+
+    The work is vectorised over rounds and tokens (the sweep calls this once per generation
+    and buffers the arrays; see :func:`generation_tables` for DataFrames). Column names and
+    order: :data:`ROUND_COLUMNS`, :data:`TOKEN_COLUMNS`; string columns are object arrays;
+    ``experts`` is int16 ``[tokens, n_layers * top_k]`` (layer-major).
+
+    A request entry's ``u_layers`` (unique experts per layer over the pass) is used when the
+    worker computed it (prefill rounds, whose rows are not all kept); otherwise it is counted
+    here from the entry's ``routing`` (decode rounds keep every row).
+    """
+    if not steps:
+        raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw no step "
+                              "(was the extension installed?)")
+    n = len(steps)
+    reqs = [r for _, r in steps]
+    recs = [rec for rec, _ in steps]
+    n_out = len(output_ids)
+
+    def ints(values: Any) -> np.ndarray:
+        return np.fromiter(values, dtype=np.int64, count=n)
+
+    def floats(values: Any) -> np.ndarray:
+        return np.fromiter(values, dtype=np.float64, count=n)
+
+    n_sampled = ints(r["n_sampled"] for r in reqs)
+    cum = np.cumsum(n_sampled)
+    if cum[-1] < n_out:
+        raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw {cum[-1]} sampled "
+                              f"tokens but vLLM returned {n_out}")
+    capped = np.minimum(cum, n_out)
+    emitted = np.clip(capped - np.concatenate([[0], capped[:-1]]), 0, None)
+    n_sched = ints(r["n_sched"] for r in reqs)
+    n_spec = ints(r["n_spec"] for r in reqs)
+    prefill = ints(r["n_out_before"] for r in reqs) == 0
+
+    # unique experts per layer: given by the worker, or counted here from the kept rows
+    u_bar = np.full(n, float(top_k))
+    e_max = np.full(n, float(top_k))
+    missing = [i for i, r in enumerate(reqs) if "u_layers" not in r and len(r["routing"])]
+    if missing:
+        counts = _unique_by_round([np.asarray(reqs[i]["routing"]) for i in missing],
+                                  np.repeat(np.arange(len(missing)), [len(reqs[i]["routing"]) for i in missing]),
+                                  len(missing))
+        u_bar[missing] = counts.mean(axis=1)
+        e_max[missing] = counts.max(axis=1)
+    for i, r in enumerate(reqs):
+        u = r.get("u_layers")
+        if u is not None and len(u):
+            u_bar[i] = float(np.mean(u))
+            e_max[i] = float(np.max(u))
+
+    rounds: dict[str, np.ndarray] = {
+        "generation_id": np.full(n, generation_id, dtype=np.int64),
+        "prompt_id": np.full(n, prompt_id, dtype=object),
+        "K": np.full(n, K, dtype=np.int64),
+        "m": n_sched,
+        "round": np.arange(n, dtype=np.int64),
+        "phase": np.where(prefill, "prefill", "decode").astype(object),
+        "t_target_ms": floats(rec["t_target_ms"] for rec in recs),
+        "t_draft_ms": floats(rec["t_draft_ms"] for rec in recs) if K > 0 else np.zeros(n),
+        "u_bar": u_bar,
+        "e_max": e_max,
+        "context_len": ints(r["context_len"] for r in reqs),
+        "kv_usage": floats(rec["kv_usage"] for rec in recs),
+        "graph_bucket": ints(rec["graph_bucket"] for rec in recs),
+        "n_draft": n_spec,
+        "n_accepted": np.where((n_spec > 0) & (n_sampled > 0), n_sampled - 1, 0),
+        "n_emitted": emitted.astype(np.int64),
+        "n_sampled": n_sampled,
+        "prompt_len": ints(r["n_prompt"] for r in reqs),
+        "step": ints(rec["step"] for rec in recs),
+        "n_drafted_next": ints(r.get("n_drafted", 0) for r in reqs) if K > 0 else np.zeros(n, dtype=np.int64),
+    }
+    sampled = np.fromiter((t for r in reqs for t in r["sampled"]), dtype=np.int64, count=int(cum[-1]))
+    check = {
+        "drafted": int(n_spec.sum()),
+        "accepted": int(rounds["n_accepted"].sum()),
+        "emitted": int(emitted.sum()),
+        "output_len": n_out,
+        "tokens_match": bool(np.array_equal(sampled[:n_out], np.asarray(output_ids, dtype=np.int64))),
+    }
+    tokens = _token_columns(reqs, emitted, prefill, sampled, cum, generation_id=generation_id, prompt_id=prompt_id,
+                            K=K, top_k=top_k, decode=decode) if with_tokens else None
+    return rounds, tokens, check
+
+
+def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.ndarray, sampled: np.ndarray,
+                   cum: np.ndarray, *, generation_id: int, prompt_id: str, K: int, top_k: int,
+                   decode: Any) -> dict[str, np.ndarray]:
+    """Token columns (producing-row convention; see the module docstring)."""
+    experts: list[np.ndarray] = []
+    round_idx: list[np.ndarray] = []
+    row_idx: list[np.ndarray] = []
+    token_at: list[np.ndarray] = []
+    first_prev: np.ndarray | None = None
+    starts = np.concatenate([[0], cum[:-1]])
+    for i, r in enumerate(reqs):
+        e = int(emitted[i])
+        if e == 0:
+            continue
+        routing = np.asarray(r["routing"])
+        start = int(r["routing_from"])
+        n_rows = int(r["n_sched"])
+        # row of the pass that produced emitted token j: j on decode rounds, the last row on prefill
+        rows = np.array([n_rows - 1]) if prefill[i] else np.arange(e)
+        rows = rows[:e]
+        if prefill[i] and not experts and first_prev is None and n_rows - 2 >= start:
+            first_prev = routing[n_rows - 2 - start]
+        experts.append(routing[rows - start])
+        round_idx.append(np.full(len(rows), i, dtype=np.int64))
+        row_idx.append(rows.astype(np.int64))
+        token_at.append(starts[i] + np.arange(len(rows)))
+    if not experts:
+        return {c: np.zeros(0, dtype=object if c in STRING_COLUMNS else np.int64) for c in TOKEN_COLUMNS} | {
+            "new_experts": np.zeros(0), "experts": np.zeros((0, 0), dtype=np.int16)}
+    ex = np.concatenate(experts).astype(np.int16)  # [T, n_layers, top_k]
+    t = len(ex)
+    token_ids = sampled[np.concatenate(token_at)]
+    # new experts: ids of a token's producing row absent from the previous token's, averaged over layers
+    prev = np.concatenate([ex[:1] if first_prev is None else first_prev[None].astype(np.int16), ex[:-1]])
+    fresh = (ex[:, :, :, None] != prev[:, :, None, :]).all(axis=3).sum(axis=2).mean(axis=1)
+    if first_prev is None:
+        fresh[0] = float(top_k)
+    pos = np.arange(t, dtype=np.int64)
+    n_prompt = int(reqs[0]["n_prompt"])
+    return {
+        "seq_id": np.full(t, prompt_id, dtype=object),
+        "pos": pos,
+        "token_id": token_ids,
+        "text": np.array([decode(int(x)) for x in token_ids] if decode is not None else [""] * t, dtype=object),
+        "new_experts": fresh.astype(np.float64),
+        "experts": ex.reshape(t, -1),
+        "generation_id": np.full(t, generation_id, dtype=np.int64),
+        "K": np.full(t, K, dtype=np.int64),
+        "round": np.concatenate(round_idx),
+        "row": np.concatenate(row_idx),
+        "context_len": n_prompt + pos,
+    }
+
+
+def columns_frame(cols: dict[str, np.ndarray], category: str | None = None) -> pd.DataFrame:
+    """A DataFrame of :func:`generation_columns` output (``experts`` as a column of int16 arrays)."""
+    data = {k: (list(v) if k == "experts" else v) for k, v in cols.items()}
+    df = pd.DataFrame(data)
+    if category is not None:
+        df["category"] = category
+    return df
 
 
 def generation_tables(
@@ -53,7 +240,7 @@ def generation_tables(
     decode: Any = None,
     with_tokens: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame | None, dict[str, Any]]:
-    """Rounds (and token) rows of one finished generation, plus a check summary.
+    """Rounds (and token) rows of one finished generation as DataFrames, plus a check summary.
 
     Parameters
     ----------
@@ -65,95 +252,9 @@ def generation_tables(
     -------
     (rounds, tokens or None, check) where ``check`` holds ``drafted``, ``accepted``,
     ``emitted`` totals and ``tokens_match`` (the sampled ids, cut at the output length,
-    equal vLLM's output).
+    equal vLLM's output). See :func:`generation_columns` (the same, as numpy columns).
     """
-    if not steps:
-        raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw no step "
-                              "(was the extension installed?)")
-    n_out = len(output_ids)
-    emitted_raw = np.array([r["n_sampled"] for _, r in steps], dtype=np.int64)
-    cum = np.cumsum(emitted_raw)
-    emitted = np.clip(np.minimum(cum, n_out) - np.concatenate([[0], np.minimum(cum, n_out)[:-1]]), 0, None)
-    if cum[-1] < n_out:
-        raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw {cum[-1]} sampled "
-                              f"tokens but vLLM returned {n_out}")
-    rows: dict[str, list[Any]] = {c: [] for c in (
-        "generation_id", "prompt_id", "K", "m", "round", "phase", "t_target_ms", "t_draft_ms", "u_bar", "e_max",
-        "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted", "n_sampled", "prompt_len",
-        "step", "n_drafted_next")}
-    sampled_all: list[int] = []
-    tok: dict[str, list[Any]] = {c: [] for c in ("seq_id", "pos", "token_id", "text", "new_experts", "experts",
-                                                 "generation_id", "K", "round", "row", "context_len")}
-    prev_experts: np.ndarray | None = None
-    pos = 0
-    for i, (rec, r) in enumerate(steps):
-        prefill = r["n_out_before"] == 0
-        u = np.asarray(r["u_layers"], dtype=float)
-        rows["generation_id"].append(generation_id)
-        rows["prompt_id"].append(prompt_id)
-        rows["K"].append(K)
-        rows["m"].append(int(r["n_sched"]))
-        rows["round"].append(i)
-        rows["phase"].append("prefill" if prefill else "decode")
-        rows["t_target_ms"].append(float(rec["t_target_ms"]))
-        rows["t_draft_ms"].append(float(rec["t_draft_ms"]) if K > 0 else 0.0)
-        rows["u_bar"].append(float(u.mean()) if u.size else float(top_k))
-        rows["e_max"].append(float(u.max()) if u.size else float(top_k))
-        rows["context_len"].append(int(r["context_len"]))
-        rows["kv_usage"].append(float(rec["kv_usage"]))
-        rows["graph_bucket"].append(int(rec["graph_bucket"]))
-        rows["n_draft"].append(int(r["n_spec"]))
-        n_acc = int(r["n_sampled"]) - 1 if (r["n_spec"] > 0 and r["n_sampled"] > 0) else 0
-        rows["n_accepted"].append(n_acc)
-        rows["n_emitted"].append(int(emitted[i]))
-        rows["n_sampled"].append(int(r["n_sampled"]))
-        rows["prompt_len"].append(int(r["n_prompt"]))
-        rows["step"].append(int(rec["step"]))
-        rows["n_drafted_next"].append(int(r.get("n_drafted", 0)) if K > 0 else 0)
-        sampled_all.extend(int(t) for t in r["sampled"])
-        if not with_tokens or emitted[i] == 0:
-            continue
-        routing = np.asarray(r["routing"])
-        start = int(r["routing_from"])
-        n_rows = int(r["n_sched"])
-        # row of the pass that produced emitted token j: j on decode rounds, the last row on prefill
-        produce_rows = [n_rows - 1] if prefill else list(range(int(emitted[i])))
-        if prefill and prev_experts is None and n_rows - 2 >= start:
-            prev_experts = routing[n_rows - 2 - start]
-        for j, row in enumerate(produce_rows[: int(emitted[i])]):
-            cur = routing[row - start]
-            token_id = int(r["sampled"][j])
-            tok["seq_id"].append(prompt_id)
-            tok["pos"].append(pos)
-            tok["token_id"].append(token_id)
-            tok["text"].append(decode(token_id) if decode is not None else "")
-            tok["new_experts"].append(float(top_k) if prev_experts is None else new_experts(prev_experts, cur))
-            tok["experts"].append(cur.reshape(-1).astype(np.int16))
-            tok["generation_id"].append(generation_id)
-            tok["K"].append(K)
-            tok["round"].append(i)
-            tok["row"].append(row)
-            tok["context_len"].append(int(r["n_prompt"]) + pos)
-            prev_experts = cur
-            pos += 1
-    rounds = pd.DataFrame(rows)
-    for col in ("generation_id", "K", "m", "round", "context_len", "graph_bucket", "n_draft", "n_accepted",
-                "n_emitted", "n_sampled", "prompt_len", "step", "n_drafted_next"):
-        rounds[col] = rounds[col].astype(np.int64)
-    if category is not None:
-        rounds["category"] = category
-    tokens = None
-    if with_tokens:
-        tokens = pd.DataFrame(tok)
-        for col in ("pos", "token_id", "generation_id", "K", "round", "row", "context_len"):
-            tokens[col] = tokens[col].astype(np.int64)
-        if category is not None:
-            tokens["category"] = category
-    check = {
-        "drafted": int(rounds["n_draft"].sum()),
-        "accepted": int(rounds["n_accepted"].sum()),
-        "emitted": int(rounds["n_emitted"].sum()),
-        "output_len": n_out,
-        "tokens_match": sampled_all[:n_out] == [int(t) for t in output_ids],
-    }
-    return rounds, tokens, check
+    rounds, tokens, check = generation_columns(steps, output_ids=output_ids, generation_id=generation_id,
+                                               prompt_id=prompt_id, K=K, top_k=top_k, decode=decode,
+                                               with_tokens=with_tokens)
+    return (columns_frame(rounds, category), None if tokens is None else columns_frame(tokens, category), check)

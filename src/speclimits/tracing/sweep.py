@@ -1,16 +1,28 @@
 """K sweeps on the real vLLM engine, written as they run, resumable.
 
 One engine configuration per K (K = 0: plain decoding, no speculative config), batch size
-1, greedy. Per (K, prompt) generation the harness writes, atomically (dot-temp file, then
-``os.replace``):
+1, greedy. Finished generations are buffered (as numpy columns) and written together, every
+``flush_every`` generations or ``flush_seconds`` seconds and at the end of each K, as one
+*part* named after its first generation id ``gid`` (each file atomic: dot-temp file, then
+``os.replace``), in this order:
 
 ``tokens.parquet/part-g{gid:06d}.parquet``   token rows (see below), when tokens are kept
-``generations.jsonl``                        one line: output ids, checks, wall time
-``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the generation done
+``generations.jsonl``                        one line per generation: output ids, checks, wall time
+``parts.jsonl``                              one line per part: its generation ids and vLLM's
+                                             spec-decode counter deltas over them
+``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the part's generations done
 
-so a killed sweep leaves a valid partial trace, and ``resume=True`` runs only the
-generations without a rounds part (none duplicated, none lost). Generation ids are fixed by
-position: ``gid = k_index * n_prompts + prompt_index``.
+A generation counts as done only once its rounds are on disk: a killed sweep leaves a valid
+partial trace, and ``resume=True`` runs only the generations without rounds (none duplicated,
+none lost; the unflushed ones of the killed run are simply run again, and token parts left
+without their rounds part are deleted first). Generation ids are fixed by position:
+``gid = k_index * n_prompts + prompt_index``.
+
+Cross-check against vLLM: its cumulative counters (``get_metrics()``, ~5 ms a read) are read
+once per engine after the warm-up and at every flush, so each part's drafted / accepted totals
+are checked exactly against the counter deltas over the same generations (hence per K too).
+``check_counters="generation"`` reads them after every generation instead and also records the
+per-generation deltas (``vllm`` in ``generations.jsonl``).
 
 Tables (beyond the contract columns of :mod:`speclimits.schema`):
 
@@ -39,10 +51,12 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -52,7 +66,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, read_meta, write_meta
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
-from speclimits.tracing.records import generation_tables, request_steps
+from speclimits.tracing.records import FLOAT_COLUMNS, STRING_COLUMNS, generation_columns, request_steps
 
 #: Settings that must match for ``resume`` to continue a trace.
 RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
@@ -83,6 +97,12 @@ class SweepConfig:
     max_model_len: int | None = None
     spec_extra: dict[str, Any] = field(default_factory=dict)
     engine_extra: dict[str, Any] = field(default_factory=dict)
+    #: write a part after this many buffered generations ...
+    flush_every: int = 32
+    #: ... or once the oldest buffered generation is this many seconds old (and at the end of each K)
+    flush_seconds: float = 5.0
+    #: "part": read vLLM's counters once per part (exact per part); "generation": after every generation
+    check_counters: str = "part"
 
     def settings(self, prompts_sha: str) -> dict[str, Any]:
         return {
@@ -131,14 +151,15 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def write_part(root: Path, table: str, name: str, df: pd.DataFrame) -> Path:
+def write_part(root: Path, table: str, name: str, df: pd.DataFrame | pa.Table) -> Path:
     """Write ``root/<table>.parquet/<name>.parquet`` atomically (dot-temp file + rename)."""
     folder = root / f"{table}.parquet"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}.parquet"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
     os.close(fd)
-    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp, compression="zstd")
+    arrow = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
+    pq.write_table(arrow, tmp, compression="zstd")
     os.chmod(tmp, 0o644)
     os.replace(tmp, target)
     return target
@@ -148,25 +169,51 @@ def part_name(gid: int) -> str:
     return f"part-g{gid:06d}"
 
 
+def _parts(root: Path, table: str) -> dict[str, Path]:
+    folder = root / f"{table}.parquet"
+    return {p.stem: p for p in folder.glob("part-g*.parquet")} if folder.is_dir() else {}
+
+
 def done_generations(root: Path) -> set[int]:
-    """Generation ids with a rounds part (finished generations)."""
-    folder = root / "rounds.parquet"
-    if not folder.is_dir():
-        return set()
-    out = set()
-    for p in folder.glob("part-g*.parquet"):
-        try:
-            out.add(int(p.stem[len("part-g"):]))
-        except ValueError:
-            continue
+    """Generation ids in the rounds parts (finished generations)."""
+    out: set[int] = set()
+    for path in _parts(root, "rounds").values():
+        ids = pq.read_table(path, columns=["generation_id"]).column("generation_id").to_numpy()
+        out.update(int(g) for g in np.unique(ids))
     return out
 
 
-def append_generation(root: Path, entry: dict[str, Any]) -> None:
-    with open(root / "generations.jsonl", "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(entry, sort_keys=True) + "\n")
+def remove_orphan_parts(root: Path) -> list[Path]:
+    """Delete token parts without their rounds part (a sweep killed mid-flush); returns them."""
+    rounds = _parts(root, "rounds")
+    orphans = [p for name, p in _parts(root, "tokens").items() if name not in rounds]
+    for p in orphans:
+        p.unlink()
+    return orphans
+
+
+def append_lines(path: Path, entries: Iterable[dict[str, Any]]) -> None:
+    """Append JSON lines to ``path`` and fsync once."""
+    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``parts.jsonl`` entries by part name (the last line wins; a torn last line is skipped)."""
+    path = Path(root) / "parts.jsonl"
+    out: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[str(entry["part"])] = entry
+    return out
 
 
 def read_generations(root: str | Path) -> dict[int, dict[str, Any]]:
@@ -182,6 +229,31 @@ def read_generations(root: str | Path) -> dict[int, dict[str, Any]]:
             continue
         out[int(entry["generation_id"])] = entry
     return out
+
+
+def columns_table(chunks: list[dict[str, np.ndarray]], categories: list[str | None] | None) -> pa.Table:
+    """One Arrow table from per-generation column dicts (:func:`~speclimits.tracing.records.generation_columns`).
+
+    ``categories``: one per chunk (the ``category`` column; None: no such column). Strings are
+    ``large_string`` and ``experts`` ``list<int16>``, as ``pa.Table.from_pandas`` writes them."""
+    names = list(chunks[0])
+    arrays = {}
+    for name in names:
+        values = np.concatenate([c[name] for c in chunks])
+        if name == "experts":
+            width = values.shape[1] if values.ndim == 2 else 0
+            offsets = np.arange(len(values) + 1, dtype=np.int32) * width
+            arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.int16()))
+        elif name in STRING_COLUMNS:
+            arrays[name] = pa.array(values.tolist(), pa.large_string())
+        elif name in FLOAT_COLUMNS:
+            arrays[name] = pa.array(values.astype(np.float64))
+        else:
+            arrays[name] = pa.array(values.astype(np.int64))
+    if categories is not None:
+        cat = [c for chunk, c in zip(chunks, categories) for _ in range(len(chunk[names[0]]))]
+        arrays["category"] = pa.array(cat, pa.large_string())
+    return pa.table(arrays)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -223,7 +295,14 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
         raise SpeclimitsError(f"{root} exists and is not a trace directory; choose a new --out")
     else:
         meta = None
+    if cfg.check_counters not in ("part", "generation"):
+        raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
+    if cfg.flush_every < 1 or cfg.flush_seconds < 0:
+        raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
+                              f"{cfg.flush_seconds}")
     vllm = eng.require_vllm()
+    if root.is_dir():
+        remove_orphan_parts(root)
     done = done_generations(root)
     n_p = len(prompts)
     ref_k = k_values[0]
@@ -249,13 +328,17 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
                 write_meta(root, meta)
             info = meta["models"]["target"]
             _warmup(llm, prompt_ids[mine[0]])
-            for pi in mine:
-                gid = ki * n_p + pi
-                bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}")
-                _one_generation(llm, root, cfg, prompts[pi], prompt_ids[pi], gid, K,
-                                keep_tokens=cfg.tokens == "all" or (cfg.tokens == "ref" and K == ref_k),
-                                top_k=int(info["top_k"]), tokenizer=tokenizer)
-                bar.update(1)
+            writer = GenerationWriter(llm, root, cfg, K, top_k=int(info["top_k"]), tokenizer=tokenizer,
+                                      with_category=any(p.category is not None for p in prompts))
+            try:
+                for pi in mine:
+                    bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}")
+                    writer.run(prompts[pi], prompt_ids[pi], ki * n_p + pi,
+                               keep_tokens=cfg.tokens == "all" or (cfg.tokens == "ref" and K == ref_k))
+                    bar.update(1)
+                writer.flush()
+            finally:
+                writer.close()
         finally:
             eng.close_llm(llm)
     bar.close()
@@ -322,69 +405,176 @@ def _warmup(llm: Any, prompt_ids: list[int]) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))],
                  SamplingParams(temperature=0.0, max_tokens=8, detokenize=False), use_tqdm=False)
     llm.collective_rpc("speclimits_drain")
-    llm._speclimits_counters = None
 
 
-def _one_generation(llm: Any, root: Path, cfg: SweepConfig, prompt: Prompt, prompt_ids: list[int], gid: int, K: int,
-                    *, keep_tokens: bool, top_k: int, tokenizer: Any) -> None:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+class GenerationWriter:
+    """Runs traced generations on one engine (one K) and writes them in buffered parts.
 
-    params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos,
-                            detokenize=tokenizer is not None, seed=cfg.seed)
-    llm.collective_rpc("speclimits_drain")  # drop anything left over
-    # the counters after one generation are the counters before the next (get_metrics costs ~5 ms)
-    c0 = getattr(llm, "_speclimits_counters", None) or eng.spec_counters(llm)
-    t0 = time.perf_counter()
-    out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)[0]
-    wall = time.perf_counter() - t0
-    c1 = eng.spec_counters(llm)
-    llm._speclimits_counters = c1
-    records = llm.collective_rpc("speclimits_drain")[0]
-    output_ids = list(out.outputs[0].token_ids)
-    decode = (lambda t: tokenizer.decode([t])) if tokenizer is not None else None
-    rounds, tokens, check = generation_tables(
-        request_steps(records, out.request_id), output_ids=output_ids, generation_id=gid, prompt_id=prompt.id,
-        K=K, category=prompt.category, top_k=top_k, decode=decode, with_tokens=keep_tokens)
-    if tokens is not None:
-        write_part(root, "tokens", part_name(gid), tokens)
-    append_generation(root, {
-        "generation_id": gid, "prompt_id": prompt.id, "K": K, "category": prompt.category,
-        "prompt_len": len(prompt_ids), "prompt_token_ids": list(prompt_ids), "output_token_ids": output_ids,
-        "finish_reason": out.outputs[0].finish_reason, "n_rounds": int(len(rounds)), "wall_s": wall,
-        "tokens_per_s": len(output_ids) / wall if wall > 0 else None,
-        "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
-        "vllm": {k: c1[k] - c0[k] for k in c0}, "tokens_match": check["tokens_match"],
-    })
-    write_part(root, "rounds", part_name(gid), rounds)
+    Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run` does
+    one generation and keeps its columns; :meth:`flush` writes the buffered generations as one
+    part (see the module docstring for the files and their order) and runs whenever
+    ``cfg.flush_every`` generations are buffered or the oldest is ``cfg.flush_seconds`` old.
+    :meth:`close` (always call it) flushes when that is exact, i.e. unless a generation was
+    interrupted (vLLM's counters would then include its partial drafts); otherwise the
+    buffered generations are dropped and a resumed sweep runs them again.
+    """
+
+    def __init__(self, llm: Any, root: Path, cfg: SweepConfig, K: int, *, top_k: int, tokenizer: Any = None,
+                 with_category: bool = False) -> None:
+        from vllm import SamplingParams
+
+        self.llm, self.root, self.cfg, self.K, self.top_k = llm, Path(root), cfg, K, top_k
+        self.tokenizer = tokenizer
+        self.with_category = with_category
+        self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos,
+                                     detokenize=tokenizer is not None, seed=cfg.seed)
+        self.per_generation = cfg.check_counters == "generation"
+        self._pending: list[dict[str, Any]] = []
+        self._since: float | None = None  # when the oldest buffered generation finished
+        self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
+        self._interrupted = False
+        self._c0 = eng.spec_counters(llm)
+
+    def sync_counters(self, count: bool = True) -> dict[str, int]:
+        """Read vLLM's counters; add the delta since the last read to the buffered generations'
+        (``count=False``: ignore it, e.g. after generations that are not traced). Returns the delta."""
+        c1 = eng.spec_counters(self.llm)
+        delta = {k: c1[k] - self._c0[k] for k in self._c0}
+        self._c0 = c1
+        if count:
+            for k in delta:
+                self._vllm[k] += delta[k]
+        return delta
+
+    def run(self, prompt: Prompt, prompt_ids: list[int], gid: int, *, keep_tokens: bool) -> None:
+        """Generate for one prompt, check it against vLLM's output and buffer its rows."""
+        from vllm.inputs import TokensPrompt
+
+        llm = self.llm
+        llm.collective_rpc("speclimits_drain")  # drop anything left over
+        self._interrupted = True  # until this generation is buffered (see close)
+        t0 = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], self.params, use_tqdm=False)[0]
+        wall = time.perf_counter() - t0
+        records = llm.collective_rpc("speclimits_drain")[0]
+        output_ids = list(out.outputs[0].token_ids)
+        tok = self.tokenizer
+        decode = (lambda t: tok.decode([t])) if tok is not None else None
+        rounds, tokens, check = generation_columns(
+            request_steps(records, out.request_id), output_ids=output_ids, generation_id=gid, prompt_id=prompt.id,
+            K=self.K, top_k=self.top_k, decode=decode, with_tokens=keep_tokens)
+        entry = {
+            "generation_id": gid, "prompt_id": prompt.id, "K": self.K, "category": prompt.category,
+            "prompt_len": len(prompt_ids), "prompt_token_ids": list(prompt_ids), "output_token_ids": output_ids,
+            "finish_reason": out.outputs[0].finish_reason, "n_rounds": int(len(rounds["round"])), "wall_s": wall,
+            "tokens_per_s": len(output_ids) / wall if wall > 0 else None,
+            "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
+            "tokens_match": check["tokens_match"],
+        }
+        if self.per_generation:
+            entry["vllm"] = self.sync_counters()
+        self._pending.append({"entry": entry, "rounds": rounds, "tokens": tokens, "category": prompt.category})
+        self._interrupted = False  # vLLM's counters again cover exactly the buffered generations
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if len(self._pending) >= self.cfg.flush_every or now - self._since >= self.cfg.flush_seconds:
+            self.flush()
+
+    def flush(self) -> str | None:
+        """Write the buffered generations as one part; returns its name (None when nothing was buffered)."""
+        if not self._pending:
+            return None
+        if self._interrupted:
+            raise SpeclimitsError("internal: flush after an interrupted generation would mis-count vLLM's counters")
+        pending = self._pending
+        if not self.per_generation:
+            self.sync_counters()
+        name = part_name(pending[0]["entry"]["generation_id"])
+        cats = [p["category"] for p in pending] if self.with_category else None
+        with_tokens = [p for p in pending if p["tokens"] is not None]
+        if with_tokens:
+            write_part(self.root, "tokens", name,
+                       columns_table([p["tokens"] for p in with_tokens],
+                                     [p["category"] for p in with_tokens] if cats is not None else None))
+        append_lines(self.root / "generations.jsonl", [p["entry"] for p in pending])
+        append_lines(self.root / "parts.jsonl", [{
+            "part": name, "K": self.K, "generation_ids": [p["entry"]["generation_id"] for p in pending],
+            "trace": {k: sum(p["entry"]["trace"][k] for p in pending) for k in ("drafted", "accepted")},
+            "vllm": dict(self._vllm), "check": self.cfg.check_counters,
+        }])
+        write_part(self.root, "rounds", name, columns_table([p["rounds"] for p in pending], cats))
+        self._pending = []
+        self._since = None
+        self._vllm = {"drafted": 0, "accepted": 0}
+        return name
+
+    @property
+    def pending(self) -> int:
+        """Generations buffered and not yet written."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Flush what is buffered when that is exact; otherwise drop it (a resume runs it again)."""
+        if self._interrupted:
+            self._pending = []
+            return
+        self.flush()
 
 
 def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Summarise ``generations.jsonl`` into meta.json: completeness and the cross-checks by K."""
+    """Summarise ``generations.jsonl`` and ``parts.jsonl`` into meta.json: completeness and the
+    cross-checks by K (trace totals over the done generations; vLLM's counter deltas over the
+    parts on disk, which hold exactly those generations)."""
     gens = read_generations(root)
     done = done_generations(root)
+    on_disk = set(_parts(root, "rounds"))
+    parts = {name: p for name, p in read_parts_log(root).items() if name in on_disk}
     n_expected = len(meta.get("k_values", [])) * _n_prompts(meta)
     by_k: dict[str, dict[str, int]] = {}
-    mismatched = []
+
+    def stats(K: Any) -> dict[str, int]:
+        return by_k.setdefault(str(K), {"generations": 0, "drafted": 0, "accepted": 0, "vllm_drafted": 0,
+                                        "vllm_accepted": 0, "emitted": 0, "output_tokens": 0})
+
+    mismatched, unchecked, per_gen_mismatch = [], [], []
+    covered: set[int] = set()
+    for part in parts.values():
+        s = stats(part["K"])
+        s["vllm_drafted"] += int(part["vllm"]["drafted"])
+        s["vllm_accepted"] += int(part["vllm"]["accepted"])
+        covered.update(int(g) for g in part["generation_ids"])
     for gid in sorted(done):
         g = gens.get(gid)
         if g is None:
             continue
-        s = by_k.setdefault(str(g["K"]), {"generations": 0, "drafted": 0, "accepted": 0, "vllm_drafted": 0,
-                                          "vllm_accepted": 0, "emitted": 0, "output_tokens": 0})
+        s = stats(g["K"])
         s["generations"] += 1
         s["drafted"] += g["trace"]["drafted"]
         s["accepted"] += g["trace"]["accepted"]
         s["emitted"] += g["trace"]["emitted"]
         s["output_tokens"] += g["trace"]["output_len"]
-        s["vllm_drafted"] += g["vllm"]["drafted"]
-        s["vllm_accepted"] += g["vllm"]["accepted"]
+        if "vllm" in g and (g["vllm"]["drafted"] != g["trace"]["drafted"]
+                            or g["vllm"]["accepted"] != g["trace"]["accepted"]):
+            per_gen_mismatch.append(gid)
+        if gid not in covered:  # written by an older harness: one line per generation with its own counters
+            if "vllm" in g:
+                s["vllm_drafted"] += g["vllm"]["drafted"]
+                s["vllm_accepted"] += g["vllm"]["accepted"]
+            else:
+                unchecked.append(gid)
         if not g.get("tokens_match", False):
             mismatched.append(gid)
     meta = dict(meta)
     meta["checks"] = {"by_K": by_k, "token_mismatch_generations": mismatched,
-                      "counters_match": all(s["drafted"] == s["vllm_drafted"] and s["accepted"] == s["vllm_accepted"]
-                                            for s in by_k.values()),
+                      "counters_match": not unchecked and all(
+                          s["drafted"] == s["vllm_drafted"] and s["accepted"] == s["vllm_accepted"]
+                          for s in by_k.values()),
+                      "counters_unchecked_generations": unchecked,
+                      "counters_mismatch_parts": sorted(
+                          n for n, p in parts.items() if p["trace"]["drafted"] != p["vllm"]["drafted"]
+                          or p["trace"]["accepted"] != p["vllm"]["accepted"]),
+                      "counters_mismatch_generations": per_gen_mismatch,
                       "emitted_match": all(s["emitted"] == s["output_tokens"] for s in by_k.values())}
     meta["complete"] = bool(n_expected) and len(done) >= n_expected
     meta["generations_done"] = len(done)
