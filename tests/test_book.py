@@ -40,4 +40,6 @@ def test_smoke_build_executes_every_section_offline(smoke_trace, tmp_path):
     assert (html_dir / "_static" / "vega-offline.js").exists()
     assert (html_dir / "_static" / "mathjax" / "tex-chtml.js").exists()
     for page in html_dir.rglob("*.html"):
-        assert "https://" not in page.read_text(), f"{page.name} references a remote URL"
+        text = page.read_text()
+        at = text.find("https://")
+        assert at < 0, f"{page.name} references a remote URL: ...{text[max(0, at - 300):at + 100]}"

@@ -209,6 +209,8 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     with log_path.open("w") as log:
         notebooks = _stage(stage, pages)
         params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed)}
+        # kernels inherit the environment: no progress bars on the pages (they render as stderr noise)
+        os.environ["TQDM_DISABLE"] = "1"
         log.write(f"parameters: {params}\n")
         bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress)
         for src in bar:

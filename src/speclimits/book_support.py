@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import uuid
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ import pandas as pd
 
 from speclimits.paths import default_trace
 from speclimits.trace import Trace, read_trace
+
+# Notebooks import this module first. Progress bars are off in the book (TQDM_DISABLE), but
+# tqdm.auto still warns at import that ipywidgets is missing; the warning would print a URL.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 RENDERER = "speclimits"
 
