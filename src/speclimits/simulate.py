@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from speclimits.cliutil import parse_assignments
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, write_trace
@@ -605,19 +606,6 @@ def make_meta(cfg: SimConfig, seed: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SpeclimitsError(f"--set expects NAME=VALUE (VALUE as JSON), got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
@@ -642,7 +630,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    overrides = _parse_set(args.set)
+    overrides = parse_assignments(args.set, "--set")
     for k, v in list(overrides.items()):
         if isinstance(v, str) and v.startswith("@"):
             try:
