@@ -112,6 +112,7 @@ def main() -> None:
     hooks_only()
     writer.append(GenerationWriter(llm, root, cfg, args.k, top_k=int(info["top_k"])))
     traced()
+    writer[0].sync_counters(count=True)
     modes = {"untraced": untraced, "hooks": hooks_only, "traced": traced}
     wall: dict[str, list[float]] = {m: [] for m in modes}  # tokens per wall second
     cpu: dict[str, list[float]] = {m: [] for m in modes}  # CPU ms per token

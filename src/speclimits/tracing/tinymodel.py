@@ -7,8 +7,13 @@ detokenized). The routing is random but real: every MoE layer picks ``top_k`` of
 exercised end to end. The target folder used as its own draft (``draft_model``) accepts
 every draft, because both copies get the same dummy weights.
 
->>> from speclimits.tracing.tinymodel import write_tiny_moe
+:func:`write_tiny_eagle3` writes a config-only EAGLE-3 head for such a target, in vLLM's
+``LlamaForCausalLMEagle3`` format (dummy weights too; its drafts are random, so few are
+accepted: it exercises the ``eagle3`` path, not a good draft).
+
+>>> from speclimits.tracing.tinymodel import write_tiny_eagle3, write_tiny_moe
 >>> path = write_tiny_moe("/tmp/tiny-moe")      # doctest: +SKIP
+>>> head = write_tiny_eagle3("/tmp/tiny-eagle3", target=path)      # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -80,4 +85,79 @@ def write_tiny_moe(path: str | Path, **overrides: Any) -> Path:
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.json").write_text(json.dumps(tiny_moe_config(**overrides), indent=2) + "\n")
+    return root
+
+
+def eagle3_aux_layers(n_layers: int) -> list[int]:
+    """Target layer ids whose hidden states feed an EAGLE-3 head: three distinct ids (low,
+    middle, last) when the target is deep enough, else every id.
+
+    In vLLM 0.32 id ``i`` is the hidden state entering decoder layer ``i`` (0: the embeddings;
+    ``n_layers``: the last layer's output before the final norm). vLLM's default
+    ``(2, L // 2, L - 3)`` repeats or leaves the range on a shallow target, which then feeds
+    fewer states than ``fc`` expects and crashes in ``combine_hidden_states``; so the ids are
+    always written into the head's config."""
+    if n_layers < 1:
+        raise ValueError(f"the target needs at least one layer, got {n_layers}")
+    if n_layers <= 2:
+        return list(range(n_layers + 1))
+    return [1, (n_layers + 1) // 2, n_layers]
+
+
+def tiny_eagle3_config(target: dict[str, Any], *, draft_vocab_size: int | None = None,
+                       intermediate_size: int | None = None) -> dict[str, Any]:
+    """The ``config.json`` dict of a one-layer ``LlamaForCausalLMEagle3`` head for ``target``
+    (a target ``config.json`` dict, e.g. :func:`tiny_moe_config`).
+
+    The head works at the target's hidden size (``target_hidden_size``); ``fc`` maps the
+    concatenated aux hidden states (one per :func:`eagle3_aux_layers` id) to it, and its own
+    ``lm_head`` scores a reduced vocabulary of ``draft_vocab_size`` tokens (default: half the
+    target's) that vLLM maps back to target ids (``d2t``; zeros under dummy weights, i.e. the
+    first ``draft_vocab_size`` ids)."""
+    hidden = int(target["hidden_size"])
+    vocab = int(target["vocab_size"])
+    draft_vocab = int(draft_vocab_size or max(vocab // 2, 1))
+    if not 1 <= draft_vocab <= vocab:
+        raise ValueError(f"draft_vocab_size must be in 1..{vocab}, got {draft_vocab}")
+    heads = int(target["num_attention_heads"])
+    aux = eagle3_aux_layers(int(target["num_hidden_layers"]))
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "target_hidden_size": hidden,
+        "intermediate_size": int(intermediate_size or 2 * hidden),
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(target.get("num_key_value_heads", heads)),
+        "head_dim": int(target.get("head_dim", hidden // heads)),
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": float(target.get("rope_theta", 10000.0)),
+        "max_position_embeddings": int(target["max_position_embeddings"]),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        # read by the target runner (which layers to collect) and by the head (fc input width)
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        "bos_token_id": target.get("bos_token_id", 1),
+        "eos_token_id": target.get("eos_token_id", vocab - 1),
+        "torch_dtype": target.get("torch_dtype", "float32"),
+    }
+
+
+def write_tiny_eagle3(path: str | Path, *, target: str | Path, draft_vocab_size: int | None = None) -> Path:
+    """Write ``config.json`` of a tiny EAGLE-3 head for the model folder ``target`` into ``path``.
+
+    Use it with ``speculative_config=dict(method="eagle3", model=path, ...)`` and
+    ``load_format="dummy"``.
+    """
+    target_cfg = json.loads((Path(target) / "config.json").read_text())
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = tiny_eagle3_config(target_cfg, draft_vocab_size=draft_vocab_size)
+    (root / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return root
