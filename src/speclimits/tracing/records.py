@@ -1,4 +1,4 @@
-"""Turn the worker extension's step records into trace rows (pure Python; no vLLM needed).
+"""Turn the worker extension's step records into trace rows (numpy, vectorised per generation; no vLLM needed).
 
 Conventions of the rows built here (documented once, used by :mod:`speclimits.tracing.sweep`):
 

@@ -332,7 +332,7 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
                                       with_category=any(p.category is not None for p in prompts))
             try:
                 for pi in mine:
-                    bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}")
+                    bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}, {writer.pending} unwritten")
                     writer.run(prompts[pi], prompt_ids[pi], ki * n_p + pi,
                                keep_tokens=cfg.tokens == "all" or (cfg.tokens == "ref" and K == ref_k))
                     bar.update(1)
