@@ -46,7 +46,7 @@ class HeadConfig:
     step_decay: float = 0.8
     seq_len: int = 192
     batch: int = 8
-    steps: int = 300
+    steps: int = 600
     lr: float = 2e-3
     warmup: int = 20
     seed: int = 0

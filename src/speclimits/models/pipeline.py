@@ -22,7 +22,7 @@ import numpy as np
 
 from speclimits.errors import SpeclimitsError
 
-STAGES = ("corpus", "tokenizer", "target", "headdata", "eagle3", "dense", "serve")
+STAGES = ("corpus", "tokenizer", "heldout", "target", "headdata", "eagle3", "dense", "serve")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
@@ -111,6 +111,18 @@ class Pipeline:
         self.log(f"tokenizer: vocab {len(tok)}; streams {stats}")
         return {"vocab_size": len(tok), "streams": stats}
 
+    def stage_heldout(self) -> dict:
+        """Held-out corpus passages as prompts with teacher-forced references (for the Oracle trace)."""
+        from speclimits.models.tokenizer import load_streams
+
+        path = Path(__file__).resolve().parents[3] / "data" / "prompts" / "heldout-corpus.jsonl"
+        if self.smoke:
+            path = self.out / "heldout-corpus.jsonl"
+        n = write_heldout_prompts(load_streams(self.streams_dir, "valid"), path, self._tokenizer(),
+                                  per_domain=2 if self.smoke else 8)
+        self.log(f"held-out passages: {n} prompts in {path}")
+        return {"path": str(path), "prompts": n}
+
     def _tokenizer(self):
         from speclimits.models.tokenizer import load_tokenizer
 
@@ -139,7 +151,8 @@ class Pipeline:
 
         cfg = HeadConfig(seed=self.seed)
         if self.smoke:
-            cfg = replace(cfg, draft_vocab=512, seq_len=48, batch=4, steps=4, warmup=2, intermediate=64)
+            cfg = replace(cfg, draft_vocab=512, seq_len=48, batch=4, steps=4, warmup=2, intermediate=64,
+                          aux_layer_ids=(1, 2, 3))
         return cfg
 
     def stage_headdata(self) -> dict:
@@ -148,7 +161,7 @@ class Pipeline:
         rng = np.random.default_rng(self.seed + 1)
         from speclimits.models.tokenizer import load_streams
 
-        prompt_len, n_train, n_valid = (16, 8, 4) if self.smoke else (32, 320, 32)
+        prompt_len, n_train, n_valid = (16, 8, 4) if self.smoke else (32, 640, 32)
         spec = {}
         for split, n in (("train", n_train), ("valid", n_valid)):
             streams = load_streams(self.streams_dir, split)
@@ -181,7 +194,8 @@ class Pipeline:
         if proc.returncode != 0:
             raise SpeclimitsError(f"vLLM step failed ({' '.join(args[:1])}), exit {proc.returncode}:\n{tail}")
         for line in proc.stdout.strip().splitlines():
-            self.log("  vllm: " + line)
+            if line.startswith("RESULT "):
+                self.log("  vllm: " + line[7:])
 
     def _mixed_sequences(self, seq_len: int, split: str, n_corpus: int) -> np.ndarray:
         """Target-greedy sequences plus ``n_corpus`` corpus windows of the same length (train or valid split)."""
@@ -243,6 +257,37 @@ class Pipeline:
         (self.out / "serve_check.json").write_text(json.dumps(served, indent=2) + "\n")
         return {"acceptance": {k: v["per_position"] for k, v in served["acceptance"].items()},
                 "timing_ms": served["timing_ms"], "agreement": served["agreement"]}
+
+
+def write_heldout_prompts(streams: dict[str, np.ndarray], path: Path, tokenizer, per_domain: int = 8,
+                          prompt_len: int = 48, ref_len: int = 128) -> int:
+    """Evenly spaced held-out passages per domain: ``prompt_token_ids`` + ``reference_token_ids`` (JSONL).
+
+    Passages that cross a document boundary (an end-of-text id) are moved forward to the next
+    clean window; ``category`` is ``heldout-<domain>``.
+    """
+    from speclimits.models.tokenizer import EOS
+
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    rows = []
+    span = prompt_len + ref_len
+    for domain in sorted(streams):
+        s = streams[domain]
+        starts = np.linspace(0, s.size - span - 1, per_domain, endpoint=False).astype(int)
+        for i, a in enumerate(starts):
+            while a + span < s.size and (s[a: a + span] == eos).any():
+                a = int(np.nonzero(s[a: a + span] == eos)[0][-1]) + a + 1
+            if a + span >= s.size:
+                continue
+            win = s[a: a + span].tolist()
+            rows.append({"id": f"heldout-{domain}-{i + 1:02d}", "category": f"heldout-{domain}",
+                         "prompt_token_ids": win[:prompt_len], "reference_token_ids": win[prompt_len:],
+                         "text": tokenizer.decode(win[:prompt_len])})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return len(rows)
 
 
 def train_models(out: str | Path, scratch: str | Path | None = None, seed: int = 0, smoke: bool = False,

@@ -93,7 +93,7 @@ def generate(req: dict) -> dict:
         out[split] = [list(r.outputs[0].token_ids) for r in res]
         n_tok += sum(len(o) for o in out[split])
     out["tokens_per_second"] = round(n_tok / (time.perf_counter() - t0), 1)
-    print(f"generated {n_tok} tokens at {out['tokens_per_second']} tok/s")
+    print(f"RESULT generated {n_tok} tokens at {out['tokens_per_second']} tok/s")
     return out
 
 
@@ -182,14 +182,14 @@ def check(req: dict) -> dict:
                 "drafts": drafts, "draft_tokens": after["draft_tokens"] - before["draft_tokens"], "accepted": acc,
                 "per_position": [round(x / drafts, 4) if drafts else None for x in per_pos],
                 "mean_accepted_length": round(1 + acc / drafts, 4) if drafts else None}
-            print(f"{name}: acceptance per position {result['acceptance'][name]['per_position']}")
+            print(f"RESULT {name}: acceptance per position {result['acceptance'][name]['per_position']}")
         llm.collective_rpc(_install_timers)
         result["timing_ms"][name] = _timed_runs(llm, prompts[: req["timing_prompts"]], max_tokens)
-        print(f"{name}: batch-1 timing {result['timing_ms'][name]}")
+        print(f"RESULT {name}: batch-1 timing {result['timing_ms'][name]}")
         del llm
         gc.collect()
     result["ratios"] = cost_ratios(result["timing_ms"], k_max)
-    print(f"ratios: {result['ratios']}")
+    print(f"RESULT ratios: {result['ratios']}")
     return result
 
 
@@ -231,7 +231,7 @@ def agreement_check(target_dir: str | Path, head_dir: str | Path, greedy_outputs
     """
     import torch
 
-    from speclimits.models.eagle3 import build_cache, load_head, target_to_draft
+    from speclimits.models.eagle3 import build_cache, load_head
     from speclimits.models.target import load_target
 
     target = load_target(target_dir)
@@ -248,7 +248,6 @@ def agreement_check(target_dir: str | Path, head_dir: str | Path, greedy_outputs
         pos = np.arange(n_p + 1, len(ids))
         hits += int((pred[pos - 2] == ids[pos]).sum())
         total += pos.size
-    del target_to_draft
     offline = hits / total
     return {"offline_teacher_forced_step1": round(offline, 4), "vllm_k1_acceptance": vllm_k1_acceptance,
             "difference": round(offline - vllm_k1_acceptance, 4), "positions": total}

@@ -35,7 +35,7 @@ class TargetConfig:
     moe_intermediate: int = 64
     seq_len: int = 256
     batch: int = 8
-    steps: int = 560
+    steps: int = 1000
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup: int = 30
@@ -168,9 +168,9 @@ def train_target(cfg: TargetConfig, train: dict[str, np.ndarray], valid: dict[st
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         x, _ = sampler.batch(cfg.batch)
-        out = model(input_ids=x[:, :-1], output_router_logits=True)
-        ce = F.cross_entropy(out.logits.flatten(0, 1), x[:, 1:].flatten())
-        bal, load = routing_balance(out.router_logits, cfg.top_k)
+        res = model(input_ids=x[:, :-1], output_router_logits=True)
+        ce = F.cross_entropy(res.logits.flatten(0, 1), x[:, 1:].flatten())
+        bal, load = routing_balance(res.router_logits, cfg.top_k)
         (ce + cfg.balance_coef * bal).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Regenerate the measured trace data/traces/measured-eagle3 with the tracing harness (speclimits trace):
+# the committed Qwen3-MoE target + EAGLE-3 head (data/models), batch size 1, greedy, K = 0..10
+# (K = 0: plain decoding), 128 tokens per generation, on 32 project prompts (data/prompts/speclimits.jsonl,
+# 8 per category; Oracle reference = the target's own greedy output) plus 12 held-out corpus passages
+# (data/prompts/heldout-corpus.jsonl, Oracle reference = the held-out continuation, teacher-forced).
+#   scripts/make_trace.sh [OUT_DIR]        (~15-25 min on 2 CPU cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-data/traces/measured-eagle3}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# 8 project prompts per category (32) + 4 held-out passages per domain (12), in file order
+.venv/bin/python - "$tmp/prompts.jsonl" <<'PY'
+import json, sys
+from collections import Counter
+rows, seen = [], Counter()
+for path, cap in (("data/prompts/speclimits.jsonl", 8), ("data/prompts/heldout-corpus.jsonl", 4)):
+    for line in open(path, encoding="utf-8"):
+        r = json.loads(line)
+        if seen[r["category"]] < cap:
+            seen[r["category"]] += 1
+            rows.append(line)
+open(sys.argv[1], "w", encoding="utf-8").writelines(rows)
+PY
+rm -rf "$out"
+.venv/bin/speclimits trace --target data/models/target --draft data/models/eagle3 --method eagle3 \
+  --k 0-10 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \
+  --seed 0 --oracle --oracle-k-max 10
+cp "$tmp/prompts.jsonl" "$out/prompts.jsonl"
+.venv/bin/python -m speclimits.models.trace_provenance "$out" --command "scripts/make_trace.sh $*"
+.venv/bin/speclimits validate "$out" || true
