@@ -280,3 +280,85 @@ def test_eagle3_sweep_through_the_cli(tiny, tmp_path, capsys):
     assert (ubw[:, 0] == 4).all() and (np.diff(ubw, axis=1) >= 0).all() and (ubw <= 16).all()
     # with dummy weights the head's drafts are random: vLLM accepted none, and the trace agrees
     assert s["vllm_accepted"] == 0 and (o["accept_len"] == 0).all()
+
+
+class _FakeLLM:
+    """Stands in for ``vllm.LLM`` in the writer test: synthetic step records, cumulative counters."""
+
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+        self.counters = {"drafted": 0, "accepted": 0}
+        self.records, self.n, self.fail_at = [], 0, None
+
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace as NS
+
+        self.n += 1
+        rid, rng, K = str(self.n), self.rng, 2
+        rows = lambda m: rng.integers(0, 8, size=(m, 2, 2)).astype(np.int16)  # noqa: E731
+        reqs = [dict(req_id=f"{rid}-abcdefgh", n_sched=5, n_spec=0, context_len=0, n_prompt=5, n_out_before=0,
+                     row_offset=0, n_sampled=1, sampled=[1], n_drafted=K, u_layers=np.array([4, 4]),
+                     routing=rows(2), routing_from=3)]
+        out = [1]
+        while len(out) < params.max_tokens:
+            n_s = int(rng.integers(1, K + 2))
+            sampled = [int(t) for t in rng.integers(2, 500, size=n_s)]
+            reqs.append(dict(req_id=f"{rid}-abcdefgh", n_sched=K + 1, n_spec=K, context_len=4 + len(out), n_prompt=5,
+                             n_out_before=len(out), row_offset=0, n_sampled=n_s, sampled=sampled, n_drafted=K,
+                             routing=rows(K + 1), routing_from=0))
+            out += sampled
+            self.counters["drafted"] += K
+            self.counters["accepted"] += n_s - 1
+        if self.n == self.fail_at:
+            raise KeyboardInterrupt  # interrupted inside generate, after some drafts were counted
+        self.records += [dict(step=i, t_target_ms=1.0, t_draft_ms=0.5, graph_bucket=r["n_sched"],
+                              num_tokens=r["n_sched"], kv_usage=0.1, reqs=[r]) for i, r in enumerate(reqs)]
+        return [NS(request_id=rid, outputs=[NS(token_ids=out[:params.max_tokens], finish_reason="length")])]
+
+    def collective_rpc(self, name, args=()):
+        assert name == "speclimits_drain"
+        recs, self.records = self.records, []
+        return [recs]
+
+    def get_metrics(self):
+        from types import SimpleNamespace as NS
+
+        return [NS(name="vllm:spec_decode_num_draft_tokens", value=self.counters["drafted"]),
+                NS(name="vllm:spec_decode_num_accepted_tokens", value=self.counters["accepted"])]
+
+
+def test_writer_flush_policy_and_interrupted_generations(vllm_mod, tmp_path):
+    from speclimits.tracing.prompts import Prompt
+    from speclimits.tracing.sweep import (GenerationWriter, SweepConfig, done_generations, read_generations,
+                                          read_parts_log)
+
+    root = tmp_path / "tr"
+    root.mkdir()
+    cfg = SweepConfig(target="t", prompts="-", out=str(root), max_tokens=10, flush_every=2, flush_seconds=60)
+    llm = _FakeLLM()
+    prompt = Prompt("p", token_ids=(1, 2, 3, 4, 5))
+    w = GenerationWriter(llm, root, cfg, 2, top_k=2)
+    for gid in (0, 1, 2):
+        w.run(prompt, [1, 2, 3, 4, 5], gid, keep_tokens=gid == 0)
+    assert done_generations(root) == {0, 1} and w.pending == 1  # flushed after two
+    w.close()  # an exception between generations: what is buffered is complete, so it is written
+    assert done_generations(root) == {0, 1, 2}
+    w = GenerationWriter(llm, root, cfg, 2, top_k=2)
+    w.run(prompt, [1, 2, 3, 4, 5], 3, keep_tokens=False)
+    llm.fail_at = llm.n + 1
+    with pytest.raises(KeyboardInterrupt):
+        w.run(prompt, [1, 2, 3, 4, 5], 4, keep_tokens=False)
+    w.close()  # the interrupted generation's drafts are in vLLM's counters: gid 3 is dropped, not mis-checked
+    assert done_generations(root) == {0, 1, 2} and not (root / "rounds.parquet" / "part-g000003.parquet").exists()
+    parts = read_parts_log(root)
+    assert sorted(parts) == ["part-g000000", "part-g000002"]
+    assert all(p["trace"] == p["vllm"] and p["vllm"]["drafted"] > 0 for p in parts.values())
+    # per-generation checks, and a time-based flush after every generation (flush_seconds=0)
+    cfg.check_counters, cfg.flush_every, cfg.flush_seconds = "generation", 100, 0.0
+    w = GenerationWriter(llm, root, cfg, 2, top_k=2)
+    for gid in (5, 6):
+        w.run(prompt, [1, 2, 3, 4, 5], gid, keep_tokens=False)
+        assert w.pending == 0
+    gens = read_generations(root)
+    assert all(gens[g]["vllm"] == {k: gens[g]["trace"][k] for k in ("drafted", "accepted")} for g in (5, 6))
+    assert "vllm" not in gens[0] and done_generations(root) == {0, 1, 2, 5, 6}
