@@ -496,7 +496,7 @@ def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVRes
     oof = np.full(mom.n_rows, np.nan)
     recs = []
     for f in np.unique(folds):
-        tr, te = cell_fold != f, cell_fold == f
+        tr = cell_fold != f
         beta = _solve(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
         rows = row_fold == f
         b = a @ beta

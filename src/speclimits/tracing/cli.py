@@ -3,23 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from speclimits.errors import SpeclimitsError
-
-
-def _kv(items: list[str], flag: str) -> dict:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SpeclimitsError(f"{flag} expects NAME=VALUE (VALUE as JSON), got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
+from speclimits.cliutil import parse_assignments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +79,8 @@ def _cli(args: argparse.Namespace) -> int:
         out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=args.dtype, load_format=args.load_format,
         tokens=args.tokens, ignore_eos=args.ignore_eos, chat_template=not args.no_chat_template, limit=args.limit,
         resume=args.resume, progress=not args.quiet, block_size=args.block_size, max_model_len=args.max_model_len,
-        spec_extra=_kv(args.spec_arg, "--spec-arg"), engine_extra=_kv(args.engine_arg, "--engine-arg"),
+        spec_extra=parse_assignments(args.spec_arg, "--spec-arg"),
+        engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
     )
     meta = run_sweep(cfg)
