@@ -7,7 +7,7 @@ import altair as alt
 #: Rows above which charts aggregate or sample instead of drawing every point.
 MAX_POINTS = 5000
 
-WIDTH = 560
+WIDTH = 430
 HEIGHT = 260
 
 alt.data_transformers.disable_max_rows()
