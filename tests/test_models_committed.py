@@ -41,14 +41,15 @@ def test_target_is_a_qwen3_moe_with_finite_logits_and_learned_something(target, 
     conf = target.config
     assert conf.architectures == ["Qwen3MoeForCausalLM"]
     assert conf.num_experts >= 32 and conf.num_experts_per_tok >= 4
-    ids = torch.tensor([tokenizer.encode("def main(argv=None):\n    if argv is None:\n        argv = sys.",
-                                         add_special_tokens=False)])
+    text = ("import os\nimport sys\n\n\ndef main(argv=None):\n    if argv is None:\n        argv = sys.argv[1:]\n"
+            "    for name in argv:\n        if not os.path.exists(name):\n            print(name)\n    return 0\n")
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
     with torch.no_grad():
         logits = target(input_ids=ids).logits
     assert torch.isfinite(logits).all()
-    # a trained model puts far more than uniform probability on the obvious next token
-    nxt = tokenizer.encode("argv", add_special_tokens=False)[0]
-    assert logits[0, -1].softmax(-1)[nxt] > 50 / conf.vocab_size
+    # a trained model is far better than uniform (log 8192 = 9.0 nats) on ordinary Python
+    nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).item()
+    assert nll < 0.7 * np.log(conf.vocab_size)
 
 
 def test_eagle3_head_matches_the_target_and_the_recorded_metrics(target):
@@ -72,7 +73,7 @@ def test_eagle3_head_matches_the_target_and_the_recorded_metrics(target):
     with torch.no_grad():
         logits = head.unroll(target.get_input_embeddings()(cache.ids), cache.aux, 1)[0][0]
     pred = d2t_ids[logits.argmax(-1)]
-    agree = (pred[38:] == ids[0, 40:]).float().mean().item()
+    agree = (pred[38: ids.shape[1] - 2] == ids[0, 40:]).float().mean().item()
     assert agree > 0.3
 
 

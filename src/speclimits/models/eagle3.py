@@ -42,7 +42,7 @@ class HeadConfig:
     kv_heads: int = 1
     head_dim: int = 64
     aux_layer_ids: tuple[int, ...] | None = None  # None: vLLM's default (2, L // 2, L - 3)
-    ttt_steps: int = 3
+    ttt_steps: int = 6
     step_decay: float = 0.8
     seq_len: int = 192
     batch: int = 8
