@@ -19,3 +19,22 @@ def smoke_trace(tmp_path_factory):
     out = tmp_path_factory.mktemp("trace") / "smoke"
     simulate(preset("smoke"), seed=1, out=out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def smoke_book(smoke_trace, tmp_path_factory):
+    """The whole book built once on the smoke trace with smoke parameters (every section executed).
+
+    Returns the build folder: executed notebooks under ``source/book/<name>.ipynb``, the site under
+    ``_build/html``. Section tests read their executed notebook from here instead of running it again.
+    """
+    from speclimits.book import build_book
+
+    out = tmp_path_factory.mktemp("book") / "site"
+    build_book(smoke_trace, smoke=True, out=out, progress=False)
+    return out
+
+
+def executed_notebook_text(smoke_book, name: str) -> str:
+    """The executed notebook ``book/<name>`` of the smoke build, as JSON text."""
+    return (smoke_book / "source" / "book" / f"{name}.ipynb").read_text()

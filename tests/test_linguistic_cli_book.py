@@ -8,9 +8,9 @@ import shutil
 import pandas as pd
 import pytest
 
+from conftest import executed_notebook_text
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.paths import BOOK_DIR
 from speclimits.trace import read_trace
 
 
@@ -49,14 +49,7 @@ def test_cli_errors_name_the_missing_table(smoke_trace, tmp_path, capsys):
 
 
 @pytest.mark.book
-def test_linguistic_notebook_executes_with_smoke_parameters(smoke_trace, tmp_path):
-    jupytext = pytest.importorskip("jupytext")
-    papermill = pytest.importorskip("papermill")
-    src = tmp_path / "07_linguistic.ipynb"
-    jupytext.write(jupytext.read(BOOK_DIR / "07_linguistic.py"), src)
-    out = tmp_path / "07_linguistic_out.ipynb"
-    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
-                               kernel_name="python3", progress_bar=False)
-    text = out.read_text()
+def test_linguistic_notebook_executes_with_smoke_parameters(smoke_book):
+    text = executed_notebook_text(smoke_book, "07_linguistic")
     assert "SIMULATED" in text and "Traceback" not in text
     assert "share k*>=4" in text and "planted difference" in text and "agreement" in text

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import executed_notebook_text
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
 from speclimits.oracle import evaluate_policy, load_inputs, solve
@@ -17,7 +18,6 @@ from speclimits.oracle.inputs import CostTable
 from speclimits.oracle.policies import (ConfidenceThreshold, DeltaRule, StaticK, compare_policies,
                                         draw_accept_lengths, evaluate_exact, mean_u_bar, rollout,
                                         split_sequences)
-from speclimits.paths import BOOK_DIR
 from speclimits.trace import read_trace
 
 
@@ -238,15 +238,8 @@ def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys)
 
 
 @pytest.mark.book
-def test_oracle_notebook_executes_with_smoke_parameters(smoke_trace, tmp_path):
-    jupytext = pytest.importorskip("jupytext")
-    papermill = pytest.importorskip("papermill")
-    src = tmp_path / "06_oracle.ipynb"
-    jupytext.write(jupytext.read(BOOK_DIR / "06_oracle.py"), src)
-    out = tmp_path / "06_oracle_out.ipynb"
-    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
-                               kernel_name="python3", progress_bar=False)
-    text = out.read_text()
+def test_oracle_notebook_executes_with_smoke_parameters(smoke_book):
+    text = executed_notebook_text(smoke_book, "06_oracle")
     assert "SIMULATED" in text and "Traceback" not in text
     assert "Oracle speedup over autoregressive" in text and "gain_captured" in text
 

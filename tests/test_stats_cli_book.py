@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from conftest import executed_notebook_text
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.paths import BOOK_DIR
 
 NOTEBOOKS = ("02_factors", "03_final_model", "04_draft_model", "05_robustness")
 
@@ -46,15 +46,7 @@ def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):
 
 @pytest.mark.book
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes_with_smoke_parameters(name, smoke_trace, tmp_path):
-    jupytext = pytest.importorskip("jupytext")
-    papermill = pytest.importorskip("papermill")
-    nb = jupytext.read(BOOK_DIR / f"{name}.py")
-    src = tmp_path / f"{name}.ipynb"
-    jupytext.write(nb, src)
-    out = tmp_path / f"{name}_out.ipynb"
-    papermill.execute_notebook(str(src), str(out), parameters={"trace": str(smoke_trace), "smoke": True},
-                               kernel_name="python3", progress_bar=False)
-    text = out.read_text()
+def test_notebook_executes_with_smoke_parameters(name, smoke_book):
+    text = executed_notebook_text(smoke_book, name)
     assert "SIMULATED" in text
     assert "Traceback" not in text

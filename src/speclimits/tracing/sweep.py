@@ -201,10 +201,9 @@ def append_lines(path: Path, entries: Iterable[dict[str, Any]]) -> None:
         os.fsync(fh.fileno())
 
 
-def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:
-    """The ``parts.jsonl`` entries by part name (the last line wins; a torn last line is skipped)."""
-    path = Path(root) / "parts.jsonl"
-    out: dict[str, dict[str, Any]] = {}
+def _read_jsonl_by(path: Path, key: str, cast) -> dict:
+    """Entries of a JSONL log keyed by ``cast(entry[key])`` (the last line wins; a torn line is skipped)."""
+    out: dict = {}
     if not path.exists():
         return out
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -212,23 +211,18 @@ def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        out[str(entry["part"])] = entry
+        out[cast(entry[key])] = entry
     return out
+
+
+def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The ``parts.jsonl`` entries by part name."""
+    return _read_jsonl_by(Path(root) / "parts.jsonl", "part", str)
 
 
 def read_generations(root: str | Path) -> dict[int, dict[str, Any]]:
-    """The ``generations.jsonl`` entries by generation id (the last line wins; a torn last line is skipped)."""
-    path = Path(root) / "generations.jsonl"
-    out: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out[int(entry["generation_id"])] = entry
-    return out
+    """The ``generations.jsonl`` entries by generation id."""
+    return _read_jsonl_by(Path(root) / "generations.jsonl", "generation_id", int)
 
 
 def columns_table(chunks: list[dict[str, np.ndarray]], categories: list[str | None] | None) -> pa.Table:
