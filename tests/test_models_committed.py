@@ -52,7 +52,7 @@ def test_target_is_a_qwen3_moe_with_finite_logits_and_learned_something(target, 
     assert nll < 0.7 * np.log(conf.vocab_size)
 
 
-def test_eagle3_head_matches_the_target_and_the_recorded_metrics(target):
+def test_eagle3_head_matches_the_target_and_the_recorded_metrics(target, tokenizer):
     from speclimits.models.eagle3 import build_cache, load_head
 
     head, d2t_ids, aux_ids = load_head(MODELS / "eagle3")
@@ -64,7 +64,8 @@ def test_eagle3_head_matches_the_target_and_the_recorded_metrics(target):
     assert d2t_ids.min() >= 0 and d2t_ids.max() < target.config.vocab_size
     assert len(set(d2t_ids.tolist())) == d2t_ids.numel()
     # the head drafts far better than chance on the target's own greedy continuation
-    ids = torch.tensor([[int(t) for t in (np.arange(40) * 37 + 11) % 4000]])
+    prompt = json.loads((REPO_ROOT / "data" / "prompts" / "speclimits.jsonl").read_text().splitlines()[0])["prompt"]
+    ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)[-40:]])
     with torch.no_grad():
         for _ in range(48):
             nxt = target(input_ids=ids).logits[0, -1].argmax()
