@@ -41,6 +41,7 @@ import speclimits.book_support as bs
 from speclimits import figures
 from speclimits.oracle import default_cost_model, load_inputs, solve, sweep_k_max
 from speclimits.oracle.ablation import PAPER_CASE_MATCH_RANGE, alpha_ablation
+from speclimits.oracle.calibration import calibrate_match_prob, calibration_gap, calibration_table, compare_transitions
 from speclimits.oracle.delta import delta_space
 from speclimits.oracle.policies import compare_policies
 from speclimits.oracle.solver import PAPER_PLATEAU_ACCEPTED, PAPER_PLATEAU_FROM_K_MAX, PAPER_PLATEAU_SPEEDUP
@@ -55,6 +56,7 @@ k_max = 10
 n_boot = 199
 n_rollouts = 64
 test_share = 0.5
+surrogate = "auto"
 
 # %%
 tr = bs.load(trace)
@@ -67,6 +69,36 @@ k_max = min(k_max, inputs.k_list)
 n_boot, n_rollouts = (19, 8) if smoke else (n_boot, n_rollouts)
 
 # %% [markdown]
+# ## Is the draft's probability a calibrated surrogate?
+#
+# The transitions use $q_{n,i}$, the draft's probability of the reference token, as the chance that
+# step $i$ matches. Under greedy verification the trace also records what happened: step $i$ matched
+# iff the greedy match length is at least $i$. The table compares the two among states whose chain
+# reached step $i$. When they disagree (a small trained head can be much less confident than it is
+# right), the probabilistic "bound" understates what greedy speculation achieves, so with
+# `surrogate = "auto"` a measured trace uses $q$ mapped through an isotonic fit to the observed
+# matches (the ranking of $q$ is kept); a simulated trace is calibrated by construction and keeps
+# the raw $q$, as the paper does.
+
+# %%
+calibration_table(inputs).round(3)
+
+# %%
+gap = calibration_gap(inputs)
+use_calibrated = surrogate == "calibrated" or (surrogate == "auto" and not tr.simulated)
+raw_inputs = inputs
+if use_calibrated:
+    inputs, _ = calibrate_match_prob(raw_inputs)
+print(f"observed match rate - mean q = {gap:+.3f}; the Oracle below uses "
+      f"{'isotonic-calibrated' if use_calibrated else 'raw'} q")
+
+# %%
+compare_transitions(raw_inputs, model, k_max=k_max).round(3)
+
+# %% [markdown]
+# `exact greedy` uses the observed match lengths (the deterministic variant): under greedy
+# decoding it is the exact hindsight bound on these references for the fitted cost model.
+#
 # ## Solving the Oracle
 #
 # All sequences are solved together, in lockstep by tokens remaining, for every $k$ at once. The

@@ -19,7 +19,7 @@ DATA_DIR = REPO_ROOT / "data"
 TRACES_DIR = DATA_DIR / "traces"
 
 #: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
-DEFAULT_TRACE = TRACES_DIR / "sim-default"
+DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"
 
 #: Build outputs (never committed).
 BUILD_DIR = REPO_ROOT / "_build"
