@@ -49,3 +49,13 @@ def test_compare_transitions_exact_greedy_is_deterministic(smoke_trace):
     assert list(table.index) == ["raw q", "calibrated q", "exact greedy (accept_len)"]
     exact = solve(inputs, model, k_max=6, deterministic=True).bounds.speedup
     assert table.loc["exact greedy (accept_len)", "oracle_speedup"] == exact
+
+
+def test_cli_surrogate_option(smoke_trace, capsys):
+    import json
+
+    from speclimits.cli import main
+
+    assert main(["oracle", str(smoke_trace), "--surrogate", "calibrated", "--k-max", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["surrogate"] == "calibrated" and out["speedup"] > 1.0

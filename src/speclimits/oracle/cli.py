@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="multiply every alpha(m) by X (0 = the α = 0 ablation; default 1)")
     p.add_argument("--deterministic", action="store_true",
                    help="transitions from the observed accept_len instead of match_prob")
+    p.add_argument("--surrogate", choices=("raw", "calibrated"), default="raw",
+                   help="match_prob as recorded (raw, the paper's surrogate; default) or mapped through an "
+                        "isotonic fit to the observed greedy matches (calibrated; for a poorly calibrated draft)")
     p.add_argument("--allow-k0", action="store_true", help="let the Oracle take plain autoregressive steps (k = 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)
@@ -61,6 +64,10 @@ def _cli(args: argparse.Namespace) -> int:
         model, note = default_cost_model(tr)
     if args.k_max is not None and args.k_max < 1:
         raise SpeclimitsError(f"--k-max must be >= 1, got {args.k_max}")
+    if args.surrogate == "calibrated":
+        from speclimits.oracle.calibration import calibrate_match_prob
+
+        inputs, _ = calibrate_match_prob(inputs)
     res = solve(inputs, model, k_max=args.k_max, allow_k0=args.allow_k0, deterministic=args.deterministic,
                 alpha_scale=args.alpha_scale)
     if args.json:
@@ -68,6 +75,7 @@ def _cli(args: argparse.Namespace) -> int:
         out["trace"] = str(args.trace)
         out["simulated"] = tr.simulated
         out["cost_model_note"] = note
+        out["surrogate"] = "exact greedy (accept_len)" if args.deterministic else args.surrogate
         json.dump(_clean(out), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
