@@ -43,9 +43,10 @@ seed = 0
 
 # %% tags=["remove-input"]
 tr = bs.load(trace)
-print(f"This build ran on: {tr.source_label}")
-print(f"Trace directory:   {tr.path}")
-print(f"Description:       {tr.meta.get('description', '(none)')}")
+print("This build ran on:", tr.source_label, sep="\n  ")
+print("Trace directory:", tr.path.name, sep="\n  ")
+if tr.meta.get("description"):
+    print("Description:", tr.meta["description"], sep="\n  ")
 
 # %% [markdown]
 # ## Simulated or measured?
