@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import linguistic as ling
-from speclimits.linguistic.bootstrap import draw_counts
+from speclimits.bootstrap import draw_counts
 from speclimits.oracle import OracleInputs, solve
 from speclimits.simulate import make_meta, preset, simulate
 

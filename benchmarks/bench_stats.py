@@ -17,6 +17,7 @@ import time
 import numpy as np
 import statsmodels.api as sm
 
+from speclimits.bootstrap import draw_counts
 from speclimits import stats
 from speclimits.stats._ols import CellMoments, Design
 from speclimits.trace import decode_rounds, read_trace
@@ -40,7 +41,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     mom = CellMoments.from_rounds(dk)
-    w = stats.bootstrap_weights(mom.n_clusters, args.n_boot, seed=0)
+    w = draw_counts(mom.n_clusters, args.n_boot, seed=0)
     boot = stats.cluster_bootstrap(mom, design, w)
     t_fast = time.perf_counter() - t0
     print(f"K = {args.k}: {len(dk):,} rounds, {mom.n_clusters} generations")

@@ -40,11 +40,11 @@ import pandas as pd
 import speclimits.book_support as bs
 from speclimits import figures
 from speclimits.oracle import default_cost_model, load_inputs, solve, sweep_k_max
-from speclimits.oracle.ablation import PAPER_CASE_MATCH_RANGE, alpha_ablation
+from speclimits import paper
+from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibrate_match_prob, calibration_gap, calibration_table, compare_transitions
 from speclimits.oracle.delta import delta_space
 from speclimits.oracle.policies import compare_policies
-from speclimits.oracle.solver import PAPER_PLATEAU_ACCEPTED, PAPER_PLATEAU_FROM_K_MAX, PAPER_PLATEAU_SPEEDUP
 
 bs.setup()
 
@@ -102,7 +102,7 @@ compare_transitions(raw_inputs, model, k_max=k_max).round(3)
 # ## Solving the Oracle
 #
 # All sequences are solved together, in lockstep by tokens remaining, for every $k$ at once. The
-# table puts the paper's values (third-party summaries; provisional) beside ours.
+# table sets the only comparable figure we have, a third-party summary's (unverified), beside ours.
 
 # %%
 res = solve(inputs, model, k_max=k_max)
@@ -113,7 +113,8 @@ bd = res.bounds
 pd.DataFrame({
     "ours": [bd.speedup, bd.mean_accepted, bd.tokens_per_round, bd.best_static_k, bd.best_static_speedup,
              bd.gain_over_best_static],
-    "paper (provisional)": [PAPER_PLATEAU_SPEEDUP, PAPER_PLATEAU_ACCEPTED, None, None, None, None],
+    "third-party summaries (unverified)": [None, paper.THIRD_PARTY["mean_accepted_plateau"]["value"], None, None,
+                                           None, None],
 }, index=["Oracle speedup over autoregressive", "mean accepted length (drafts/round)", "tokens per round",
           "best static K (hindsight)", "best static K speedup", "Oracle time gain over best static K"]).round(3)
 
@@ -145,15 +146,17 @@ states["k_star"].value_counts(normalize=True).sort_index().rename("share of stat
 # %% [markdown]
 # ## The bound as $K_{\max}$ grows
 #
-# Third-party summaries of the paper report a plateau near 2.34× with mean accepted length ≈ 2.1
-# beyond $K_{\max} = 6$ (provisional: the main text is not available). The dashed line marks it.
+# The appendix gives no Oracle speedup to compare with. Third-party summaries (unverified: the
+# main text is not available to us) say the mean accepted length saturates around 2.1 tokens and
+# that the Oracle limits drafts to about 2.8 tokens; a "≈2.34× plateau" seen in some summaries
+# belongs to another paper (MoE-SpeQ), so it is not shown here.
 
 # %%
 sweep = sweep_k_max(inputs, model, range(1, k_max + 1))
 sweep.round(3)
 
 # %%
-figures.oracle_speedup_by_k_max(sweep, PAPER_PLATEAU_SPEEDUP, PAPER_PLATEAU_FROM_K_MAX)
+figures.oracle_speedup_by_k_max(sweep)
 
 # %% [markdown]
 # ## Delta Space
@@ -208,7 +211,7 @@ summary["paper"] = np.where(summary["boundary"].isin(["4->5", "6->7", "7->8"]), 
 summary.round(4)
 
 # %%
-lo, hi = PAPER_CASE_MATCH_RANGE
+lo, hi = paper.CASE_MATCH_RANGE
 in_range = ab.cases["match_prob_added"].between(lo, hi)
 print(f"{len(ab.cases):,} cases; {in_range.mean():.3f} of them have an added-token match probability "
       f"inside the paper's range [{lo:.4f}; {hi:.4f}]")

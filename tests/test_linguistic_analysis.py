@@ -10,7 +10,7 @@ import pytest
 from speclimits import linguistic as ling
 from speclimits.errors import SpeclimitsError, TraceFormatError
 from speclimits.linguistic import gallery
-from speclimits.linguistic.bootstrap import draw_counts, ratio_bootstrap
+from speclimits.bootstrap import draw_counts, ratio_bootstrap
 from speclimits.oracle import OracleInputs, solve
 from speclimits.simulate import make_meta, preset, simulate
 

@@ -254,12 +254,12 @@ def test_figures_build_valid_specs(smoke, solved):
     _, inputs, model = smoke
     states = solved.to_frame()
     sweep = sweep_k_max(inputs, model, range(1, 4))
-    spec = figures.oracle_speedup_by_k_max(sweep, 2.34, 6).to_dict()
+    spec = figures.oracle_speedup_by_k_max(sweep).to_dict()
     assert "speedup over autoregressive" in json.dumps(spec)
     data = model.to_dict()
     del data["target"]["by_m"]["1"]
     no_ar = sweep_k_max(inputs, CostModel.from_dict(data), range(1, 4))
-    assert "no autoregressive baseline" in json.dumps(figures.oracle_speedup_by_k_max(no_ar, 2.34, 6).to_dict())
+    assert "no autoregressive baseline" in json.dumps(figures.oracle_speedup_by_k_max(no_ar).to_dict())
     ds = delta_space(solved, n_boot=5)
     for chart in (figures.oracle_value_along_sequence(states, states["seq_id"].iloc[0]),
                   figures.oracle_k_star_distribution(states),

@@ -9,8 +9,9 @@ import statsmodels.api as sm
 from scipy import stats as sps
 from sklearn.linear_model import LinearRegression
 
+from speclimits.bootstrap import draw_counts
 from speclimits.errors import SpeclimitsError
-from speclimits.stats import (CellMoments, Design, bootstrap_weights, cluster_bootstrap, cross_validate, fit_ols,
+from speclimits.stats import (CellMoments, Design, cluster_bootstrap, cross_validate, fit_ols,
                               group_folds, t_interval)
 from speclimits.stats.final import categorical_design, fit_joint
 
@@ -120,7 +121,7 @@ def test_bootstrap_from_sufficient_statistics_equals_refits():
     df = _rounds(n_gen=25, seed=4)
     mom = CellMoments.from_rounds(df)
     design = Design.linear("u_bar", "context_len")
-    w = bootstrap_weights(mom.n_clusters, 20, seed=7)
+    w = draw_counts(mom.n_clusters, 20, seed=7)
     boot = cluster_bootstrap(mom, design, w)
     gens = np.sort(df["generation_id"].unique())
     by_gen = {g: d for g, d in df.groupby("generation_id")}

@@ -23,6 +23,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from speclimits.errors import Problem, TraceFormatError
+from speclimits.jsonutil import jsonable
 from speclimits.schema import SCHEMA_VERSION, TABLES
 
 
@@ -150,18 +151,8 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def write_meta(path: str | Path, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically (sorted keys, so equal metas give equal bytes)."""
-    text = json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+    text = json.dumps(jsonable(meta), indent=2, sort_keys=True) + "\n"
     _atomic_write_bytes(Path(path) / "meta.json", text.encode())
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
 def write_table(path: str | Path, name: str, df: pd.DataFrame | pa.Table) -> Path:

@@ -36,13 +36,11 @@ def oracle_k_star_distribution(states: pd.DataFrame) -> alt.Chart:
     ).properties(width=WIDTH, height=HEIGHT)
 
 
-def oracle_speedup_by_k_max(sweep: pd.DataFrame, paper_speedup: float | None = None,
-                            paper_from_k_max: int | None = None) -> alt.LayerChart:
-    """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`),
-    with the paper's provisional plateau as a dashed rule from ``paper_from_k_max`` on.
+def oracle_speedup_by_k_max(sweep: pd.DataFrame) -> alt.Chart:
+    """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`).
 
     Without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN) the chart
-    shows ms per token instead, and no paper line.
+    shows ms per token instead. (The appendix reports no Oracle speedup to draw beside it.)
     """
     df = sweep.copy()
     if df["speedup"].notna().any():
@@ -50,20 +48,13 @@ def oracle_speedup_by_k_max(sweep: pd.DataFrame, paper_speedup: float | None = N
     else:
         df["best_static_ms_per_token"] = df["ms_per_token"] * df["gain_over_best_static"]
         cols, title = ["ms_per_token", "best_static_ms_per_token"], "ms per token (no autoregressive baseline)"
-        paper_speedup = None
     long = df.melt(id_vars="k_max", value_vars=cols, var_name="bound", value_name="x")
     long["bound"] = np.where(long["bound"] == cols[0], "Oracle", "best static K")
     lines = alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("k_max:Q", title="K_max", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("x:Q", title=title, scale=alt.Scale(zero=False)),
         color=alt.Color("bound:N", title=None), tooltip=["k_max", "bound", alt.Tooltip("x:Q", format=".3f")])
-    chart = lines
-    if paper_speedup is not None:
-        ref = pd.DataFrame({"k_max": [paper_from_k_max or 1, int(sweep["k_max"].max())],
-                            "x": [paper_speedup] * 2, "label": ["paper (provisional)"] * 2})
-        chart = chart + alt.Chart(ref).mark_line(strokeDash=[6, 4], color="gray").encode(
-            x="k_max:Q", y="x:Q", tooltip=["label", "x"])
-    return chart.properties(width=WIDTH, height=HEIGHT)
+    return lines.properties(width=WIDTH, height=HEIGHT)
 
 
 def oracle_delta_space(points: pd.DataFrame, slope: float, lambda_: float, n: int = MAX_POINTS,

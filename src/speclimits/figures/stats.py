@@ -144,7 +144,7 @@ def draft_line_chart(res: Any) -> alt.LayerChart:
 def robustness_chart(res: Any, param: str = "alpha") -> alt.LayerChart:
     """Estimate and 95% interval of ``alpha`` (or ``c``) under every robustness check; the paper's
     range as a grey band."""
-    from speclimits.stats import paper
+    from speclimits import paper
 
     e = res.estimates.copy()
     e["check"] = e["method"] + ": " + e["variant"]

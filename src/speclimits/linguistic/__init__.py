@@ -4,21 +4,21 @@
 :mod:`~speclimits.linguistic.contexts` (the Oracle's k* by context, response-clustered bootstrap),
 :mod:`~speclimits.linguistic.routing` (new experts at script changes and at the first mismatch),
 :mod:`~speclimits.linguistic.gallery` (decision panels, α = 0 cases, the stratified gallery),
-:mod:`~speclimits.linguistic.bootstrap` (the cluster bootstrap they share).
+(the response-clustered bootstrap is :mod:`speclimits.bootstrap`, shared with the statistics and Delta Space).
 """
 
 from speclimits.linguistic.gallery import panel_data, select_ablation_cases, select_gallery
 from speclimits.linguistic.contexts import (
-    K_LONG, PAPER_K_BY_CONTEXT, PAPER_N_RESPONSES, decision_table, k_by_context, k_star_shares, modal_advancement)
+    K_LONG, decision_table, k_by_context, k_star_shares, modal_advancement)
 from speclimits.linguistic.labels import (
     BOUNDARY_LABELS, CONTEXTS, FINE_LABELS, LabelAgreement, label_agreement, label_tokens, label_trace_tokens)
 from speclimits.linguistic.routing import (
-    PAPER_ROUTING, Contrast, first_mismatch_contrast, planted_contrast, planted_new_experts, routing_table,
+    Contrast, first_mismatch_contrast, planted_contrast, planted_new_experts, routing_table,
     script_change_contrast)
 
 __all__ = [
-    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "K_LONG", "LabelAgreement", "PAPER_K_BY_CONTEXT",
-    "PAPER_N_RESPONSES", "PAPER_ROUTING", "decision_table", "first_mismatch_contrast", "k_by_context",
+    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "K_LONG", "LabelAgreement",
+    "decision_table", "first_mismatch_contrast", "k_by_context",
     "k_star_shares", "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement",
     "panel_data", "planted_contrast", "planted_new_experts", "routing_table", "script_change_contrast",
     "select_ablation_cases", "select_gallery",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from speclimits.jsonutil import jsonable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,14 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for rec in df.to_dict(orient="records"):
-        out.append({k: (None if isinstance(v, float) and not math.isfinite(v) else
-                        v.item() if hasattr(v, "item") else v) for k, v in rec.items()})
-    return out
 
 
 def run(trace: Path, cost_model: Path | None = None, k_max: int | None = None, n_boot: int = 999,
@@ -68,19 +61,19 @@ def run(trace: Path, cost_model: Path | None = None, k_max: int | None = None, n
         agree = ling.label_agreement(lab)
         out["label_agreement"] = {"accuracy": agree.accuracy, "kappa": agree.kappa,
                                   "script_accuracy": agree.script_accuracy,
-                                  "by_context": _records(agree.by_context)}
-    out["k_by_context"] = _records(ling.k_by_context(dec, by="label", n_boot=n_boot, seed=seed))
-    out["k_by_fine_label"] = _records(ling.k_by_context(dec, by="label_fine", n_boot=n_boot, seed=seed))
+                                  "by_context": jsonable(agree.by_context)}
+    out["k_by_context"] = jsonable(ling.k_by_context(dec, by="label", n_boot=n_boot, seed=seed))
+    out["k_by_fine_label"] = jsonable(ling.k_by_context(dec, by="label_fine", n_boot=n_boot, seed=seed))
     contrasts = [ling.script_change_contrast(lab), ling.first_mismatch_contrast(res, lab, source="reference"),
                  ling.first_mismatch_contrast(res, source="window")]
-    out["routing"] = _records(ling.routing_table(contrasts, n_boot=n_boot, seed=seed))
+    out["routing"] = jsonable(ling.routing_table(contrasts, n_boot=n_boot, seed=seed))
     return out
 
 
 def _cli(args: argparse.Namespace) -> int:
     out = run(args.trace, args.cost_model, args.k_max, args.n_boot, args.seed)
     if args.json:
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print(json.dumps(jsonable(out), indent=2, ensure_ascii=False))
         return 0
     print(f"{out['trace']}: {out['source']}")
     print(f"{out['cost_model']}; K_max = {out['k_max']}; {out['n_decisions']:,} decisions over "

@@ -12,22 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from speclimits import paper
 from speclimits.errors import SpeclimitsError
-from speclimits.linguistic.bootstrap import cluster_sums, ratio_bootstrap
+from speclimits.bootstrap import cluster_sums, ratio_bootstrap
 from speclimits.linguistic.labels import CONTEXTS, FINE_LABELS
 from speclimits.oracle.solver import OracleResult
 
-#: The appendix's values (share of k* >= 4 and of k* = 1 with 95% cluster-bootstrap CIs by response).
-PAPER_K_BY_CONTEXT: dict[str, dict[str, float]] = {
-    "code_format": {"share_long": 0.718, "long_lo": 0.614, "long_hi": 0.818, "n_decisions": 455, "n_responses": 22},
-    "prose_vocab": {"share_long": 0.193, "long_lo": 0.119, "long_hi": 0.276, "n_decisions": 4383,
-                    "n_responses": 30},
-    "script_change": {"share_long": 0.045, "long_lo": 0.010, "long_hi": 0.100, "n_decisions": 68, "n_responses": 8,
-                      "share_k1": 0.937, "k1_lo": 0.867, "k1_hi": 0.990},
-    "mode_change": {"share_long": 0.697},
-}
-#: Responses in the paper's linguistic sample.
-PAPER_N_RESPONSES = 39
 #: "Long draft" threshold of the appendix: k* >= 4.
 K_LONG = 4
 
@@ -136,7 +126,7 @@ def k_by_context(decisions: pd.DataFrame, by: str = "label", k_long: int = K_LON
                                       "share_k1", "k1_lo", "k1_hi", "mean_k_star"])
     if by in ("label", "context"):
         for key in ("share_long", "long_lo", "long_hi", "n_decisions", "n_responses", "share_k1"):
-            out[f"paper_{key}"] = [PAPER_K_BY_CONTEXT.get(c, {}).get(key, np.nan) for c in out["context"]]
+            out[f"paper_{key}"] = [paper.K_BY_CONTEXT.get(c, {}).get(key, np.nan) for c in out["context"]]
     out.attrs.update(k_long=k_long, n_boot=n_boot, level=level, by=by,
                      n_responses_total=int(decisions[cluster].nunique()))
     return out

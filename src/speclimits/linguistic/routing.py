@@ -36,16 +36,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from speclimits import paper
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
-from speclimits.linguistic.bootstrap import draw_counts, percentile_interval
+from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.oracle.inputs import OracleInputs
 from speclimits.oracle.solver import OracleResult
 
-#: The appendix's values (new experts per layer; 95% interval of the difference).
-PAPER_ROUTING: dict[str, dict[str, float]] = {
-    "script_change": {"before": 2.66, "at": 3.12, "diff": 0.46, "diff_lo": 0.26, "diff_hi": 0.66},
-    "first_mismatch": {"before": 3.30, "at": 3.31, "diff": 0.01, "diff_lo": -0.05, "diff_hi": 0.07},
-}
 EVENT_COLUMNS = ["seq_id", "pos", "step", "before", "at", "diff"]
 
 
@@ -259,8 +255,8 @@ def routing_table(contrasts: list[Contrast], n_boot: int = 999, seed: int = 0, l
     rows = []
     for i, c in enumerate(contrasts):
         row = c.summary(n_boot=n_boot, seed=seed + i, level=level)
-        paper = PAPER_ROUTING["script_change" if c.name == "script_change" else "first_mismatch"]
-        row.update({f"paper_{k}": v for k, v in paper.items()})
+        quoted = paper.ROUTING["script_change" if c.name == "script_change" else "first_mismatch"]
+        row.update({f"paper_{k}": v for k, v in quoted.items()})
         rows.append(row)
     cols = ["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi", "adjusted",
             "adjusted_lo", "adjusted_hi", "paper_before", "paper_at", "paper_diff", "paper_diff_lo", "paper_diff_hi"]

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from speclimits import paper
 from speclimits.oracle.solver import OracleResult, evaluate_policy, solve
 
-#: The paper's four cases (appendix): boundaries and the range of the added token's match probability.
-PAPER_CASE_BOUNDARIES = ("4->5", "6->7", "7->8")
-PAPER_CASE_MATCH_RANGE = (0.8418, 0.9845)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import jsonable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,17 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cli)
 
 
-def _clean(obj):
-    """JSON-safe: NaN/inf become null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def _cli(args: argparse.Namespace) -> int:
     from speclimits.oracle.inputs import default_cost_model, load_inputs
     from speclimits.oracle.solver import solve
@@ -76,7 +65,7 @@ def _cli(args: argparse.Namespace) -> int:
         out["simulated"] = tr.simulated
         out["cost_model_note"] = note
         out["surrogate"] = "exact greedy (accept_len)" if args.deterministic else args.surrogate
-        json.dump(_clean(out), sys.stdout, indent=2)
+        json.dump(jsonable(out), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(tr.source_label)

@@ -18,6 +18,7 @@ import pandas as pd
 from sklearn.svm import LinearSVC
 from tqdm.auto import tqdm
 
+from speclimits.bootstrap import draw_counts, resample_indices
 from speclimits.oracle.solver import OracleResult
 
 
@@ -157,8 +158,8 @@ def fit_line(points: pd.DataFrame, lambda_: float, n_boot: int = 199, seed: int 
     seqs, inv = np.unique(seq, return_inverse=True)
     members = [np.flatnonzero(inv == i) for i in range(len(seqs))]
     boots = []
-    for _ in tqdm(range(n_boot), desc="Delta Space bootstrap", disable=not progress):
-        pick = rng.integers(0, len(seqs), len(seqs))
+    picks = resample_indices(draw_counts(len(seqs), n_boot, rng))
+    for pick in tqdm(picks, desc="Delta Space bootstrap", disable=not progress):
         idx = np.concatenate([members[i] for i in pick])
         if accepted[idx].all() or not accepted[idx].any():
             continue

@@ -30,10 +30,6 @@ from speclimits.oracle.inputs import CostTable, OracleInputs
 
 PART_NAMES = ("draft", "target_base", "target_expert", "target_context")
 
-#: Third-party summaries of the paper (DESIGN §2; provisional): Oracle plateau and accepted length.
-PAPER_PLATEAU_SPEEDUP = 2.34
-PAPER_PLATEAU_ACCEPTED = 2.1
-PAPER_PLATEAU_FROM_K_MAX = 6
 
 
 # ---------------------------------------------------------------------------

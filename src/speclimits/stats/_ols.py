@@ -32,6 +32,7 @@ import pandas as pd
 from scipy import stats as sps
 from sklearn.model_selection import GroupKFold
 
+from speclimits import jsonutil
 from speclimits.errors import SpeclimitsError
 
 #: Base variables a design may use (``const`` is added first).
@@ -281,36 +282,11 @@ def _solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _jsonable(obj: Any) -> Any:
-    """Turn DataFrames, Series, numpy values and nested containers into JSON-ready values."""
-    if isinstance(obj, pd.DataFrame):
-        return [_jsonable(r) for r in obj.reset_index().to_dict(orient="records")] \
-            if not isinstance(obj.index, pd.RangeIndex) else [_jsonable(r) for r in obj.to_dict(orient="records")]
-    if isinstance(obj, pd.Series):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [_jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, (np.bool_, bool)):
-        return bool(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    if hasattr(obj, "to_dict") and callable(obj.to_dict):
-        return _jsonable(obj.to_dict())
-    return obj
-
-
 class ResultsMixin:
     """``to_json`` from ``to_dict``; ``__str__`` from ``summary``."""
 
     def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(_jsonable(self.to_dict()), **kwargs)
+        return jsonutil.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:  # pragma: no cover - convenience
         return self.summary()
@@ -530,14 +506,8 @@ def cv_sse(mom: CellMoments, design: Design, folds: np.ndarray,
 # ---------------------------------------------------------------------------
 
 
-def bootstrap_weights(n_clusters: int, n_boot: int, seed: int = 0) -> np.ndarray:
-    """(n_boot, G) multinomial counts: how often each generation is drawn in each resample."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(float)
-
-
 def cluster_bootstrap(mom: CellMoments, design: Design, weights: np.ndarray) -> pd.DataFrame:
-    """OLS estimates for each resample of generations; ``weights`` from :func:`bootstrap_weights`.
+    """OLS estimates for each resample of generations; ``weights`` from :func:`speclimits.bootstrap.draw_counts`.
 
     Resampling a generation ``w`` times adds ``w`` copies of its ``X'X`` and ``X'y``, so each
     resample is a weighted sum of per-cluster cross-products and one small solve.

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speclimits.stats._ols import _jsonable
+from speclimits.jsonutil import jsonable
 
 
 def _top_k(meta: dict[str, Any]) -> int | None:
@@ -59,7 +59,7 @@ def _factors(args: argparse.Namespace) -> int:
     tr = read_trace(args.trace)
     res = analyze_factors(tr.rounds)
     if args.json:
-        json.dump(_jsonable({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}), sys.stdout,
+        json.dump(jsonable({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}), sys.stdout,
                   indent=1)
         print()
     else:
@@ -90,7 +90,7 @@ def _fit(args: argparse.Namespace) -> int:
                "final": final.to_dict(), "draft": draft.to_dict()}
         if robust is not None:
             out["robustness"] = robust.to_dict()
-        json.dump(_jsonable(out), sys.stdout, indent=1)
+        json.dump(jsonable(out), sys.stdout, indent=1)
         print()
     else:
         print(f"{args.trace}: {tr.source_label}")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.stats import paper
+from speclimits import paper
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, predict)
 from speclimits.trace import FilterReport, decode_rounds

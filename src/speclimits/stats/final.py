@@ -23,7 +23,7 @@ import pandas as pd
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
-from speclimits.stats import paper
+from speclimits import paper
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, Term, ape,
                                    cross_products, cross_validate, cv_sse, fit_ols, group_folds, predict,
                                    t_interval)

@@ -15,9 +15,10 @@ import pandas as pd
 import statsmodels.api as sm
 from statsmodels.stats.diagnostic import het_breuschpagan
 
+from speclimits.bootstrap import draw_counts
 from speclimits.errors import SpeclimitsError
-from speclimits.stats import paper
-from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, bootstrap_weights,
+from speclimits import paper
+from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin,
                                    cluster_bootstrap, fit_ols, predict)
 from speclimits.trace import FilterReport, decode_rounds
 
@@ -116,7 +117,7 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     base = fit_ols(mom, DESIGN)
     rows = [_row("OLS (clustered SE)", "all rounds", base)]
 
-    boot = cluster_bootstrap(mom, DESIGN, bootstrap_weights(mom.n_clusters, n_boot, seed))
+    boot = cluster_bootstrap(mom, DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
     bq = boot.quantile([0.025, 0.975])
     rows.append(_row("cluster bootstrap", f"{n_boot} resamples of generations, percentile CI",
                      alpha=float(boot["u_bar"].mean()), c=float(boot["context_len"].mean()), n=base.nobs,

@@ -1,0 +1,52 @@
+"""One JSON cleaner for every command and file the package writes.
+
+:func:`jsonable` turns DataFrames (records), Series (dicts), numpy arrays and scalars, paths
+and objects with ``to_dict()`` into plain JSON values; NaN and infinities become ``null``
+(JSON has no NaN, and ``json.dumps`` would otherwise write the invalid token ``NaN``).
+:func:`dumps` is ``json.dumps`` over :func:`jsonable`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+def jsonable(obj: Any) -> Any:
+    """A JSON-ready copy of ``obj`` (see the module docstring for what is converted)."""
+    if isinstance(obj, pd.DataFrame):
+        frame = obj if isinstance(obj.index, pd.RangeIndex) else obj.reset_index()
+        return [jsonable(r) for r in frame.to_dict(orient="records")]
+    if isinstance(obj, pd.Series):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    if obj is pd.NA or obj is pd.NaT:
+        return None
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return jsonable(obj.to_dict())
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps(jsonable(obj), **kwargs)``; strict (``allow_nan=False``): a NaN left over is a bug."""
+    kwargs.setdefault("allow_nan", False)
+    return json.dumps(jsonable(obj), **kwargs)
