@@ -29,9 +29,12 @@
 # paper's sweep; the cost model the Oracle reads adds $m = 1$ from them (last section below).
 
 # %%
+from pathlib import Path
+
 import speclimits.book_support as bs
 from speclimits import figures, stats
 from speclimits.costmodel import CostModel
+from speclimits.oracle import fit_trace_cost_model
 
 bs.setup()
 
@@ -40,6 +43,7 @@ trace = None
 smoke = False
 seed = 0
 n_splits = 5
+cost_model = None
 
 # %%
 tr = bs.load(trace)
@@ -153,16 +157,20 @@ res.headline()
 # %% [markdown]
 # ## The cost model the Oracle reads
 #
-# `speclimits fit TRACE --out cost_model.json` writes this fit: the joint categorical target
+# `speclimits fit TRACE --out cost_model.json` writes this fit, and the book build writes it into
+# the site as `_static/cost_model.json`: the Oracle and linguistic sections read that file
+# instead of fitting again. It is the joint categorical target
 # model on every decode round including $K = 0$ and the draft line. At $m = 1$ every pass
 # touches exactly `top_k` experts per layer, so $\alpha(1)$ is not identified; the convention
 # $\alpha(1) := \alpha(2)$, $\beta_0(1) := \text{intercept}(1) - \alpha(1)\cdot\text{top\_k}$
 # is applied and recorded in the JSON.
 
 # %%
-top_k = tr.meta.get("models", {}).get("target", {}).get("top_k")
-cost = stats.fit_cost_model(tr.rounds, top_k=top_k)
+cost = fit_trace_cost_model(tr)
 print("\n".join(cost.extra["fit"]["notes"]))
+if cost_model:
+    cost.write(cost_model)
+    print(f"written for the Oracle sections: {Path(cost_model).name}")
 cost.to_dict()["target"]
 
 # %% [markdown]

@@ -39,10 +39,10 @@ import pandas as pd
 
 import speclimits.book_support as bs
 from speclimits import figures
-from speclimits.oracle import default_cost_model, load_inputs, solve, sweep_k_max
+from speclimits.oracle import compare_surrogates, prepare_oracle, sweep_k_max
 from speclimits import paper
 from speclimits.oracle.ablation import alpha_ablation
-from speclimits.oracle.calibration import calibrate_match_prob, calibration_gap, calibration_table, compare_transitions
+from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
 from speclimits.oracle.policies import compare_policies
 
@@ -57,13 +57,14 @@ n_boot = 199
 n_rollouts = 64
 test_share = 0.5
 surrogate = "auto"
+cost_model = None
 
 # %%
 tr = bs.load(trace)
 print(tr.source_label)
-inputs = load_inputs(tr)
-model, note = default_cost_model(tr)
-print(note)
+setup = prepare_oracle(tr, cost_model, surrogate)
+model, raw_inputs, inputs = setup.model, setup.raw_inputs, setup.inputs
+print("\n".join(setup.notes))
 print(f"{inputs.n_sequences} reference sequences, {inputs.n_states:,} states, match_prob lists of {inputs.k_list}")
 k_max = min(k_max, inputs.k_list)
 n_boot, n_rollouts = (19, 8) if smoke else (n_boot, n_rollouts)
@@ -81,19 +82,13 @@ n_boot, n_rollouts = (19, 8) if smoke else (n_boot, n_rollouts)
 # the raw $q$, as the paper does.
 
 # %%
-calibration_table(inputs).round(3)
+calibration_table(raw_inputs).round(3)
 
 # %%
-gap = calibration_gap(inputs)
-use_calibrated = surrogate == "calibrated" or (surrogate == "auto" and not tr.simulated)
-raw_inputs = inputs
-if use_calibrated:
-    inputs, _ = calibrate_match_prob(raw_inputs)
-print(f"observed match rate - mean q = {gap:+.3f}; the Oracle below uses "
-      f"{'isotonic-calibrated' if use_calibrated else 'raw'} q")
+print(f"observed match rate - mean q = {setup.calibration_gap:+.3f}; the Oracle below uses {setup.surrogate_label}")
 
 # %%
-compare_transitions(raw_inputs, model, k_max=k_max).round(3)
+compare_surrogates(setup, k_max=k_max).round(3)
 
 # %% [markdown]
 # `exact greedy` uses the observed match lengths (the deterministic variant): under greedy
@@ -105,7 +100,7 @@ compare_transitions(raw_inputs, model, k_max=k_max).round(3)
 # table sets the only comparable figure we have, a third-party summary's (unverified), beside ours.
 
 # %%
-res = solve(inputs, model, k_max=k_max)
+res = setup.solve(k_max=k_max)
 print(res.summary())
 
 # %%

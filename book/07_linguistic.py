@@ -31,7 +31,7 @@ import speclimits.book_support as bs
 from speclimits import figures
 from speclimits import linguistic as ling
 from speclimits.linguistic import gallery
-from speclimits.oracle import default_cost_model, load_inputs, solve
+from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
 
 bs.setup()
@@ -44,14 +44,16 @@ n_boot = 999
 k_max = None
 per_group = 4
 n_ablation = 4
+surrogate = "auto"
+cost_model = None
 
 # %%
 tr = bs.load(trace)
 print(tr.source_label)
 boot = 99 if smoke else n_boot
-model, note = default_cost_model(tr)
-print(note)
-res = solve(load_inputs(tr), model, k_max=k_max)
+setup = prepare_oracle(tr, cost_model, surrogate)
+print("\n".join(setup.notes))
+res = setup.solve(k_max=k_max)
 print(res.summary())
 
 # %% [markdown]

@@ -177,10 +177,11 @@ def test_compare_policies(smoke):
 
 
 def test_fitted_cost_model_recovers_the_planted_bound(smoke):
-    from speclimits.oracle import default_cost_model
+    from speclimits.oracle import prepare_oracle
 
     tr, inputs, truth = smoke
-    fitted, note = default_cost_model(tr)
+    setup = prepare_oracle(tr)
+    fitted, note = setup.model, setup.notes[0]
     assert "fitted" in note
     a, b = solve(inputs, truth).bounds, solve(inputs, fitted).bounds
     assert b.speedup == pytest.approx(a.speedup, rel=0.03)

@@ -8,6 +8,8 @@ Steps (``speclimits book``):
    package ``mathjax``, and one Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``);
 3. convert each ``book/*.py`` listed in ``_toc.yml`` to a notebook and execute it with
    papermill, injecting ``trace``, ``smoke`` and ``seed`` into its ``parameters`` cell;
+   (``cost_model``, the path of the build's cost-model JSON, goes to the notebooks that declare
+   it: section 3 writes it, the Oracle sections read it);
 4. run ``jupyter-book build -W`` (warnings are errors) with execution off, so the site
    shows exactly papermill's outputs;
 5. check that no page references a CDN: the site reads offline.
@@ -16,6 +18,7 @@ Steps (``speclimits book``):
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -142,7 +145,23 @@ def _stage(stage: Path, pages: list[str]) -> list[Path]:
     return notebooks
 
 
+def declared_parameters(nb) -> set[str]:
+    """Names assigned in the notebook's cell tagged ``parameters``."""
+    names: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.metadata.get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign):
+                    names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+#: Injected into every notebook; the others only into notebooks whose parameters cell declares them.
+COMMON_PARAMETERS = ("trace", "smoke", "seed")
+
+
 def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
+    # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
     import nbformat
     import papermill
@@ -151,6 +170,8 @@ def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
     raw = stage / f"{page}.raw.ipynb"
     out = stage / f"{page}.ipynb"
     nb = jupytext.read(src)
+    declared = declared_parameters(nb)
+    parameters = {k: v for k, v in parameters.items() if k in COMMON_PARAMETERS or k in declared}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, raw)
     t0 = time.perf_counter()
@@ -208,7 +229,9 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     pages = toc_files()
     with log_path.open("w") as log:
         notebooks = _stage(stage, pages)
-        params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed)}
+        # section 3 writes the fitted cost model here; sections 6 and 7 read it (one fit per build)
+        params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed),
+                  "cost_model": str((stage / "_static" / "cost_model.json").resolve())}
         # kernels inherit the environment: no progress bars on the pages (they render as stderr noise)
         os.environ["TQDM_DISABLE"] = "1"
         log.write(f"parameters: {params}\n")

@@ -150,11 +150,27 @@ class CostModel:
         k_arr = np.asarray(k, dtype=float)
         return np.where(k_arr > 0, self.a * k_arr + self.b, 0.0)
 
-    def arrays(self, m_max: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(beta0, alpha)`` as arrays indexed by m = 0..m_max (index 0 unused, NaN)."""
-        self.require_ms(range(1, m_max + 1))
+    def round_ms(self, k: Any, u_bar: Any, context_len: Any) -> np.ndarray:
+        """Cost of a speculative round (ms) that drafts ``k`` tokens and verifies ``m = k + 1`` rows:
+        ``draft_ms(k) + target_ms(k + 1, u_bar, context_len)`` (arrays broadcast). ``k = 0`` is a
+        plain autoregressive step (no draft cost, m = 1)."""
+        k_arr = np.asarray(k, dtype=np.int64)
+        return self.draft_ms(k_arr) + self.target_ms(k_arr + 1, u_bar, context_len)
+
+    def coefficients_by_m(self, m_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(beta0, alpha)`` as arrays indexed by m = 0..m_max; NaN where the model has no such m
+        (index 0 is always NaN)."""
         beta0 = np.full(m_max + 1, np.nan)
         alpha = np.full(m_max + 1, np.nan)
         for m in range(1, m_max + 1):
-            beta0[m], alpha[m] = self.beta0[m], self.alpha[m]
+            if m in self.beta0:
+                beta0[m], alpha[m] = self.beta0[m], self.alpha[m]
         return beta0, alpha
+
+    def action_terms(self, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+        """The round cost of action k = 0..k_max as a line in Ū and L, for vectorised solvers:
+        ``round_ms(k, u, L) = fixed[k] + slope[k] * u + c * L`` with ``fixed[k] = draft_ms(k) +
+        beta0(k + 1)`` and ``slope[k] = alpha(k + 1)`` (NaN where the model has no m = k + 1)."""
+        beta0, alpha = self.coefficients_by_m(k_max + 1)
+        ks = np.arange(k_max + 1)
+        return self.draft_ms(ks) + beta0[ks + 1], alpha[ks + 1]

@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace", type=Path, metavar="TRACE", help="trace directory with oracle.parquet and tokens.parquet")
     p.add_argument("--cost-model", type=Path, metavar="JSON", help="cost-model JSON (default: fit on the trace)")
     p.add_argument("--k-max", type=int, default=None, metavar="N", help="largest draft length (default: all)")
+    p.add_argument("--surrogate", choices=("auto", "raw", "calibrated", "exact"), default="auto",
+                   help="the Oracle's transition probabilities, as in `speclimits oracle` (default auto, as in the "
+                        "book: calibrated on a measured trace, raw on a simulated one)")
     p.add_argument("--n-boot", type=int, default=999, metavar="B", help="bootstrap replicates (default 999)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -35,26 +38,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(trace: Path, cost_model: Path | None = None, k_max: int | None = None, n_boot: int = 999,
-        seed: int = 0) -> dict[str, Any]:
+        seed: int = 0, surrogate: str = "auto") -> dict[str, Any]:
     """The command's result as a dict (tables as lists of records)."""
+    # imported when the command runs: the study pulls in statsmodels and scikit-learn, which
+    # `speclimits --help` and the other subcommands should not wait for
     from speclimits import linguistic as ling
-    from speclimits.costmodel import CostModel
     from speclimits.errors import Problem, TraceFormatError
-    from speclimits.oracle import default_cost_model, load_inputs, solve
+    from speclimits.oracle.prepare import prepare_oracle
     from speclimits.trace import read_trace
 
     tr = read_trace(trace)
     if tr.tokens is None:
         raise TraceFormatError(str(trace), [Problem("tokens.parquet", None, "is missing: the linguistic study "
                                                                             "needs the token text")])
-    if cost_model is not None:
-        model, note = CostModel.read(cost_model), f"cost model {cost_model}"
-    else:
-        model, note = default_cost_model(tr)
-    res = solve(load_inputs(tr), model, k_max=k_max)
+    setup = prepare_oracle(tr, cost_model, surrogate)
+    note = setup.notes[0]
+    res = setup.solve(k_max=k_max)
     lab = ling.label_trace_tokens(tr.tokens)
     dec = ling.decision_table(res, lab)
-    out: dict[str, Any] = {"trace": str(trace), "source": tr.source_label, "cost_model": note, "k_max": res.k_max,
+    out: dict[str, Any] = {"trace": str(trace), "source": tr.source_label, "cost_model": note,
+                           "surrogate": setup.surrogate_label, "oracle_total_ms": res.bounds.oracle_ms, "k_max": res.k_max,
                            "n_decisions": len(dec), "n_responses": int(dec["seq_id"].nunique()),
                            "n_states_without_token": dec.attrs["n_unmatched"], "n_boot": n_boot}
     if "context" in lab.columns:
@@ -71,7 +74,7 @@ def run(trace: Path, cost_model: Path | None = None, k_max: int | None = None, n
 
 
 def _cli(args: argparse.Namespace) -> int:
-    out = run(args.trace, args.cost_model, args.k_max, args.n_boot, args.seed)
+    out = run(args.trace, args.cost_model, args.k_max, args.n_boot, args.seed, args.surrogate)
     if args.json:
         print(json.dumps(jsonable(out), indent=2, ensure_ascii=False))
         return 0

@@ -1,19 +1,24 @@
 """The Oracle: a Bellman / stochastic-shortest-path bound on adaptive speculation length (DESIGN §2).
 
->>> from speclimits.oracle import load_inputs, solve      # doctest: +SKIP
->>> res = solve(load_inputs("data/traces/sim-default"), cost_model, k_max=10)  # doctest: +SKIP
->>> print(res.summary())                                  # doctest: +SKIP
+>>> from speclimits.oracle import prepare_oracle           # doctest: +SKIP
+>>> setup = prepare_oracle("data/traces/measured-eagle3")   # doctest: +SKIP
+>>> print(setup.solve(k_max=10).summary())                 # doctest: +SKIP
 
-Modules: :mod:`~speclimits.oracle.inputs` (arrays and costs), :mod:`~speclimits.oracle.solver`
+Modules: :mod:`~speclimits.oracle.prepare` (the one route from a trace to the Oracle's inputs,
+cost model and surrogate), :mod:`~speclimits.oracle.inputs` (arrays and costs),
+:mod:`~speclimits.oracle.calibration` (is the draft's probability calibrated?), :mod:`~speclimits.oracle.solver`
 (backward induction, policy evaluation, the frozen result), :mod:`~speclimits.oracle.delta`
 (Delta Space), :mod:`~speclimits.oracle.ablation` (α = 0), :mod:`~speclimits.oracle.policies`
 (online rules measured against the bound), :mod:`~speclimits.oracle.cli` (``speclimits oracle``).
 """
 
-from speclimits.oracle.inputs import CostTable, OracleInputs, default_cost_model, load_inputs
+from speclimits.oracle.inputs import CostTable, OracleInputs
+from speclimits.oracle.prepare import (SURROGATES, OracleSetup, compare_surrogates, fit_trace_cost_model, load_inputs,
+                                       prepare_oracle)
 from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, solve_python, sweep_k_max
 
 __all__ = [
-    "CostTable", "OracleInputs", "OracleBounds", "OracleResult", "default_cost_model", "evaluate_policy",
-    "load_inputs", "solve", "solve_python", "sweep_k_max",
+    "SURROGATES", "CostTable", "OracleInputs", "OracleBounds", "OracleResult", "OracleSetup", "compare_surrogates",
+    "evaluate_policy", "fit_trace_cost_model", "load_inputs", "prepare_oracle", "solve", "solve_python",
+    "sweep_k_max",
 ]

@@ -21,16 +21,33 @@ from sklearn.isotonic import IsotonicRegression
 from speclimits.oracle.inputs import OracleInputs
 
 
-def _reached(inputs: OracleInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pooled (position index i 0-based, match_prob, matched) over states whose chain reached step i+1."""
-    k = inputs.match_prob.shape[1]
+def reached_steps(inputs: OracleInputs, k_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Which draft steps a greedy round from each state actually tested, and their outcome.
+
+    Step ``i`` (0-based) of state ``n`` is *reached* when the chain matched up to it
+    (``accept_len >= i``), is within ``k_max`` and has a reference token to match
+    (``i < N - pos - 1``). Returns ``(reached, matched)``, both (n, k_max) bool, ``matched``
+    meaning ``accept_len >= i + 1``.
+    """
+    k = inputs.match_prob.shape[1] if k_max is None else int(k_max)
     acc = inputs.accept_len[:, None]
     steps = np.arange(k)[None, :]
-    lengths = np.diff(inputs.offsets)
-    remaining = lengths.repeat(lengths) - inputs.pos  # tokens left in the sequence at each state
-    reached = (acc >= steps) & (steps < remaining[:, None] - 1)
-    i = np.broadcast_to(steps, reached.shape)[reached]
-    return i, inputs.match_prob[reached], (acc >= steps + 1)[reached]
+    reached = (acc >= steps) & (steps < inputs.remaining[:, None] - 1)
+    return reached, np.broadcast_to(acc >= steps + 1, reached.shape)
+
+
+def fit_isotonic(probability: np.ndarray, matched: np.ndarray) -> IsotonicRegression:
+    """The one monotone calibration map used everywhere: observed match (0/1) on a probability,
+    clipped to [0, 1] (scikit-learn's isotonic regression)."""
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
+    return iso.fit(np.asarray(probability, dtype=float), np.asarray(matched, dtype=float))
+
+
+def _reached(inputs: OracleInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pooled (position index i 0-based, match_prob, matched) over reached draft steps."""
+    reached, matched = reached_steps(inputs)
+    i = np.broadcast_to(np.arange(reached.shape[1])[None, :], reached.shape)[reached]
+    return i, inputs.match_prob[reached], matched[reached]
 
 
 def calibration_table(inputs: OracleInputs, max_position: int = 6) -> pd.DataFrame:
@@ -62,23 +79,6 @@ def calibrate_match_prob(inputs: OracleInputs) -> tuple[OracleInputs, IsotonicRe
     """Inputs whose ``match_prob`` is mapped through an isotonic fit of observed matches on
     ``match_prob`` (pooled over draft positions and the states that reached them)."""
     _, p, hit = _reached(inputs)
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
-    iso.fit(p, hit.astype(float))
+    iso = fit_isotonic(p, hit)
     mapped = iso.predict(inputs.match_prob.ravel()).reshape(inputs.match_prob.shape)
     return replace(inputs, match_prob=mapped, _cache={}), iso
-
-
-def compare_transitions(inputs: OracleInputs, cost_model, k_max: int | None = None) -> pd.DataFrame:
-    """The Oracle's bounds under three transition models: raw ``match_prob``, isotonic-calibrated
-    ``match_prob``, and the exact greedy outcome (``accept_len``, the deterministic variant)."""
-    from speclimits.oracle.solver import solve
-
-    calibrated, _ = calibrate_match_prob(inputs)
-    rows = {}
-    for name, inp, det in (("raw q", inputs, False), ("calibrated q", calibrated, False),
-                           ("exact greedy (accept_len)", inputs, True)):
-        b = solve(inp, cost_model, k_max=k_max, deterministic=det).bounds
-        rows[name] = {"oracle_speedup": b.speedup, "best_static_k": b.best_static_k,
-                      "best_static_speedup": b.best_static_speedup, "gain_over_best_static": b.gain_over_best_static,
-                      "mean_accepted": b.mean_accepted}
-    return pd.DataFrame(rows).T

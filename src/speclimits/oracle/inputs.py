@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.costmodel import CostModel
-from speclimits.errors import CostModelError, Problem, SpeclimitsError, TraceFormatError
+from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 
 FILE = "oracle.parquet"
 REQUIRED = ("seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window")
@@ -210,16 +210,6 @@ class OracleInputs:
             category=category, origin=origin)
 
 
-def load_inputs(trace: Any) -> OracleInputs:
-    """The Oracle inputs of a trace (a :class:`~speclimits.trace.Trace` or a path)."""
-    from speclimits.trace import Trace, read_trace
-
-    tr = trace if isinstance(trace, Trace) else read_trace(trace)
-    if tr.oracle is None:
-        raise TraceFormatError(str(tr.path), [Problem(FILE, None, "is missing: this trace has no Oracle data")])
-    return OracleInputs.from_frame(tr.oracle, origin=str(tr.path / FILE))
-
-
 # ---------------------------------------------------------------------------
 # Costs
 # ---------------------------------------------------------------------------
@@ -227,18 +217,22 @@ def load_inputs(trace: Any) -> OracleInputs:
 
 @dataclass(frozen=True, eq=False)
 class CostTable:
-    """Round costs C(n, k) for k = 0..k_max over the states of ``inputs``.
+    """Round costs C(n, k) for k = 0..k_max over the states of ``inputs``, priced by ``model``.
 
-    Column 0 (k = 0, a plain autoregressive step at m = 1) is NaN when the cost model has no
-    m = 1 (then ``has_k0`` is False).
+    The formula is :meth:`CostModel.round_ms`; for speed the table keeps it in the equivalent
+    linear form ``fixed[k] + slope[k] * u_bar_window[n, k] + c * context_len[n]``
+    (:meth:`CostModel.action_terms`). Column 0 (k = 0, a plain autoregressive step at m = 1) is
+    NaN when the cost model has no m = 1 (then ``has_k0`` is False).
     """
 
     inputs: OracleInputs
     model: CostModel
     k_max: int
     has_k0: bool
-    beta0: np.ndarray  # (k_max + 2,) by m, NaN where unavailable
-    alpha: np.ndarray
+    beta0: np.ndarray  # (k_max + 2,) indexed by m, NaN where unavailable
+    alpha: np.ndarray  # (k_max + 2,) indexed by m
+    fixed: np.ndarray  # (k_max + 1,) indexed by k: draft_ms(k) + beta0(k + 1)
+    slope: np.ndarray  # (k_max + 1,) indexed by k: alpha(k + 1)
 
     @classmethod
     def build(cls, inputs: OracleInputs, model: CostModel, k_max: int, origin: str = "cost model") -> "CostTable":
@@ -246,12 +240,9 @@ class CostTable:
             raise SpeclimitsError(f"k_max must be in 1..{inputs.k_list} (the length of the match_prob lists in "
                                   f"{inputs.origin}), got {k_max}")
         model.require_ms(range(2, k_max + 2), origin=origin + (f" ({model.source})" if model.source else ""))
-        beta0 = np.full(k_max + 2, np.nan)
-        alpha = np.full(k_max + 2, np.nan)
-        for m in range(1, k_max + 2):
-            if m in model.beta0:
-                beta0[m], alpha[m] = model.beta0[m], model.alpha[m]
-        return cls(inputs, model, k_max, bool(np.isfinite(beta0[1])), beta0, alpha)
+        beta0, alpha = model.coefficients_by_m(k_max + 1)
+        fixed, slope = model.action_terms(k_max)
+        return cls(inputs, model, k_max, bool(np.isfinite(beta0[1])), beta0, alpha, fixed, slope)
 
     def parts(self, k: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Cost parts in ms: ``draft``, ``target_base`` (beta0), ``target_expert`` (alpha·Ū), ``target_context``.
@@ -263,7 +254,7 @@ class CostTable:
         ks = np.arange(self.k_max + 1) if k is None else np.asarray(k, dtype=np.int64)
         u = inp.u_bar_window[:, : self.k_max + 1] if k is None else \
             np.take_along_axis(inp.u_bar_window, ks[:, None], axis=1)[:, 0]
-        draft = np.where(ks > 0, self.model.a * ks + self.model.b, 0.0)
+        draft = self.model.draft_ms(ks)
         ctx = self.model.c * inp.context_len
         if k is None:
             draft = np.broadcast_to(draft, u.shape)
@@ -279,48 +270,11 @@ class CostTable:
         """(len(rows), k_max + 1) round costs of the given states (same values as ``total()[rows]``)."""
         inp = self.inputs
         out = np.take(inp.u_bar_window, rows, axis=0)[:, : self.k_max + 1]
-        out *= self._alpha_k
-        out += self._fixed_k
+        out *= self.slope
+        out += self.fixed
         out += (self.model.c * np.take(inp.context_len, rows))[:, None]
         return out
 
-    @property
-    def _alpha_k(self) -> np.ndarray:
-        return self.alpha[1: self.k_max + 2]
-
-    @property
-    def _fixed_k(self) -> np.ndarray:
-        ks = np.arange(self.k_max + 1)
-        return np.where(ks > 0, self.model.a * ks + self.model.b, 0.0) + self.beta0[ks + 1]
-
     def total(self) -> np.ndarray:
         """(n, k_max + 1) round cost in ms (column 0 NaN without m = 1)."""
-        inp = self.inputs
-        ks = np.arange(self.k_max + 1)
-        out = inp.u_bar_window[:, : self.k_max + 1] * self.alpha[ks + 1]
-        out += (np.where(ks > 0, self.model.a * ks + self.model.b, 0.0) + self.beta0[ks + 1])[None, :]
-        out += (self.model.c * inp.context_len)[:, None]
-        return out
-
-
-def default_cost_model(trace: Any) -> tuple[CostModel, str]:
-    """The cost model to use when the user names none: fitted on the trace's rounds.
-
-    Uses :func:`speclimits.stats.fit_cost_model` (joint categorical fit; m = 1 present only when
-    the trace has K = 0 rounds). If that function is unavailable, a simulated trace falls back to
-    its planted truth (meta.json ``truth``), and the returned note says so. Returns ``(model, note)``.
-    """
-    try:
-        from speclimits.stats import fit_cost_model
-    except ImportError:  # pragma: no cover - the stats package ships with speclimits
-        fit_cost_model = None
-    if fit_cost_model is not None:
-        top_k = ((trace.meta.get("models") or {}).get("target") or {}).get("top_k")
-        model = fit_cost_model(trace.rounds, top_k=top_k, source=f"speclimits fit on {trace.path}")
-        return model, f"cost model fitted on {trace.path}/rounds.parquet (joint categorical fit)"
-    truth = trace.meta.get("truth")
-    if truth is None:
-        raise CostModelError("no cost model given and speclimits.stats.fit_cost_model is unavailable; "
-                             "pass --cost-model JSON")
-    return CostModel.from_dict(truth, origin=f"{trace.path}/meta.json 'truth'"), \
-        "cost model = the simulator's planted truth (meta.json 'truth'; the fit is not available)"
+        return self.rows(np.arange(self.inputs.n_states))

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
+from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
 from speclimits.oracle.solver import evaluate_policy, solve
 
@@ -170,10 +171,9 @@ class DeltaRule(Policy):
         if self.calibration is not None:
             conf = self.calibration.predict(conf.ravel()).reshape(conf.shape)
         self._conf = conf
-        ks = np.arange(self.k_max + 1)
-        model = table.model
-        self._fixed = np.where(ks > 0, model.a * ks + model.b, 0.0) + table.beta0[ks + 1]
-        self._alpha = table.alpha[ks + 1]
+        # Ĉ(k) = fixed[k] + alpha(k + 1)·Û(k + 1): the cost model's round cost without c·L, which
+        # is the same for every k and so cannot change a decision
+        self._fixed, self._alpha = table.fixed, table.slope
         return self
 
     def init_memory(self, n):
@@ -295,16 +295,10 @@ def fit_calibration(inputs: OracleInputs, k_max: int) -> IsotonicRegression:
     """Monotone map draft confidence -> P(draft step matches | chain matched so far).
 
     Fitted on the observed greedy match lengths (``accept_len``), the way a running system sees
-    its own rounds: steps 1..min(accept_len + 1, k_max) of each state, labelled matched for
-    steps <= accept_len.
+    its own rounds: the steps each state's round tested (:func:`~speclimits.oracle.calibration.reached_steps`).
     """
-    steps = np.arange(1, k_max + 1)[None, :]
-    acc = np.minimum(inputs.accept_len, k_max)[:, None]
-    seen = steps <= np.minimum(acc + 1, k_max)
-    x = inputs.draft_conf[:, :k_max][seen]
-    y = np.broadcast_to(steps <= acc, seen.shape)[seen].astype(float)
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip", increasing=True)
-    return iso.fit(x, y)
+    reached, matched = reached_steps(inputs, k_max)
+    return fit_isotonic(inputs.draft_conf[:, :k_max][reached], matched[reached])
 
 
 def mean_u_bar(inputs: OracleInputs, k_max: int, rounds: pd.DataFrame | None = None) -> np.ndarray:

@@ -1,0 +1,171 @@
+"""The one route from a trace to what the Oracle solves: inputs, cost model, surrogate, notes.
+
+Every consumer — ``speclimits oracle``, ``speclimits linguistic``, the book's Oracle and
+linguistic sections, the online policies and the benchmarks — calls :func:`prepare_oracle`,
+so that they all solve the same problem with the same defaults:
+
+* **cost model**: the JSON given (a path or a :class:`CostModel`), else the fit of
+  :func:`speclimits.stats.fit_cost_model` on the trace's rounds (the one section 3 of the
+  book writes into the build);
+* **surrogate** for the transition probabilities (the methods page, "The surrogate"):
+  ``raw`` (the draft's probability of the reference token, as recorded), ``calibrated``
+  (that probability mapped through an isotonic fit to the observed greedy matches),
+  ``exact`` (the observed greedy match length: deterministic transitions, the hindsight
+  bound under greedy verification), or ``auto`` (the default): ``calibrated`` on a measured
+  trace, ``raw`` on a simulated one, whose probabilities are calibrated by construction.
+
+>>> setup = prepare_oracle("data/traces/measured-eagle3")        # doctest: +SKIP
+>>> result = setup.solve()                                        # doctest: +SKIP
+>>> print("\\n".join(setup.notes)); print(result.summary())       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from sklearn.isotonic import IsotonicRegression
+
+from speclimits.costmodel import CostModel
+from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
+from speclimits.oracle.calibration import calibrate_match_prob, calibration_gap
+from speclimits.oracle.inputs import FILE, OracleInputs
+from speclimits.oracle.solver import OracleResult, solve
+from speclimits.stats import fit_cost_model
+from speclimits.trace import Trace, read_trace
+
+#: Surrogate choices; ``auto`` resolves to one of the other three (see the module docstring).
+SURROGATES = ("auto", "raw", "calibrated", "exact")
+#: How each resolved surrogate is named in tables and JSON.
+SURROGATE_LABELS = {"raw": "raw q", "calibrated": "calibrated q", "exact": "exact greedy (accept_len)"}
+
+
+@dataclass(frozen=True, eq=False)
+class OracleSetup:
+    """Everything the Oracle solves on one trace, and how it was chosen.
+
+    Attributes
+    ----------
+    trace : the trace.
+    inputs : the Oracle inputs with ``match_prob`` as the surrogate uses it (calibrated or raw).
+    raw_inputs : the inputs as recorded in ``oracle.parquet``.
+    model : the cost model.
+    surrogate : the resolved surrogate, ``raw`` | ``calibrated`` | ``exact``.
+    calibration : the isotonic map when ``surrogate == "calibrated"``, else None.
+    calibration_gap : observed greedy match rate minus mean recorded ``match_prob``.
+    notes : one line each: where the cost model came from, which surrogate and why.
+    """
+
+    trace: Trace
+    inputs: OracleInputs
+    raw_inputs: OracleInputs
+    model: CostModel
+    surrogate: str
+    calibration: IsotonicRegression | None
+    calibration_gap: float
+    notes: tuple[str, ...]
+
+    @property
+    def deterministic(self) -> bool:
+        """True when transitions follow the observed greedy match lengths (``exact``)."""
+        return self.surrogate == "exact"
+
+    @property
+    def surrogate_label(self) -> str:
+        return SURROGATE_LABELS[self.surrogate]
+
+    def solve(self, k_max: int | None = None, allow_k0: bool = False, alpha_scale: float = 1.0,
+              model: CostModel | None = None) -> OracleResult:
+        """:func:`~speclimits.oracle.solver.solve` on these inputs, cost model and surrogate."""
+        return solve(self.inputs, self.model if model is None else model, k_max=k_max, allow_k0=allow_k0,
+                     deterministic=self.deterministic, alpha_scale=alpha_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trace": str(self.trace.path), "simulated": self.trace.simulated, "surrogate": self.surrogate,
+                "surrogate_label": self.surrogate_label, "calibration_gap": self.calibration_gap,
+                "notes": list(self.notes), "cost_model": self.model.to_dict()}
+
+
+def load_inputs(trace: Trace | str | Path) -> OracleInputs:
+    """The Oracle inputs of a trace (a :class:`~speclimits.trace.Trace` or a path), as recorded."""
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    if tr.oracle is None:
+        raise TraceFormatError(str(tr.path), [Problem(FILE, None, "is missing: this trace has no Oracle data")])
+    return OracleInputs.from_frame(tr.oracle, origin=str(tr.path / FILE))
+
+
+def fit_trace_cost_model(trace: Trace) -> CostModel:
+    """The default cost model of a trace: :func:`speclimits.stats.fit_cost_model` on its rounds
+    (joint categorical target fit, draft line; m = 1 only when the trace has K = 0 rounds)."""
+    top_k = ((trace.meta.get("models") or {}).get("target") or {}).get("top_k")
+    return fit_cost_model(trace.rounds, top_k=top_k, source=f"speclimits fit on {trace.path}")
+
+
+def resolve_cost_model(trace: Trace, cost_model: CostModel | str | Path | None) -> tuple[CostModel, str]:
+    """``(model, note)`` for a cost model given as an object, a JSON path, or None (fit on the trace)."""
+    if isinstance(cost_model, CostModel):
+        return cost_model, f"cost model given ({cost_model.source or 'no source recorded'})"
+    if cost_model is not None:
+        return CostModel.read(cost_model), f"cost model {cost_model}"
+    return fit_trace_cost_model(trace), f"cost model fitted on {trace.path}/rounds.parquet (joint categorical fit)"
+
+
+def resolve_surrogate(surrogate: str, trace: Trace) -> tuple[str, str]:
+    """``(resolved, reason)`` for a surrogate choice (``auto`` -> by the trace's source)."""
+    if surrogate not in SURROGATES:
+        raise SpeclimitsError(f"surrogate must be one of {', '.join(SURROGATES)}, got {surrogate!r}")
+    if surrogate != "auto":
+        return surrogate, "as requested"
+    if trace.simulated:
+        return "raw", "auto: a simulated trace's match probabilities are calibrated by construction"
+    return "calibrated", "auto: on a measured trace the draft's probabilities need not be calibrated"
+
+
+def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,
+                   surrogate: str = "auto") -> OracleSetup:
+    """Load a trace's Oracle inputs, choose the cost model and the surrogate; see the module docstring.
+
+    Parameters
+    ----------
+    trace : a trace directory or an open :class:`~speclimits.trace.Trace`.
+    cost_model : a :class:`CostModel`, a cost-model JSON path, or None (fit on the trace's rounds).
+    surrogate : one of :data:`SURROGATES`.
+    """
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    raw = load_inputs(tr)
+    model, model_note = resolve_cost_model(tr, cost_model)
+    resolved, reason = resolve_surrogate(surrogate, tr)
+    gap = calibration_gap(raw)
+    inputs, iso = (calibrate_match_prob(raw) if resolved == "calibrated" else (raw, None))
+    notes = (model_note,
+             f"surrogate: {SURROGATE_LABELS[resolved]} ({reason}); observed greedy match rate - mean q = {gap:+.3f}")
+    return OracleSetup(trace=tr, inputs=inputs, raw_inputs=raw, model=model, surrogate=resolved, calibration=iso,
+                       calibration_gap=gap, notes=notes)
+
+
+def surrogate_variants(setup: OracleSetup) -> dict[str, OracleSetup]:
+    """The same setup under each of the three surrogates, keyed ``raw``, ``calibrated``, ``exact``."""
+    out = {}
+    for name in ("raw", "calibrated", "exact"):
+        if name == setup.surrogate:
+            out[name] = setup
+            continue
+        inputs, iso = calibrate_match_prob(setup.raw_inputs) if name == "calibrated" else (setup.raw_inputs, None)
+        out[name] = OracleSetup(trace=setup.trace, inputs=inputs, raw_inputs=setup.raw_inputs, model=setup.model,
+                                surrogate=name, calibration=iso, calibration_gap=setup.calibration_gap,
+                                notes=(setup.notes[0], f"surrogate: {SURROGATE_LABELS[name]} (variant)"))
+    return out
+
+
+def compare_surrogates(setup: OracleSetup, k_max: int | None = None) -> pd.DataFrame:
+    """The Oracle's bounds under the three surrogates (rows ``raw q``, ``calibrated q``,
+    ``exact greedy (accept_len)``): speedup, best static K and its speedup, gain, mean accepted."""
+    rows = {}
+    for name, variant in surrogate_variants(setup).items():
+        b = variant.solve(k_max=k_max).bounds
+        rows[SURROGATE_LABELS[name]] = {
+            "oracle_speedup": b.speedup, "best_static_k": b.best_static_k, "best_static_speedup": b.best_static_speedup,
+            "gain_over_best_static": b.gain_over_best_static, "mean_accepted": b.mean_accepted}
+    return pd.DataFrame(rows).T
