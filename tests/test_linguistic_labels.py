@@ -11,7 +11,8 @@ import pytest
 
 from speclimits.errors import TraceFormatError
 from speclimits.linguistic.labels import (
-    CONTEXTS, FINE_LABELS, label_agreement, label_tokens, label_trace_tokens, script_of, segment_modes, token_evidence)
+    label_agreement, label_tokens, label_trace_tokens, script_of, segment_modes, token_evidence)
+from speclimits.vocabulary import CONTEXTS, FINE_LABELS
 
 # A Markdown answer: prose, a fenced Python block (comment, definition, control flow), prose
 # again, a Russian sentence, back to Latin, and an inline LaTeX formula.

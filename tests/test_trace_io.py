@@ -92,8 +92,13 @@ def test_cost_model_json_round_trip_and_evaluation(tmp_path):
     np.testing.assert_allclose(cm.target_ms([1, 2], [8.0, 10.0], [1000, 2000]), [5 + 0.8 + 1, 6 + 2 + 2])
     np.testing.assert_allclose(cm.draft_ms([0, 1, 3]), [0.0, 0.6, 1.6])
     assert cm.with_alpha_scale(0.0).alpha == {1: 0.0, 2: 0.0}
-    b0, al = cm.arrays(2)
-    assert b0[2] == 6.0 and np.isnan(b0[0])
+    # a round that drafts k tokens verifies k + 1 rows: k = 1 -> 0.6 + 6 + 0.2*10 + 2; k = 0 -> no draft, m = 1
+    np.testing.assert_allclose(cm.round_ms([1, 0], [10.0, 8.0], [2000, 1000]), [0.6 + 6 + 2 + 2, 5 + 0.8 + 1])
+    fixed, slope = cm.action_terms(1)
+    np.testing.assert_allclose(fixed, [5.0, 6.6])
+    np.testing.assert_allclose(slope, [0.1, 0.2])
+    fixed2, slope2 = cm.action_terms(2)  # m = 3 is not in the model: NaN, not a guess
+    assert np.isnan(fixed2[2]) and np.isnan(slope2[2])
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -17,14 +17,14 @@ from speclimits.errors import SpeclimitsError
 
 #: Modules that contribute subcommands, in the order ``--help`` lists them.
 COMMANDS = (
-    "speclimits.simulate",
+    "speclimits.simulate.cli",
     "speclimits.validate",
     "speclimits.tracing.cli",
     "speclimits.stats.cli",
     "speclimits.oracle.cli",
     "speclimits.linguistic.cli",
-    "speclimits.book",
-    "speclimits.models.pipeline",
+    "speclimits.book.cli",
+    "speclimits.models.cli",
 )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from speclimits.trace import decode_rounds
+
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
@@ -15,8 +17,6 @@ def per_k_summary(rounds: pd.DataFrame) -> pd.DataFrame:
     ``context_len``, acceptance rate (accepted / drafted), mean accepted and emitted per round,
     and tokens per ms of target+draft time (a throughput proxy that ignores other overheads).
     """
-    from speclimits.trace import decode_rounds
-
     dec, _ = decode_rounds(rounds, timing="target")
     g = dec.groupby("K")
     out = pd.DataFrame({

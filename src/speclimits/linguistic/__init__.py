@@ -10,11 +10,11 @@
 from speclimits.linguistic.gallery import panel_data, select_ablation_cases, select_gallery
 from speclimits.linguistic.contexts import (
     K_LONG, decision_table, k_by_context, k_star_shares, modal_advancement)
-from speclimits.linguistic.labels import (
-    BOUNDARY_LABELS, CONTEXTS, FINE_LABELS, LabelAgreement, label_agreement, label_tokens, label_trace_tokens)
+from speclimits.linguistic.labels import LabelAgreement, label_agreement, label_tokens, label_trace_tokens
 from speclimits.linguistic.routing import (
     Contrast, first_mismatch_contrast, planted_contrast, planted_new_experts, routing_table,
     script_change_contrast)
+from speclimits.vocabulary import BOUNDARY_LABELS, CONTEXTS, FINE_LABELS
 
 __all__ = [
     "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "K_LONG", "LabelAgreement",

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
-from speclimits.errors import SpeclimitsError
 from speclimits.bootstrap import cluster_sums, ratio_bootstrap
-from speclimits.linguistic.labels import CONTEXTS, FINE_LABELS
+from speclimits.errors import SpeclimitsError
+from speclimits.vocabulary import CONTEXTS, FINE_LABELS
 from speclimits.oracle.solver import OracleResult
 
 #: "Long draft" threshold of the appendix: k* >= 4.

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.linguistic.contexts import K_LONG
-from speclimits.linguistic.labels import BOUNDARY_LABELS
+from speclimits.linguistic.contexts import K_LONG, modal_advancement
+from speclimits.vocabulary import BOUNDARY_LABELS
 from speclimits.oracle.solver import OracleResult
 
 MISMATCH_GLYPH = "✗"
@@ -202,8 +202,6 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
     (P(a >= step)), ``k_star``, ``a_mode``, ``accept_len``, ``k_star_alpha0`` (NaN unless given),
     ``label`` (context of the first continuation token), ``draft_source``.
     """
-    from speclimits.linguistic.contexts import modal_advancement
-
     inp = result.inputs
     n_steps = result.k_max if n_steps is None else int(n_steps)
     seq = inp.seq_ids[inp.seq_index].astype(str)

@@ -52,16 +52,13 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import Problem, TraceFormatError
+from speclimits.vocabulary import CONTEXTS, MODES
 
-#: Context labels, in the order tables list them.
-CONTEXTS = ("code_format", "code_structure", "code_vocab", "prose_vocab", "prose_boundary", "markup",
-            "mode_change", "script_change")
-#: Fine labels (``""`` = none).
-FINE_LABELS = ("function_start", "control_flow", "comment", "word_continuation")
-#: Modes, in the order of the evidence columns.
-MODES = ("prose", "code", "markup")
-#: Labels that mark a linguistic boundary (used by the gallery and the book).
-BOUNDARY_LABELS = ("prose_boundary", "mode_change", "script_change")
+#: The labeller's order of the modes (:data:`speclimits.vocabulary.MODES`) in its evidence
+#: columns. It is also the tie-break priority of the segmentation (prose before code before
+#: markup: a response with no evidence at all is prose), which is why it is not MODES' order.
+EVIDENCE_MODES = ("prose", "code", "markup")
+assert sorted(EVIDENCE_MODES) == sorted(MODES)
 
 DEFINITION_KEYWORDS = frozenset({"def", "class", "function", "fn", "func", "struct", "lambda", "sub", "procedure",
                                  "interface", "enum", "trait", "impl", "typedef"})
@@ -181,7 +178,7 @@ def segment_modes(evidence: np.ndarray, switch_cost: float = 2.5, forced: np.nda
 
     Parameters
     ----------
-    evidence : (T, 3) scores per token for :data:`MODES` (prose, code, markup).
+    evidence : (T, 3) scores per token for :data:`EVIDENCE_MODES` (prose, code, markup).
     switch_cost : penalty per mode change.
     forced : (T,) ints, -1 for free tokens or a mode index the token must take.
 
@@ -230,7 +227,7 @@ def _forced_modes(texts: Sequence[str], max_inline: int = 40) -> np.ndarray:
     line break, at a prose word (evidence for prose >= 2) or after ``max_inline`` tokens, so an
     unpaired delimiter cannot take over the text.
     """
-    markup, code = MODES.index("markup"), MODES.index("code")
+    markup, code = EVIDENCE_MODES.index("markup"), EVIDENCE_MODES.index("code")
     forced = np.full(len(texts), -1, np.int64)
     fenced = False
     span, span_len = None, 0  # None, "math" or "code"
@@ -298,7 +295,7 @@ def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame
             while j > 0 and _glued(texts[j - 1], texts[j]):
                 j -= 1
             modes[j:t] = modes[t]
-    mode_names = np.array(MODES, dtype=object)[modes] if n else np.zeros(0, object)
+    mode_names = np.array(EVIDENCE_MODES, dtype=object)[modes] if n else np.zeros(0, object)
     scripts = [script_of(t) for t in texts]
     context, fine = [], []
     last_script = None

@@ -39,6 +39,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.simulate import config_from_meta, expected_new_experts
 from speclimits.oracle.inputs import OracleInputs
 from speclimits.oracle.solver import OracleResult
 
@@ -272,8 +273,6 @@ def planted_new_experts(meta: dict[str, Any]) -> dict[str, float]:
     """Expected new experts per layer of a reference token, by planted context, for a simulated
     trace (the simulator's own :func:`speclimits.simulate.expected_new_experts` for the trace's
     config and seed). Raises for a trace that is not simulated."""
-    from speclimits.simulate import config_from_meta, expected_new_experts
-
     return expected_new_experts(config_from_meta(meta), int(meta["seed"]))
 
 

@@ -8,7 +8,6 @@ are skipped unless ``--force`` (so an interrupted run resumes where it stopped).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -72,6 +71,7 @@ class Pipeline:
         return stage in self.meta.get("stages", {})
 
     def run(self, stages: list[str], force: bool = False) -> None:
+        # imported when this step runs: it loads torch, which the other commands do not need
         import torch
 
         torch.set_num_threads(self.threads)
@@ -91,6 +91,7 @@ class Pipeline:
 
     # stages
     def stage_corpus(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.corpus import CorpusConfig, build_corpus
 
         cfg = CorpusConfig()
@@ -102,6 +103,7 @@ class Pipeline:
         return {"splits": meta["splits"]}
 
     def stage_tokenizer(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.corpus import read_corpus
         from speclimits.models.tokenizer import encode_corpus, train_tokenizer
 
@@ -113,6 +115,7 @@ class Pipeline:
 
     def stage_heldout(self) -> dict:
         """Held-out corpus passages as prompts with teacher-forced references (for the Oracle trace)."""
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_streams
 
         path = Path(__file__).resolve().parents[3] / "data" / "prompts" / "heldout-corpus.jsonl"
@@ -124,11 +127,13 @@ class Pipeline:
         return {"path": str(path), "prompts": n}
 
     def _tokenizer(self):
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_tokenizer
 
         return load_tokenizer(self.target_dir)
 
     def target_config(self):
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.target import TargetConfig
 
         cfg = TargetConfig(seed=self.seed)
@@ -137,6 +142,7 @@ class Pipeline:
         return cfg
 
     def stage_target(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.target import train_target
         from speclimits.models.tokenizer import EOS, load_streams
 
@@ -147,6 +153,7 @@ class Pipeline:
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def head_config(self):
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.eagle3 import HeadConfig
 
         cfg = HeadConfig(seed=self.seed)
@@ -159,6 +166,7 @@ class Pipeline:
         """Target-greedy continuations (vLLM, plain decoding) of corpus prefixes, train and held-out."""
         hc = self.head_config()
         rng = np.random.default_rng(self.seed + 1)
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_streams
 
         prompt_len, n_train, n_valid = (16, 8, 4) if self.smoke else (32, 640, 32)
@@ -199,6 +207,7 @@ class Pipeline:
 
     def _mixed_sequences(self, seq_len: int, split: str, n_corpus: int) -> np.ndarray:
         """Target-greedy sequences plus ``n_corpus`` corpus windows of the same length (train or valid split)."""
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.target import WindowSampler
         from speclimits.models.tokenizer import load_streams
 
@@ -208,6 +217,7 @@ class Pipeline:
         return np.concatenate([greedy, corpus])
 
     def stage_eagle3(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.eagle3 import train_head
         from speclimits.models.target import WindowSampler, load_target
         from speclimits.models.tokenizer import load_streams
@@ -225,6 +235,7 @@ class Pipeline:
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def stage_dense(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.dense_draft import DenseConfig, train_dense
         from speclimits.models.target import load_target
 
@@ -239,6 +250,7 @@ class Pipeline:
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def stage_serve(self) -> dict:
+        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.serve_check import agreement_check
 
         prompts = Path(__file__).resolve().parents[3] / "data" / "prompts" / "speclimits.jsonl"
@@ -266,6 +278,7 @@ def write_heldout_prompts(streams: dict[str, np.ndarray], path: Path, tokenizer,
     Passages that cross a document boundary (an end-of-text id) are moved forward to the next
     clean window; ``category`` is ``heldout-<domain>``.
     """
+    # imported when this step runs: it loads torch, which the other commands do not need
     from speclimits.models.tokenizer import EOS
 
     eos = tokenizer.convert_tokens_to_ids(EOS)
@@ -302,26 +315,3 @@ def train_models(out: str | Path, scratch: str | Path | None = None, seed: int =
     pipe.log(f"train-models: out={out} scratch={scratch} seed={seed} smoke={smoke} threads={threads}")
     pipe.run(list(stages or STAGES), force=force)
     return pipe.meta
-
-
-def _handler(args: argparse.Namespace) -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    stages = args.stages.split(",") if args.stages else None
-    train_models(args.out, args.scratch, seed=args.seed, smoke=args.smoke, stages=stages, force=args.force,
-                 progress=not args.quiet, threads=args.threads)
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "train-models", help="build the corpus and train the tokenizer, MoE target, EAGLE-3 head and dense draft",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="data/models", help="output folder for models and metadata (default data/models)")
-    p.add_argument("--scratch", default=None, help="scratch folder (default: $TMPDIR/speclimits-models-scratch)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stages", default=None, help=f"comma-separated subset of: {','.join(STAGES)}")
-    p.add_argument("--force", action="store_true", help="redo stages already recorded in meta.json")
-    p.add_argument("--smoke", action="store_true", help="tiny corpus and models (tests; minutes)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_handler)

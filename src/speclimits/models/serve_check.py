@@ -229,8 +229,10 @@ def agreement_check(target_dir: str | Path, head_dir: str | Path, greedy_outputs
     token after the first, so origins with ``p + 2`` in ``[|P| + 1, |P| + |y| - 1]`` are scored
     against ``y``.
     """
+    # imported when this step runs: it loads torch, which the other commands do not need
     import torch
 
+    # imported when this step runs: it loads torch, which the other commands do not need
     from speclimits.models.eagle3 import build_cache, load_head
     from speclimits.models.target import load_target
 

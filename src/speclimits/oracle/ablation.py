@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from speclimits import paper
 from speclimits.oracle.solver import OracleResult, evaluate_policy, solve
 
 

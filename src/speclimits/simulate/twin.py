@@ -36,9 +36,6 @@ context and new experts per layer, for the routing and linguistic studies).
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -47,36 +44,36 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from speclimits.cliutil import parse_assignments
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, write_trace
+from speclimits.vocabulary import CONTEXT_MODES, CONTEXTS, MODES
 
 # ---------------------------------------------------------------------------
 # Text contexts and prompt categories
 # ---------------------------------------------------------------------------
 
-#: Per context: mode, draft match probability at depth 1, routing overlap rho, token vocabulary.
-CONTEXTS: dict[str, dict[str, Any]] = {
-    "code_format": dict(mode="code", q=0.96, rho=0.70,
-                        vocab=["    ", "\n", "(", ")", ":", ",", "]", "[", " =", "\n    "]),
-    "code_structure": dict(mode="code", q=0.88, rho=0.66,
+#: Per context (:data:`speclimits.vocabulary.CONTEXTS`): draft match probability at depth 1,
+#: routing overlap rho, token vocabulary; the mode is the vocabulary's.
+CONTEXT_PARAMS: dict[str, dict[str, Any]] = {
+    "code_format": dict(q=0.96, rho=0.70, vocab=["    ", "\n", "(", ")", ":", ",", "]", "[", " =", "\n    "]),
+    "code_structure": dict(q=0.88, rho=0.66,
                            vocab=["def", " return", " if", " for", " in", " class", " else", " import", " while"]),
-    "code_vocab": dict(mode="code", q=0.72, rho=0.64,
+    "code_vocab": dict(q=0.72, rho=0.64,
                        vocab=[" x", " data", "_id", " self", " value", " items", " result", " path", "_cache"]),
-    "prose_vocab": dict(mode="prose", q=0.66, rho=0.645,
+    "prose_vocab": dict(q=0.66, rho=0.645,
                         vocab=[" the", " model", " expert", " of", " cost", " and", " speed", " token", " is"]),
-    "prose_boundary": dict(mode="prose", q=0.55, rho=0.62,
-                           vocab=[".", ",", " The", "\n\n", ";", " However", " In", ":"]),
-    "markup": dict(mode="markup", q=0.86, rho=0.66,
-                   vocab=["$", "\\frac", "{", "}", "<div", "**", "^2", "</p>", "\\sum"]),
-    "mode_change": dict(mode=None, q=0.60, rho=0.62, vocab=[]),
-    "script_change": dict(mode=None, q=0.15, rho=0.595, vocab=[]),
+    "prose_boundary": dict(q=0.55, rho=0.62, vocab=[".", ",", " The", "\n\n", ";", " However", " In", ":"]),
+    "markup": dict(q=0.86, rho=0.66, vocab=["$", "\\frac", "{", "}", "<div", "**", "^2", "</p>", "\\sum"]),
+    "mode_change": dict(q=0.60, rho=0.62, vocab=[]),
+    "script_change": dict(q=0.15, rho=0.595, vocab=[]),
 }
+assert tuple(CONTEXT_PARAMS) == CONTEXTS
 CYRILLIC_VOCAB = [" модель", " и", " в", " эксперт", " стоимость", " на", " что", ".", " токен", " это"]
 CONTEXT_NAMES = list(CONTEXTS)
 
-#: Fourteen prompt categories: mode weights (code, prose, markup) and the share of Cyrillic prose.
+#: Fourteen prompt categories: mode weights (in :data:`MODES` order: code, prose, markup) and the share
+#: of Cyrillic prose.
 CATEGORIES: dict[str, tuple[tuple[float, float, float], float]] = {
     "coding": ((0.75, 0.20, 0.05), 0.0),
     "code_review": ((0.50, 0.50, 0.00), 0.0),
@@ -93,7 +90,6 @@ CATEGORIES: dict[str, tuple[tuple[float, float, float], float]] = {
     "code_ru": ((0.55, 0.45, 0.00), 0.6),
     "docs_ru": ((0.30, 0.70, 0.00), 0.7),
 }
-MODES = ("code", "prose", "markup")
 MODE_CONTEXTS = {
     "code": (["code_format", "code_structure", "code_vocab"], [0.45, 0.25, 0.30]),
     "prose": (["prose_vocab", "prose_boundary"], [0.8, 0.2]),
@@ -154,9 +150,9 @@ class SimConfig:
     conf_slope: float = 1.1
     conf_shift: float = -1.2
     conf_noise_sd: float = 0.7
-    context_q: dict[str, float] = field(default_factory=lambda: {k: v["q"] for k, v in CONTEXTS.items()})
+    context_q: dict[str, float] = field(default_factory=lambda: {k: v["q"] for k, v in CONTEXT_PARAMS.items()})
     # routing
-    context_rho: dict[str, float] = field(default_factory=lambda: {k: v["rho"] for k, v in CONTEXTS.items()})
+    context_rho: dict[str, float] = field(default_factory=lambda: {k: v["rho"] for k, v in CONTEXT_PARAMS.items()})
     rho_token_sd: float = 0.15
     rho_layer_sd: float = 0.06
     junk_rho_shift: float = 0.0
@@ -545,12 +541,12 @@ def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_
     base = 0
     for name in CONTEXT_NAMES:
         offsets[name] = base
-        base += max(len(CONTEXTS[name]["vocab"]), 1)
+        base += max(len(CONTEXT_PARAMS[name]["vocab"]), 1)
     cyr_base = base
     for t, (c, s) in enumerate(zip(ref.context, ref.script)):
         name = CONTEXT_NAMES[c]
-        vocab = CONTEXTS[name]["vocab"]
-        if s == 1 and CONTEXTS[name]["mode"] != "code":
+        vocab = CONTEXT_PARAMS[name]["vocab"]
+        if s == 1 and CONTEXT_MODES[name] != "code":
             j = (t * 7 + c) % len(CYRILLIC_VOCAB)
             texts.append(CYRILLIC_VOCAB[j])
             vocab_ids.append(cyr_base + j)
@@ -599,52 +595,3 @@ def make_meta(cfg: SimConfig, seed: int) -> dict[str, Any]:
         truth=cfg.cost_model,
         contexts=CONTEXT_NAMES,
     )
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="write a SIMULATED trace with a planted ground truth",
-        description=(
-            "Generate a trace from the speclimits digital twin of the paper's setting (48 MoE layers x "
-            "128 experts, top-8; K sweep; categorical cost with the m=4/5 regime change). Presets: "
-            "smoke (seconds, for tests), default (the book's bundled data, ~120k rounds), paper "
-            "(~925k decode rounds, as in the paper). meta.json records source=simulator, every "
-            "parameter and the planted cost model."
-        ),
-        epilog="example: speclimits simulate --preset smoke --seed 1 --out /tmp/tr --set n_prompts=20",
-    )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default", help="parameter preset (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="random seed; same seed and parameters give the same tables")
-    p.add_argument("--out", type=Path, required=True, help="trace directory to write (created if needed)")
-    p.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
-                   help="override a SimConfig field, e.g. --set n_prompts=20 or --set 'k_values=[1,2,3]' "
-                        "or --set cost_model=@file.json (repeatable)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    overrides = parse_assignments(args.set, "--set")
-    for k, v in list(overrides.items()):
-        if isinstance(v, str) and v.startswith("@"):
-            try:
-                overrides[k] = json.loads(Path(v[1:]).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise SpeclimitsError(f"--set {k}=@{v[1:]}: cannot read JSON: {exc}") from None
-    cfg = preset(args.preset, **overrides)
-    t0 = time.perf_counter()
-    tables = simulate(cfg, seed=args.seed, out=args.out, progress=not args.quiet)
-    dt = time.perf_counter() - t0
-    rounds = tables["rounds"]
-    n_dec = int((rounds["phase"] == "decode").sum())
-    print(f"wrote SIMULATED trace {args.out}: {n_dec:,} decode rounds, "
-          f"{rounds['generation_id'].nunique():,} generations"
-          + (f", {len(tables['oracle']):,} oracle states" if "oracle" in tables else "")
-          + f" in {dt:.1f} s")
-    return 0

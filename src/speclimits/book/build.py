@@ -17,7 +17,6 @@ Steps (``speclimits book``):
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import shutil
@@ -99,6 +98,7 @@ def mathjax_dir() -> Path:
 
 def vega_bundle() -> Path:
     """One self-contained script defining ``vegaEmbed``, ``vegaLite`` and ``vega`` on ``window``."""
+    # imported here: the chart toolchain is only needed (and only installed) for book builds
     import altair as alt
     import vl_convert
 
@@ -256,36 +256,3 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     html = out_dir / "_build" / "html"
     _check_offline(html)
     return html / "index.html"
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "book",
-        help="execute the book's notebooks on a trace and build the static site",
-        description=(
-            "Convert book/*.py (jupytext percent) to notebooks, execute them with papermill on a trace "
-            "(parameters trace, smoke, seed), and build the site with Jupyter Book 1 (warnings are errors). "
-            "The site reads offline: MathJax (npm package 'mathjax', fetched once with npm pack) and Vega "
-            "(bundled by vl-convert) are served from _static. Without --trace the bundled default trace is used."
-        ),
-        epilog="example: speclimits book --trace /tmp/my-trace --out /tmp/site",
-    )
-    p.add_argument("--trace", type=Path, default=None, help="trace directory (default: %s)" % default_trace())
-    p.add_argument("--smoke", action="store_true", help="small settings in every notebook (fast; for tests)")
-    p.add_argument("--seed", type=int, default=0, help="seed injected into every notebook (default 0)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"output folder; the site lands in OUT/_build/html (default: {BUILD_DIR / 'book'})")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
-    index = build_book(args.trace, smoke=args.smoke, out=args.out, seed=args.seed, progress=not args.quiet)
-    print(f"book built in {time.perf_counter() - t0:.0f} s: {index}")
-    return 0
