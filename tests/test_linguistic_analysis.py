@@ -284,7 +284,9 @@ def test_panel_data_rows_statuses_and_draft_tokens(sim):
         gallery.panel_data(res, lab, pd.DataFrame({"seq_id": ["nope"], "pos": [0]}))
 
 
-def test_figures_build(sim):
+def test_figures_encode_the_results(sim):
+    from chartspec import dataset_with, encodings
+
     from speclimits import figures
 
     dec, res, lab = sim["dec"], sim["res"], sim["lab"]
@@ -294,13 +296,31 @@ def test_figures_build(sim):
     rules = [layer for layer in spec["spec"]["layer"] if layer["mark"]["type"] == "rule"]
     assert len(rules) == 2  # k* and a_mode (no α = 0 line without k_star_alpha0)
     tab = ling.k_by_context(dec, n_boot=20)
-    assert figures.k_by_context_chart(tab).to_dict()
-    assert figures.k_by_context_chart(tab, measure="k1").to_dict()
-    assert figures.k_star_distribution_chart(ling.k_star_shares(dec)).to_dict()
+    for measure, (est, lo, hi) in (("long", ("share_long", "long_lo", "long_hi")),
+                                   ("k1", ("share_k1", "k1_lo", "k1_hi"))):
+        spec = figures.k_by_context_chart(tab, measure=measure).to_dict()
+        assert {("x", lo), ("x2", hi), ("x", est), ("x", f"paper_{est}")} <= encodings(spec)
+        plotted = dataset_with(spec, "context", est).set_index("context")
+        np.testing.assert_allclose(plotted[est], tab.set_index("context")[est])
+    shares = ling.k_star_shares(dec)
+    spec = figures.k_star_distribution_chart(shares).to_dict()
+    assert {("x", "share"), ("color", "k_star"), ("y", "context")} <= encodings(spec)
+    per_context = dataset_with(spec, "context", "share").groupby("context")["share"].sum()
+    np.testing.assert_allclose(per_context, 1.0)  # each context's k* shares add up
     rt = ling.routing_table([ling.script_change_contrast(lab), ling.first_mismatch_contrast(res, source="window")],
                             n_boot=20)
-    assert figures.routing_contrast_chart(rt).to_dict()
-    assert figures.label_confusion_chart(ling.label_agreement(lab).confusion).to_dict()
+    spec = figures.routing_contrast_chart(rt).to_dict()
+    assert {("x", "diff"), ("x", "lo"), ("x2", "hi"), ("color", "source")} <= encodings(spec)
+    ours = dataset_with(spec, "contrast", "source", "diff").query("source == 'this trace'")
+    assert set(rt["diff"]) <= set(ours["diff"])
+    paper_rows = dataset_with(spec, "contrast", "source", "diff").query("source == 'paper'")
+    assert set(paper_rows["diff"]) == set(rt["paper_diff"])
+    conf = ling.label_agreement(lab).confusion
+    spec = figures.label_confusion_chart(conf).to_dict()
+    assert ("x", "labelled") in encodings(spec) and ("color", "share") in encodings(spec)
+    cells = dataset_with(spec, "labelled", "share")
+    planted_col = [c for c in cells.columns if c not in ("labelled", "share", "n")][0]
+    np.testing.assert_allclose(cells.groupby(planted_col)["share"].sum(), 1.0)  # shares of each planted context
 
 
 def test_missing_new_experts_values_drop_events_not_the_analysis(sim):

@@ -75,8 +75,18 @@ def test_delta_space_on_a_trace(solved):
     ds = delta_space(solved, n_boot=9)
     line = ds.line
     assert line.lambda_ == pytest.approx(solved.bounds.ms_per_token)
-    assert 0.5 < line.accuracy <= 1 and line.accuracy >= line.accuracy_at_lambda - 1e-12
-    assert line.slope_ci[0] <= line.slope_ci[1]
+    # the reported accuracies, recomputed by hand from the points
+    pts = ds.points
+    dx, dy, acc = pts["delta_accept"].to_numpy(), pts["delta_cost"].to_numpy(), pts["accepted"].to_numpy()
+    assert line.accuracy == pytest.approx(((dy <= line.slope * dx) == acc).mean())
+    assert line.accuracy_at_lambda == pytest.approx(((dy <= line.lambda_ * dx) == acc).mean())
+    # the scan is exact: no through-origin slope does better (brute force over every cut between ratios)
+    ratio = np.sort(np.unique(dy / dx))
+    cuts = np.concatenate([[ratio[0] - 1], 0.5 * (ratio[1:] + ratio[:-1]), [ratio[-1] + 1]])
+    sample = cuts[:: max(1, len(cuts) // 400)]
+    brute = max(((dy <= s * dx) == acc).mean() for s in sample)
+    assert line.accuracy >= brute - 1e-12
+    assert 0.5 < line.accuracy <= 1
     assert len(line.to_frame()) > 5
 
 
@@ -248,7 +258,9 @@ def test_oracle_notebook_executes_with_smoke_parameters(smoke_book):
 # -- figures ----------------------------------------------------------------------
 
 
-def test_figures_build_valid_specs(smoke, solved):
+def test_figures_encode_the_results(smoke, solved):
+    from chartspec import dataset_with, encodings
+
     from speclimits import figures
     from speclimits.oracle import sweep_k_max
 
@@ -256,14 +268,32 @@ def test_figures_build_valid_specs(smoke, solved):
     states = solved.to_frame()
     sweep = sweep_k_max(inputs, model, range(1, 4))
     spec = figures.oracle_speedup_by_k_max(sweep).to_dict()
-    assert "speedup over autoregressive" in json.dumps(spec)
+    assert {("x", "k_max"), ("y", "x"), ("color", "bound")} <= encodings(spec)
+    plotted = dataset_with(spec, "k_max", "bound", "x").pivot(index="k_max", columns="bound", values="x")
+    np.testing.assert_allclose(plotted["Oracle"], sweep["speedup"])
+    np.testing.assert_allclose(plotted["best static K"], sweep["best_static_speedup"])
     data = model.to_dict()
     del data["target"]["by_m"]["1"]
     no_ar = sweep_k_max(inputs, CostModel.from_dict(data), range(1, 4))
-    assert "no autoregressive baseline" in json.dumps(figures.oracle_speedup_by_k_max(no_ar).to_dict())
+    spec = figures.oracle_speedup_by_k_max(no_ar).to_dict()
+    assert spec["encoding"]["y"]["title"] == "ms per token (no autoregressive baseline)"
+    oracle_rows = dataset_with(spec, "bound", "x").query("bound == 'Oracle'")
+    np.testing.assert_allclose(oracle_rows["x"], no_ar["ms_per_token"])
+    seq = states["seq_id"].iloc[0]
+    spec = figures.oracle_value_along_sequence(states, seq).to_dict()
+    assert {("x", "pos"), ("y", "value_ms"), ("y", "k_star")} <= encodings(spec)
+    one = dataset_with(spec, "pos", "value_ms", "k_star")
+    np.testing.assert_allclose(one["value_ms"], states.loc[states["seq_id"] == seq, "value_ms"])
+    spec = figures.oracle_k_star_distribution(states).to_dict()
+    shares = dataset_with(spec, "k_star")
+    share_col = [c for c in shares.columns if c != "k_star"][0]
+    expected = states["k_star"].value_counts(normalize=True).sort_index()
+    np.testing.assert_allclose(shares.set_index("k_star")[share_col].sort_index(), expected)
     ds = delta_space(solved, n_boot=5)
-    for chart in (figures.oracle_value_along_sequence(states, states["seq_id"].iloc[0]),
-                  figures.oracle_k_star_distribution(states),
-                  figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, n=500),
-                  figures.oracle_ablation_moves(alpha_ablation(solved).transitions)):
-        assert chart.to_dict()
+    spec = figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, n=500).to_dict()
+    assert {("x", "delta_accept"), ("y", "delta_cost")} <= encodings(spec)
+    assert len(dataset_with(spec, "delta_accept", "delta_cost")) == min(500, len(ds.points))
+    moves = alpha_ablation(solved).transitions
+    spec = figures.oracle_ablation_moves(moves).to_dict()
+    assert ("color", "n_states") in encodings(spec)
+    assert dataset_with(spec, "n_states")["n_states"].sum() == moves["n_states"].sum()

@@ -18,7 +18,9 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
+from speclimits import vocabulary
 from speclimits.paths import default_trace
+from speclimits.schema import META_REQUIRED, TABLES
 from speclimits.trace import Trace, read_trace
 
 # Notebooks import this module first. Progress bars are off in the book (TQDM_DISABLE), but
@@ -84,3 +86,20 @@ def version_report(trace: Trace) -> None:
     print(f"\nTrace: {trace.path}  ({trace.source_label})")
     meta = {k: v for k, v in trace.meta.items() if k not in ("simulator",)}
     print(json.dumps(meta, indent=2, sort_keys=True, default=str))
+
+
+def schema_table(table: str) -> Any:
+    """The contract columns of ``table`` (``rounds``, ``oracle``, ``tokens``) for the methods page."""
+    cols = TABLES[table]
+    return pd.DataFrame({"column": [c.name for c in cols], "type": [c.kind.replace("_", " of ") for c in cols],
+                         "required": ["yes" if c.required else "no" for c in cols],
+                         "meaning": [c.description for c in cols]}).style.hide(axis="index")
+
+
+def vocabulary_table() -> Any:
+    """Modes, context labels (with their mode) and fine labels of :mod:`speclimits.vocabulary`."""
+    rows = [{"kind": "context", "label": name, "mode": mode or "(a transition)"}
+            for name, mode in vocabulary.CONTEXT_MODES.items()]
+    rows += [{"kind": "fine label", "label": name, "mode": "code" if name != "word_continuation" else "any"}
+             for name in vocabulary.FINE_LABELS]
+    return pd.DataFrame(rows).style.hide(axis="index")

@@ -1,7 +1,7 @@
 """Every value the book sets beside ours, in one place, each with where it comes from.
 
 The preprint (arXiv 2609.22156) is available to us as its abstract and appendix only
-(``shared/paper/``). Values are quoted as the appendix states them: a number, a range
+(kept outside this repository). Values are quoted as the appendix states them: a number, a range
 ``(low, high)``, or a string where the paper gives only a bound; ``None`` means the appendix
 reports nothing comparable. :data:`SOURCES` names the appendix part of each constant. Numbers
 that only third-party summaries attribute to the paper are kept apart, in
@@ -114,7 +114,7 @@ ALPHA_LEVEL_RATIO = 3.2
 SMOOTH_PARAMETERIZATIONS_MAPE = (6.5, 7.4)
 
 # ---------------------------------------------------------------------------
-# Not the paper's: third-party summaries, unverified (shared/notes/anchors.md)
+# Not the paper's: third-party summaries, unverified (not the appendix)
 # ---------------------------------------------------------------------------
 
 #: Values summaries attribute to the paper's main text, which we do not have. Shown, if at all,

@@ -1,4 +1,4 @@
-"""The linguistic study (DESIGN §3; the appendix's second part).
+"""The linguistic study (the appendix's second part; the book's methods page, "Linguistic labels").
 
 :mod:`~speclimits.linguistic.labels` (rule-based context labels from token text),
 :mod:`~speclimits.linguistic.contexts` (the Oracle's k* by context, response-clustered bootstrap),

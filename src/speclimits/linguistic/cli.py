@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Label every reference token of TRACE/tokens.parquet by rules that read only its text, solve the "
             "Oracle on TRACE/oracle.parquet, and report the share of k* >= 4 and of k* = 1 per context and the "
             "new experts per layer at Latin<->Cyrillic changes and at the draft's first mismatch, with 95% "
-            "bootstrap intervals over responses (DESIGN §3). Simulated traces also get the labeller's agreement "
+            "bootstrap intervals over responses (methods page of the book). Simulated traces also get the labeller's agreement "
             "with the planted contexts."
         ),
         epilog="example: speclimits linguistic data/traces/sim-default --n-boot 199 --json",

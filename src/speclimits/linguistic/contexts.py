@@ -1,4 +1,4 @@
-"""The Oracle's k* by linguistic context (appendix: "K by context"; DESIGN §3).
+"""The Oracle's k* by linguistic context (appendix: "K by context"; the book's methods page).
 
 One **decision** is one Oracle state n of one response: the Oracle chooses k*(n) there, and
 the decision is labelled with the context of the continuation token the draft's first step

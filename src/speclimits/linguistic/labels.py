@@ -1,4 +1,4 @@
-"""A rule-based labeller of local text context, from token strings alone (DESIGN §3).
+"""A rule-based labeller of local text context, from token strings alone (methods page of the book).
 
 Every continuation token gets one **context** label, the appendix's groups:
 
@@ -271,69 +271,79 @@ def _glued(prev: str, cur: str) -> bool:
     return (a.isalnum() or a == "_") and (b.isalnum() or b == "_")
 
 
-def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame:
-    """Label the tokens of ONE response, in order.
-
-    Parameters
-    ----------
-    texts : the decoded token strings (leading spaces kept; ``None`` is read as ``""``).
-    switch_cost : the Viterbi penalty per mode change (:func:`segment_modes`).
-
-    Returns a DataFrame with one row per token: ``text``, ``script`` (latin / cyrillic / none),
-    ``mode`` (prose / code / markup), ``context`` (one of :data:`CONTEXTS`) and ``fine`` (one
-    of :data:`FINE_LABELS` or ``""``).
-    """
-    texts = ["" if t is None else str(t) for t in texts]
-    texts = [unicodedata.normalize("NFC", t) for t in texts]
+def token_modes(texts: Sequence[str], switch_cost: float = 2.5) -> np.ndarray:
+    """(T,) mode name of each token of one response: token evidence, Markdown delimiters and the
+    Viterbi segmentation (:func:`segment_modes`); a change inside a glued word moves back to the
+    word's start, so a word is never split across modes."""
     n = len(texts)
     ev = np.array([token_evidence(t) for t in texts], dtype=float).reshape(n, 3)
     modes = segment_modes(ev, switch_cost=switch_cost, forced=_forced_modes(texts))
-    # a word is not split across modes: a change inside a glued word moves back to the word's start
     for t in range(1, n):
         if modes[t] != modes[t - 1] and _glued(texts[t - 1], texts[t]):
             j = t - 1
             while j > 0 and _glued(texts[j - 1], texts[j]):
                 j -= 1
             modes[j:t] = modes[t]
-    mode_names = np.array(EVIDENCE_MODES, dtype=object)[modes] if n else np.zeros(0, object)
-    scripts = [script_of(t) for t in texts]
-    context, fine = [], []
+    return np.array(EVIDENCE_MODES, dtype=object)[modes] if n else np.zeros(0, object)
+
+
+def _within_mode_context(text: str, mode: str, first: bool, prev_visible: str) -> str:
+    """The context label of a token that starts no transition: by its mode and its own string."""
+    s = text.strip()
+    word = _word(text)
+    if mode == "markup":
+        return "markup"
+    if mode == "code":
+        if word.lower() in STRUCTURE_KEYWORDS and word == s.strip(".,:;()"):
+            return "code_structure"
+        return "code_format" if not any(c.isalnum() for c in text) else "code_vocab"
+    starts_sentence = word[:1].isupper() and (word in SENTENCE_STARTERS or first or _is_boundary_text(prev_visible))
+    return "prose_boundary" if (_is_boundary_text(text) or starts_sentence) else "prose_vocab"
+
+
+def context_labels(texts: Sequence[str], modes: Sequence[str], scripts: Sequence[str]) -> list[str]:
+    """(T,) context label of each token, in order of precedence: **script change** (the first
+    token with letters whose script differs from the last token with letters), **mode change**
+    (the first token of a new mode), then the label within the mode."""
+    labels: list[str] = []
     last_script = None
     prev_visible = ""  # the last token that is not pure spaces
+    for i, text in enumerate(texts):
+        script = scripts[i]
+        if i > 0 and script != "none" and last_script is not None and script != last_script:
+            labels.append("script_change")
+        elif i > 0 and modes[i] != modes[i - 1]:
+            labels.append("mode_change")
+        else:
+            labels.append(_within_mode_context(text, modes[i], i == 0, prev_visible))
+        if script != "none":
+            last_script = script
+        if text.strip(" ") != "":
+            prev_visible = text
+    return labels
+
+
+def fine_labels(texts: Sequence[str], modes: Sequence[str]) -> list[str]:
+    """(T,) fine label of each token (one of :data:`~speclimits.vocabulary.FINE_LABELS` or ``""``).
+
+    A comment runs from its marker to the end of the line (``/*`` to ``*/``); a definition
+    keyword and the identifier after it start a function; control keywords are control flow;
+    a token glued to the previous one continues a word.
+    """
+    out: list[str] = []
     comment = None  # None, "line" or "block"
     after_definition = False
     for i, text in enumerate(texts):
-        mode, script, s = mode_names[i], scripts[i], text.strip()
+        mode, s = modes[i], text.strip()
         word = _word(text)
         low = word.lower()
-        # context label
-        if i > 0 and script != "none" and last_script is not None and script != last_script:
-            label = "script_change"
-        elif i > 0 and mode != mode_names[i - 1]:
-            label = "mode_change"
-        elif mode == "markup":
-            label = "markup"
-        elif mode == "code":
-            if low in STRUCTURE_KEYWORDS and word == s.strip(".,:;()"):
-                label = "code_structure"
-            elif not any(c.isalnum() for c in text):
-                label = "code_format"
-            else:
-                label = "code_vocab"
-        else:
-            starts_sentence = (word[:1].isupper() and (word in SENTENCE_STARTERS or i == 0
-                                                        or _is_boundary_text(prev_visible)))
-            label = "prose_boundary" if (_is_boundary_text(text) or starts_sentence) else "prose_vocab"
-        context.append(label)
-        # fine label: a comment runs from its marker to the end of the line ("/*" to "*/")
         if comment == "line" and "\n" in text:
             comment = None
         if mode != "code":
             comment = None
         elif comment is None and s.startswith(COMMENT_MARKERS) and not s.startswith(("#include", "#define", "#if")):
             comment = "block" if s.startswith("/*") else "line"
-        in_comment = comment is not None
-        if in_comment:
+        if comment is not None:
             f = "comment"
         elif mode == "code" and low in DEFINITION_KEYWORDS:
             f = "function_start"
@@ -345,17 +355,31 @@ def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame
             f = "word_continuation"
         else:
             f = ""
-        fine.append(f)
+        out.append(f)
         if comment == "block" and "*/" in text:
             comment = None
         if s:
             after_definition = mode == "code" and low in DEFINITION_KEYWORDS
-        if script != "none":
-            last_script = script
-        if text.strip(" ") != "":
-            prev_visible = text
-    return pd.DataFrame({"text": texts, "script": scripts, "mode": list(mode_names), "context": context,
-                         "fine": fine})
+    return out
+
+
+def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame:
+    """Label the tokens of ONE response, in order.
+
+    Parameters
+    ----------
+    texts : the decoded token strings (leading spaces kept; ``None`` is read as ``""``).
+    switch_cost : the Viterbi penalty per mode change (:func:`segment_modes`).
+
+    Returns a DataFrame with one row per token: ``text``, ``script`` (latin / cyrillic / none),
+    ``mode`` (prose / code / markup), ``context`` (one of :data:`CONTEXTS`) and ``fine`` (one
+    of :data:`~speclimits.vocabulary.FINE_LABELS` or ``""``).
+    """
+    texts = [unicodedata.normalize("NFC", "" if t is None else str(t)) for t in texts]
+    modes = token_modes(texts, switch_cost)
+    scripts = [script_of(t) for t in texts]
+    return pd.DataFrame({"text": texts, "script": scripts, "mode": list(modes),
+                         "context": context_labels(texts, modes, scripts), "fine": fine_labels(texts, modes)})
 
 
 def label_trace_tokens(tokens: pd.DataFrame, switch_cost: float = 2.5, origin: str = "tokens.parquet",

@@ -1,4 +1,4 @@
-"""The Oracle: a Bellman / stochastic-shortest-path bound on adaptive speculation length (DESIGN §2).
+"""The Oracle: a Bellman / stochastic-shortest-path bound on adaptive speculation length (the book's methods page, "The Oracle").
 
 >>> from speclimits.oracle import prepare_oracle           # doctest: +SKIP
 >>> setup = prepare_oracle("data/traces/measured-eagle3")   # doctest: +SKIP

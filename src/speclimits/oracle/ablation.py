@@ -1,4 +1,4 @@
-"""The α = 0 ablation (DESIGN §2; appendix, cases C1-C4).
+"""The α = 0 ablation (the book's methods page; appendix, cases C1-C4).
 
 Zero the expert coefficient alpha(m), re-solve the whole DP, and compare the policies: how k*
 moves, what the α = 0 policy costs when priced under the full cost model, and the states where

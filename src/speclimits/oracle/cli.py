@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "oracle",
         help="solve the Oracle (Bellman/SSP bound on adaptive K) on a trace",
         description=(
-            "Backward induction over every reference sequence in TRACE/oracle.parquet (DESIGN §2, §4): "
+            "Backward induction over every reference sequence in TRACE/oracle.parquet (the book's methods page): "
             "V and k* per state, the Oracle's time against autoregressive decoding and every static K. "
             "Without --cost-model the cost model is fitted on TRACE/rounds.parquet (the same fit the book's "
             "section 3 writes). The defaults are the book's. When the cost model has "

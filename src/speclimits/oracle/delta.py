@@ -1,4 +1,4 @@
-"""Delta Space (DESIGN §2): each state's candidate extensions k -> k+1 as points (ΔE[a], ΔE[Cost]).
+"""Delta Space (the book's methods page, "The Oracle"): each state's candidate extensions k -> k+1 as points (ΔE[a], ΔE[Cost]).
 
 A point is *accepted* when the Oracle's k*(n) >= k + 1 and *rejected* otherwise. If
 V(n) ≈ λ·(N - n), extending pays exactly when ``ΔE[Cost] <= λ·ΔE[a]``: a straight line through

@@ -1,6 +1,6 @@
 """Oracle inputs: per-state arrays built from ``oracle.parquet`` and round costs from a :class:`CostModel`.
 
-Semantics (DESIGN §4): state ``pos`` runs 0..N-1 within each ``seq_id``; in that state N - pos
+Semantics (the book's methods page, "The Oracle"): state ``pos`` runs 0..N-1 within each ``seq_id``; in that state N - pos
 tokens remain and a round's progress is capped at that. The cost of action k is
 ``a·k + b + beta0(k+1) + alpha(k+1)·u_bar_window[k] + c·context_len`` (k = 0: no draft cost,
 m = 1, ``u_bar_window[0]``), and ``P(a >= j) = prod_{i<j} match_prob[i]`` (0-based lists).

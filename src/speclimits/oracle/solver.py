@@ -1,4 +1,4 @@
-"""Backward induction for the Oracle (DESIGN §2), vectorized across sequences and actions.
+"""Backward induction for the Oracle (the book's methods page, "The Oracle"), vectorized across sequences and actions.
 
 Bellman equation over state n (tokens already emitted) of a sequence of N tokens::
 

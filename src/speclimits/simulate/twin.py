@@ -98,7 +98,7 @@ MODE_CONTEXTS = {
 
 
 def paper_cost_model() -> dict[str, Any]:
-    """The planted truth of the ``paper`` preset, in cost-model JSON form (DESIGN §1 values).
+    """The planted truth of the ``paper`` preset, in cost-model JSON form (the appendix's values, :mod:`speclimits.paper`).
 
     ``alpha(m)`` 0.078-0.084 ms/expert for m <= 4 and 0.264-0.268 for m >= 5; ``beta0`` grows
     7.3 -> 10.5 ms over the small regime then drops to 4.7; ``c`` = 1.1e-3 ms/token;
@@ -111,7 +111,7 @@ def paper_cost_model() -> dict[str, Any]:
     for i, m in enumerate(range(5, 12)):
         by_m[str(m)] = {"beta0": round(4.7 + 0.05 * i, 3), "alpha": large_alpha[i]}
     return {"target": {"c": 1.1e-3, "by_m": by_m}, "draft": {"a": 0.459, "b": 0.073},
-            "source": "planted truth of the speclimits simulator (paper values, DESIGN §1)"}
+            "source": "planted truth of the speclimits simulator (paper values from the appendix)"}
 
 
 @dataclass(frozen=True)

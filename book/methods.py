@@ -1,0 +1,181 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-methods)=
+# # Methods and data contract
+#
+# This page is the reference the package's docstrings point to: what a trace holds, how a
+# verification round is priced, what the Oracle solves, and the conventions that every producer
+# (the tracing harness, the simulator) and every consumer (the statistics, the Oracle, the
+# linguistic study) share. The formulation is ours: the preprint's main text is not available to
+# us, so where the appendix is silent we say what we chose.
+#
+# (methods-rounds)=
+# ## Speculative rounds
+#
+# One **round** of one generation at batch size 1: the drafter proposes $K$ tokens (draft time
+# $T_D$), the MoE target verifies $m$ positions in one forward pass (target time $T_T$), greedy
+# verification keeps the longest matching prefix of $a$ drafts, and the round emits $a + 1$ tokens
+# (the target's own token after the last accepted draft), fewer at the end of a generation. On a
+# decode round $m = n_\text{draft} + 1$, which is $K + 1$ whenever all $K$ drafts are proposed (an
+# n-gram drafter may find fewer). $\bar U_r$ is the number of distinct experts the pass routes to,
+# per MoE layer, averaged over layers; $E_\max$ the largest per-layer count. The first round of a
+# generation is its **prefill** (it emits the first token); prefill rounds stay in the trace, to
+# mark generation boundaries, and every fit excludes them through one counted filter
+# (`speclimits.trace.decode_rounds`), which also drops rounds with a zero timing and reports how
+# many it dropped.
+#
+# (methods-cost)=
+# ## The cost model
+#
+# The target time of a pass with $m$ rows is
+#
+# $$T_T(m, \bar U, L) = \beta_0(m) + \alpha(m)\,\bar U + c\,L,$$
+#
+# free intercept and expert slope per $m$, one context slope $c$ (the appendix's Eq. 4, fitted on
+# the decode rounds with standard errors clustered by generation). The draft time of $k$ steps is
+# $T_D(k) = a\,k + b$, and $0$ for $k = 0$ (a plain autoregressive step). A round that drafts $k$
+# tokens therefore costs
+#
+# $$C(k) = T_D(k) + T_T(k+1, \bar U, L).$$
+#
+# `speclimits.costmodel.CostModel.round_ms` is the one place this formula is written. At $m = 1$
+# every pass touches exactly `top_k` experts per layer, so $\alpha(1)$ is not identified; the fit
+# sets $\alpha(1) := \alpha(2)$ and $\beta_0(1) := \text{intercept}(1) - \alpha(1)\cdot\text{top\_k}$ and
+# records that in the JSON. The **cost-model JSON** (ms units) is the hand-off between the fit and
+# the Oracle:
+#
+# ```json
+# {"target": {"c": 0.0011, "by_m": {"2": {"beta0": 7.3, "alpha": 0.078}, "...": {}}},
+#  "draft":  {"a": 0.459, "b": 0.073}}
+# ```
+#
+# `speclimits fit TRACE --out FILE` writes it; `--cost-model FILE` makes the Oracle commands read
+# one (hand-edited for a what-if, say). In a book build, section 3 writes the fit into the site as
+# `_static/cost_model.json` and the Oracle and linguistic sections read that file: one fit per build.
+#
+# (methods-oracle)=
+# ## The Oracle
+#
+# The Oracle runs offline over **reference sequences**, each the $N$ tokens a generation emits
+# after its prefill. **State** $n \in \{0, \dots, N-1\}$ counts the reference tokens already emitted;
+# $N - n$ remain, and a round's progress is capped at that. The context length is $L_n$. In state
+# $n$ the drafter proposes a greedy chain $d_{n,1..K_\max}$, each step conditioned on its own
+# previous proposals. **Action** $k \in \{1..K_\max\}$ drafts $k$ of them ($k = 0$, a plain step, is
+# allowed on request). Its cost is the round cost above with the **counterfactual** expert count
+# $\bar U_n(k)$: the distinct experts per layer the target would touch verifying the window of the
+# state's last emitted token and $d_{n,1..k}$, the wrong-token "junk tail" after the first mismatch
+# included. It is obtained by running the target on that window, not on the reference.
+#
+# Transitions use a **surrogate** $q_{n,i}$ for the chance that draft step $i$ matches given that
+# the chain matched so far: $P(a \ge j \mid n, k) = \prod_{i \le j} q_{n,i}$ for $j \le k$. Three
+# surrogates are available, and `speclimits.oracle.prepare_oracle` chooses among them the same way
+# for the command line and the book:
+#
+# * **raw**: the draft's probability of the reference token, as recorded;
+# * **calibrated**: that probability mapped through an isotonic fit (scikit-learn) of the observed
+#   greedy outcomes, among the draft steps each state's greedy round actually tested;
+# * **exact**: the observed greedy match length itself (deterministic transitions): under greedy
+#   verification this is the exact hindsight bound on these references.
+#
+# The default, `auto`, is *calibrated* on a measured trace and *raw* on a simulated one (whose
+# probabilities are calibrated by construction). The Bellman equation is a DAG (every round makes
+# progress), solved by backward induction over all sequences at once:
+#
+# $$V(N) = 0, \qquad Q(n,k) = C(n,k) + \sum_{a=0}^{k} P(a \mid n,k)\,V(\min(N, n+a+1)), \qquad
+#   V(n) = \min_k Q(n,k).$$
+#
+# $k^\star(n) = \arg\min_k Q(n,k)$. The bounds: $\sum V(0)$ over sequences against the
+# autoregressive time $\sum_n T_T(1, \bar U_n(0), L_n)$ (the **Oracle speedup**, available when the
+# cost model has $m = 1$), and against every static $K$ evaluated in the same model (the **gain
+# over the best static K**, chosen in hindsight).
+#
+# **Delta Space.** For each state and each extension $k \to k+1$ the point
+# $(\Delta E[a], \Delta E[\mathrm{Cost}]) = (P(a \ge k+1),\; C(n,k+1) - C(n,k))$ is *accepted* when
+# $k + 1 \le k^\star(n)$. If $V(n) \approx \lambda (N - n)$ with $\lambda$ the Oracle's time per
+# token, extending pays below the line $\Delta E[\mathrm{Cost}] = \lambda\,\Delta E[a]$.
+# **α = 0 ablation**: zero every $\alpha(m)$, re-solve, and compare the decisions.
+#
+# (methods-positions)=
+# ## Reference kinds and positions
+#
+# A reference is either the **target's greedy output** for a prompt (as in the paper: the Oracle
+# then bounds greedy speculation on the target's own text) or a **held-out text passage**, fed
+# teacher-forced (the target may disagree with it at any position). The two are different
+# processes and are reported apart.
+#
+# `oracle.parquet` holds one row per state; `tokens.parquet` one row per reference token, for the
+# routing and linguistic studies. Every join between the two goes through one function,
+# `speclimits.linguistic.decision_table`, and follows one rule: the token a state's **first draft
+# predicts** is the one its decision is labelled with.
+#
+# (methods-bootstrap)=
+# ## Intervals
+#
+# Rounds of one generation, decisions of one response and states of one reference sequence are
+# not independent. Every interval in the book that is not an OLS interval clustered by generation
+# comes from one **cluster bootstrap** (`speclimits.bootstrap`): whole clusters are drawn with
+# replacement, the statistic is recomputed, and the 2.5% and 97.5% percentiles of the replicates
+# are reported.
+#
+# (methods-contract)=
+# ## The trace directory
+#
+# A trace is a directory with `meta.json` and Parquet tables; each table may be one file or a
+# folder of part files with that name (the harness writes parts as it goes, so an interrupted sweep
+# stays readable). `speclimits validate TRACE` checks everything below and names the file, the
+# column and the first offending rows of every defect. The tables, from the package's schema:
+
+# %% tags=["remove-input"]
+import speclimits.book_support as bs
+
+bs.setup()
+
+# %% tags=["parameters", "remove-cell"]
+trace = None
+smoke = False
+seed = 0
+
+# %% tags=["remove-input"]
+bs.schema_table("rounds")
+
+# %% tags=["remove-input"]
+bs.schema_table("oracle")
+
+# %% tags=["remove-input"]
+bs.schema_table("tokens")
+
+# %% [markdown]
+# `meta.json` must name the keys below. `source` is `vllm` for a measurement or `simulator` for a
+# simulated trace (then `simulated: true` as well, and the planted truth under `truth`); every page
+# of the book states which one it ran on.
+
+# %% tags=["remove-input"]
+print(", ".join(bs.META_REQUIRED))
+
+# %% [markdown]
+# (methods-labels)=
+# ## Linguistic labels
+#
+# The simulator plants, and the rule-based labeller reads back from token text, one vocabulary
+# (`speclimits.vocabulary`): the modes, the context labels and the finer labels below. The rules
+# are in `speclimits.linguistic.labels`; section {ref}`sec-linguistic` describes them.
+
+# %% tags=["remove-input"]
+bs.vocabulary_table()
+
+# %% [markdown]
+# ## Versions
+
+# %% tags=["remove-input"]
+bs.version_report(bs.load(trace))
