@@ -21,10 +21,12 @@ so that they all solve the same problem with the same defaults:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 
@@ -38,6 +40,8 @@ from speclimits.trace import Trace, read_trace
 
 #: Surrogate choices; ``auto`` resolves to one of the other three (see the module docstring).
 SURROGATES = ("auto", "raw", "calibrated", "exact")
+#: Kinds of reference sequence (the methods page, "Reference kinds and positions").
+REFERENCE_KINDS = ("greedy", "teacher-forced")
 #: How each resolved surrogate is named in tables and JSON.
 SURROGATE_LABELS = {"raw": "raw q", "calibrated": "calibrated q", "exact": "exact greedy (accept_len)"}
 
@@ -56,6 +60,8 @@ class OracleSetup:
     calibration : the isotonic map when ``surrogate == "calibrated"``, else None.
     calibration_gap : observed greedy match rate minus mean recorded ``match_prob``.
     notes : one line each: where the cost model came from, which surrogate and why.
+    kinds : (S,) reference kind of each sequence of ``inputs`` (:data:`REFERENCE_KINDS`), in
+        the order of ``inputs.seq_ids``.
     """
 
     trace: Trace
@@ -66,6 +72,7 @@ class OracleSetup:
     calibration: IsotonicRegression | None
     calibration_gap: float
     notes: tuple[str, ...]
+    kinds: np.ndarray
 
     @property
     def deterministic(self) -> bool:
@@ -82,10 +89,27 @@ class OracleSetup:
         return solve(self.inputs, self.model if model is None else model, k_max=k_max, allow_k0=allow_k0,
                      deterministic=self.deterministic, alpha_scale=alpha_scale)
 
+    def kind_counts(self) -> dict[str, int]:
+        """Sequences of each reference kind present."""
+        return {k: int((self.kinds == k).sum()) for k in REFERENCE_KINDS if (self.kinds == k).any()}
+
+    def for_kind(self, kind: str) -> "OracleSetup":
+        """The same setup restricted to the sequences of one reference kind (the surrogate's
+        calibration map stays the one fitted on all sequences)."""
+        if kind not in REFERENCE_KINDS:
+            raise SpeclimitsError(f"reference kind must be one of {REFERENCE_KINDS}, got {kind!r}")
+        seqs = np.flatnonzero(self.kinds == kind)
+        if not seqs.size:
+            raise SpeclimitsError(f"{self.trace.path}: no {kind} reference sequences (kinds present: "
+                                  f"{self.kind_counts()})")
+        return replace(self, inputs=self.inputs.subset(seqs), raw_inputs=self.raw_inputs.subset(seqs),
+                       kinds=self.kinds[seqs])
+
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace.path), "simulated": self.trace.simulated, "surrogate": self.surrogate,
                 "surrogate_label": self.surrogate_label, "calibration_gap": self.calibration_gap,
-                "notes": list(self.notes), "cost_model": self.model.to_dict()}
+                "reference_kinds": self.kind_counts(), "notes": list(self.notes),
+                "cost_model": self.model.to_dict()}
 
 
 def load_inputs(trace: Trace | str | Path) -> OracleInputs:
@@ -94,6 +118,39 @@ def load_inputs(trace: Trace | str | Path) -> OracleInputs:
     if tr.oracle is None:
         raise TraceFormatError(str(tr.path), [Problem(FILE, None, "is missing: this trace has no Oracle data")])
     return OracleInputs.from_frame(tr.oracle, origin=str(tr.path / FILE))
+
+
+def reference_kinds(trace: Trace, seq_ids: np.ndarray) -> tuple[np.ndarray, str]:
+    """``(kinds, how)``: the reference kind of each sequence id, and how it was found.
+
+    From ``oracle.parquet``'s ``reference_kind`` column where the trace has one; a simulated
+    trace's references are the simulated target's greedy output; a measured trace without the
+    column is read against the prompt file the harness copied into it (``prompts.jsonl``): a
+    prompt with ``reference``/``reference_token_ids`` was teacher-forced.
+    """
+    ids = np.asarray(seq_ids).astype(str)
+    oracle = trace.oracle
+    if oracle is not None and "reference_kind" in oracle.columns:
+        by_seq = oracle.groupby(oracle["seq_id"].astype(str))["reference_kind"].first().astype(str)
+        kinds = by_seq.reindex(ids).to_numpy(dtype=object)
+        bad = [str(k) for k in set(kinds) if k not in REFERENCE_KINDS]
+        if bad:
+            raise TraceFormatError(str(trace.path), [Problem(FILE, "reference_kind",
+                                                             f"unknown kinds {bad}; expected {REFERENCE_KINDS}")])
+        return kinds, "oracle.parquet column reference_kind"
+    if trace.simulated:
+        return np.full(len(ids), "greedy", dtype=object), "simulated: the simulated target's greedy output"
+    prompts = trace.path / "prompts.jsonl"
+    if prompts.exists():
+        forced = set()
+        for line in prompts.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "reference" in row or "reference_token_ids" in row:
+                    forced.add(str(row.get("id")))
+        kinds = np.where(np.isin(ids, list(forced)), "teacher-forced", "greedy").astype(object)
+        return kinds, f"{prompts.name}: prompts with a held-out reference were teacher-forced"
+    return np.full(len(ids), "greedy", dtype=object), "no record of the reference kind: assumed greedy"
 
 
 def fit_trace_cost_model(trace: Trace) -> CostModel:
@@ -139,10 +196,13 @@ def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path
     resolved, reason = resolve_surrogate(surrogate, tr)
     gap = calibration_gap(raw)
     inputs, iso = (calibrate_match_prob(raw) if resolved == "calibrated" else (raw, None))
+    kinds, how = reference_kinds(tr, raw.seq_ids)
+    counts = ", ".join(f"{int((kinds == k).sum())} {k}" for k in REFERENCE_KINDS if (kinds == k).any())
     notes = (model_note,
-             f"surrogate: {SURROGATE_LABELS[resolved]} ({reason}); observed greedy match rate - mean q = {gap:+.3f}")
+             f"surrogate: {SURROGATE_LABELS[resolved]} ({reason}); observed greedy match rate - mean q = {gap:+.3f}",
+             f"reference sequences: {counts} ({how})")
     return OracleSetup(trace=tr, inputs=inputs, raw_inputs=raw, model=model, surrogate=resolved, calibration=iso,
-                       calibration_gap=gap, notes=notes)
+                       calibration_gap=gap, notes=notes, kinds=kinds)
 
 
 def surrogate_variants(setup: OracleSetup) -> dict[str, OracleSetup]:
@@ -153,9 +213,8 @@ def surrogate_variants(setup: OracleSetup) -> dict[str, OracleSetup]:
             out[name] = setup
             continue
         inputs, iso = calibrate_match_prob(setup.raw_inputs) if name == "calibrated" else (setup.raw_inputs, None)
-        out[name] = OracleSetup(trace=setup.trace, inputs=inputs, raw_inputs=setup.raw_inputs, model=setup.model,
-                                surrogate=name, calibration=iso, calibration_gap=setup.calibration_gap,
-                                notes=(setup.notes[0], f"surrogate: {SURROGATE_LABELS[name]} (variant)"))
+        out[name] = replace(setup, inputs=inputs, surrogate=name, calibration=iso,
+                            notes=(setup.notes[0], f"surrogate: {SURROGATE_LABELS[name]} (variant)", *setup.notes[2:]))
     return out
 
 
