@@ -46,18 +46,18 @@ def test_factors_and_fit_measured(capsys, tmp_path, measured):
 def test_oracle_and_linguistic_solve_the_same_oracle(capsys, tmp_path, measured):
     from speclimits.oracle import fit_trace_cost_model, prepare_oracle
 
-    oracle = run_json(capsys, "oracle", str(MEASURED), "--json")
+    oracle = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--json")
     ling = run_json(capsys, "linguistic", str(MEASURED), "--n-boot", "9", "--json")
     assert oracle["surrogate"] == ling["surrogate"] == "calibrated q"  # auto on a measured trace
     assert ling["oracle_total_ms"] == pytest.approx(oracle["oracle_ms"], rel=1e-12)
     # the hand-off: the fit written as JSON and read back gives the same Oracle as fitting again
     path = fit_trace_cost_model(measured).write(tmp_path / "cm.json")
-    handed = run_json(capsys, "oracle", str(MEASURED), "--cost-model", str(path), "--json")
+    handed = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--cost-model", str(path), "--json")
     assert handed["oracle_ms"] == pytest.approx(oracle["oracle_ms"], rel=1e-9)
     # and the library route the book uses
     res = prepare_oracle(measured, path).solve()
     assert res.bounds.oracle_ms == pytest.approx(oracle["oracle_ms"], rel=1e-9)
     # the surrogates differ on this trace: raw q understates greedy acceptance (calibration gap > 0)
-    raw = run_json(capsys, "oracle", str(MEASURED), "--surrogate", "raw", "--json")
-    exact = run_json(capsys, "oracle", str(MEASURED), "--surrogate", "exact", "--json")
+    raw = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--surrogate", "raw", "--json")
+    exact = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--surrogate", "exact", "--json")
     assert raw["oracle_ms"] > oracle["oracle_ms"] > exact["oracle_ms"]

@@ -213,7 +213,7 @@ def _write_model(tmp_path, model, drop=()):
 def test_cli_json(smoke, smoke_trace, tmp_path, capsys):
     _, inputs, model = smoke
     cm = _write_model(tmp_path, model)
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--k-max", "6", "--json"]) == 0
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(cm), "--k-max", "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     ref = solve(inputs, model, k_max=6).bounds
     assert out["oracle_ms"] == pytest.approx(ref.oracle_ms)
@@ -221,26 +221,26 @@ def test_cli_json(smoke, smoke_trace, tmp_path, capsys):
     assert sorted(out["static_ms"], key=int) == [str(k) for k in range(1, 7)]
     assert sum(r["value_ms"] for r in out["per_sequence"]) == pytest.approx(out["oracle_ms"])
     assert {r["seq_id"] for r in out["per_sequence"]} == set(inputs.seq_ids)
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--alpha-scale", "0", "--json"]) == 0
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(cm), "--alpha-scale", "0", "--json"]) == 0
     zero = json.loads(capsys.readouterr().out)
     assert zero["oracle_ms"] < out["oracle_ms"]
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(cm), "--deterministic"]) == 0
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(cm), "--deterministic"]) == 0
     assert "deterministic transitions" in capsys.readouterr().out
 
 
 def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys):
     _, _, model = smoke
     no_m1 = _write_model(tmp_path, model, drop=(1,))
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m1), "--json"]) == 0
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m1), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["speedup"] is None and out["autoregressive_ms"] is None and "m = 1" in out["autoregressive_note"]
     assert out["static_ms"] and out["oracle_ms"] > 0
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m1), "--allow-k0"]) == 2
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m1), "--allow-k0"]) == 2
     assert "m = 1" in capsys.readouterr().err
     no_m5 = _write_model(tmp_path, model, drop=(5,))
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m5)]) == 2
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m5)]) == 2
     assert "m = [5]" in capsys.readouterr().err
-    assert main(["oracle", str(smoke_trace), "--cost-model", str(no_m5), "--k-max", "3", "--json"]) == 0
+    assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m5), "--k-max", "3", "--json"]) == 0
     capsys.readouterr()
     assert main(["oracle", str(tmp_path / "nope")]) == 2
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from speclimits.figures._common import HEIGHT, MAX_POINTS, WIDTH, sample_rows
 
-__all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_speedup_by_k_max",
+__all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_speedup_by_k_max", "oracle_validation",
            "oracle_delta_space", "oracle_ablation_moves", "oracle_policy_comparison"]
 
 
@@ -108,3 +108,23 @@ def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
         tooltip=["policy", alt.Tooltip("time_ms:Q", format=".1f"), alt.Tooltip("time_se:Q", format=".1f")])
     err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
     return (bars + err).properties(width=WIDTH, height=max(HEIGHT, 16 * len(df)))
+
+
+def oracle_validation(stacked: pd.DataFrame) -> alt.LayerChart:
+    """Static-K speedups: the measured sweep (black) against each surrogate's Oracle model
+    (from :func:`speclimits.oracle.validation.validation_by_surrogate`)."""
+    measured = stacked.drop_duplicates("K")[["K", "measured_speedup"]].rename(columns={"measured_speedup": "speedup"})
+    measured["source"] = "measured sweep"
+    predicted = stacked[["K", "surrogate", "predicted_speedup", "rel_error"]].rename(
+        columns={"predicted_speedup": "speedup", "surrogate": "source"})
+    df = pd.concat([measured, predicted], ignore_index=True)
+    order = ["measured sweep", *dict.fromkeys(predicted["source"])]
+    color = alt.Color("source:N", title=None, sort=order,
+                      scale=alt.Scale(domain=order, range=["black", "#d1495b", "#1f77b4", "#2ca02c"][: len(order)]))
+    base = alt.Chart(df).encode(x=alt.X("K:Q", title="static K", axis=alt.Axis(tickMinStep=1)),
+                                y=alt.Y("speedup:Q", title="speedup over plain decoding", scale=alt.Scale(zero=False)),
+                                color=color)
+    lines = base.mark_line(point=True).encode(
+        strokeDash=alt.condition("datum.source == 'measured sweep'", alt.value([1, 0]), alt.value([5, 3])),
+        tooltip=["source", "K", alt.Tooltip("speedup:Q", format=".3f"), alt.Tooltip("rel_error:Q", format="+.1%")])
+    return lines.properties(width=WIDTH, height=HEIGHT)

@@ -74,8 +74,14 @@ class AlphaAblation:
         })
 
 
-def alpha_ablation(full: OracleResult) -> AlphaAblation:
-    """Re-solve ``full``'s problem with alpha = 0 and compare (see :class:`AlphaAblation`)."""
+def alpha_ablation(full: OracleResult, draft_prob: np.ndarray | None = None) -> AlphaAblation:
+    """Re-solve ``full``'s problem with alpha = 0 and compare (see :class:`AlphaAblation`).
+
+    ``draft_prob`` : (n, K_list) the draft's own probability of each reference token, as recorded
+    (``OracleSetup.raw_inputs.match_prob``). The appendix's "added-token match probability" of its
+    cases is that probability, so it is reported from ``draft_prob`` when given, even when the
+    Oracle solved a calibrated surrogate (default: the probabilities ``full`` solved with).
+    """
     zero = solve(full.inputs, full.cost_model, k_max=full.k_max, allow_k0=full.allow_k0,
                  deterministic=full.deterministic, alpha_scale=0.0)
     repriced = float(evaluate_policy(full, actions=zero.k_star)["time_ms"].sum())
@@ -99,7 +105,12 @@ def alpha_ablation(full: OracleResult) -> AlphaAblation:
     costs = full.costs
     u = inp.u_bar_window
     expert_added = costs.alpha[kk + 2] * u[rows, kk + 1] - costs.alpha[kk + 1] * u[rows, kk]
-    p_added = (inp.accept_len[rows] >= kk + 1).astype(float) if full.deterministic else inp.match_prob[rows, kk]
+    if draft_prob is not None:
+        p_added = np.asarray(draft_prob, dtype=float)[rows, kk]
+    elif full.deterministic:
+        p_added = (inp.accept_len[rows] >= kk + 1).astype(float)
+    else:
+        p_added = inp.match_prob[rows, kk]
     cases = pd.DataFrame({
         "seq_id": inp.seq_ids[inp.seq_index[rows]], "pos": inp.pos[rows], "k_star": kk, "k_star_alpha0": k0[rows],
         "boundary": [f"{a}->{a + 1}" for a in kk], "q0_diff": q0_diff,

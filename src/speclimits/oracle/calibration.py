@@ -5,9 +5,10 @@ matches, given the chain matched so far. Under greedy verification the observed 
 known too: step i matched iff ``accept_len >= i``. On the simulator the two agree by
 construction; a small trained head can be far from calibrated (its probabilities sit well
 below its greedy acceptance), and then the "bound" understates what greedy speculation
-achieves. :func:`calibration_table` measures the gap; :func:`calibrate_match_prob` replaces
-``match_prob`` by an isotonic map (scikit-learn) fitted to the observed matches, keeping the
-ranking the draft's probabilities give.
+achieves. :func:`calibration_table` and :func:`gap_interval` measure the gap;
+:func:`cross_fitted_match_prob` replaces ``match_prob`` by isotonic maps (scikit-learn), one per
+draft position, fitted to the observed matches of other sequences, keeping the ranking the
+draft's probabilities give at each position.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 
+from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.oracle.inputs import OracleInputs
 
 
@@ -75,10 +77,51 @@ def calibration_gap(inputs: OracleInputs) -> float:
     return float(hit.mean() - p.mean()) if p.size else 0.0
 
 
-def calibrate_match_prob(inputs: OracleInputs) -> tuple[OracleInputs, IsotonicRegression]:
-    """Inputs whose ``match_prob`` is mapped through an isotonic fit of observed matches on
-    ``match_prob`` (pooled over draft positions and the states that reached them)."""
-    _, p, hit = _reached(inputs)
-    iso = fit_isotonic(p, hit)
-    mapped = iso.predict(inputs.match_prob.ravel()).reshape(inputs.match_prob.shape)
-    return replace(inputs, match_prob=mapped, _cache={}), iso
+def gap_interval(inputs: OracleInputs, n_boot: int = 199, seed: int = 0) -> tuple[float, float, float]:
+    """``(gap, lo, hi)``: :func:`calibration_gap` with a 95% bootstrap interval over sequences."""
+    reached, matched = reached_steps(inputs)
+    seq = inputs.seq_index
+    hits = np.bincount(seq, weights=(reached & matched).sum(axis=1), minlength=inputs.n_sequences)
+    probs = np.bincount(seq, weights=np.where(reached, inputs.match_prob, 0.0).sum(axis=1),
+                        minlength=inputs.n_sequences)
+    counts = np.bincount(seq, weights=reached.sum(axis=1), minlength=inputs.n_sequences)
+    gap = (hits.sum() - probs.sum()) / counts.sum() if counts.sum() else 0.0
+    w = draw_counts(inputs.n_sequences, n_boot, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = (w @ hits - w @ probs) / (w @ counts)
+    lo, hi = percentile_interval(reps)
+    return float(gap), lo, hi
+
+
+def cross_fitted_match_prob(inputs: OracleInputs, n_folds: int = 5, seed: int = 0,
+                            min_steps: int = 100) -> OracleInputs:
+    """Inputs whose ``match_prob`` is recalibrated per draft position, cross-fitted by sequence.
+
+    Sequences are split into ``n_folds`` folds (seeded); the states of each fold get maps fitted
+    on the other folds only, so no state's own outcome enters its calibrated probability. Draft
+    position i (0-based) has its own isotonic map (:func:`fit_isotonic`) fitted on the steps at
+    that position that greedy rounds tested; from the first position with fewer than
+    ``min_steps`` such steps in a training split on, positions share one pooled map.
+    """
+    k = inputs.k_list
+    reached, matched = reached_steps(inputs)
+    n_folds = max(2, min(n_folds, inputs.n_sequences))
+    order = np.random.default_rng(seed).permutation(inputs.n_sequences)
+    fold_of_seq = np.empty(inputs.n_sequences, np.int64)
+    fold_of_seq[order] = np.arange(inputs.n_sequences) % n_folds
+    fold = fold_of_seq[inputs.seq_index]
+    out = np.empty_like(inputs.match_prob)
+    for f in range(n_folds):
+        train, test = fold != f, fold == f
+        counts = (reached & train[:, None]).sum(axis=0)
+        pool_from = next((i for i in range(k) if counts[i] < min_steps), k)
+        for i in range(k):
+            cols = [i] if i < pool_from else list(range(pool_from, k))
+            sel = reached[:, cols] & train[:, None]
+            x = inputs.match_prob[:, cols][sel]
+            if x.size == 0:  # no training step at all: keep the recorded probability
+                out[test, i] = inputs.match_prob[test, i]
+                continue
+            iso = fit_isotonic(x, matched[:, cols][sel])
+            out[test, i] = iso.predict(inputs.match_prob[test, i])
+    return replace(inputs, match_prob=out, _cache={})

@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "a simulated one)")
     p.add_argument("--deterministic", action="store_true", help="same as --surrogate exact")
     p.add_argument("--allow-k0", action="store_true", help="let the Oracle take plain autoregressive steps (k = 0)")
+    p.add_argument("--n-boot", type=int, default=99, metavar="B",
+                   help="cost-model bootstrap replicates for the headline's 95%% intervals (default 99, about half a "
+                        "minute on the bundled trace; 0 = none)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)
 
@@ -44,23 +48,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     # imported when the command runs: the Oracle pulls in statsmodels and scikit-learn, which
     # `speclimits --help` and the other subcommands should not wait for
-    from speclimits.oracle.prepare import prepare_oracle
+    from speclimits.oracle.report import oracle_report
 
     if args.k_max is not None and args.k_max < 1:
         raise SpeclimitsError(f"--k-max must be >= 1, got {args.k_max}")
-    setup = prepare_oracle(args.trace, args.cost_model, "exact" if args.deterministic else args.surrogate)
-    res = setup.solve(k_max=args.k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale)
+    if args.n_boot < 0:
+        raise SpeclimitsError(f"--n-boot must be >= 0, got {args.n_boot}")
+    report = oracle_report(args.trace, args.cost_model, "exact" if args.deterministic else args.surrogate,
+                           k_max=args.k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale,
+                           n_boot=args.n_boot, seed=args.seed)
+    for warning in report.warnings:
+        print(f"speclimits oracle: warning: {warning}", file=sys.stderr)
     if args.json:
-        out = res.to_json()
-        out["trace"] = str(args.trace)
-        out["simulated"] = setup.trace.simulated
-        out["cost_model_note"] = setup.notes[0]
-        out["surrogate"] = setup.surrogate_label
-        out["notes"] = list(setup.notes)
-        json.dump(jsonable(out), sys.stdout, indent=2)
+        json.dump(jsonable(report.to_json()), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(setup.trace.source_label)
-        print("\n".join(setup.notes))
-        print(res.summary())
+        print(report.summary())
     return 0

@@ -124,6 +124,22 @@ class DeltaLine:
     n_accepted: int
     n_boot: int
 
+    @property
+    def lambda_inside_interval(self) -> bool:
+        """The testable prediction: if V(n) ≈ λ·(N − n), the separating slope equals λ, so λ should
+        lie inside the slope's 95% interval."""
+        return bool(self.slope_ci[0] <= self.lambda_ <= self.slope_ci[1])
+
+    def verdict(self) -> str:
+        """One sentence: does the slope equal λ within its interval?"""
+        ratio = self.slope / self.lambda_
+        if self.lambda_inside_interval:
+            return (f"the separating slope s = {self.slope:.3f} [{self.slope_ci[0]:.3f}; {self.slope_ci[1]:.3f}] ms "
+                    f"per token contains λ = {self.lambda_:.3f}: the prediction V(n) ≈ λ(N − n) holds here")
+        return (f"the separating slope s = {self.slope:.3f} [{self.slope_ci[0]:.3f}; {self.slope_ci[1]:.3f}] ms "
+                f"per token excludes λ = {self.lambda_:.3f} (s/λ = {ratio:.2f}): the prediction V(n) ≈ λ(N − n) "
+                "does not hold as a separating line")
+
     def to_frame(self) -> pd.DataFrame:
         """Table (quantity, value, paper) for the book; the paper column quotes the abstract."""
         rows = [

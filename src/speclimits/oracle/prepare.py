@@ -7,12 +7,14 @@ so that they all solve the same problem with the same defaults:
 * **cost model**: the JSON given (a path or a :class:`CostModel`), else the fit of
   :func:`speclimits.stats.fit_cost_model` on the trace's rounds (the one section 3 of the
   book writes into the build);
-* **surrogate** for the transition probabilities (the methods page, "The surrogate"):
+* **surrogate** for the transition probabilities (the methods page, "The Oracle"):
   ``raw`` (the draft's probability of the reference token, as recorded), ``calibrated``
-  (that probability mapped through an isotonic fit to the observed greedy matches),
-  ``exact`` (the observed greedy match length: deterministic transitions, the hindsight
-  bound under greedy verification), or ``auto`` (the default): ``calibrated`` on a measured
-  trace, ``raw`` on a simulated one, whose probabilities are calibrated by construction.
+  (that probability mapped through isotonic fits to the observed greedy matches, one per draft
+  position, cross-fitted by sequence), ``exact`` (the observed greedy match length:
+  deterministic transitions, the hindsight bound under greedy verification), or ``auto`` (the
+  default): ``calibrated`` when the trace shows a calibration gap — the observed greedy match
+  rate differs from the mean recorded probability by at least :data:`GAP_MIN`, with a 95%
+  interval over sequences that excludes 0 — and ``raw`` otherwise.
 
 >>> setup = prepare_oracle("data/traces/measured-eagle3")        # doctest: +SKIP
 >>> result = setup.solve()                                        # doctest: +SKIP
@@ -28,11 +30,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.isotonic import IsotonicRegression
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
-from speclimits.oracle.calibration import calibrate_match_prob, calibration_gap
+from speclimits.oracle.calibration import cross_fitted_match_prob, gap_interval
 from speclimits.oracle.inputs import FILE, OracleInputs
 from speclimits.oracle.solver import OracleResult, solve
 from speclimits.stats import fit_cost_model
@@ -40,6 +41,8 @@ from speclimits.trace import Trace, read_trace
 
 #: Surrogate choices; ``auto`` resolves to one of the other three (see the module docstring).
 SURROGATES = ("auto", "raw", "calibrated", "exact")
+#: Smallest calibration gap (observed match rate - mean q) for which ``auto`` calibrates.
+GAP_MIN = 0.02
 #: Kinds of reference sequence (the methods page, "Reference kinds and positions").
 REFERENCE_KINDS = ("greedy", "teacher-forced")
 #: How each resolved surrogate is named in tables and JSON.
@@ -57,8 +60,8 @@ class OracleSetup:
     raw_inputs : the inputs as recorded in ``oracle.parquet``.
     model : the cost model.
     surrogate : the resolved surrogate, ``raw`` | ``calibrated`` | ``exact``.
-    calibration : the isotonic map when ``surrogate == "calibrated"``, else None.
-    calibration_gap : observed greedy match rate minus mean recorded ``match_prob``.
+    calibration_gap : ``(gap, lo, hi)``: observed greedy match rate minus mean recorded
+        ``match_prob``, with its 95% interval over sequences (the evidence for ``auto``).
     notes : one line each: where the cost model came from, which surrogate and why.
     kinds : (S,) reference kind of each sequence of ``inputs`` (:data:`REFERENCE_KINDS`), in
         the order of ``inputs.seq_ids``.
@@ -69,8 +72,7 @@ class OracleSetup:
     raw_inputs: OracleInputs
     model: CostModel
     surrogate: str
-    calibration: IsotonicRegression | None
-    calibration_gap: float
+    calibration_gap: tuple[float, float, float]
     notes: tuple[str, ...]
     kinds: np.ndarray
 
@@ -94,8 +96,8 @@ class OracleSetup:
         return {k: int((self.kinds == k).sum()) for k in REFERENCE_KINDS if (self.kinds == k).any()}
 
     def for_kind(self, kind: str) -> "OracleSetup":
-        """The same setup restricted to the sequences of one reference kind (the surrogate's
-        calibration map stays the one fitted on all sequences)."""
+        """The same setup restricted to the sequences of one reference kind (calibrated
+        probabilities stay those cross-fitted over all sequences)."""
         if kind not in REFERENCE_KINDS:
             raise SpeclimitsError(f"reference kind must be one of {REFERENCE_KINDS}, got {kind!r}")
         seqs = np.flatnonzero(self.kinds == kind)
@@ -107,7 +109,8 @@ class OracleSetup:
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace.path), "simulated": self.trace.simulated, "surrogate": self.surrogate,
-                "surrogate_label": self.surrogate_label, "calibration_gap": self.calibration_gap,
+                "surrogate_label": self.surrogate_label,
+                "calibration_gap": dict(zip(("gap", "lo", "hi"), self.calibration_gap)),
                 "reference_kinds": self.kind_counts(), "notes": list(self.notes),
                 "cost_model": self.model.to_dict()}
 
@@ -169,15 +172,24 @@ def resolve_cost_model(trace: Trace, cost_model: CostModel | str | Path | None) 
     return fit_trace_cost_model(trace), f"cost model fitted on {trace.path}/rounds.parquet (joint categorical fit)"
 
 
-def resolve_surrogate(surrogate: str, trace: Trace) -> tuple[str, str]:
-    """``(resolved, reason)`` for a surrogate choice (``auto`` -> by the trace's source)."""
+def resolve_surrogate(surrogate: str, gap: tuple[float, float, float]) -> tuple[str, str]:
+    """``(resolved, reason)`` for a surrogate choice; ``auto`` decides on the calibration gap
+    ``(gap, lo, hi)`` (see the module docstring)."""
     if surrogate not in SURROGATES:
         raise SpeclimitsError(f"surrogate must be one of {', '.join(SURROGATES)}, got {surrogate!r}")
     if surrogate != "auto":
         return surrogate, "as requested"
-    if trace.simulated:
-        return "raw", "auto: a simulated trace's match probabilities are calibrated by construction"
-    return "calibrated", "auto: on a measured trace the draft's probabilities need not be calibrated"
+    est, lo, hi = gap
+    evidence = f"observed greedy match rate - mean q = {est:+.3f} [{lo:+.3f}; {hi:+.3f}]"
+    if abs(est) >= GAP_MIN and not lo <= 0 <= hi:
+        return "calibrated", f"auto: the draft's probabilities are miscalibrated, {evidence}"
+    return "raw", f"auto: no calibration gap, {evidence}"
+
+
+def surrogate_inputs(raw: OracleInputs, surrogate: str) -> OracleInputs:
+    """The inputs a resolved surrogate solves: cross-fitted calibrated ``match_prob`` for
+    ``calibrated``, the recorded ones otherwise (``exact`` ignores them)."""
+    return cross_fitted_match_prob(raw) if surrogate == "calibrated" else raw
 
 
 def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,
@@ -193,15 +205,14 @@ def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path
     tr = trace if isinstance(trace, Trace) else read_trace(trace)
     raw = load_inputs(tr)
     model, model_note = resolve_cost_model(tr, cost_model)
-    resolved, reason = resolve_surrogate(surrogate, tr)
-    gap = calibration_gap(raw)
-    inputs, iso = (calibrate_match_prob(raw) if resolved == "calibrated" else (raw, None))
+    gap = gap_interval(raw)
+    resolved, reason = resolve_surrogate(surrogate, gap)
+    inputs = surrogate_inputs(raw, resolved)
     kinds, how = reference_kinds(tr, raw.seq_ids)
     counts = ", ".join(f"{int((kinds == k).sum())} {k}" for k in REFERENCE_KINDS if (kinds == k).any())
-    notes = (model_note,
-             f"surrogate: {SURROGATE_LABELS[resolved]} ({reason}); observed greedy match rate - mean q = {gap:+.3f}",
+    notes = (model_note, f"surrogate: {SURROGATE_LABELS[resolved]} ({reason})",
              f"reference sequences: {counts} ({how})")
-    return OracleSetup(trace=tr, inputs=inputs, raw_inputs=raw, model=model, surrogate=resolved, calibration=iso,
+    return OracleSetup(trace=tr, inputs=inputs, raw_inputs=raw, model=model, surrogate=resolved,
                        calibration_gap=gap, notes=notes, kinds=kinds)
 
 
@@ -212,8 +223,7 @@ def surrogate_variants(setup: OracleSetup) -> dict[str, OracleSetup]:
         if name == setup.surrogate:
             out[name] = setup
             continue
-        inputs, iso = calibrate_match_prob(setup.raw_inputs) if name == "calibrated" else (setup.raw_inputs, None)
-        out[name] = replace(setup, inputs=inputs, surrogate=name, calibration=iso,
+        out[name] = replace(setup, inputs=surrogate_inputs(setup.raw_inputs, name), surrogate=name,
                             notes=(setup.notes[0], f"surrogate: {SURROGATE_LABELS[name]} (variant)", *setup.notes[2:]))
     return out
 
