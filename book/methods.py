@@ -83,14 +83,19 @@
 # for the command line and the book:
 #
 # * **raw**: the draft's probability of the reference token, as recorded;
-# * **calibrated**: that probability mapped through an isotonic fit (scikit-learn) of the observed
-#   greedy outcomes, among the draft steps each state's greedy round actually tested;
+# * **calibrated**: that probability mapped through isotonic fits (scikit-learn) of the observed
+#   greedy outcomes, one map per draft position, each fitted on the draft steps that greedy rounds
+#   actually tested in *other* sequences (five folds by sequence), so that no state's own outcome
+#   enters its probability;
 # * **exact**: the observed greedy match length itself (deterministic transitions): under greedy
 #   verification this is the exact hindsight bound on these references.
 #
-# The default, `auto`, is *calibrated* on a measured trace and *raw* on a simulated one (whose
-# probabilities are calibrated by construction). The Bellman equation is a DAG (every round makes
-# progress), solved by backward induction over all sequences at once:
+# The default, `auto`, is *calibrated* when the trace shows a calibration gap (the observed greedy
+# match rate differs from the mean recorded probability by at least 0.02, with a 95% interval over
+# sequences that excludes zero) and *raw* otherwise; a simulated draft is calibrated by
+# construction. The choice is checked against the measurement, not assumed (see *Validation*
+# below). The Bellman equation is a DAG (every round makes progress), solved by backward induction
+# over all sequences at once:
 #
 # $$V(N) = 0, \qquad Q(n,k) = C(n,k) + \sum_{a=0}^{k} P(a \mid n,k)\,V(\min(N, n+a+1)), \qquad
 #   V(n) = \min_k Q(n,k).$$
@@ -99,6 +104,14 @@
 # autoregressive time $\sum_n T_T(1, \bar U_n(0), L_n)$ (the **Oracle speedup**, available when the
 # cost model has $m = 1$), and against every static $K$ evaluated in the same model (the **gain
 # over the best static K**, chosen in hindsight).
+#
+# **Validation.** The trace measured every static $K$ on the prompts whose greedy output the Oracle
+# walks, so the Oracle's world can be checked: each static $K$ evaluated in the Oracle's model (its
+# cost model and surrogate) must reproduce the measured speedup over plain decoding, computed from
+# the decode rounds' target plus draft time per emitted token. A surrogate that misses by more than
+# 5% draws a warning: its bound describes another world. **Uncertainty**: the cost model is refitted
+# on generations resampled with replacement and the Oracle solved again; the 95% percentile
+# intervals describe the cost model's sampling uncertainty for these references.
 #
 # **Delta Space.** For each state and each extension $k \to k+1$ the point
 # $(\Delta E[a], \Delta E[\mathrm{Cost}]) = (P(a \ge k+1),\; C(n,k+1) - C(n,k))$ is *accepted* when
