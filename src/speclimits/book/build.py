@@ -4,8 +4,8 @@ Steps (``speclimits book``):
 
 1. validate the trace the book will run on (the bundled default unless ``--trace``);
 2. stage a clean source tree under ``<out>/source``: ``_config.yml``, ``_toc.yml``, the
-   pages listed in the toc, and ``_static`` with the offline assets (MathJax 3 from the npm
-   package ``mathjax``, and one Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``);
+   pages listed in the toc, and ``_static`` with the offline assets (MathJax 3 from the Python
+   package ``django-static-mathjax``, and one Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``);
 3. convert each ``book/*.py`` listed in ``_toc.yml`` to a notebook and execute it with
    papermill, injecting ``trace``, ``smoke`` and ``seed`` into its ``parameters`` cell;
    (``cost_model``, the path of the build's cost-model JSON, goes to the notebooks that declare
@@ -22,9 +22,8 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -34,6 +33,9 @@ from speclimits.errors import SpeclimitsError
 from speclimits.paths import BOOK_CONFIG, BOOK_DIR, BOOK_TOC, BUILD_DIR, REPO_ROOT, default_trace
 
 MATHJAX_VERSION = "3.2.2"
+#: The Python distribution that ships MathJax's files, and the version pinned by the book extra.
+MATHJAX_DIST = "django-static-mathjax"
+MATHJAX_DIST_VERSION = "3.2.2.1"
 #: Parts of MathJax's es5 folder the site needs (tex-chtml and what it loads lazily).
 MATHJAX_PARTS = ("tex-chtml.js", "a11y", "ui", "input", "output", "adaptors")
 #: Strings that must not appear in the built HTML (the site must read offline).
@@ -68,31 +70,34 @@ def toc_files(toc_path: Path = BOOK_TOC) -> list[str]:
 
 
 def mathjax_dir() -> Path:
-    """MathJax's es5 folder, fetched once from the npm registry with ``npm pack``."""
+    """MathJax 3's es5 folder, copied once from the Python package that ships it.
+
+    ``django-static-mathjax`` (a plain wheel of MathJax's files; Django itself is not needed or
+    installed) is a dependency of the ``book`` extra, so a fresh machine needs Python alone.
+    """
     target = VENDOR_DIR / f"mathjax-{MATHJAX_VERSION}"
     if (target / "tex-chtml.js").exists():
         return target
-    npm = shutil.which("npm")
-    if npm is None:
-        raise SpeclimitsError(
-            "the book serves MathJax locally and gets it from the npm package 'mathjax', but npm is not "
-            "installed: install Node.js/npm (e.g. apt-get install npm) and run again")
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run([npm, "pack", f"mathjax@{MATHJAX_VERSION}", "--silent"], cwd=tmp,
-                              capture_output=True, text=True)
-        tgz = next(Path(tmp).glob("mathjax-*.tgz"), None)
-        if proc.returncode != 0 or tgz is None:
-            raise SpeclimitsError(f"npm pack mathjax@{MATHJAX_VERSION} failed: {proc.stderr.strip()[-500:]}")
-        with tarfile.open(tgz) as tar:
-            tar.extractall(tmp, filter="data")
-        staging = Path(tmp) / "es5"
-        staging.mkdir()
-        for part in MATHJAX_PARTS:
-            src = Path(tmp) / "package" / "es5" / part
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / part)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.move(str(staging), target)
+    try:
+        files = metadata.files(MATHJAX_DIST) or []
+        version = metadata.version(MATHJAX_DIST)
+    except metadata.PackageNotFoundError:
+        raise SpeclimitsError(f"the book serves MathJax locally from the Python package '{MATHJAX_DIST}', which "
+                              f"is not installed: pip install '{MATHJAX_DIST}=={MATHJAX_DIST_VERSION}' (or run "
+                              "scripts/setup.sh)") from None
+    entry = next((f for f in files if str(f).endswith("es5/tex-chtml.js")), None)
+    if entry is None:
+        raise SpeclimitsError(f"{MATHJAX_DIST} {version} has no es5/tex-chtml.js; install "
+                              f"{MATHJAX_DIST}=={MATHJAX_DIST_VERSION}")
+    es5 = Path(entry.locate()).parent
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for part in MATHJAX_PARTS:
+        src = es5 / part
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / part)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
     return target
 
 

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Convert book/*.py (jupytext percent) to notebooks, execute them with papermill on a trace "
             "(parameters trace, smoke, seed), and build the site with Jupyter Book 1 (warnings are errors). "
-            "The site reads offline: MathJax (npm package 'mathjax', fetched once with npm pack) and Vega "
+            "The site reads offline: MathJax (from the Python package django-static-mathjax) and Vega "
             "(bundled by vl-convert) are served from _static. Without --trace the bundled default trace is used."
         ),
         epilog="example: speclimits book --trace /tmp/my-trace --out /tmp/site",
