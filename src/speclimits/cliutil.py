@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
@@ -23,3 +25,22 @@ def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = raw
     return out
+
+
+#: The surrogate choices of every command that solves the Oracle (see ``speclimits.oracle.prepare``).
+SURROGATE_CHOICES = ("auto", "raw", "calibrated", "exact")
+
+
+def add_oracle_arguments(p: argparse.ArgumentParser, needs: str = "oracle.parquet") -> None:
+    """The arguments every command that solves the Oracle shares, with the book's defaults:
+    ``TRACE``, ``--cost-model``, ``--k-max`` and ``--surrogate``."""
+    p.add_argument("trace", type=Path, metavar="TRACE", help=f"trace directory with {needs}")
+    p.add_argument("--cost-model", type=Path, metavar="JSON",
+                   help="cost-model JSON (default: fit on the trace's rounds, the fit the book's section 3 writes)")
+    p.add_argument("--k-max", type=int, default=None, metavar="N",
+                   help="largest draft length (default: the length of the match_prob lists)")
+    p.add_argument("--surrogate", choices=SURROGATE_CHOICES, default="auto",
+                   help="transition probabilities: raw (match_prob as recorded), calibrated (isotonic maps per draft "
+                        "position, cross-fitted by sequence, of the observed greedy matches), exact (the observed "
+                        "greedy match length: the hindsight bound), or auto (default, as in the book: calibrated "
+                        "when the trace shows a calibration gap, raw otherwise)")

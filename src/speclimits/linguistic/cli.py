@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from speclimits.cliutil import add_oracle_arguments
 from speclimits.jsonutil import jsonable
 
 
@@ -25,12 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="example: speclimits linguistic data/traces/sim-default --n-boot 199 --json",
     )
-    p.add_argument("trace", type=Path, metavar="TRACE", help="trace directory with oracle.parquet and tokens.parquet")
-    p.add_argument("--cost-model", type=Path, metavar="JSON", help="cost-model JSON (default: fit on the trace)")
-    p.add_argument("--k-max", type=int, default=None, metavar="N", help="largest draft length (default: all)")
-    p.add_argument("--surrogate", choices=("auto", "raw", "calibrated", "exact"), default="auto",
-                   help="the Oracle's transition probabilities, as in `speclimits oracle` (default auto, as in the "
-                        "book: calibrated on a measured trace, raw on a simulated one)")
+    add_oracle_arguments(p, needs="oracle.parquet and tokens.parquet")
     p.add_argument("--n-boot", type=int, default=999, metavar="B", help="bootstrap replicates (default 999)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

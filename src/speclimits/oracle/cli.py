@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from speclimits.errors import SpeclimitsError
+from speclimits.cliutil import add_oracle_arguments
 from speclimits.jsonutil import jsonable
 
 
@@ -24,17 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="example: speclimits oracle data/traces/sim-default --k-max 6 --json",
     )
-    p.add_argument("trace", type=Path, metavar="TRACE", help="trace directory with oracle.parquet")
-    p.add_argument("--cost-model", type=Path, metavar="JSON", help="cost-model JSON (default: fit on the trace)")
-    p.add_argument("--k-max", type=int, default=None, metavar="N",
-                   help="largest draft length (default: the length of the match_prob lists)")
+    add_oracle_arguments(p, needs="oracle.parquet")
     p.add_argument("--alpha-scale", type=float, default=1.0, metavar="X",
                    help="multiply every alpha(m) by X (0 = the α = 0 ablation; default 1)")
-    p.add_argument("--surrogate", choices=("auto", "raw", "calibrated", "exact"), default="auto",
-                   help="transition probabilities: raw (match_prob as recorded), calibrated (isotonic fit of the "
-                        "observed greedy matches on match_prob), exact (the observed greedy match length: the "
-                        "hindsight bound), or auto (default, as in the book: calibrated on a measured trace, raw on "
-                        "a simulated one)")
     p.add_argument("--deterministic", action="store_true", help="same as --surrogate exact")
     p.add_argument("--allow-k0", action="store_true", help="let the Oracle take plain autoregressive steps (k = 0)")
     p.add_argument("--n-boot", type=int, default=99, metavar="B",
