@@ -110,8 +110,10 @@ class Need:
         return text
 
 
-def _runner(kind: str, member: str, used_by: str, **kw: Any) -> Need:
-    return Need(kind, RUNNER, "GPUModelRunner", member, used_by, runtime=kind in ("method", "attr"), **kw)
+def _runner(kind: str, member: str, used_by: str, runtime: bool | None = None, **kw: Any) -> Need:
+    """A need on the V1 runner; methods and attributes are also checked on the live runner."""
+    runtime = kind in ("method", "attr") if runtime is None else runtime
+    return Need(kind, RUNNER, "GPUModelRunner", member, used_by, runtime=runtime, **kw)
 
 
 #: Everything the harness relies on, in the order of a step.
@@ -151,7 +153,18 @@ NEEDS: tuple[Need, ...] = (
     _runner("attr", "max_num_tokens", f"{EXT}: size of the static routing buffer"),
     _runner("attr", "cudagraph_batch_sizes", f"{EXT}: routing buffer covers every captured graph size",
             required=False),
-    _runner("attr", "drafter", f"{EXT}: drafter.model.compute_logits (Oracle mode)"),
+    _runner("attr", "drafter", f"{EXT}: drafter.model.compute_logits (Oracle mode; set only when speculating)",
+            runtime=False),
+    # CUDA graphs: the routing callback must be recorded into the graphs, so they are captured again
+    _runner("method", "capture_model", f"{EXT} recapture_cuda_graphs: graphs captured again once the callback "
+            "is bound (GPU, graphs on)", runtime=False),
+    _runner("attr", "compilation_config", f"{EXT} recapture_cuda_graphs: compilation_config.cudagraph_mode"),
+    Need("method", "compilation/cuda_graph.py", "CUDAGraphWrapper", "clear_all_graphs",
+         f"{EXT} recapture_cuda_graphs: drops the graphs captured without the callback"),
+    Need("method", "compilation/breakable_cudagraph.py", "BreakableCUDAGraphWrapper", "clear_all_graphs",
+         f"{EXT} recapture_cuda_graphs: the same for breakable graphs", required=False),
+    *(Need("attr", "config/compilation.py", "CompilationConfig", name, f"tracing/gpu_check.py: graphs run ({name})")
+      for name in ("mode", "cudagraph_mode", "cudagraph_capture_sizes")),
     # per-step state the hooks read
     Need("attr", BATCH, "InputBatch", "req_ids", f"{EXT} _speclimits_before_forward: request row order"),
     Need("attr", BATCH, "CachedRequestState", "num_computed_tokens", f"{EXT}: context_len"),
@@ -620,6 +633,29 @@ def require_supported(path: str | Path | None = None, *, cuda: bool = False,
             "python scripts/check_vllm_api.py)")
     refuse_v2_runner(report.version, cuda, env)
     return report
+
+
+V1_RUNNER = ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+#: Packages of Model Runner V2 (GPU and its CPU subclass) in vLLM 0.32 / 0.33.
+V2_RUNNER_PACKAGES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")
+
+
+def runner_kind(runner: Any) -> str:
+    """``"v1"`` (the V1 ``GPUModelRunner`` or a subclass, e.g. the CPU runner), ``"v2"`` (a Model
+    Runner V2 class) or ``"other"``, from the class's MRO names (vLLM is not imported)."""
+    mro = type(runner).__mro__
+    if any((c.__module__, c.__name__) == V1_RUNNER for c in mro):
+        return "v1"
+    if any(c.__module__.startswith(V2_RUNNER_PACKAGES) and "ModelRunner" in c.__name__ for c in mro):
+        return "v2"
+    return "other"
+
+
+def missing_on_runner(runner: Any) -> list[str]:
+    """Names of :func:`runner_members` the live ``runner`` lacks (``name()`` for methods)."""
+    methods, attrs = runner_members()
+    out = [f"{m}()" for m in methods if not callable(getattr(runner, m, None))]
+    return out + [a for a in attrs if not hasattr(runner, a)]
 
 
 def runner_members() -> tuple[tuple[str, ...], tuple[str, ...]]:
