@@ -39,8 +39,8 @@ import numpy as np
 
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.capture import RoutingCapture, to_numpy, unique_per_layer
-from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmError, missing_on_runner,
-                                         runner_kind, runner_members)
+from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmError, installed_version,
+                                         missing_on_runner, runner_kind, runner_members)
 
 #: vLLM versions the private hooks were verified against (the list lives in :mod:`~speclimits.tracing.vllm_api`).
 SUPPORTED_VLLM = VERIFIED_VLLM
@@ -55,12 +55,7 @@ REQUEST_KEYS = ("req_id", "n_sched", "n_spec", "context_len", "n_prompt", "n_out
 
 
 def _unsupported(what: str) -> UnsupportedVllmError:
-    try:
-        import vllm
-
-        version = getattr(vllm, "__version__", "?")
-    except ImportError:  # pragma: no cover - only reachable inside a vLLM worker
-        version = "not installed"
+    version = installed_version()
     return UnsupportedVllmError(
         f"speclimits tracing: {what} (installed vLLM {version}; supported: {', '.join(SUPPORTED_VLLM)} with "
         f"the V1 model runner; on vLLM >= 0.33 set {V2_ENV}=0)")

@@ -291,6 +291,18 @@ def vllm_version(root: Path) -> str:
     return "?"
 
 
+def installed_version() -> str:
+    """The installed vLLM's version: from the imported module when it is loaded, else read from
+    its source (never imports it); ``"not installed"`` when there is none."""
+    module = sys.modules.get("vllm")
+    if getattr(module, "__version__", None):
+        return str(module.__version__)
+    try:
+        return vllm_version(find_vllm_root())
+    except SpeclimitsError:
+        return "not installed"
+
+
 class SourceIndex:
     """Parsed modules of one vLLM source tree, and class lookup through imports and bases.
 
@@ -307,6 +319,10 @@ class SourceIndex:
             self._trees[rel] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) \
                 if path.is_file() else None
         return self._trees[rel]
+
+    def files_read(self) -> list[str]:
+        """The files parsed so far (those that exist), relative to the package folder."""
+        return [rel for rel, tree in self._trees.items() if tree is not None]
 
     def module_file(self, dotted: str) -> str | None:
         """``vllm.a.b`` -> ``a/b.py`` or ``a/b/__init__.py`` (None outside vLLM or when absent)."""
