@@ -55,14 +55,20 @@ else
   if [ ! -x "$venv/bin/python" ]; then
     "$base" -m venv "$venv"
   fi
-  echo "gpu_check: installing vllm==$vllm_version (GPU build) into $venv ..." >&2
-  # speclimits itself runs from src/ (PYTHONPATH); only the tracer's own dependencies are installed
-  if ! timeout "$limit" "$venv/bin/python" -m pip install --quiet --progress-bar off \
-      "vllm==$vllm_version" "pandas>=2.2" "pyarrow>=15" "tqdm>=4.66"; then
-    echo "gpu_check: pip install failed or ran out of time (${SECONDS}s)" >&2
-    exit 2
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || true)
+  if [ "$have" = "$vllm_version" ]; then
+    echo "gpu_check: vllm $have already in $venv (no install)" >&2
+  else
+    # speclimits itself runs from src/ (PYTHONPATH); only the tracer's own dependencies are installed.
+    # Offline machine: pip honours PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels (pip download them elsewhere).
+    echo "gpu_check: installing vllm==$vllm_version (GPU build) into $venv ..." >&2
+    if ! timeout "$limit" "$venv/bin/python" -m pip install --quiet --progress-bar off \
+        "vllm==$vllm_version" "pandas>=2.2" "pyarrow>=15" "tqdm>=4.66"; then
+      echo "gpu_check: pip install failed or ran out of time (${SECONDS}s)" >&2
+      exit 2
+    fi
+    echo "gpu_check: installed in ${SECONDS}s" >&2
   fi
-  echo "gpu_check: installed in ${SECONDS}s" >&2
   python=$venv/bin/python
 fi
 

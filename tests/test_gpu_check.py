@@ -8,6 +8,7 @@ CUDA, on the CPU engine (about a minute and a half on two shared cores).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -184,6 +185,29 @@ def test_script_without_cuda_says_so(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_script_gpu_path_up_to_cuda(tmp_path):
+    """The non-dry-run path with a fake nvidia-smi and an environment that already holds the vLLM
+    asked for: no install, the exports and arguments reach gpu_check, which finds no CUDA device."""
+    bin_dir = tmp_path / "bin"
+    venv = tmp_path / "venv" / "bin"
+    bin_dir.mkdir()
+    venv.mkdir(parents=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: fake (UUID: GPU-0)'\n")
+    # the environment's python: answers the version probe, otherwise runs the real interpreter
+    (venv / "python").write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo 9.9.9; exit 0; fi\n"
+                                 f"echo \"V2=$VLLM_USE_V2_MODEL_RUNNER MP=$VLLM_ENABLE_V1_MULTIPROCESSING\" >&2\n"
+                                 f"exec {sys.executable} \"$@\"\n")
+    for f in (bin_dir / "nvidia-smi", venv / "python"):
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_VENV": str(tmp_path / "venv"),
+           "VLLM_VERSION": "9.9.9", "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--out", str(tmp_path / "o"),
+                          "--max-overhead", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert "GPU 0: fake" in res.stderr and "vllm 9.9.9 already in" in res.stderr
+    assert "V2=0 MP=0" in res.stderr
+    assert res.returncode == 2 and "gpu_check: error: no CUDA device is visible" in res.stderr
+
+
 @pytest.mark.vllm
 def test_dry_run_end_to_end(tmp_path):
     """The script's dry run on the CPU engine: every check computed from real traces, all passing."""
@@ -191,7 +215,7 @@ def test_dry_run_end_to_end(tmp_path):
     out = tmp_path / "check"
     res = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out)],
                          capture_output=True, text=True, timeout=600, env={
-                             **__import__("os").environ, "PYTHON": sys.executable})
+                             **os.environ, "PYTHON": sys.executable})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["dry_run"] is True and result["environment"]["cuda"] is False

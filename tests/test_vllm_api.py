@@ -333,3 +333,24 @@ def test_trace_cli_prints_one_line(source_copy, tmp_path, monkeypatch, capsys):
     assert rc == 2 and len(err.splitlines()) == 1
     assert err.startswith("speclimits trace: error: speclimits tracing: vLLM 0.32.0")
     assert "SchedulerOutput.scheduled_spec_decode_tokens [missing" in err
+
+
+def test_make_llm_refuses_v2_before_building_an_engine(monkeypatch):
+    from speclimits.tracing import engine
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM not installed")
+
+    class FakeVllm:
+        def LLM(self, **kwargs):  # noqa: N802 - vLLM's name
+            raise AssertionError("an engine was built although Model Runner V2 was selected")
+
+    monkeypatch.setattr(engine, "require_vllm", lambda: FakeVllm())
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(UnsupportedVllmError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2.*"
+                                                   r"set VLLM_USE_V2_MODEL_RUNNER=0 and run again"):
+        engine.make_llm({"model": "x"})
+    monkeypatch.setattr(engine, "cuda_available", lambda: True)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    with pytest.raises(UnsupportedVllmError, match="runs Model Runner V2 by default on a GPU"):
+        engine.make_llm({"model": "x"})
