@@ -136,7 +136,9 @@ def mode_engine_args(mode: str, cuda: bool, compile_graphs: bool = False) -> dic
         raise SpeclimitsError(f"mode must be one of {MODES}, got {mode!r}")
     if not cuda:
         return {}
-    args: dict[str, Any] = {"gpu_memory_utilization": 0.4}
+    # a small share: seven engines are built one after another in this process, and vLLM refuses to
+    # start when less than this share of the device is free (memory cached by earlier engines counts)
+    args: dict[str, Any] = {"gpu_memory_utilization": 0.1}
     if mode == "eager":
         return args | {"enforce_eager": True}
     cc: dict[str, Any] = {"cudagraph_capture_sizes": CAPTURE_SIZES}

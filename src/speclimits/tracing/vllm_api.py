@@ -279,14 +279,8 @@ def vllm_version(root: Path) -> str:
     if not path.is_file():
         return "?"
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__"
-                                                for t in node.targets):
-            if isinstance(node.value, ast.Constant):
-                return str(node.value.value)
-            if isinstance(node.value, ast.Assign):  # pragma: no cover - chained form
-                return str(getattr(node.value.value, "value", "?"))
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and any(
-                isinstance(t, ast.Name) and t.id == "version" for t in node.targets):
+                isinstance(t, ast.Name) and t.id in ("__version__", "version") for t in node.targets):
             return str(node.value.value)
     return "?"
 
