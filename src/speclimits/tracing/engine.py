@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
+from speclimits.tracing import vllm_api
 
 EXTENSION = "speclimits.tracing.extension.TracingWorkerExtension"
 
@@ -181,9 +182,19 @@ def _guard_llvmlite() -> None:
     cls._speclimits_guarded = True
 
 
+def check_vllm_api() -> None:
+    """The start-up check: the installed vLLM's source has every private name the tracer uses
+    (:data:`speclimits.tracing.vllm_api.NEEDS`), and Model Runner V2 is not selected. Raises
+    :class:`~speclimits.tracing.vllm_api.UnsupportedVllmError` in one line naming what is missing."""
+    vllm_api.require_supported(cuda=cuda_available())
+
+
 def make_llm(kwargs: dict[str, Any]) -> Any:
-    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info)."""
+    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info).
+
+    :func:`check_vllm_api` runs first, so an unsupported vLLM fails before an engine is built."""
     vllm = require_vllm()
+    check_vllm_api()
     _guard_llvmlite()
     llm = vllm.LLM(**kwargs)
     info = llm.collective_rpc("speclimits_install", args=({},))[0]

