@@ -99,7 +99,10 @@ def _outer_folds(mom: CellMoments, n_splits: int) -> pd.DataFrame:
         outer.append({"fold": f, "selected": sel, "argmin": argmin,
                       "test_rmse": float(np.sqrt(np.mean((test.y - yhat) ** 2))),
                       "test_mape": float(ape(test.y, yhat).mean())})
-    return pd.DataFrame(outer).astype({"selected": "object", "argmin": "object"})
+    out = pd.DataFrame(outer)
+    for col in ("selected", "argmin"):  # keep None (no split) as None, not NaN
+        out[col] = pd.Series([r[col] for r in outer], dtype=object)
+    return out
 
 
 @dataclass(frozen=True)
