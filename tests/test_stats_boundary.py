@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from speclimits import paths, stats
-from speclimits.stats._ols import CellMoments
+from speclimits.stats import CellMoments
 from speclimits.stats.boundary import detect_boundary, one_se_rule
 from speclimits.trace import read_trace
 

@@ -10,12 +10,13 @@ import pytest
 import statsmodels.api as sm
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import mean_absolute_percentage_error, median_absolute_error
+from sklearn.model_selection import GroupKFold
 from statsmodels.stats.diagnostic import het_breuschpagan
 
 from speclimits import stats
 from speclimits.stats import diagnostics as diag
 from speclimits.stats import uncertainty as unc
-from speclimits.stats._ols import CellMoments, ClusterSums, Design, cross_validate, fit_ols, group_folds
+from speclimits.stats import CellMoments, ClusterSums, Design, cross_validate, fit_ols, group_folds
 from speclimits.stats.comparisons import cluster_sensitivity, smooth_designs
 
 
@@ -74,8 +75,6 @@ def test_standardized_coefficients_match_a_fit_on_z_scored_data():
 
 
 def test_paired_rmse_reduction_matches_sklearn_refits():
-    from sklearn.model_selection import GroupKFold
-
     df = planted(seed=3)
     res = stats.analyze_factors(df)
     groups = df["generation_id"].to_numpy()
