@@ -67,9 +67,23 @@ def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
 
 
+#: What each section must show (issue: rule stated, paper-split rows, both BP tests, intervals).
+SHOWN = {
+    "02_factors": ["What the intervals cover"],
+    "03_final_model": ["one-standard-error", "paper split m ≤ 4 | m ≥ 5", "rule: m ≤ 4 | m > 4", "α level ratio",
+                       "SE by prompt", "cv_mape_lo", "Other smooth parameterizations", "bootstrap resamples: 99"],
+    "04_draft_model": ["zero draft times included", "zero draft times excluded (reported)"],
+    "05_robustness": ["classic (Breusch–Pagan 1979)", "studentized (Koenker 1981)", "pooled over K, categorical Eq. 4",
+                      "sandwich clustered by generation", "RLM covariance, not clustered", "wald_p",
+                      "run halves ordered by"],
+}
+
+
 @pytest.mark.book
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_with_smoke_parameters(name, smoke_book):
     text = executed_notebook_text(smoke_book, name)
     assert "SIMULATED" in text
     assert "Traceback" not in text
+    for needle in SHOWN[name]:
+        assert needle in text, f"{name}: {needle!r} not shown"

@@ -43,10 +43,12 @@ def comparison_table(mom: CellMoments, cat_fit: OLSResults, cvs: dict[str, CVRes
     ``categorical``. ``attrs``: ``pooled_drmse`` (mean, half-width of the paired fold RMSE
     reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
     rows = []
-    for name, fit, key, p_r2, p_mape in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base", paper.POOLED_R2[0], 4.4),
+    cat_mape, cat_r2 = (float(v) for v in paper.LADDER["categorical (Eq. 4)"])
+    for name, fit, key, p_r2, p_mape in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base", paper.POOLED_R2[0],
+                                          float(paper.LADDER["Ū + L"][0])),
                                          ("Ū + L + γK (pooled)", fit_ols(mom, POOLED_DESIGN), "pooled",
                                           paper.POOLED_R2[1], None),
-                                         ("categorical (Eq. 4)", cat_fit, "categorical", 0.999, 0.37)):
+                                         ("categorical (Eq. 4)", cat_fit, "categorical", cat_r2, cat_mape)):
         r = {"model": name, "r2": fit.rsquared, "paper_r2": p_r2}
         for met in ("r2", "rmse", "mape"):
             r[f"cv_{met}"], r[f"cv_{met}_ci"] = cvs[key].mean_ci(met)

@@ -291,6 +291,11 @@ def _se_text(res: FinalModelResults, model: str, term: str, scale: float = 1.0, 
     return "" if row.empty else f"SE by prompt {row['se_prompt'].iloc[0] * scale:.{digits}f}"
 
 
+def _paper_pooled(term: str, digits: int, scale: float = 1.0) -> str:
+    est, se = paper.POOLED[term]
+    return f"{est * scale:.{digits}f} ({se * scale:.{digits}f})"
+
+
 def headline_table(res: FinalModelResults) -> pd.DataFrame:
     """See :meth:`FinalModelResults.headline`. Columns ``basis``, ``ours``, ``ci``, ``paper``."""
     pk, b, iv = res.per_k, res.boundary, res.intervals
@@ -309,20 +314,21 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
         ("c, joint categorical (1e-3 ms/token)", "—", f"{res.joint.c * 1e3:.4f} ({res.joint.bse['c'] * 1e3:.4f})",
          _se_text(res, "categorical (Eq. 4)", "c", 1e3), "—"),
         ("pooled α (SE)", "—", f"{pooled['u_bar']:.4f} ({pse['u_bar']:.4f})",
-         _se_text(res, "pooled", "u_bar"), "0.2528 (0.0014)"),
+         _se_text(res, "pooled", "u_bar"), _paper_pooled("u_bar", 4)),
         ("pooled c (SE), 1e-3", "—", f"{pooled['context_len'] * 1e3:.3f} ({pse['context_len'] * 1e3:.3f})",
-         _se_text(res, "pooled", "context_len", 1e3, 3), "1.09 (0.02)"),
+         _se_text(res, "pooled", "context_len", 1e3, 3), _paper_pooled("context_len", 2, 1e3)),
         ("pooled γ per K (SE)", "—", f"{pooled['K']:.3f} ({pse['K']:.3f})", _se_text(res, "pooled", "K", 1, 3),
-         "−0.081 (0.004)"),
+         _paper_pooled("K", 3)),
         ("pooled β0 (SE)", "—", f"{pooled['const']:.3f} ({pse['const']:.3f})", _se_text(res, "pooled", "const", 1, 3),
-         "5.971 (0.035)"),
+         _paper_pooled("const", 3)),
         ("R²: Ū + L → + γK", "—", f"{lad.loc['Ū + L', 'r2']:.3f} → {lad.loc['+ linear m', 'r2']:.3f}",
          f"{_ci_text((lad.loc['Ū + L', 'r2_lo'], lad.loc['Ū + L', 'r2_hi']))} → "
-         f"{_ci_text((lad.loc['+ linear m', 'r2_lo'], lad.loc['+ linear m', 'r2_hi']))}", "0.856 → 0.861"),
+         f"{_ci_text((lad.loc['+ linear m', 'r2_lo'], lad.loc['+ linear m', 'r2_hi']))}",
+         f"{paper.POOLED_R2[0]} → {paper.POOLED_R2[1]}"),
         ("CV RMSE reduction by γK (ms)", "—", f"{d:.4f} ({comp.attrs['pooled_drmse_pct']:.1f}%)",
          f"± {dh:.4f} (t over folds)", paper.POOLED_DRMSE),
         ("CV MAPE ratio, Ū + L over categorical", "—", f"{comp.attrs['mape_ratio']:.1f}×",
-         _ci_text(iv["mape_ratio"], 1), "≈12×"),
+         _ci_text(iv["mape_ratio"], 1), f"≈{paper.CATEGORICAL_MAPE_RATIO:g}×"),
         ("pooled CV MAPE at K ≥ 5 (%)", "—",
          "—" if big.empty else f"{big['pooled'].min():.1f}–{big['pooled'].max():.1f}",
          f"min {_ci_text(iv['pooled_mape_k5_min'], 1)}; max {_ci_text(iv['pooled_mape_k5_max'], 1)}",
@@ -330,7 +336,8 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
         ("pooled CV MAPE at K = 1 / K = 3 (%)", "—",
          " / ".join(f"{v.iloc[0]:.1f}" if len(v) else "—" for v in at_k.values()),
          " / ".join(_ci_text(tuple(mk.loc[mk["K"] == k, ["pooled_lo", "pooled_hi"]].iloc[0]), 1)
-                    if (mk["K"] == k).any() else "—" for k in (1, 3)), "7.2 / 12.7"),
+                    if (mk["K"] == k).any() else "—" for k in (1, 3)),
+         f"{paper.POOLED_MAPE_BY_K[1]} / {paper.POOLED_MAPE_BY_K[3]}"),
         ("leave-one-K-out MAPE, mean (%)", "—", f"{res.loko['loko_mape'].mean():.1f}", _ci_text(iv["loko_mean"], 1),
          f"{paper.LOKO_MEAN}"),
         ("leave-one-K-out MAPE, other smooth forms in m (%)", "—",
@@ -342,7 +349,7 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
          f"{lad.loc['categorical (Eq. 4)', 'cv_mape']:.2f} / {lad.loc['categorical (Eq. 4)', 'r2']:.3f}",
          f"{_ci_text((lad.loc['categorical (Eq. 4)', 'cv_mape_lo'], lad.loc['categorical (Eq. 4)', 'cv_mape_hi']), 2)}"
          f" / {_ci_text((lad.loc['categorical (Eq. 4)', 'r2_lo'], lad.loc['categorical (Eq. 4)', 'r2_hi']))}",
-         "0.37 / 0.999"),
+         " / ".join(paper.LADDER["categorical (Eq. 4)"])),
     ]
     return pd.DataFrame(rows, columns=["quantity", "basis", "ours", "ci", "paper"]).set_index("quantity")
 
@@ -459,7 +466,7 @@ def _mape_ratio_interval(mom: CellMoments, folds: np.ndarray, weights: np.ndarra
 
 
 def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str = "") -> CostModel:
-    """Fit the cost model of DESIGN §4 on a trace's ``rounds`` table.
+    """Fit the cost model (the JSON of :mod:`speclimits.costmodel`) on a trace's ``rounds`` table.
 
     Target: the joint categorical model (free ``beta0(m)``, ``alpha(m)``, shared ``c``) on every
     decode round with a non-zero target time, K = 0 included (it gives m = 1; see :data:`M1_NOTE`
