@@ -137,9 +137,10 @@ res.joint.by_m.round(5)
 # %% [markdown]
 # ## Pooled linear model and the comparison
 #
-# The paper also fitted $T_T = \beta_0 + \alpha \bar U_r + c L + \gamma K$ on all rounds. Its
-# negative $\gamma$ is a conditional coefficient produced by mixing the two regimes, not the
-# price of a position.
+# The paper also fitted $T_T = \beta_0 + \alpha \bar U_r + c L + \gamma K$ on all rounds. In the
+# paper $\gamma$ is negative: a conditional coefficient produced by mixing the two regimes, not
+# the price of a position. Where the trace has no regime, $\gamma$ simply absorbs whatever
+# trend in $m$ the intercepts have.
 
 # %%
 res.pooled.to_frame().round(6)
@@ -167,9 +168,9 @@ cs[["model", "term", "coef", "se_generation", "se_prompt", "ratio"]].round(6)
 # %% [markdown]
 # ## MAPE by $K$, leave-one-$K$-out, interpolation
 #
-# The pooled line is dominated by the larger mass of large-regime rounds, so its error
-# concentrates in the small regime. Leave-one-$K$-out fits the pooled form without a $K$ and
-# predicts it. `_lo`/`_hi`: 95% bootstrap intervals of the held-out errors.
+# In the paper the pooled line is dominated by the larger mass of large-regime rounds, so its
+# error concentrates in the small regime; without a regime there is no such concentration to
+# expect. Leave-one-$K$-out fits the pooled form without a $K$ and predicts it. `_lo`/`_hi`: 95% bootstrap intervals of the held-out errors.
 
 # %%
 res.mape_by_k.merge(res.loko, on="K").round(3)
