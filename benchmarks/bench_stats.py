@@ -3,7 +3,8 @@
 1. Cluster bootstrap on one K from per-generation sufficient statistics against refitting
    statsmodels OLS on the resampled rows in a loop (same multinomial weights): both timings, the
    ratio, and the largest difference of the estimates.
-2. Wall time of each statistics section's fit on the trace.
+2. Wall time of each statistics section's fit on the trace, and of its new parts: the regime
+   rule with its nested folds, and the final model's bootstrap intervals (999 against 49 resamples).
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/bench_stats.py TRACE [--k 8] [--n-boot 999] [--n-loop N]
 (--n-loop: how many of the resamples the statsmodels loop refits; default all).
@@ -19,7 +20,7 @@ import statsmodels.api as sm
 
 from speclimits.bootstrap import draw_counts
 from speclimits import stats
-from speclimits.stats._ols import CellMoments, Design
+from speclimits.stats import CellMoments, Design
 from speclimits.trace import decode_rounds, read_trace
 
 
@@ -67,15 +68,18 @@ def main() -> None:
           + (f" (x{args.n_boot / n_loop:.1f} -> {t_loop_all:.1f} s for {args.n_boot})" if n_loop < args.n_boot else ""))
     print(f"speed-up: {t_loop_all / t_fast:.0f}x; largest |difference| of estimates: {max_diff:.2e}")
 
+    final_mom = CellMoments.from_rounds(dec[dec["K"] >= 1].reset_index(drop=True))
     for name, fn in (("factors", lambda: stats.analyze_factors(rounds)),
-                     ("final model", lambda: stats.fit_final_model(rounds)),
+                     ("regime rule (one-SE + nested folds)", lambda: stats.detect_boundary(final_mom)),
+                     ("final model, 49 boot", lambda: stats.fit_final_model(rounds, n_boot=49)),
+                     ("final model, %d boot" % args.n_boot, lambda: stats.fit_final_model(rounds, n_boot=args.n_boot)),
                      ("draft model", lambda: stats.fit_draft_model(rounds)),
                      ("robustness (K=%d, %d boot)" % (args.k, args.n_boot),
                       lambda: stats.robustness_checks(rounds, k=args.k, n_boot=args.n_boot)),
                      ("fit_cost_model", lambda: stats.fit_cost_model(rounds))):
         t0 = time.perf_counter()
         fn()
-        print(f"{name:32s} {time.perf_counter() - t0:6.2f} s")
+        print(f"{name:38s} {time.perf_counter() - t0:6.2f} s")
 
 
 if __name__ == "__main__":

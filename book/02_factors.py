@@ -28,6 +28,12 @@
 # strength is the across-fold mean of out-of-sample $R^2$ and RMSE with a 95% $t$-interval
 # (4 df). Its incremental value is the paired, per-fold RMSE reduction of $\bar U_r$ + factor
 # over $\bar U_r$ alone: a factor can predict well alone only because it moves with $\bar U_r$.
+#
+# **What the intervals cover.** The fold $t$-intervals describe the spread over the five
+# held-out folds. GroupKFold keeps each generation in one fold, but the same prompt recurs at
+# every $K$, so its generations at other $K$ may sit in the training folds: the appendix notes
+# that this dependence across $K$-slices is limited, not removed. The final-model section shows
+# how much the standard errors change when one clusters by prompt instead of by generation.
 
 # %%
 import speclimits.book_support as bs
@@ -83,7 +89,8 @@ print(f"L alone: R² {t.loc['context_len', 'r2']:.3f}; on top of Ū: {t.loc['con
 #
 # Within each $K$, $T_T$ is regressed on $\bar U_r$ and $L$ together; the coefficients are
 # standardized ($\beta^* = \beta\,\sigma_x/\sigma_{T_T}$) and their 95% intervals use standard
-# errors clustered by generation. The paper: $\bar U_r$ from $0.20\sigma$ at $K=1$ to $0.93\sigma$
+# errors clustered by generation (the standardization treats the two standard deviations as
+# fixed). The paper: $\bar U_r$ from $0.20\sigma$ at $K=1$ to $0.93\sigma$
 # at $K=10$, $L$ from $0.96\sigma$ to $0.31\sigma$, intervals no wider than $\pm 0.004$
 # (squares in the chart).
 

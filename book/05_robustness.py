@@ -25,7 +25,8 @@
 #
 # The bootstrap works from per-generation sufficient statistics: resampling a generation $w$
 # times adds $w$ copies of its $X'X$ and $X'y$, so each resample is one small weighted sum and
-# solve instead of a refit on the rows.
+# solve instead of a refit on the rows. Its row reports the full-sample OLS estimate with the
+# bootstrap percentile interval (not the bootstrap mean).
 
 # %%
 import speclimits.book_support as bs
@@ -51,14 +52,31 @@ print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generatio
 # %% [markdown]
 # ## Every re-estimate of $\alpha$ and $c$
 #
-# Intervals are 95%: clustered $t$ for the OLS refits, percentile for the bootstrap, the RLM
-# covariance for Huber. Leave-one-out drops one prompt category when the trace records
-# categories, otherwise one of 14 consecutive blocks of generations; the line above says which.
+# All intervals are 95%; the `interval` column says how each was made: clustered $t$ for the OLS
+# refits, bootstrap percentile for the bootstrap, and two for Huber. RLM's own covariance treats
+# rounds as independent (**not clustered**), so it is too narrow for rounds nested in
+# generations; the second Huber row uses a sandwich clustered by generation (bread
+# $\sum \psi'(u_i) x_i x_i'$, scores $\psi(u_i) x_i$ summed per generation). Run halves split the
+# generations of this $K$ in the order they ran (the engine step of their first round on a
+# measured trace, the sweep order otherwise). Leave-one-out drops one prompt category when the
+# trace records categories, otherwise one of 14 consecutive blocks of generations.
 
 # %%
 est = res.estimates.copy()
 est[["c", "c_lower", "c_upper"]] *= 1e3  # c in 1e-3 ms/token
 est.round(4)
+
+# %%
+h = res.halves
+print(f"run halves ordered by {h['order_by']}")
+if "categories_first_half" in h:
+    print(f"categories in the first half: {', '.join(h['categories_first_half'])}; "
+          f"second half: {', '.join(h['categories_second_half'])}")
+
+# %% [markdown]
+# On a sweep that runs the prompts in file order, the halves of the run also split the prompt
+# categories (the line above shows which); a difference between the halves then mixes time and
+# content, and the leave-one-category-out rows are the check on content.
 
 # %%
 figures.robustness_chart(res, "alpha")
@@ -87,16 +105,43 @@ cbk.assign(c=cbk["c"] * 1e3, c_se=cbk["c_se"] * 1e3).rename(columns={"c": "c_1e-
 # %% [markdown]
 # ## Residual diagnostics
 #
-# Mean residual (± 2 SE) per decile of context length, KV usage and position within the
-# generation (`round`). A trend would mean the linear terms miss a shape.
+# Mean residual (± 2 SE, clustered by generation) per decile of context length, KV usage and
+# position within the generation (`round`).
 
 # %%
 figures.binned_residuals_chart(res)
 
+# %% [markdown]
+# Two tests per variable, both clustered by generation: the OLS slope of the residual on the
+# variable (`slope`, `p`), and a Wald test that every bin mean is zero (`wald_f`, `wald_p`), which
+# also sees a curved shape. For a regressor of the model ($L$; KV usage nearly equals it) the
+# slope is zero by construction (OLS residuals are orthogonal to the regressors), so only the
+# bin test speaks.
+
 # %%
-bp, cr = res.breusch_pagan, res.corr_u_l
-print(f"Breusch–Pagan LM = {bp['lm']:.1f}, p = {bp['p']:.2g} (paper p ≈ 1e-28; a statement about residual "
-      f"shape at this n, not about the model's substance)")
+res.trends.round(5)
+
+# %% [markdown]
+# ## Heteroscedasticity: both Breusch–Pagan tests
+#
+# Both test whether the residual variance moves with the regressors, on the same residuals, at
+# this $K$ (regressors $\bar U_r$, $L$) and pooled over every $K$ as in the paper (the residuals
+# of the categorical model, its columns as regressors). The **classic** test (Breusch and Pagan,
+# 1979: half the explained sum of squares of $e^2/\hat\sigma^2$ on the regressors) assumes normal
+# errors, so heavy tails alone push it towards rejection. The **studentized** test (Koenker,
+# 1981: $n R^2$ of $e^2$ on the regressors) drops that assumption, but rare large spikes inflate
+# the variance of $e^2$ and can swamp it. The paper's $p \approx 10^{-28}$ (pooled, version not
+# stated) is read there, and here, as a statement about residual shape at this $n$, not evidence
+# about the model's substance; uncertainty is carried by the clustered standard errors.
+
+# %%
+res.breusch_pagan
+
+# %%
+bp = res.breusch_pagan.set_index(["scope", "version"])["p"]
+for (scope, version), p in bp.items():
+    print(f"{scope:34s} {version:30s} " + (f"p = {p:.2g}" if p > 0 else "p < 1e-300 (below double precision)"))
+cr = res.corr_u_l
 print(f"corr(Ū, L) = {cr['k']:.3f} on K = {res.k}, {cr['pooled']:.3f} pooled over K ≥ 1 (paper 0.03)")
 
 # %% [markdown]

@@ -7,8 +7,11 @@ import json
 import pytest
 
 from conftest import executed_notebook_text
+from speclimits import paths
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
+
+MEASURED = paths.TRACES_DIR / "measured-eagle3"
 
 NOTEBOOKS = ("02_factors", "03_final_model", "04_draft_model", "05_robustness")
 
@@ -29,6 +32,26 @@ def test_fit_json_and_out_agree(smoke_trace, tmp_path, capsys):
     assert "alpha(1) := alpha(2)" in " ".join(written["fit"]["notes"])
 
 
+def test_fit_and_factors_on_the_bundled_measured_trace(capsys):
+    """The book's default trace: no regime is declared (the CV curve is flat), the paper-split rows are
+    there, both Breusch–Pagan versions are reported, and the cost model is the fit's."""
+    assert main(["fit", str(MEASURED), "--json", "--robustness-k", "8"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    b = d["final"]["boundary"]
+    assert b["split"] is None and b["argmin_split"] == 10  # the plain argmin would have said 10
+    bases = {r["basis"] for r in d["final"]["regimes"]}
+    assert bases == {"rule: no regime", "paper split m ≤ 4 | m ≥ 5"}
+    versions = {(r["scope"], r["version"]) for r in d["robustness"]["breusch_pagan"]}
+    assert len(versions) == 4
+    cm = CostModel.from_dict(d["cost_model"])
+    assert cm.ms == list(range(1, 12))
+    assert cm.alpha[8] == pytest.approx(0.1502368, abs=1e-6)  # unchanged by the statistics rework
+    assert cm.c == pytest.approx(1.4564996e-3, rel=1e-6)
+    assert main(["factors", str(MEASURED), "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert f["n_generations"] == 440 and f["k_values"] == list(range(1, 11))
+
+
 def test_factors_json(smoke_trace, capsys):
     assert main(["factors", str(smoke_trace), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -44,9 +67,23 @@ def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
 
 
+#: What each section must show (issue: rule stated, paper-split rows, both BP tests, intervals).
+SHOWN = {
+    "02_factors": ["What the intervals cover"],
+    "03_final_model": ["one-standard-error", "paper split m ≤ 4 | m ≥ 5", "rule: m ≤ 4 | m > 4", "α level ratio",
+                       "SE by prompt", "cv_mape_lo", "Other smooth parameterizations", "bootstrap resamples: 99"],
+    "04_draft_model": ["zero draft times included", "zero draft times excluded (reported)"],
+    "05_robustness": ["classic (Breusch–Pagan 1979)", "studentized (Koenker 1981)", "pooled over K, categorical Eq. 4",
+                      "sandwich clustered by generation", "RLM covariance, not clustered", "wald_p",
+                      "run halves ordered by"],
+}
+
+
 @pytest.mark.book
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes_with_smoke_parameters(name, smoke_book):
     text = executed_notebook_text(smoke_book, name)
     assert "SIMULATED" in text
     assert "Traceback" not in text
+    for needle in SHOWN[name]:
+        assert needle in text, f"{name}: {needle!r} not shown"

@@ -76,9 +76,9 @@ def test_cost_model_intervals_cover_the_planted_truth(sims):
 
 def test_boundary_is_found_where_it_was_planted(sims):
     cfg, rounds = sims[0]
-    res = stats.fit_final_model(rounds)
+    res = stats.fit_final_model(rounds, n_boot=99)
     assert res.boundary.split == SPLIT
-    assert (res.boundary.outer["selected"] == SPLIT).sum() >= 4
+    assert list(res.boundary.outer["selected"]) == [SPLIT] * 5
     curve = res.boundary.curve.set_index("split")["cv_rmse"]
     assert curve.loc[float(SPLIT)] < 0.7 * curve.loc[4.0]  # the paper's split is clearly worse here
     # within-regime interpolation beats transfer across the planted boundary
@@ -110,10 +110,6 @@ def test_factors_and_h3_on_planted_truth(sims):
     assert t["r2"].idxmax() in ("u_bar", "e_max")
     # L carries information Ū does not: a positive paired RMSE reduction whose interval excludes 0
     assert t.loc["context_len", "drmse"] - t.loc["context_len", "drmse_ci"] > 0
-    # the paired reduction is the per-fold difference of the two CV RMSEs
-    f = res.folds[res.folds["factor"] == "context_len"]
-    base = res.folds[res.folds["factor"] == "u_bar"]["rmse"].to_numpy()
-    assert np.mean(base - f["rmse_with_u"].to_numpy()) == pytest.approx(t.loc["context_len", "drmse"])
     bk = res.by_k.pivot(index="K", columns="term", values="beta_std")
     # larger alpha above the planted boundary: Ū's association jumps there, L's falls
     assert bk.loc[SPLIT, "u_bar"] > bk.loc[SPLIT - 1, "u_bar"]
@@ -131,7 +127,9 @@ def test_robustness_recovers_alpha_and_falls_back_to_generation_blocks(sims):
     no_cat = stats.robustness_checks(rounds.drop(columns=["category"]), k=6, n_boot=19)
     assert no_cat.loo_by == "generation block"
     assert (no_cat.estimates["method"] == "leave one generation block out").sum() == 14
-    assert 0 <= res.breusch_pagan["p"] <= 1
-    assert len(res.boot) == 199
+    # the simulator's noise grows with Ū: the classic test on pooled residuals sees it
+    bp = res.breusch_pagan.set_index(["scope", "version"])["p"]
+    assert bp[("pooled over K, categorical Eq. 4", "classic (Breusch–Pagan 1979)")] < 1e-10
+    assert bp[(f"K = 6, Ū + L", "classic (Breusch–Pagan 1979)")] < 1e-6
     with pytest.raises(Exception, match="K = 42"):
         stats.robustness_checks(rounds, k=42)

@@ -12,6 +12,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from speclimits import paper
 from speclimits.figures._common import HEIGHT, WIDTH
 
 __all__ = ["factor_cv_chart", "standardized_by_k_chart", "factor_corr_chart", "coefficients_by_m_chart",
@@ -72,9 +73,19 @@ def factor_corr_chart(res: Any) -> alt.LayerChart:
     return (heat + text).properties(width=HEIGHT * 1.3, height=HEIGHT * 1.3)
 
 
+def _split_rules(res: Any) -> alt.Chart:
+    """Vertical rules between the regimes: the paper's split (dotted, grey) and the rule's (dashed, red)."""
+    rows = [{"x": paper.BOUNDARY_M + 0.5, "split": f"paper: m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1}"}]
+    if res.boundary.split is not None:
+        rows.append({"x": res.boundary.split + 0.5, "split": f"rule: m ≤ {res.boundary.split}"})
+    return alt.Chart(pd.DataFrame(rows)).mark_rule(strokeDash=[4, 4]).encode(
+        x="x:Q", color=alt.Color("split:N", title="regime split",
+                                 scale=alt.Scale(range=["gray", "#d62728"])), tooltip=["split"])
+
+
 def coefficients_by_m_chart(res: Any, truth: Any = None) -> alt.HConcatChart:
-    """α(m) and β0(m) of the per-K fits with 95% clustered CIs; a dashed rule after the detected
-    boundary; the planted truth (a CostModel) as crosses when given (simulated traces)."""
+    """α(m) and β0(m) of the per-K fits with 95% clustered CIs; dashed rules at the paper's split and
+    at the rule's (when it declares one); the planted truth (a CostModel) as crosses when given."""
     pk = res.per_k
     panels = []
     for name, title in (("alpha", "α(m), ms per unique expert"), ("beta0", "β0(m), ms")):
@@ -87,42 +98,61 @@ def coefficients_by_m_chart(res: Any, truth: Any = None) -> alt.HConcatChart:
             tdf = pd.DataFrame({"m": [m for m in pk["m"] if m in tv], "truth": [tv[m] for m in pk["m"] if m in tv]})
             chart += alt.Chart(tdf).mark_point(shape="cross", size=80, color="#d62728").encode(
                 x="m:Q", y="truth:Q", tooltip=["m", "truth"])
-        if res.boundary.split is not None:
-            chart += alt.Chart(pd.DataFrame({"x": [res.boundary.split + 0.5]})).mark_rule(
-                strokeDash=[4, 4], color="gray").encode(x="x:Q")
+        chart += _split_rules(res)
         panels.append(chart.properties(width=WIDTH // 2, height=HEIGHT))
     return alt.hconcat(*panels)
 
 
 def boundary_chart(res: Any) -> alt.LayerChart:
-    """Out-of-sample RMSE of each candidate regime split (split = last m of the lower regime; the
-    'none' point is the one-regime model)."""
+    """Mean fold RMSE (GroupKFold) of each candidate regime split with ± 1 SE over folds (split = last
+    m of the lower regime; 'none' is the one-regime model). The grey band is the one-SE rule's
+    tolerance: no split stands unless the best split's mean + 1 SE falls below no split's mean."""
     c = res.boundary.curve.copy()
     c["candidate"] = ["none" if pd.isna(s) else f"m ≤ {int(s)}" for s in c["split"]]
-    chart = alt.Chart(c).mark_line(point=True).encode(
-        x=alt.X("candidate:N", sort=list(c["candidate"]), title="candidate split"),
-        y=alt.Y("cv_rmse:Q", title="GroupKFold RMSE (ms)", scale=alt.Scale(type="log")),
-        tooltip=["candidate", alt.Tooltip("cv_rmse:Q", format=".4f")])
-    return chart.properties(width=WIDTH, height=HEIGHT)
+    c["lo"] = c["fold_rmse_mean"] - c["fold_rmse_se"]
+    c["hi"] = c["fold_rmse_mean"] + c["fold_rmse_se"]
+    chosen = "none" if res.boundary.split is None else f"m ≤ {res.boundary.split}"
+    c["reported"] = np.where(c["candidate"] == chosen, "reported", "candidate")
+    x = alt.X("candidate:N", sort=list(c["candidate"]), title="candidate split")
+    y_title = "mean fold RMSE (ms), ± 1 SE"
+    bars = alt.Chart(c).mark_rule().encode(x=x, y=alt.Y("lo:Q", title=y_title, scale=alt.Scale(zero=False)), y2="hi:Q")
+    pts = alt.Chart(c).mark_point(filled=True, size=60).encode(
+        x=x, y="fold_rmse_mean:Q", color=alt.Color("reported:N", title=None,
+                                                   scale=alt.Scale(domain=["candidate", "reported"],
+                                                                   range=["#4c78a8", "#d62728"])),
+        tooltip=["candidate", alt.Tooltip("fold_rmse_mean:Q", format=".5f"),
+                 alt.Tooltip("fold_rmse_se:Q", format=".5f"), alt.Tooltip("cv_rmse:Q", format=".5f")])
+    none = c[c["candidate"] == "none"].iloc[0]
+    band = alt.Chart(pd.DataFrame({"lo": [none["lo"]], "hi": [none["hi"]]})).mark_rect(
+        opacity=0.15, color="gray").encode(y="lo:Q", y2="hi:Q")
+    return (band + bars + pts).properties(width=WIDTH, height=HEIGHT)
 
 
-def mape_by_k_chart(res: Any) -> alt.Chart:
-    """MAPE by K: pooled linear model (out-of-fold), categorical model (out-of-fold), and the pooled
-    form fitted without that K (leave-one-K-out); log scale."""
-    m = res.mape_by_k.merge(res.loko[["K", "loko_mape"]], on="K")
-    df = m.melt(id_vars="K", value_vars=["pooled", "categorical", "loko_mape"], var_name="model", value_name="mape")
-    df["model"] = df["model"].map({"pooled": "pooled Ū + L + γK (CV)", "categorical": "categorical Eq. 4 (CV)",
-                                   "loko_mape": "pooled, leave-one-K-out"})
-    return alt.Chart(df).mark_line(point=True).encode(
-        x=alt.X("K:O"), y=alt.Y("mape:Q", title="MAPE (%)", scale=alt.Scale(type="log")),
-        color=alt.Color("model:N", title=None), tooltip=["K", "model", alt.Tooltip("mape:Q", format=".3f")],
-    ).properties(width=WIDTH, height=HEIGHT)
+def mape_by_k_chart(res: Any) -> alt.LayerChart:
+    """MAPE by K with 95% cluster-bootstrap intervals (held-out generations resampled): pooled linear
+    model (out-of-fold), categorical model (out-of-fold), and the pooled form fitted without that K
+    (leave-one-K-out); log scale."""
+    mk, lk = res.mape_by_k, res.loko
+    parts = [pd.DataFrame({"K": mk["K"], "mape": mk["pooled"], "lo": mk["pooled_lo"], "hi": mk["pooled_hi"],
+                           "model": "pooled Ū + L + γK (CV)"}),
+             pd.DataFrame({"K": mk["K"], "mape": mk["categorical"], "lo": mk["categorical_lo"],
+                           "hi": mk["categorical_hi"], "model": "categorical Eq. 4 (CV)"}),
+             pd.DataFrame({"K": lk["K"], "mape": lk["loko_mape"], "lo": lk["loko_lo"], "hi": lk["loko_hi"],
+                           "model": "pooled, leave-one-K-out"})]
+    df = pd.concat(parts, ignore_index=True)
+    color = alt.Color("model:N", title=None)
+    line = alt.Chart(df).mark_line(point=True).encode(
+        x=alt.X("K:O"), y=alt.Y("mape:Q", title="MAPE (%)", scale=alt.Scale(type="log")), color=color,
+        tooltip=["K", "model", alt.Tooltip("mape:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
+                 alt.Tooltip("hi:Q", format=".3f")])
+    bars = alt.Chart(df).mark_rule().encode(x="K:O", y="lo:Q", y2="hi:Q", color=color)
+    return (bars + line).properties(width=WIDTH, height=HEIGHT)
 
 
 def ladder_chart(res: Any) -> alt.LayerChart:
-    """CV MAPE of each rung of the specification ladder with its 95% t-interval (log scale)."""
+    """CV MAPE of each rung of the specification ladder with its 95% cluster-bootstrap interval (log scale)."""
     d = res.ladder.reset_index()
-    d = d.assign(lo=(d["cv_mape"] - d["cv_mape_ci"]).clip(lower=1e-3), hi=d["cv_mape"] + d["cv_mape_ci"])
+    d = d.assign(lo=d["cv_mape_lo"].clip(lower=1e-3), hi=d["cv_mape_hi"])
     y = alt.Y("spec:N", sort=list(d["spec"]), title=None)
     pts = alt.Chart(d).mark_point(filled=True, size=60).encode(
         y=y, x=alt.X("cv_mape:Q", title="GroupKFold MAPE (%)", scale=alt.Scale(type="log")),
@@ -144,8 +174,6 @@ def draft_line_chart(res: Any) -> alt.LayerChart:
 def robustness_chart(res: Any, param: str = "alpha") -> alt.LayerChart:
     """Estimate and 95% interval of ``alpha`` (or ``c``) under every robustness check; the paper's
     range as a grey band."""
-    from speclimits import paper
-
     e = res.estimates.copy()
     e["check"] = e["method"] + ": " + e["variant"]
     e = e.rename(columns={param: "est", f"{param}_lower": "lo", f"{param}_upper": "hi"})
@@ -163,7 +191,8 @@ def robustness_chart(res: Any, param: str = "alpha") -> alt.LayerChart:
 
 
 def binned_residuals_chart(res: Any) -> alt.FacetChart:
-    """Mean residual (± 2 SE) by decile of context length, KV usage and position in the generation."""
+    """Mean residual (± 2 SE clustered by generation) by decile of context length, KV usage and
+    position in the generation."""
     b = res.bins.assign(lo=res.bins["mean_resid"] - 2 * res.bins["se"], hi=res.bins["mean_resid"] + 2 * res.bins["se"])
     base = alt.Chart()  # data comes from the facet, so each panel gets its own variable's bins
     layer = (base.mark_rule().encode(x=alt.X("center:Q", title="bin mean"), y="lo:Q", y2="hi:Q")

@@ -7,16 +7,16 @@ out-of-sample metrics. Results objects carry ``params``, ``bse``, ``conf_int()``
 ``to_frame()``, ``to_dict()`` and ``to_json()``.
 """
 
-from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, cluster_bootstrap,
+from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, cluster_bootstrap,
                                    cross_validate, fit_ols, group_folds, t_interval)
+from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.draft import DraftResults, fit_draft_line, fit_draft_model
 from speclimits.stats.factors import FactorResults, analyze_factors
-from speclimits.stats.final import (BoundaryResults, FinalModelResults, JointResults, detect_boundary,
-                                    fit_cost_model, fit_final_model, fit_joint)
+from speclimits.stats.final import FinalModelResults, JointResults, fit_cost_model, fit_final_model, fit_joint
 from speclimits.stats.robustness import RobustnessResults, robustness_checks
 
 __all__ = [
-    "BoundaryResults", "CVResult", "CellMoments", "Design", "DraftResults", "FactorResults", "FinalModelResults",
+    "BoundaryResults", "CVResult", "CellMoments", "ClusterSums", "Design", "DraftResults", "FactorResults", "FinalModelResults",
     "JointResults", "OLSResults", "RobustnessResults", "analyze_factors", "cluster_bootstrap",
     "cross_validate", "detect_boundary", "fit_cost_model", "fit_draft_line", "fit_draft_model", "fit_final_model",
     "fit_joint", "fit_ols", "group_folds", "robustness_checks", "t_interval",

@@ -126,8 +126,9 @@ class CellMoments:
             "m": uniq.get_level_values(1).to_numpy().astype(np.int64),
             "K": rounds["K"].to_numpy()[first].astype(np.int64),
         })
-        if "category" in rounds.columns:
-            cells["category"] = rounds["category"].astype(str).to_numpy()[first]
+        for col in ("category", "prompt_id"):
+            if col in rounds.columns:
+                cells[col] = rounds[col].astype(str).to_numpy()[first]
         cells["cluster"] = pd.factorize(cells["generation_id"], sort=True)[0]
         cells["first_row"] = first
         return cls(("const", *base), zz, zy, yy, n, cells, z, y, cell_of_row, response)
@@ -170,6 +171,17 @@ class CellMoments:
     def n_clusters(self) -> int:
         return int(self.cells["cluster"].max()) + 1 if len(self.cells) else 0
 
+    def recluster(self, column: str) -> "CellMoments":
+        """The same moments with clusters defined by a cell column (e.g. ``prompt_id``: one prompt's
+        generations at every K form one cluster). For standard errors only; folds stay by generation."""
+        if column not in self.cells.columns:
+            raise SpeclimitsError(f"cannot cluster by {column!r}: the rounds had no such column "
+                                  f"(cell columns: {list(self.cells.columns)})")
+        cells = self.cells.copy()
+        cells["cluster"] = pd.factorize(cells[column], sort=True)[0]
+        return CellMoments(self.names, self.zz, self.zy, self.yy, self.n, cells, self.z, self.y,
+                           self.cell_of_row, self.response)
+
 
 # ---------------------------------------------------------------------------
 # designs
@@ -182,13 +194,15 @@ class Term:
 
     ``name`` is the column name; ``base`` a base variable (``const`` for intercept-like terms);
     ``mult`` a cell attribute (``K``, ``m``) or ``None`` (1); ``active`` a function of the cells
-    frame returning a boolean mask (``None`` = all cells).
+    frame returning a boolean mask (``None`` = all cells); ``scale`` a function of the cells frame
+    returning a per-cell multiplier (e.g. ``log m``, ``max(m - 4, 0)``; ``None`` = 1).
     """
 
     name: str
     base: str
     mult: str | None = None
     active: Callable[[pd.DataFrame], np.ndarray] | None = field(default=None, compare=False)
+    scale: Callable[[pd.DataFrame], np.ndarray] | None = field(default=None, compare=False)
 
 
 def parse_term(spec: str) -> Term:
@@ -243,8 +257,15 @@ class Design:
             v = np.ones(len(cells)) if t.mult is None else cells[t.mult].to_numpy(dtype=float)
             if t.active is not None:
                 v = v * np.asarray(t.active(cells), dtype=float)
+            if t.scale is not None:
+                v = v * np.asarray(t.scale(cells), dtype=float)
             a[:, mom.names.index(t.base), j] = v
         return a
+
+    def rows(self, mom: CellMoments) -> np.ndarray:
+        """The row-level design matrix (N, p) (for tests and row-level diagnostics such as Breusch–Pagan)."""
+        a = self.matrices(mom)
+        return np.einsum("nq,nqp->np", mom.z, a[mom.cell_of_row])
 
 
 def cross_products(mom: CellMoments, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +274,7 @@ def cross_products(mom: CellMoments, a: np.ndarray) -> tuple[np.ndarray, np.ndar
     return at @ mom.zz @ a, np.einsum("cqp,cq->cp", a, mom.zy)
 
 
-def _solve(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np.ndarray:
+def solve_normal(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np.ndarray:
     """Solve the normal equations with column equilibration; raise naming unidentified columns."""
     d = np.sqrt(np.diag(xtx))
     if (d <= 0).any():
@@ -270,7 +291,7 @@ def _solve(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np.ndarr
     return w / d
 
 
-def _solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
+def solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """Batched solve for (B, p, p) and (B, p), equilibrated."""
     d = np.sqrt(np.einsum("bii->bi", xtx))
     s = xtx / (d[:, :, None] * d[:, None, :])
@@ -370,7 +391,7 @@ def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] 
     xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
     cols = design.columns
     xtx, xty = xtx_c.sum(0), xty_c.sum(0)
-    beta = _solve(xtx, xty, cols)
+    beta = solve_normal(xtx, xty, cols)
     nobs, p = mom.n_rows, len(cols)
     # per-cell scores, summed per cluster
     scores_c = xty_c - xtx_c @ beta
@@ -473,7 +494,7 @@ def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVRes
     recs = []
     for f in np.unique(folds):
         tr = cell_fold != f
-        beta = _solve(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+        beta = solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
         rows = row_fold == f
         b = a @ beta
         yhat = np.einsum("nq,nq->n", mom.z[rows], b[mom.cell_of_row[rows]])
@@ -487,23 +508,57 @@ def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVRes
     return CVResult(design.label, pd.DataFrame(recs), oof)
 
 
-def cv_sse(mom: CellMoments, design: Design, folds: np.ndarray,
-           xp: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, int]:
-    """Total held-out SSE and rows over the folds, from moments only (fast; no row pass)."""
+def cv_fold_sse(mom: CellMoments, design: Design, folds: np.ndarray,
+                xp: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out SSE and rows of every fold (two (F,) arrays, folds in sorted order), from moments only."""
     a = design.matrices(mom)
     xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
     cell_fold = folds[mom.cells["cluster"].to_numpy()]
-    sse = 0.0
+    sse, n = [], []
     for f in np.unique(cell_fold):
         tr, te = cell_fold != f, cell_fold == f
-        beta = _solve(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
-        sse += mom.yy[te].sum() - 2 * beta @ xty_c[te].sum(0) + beta @ xtx_c[te].sum(0) @ beta
-    return float(sse), int(mom.n[cell_fold >= 0].sum())
+        beta = solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+        sse.append(mom.yy[te].sum() - 2 * beta @ xty_c[te].sum(0) + beta @ xtx_c[te].sum(0) @ beta)
+        n.append(mom.n[te].sum())
+    return np.array(sse, dtype=float), np.array(n, dtype=float)
 
 
 # ---------------------------------------------------------------------------
 # cluster bootstrap from sufficient statistics
 # ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterSums:
+    """Per-cluster sums of one design: ``xtx`` (G, p, p), ``xty`` (G, p), ``yy``, ``ysum``, ``n`` (G,)."""
+
+    columns: tuple[str, ...]
+    xtx: np.ndarray
+    xty: np.ndarray
+    yy: np.ndarray
+    ysum: np.ndarray
+    n: np.ndarray
+
+    @classmethod
+    def of(cls, mom: CellMoments, design: Design) -> "ClusterSums":
+        a = design.matrices(mom)
+        xtx_c, xty_c = cross_products(mom, a)
+        g, p = mom.n_clusters, len(design.columns)
+        cl = mom.cells["cluster"].to_numpy()
+        xtx_g, xty_g = np.zeros((g, p, p)), np.zeros((g, p))
+        np.add.at(xtx_g, cl, xtx_c)
+        np.add.at(xty_g, cl, xty_c)
+        per = (lambda v: np.bincount(cl, weights=v, minlength=g))
+        return cls(tuple(design.columns), xtx_g, xty_g, per(mom.yy), per(mom.zy[:, 0]), per(mom.n))
+
+    def replicates(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Estimates (B, p) and in-sample R² (B,) of each resample (``weights`` (B, G) draw counts)."""
+        xtx_b = np.einsum("bg,gij->bij", weights, self.xtx)
+        xty_b = weights @ self.xty
+        beta = solve_batch(xtx_b, xty_b)
+        yy, ysum, n = weights @ self.yy, weights @ self.ysum, weights @ self.n
+        ssr = yy - 2 * np.einsum("bp,bp->b", beta, xty_b) + np.einsum("bp,bpq,bq->b", beta, xtx_b, beta)
+        return beta, 1 - ssr / (yy - ysum ** 2 / n)
 
 
 def cluster_bootstrap(mom: CellMoments, design: Design, weights: np.ndarray) -> pd.DataFrame:
@@ -513,15 +568,5 @@ def cluster_bootstrap(mom: CellMoments, design: Design, weights: np.ndarray) -> 
     resample is a weighted sum of per-cluster cross-products and one small solve.
     Returns (n_boot, p) DataFrame of estimates.
     """
-    a = design.matrices(mom)
-    xtx_c, xty_c = cross_products(mom, a)
-    g = mom.n_clusters
-    cl = mom.cells["cluster"].to_numpy()
-    p = len(design.columns)
-    xtx_g = np.zeros((g, p, p))
-    xty_g = np.zeros((g, p))
-    np.add.at(xtx_g, cl, xtx_c)
-    np.add.at(xty_g, cl, xty_c)
-    xtx_b = np.einsum("bg,gij->bij", weights, xtx_g)
-    xty_b = weights @ xty_g
-    return pd.DataFrame(_solve_batch(xtx_b, xty_b), columns=design.columns)
+    beta, _ = ClusterSums.of(mom, design).replicates(weights)
+    return pd.DataFrame(beta, columns=design.columns)

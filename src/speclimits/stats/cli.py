@@ -1,4 +1,8 @@
-"""``speclimits factors`` and ``speclimits fit``."""
+"""``speclimits factors`` and ``speclimits fit``.
+
+The command functions import the statistics modules when they run, not at registration, so that
+``speclimits --help`` and the other subcommands do not pay for scipy/statsmodels/scikit-learn.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Per-K OLS T_T ~ Ū + L with SEs clustered by generation; the joint categorical model (free beta0(m), "
             "alpha(m), shared c; m = 1 from K = 0 rounds with alpha(1) := alpha(2)); pooled model with γK; "
-            "regime boundary chosen by nested GroupKFold; specification ladder; draft line T_D = a·K + b. "
+            "regime boundary by the one-SE rule against no split, kept only if every nested outer fold agrees; "
+            "regime rows at that split and at the paper's m <= 4 | m >= 5; specification ladder; 95%% "
+            "cluster-bootstrap intervals on the headline cells; draft line T_D = a·K + b. "
             "--out writes the cost-model JSON the Oracle reads."
         ),
         epilog="example: speclimits fit data/traces/sim-default --out cost_model.json",
@@ -48,12 +54,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print all results as JSON (the cost model under the key 'cost_model')")
     p.add_argument("--out", type=Path, default=None, help="write the cost-model JSON here")
     p.add_argument("--robustness-k", type=int, default=None, metavar="K",
-                   help="also run the robustness checks on this K (999 bootstrap resamples)")
+                   help="also run the robustness checks on this K")
+    p.add_argument("--n-boot", type=int, default=999, metavar="B",
+                   help="cluster-bootstrap resamples for the intervals (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     p.set_defaults(func=_fit)
 
 
 def _factors(args: argparse.Namespace) -> int:
-    from speclimits.stats.factors import analyze_factors
+    from speclimits.stats.factors import analyze_factors  # heavy: see the module docstring
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)
@@ -69,20 +78,20 @@ def _factors(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from speclimits.stats.draft import fit_draft_model
+    from speclimits.stats.draft import fit_draft_model  # heavy: see the module docstring
     from speclimits.stats.final import fit_cost_model, fit_final_model
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)
     rounds = tr.rounds
     cost = fit_cost_model(rounds, top_k=_top_k(tr.meta), source=f"speclimits fit {args.trace} ({tr.source_label})")
-    final = fit_final_model(rounds)
+    final = fit_final_model(rounds, n_boot=args.n_boot, seed=args.seed)
     draft = fit_draft_model(rounds)
     robust = None
     if args.robustness_k is not None:
-        from speclimits.stats.robustness import robustness_checks
+        from speclimits.stats.robustness import robustness_checks  # only when asked for
 
-        robust = robustness_checks(rounds, k=args.robustness_k)
+        robust = robustness_checks(rounds, k=args.robustness_k, n_boot=args.n_boot, seed=args.seed)
     if args.out is not None:
         cost.write(args.out)
     if args.json:

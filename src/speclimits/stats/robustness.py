@@ -1,8 +1,11 @@
 """Robustness of the per-K fit ``T_T ~ Ū + L`` on one K (the paper used K = 8).
 
-Five re-estimations of α and c (cluster bootstrap over generations, Huber M-estimation, 1%
-trimming by |residual|, separate fits on the two halves of the run, leave-one-category-out),
-c across the per-K fits, binned mean residuals, Breusch–Pagan and corr(Ū, L).
+Re-estimations of α and c: a cluster bootstrap over generations (the full-sample estimate with
+the bootstrap percentile interval), Huber M-estimation (RLM's unclustered interval and a
+generation-clustered sandwich), 1% trimming by |residual|, separate fits on the two halves of
+the run **in run order** (see :func:`run_order`), leave-one-category-out; c across the per-K
+fits; binned mean residuals with clustered SEs and a trend test per variable; both Breusch–Pagan
+tests at this K and pooled over every K (the final categorical model's residuals); corr(Ū, L).
 """
 
 from __future__ import annotations
@@ -12,30 +15,33 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
-from statsmodels.stats.diagnostic import het_breuschpagan
+from scipy import stats as sps
 
-from speclimits.bootstrap import draw_counts
-from speclimits.errors import SpeclimitsError
 from speclimits import paper
-from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin,
-                                   cluster_bootstrap, fit_ols, predict)
+from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.errors import SpeclimitsError
+from speclimits.stats import diagnostics as diag
+from speclimits.stats._ols import CellMoments, Design, OLSResults, ResultsMixin, cluster_bootstrap, fit_ols, predict
+from speclimits.stats.final import fit_joint
 from speclimits.trace import FilterReport, decode_rounds
 
 DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
+BIN_VARS = ("context_len", "kv_usage", "round")
 
 
 @dataclass(frozen=True)
 class RobustnessResults(ResultsMixin):
     """Robustness checks on one K.
 
-    ``estimates``: one row per method/refit with ``alpha``, ``c`` and their 95% CI where defined
-    (``method``, ``variant``). ``ranges``: min–max of α (ms/expert) and c (1e-3 ms/token) over the
-    estimates beside the paper's.
+    ``estimates``: one row per method/refit (``method``, ``variant``, ``n``, ``alpha``, ``c`` and their
+    95% ``_lower``/``_upper``; ``interval`` says how the interval was made). ``ranges``: min–max of α
+    (ms/expert) and c (1e-3 ms/token) over the estimates beside the paper's.
     ``boot``: (n_boot, 3) bootstrap estimates. ``c_by_k``: c of the per-K fits (all K >= 1).
-    ``bins``: mean residual by decile of ``context_len``, ``kv_usage`` and ``round`` (position).
-    ``breusch_pagan``: LM statistic, p-value. ``corr_u_l``: on this K and pooled.
-    ``loo_by``: what leave-one-out removed (``category`` or ``generation block``).
+    ``bins``: mean residual by decile of ``context_len``, ``kv_usage``, ``round`` with clustered SEs;
+    ``trends``: per variable the clustered slope of the residual on it. ``breusch_pagan``: one row
+    per (``scope``: this K / pooled, ``version``: classic / studentized) with ``lm``, ``df``, ``p``, ``n``.
+    ``corr_u_l``: on this K and pooled. ``loo_by``: what leave-one-out removed. ``halves``: how the
+    run was ordered (``order_by``) and the categories in each half.
     """
 
     k: int
@@ -44,9 +50,11 @@ class RobustnessResults(ResultsMixin):
     boot: pd.DataFrame
     c_by_k: pd.DataFrame
     bins: pd.DataFrame
-    breusch_pagan: dict[str, float]
+    trends: pd.DataFrame
+    breusch_pagan: pd.DataFrame
     corr_u_l: dict[str, float]
     loo_by: str
+    halves: dict[str, Any]
     report: FilterReport
 
     @property
@@ -78,20 +86,24 @@ class RobustnessResults(ResultsMixin):
                 "ranges": self.ranges.rename_axis("quantity"), "bootstrap": {
                     "n_boot": len(boot), "se": boot.std(ddof=1), "lower": boot.quantile(0.025),
                     "upper": boot.quantile(0.975)},
-                "c_by_k": self.c_by_k, "binned_residuals": self.bins, "breusch_pagan": self.breusch_pagan,
-                "corr_u_l": self.corr_u_l, "leave_one_out_by": self.loo_by, "filter": self.report.to_dict()}
+                "c_by_k": self.c_by_k, "binned_residuals": self.bins, "trend_tests": self.trends,
+                "breusch_pagan": self.breusch_pagan, "corr_u_l": self.corr_u_l, "leave_one_out_by": self.loo_by,
+                "halves": self.halves, "filter": self.report.to_dict()}
 
     def summary(self) -> str:
+        cr = self.corr_u_l
         return (f"Robustness on K = {self.k} ({self.base.nobs:,} rounds, {self.base.n_clusters} generations)\n"
                 + self.estimates.to_string(index=False, float_format=lambda v: f"{v:.6g}") + "\n\n"
-                + self.ranges.to_string(float_format=lambda v: f"{v:.6g}") + "\n"
-                + f"Breusch–Pagan LM = {self.breusch_pagan['lm']:.4g}, p = {self.breusch_pagan['p']:.3g}; "
-                f"corr(Ū, L) = {self.corr_u_l['k']:.3f} (K = {self.k}), {self.corr_u_l['pooled']:.3f} pooled; "
-                f"leave-one-out by {self.loo_by}")
+                + self.ranges.to_string(float_format=lambda v: f"{v:.6g}") + "\n\n"
+                + "Breusch–Pagan:\n" + self.breusch_pagan.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+                + "\n\nTrend of the residual (clustered slope):\n"
+                + self.trends.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+                + f"\n\ncorr(Ū, L) = {cr['k']:.3f} (K = {self.k}), {cr['pooled']:.3f} pooled; "
+                f"leave-one-out by {self.loo_by}; run halves ordered by {self.halves['order_by']}")
 
 
-def _row(method: str, variant: str, fit: OLSResults | None = None, alpha: float = np.nan, c: float = np.nan,
-         ci: tuple[float, float, float, float] | None = None, n: int = 0) -> dict[str, Any]:
+def _row(method: str, variant: str, interval: str, fit: OLSResults | None = None, alpha: float = np.nan,
+         c: float = np.nan, ci: tuple[float, float, float, float] | None = None, n: int = 0) -> dict[str, Any]:
     if fit is not None:
         cis = fit.conf_int()
         alpha, c, n = fit.params["u_bar"], fit.params["context_len"], fit.nobs
@@ -99,7 +111,96 @@ def _row(method: str, variant: str, fit: OLSResults | None = None, alpha: float 
               cis.loc["context_len", "upper"])
     ci = ci or (np.nan,) * 4
     return {"method": method, "variant": variant, "n": n, "alpha": alpha, "alpha_lower": ci[0],
-            "alpha_upper": ci[1], "c": c, "c_lower": ci[2], "c_upper": ci[3]}
+            "alpha_upper": ci[1], "c": c, "c_lower": ci[2], "c_upper": ci[3], "interval": interval}
+
+
+CLUSTERED_T = "t, SE clustered by generation"
+
+
+def run_order(dk: pd.DataFrame) -> tuple[pd.Series, str]:
+    """The generations of ``dk`` in the order they ran: by the engine step of their first round when
+    the trace records ``step`` (a measured sweep), else by ``generation_id`` (the order the sweep or
+    the simulator produced them). Returns (generation ids in run order, description of the key)."""
+    if "step" in dk.columns:
+        first = dk.groupby("generation_id")["step"].min().sort_values(kind="stable")
+        return pd.Series(first.index), "engine step of each generation's first round (run order)"
+    return pd.Series(np.sort(dk["generation_id"].unique())), "generation_id (the order the sweep produced them)"
+
+
+def _bootstrap_row(mom: CellMoments, base: OLSResults, n_boot: int, seed: int) -> tuple[dict, pd.DataFrame]:
+    boot = cluster_bootstrap(mom, DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
+    a, c = percentile_interval(boot["u_bar"].to_numpy()), percentile_interval(boot["context_len"].to_numpy())
+    row = _row("cluster bootstrap", f"{n_boot} resamples of generations", "bootstrap percentile",
+               alpha=float(base.params["u_bar"]), c=float(base.params["context_len"]), n=base.nobs,
+               ci=(a[0], a[1], c[0], c[1]))
+    return row, boot
+
+
+def _huber_rows(dk: pd.DataFrame) -> list[dict]:
+    x = np.column_stack([np.ones(len(dk)), dk["u_bar"].to_numpy(float), dk["context_len"].to_numpy(float)])
+    h = diag.huber_fit(dk["t_target_ms"].to_numpy(float), x, dk["generation_id"].to_numpy())
+    rows = []
+    for label, cov, q in (("RLM covariance, not clustered", h["cov_rlm"], sps.norm.ppf(0.975)),
+                          ("sandwich clustered by generation", h["cov_cluster"], sps.t.ppf(0.975, h["df_t"]))):
+        se = np.sqrt(np.diag(cov))
+        p = h["params"]
+        rows.append(_row("Huber (statsmodels RLM)", f"HuberT, t = 1.345; {label}", label,
+                         alpha=p[1], c=p[2], n=h["n"],
+                         ci=(p[1] - q * se[1], p[1] + q * se[1], p[2] - q * se[2], p[2] + q * se[2])))
+    return rows
+
+
+def _halves_rows(dk: pd.DataFrame, mom: CellMoments) -> tuple[list[dict], dict[str, Any]]:
+    order, key = run_order(dk)
+    first_ids = set(order.iloc[: len(order) // 2].tolist())
+    first = np.isin(mom.cells["generation_id"].to_numpy(), list(first_ids))
+    info: dict[str, Any] = {"order_by": key}
+    if "category" in mom.cells:
+        info["categories_first_half"] = sorted(set(mom.cells.loc[first, "category"]))
+        info["categories_second_half"] = sorted(set(mom.cells.loc[~first, "category"]))
+    rows = [_row("run halves", "first half of the run", CLUSTERED_T, fit_ols(mom.subset(first), DESIGN)),
+            _row("run halves", "second half of the run", CLUSTERED_T, fit_ols(mom.subset(~first), DESIGN))]
+    return rows, info
+
+
+def _leave_one_out_rows(mom: CellMoments, n_blocks: int) -> tuple[list[dict], str]:
+    if "category" in mom.cells and mom.cells["category"].nunique() >= 2:
+        loo_by, labels = "category", mom.cells["category"].to_numpy()
+    else:
+        loo_by = "generation block"
+        gens = np.sort(mom.cells["generation_id"].unique())
+        rank = np.searchsorted(gens, mom.cells["generation_id"].to_numpy())
+        labels = np.array([f"block {b + 1}" for b in rank * n_blocks // len(gens)])
+    rows = [_row(f"leave one {loo_by} out", f"without {lab}", CLUSTERED_T, fit_ols(mom.subset(labels != lab), DESIGN))
+            for lab in sorted(set(labels.tolist()))]
+    return rows, loo_by
+
+
+def _residual_checks(dk: pd.DataFrame, resid: np.ndarray, n_bins: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    gen = dk["generation_id"].to_numpy()
+    bins, trends = [], []
+    for var in BIN_VARS:
+        v = dk[var].to_numpy(float)
+        bins.append(diag.binned_residuals(resid, v, gen, n_bins).assign(variable=var))
+        trends.append(diag.trend_test(resid, v, dk, var, n_bins))
+    cols = ["variable", "bin", "center", "mean_resid", "se", "n", "n_clusters"]
+    return pd.concat(bins, ignore_index=True)[cols], pd.DataFrame(trends)
+
+
+def _bp_table(dk: pd.DataFrame, resid: np.ndarray, all_mom: CellMoments, k: int) -> pd.DataFrame:
+    """Both Breusch–Pagan versions at this K (regressors const, Ū, L) and pooled over every K (the
+    joint categorical model's residuals, its design columns as regressors)."""
+    x = np.column_stack([np.ones(len(dk)), dk["u_bar"].to_numpy(float), dk["context_len"].to_numpy(float)])
+    joint = fit_joint(all_mom)
+    x_all = joint.design.rows(all_mom)
+    resid_all = all_mom.y - predict(all_mom, joint.design, joint.params)
+    rows = []
+    for scope, bp in ((f"K = {k}, Ū + L", diag.breusch_pagan(resid, x)),
+                      ("pooled over K, categorical Eq. 4", diag.breusch_pagan(resid_all, x_all))):
+        for version, key in (("classic (Breusch–Pagan 1979)", "classic"), ("studentized (Koenker 1981)", "koenker")):
+            rows.append({"scope": scope, "version": version, "lm": bp[f"{key}_lm"], "df": bp["df"],
+                         "p": bp[f"{key}_p"], "n": bp["n"]})
+    return pd.DataFrame(rows).assign(paper_p=paper.BP_P)
 
 
 def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed: int = 0, n_bins: int = 10,
@@ -115,63 +216,22 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     dk = dec.loc[dec["K"].to_numpy() == k].reset_index(drop=True)
     mom = CellMoments.from_rounds(dk)
     base = fit_ols(mom, DESIGN)
-    rows = [_row("OLS (clustered SE)", "all rounds", base)]
-
-    boot = cluster_bootstrap(mom, DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
-    bq = boot.quantile([0.025, 0.975])
-    rows.append(_row("cluster bootstrap", f"{n_boot} resamples of generations, percentile CI",
-                     alpha=float(boot["u_bar"].mean()), c=float(boot["context_len"].mean()), n=base.nobs,
-                     ci=(bq.loc[0.025, "u_bar"], bq.loc[0.975, "u_bar"], bq.loc[0.025, "context_len"],
-                         bq.loc[0.975, "context_len"])))
-
-    x = np.column_stack([np.ones(len(dk)), dk["u_bar"].to_numpy(float), dk["context_len"].to_numpy(float)])
-    y = dk["t_target_ms"].to_numpy(float)
-    rlm = sm.RLM(y, x, M=sm.robust.norms.HuberT()).fit()
-    rci = rlm.conf_int()
-    rows.append(_row("Huber (statsmodels RLM)", "HuberT, t = 1.345", alpha=rlm.params[1], c=rlm.params[2],
-                     n=len(y), ci=(rci[1, 0], rci[1, 1], rci[2, 0], rci[2, 1])))
-
-    resid = y - predict(mom, DESIGN, base.params)  # moments keep the rows in dk's order
+    boot_row, boot = _bootstrap_row(mom, base, n_boot, seed)
+    resid = dk["t_target_ms"].to_numpy(float) - predict(mom, DESIGN, base.params)  # moments keep dk's row order
     keep = np.abs(resid) <= np.quantile(np.abs(resid), 1 - trim)
-    rows.append(_row("trimmed", f"{100 * trim:g}% largest |residual| dropped",
-                     fit_ols(CellMoments.from_rounds(dk.loc[keep]), DESIGN)))
-
-    gens = np.sort(dk["generation_id"].unique())
-    half = gens[: len(gens) // 2]
-    first = np.isin(mom.cells["generation_id"].to_numpy(), half)
-    rows.append(_row("run halves", "first half of generations", fit_ols(mom.subset(first), DESIGN)))
-    rows.append(_row("run halves", "second half of generations", fit_ols(mom.subset(~first), DESIGN)))
-
-    if "category" in mom.cells and mom.cells["category"].nunique() >= 2:
-        loo_by, labels = "category", mom.cells["category"].to_numpy()
-    else:
-        loo_by = "generation block"
-        rank = np.searchsorted(gens, mom.cells["generation_id"].to_numpy())
-        labels = np.array([f"block {b + 1}" for b in rank * n_blocks // len(gens)])
-    for lab in sorted(set(labels.tolist())):
-        rows.append(_row(f"leave one {loo_by} out", f"without {lab}", fit_ols(mom.subset(labels != lab), DESIGN)))
-    estimates = pd.DataFrame(rows)
+    halves, halves_info = _halves_rows(dk, mom)
+    loo, loo_by = _leave_one_out_rows(mom, n_blocks)
+    rows = [_row("OLS (clustered SE)", "all rounds", CLUSTERED_T, base), boot_row, *_huber_rows(dk),
+            _row("trimmed", f"{100 * trim:g}% largest |residual| dropped", CLUSTERED_T,
+                 fit_ols(CellMoments.from_rounds(dk.loc[keep]), DESIGN)), *halves, *loo]
 
     all_mom = CellMoments.from_rounds(dec.loc[dec["K"].to_numpy() >= 1])
-    c_rows = []
-    for kk in sorted(all_mom.cells["K"].unique()):
-        f = fit_ols(all_mom.where(K=int(kk)), DESIGN)
-        c_rows.append({"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]})
-    c_by_k = pd.DataFrame(c_rows)
-
-    bins = []
-    for var in ("context_len", "kv_usage", "round"):
-        v = dk[var].to_numpy(float)
-        edges = np.unique(np.quantile(v, np.linspace(0, 1, n_bins + 1)))
-        b = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, len(edges) - 2)
-        g = pd.DataFrame({"b": b, "r": resid, "v": v}).groupby("b")
-        agg = g.agg(center=("v", "mean"), mean_resid=("r", "mean"), sd=("r", "std"), n=("r", "size")).reset_index()
-        agg["se"] = agg["sd"] / np.sqrt(agg["n"])
-        agg.insert(0, "variable", var)
-        bins.append(agg.drop(columns=["sd"]).rename(columns={"b": "bin"}))
-    bp = het_breuschpagan(resid, x)
-    corr_k = float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1])
-    corr_all = float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1])
-    return RobustnessResults(k, base, estimates, boot, c_by_k, pd.concat(bins, ignore_index=True),
-                             {"lm": float(bp[0]), "p": float(bp[1]), "paper_p": paper.BP_P},
-                             {"k": corr_k, "pooled": corr_all, "paper": paper.CORR_U_L}, loo_by, report)
+    c_by_k = pd.DataFrame([{"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]}
+                           for kk in sorted(all_mom.cells["K"].unique())
+                           for f in [fit_ols(all_mom.where(K=int(kk)), DESIGN)]])
+    bins, trends = _residual_checks(dk, resid, n_bins)
+    corr = {"k": float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1]),
+            "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1]),
+            "paper": paper.CORR_U_L}
+    return RobustnessResults(k, base, pd.DataFrame(rows), boot, c_by_k, bins, trends,
+                             _bp_table(dk, resid, all_mom, k), corr, loo_by, halves_info, report)

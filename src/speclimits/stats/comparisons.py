@@ -1,0 +1,238 @@
+"""What the final model is compared with: the pooled linear model, MAPE by K, leave-one-K-out,
+the specification ladder, other smooth parameterizations of m, interpolation vs transfer, and
+the sensitivity of the standard errors to the choice of cluster.
+
+Every function takes the :class:`CellMoments` of the section's rounds (K >= 1) and returns a
+DataFrame; out-of-sample numbers use the section's GroupKFold ``folds`` (by generation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from speclimits import paper
+from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
+                                   cross_validate, fit_ols, predict, solve_normal, t_interval)
+
+BASE_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
+POOLED_DESIGN = Design.linear("u_bar", "context_len", "K", label="Ū + L + γK (pooled)")
+PER_K_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L (per K)")
+
+LADDER = [
+    ("Ū", ("u_bar",)),
+    ("Ū + L", ("u_bar", "context_len")),
+    ("+ linear m", ("u_bar", "context_len", "m")),
+    ("+ m·L", ("u_bar", "context_len", "m", "m:context_len")),
+    ("+ m·Ū", ("u_bar", "context_len", "m", "m:context_len", "m:u_bar")),
+    ("+ E_max", ("u_bar", "context_len", "m", "m:context_len", "m:u_bar", "e_max")),
+]
+
+
+# ---------------------------------------------------------------------------
+# pooled comparison
+# ---------------------------------------------------------------------------
+
+
+def comparison_table(mom: CellMoments, cat_fit: OLSResults, cvs: dict[str, CVResult]) -> pd.DataFrame:
+    """Ū + L, the pooled model with γK and the categorical model: in-sample R², GroupKFold R², RMSE,
+    MAPE (mean and 95% t half-width over folds) and the paper's. ``cvs`` keyed ``base``, ``pooled``,
+    ``categorical``. ``attrs``: ``pooled_drmse`` (mean, half-width of the paired fold RMSE
+    reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
+    rows = []
+    cat_mape, cat_r2 = (float(v) for v in paper.LADDER["categorical (Eq. 4)"])
+    for name, fit, key, p_r2, p_mape in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base", paper.POOLED_R2[0],
+                                          float(paper.LADDER["Ū + L"][0])),
+                                         ("Ū + L + γK (pooled)", fit_ols(mom, POOLED_DESIGN), "pooled",
+                                          paper.POOLED_R2[1], None),
+                                         ("categorical (Eq. 4)", cat_fit, "categorical", cat_r2, cat_mape)):
+        r = {"model": name, "r2": fit.rsquared, "paper_r2": p_r2}
+        for met in ("r2", "rmse", "mape"):
+            r[f"cv_{met}"], r[f"cv_{met}_ci"] = cvs[key].mean_ci(met)
+        r["paper_cv_mape"] = p_mape
+        rows.append(r)
+    comparison = pd.DataFrame(rows).set_index("model")
+    d_rmse = t_interval(cvs["base"].folds["rmse"].to_numpy() - cvs["pooled"].folds["rmse"].to_numpy())
+    comparison.attrs.update(
+        pooled_drmse=d_rmse, pooled_drmse_pct=100 * d_rmse[0] / comparison.loc["Ū + L", "cv_rmse"],
+        mape_ratio=comparison.loc["Ū + L", "cv_mape"] / comparison.loc["categorical (Eq. 4)", "cv_mape"])
+    return comparison
+
+
+def pooled_standardized(pooled: OLSResults) -> pd.DataFrame:
+    """β* of the pooled model's K, Ū and L beside the paper's."""
+    st = pooled.standardized()
+    return pd.DataFrame({"beta_std": st["beta_std"], "paper": pd.Series(paper.POOLED_STD)}).loc[
+        ["K", "u_bar", "context_len"]]
+
+
+def mape_by_k(mom: CellMoments, oof: dict[str, np.ndarray], per_k: pd.DataFrame) -> pd.DataFrame:
+    """MAPE (%) by K of out-of-fold predictions (``oof`` keyed ``pooled``, ``categorical``), the per-K
+    fits' own CV MAPE, and the paper's pooled value where it gives one."""
+    row_k = mom.row_attr("K")
+    rows = []
+    for k in sorted(np.unique(row_k)):
+        sel = row_k == k
+        rows.append({"K": int(k), "pooled": float(ape(mom.y[sel], oof["pooled"][sel]).mean()),
+                     "categorical": float(ape(mom.y[sel], oof["categorical"][sel]).mean()),
+                     "per_k": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0]),
+                     "paper_pooled": paper.POOLED_MAPE_BY_K.get(int(k), np.nan)})
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------
+# leave one K out, and other smooth parameterizations of m
+# ---------------------------------------------------------------------------
+
+
+def loko_predictions(mom: CellMoments, design: Design) -> np.ndarray:
+    """(N,) prediction of every row by ``design`` fitted on the rounds of all other K."""
+    a = design.matrices(mom)
+    xtx_c, xty_c = cross_products(mom, a)
+    cell_k = mom.cells["K"].to_numpy()
+    row_k = mom.row_attr("K")
+    out = np.full(mom.n_rows, np.nan)
+    for k in np.unique(cell_k):
+        beta = solve_normal(xtx_c[cell_k != k].sum(0), xty_c[cell_k != k].sum(0), design.columns)
+        rows = row_k == k
+        out[rows] = np.einsum("nq,nq->n", mom.z[rows], (a @ beta)[mom.cell_of_row[rows]])
+    return out
+
+
+def loko_table(mom: CellMoments, loko_pred: np.ndarray, per_k: pd.DataFrame) -> pd.DataFrame:
+    """Leave-one-K-out MAPE (%) of the pooled form per K beside the within-K CV MAPE and the paper's peaks."""
+    row_k = mom.row_attr("K")
+    rows = []
+    for k in sorted(np.unique(row_k)):
+        sel = row_k == k
+        rows.append({"K": int(k), "loko_mape": float(ape(mom.y[sel], loko_pred[sel]).mean()),
+                     "within_k_mape": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0]),
+                     "paper_loko": paper.LOKO_PEAKS.get(int(k), np.nan)})
+    return pd.DataFrame(rows)
+
+
+def _in_m(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> list[Term]:
+    """A smooth function of m entering the intercept and the Ū slope."""
+    scale = (lambda cells, f=fn: f(cells["m"].to_numpy(dtype=float)))
+    return [Term(name, "const", None, None, scale), Term(f"{name}·Ū", "u_bar", None, None, scale)]
+
+
+def smooth_designs(hinge_at: int = paper.BOUNDARY_M) -> dict[str, Design]:
+    """Smooth parameterizations of β0(m) and α(m) (one shared c), for leave-one-K-out.
+
+    linear, quadratic and log m, and a hinge (piecewise linear in m, kink after ``hinge_at``,
+    the paper's split, fixed in advance, not tuned inside the folds)."""
+    const, u, ctx = Term("const", "const"), Term("u_bar", "u_bar"), Term("context_len", "context_len")
+    forms = {
+        "linear m (β0 and α linear in m)": _in_m("m", lambda m: m),
+        "quadratic m": _in_m("m", lambda m: m) + _in_m("m²", lambda m: m ** 2),
+        "log m": _in_m("log m", np.log),
+        f"hinge after m = {hinge_at} (fixed)": _in_m("m", lambda m: m)
+        + _in_m(f"(m-{hinge_at})+", lambda m: np.maximum(m - hinge_at, 0.0)),
+    }
+    return {name: Design(tuple([const, u, *terms, ctx]), name) for name, terms in forms.items()}
+
+
+def smooth_table(mom: CellMoments, pooled_loko: np.ndarray) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Leave-one-K-out MAPE (%) of each smooth parameterization: the mean over K and the worst K.
+
+    The pooled form (γK) comes first. Returns the table and the (N,) predictions by form."""
+    preds = {"pooled Ū + L + γK": pooled_loko}
+    preds.update({name: loko_predictions(mom, d) for name, d in smooth_designs().items()})
+    row_k = mom.row_attr("K")
+    ks = sorted(np.unique(row_k))
+    rows = []
+    for name, pred in preds.items():
+        by_k = [float(ape(mom.y[row_k == k], pred[row_k == k]).mean()) for k in ks]
+        rows.append({"form": name, "loko_mape_mean": float(np.mean(by_k)), "loko_mape_max": max(by_k),
+                     "worst_k": int(ks[int(np.argmax(by_k))])})
+    return pd.DataFrame(rows).set_index("form"), preds
+
+
+# ---------------------------------------------------------------------------
+# specification ladder
+# ---------------------------------------------------------------------------
+
+
+def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults,
+                 cv_cat: CVResult) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
+    """Nested specifications plus the categorical form: in-sample R², GroupKFold MAPE (mean, 95% t
+    half-width), RMSE, and the paper's. Returns the table and ``{spec: (design, cv)}``."""
+    rows, fitted = [], {}
+    for name, specs in LADDER:
+        d = Design.linear(*specs, label=name)
+        cv = cross_validate(mom, d, folds)
+        fitted[name] = (d, cv)
+        rows.append({"spec": name, "r2": fit_ols(mom, d).rsquared, "cv_mape": cv.mean_ci("mape")[0],
+                     "cv_mape_ci": cv.mean_ci("mape")[1], "cv_rmse": cv.mean_ci("rmse")[0]})
+    rows.append({"spec": "categorical (Eq. 4)", "r2": cat_fit.rsquared, "cv_mape": cv_cat.mean_ci("mape")[0],
+                 "cv_mape_ci": cv_cat.mean_ci("mape")[1], "cv_rmse": cv_cat.mean_ci("rmse")[0]})
+    ladder = pd.DataFrame(rows).set_index("spec")
+    ladder["paper_cv_mape"] = [paper.LADDER[s][0] for s in ladder.index]
+    ladder["paper_r2"] = [paper.LADDER[s][1] for s in ladder.index]
+    return ladder, fitted
+
+
+# ---------------------------------------------------------------------------
+# interpolation within a regime vs transfer across the boundary
+# ---------------------------------------------------------------------------
+
+
+def interpolation_table(mom: CellMoments, fits: dict[int, OLSResults], split: int | None) -> pd.DataFrame:
+    """Predict each K's rounds with coefficients taken from other Ks' per-K fits.
+
+    ``interpolate``: the mean of the coefficients of m-1 and m+1 (both present); ``within regime``
+    when all three m lie in one regime (every m when ``split`` is None), ``across boundary`` when
+    the pair straddles it. ``transfer``: the boundary m's predicted with the coefficients of the
+    adjacent m on the other side. Columns: ``K``, ``m``, ``scheme``, ``relation``, ``sources``, ``mape`` (%).
+    """
+    by_m = {int(f_k) + 1: fit for f_k, fit in fits.items()}
+    regime = (lambda m: 0 if split is None or m <= split else 1)
+
+    def score(m: int, params: np.ndarray) -> float:
+        sub = mom.where(m=m)
+        return float(ape(sub.y, predict(sub, PER_K_DESIGN, params)).mean())
+
+    rows = []
+    for m in sorted(by_m):
+        if m - 1 in by_m and m + 1 in by_m:
+            params = (by_m[m - 1].params.to_numpy() + by_m[m + 1].params.to_numpy()) / 2
+            rel = "within regime" if regime(m - 1) == regime(m) == regime(m + 1) else "across boundary"
+            rows.append({"K": m - 1, "m": m, "scheme": "interpolate", "relation": rel,
+                         "sources": f"K={m - 2},{m}", "mape": score(m, params)})
+    if split is not None and split in by_m and split + 1 in by_m:
+        for m, src in ((split, split + 1), (split + 1, split)):
+            rows.append({"K": m - 1, "m": m, "scheme": "transfer", "relation": "across boundary",
+                         "sources": f"K={src - 1}", "mape": score(m, by_m[src].params.to_numpy())})
+    return pd.DataFrame(rows, columns=["K", "m", "scheme", "relation", "sources", "mape"])
+
+
+# ---------------------------------------------------------------------------
+# standard errors clustered by generation and by prompt
+# ---------------------------------------------------------------------------
+
+
+def cluster_sensitivity(mom: CellMoments, fits: Sequence[tuple[str, Design, OLSResults]]) -> pd.DataFrame:
+    """The SEs of each model's coefficients clustered by generation (as reported) and by prompt
+    (one prompt's generations at every K form one cluster: the same question recurs across K).
+
+    ``fits``: ``(model label, design, fit clustered by generation)``. Columns: ``model``, ``term``,
+    ``coef``, ``se_generation``, ``se_prompt``, ``ratio`` (prompt over generation), ``n_generations``,
+    ``n_prompts``. Empty when the rounds carry no ``prompt_id``.
+    """
+    cols = ["model", "term", "coef", "se_generation", "se_prompt", "ratio", "n_generations", "n_prompts"]
+    if "prompt_id" not in mom.cells.columns:
+        return pd.DataFrame(columns=cols)
+    by_prompt = mom.recluster("prompt_id")
+    rows = []
+    for label, design, fit in fits:
+        alt = fit_ols(by_prompt, design)
+        for term in fit.params.index:
+            se_g, se_p = float(fit.bse[term]), float(alt.bse[term])
+            rows.append({"model": label, "term": term, "coef": float(fit.params[term]), "se_generation": se_g,
+                         "se_prompt": se_p, "ratio": se_p / se_g if se_g > 0 else math.nan,
+                         "n_generations": fit.n_clusters, "n_prompts": alt.n_clusters})
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,145 @@
+"""Residual diagnostics and the Huber fit of the robustness section, on row-level arrays.
+
+* :func:`breusch_pagan`: both versions of the Breusch–Pagan test on the same residuals.
+  The **classic** test (Breusch & Pagan 1979) regresses ``e²/σ̂²`` on the regressors and takes
+  half the explained sum of squares; it assumes normal errors, so heavy tails alone can make it
+  reject. The **studentized** test (Koenker 1981) takes ``n·R²`` of ``e²`` on the regressors; it
+  is robust to non-normal errors but rare large spikes inflate the variance of ``e²`` and swamp
+  it. Both test whether the residual variance moves with the regressors (df = regressors - 1).
+* :func:`huber_fit`: Huber M-estimation (statsmodels ``RLM``, ``HuberT``) with two covariances:
+  RLM's own (rows treated as independent, **not clustered**) and a sandwich clustered by generation.
+* :func:`binned_residuals`: mean residual per quantile bin with generation-clustered SEs, and
+  :func:`trend_test`: the clustered slope of the residual on the binned variable, plus a clustered
+  Wald test that every bin mean is zero (a shape test: for a regressor of the model the linear
+  slope is zero by construction, since OLS residuals are orthogonal to the regressors).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+from scipy import stats as sps
+
+from speclimits.stats._ols import CellMoments, Design, fit_ols
+
+
+def _ols_fit(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return np.linalg.lstsq(x, y, rcond=None)[0]
+
+
+def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
+    """Classic and studentized Breusch–Pagan tests of ``resid`` (N,) on ``exog`` (N, p), whose column
+    space must contain the constant. Returns ``classic_lm``, ``classic_p``, ``koenker_lm``,
+    ``koenker_p``, ``df`` (p - 1) and ``n``."""
+    e2 = np.asarray(resid, dtype=float) ** 2
+    x = np.asarray(exog, dtype=float)
+    n, p = x.shape
+    df = int(np.linalg.matrix_rank(x)) - 1
+    # studentized (Koenker): n R² of e² on X
+    fit = x @ _ols_fit(e2, x)
+    r2 = 1 - ((e2 - fit) ** 2).sum() / ((e2 - e2.mean()) ** 2).sum()
+    koenker = n * r2
+    # classic: ESS / 2 of e² / σ̂² on X (σ̂² = SSR / n)
+    g = e2 / e2.mean()
+    ghat = x @ _ols_fit(g, x)
+    classic = 0.5 * ((ghat - g.mean()) ** 2).sum()
+    return {"classic_lm": float(classic), "classic_p": float(sps.chi2.sf(classic, df)),
+            "koenker_lm": float(koenker), "koenker_p": float(sps.chi2.sf(koenker, df)), "df": df, "n": int(n)}
+
+
+def cluster_sandwich(bread: np.ndarray, scores: np.ndarray, clusters: np.ndarray, n_params: int) -> np.ndarray:
+    """``bread⁻¹ (Σ_g s_g s_g') bread⁻¹`` with statsmodels' small-sample factor; ``scores`` (N, p) row
+    scores summed within ``clusters`` (N,)."""
+    codes, _ = pd.factorize(clusters)
+    g = codes.max() + 1
+    s = np.zeros((g, scores.shape[1]))
+    np.add.at(s, codes, scores)
+    inv = np.linalg.inv(bread)
+    n = scores.shape[0]
+    corr = (g / (g - 1.0)) * ((n - 1.0) / (n - n_params))
+    return corr * inv @ (s.T @ s) @ inv
+
+
+def huber_fit(y: np.ndarray, x: np.ndarray, clusters: np.ndarray, t: float = 1.345) -> dict[str, Any]:
+    """Huber regression of ``y`` (N,) on ``x`` (N, p) by statsmodels RLM (MAD scale, HuberT(t)).
+
+    Returns ``params`` (p,), ``cov_rlm`` (RLM's covariance H1, rows independent), ``cov_cluster``
+    (sandwich clustered by ``clusters``: bread ``Σψ'(u)xx'``, scores ``ψ(u)x``, times the scale²),
+    ``scale``, ``df_t`` (clusters - 1) and ``n``.
+    """
+    norm = sm.robust.norms.HuberT(t=t)
+    rlm = sm.RLM(y, x, M=norm).fit()
+    s = float(rlm.scale)
+    u = (y - x @ rlm.params) / s
+    bread = (x * norm.psi_deriv(u)[:, None]).T @ x
+    scores = x * norm.psi(u)[:, None]
+    cov = s ** 2 * cluster_sandwich(bread, scores, clusters, x.shape[1])
+    return {"params": np.asarray(rlm.params), "cov_rlm": np.asarray(rlm.cov_params()), "cov_cluster": cov,
+            "scale": s, "df_t": int(len(np.unique(clusters)) - 1), "n": int(len(y))}
+
+
+def cluster_mean(values: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
+    """Mean of ``values`` and its SE clustered by ``clusters`` (an intercept-only OLS with
+    statsmodels' cluster correction)."""
+    v = np.asarray(values, dtype=float)
+    codes, _ = pd.factorize(clusters)
+    g = codes.max() + 1
+    mean = v.mean()
+    s = np.bincount(codes, weights=v - mean, minlength=g)
+    se = math.sqrt(g / (g - 1.0) * (s ** 2).sum()) / v.size if g > 1 else math.nan
+    return float(mean), float(se)
+
+
+def quantile_bins(values: np.ndarray, n_bins: int = 10) -> np.ndarray:
+    """(N,) bin index 0..B-1 of every value, by quantile edges (ties merge bins)."""
+    v = np.asarray(values, dtype=float)
+    edges = np.unique(np.quantile(v, np.linspace(0, 1, n_bins + 1)))
+    return np.clip(np.searchsorted(edges, v, side="right") - 1, 0, max(len(edges) - 2, 0))
+
+
+def bin_means_wald(resid: np.ndarray, bins: np.ndarray, clusters: np.ndarray) -> dict[str, float]:
+    """Clustered Wald test that the mean residual is zero in every bin: ``F`` = W / q on (q, G - 1) df."""
+    codes, _ = pd.factorize(bins, sort=True)
+    x = np.eye(codes.max() + 1)[codes]
+    r = np.asarray(resid, dtype=float)
+    b = np.bincount(codes, weights=r) / np.bincount(codes)
+    cov = cluster_sandwich(x.T @ x, x * (r - b[codes])[:, None], clusters, x.shape[1])
+    q = x.shape[1]
+    g = len(np.unique(clusters))
+    f = float(b @ np.linalg.solve(cov, b)) / q
+    return {"wald_f": f, "wald_df": q, "wald_p": float(sps.f.sf(f, q, g - 1))}
+
+
+def binned_residuals(resid: np.ndarray, values: np.ndarray, clusters: np.ndarray, n_bins: int = 10) -> pd.DataFrame:
+    """Mean residual per quantile bin of ``values``: columns ``bin``, ``center`` (mean value), ``mean_resid``,
+    ``se`` (clustered by generation), ``n``, ``n_clusters``."""
+    v = np.asarray(values, dtype=float)
+    b = quantile_bins(v, n_bins)
+    rows = []
+    for k in np.unique(b):
+        sel = b == k
+        mean, se = cluster_mean(resid[sel], clusters[sel])
+        rows.append({"bin": int(k), "center": float(v[sel].mean()), "mean_resid": mean, "se": se,
+                     "n": int(sel.sum()), "n_clusters": int(len(np.unique(clusters[sel])))})
+    return pd.DataFrame(rows)
+
+
+def trend_test(resid: np.ndarray, values: np.ndarray, cells: pd.DataFrame, name: str,
+               n_bins: int = 10) -> dict[str, float]:
+    """OLS slope of the residual on ``values`` with SEs clustered by generation, and the clustered Wald
+    test of the bin means (:func:`bin_means_wald`).
+
+    ``cells``: per row ``generation_id``, ``K``, ``m`` (the cell keys). Returns ``slope`` (ms per unit),
+    ``se``, ``t``, ``p`` (t with generations - 1 df), ``slope_per_sd`` (ms per sd of the variable),
+    ``wald_f``, ``wald_df``, ``wald_p``.
+    """
+    df = cells[["generation_id", "K", "m"]].assign(resid=np.asarray(resid, float), **{name: np.asarray(values, float)})
+    fit = fit_ols(CellMoments.from_rounds(df, response="resid", base=(name,)), Design.linear(name))
+    slope, se = float(fit.params[name]), float(fit.bse[name])
+    wald = bin_means_wald(resid, quantile_bins(values, n_bins), cells["generation_id"].to_numpy())
+    return {"variable": name, "slope": slope, "se": se, "t": slope / se if se > 0 else math.nan,
+            "p": float(fit.pvalues[name]), "slope_per_sd": slope * float(np.std(values)), **wald}
