@@ -22,7 +22,6 @@ Row-level quantities that are not moments (MAPE, medians, residual bins) use the
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
