@@ -69,6 +69,11 @@ def test_fit_line_recovers_a_planted_slope():
     assert line.slope_ci[0] <= 3.0 <= line.slope_ci[1] and line.slope_ci[1] - line.slope_ci[0] < 0.3
     assert line.svm_accuracy > 0.99 and line.svm_slope == pytest.approx(3.0, rel=0.1)
     assert abs(line.svm_intercept) < 0.3
+    # the testable prediction: the planted line has slope λ = 3, so λ lies in the slope's interval ...
+    assert line.lambda_inside_interval and "holds" in line.verdict()
+    # ... and a λ the points do not follow is rejected
+    other = fit_line(pts, lambda_=4.0, n_boot=49)
+    assert not other.lambda_inside_interval and "does not hold" in other.verdict()
 
 
 def test_delta_space_on_a_trace(solved):
