@@ -19,7 +19,7 @@ SCRIPT = r"""
 import json, sys
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
-from speclimits.models.serve_check import _spec_counters
+from speclimits.tracing.engine import spec_counters
 
 if __name__ == "__main__":
     target, head = sys.argv[1], sys.argv[2]
@@ -33,7 +33,7 @@ if __name__ == "__main__":
         res = llm.generate(prompts, sp, use_tqdm=False)
         out[name] = [list(r.outputs[0].token_ids) for r in res]
         if spec:
-            out["counters"] = _spec_counters(llm)
+            out["counters"] = spec_counters(llm)
         del llm
     print("RESULT " + json.dumps(out))
 """

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from speclimits.tracing.engine import spec_counters
+
 _TIMES: dict[str, list] = {"forward": [], "propose": []}
 
 
@@ -66,20 +68,6 @@ def _greedy(max_tokens: int):
     from vllm import SamplingParams
 
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
-def _spec_counters(llm) -> dict:
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] = int(m.value)
-        elif m.name == "vllm:spec_decode_num_draft_tokens":
-            out["draft_tokens"] = int(m.value)
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] = int(m.value)
-        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            out["per_pos"] = [int(v) for v in m.values]
-    return out
 
 
 def generate(req: dict) -> dict:
@@ -164,11 +152,11 @@ def check(req: dict) -> dict:
         tok = llm.get_tokenizer()
         prompts = [TokensPrompt(prompt_token_ids=tok.encode(r["prompt"], add_special_tokens=False)) for r in rows]
         llm.generate(prompts[:1], _greedy(8), use_tqdm=False)  # warm up (ngram JIT, first-use compiles)
-        before = _spec_counters(llm)
+        before = spec_counters(llm)
         t0 = time.perf_counter()
         res = llm.generate(prompts, _greedy(max_tokens), use_tqdm=False)
         secs = time.perf_counter() - t0
-        after = _spec_counters(llm)
+        after = spec_counters(llm)
         result["tokens_per_second_batched"][name] = round(len(rows) * max_tokens / secs, 1)
         if name == "plain":
             result["greedy_outputs"] = [{"id": r["id"], "prompt_ids": list(p["prompt_token_ids"]),
@@ -179,7 +167,7 @@ def check(req: dict) -> dict:
             per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))]
             acc = after["accepted"] - before["accepted"]
             result["acceptance"][name] = {
-                "drafts": drafts, "draft_tokens": after["draft_tokens"] - before["draft_tokens"], "accepted": acc,
+                "drafts": drafts, "draft_tokens": after["drafted"] - before["drafted"], "accepted": acc,
                 "per_position": [round(x / drafts, 4) if drafts else None for x in per_pos],
                 "mean_accepted_length": round(1 + acc / drafts, 4) if drafts else None}
             print(f"RESULT {name}: acceptance per position {result['acceptance'][name]['per_position']}")

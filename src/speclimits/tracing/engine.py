@@ -201,14 +201,19 @@ def make_llm(kwargs: dict[str, Any]) -> Any:
     return llm, info
 
 
-def spec_counters(llm: Any) -> dict[str, int]:
-    """vLLM's cumulative spec-decode counters (drafted and accepted tokens)."""
-    out = {"drafted": 0, "accepted": 0}
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's cumulative spec-decode counters: ``drafted`` and ``accepted`` tokens, ``drafts``
+    (verification rounds with drafts) and ``per_pos`` (accepted tokens per draft position)."""
+    out: dict[str, Any] = {"drafted": 0, "accepted": 0, "drafts": 0, "per_pos": []}
     for metric in llm.get_metrics():
         if metric.name == "vllm:spec_decode_num_draft_tokens":
             out["drafted"] = int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens":
             out["accepted"] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_drafts":
+            out["drafts"] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["per_pos"] = [int(v) for v in metric.values]
     return out
 
 
