@@ -17,9 +17,11 @@ the 12 teacher-forced sequences, whose Oracle walks a held-out text instead. Aft
   ``generation_id`` / ``K`` / ``round`` / ``row`` null (no sweep generation produced them);
   ``context_len`` = prompt length + pos, as for every row;
 * every row: ``target_agrees`` (did the target's own greedy choice, given the reference prefix,
-  equal this token? from ``oracle.parquet``'s ``forced`` at state ``pos``; null for the last row,
-  which no state forces) and ``target_token_id`` (the target's own choice where known: the token
-  itself where the target agrees, the K = 0 generation's first token at row 0, else null).
+  equal this token? from ``oracle.parquet``'s ``forced`` at state ``pos``; on a greedy reference
+  also True at the last row, which no state forces, since the reference is the target's own
+  output; null there on a teacher-forced one) and ``target_token_id`` (the target's own choice
+  where known: the token itself where the target agrees, the K = 0 generation's first token at
+  row 0, else null).
 
 Checks before writing (the script stops on any failure): reference lengths equal the number of
 token rows; the greedy rows' text is what the tokenizer decodes; where ``accept_len >= 1`` the
@@ -79,9 +81,16 @@ def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: 
     keys = pd.MultiIndex.from_arrays([tokens["seq_id"].astype(str), tokens["pos"]])
     f = forced.reindex(keys)
     agrees = pd.array([pd.NA if pd.isna(x) else not bool(x) for x in f], dtype="boolean")
-    target = pd.array([t if a is True else pd.NA for t, a in zip(tokens["token_id"], agrees)], dtype="Int64")
+    target = pd.array([t if (not pd.isna(a) and bool(a)) else pd.NA for t, a in zip(tokens["token_id"], agrees)],
+                      dtype="Int64")
     row0 = (tokens["pos"] == 0).to_numpy()
     target[row0] = [first_greedy[s] for s in tokens["seq_id"].astype(str)[row0]]
+    # a greedy reference is the target's own output: its choice given that prefix is the token itself,
+    # also at the last row, which no Oracle state forces
+    greedy = (tokens["reference_kind"] == KIND_GREEDY).to_numpy()
+    last = greedy & np.asarray(pd.isna(agrees))
+    agrees[last] = True
+    target[last] = tokens["token_id"].to_numpy()[last]
     out = tokens.copy()
     out["target_agrees"] = agrees
     out["target_token_id"] = target
