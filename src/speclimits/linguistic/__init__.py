@@ -19,13 +19,14 @@ from speclimits.linguistic.labels import LabelAgreement, label_agreement, label_
 from speclimits.linguistic.routing import (
     Contrast, first_mismatch_contrast, planted_contrast, planted_new_experts, routing_table,
     script_change_contrast)
-from speclimits.linguistic.study import HEADLINE_KIND, KindStudy, all_contrasts, headline, study_by_kind
+from speclimits.linguistic.study import (
+    HEADLINE_KIND, KindStudy, all_contrasts, headline, paper_comparison, study_by_kind)
 from speclimits.vocabulary import BOUNDARY_LABELS, CONTEXTS, FINE_LABELS
 
 __all__ = [
     "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "HEADLINE_KIND", "K_LONG", "KindStudy", "LabelAgreement",
     "alignment_check", "all_contrasts", "decision_table", "headline", "require_convention", "state_tokens",
-    "study_by_kind", "token_row", "window_routing_check", "write_decisions", "first_mismatch_contrast", "k_by_context",
+    "paper_comparison", "study_by_kind", "token_row", "window_routing_check", "write_decisions", "first_mismatch_contrast", "k_by_context",
     "k_star_shares", "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement",
     "panel_data", "planted_contrast", "planted_new_experts", "routing_table", "script_change_contrast",
     "select_ablation_cases", "select_gallery",

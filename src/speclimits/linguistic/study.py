@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from speclimits import paper
 from speclimits.linguistic.contexts import decision_table, k_by_context
 from speclimits.linguistic.routing import Contrast, first_mismatch_contrast, routing_table, script_change_contrast
 from speclimits.oracle.solver import OracleResult
@@ -99,3 +100,43 @@ def study_by_kind(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarra
 def headline(studies: dict[str, KindStudy]) -> KindStudy:
     """The headline study: greedy references when there are any, else the first kind present."""
     return studies.get(HEADLINE_KIND) or next(iter(studies.values()))
+
+
+#: The appendix's headline quantities: (name, table, row, our estimate / lo / hi columns, paper key).
+_COMPARED = (
+    ("k* >= 4 at code formatting", "k", "code_format", ("share_long", "long_lo", "long_hi")),
+    ("k* >= 4 at prose vocabulary", "k", "prose_vocab", ("share_long", "long_lo", "long_hi")),
+    ("k* >= 4 at a script change", "k", "script_change", ("share_long", "long_lo", "long_hi")),
+    ("k* = 1 at a script change", "k", "script_change", ("share_k1", "k1_lo", "k1_hi")),
+    ("k* >= 4 at a mode change (code<->text)", "k", "mode_change", ("share_long", "long_lo", "long_hi")),
+    ("new experts: script change - step before", "r", "script_change", ("diff", "diff_lo", "diff_hi")),
+    ("new experts: first mismatch - step before", "r", "first_mismatch_reference", ("diff", "diff_lo", "diff_hi")),
+)
+
+
+def paper_comparison(study: KindStudy) -> pd.DataFrame:
+    """The appendix's linguistic headline beside ours, one row per quantity.
+
+    Columns: ``quantity``, ``ours``, ``lo``, ``hi`` (95% response-cluster interval), ``n_decisions``
+    (events for the routing rows), ``n_responses``, ``paper``, ``paper_lo``, ``paper_hi``, and
+    ``verdict``: ``consistent`` (the intervals overlap), ``differs`` (they do not), or ``no data``.
+    """
+    k = study.k_by_context.set_index("context")
+    r = study.routing.set_index("contrast")
+    rows = []
+    for name, table, key, (est, lo, hi) in _COMPARED:
+        tab = k if table == "k" else r
+        quoted = (paper.K_BY_CONTEXT.get(key, {}) if table == "k"
+                  else paper.ROUTING["script_change" if key == "script_change" else "first_mismatch"])
+        have = key in tab.index and np.isfinite(float(tab.loc[key].get(est, np.nan)))
+        ours = [float(tab.loc[key, c]) if have else np.nan for c in (est, lo, hi)]
+        theirs = [quoted.get(c, np.nan) for c in (est, lo, hi)]
+        n = (int(tab.loc[key, "n_decisions" if table == "k" else "n_events"]) if have else 0,
+             int(tab.loc[key, "n_responses"]) if have else 0)
+        p_lo, p_hi = (theirs[1], theirs[2]) if np.isfinite(theirs[1]) else (theirs[0], theirs[0])
+        verdict = ("no data" if not have else
+                   "consistent" if ours[1] <= p_hi and p_lo <= ours[2] else "differs")
+        rows.append({"quantity": name, "ours": ours[0], "lo": ours[1], "hi": ours[2], "n_decisions": n[0],
+                     "n_responses": n[1], "paper": theirs[0], "paper_lo": theirs[1], "paper_hi": theirs[2],
+                     "verdict": verdict})
+    return pd.DataFrame(rows)
