@@ -24,7 +24,8 @@ from speclimits.linguistic.study import (
 from speclimits.vocabulary import BOUNDARY_LABELS, CONTEXTS, FINE_LABELS
 
 __all__ = [
-    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "HEADLINE_KIND", "K_LONG", "KindStudy", "LabelAgreement",
+    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "HEADLINE_KIND", "K_LONG", "KindStudy",
+    "LabelAgreement",
     "alignment_check", "all_contrasts", "decision_table", "headline", "require_convention", "state_tokens",
     "paper_comparison", "study_by_kind", "token_row", "window_routing_check", "write_decisions", "first_mismatch_contrast", "k_by_context",
     "k_star_shares", "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement",

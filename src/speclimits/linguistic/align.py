@@ -134,7 +134,8 @@ def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataF
     ``token_new`` (row pos + 2) and ``abs_diff``.
     """
     if "u_bar_window" not in oracle.columns:
-        raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window", "required column is missing")])
+        raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window",
+                                                          "required column is missing")])
     o = oracle[oracle["accept_len"].to_numpy() >= 1]
     u = np.stack([np.asarray(v, dtype=float)[:2] for v in o["u_bar_window"]]) if len(o) else np.zeros((0, 2))
     states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))

@@ -1,9 +1,10 @@
 """Decision panels: the target's continuation above the draft's, with k*, the first mismatch and a_mode.
 
-A panel shows one decision (one Oracle state ``pos``): steps i = 1..K_max, the reference tokens
-that draft step i predicts (``tokens`` rows ``pos + i``, :func:`speclimits.linguistic.align.token_row`) on top and the draft's tokens below. Each
-step has a status: ``match`` (i <= a, the observed greedy match length), ``first mismatch``
-(i = a + 1) or ``after mismatch``; steps past k* are marked ``past_kstar``. The draft's own tokens
+A panel shows one decision (one Oracle state ``pos``): steps i = 1..K_max, the reference tokens that
+draft step i predicts (``tokens`` rows ``pos + i``, :func:`speclimits.linguistic.align.token_row`)
+on top and the draft's tokens below. Each step has a status: ``match`` (i <= a, the observed greedy
+match length), ``first mismatch`` (i = a + 1) or ``after mismatch``; steps past k* are marked
+``past_kstar``. The draft's own tokens
 come from an ``oracle.parquet`` list column ``draft_text`` (strings) or ``draft_tokens`` (ids, shown
 through the reference's id → text map, else as ``#id``) when the trace has one; otherwise the
 draft row shows the reference token where the draft matched, :data:`MISMATCH_GLYPH` at the first
