@@ -215,19 +215,20 @@ for name, st in studies.items():
 
 # %% [markdown]
 # On the bundled measured trace (the book's default: a 16-layer, 32-expert Qwen3-MoE target and its
-# EAGLE-3 head, trained on this machine) the code-formatting share and the flat first-mismatch
-# contrast land where the paper's do (the prose-vocabulary share is higher, its interval just
-# reaching the paper's), but the **script change** does not. On greedy references a Latin↔Cyrillic
-# switch is *not* a short-draft point: about as many of those decisions draft long as elsewhere, far
-# fewer stop at $k^\star = 1$ than the paper's 94%, and the new experts
-# at the switch are fewer, not more, than at the step before. A likely reason is the pair itself:
-# the target learned Russian from man pages that interleave Russian prose with C identifiers and
-# English, so switching script is routine for it, and the draft head was trained on the target's own
-# greedy continuations, so it anticipates the target's switches. On held-out Russian text (teacher-
-# forced) script changes are short-draft points again, as in the paper, but so is nearly everything
-# there, since the draft rarely predicts a text the target did not choose. The code↔text mode change
-# drafts shorter here than in the paper on both kinds. On a simulated trace the same tables test the
-# planted effects instead (script changes are planted as hard to draft and routing-heavy).
+# EAGLE-3 head, trained on this machine) the code-formatting share and both routing contrasts land
+# where the paper's do: more new experts at a Latin↔Cyrillic switch than at the step before, none to
+# speak of at the first mismatch (the prose-vocabulary share is higher, its interval just reaching
+# the paper's). The **script change** is where the pair differs. On greedy references a switch is
+# *not* a short-draft point: about as many of those decisions draft long as elsewhere, and far fewer
+# stop at $k^\star = 1$ than the paper's 94%, although the routing does jump there. A likely reason
+# is the pair itself: the target learned Russian from man pages that interleave Russian prose with C
+# identifiers and English, so switching script is routine for it, and the draft head was trained on
+# the target's own greedy continuations, so it anticipates the target's switches (few decisions in few
+# responses: the interval is wide). On held-out Russian text (teacher-forced) script changes are
+# short-draft points, as in the paper, but so is nearly everything there, since the draft rarely
+# predicts a text the target did not choose. The code↔text mode change drafts shorter here than in
+# the paper on both kinds. On a simulated trace the same tables test the planted effects instead
+# (script changes are planted as hard to draft and routing-heavy).
 
 # %% [markdown]
 # ## Decisions where the expert term sets the boundary ($\alpha = 0$)

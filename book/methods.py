@@ -127,21 +127,25 @@
 #   the first mismatch is row `pos + a + 1`. A sequence with $S$ states therefore has $S + 1$ token
 #   rows (`pos` $= 0..S$).
 # * **Routing** in `tokens.parquet` (`new_experts`, `experts`) is that of the target pass that
-#   *emitted* the row's token: the forward row whose input is row `pos − 1` (the harness's
-#   producing-row convention), against the pass that emitted row `pos − 1`. The Oracle's own
-#   windows measure the same quantity, which the package checks: where `accept_len` ≥ 1 at state
-#   `pos`, $\bar U$ over the window's first two rows minus $\bar U$ over its first is the
-#   `new_experts` of row `pos + 2`. It is missing (NaN) where the target did not emit the token,
-#   i.e. on a teacher-forced reference; the simulator draws it from the row's planted context.
+#   *reads* the row's token (the forward row whose input it is), against the pass that reads row
+#   `pos − 1`: the same rows whose experts make up a verification window's $\bar U$. The Oracle's
+#   own windows therefore check it: where `accept_len` ≥ 1 at state `pos`, the window's first two
+#   rows read rows `pos` and `pos + 1`, and $\bar U$ over them minus $\bar U$ over the first is the
+#   `new_experts` of row `pos + 1`. The harness stores the *producing* row (the pass that emitted
+#   the token, which reads the row before); `scripts/migrate_tokens_reference.py` moves a measured
+#   trace onto the reading rows, telling the two apart by that identity. Routing is missing (NaN)
+#   where no pass read the token: a generation's last token, and a teacher-forced reference, on
+#   which the target's per-token routing was not recorded. The simulator draws it from the row's own
+#   planted context.
 #
 # Every join goes through one function, `speclimits.linguistic.align.state_tokens` (used by the
 # decision table, the first-mismatch contrast and the panels). Two checks hold on the bundled
 # measured trace, and its tests assert them: where `accept_len` ≥ 1 the first draft token
 # (`oracle.parquet` `draft_tokens[0]`) equals token row `pos + 1` in **every** state, greedy and
 # teacher-forced (row `pos` would agree in about 5% of them), and the routing identity above holds
-# exactly. `speclimits linguistic TRACE --decisions FILE` writes the joined table (state, row
-# joined, the predicted token's id and text, its label, $k^\star$, reference kind) for a reader to
-# check.
+# exactly (one row off, it fails in most states). `speclimits linguistic TRACE --decisions FILE`
+# writes the joined table (state, row joined, the predicted token's id and text, its label,
+# $k^\star$, reference kind) for a reader to check.
 #
 # For a teacher-forced reference `tokens.parquet` holds the text the Oracle walks, with
 # `reference_kind`, and the target's own greedy choice given the reference prefix where known:

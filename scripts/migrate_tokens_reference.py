@@ -8,8 +8,13 @@ writes the same table. ``--check`` only reports whether the table on disk is wha
 Before the migration, tokens.parquet held for every sequence the K = 0 greedy generation, also for
 the 12 teacher-forced sequences, whose Oracle walks a held-out text instead. After it:
 
-* greedy references: unchanged rows (the K = 0 generation is the reference), plus
-  ``reference_kind = "greedy"``;
+* greedy references: the K = 0 generation's rows (it is the reference), plus
+  ``reference_kind = "greedy"``, with the routing (``new_experts``, ``experts``) moved from the
+  harness's producing rows onto the reading rows (row r gets the routing of the pass that reads
+  row r's token, which the harness stored at row r + 1; the last token is never read, so its
+  routing is missing). Which convention a table is in is read off the data, not assumed: the
+  Oracle's windows match ``new_experts`` at row ``pos + 1`` (reading rows) or ``pos + 2``
+  (producing rows) exactly, so a migrated table is left as it is;
 * teacher-forced references: ``token_id`` = the prompt's ``reference_token_ids``
   (``prompts.jsonl``), ``text`` decoded one token at a time by the project tokenizer (as the
   harness decodes), ``reference_kind = "teacher-forced"``; ``new_experts`` NaN and ``experts``
@@ -41,20 +46,53 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclimits.linguistic.align import alignment_check
+from speclimits.linguistic.align import alignment_check, window_routing_check
 from speclimits.models.tokenizer import load_tokenizer
+from speclimits.trace import read_meta, write_meta
 
 KIND_GREEDY, KIND_FORCED = "greedy", "teacher-forced"
+#: What meta.json's ``conventions`` says about the tokens after the migration.
+TOKENS_CONVENTION = ("tokens: row pos = the token the context ends with at Oracle state pos (state pos drafts row "
+                     "pos + 1 first); tokens.experts/new_experts = routing of the pass that reads the token (moved "
+                     "from the harness's producing rows by scripts/migrate_tokens_reference.py; missing on "
+                     "teacher-forced references and on each generation's last token)")
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def greedy_rows(tokens: pd.DataFrame, forced_ids: set[str]) -> pd.DataFrame:
-    """The rows of the greedy references as they are (a previous run's extra columns dropped)."""
+def routing_convention(tokens: pd.DataFrame, oracle: pd.DataFrame) -> str:
+    """``"reading"`` or ``"producing"``: the row offset at which the Oracle's windows match
+    ``new_experts`` exactly (see :func:`speclimits.linguistic.align.window_routing_check`)."""
+    found = []
+    for name, offset in (("reading", 1), ("producing", 2)):
+        chk = window_routing_check(oracle, tokens, row_offset=offset)
+        if len(chk) > 100 and chk["abs_diff"].max() < 1e-9:
+            found.append(name)
+    if len(found) != 1:
+        raise SystemExit(f"cannot tell the routing convention of tokens.parquet from the Oracle's windows ({found})")
+    return found[0]
+
+
+def to_reading_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Producing-row routing moved onto the reading rows: row r takes row r + 1's ``new_experts``
+    and ``experts`` within its sequence; each sequence's last row gets none."""
+    out = rows.sort_values(["seq_id", "pos"], kind="stable").copy()
+    nxt = out.groupby("seq_id", sort=False)
+    out["new_experts"] = nxt["new_experts"].shift(-1)
+    out["experts"] = nxt["experts"].shift(-1)
+    out["experts"] = [None if (not isinstance(v, np.ndarray) and pd.isna(v)) else v for v in out["experts"]]
+    return out.loc[rows.index]
+
+
+def greedy_rows(tokens: pd.DataFrame, forced_ids: set[str], convention: str) -> pd.DataFrame:
+    """The rows of the greedy references, routing on the reading rows (a previous run's extra
+    columns dropped)."""
     keep = [c for c in tokens.columns if c not in ("reference_kind", "target_agrees", "target_token_id")]
     out = tokens.loc[~tokens["seq_id"].astype(str).isin(forced_ids), keep].copy()
+    if convention == "producing":
+        out = to_reading_rows(out)
     out["reference_kind"] = KIND_GREEDY
     return out
 
@@ -108,6 +146,8 @@ def check(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: dict[str, in
     if wrong:
         bad.append(f"greedy rows whose text is not the tokenizer's decoding: {wrong[:5]}")
     align = alignment_check(oracle, tokens, kinds)
+    if routing_convention(tokens[tokens["reference_kind"] == KIND_GREEDY], oracle) != "reading":
+        bad.append("the routing is not on the reading rows")
     for r in align.itertuples():
         if r.share_row_pos_plus_1 != 1.0:
             bad.append(f"{r.reference_kind}: first draft token = token row pos + 1 in only "
@@ -130,12 +170,13 @@ def migrate(trace: Path, tokenizer: Path) -> pd.DataFrame:
 
     tokens = pd.read_parquet(trace / "tokens.parquet")
     oracle = pd.read_parquet(trace / "oracle.parquet", columns=["seq_id", "pos", "accept_len", "draft_tokens",
-                                                                 "forced"])
+                                                                 "forced", "u_bar_window"])
     prompts = {str(p["id"]): p for p in read_jsonl(trace / "prompts.jsonl")}
     forced_ids = {s for s, p in prompts.items() if "reference_token_ids" in p}
     gens = [g for g in read_jsonl(trace / "generations.jsonl") if int(g["K"]) == 0]
     first_greedy = {str(g["prompt_id"]): int(g["output_token_ids"][0]) for g in gens}
-    parts = [greedy_rows(tokens, forced_ids)]
+    convention = routing_convention(tokens[~tokens["seq_id"].astype(str).isin(forced_ids)], oracle)
+    parts = [greedy_rows(tokens, forced_ids, convention)]
     for s in sorted(forced_ids):
         parts.append(forced_rows(prompts[s], tokens[tokens["seq_id"].astype(str) == s], decode))
     out = pd.concat(parts, ignore_index=True)
@@ -172,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path.unlink()
     tmp.rename(path)
+    meta = read_meta(args.trace)
+    head = str(meta.get("conventions", "")).split("; tokens")[0]
+    meta["conventions"] = f"{head}; {TOKENS_CONVENTION}" if head else TOKENS_CONVENTION
+    write_meta(args.trace, meta)
     n_forced = int((new["reference_kind"] == KIND_FORCED).sum())
     print(f"wrote {path}: {len(new):,} rows, {n_forced:,} of them teacher-forced reference tokens "
           f"({new.loc[new['reference_kind'] == KIND_FORCED, 'seq_id'].nunique()} sequences)")

@@ -18,12 +18,16 @@ the first draft token (``oracle.parquet`` ``draft_tokens[0]``) must equal the id
 ``pos + 1`` in every greedy-reference state (and of teacher-forced ones, where the reference
 is the text the Oracle walks).
 
-Routing (``new_experts``) follows the harness's *producing-row* convention: row r's count is
-that of the target pass that emitted row r's token (the forward row whose input is row r − 1),
-against the pass that emitted row r − 1. The Oracle's windows measure the same thing: where
-``accept_len >= 1`` at state ``pos``, ``u_bar_window[1] − u_bar_window[0]`` equals row
-``pos + 2``'s ``new_experts`` (:func:`window_routing_check`). The simulator draws row r's count
-from row r's planted context.
+Routing (``new_experts``, ``experts``) of row r is that of the target pass that **reads** row r's
+token (the forward row whose input it is), against the pass that reads row r − 1: the same
+rows whose experts make up the verification window's ``Ū``. The Oracle's windows therefore check
+it: where ``accept_len >= 1`` at state ``pos`` the window's first two rows read rows ``pos`` and
+``pos + 1``, so ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s ``new_experts``
+(:func:`window_routing_check`). The harness records the *producing* row instead (the pass that
+emitted the token, which reads the row before); ``scripts/migrate_tokens_reference.py`` moves a
+measured trace's routing onto the reading rows (the last token of a generation is never read: its
+routing is missing). The simulator draws row r's count from row r's own planted context, the same
+reading-row meaning.
 """
 
 from __future__ import annotations
@@ -124,14 +128,19 @@ def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str,
     return pd.DataFrame(rows, columns=["reference_kind", "n_states", "share_row_pos_plus_1", "share_row_pos"])
 
 
-def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
-    """The Oracle's window routing against the tokens' ``new_experts`` (producing-row convention).
+#: The tokens row whose ``new_experts`` the window pair (rows pos, pos + 1) measures: the reading-row convention.
+ROUTING_ROW_OFFSET = 1
 
-    Where ``accept_len >= 1`` at state ``pos`` the window ``[row pos, d_1]`` is the reference
-    pair (row pos, row pos + 1) as inputs, so ``u_bar_window[1] − u_bar_window[0]`` is the new
-    experts of the pass with input row pos + 1, which emitted row pos + 2. Returns one row per
-    such state with a finite ``new_experts`` at that row: ``seq_id``, ``pos``, ``window_new``,
-    ``token_new`` (row pos + 2) and ``abs_diff``.
+
+def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset: int = ROUTING_ROW_OFFSET
+                         ) -> pd.DataFrame:
+    """The Oracle's window routing against the tokens' ``new_experts`` (reading-row convention).
+
+    Where ``accept_len >= 1`` at state ``pos`` the window's first two rows read the reference
+    pair (row pos, row pos + 1), so ``u_bar_window[1] − u_bar_window[0]`` is the new experts of
+    the pass that reads row pos + 1. Returns one row per such state with a finite ``new_experts``
+    at row ``pos + row_offset`` (1 under the convention; 2 finds the harness's producing-row
+    tables): ``seq_id``, ``pos``, ``window_new``, ``token_new`` and ``abs_diff``.
     """
     if "u_bar_window" not in oracle.columns:
         raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window",
@@ -139,7 +148,7 @@ def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataF
     o = oracle[oracle["accept_len"].to_numpy() >= 1]
     u = np.stack([np.asarray(v, dtype=float)[:2] for v in o["u_bar_window"]]) if len(o) else np.zeros((0, 2))
     states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))
-    tok = state_tokens(states, tokens, step=2, columns=["new_experts"])
+    tok = state_tokens(states, tokens, step=row_offset, columns=["new_experts"])
     ne = pd.to_numeric(tok["new_experts"], errors="coerce").to_numpy(dtype=float)
     keep = np.isfinite(ne)
     window_new = u[:, 1] - u[:, 0]

@@ -2,8 +2,8 @@
 
 "New experts" at a step = experts per MoE layer (averaged over layers) used at this position and
 not at the preceding one; ``tokens.parquet`` row r's ``new_experts`` is that of the target pass
-that emitted row r (the harness's producing-row convention, checked against the Oracle's windows by
-:func:`speclimits.linguistic.align.window_routing_check`). It is measured only where the target
+that reads row r's token (the reading-row convention of :mod:`speclimits.linguistic.align`, checked
+against the Oracle's windows by :func:`~speclimits.linguistic.align.window_routing_check`). It is measured only where the target
 was run on the tokens: on a teacher-forced reference the bundled trace has it missing (NaN), and
 the reference-token contrasts have no events there. Each comparison is aligned by continuation step: the event step
 against the step right before it in the same continuation, with a bootstrap over responses
