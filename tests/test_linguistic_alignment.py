@@ -115,3 +115,41 @@ def test_simulator_writes_one_token_row_more_than_states():
         at_change = q[ctx == "script_change"]
         assert at_change.size >= 10
         assert (at_change.mean() < 0.35) == low, step
+
+
+def test_study_keeps_the_reference_kinds_apart(measured):
+    tr, setup = measured["tr"], measured["setup"]
+    res = setup.solve(k_max=4)
+    lab = ling.label_trace_tokens(tr.tokens)
+    studies = ling.study_by_kind(res, lab, setup.kinds, n_boot=49, seed=0)
+    assert list(studies) == ["greedy", "teacher-forced"] and ling.headline(studies).kind == "greedy"
+    dec = ling.decision_table(res, lab, setup.kinds)
+    for kind, st in studies.items():
+        alone = ling.k_by_context(dec[dec["reference_kind"] == kind], n_boot=49, seed=0)
+        pd.testing.assert_frame_equal(st.k_by_context.reset_index(drop=True), alone.reset_index(drop=True),
+                                      check_dtype=False)
+        assert set(st.decisions["seq_id"]) == {s for s, k in measured["kinds"].items() if k == kind}
+    # routing on the teacher-forced references: no reference-token events (not recorded), said so;
+    # the window contrast (the Oracle's own windows) splits the pooled events exactly
+    forced = studies["teacher-forced"]
+    assert forced.routing.set_index("contrast").loc[["script_change", "first_mismatch_reference"], "n_events"].eq(0).all()
+    assert "not recorded" in forced.note and studies["greedy"].note == ""
+    pooled = ling.first_mismatch_contrast(res, source="window").n_events
+    assert sum(st.contrasts[2].n_events for st in studies.values()) == pooled
+
+
+def test_paper_comparison_verdicts_by_hand():
+    k = pd.DataFrame({"context": ["code_format", "script_change"], "n_decisions": [100, 20], "n_responses": [10, 5],
+                      "share_long": [0.70, 0.50], "long_lo": [0.60, 0.30], "long_hi": [0.80, 0.70],
+                      "share_k1": [0.1, 0.95], "k1_lo": [0.05, 0.90], "k1_hi": [0.15, 0.99]})
+    r = pd.DataFrame({"contrast": ["script_change", "first_mismatch_reference"], "n_events": [20, 0],
+                      "n_responses": [5, 0], "diff": [-0.5, np.nan], "diff_lo": [-0.8, np.nan],
+                      "diff_hi": [-0.2, np.nan]})
+    st = ling.KindStudy("greedy", pd.DataFrame({"seq_id": []}), k, k, (), r, "")
+    got = ling.paper_comparison(st).set_index("quantity")["verdict"]
+    assert got["k* >= 4 at code formatting"] == "consistent"        # [0.60, 0.80] meets the paper's [0.614, 0.818]
+    assert got["k* >= 4 at a script change"] == "differs"           # [0.30, 0.70] vs [0.010, 0.100]
+    assert got["k* = 1 at a script change"] == "consistent"         # [0.90, 0.99] vs [0.867, 0.990]
+    assert got["k* >= 4 at prose vocabulary"] == "no data"
+    assert got["new experts: script change - step before"] == "differs"  # [-0.8, -0.2] vs [0.26, 0.66]
+    assert got["new experts: first mismatch - step before"] == "no data"
