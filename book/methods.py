@@ -127,10 +127,43 @@
 # teacher-forced (the target may disagree with it at any position). The two are different
 # processes and are reported apart.
 #
-# `oracle.parquet` holds one row per state; `tokens.parquet` one row per reference token, for the
-# routing and linguistic studies. Every join between the two goes through one function,
-# `speclimits.linguistic.decision_table`, and follows one rule: the token a state's **first draft
-# predicts** is the one its decision is labelled with.
+# `oracle.parquet` holds one row per state; `tokens.parquet` one row per token, for the routing
+# and linguistic studies. The convention, the same in the vLLM harness and in the simulator:
+#
+# * **State `pos`** (0-based) is the moment before a round: the context ends with token row `pos`
+#   of `tokens.parquet`, and the round verifies the window `[row pos, d_1, …, d_k]`. In the harness
+#   the prefill always emits the first token, so state `pos` has $y_1..y_{pos+1}$ emitted, row `pos`
+#   holds $y_{pos+1}$ and `context_len` $= P + pos$ (the KV length of the verification pass). The
+#   simulator writes, as row 0, the token its simulated prefill emitted before state 0.
+# * **Draft step $i$** of state `pos` predicts **row `pos + i`**; the state's decision ($k^\star$)
+#   is labelled with row `pos + 1`, the token its first draft predicts; after $a$ matched drafts
+#   the first mismatch is row `pos + a + 1`. A sequence with $S$ states therefore has $S + 1$ token
+#   rows (`pos` $= 0..S$).
+# * **Routing** in `tokens.parquet` (`new_experts`, `experts`) is that of the target pass that
+#   *reads* the row's token (the forward row whose input it is), against the pass that reads row
+#   `pos − 1`: the same rows whose experts make up a verification window's $\bar U$. The Oracle's
+#   own windows therefore check it: where `accept_len` ≥ 1 at state `pos`, the window's first two
+#   rows read rows `pos` and `pos + 1`, and $\bar U$ over them minus $\bar U$ over the first is the
+#   `new_experts` of row `pos + 1`. The harness stores the *producing* row (the pass that emitted
+#   the token, which reads the row before); `scripts/migrate_tokens_reference.py` moves a measured
+#   trace onto the reading rows, telling the two apart by that identity. Routing is missing (NaN)
+#   where no pass read the token: a generation's last token, and a teacher-forced reference, on
+#   which the target's per-token routing was not recorded. The simulator draws it from the row's own
+#   planted context.
+#
+# Every join goes through one function, `speclimits.linguistic.align.state_tokens` (used by the
+# decision table, the first-mismatch contrast and the panels). Two checks hold on the bundled
+# measured trace, and its tests assert them: where `accept_len` ≥ 1 the first draft token
+# (`oracle.parquet` `draft_tokens[0]`) equals token row `pos + 1` in **every** state, greedy and
+# teacher-forced (row `pos` would agree in about 5% of them), and the routing identity above holds
+# exactly (one row off, it fails in most states). `speclimits linguistic TRACE --decisions FILE`
+# writes the joined table (state, row joined, the predicted token's id and text, its label,
+# $k^\star$, reference kind) for a reader to check.
+#
+# For a teacher-forced reference `tokens.parquet` holds the text the Oracle walks, with
+# `reference_kind`, and the target's own greedy choice given the reference prefix where known:
+# `target_agrees` (from `oracle.parquet`'s `forced`) and `target_token_id`. On a greedy reference
+# the target's choice is the token itself.
 #
 # (methods-bootstrap)=
 # ## Intervals

@@ -90,26 +90,62 @@ def test_modal_advancement_against_enumeration():
 
 
 def test_decisions_take_the_label_of_the_token_the_first_draft_step_targets():
-    # one sequence of 12 tokens; the draft cannot match reference token 5 (0-based), so the state
-    # whose FIRST step targets it is state n = 5, which must get k* = 1 and token 5's label
+    # one sequence of 12 states and 13 token rows (row 0 = the token the context ends with at state 0);
+    # the draft cannot match token row 6, so the state whose FIRST step targets it is state pos = 5
+    # (rows pos + 1), which must get k* = 1 and row 6's label
     n = 12
-    q_token = np.full(n, 0.95)
-    q_token[5] = 0.01
-    idx = np.arange(n)[:, None] + np.arange(1, 7)[None, :]  # y_{n+i}: 0-based token n+i-1
-    mp = np.where(idx <= n, q_token[np.clip(idx - 1, 0, n - 1)], 0.0)
+    q_row = np.full(n + 1, 0.95)
+    q_row[6] = 0.01
+    row = np.arange(n)[:, None] + np.arange(1, 7)[None, :]  # draft step i of state pos predicts row pos + i
+    mp = np.where(row <= n, q_row[np.clip(row, 0, n)], 0.0)
     u = np.tile(8.0 + 2.0 * np.arange(7), (n, 1))
     inp = OracleInputs.from_arrays([n], mp, u, seq_ids=["s"])
     res = solve(inp, preset("smoke").truth(), k_max=6)
-    texts = [" the", " model"] * 6
-    texts[5] = " модель"
-    tok = pd.DataFrame({"seq_id": "s", "pos": np.arange(n), "text": texts, "new_experts": 2.0})
+    texts = [" the", " model"] * 6 + [" the"]
+    texts[6] = " модель"
+    tok = pd.DataFrame({"seq_id": "s", "pos": np.arange(n + 1), "text": texts, "new_experts": 2.0})
     dec = ling.decision_table(res, ling.label_trace_tokens(tok))
-    row = dec.set_index("pos").loc[5]
-    assert row["label"] == "script_change" and row["text"] == " модель"
-    assert row["k_star"] == 1 and row["match_prob_1"] == pytest.approx(0.01)
-    assert dec.set_index("pos").loc[4, "label"] != "script_change"
-    assert dec.set_index("pos").loc[4, "match_prob_1"] == pytest.approx(0.95)
+    at = dec.set_index("pos")
+    assert at.loc[5, "label"] == "script_change" and at.loc[5, "text"] == " модель"
+    assert at.loc[5, "token_pos"] == 6
+    assert at.loc[5, "k_star"] == 1 and at.loc[5, "match_prob_1"] == pytest.approx(0.01)
+    assert at.loc[4, "label"] != "script_change"
+    assert at.loc[4, "match_prob_1"] == pytest.approx(0.95)
     assert dec.attrs["n_unmatched"] == 0
+    # the old simulator convention (as many token rows as states) is refused, not joined one token off
+    with pytest.raises(SpeclimitsError, match="one more"):
+        ling.decision_table(res, ling.label_trace_tokens(tok.iloc[:n]))
+
+
+def test_decision_table_against_a_hand_join(tmp_path):
+    # two sequences (3 and 2 states), token ids chosen so that every row is distinct
+    inp = OracleInputs.from_arrays([3, 2], np.full((5, 2), 0.5), np.tile([4.0, 5.0, 6.0], (5, 1)),
+                                   seq_ids=["a", "b"])
+    res = solve(inp, preset("smoke").truth(), k_max=2)
+    tok = pd.DataFrame({"seq_id": ["a"] * 4 + ["b"] * 3, "pos": [0, 1, 2, 3, 0, 1, 2],
+                        "token_id": [10, 11, 12, 13, 20, 21, 22],
+                        "text": [" zero", " one", " two", " three", " nul", " eins", " zwei"], "new_experts": 1.0})
+    dec = ling.decision_table(res, ling.label_trace_tokens(tok), kinds=np.array(["greedy", "teacher-forced"]))
+    # by hand: state (a, 0) -> row (a, 1) = 11, (a, 1) -> 12, (a, 2) -> 13, (b, 0) -> 21, (b, 1) -> 22
+    assert list(zip(dec["seq_id"], dec["pos"], dec["token_id"])) == [
+        ("a", 0, 11), ("a", 1, 12), ("a", 2, 13), ("b", 0, 21), ("b", 1, 22)]
+    assert dec["text"].tolist() == [" one", " two", " three", " eins", " zwei"]
+    assert dec["reference_kind"].tolist() == ["greedy"] * 3 + ["teacher-forced"] * 2
+    assert (dec["token_pos"] == dec["pos"] + 1).all()
+    csv = pd.read_csv(ling.write_decisions(dec, tmp_path / "d.csv"))
+    pq = pd.read_parquet(ling.write_decisions(dec, tmp_path / "d.parquet"))
+    for back in (csv, pq):
+        assert back["token_id"].tolist() == [11, 12, 13, 21, 22]
+        assert back["k_star"].tolist() == dec["k_star"].tolist()
+        assert {"seq_id", "pos", "token_id", "text", "label", "k_star", "reference_kind"} <= set(back.columns)
+    with pytest.raises(SpeclimitsError, match="suffix"):
+        ling.write_decisions(dec, tmp_path / "d.txt")
+    with pytest.raises(SpeclimitsError, match="2 sequences"):
+        ling.decision_table(res, ling.label_trace_tokens(tok), kinds=np.array(["greedy"]))
+    # the one join: any step, any state; step 0 is the window's opening token
+    got = ling.state_tokens(pd.DataFrame({"seq_id": ["a", "b", "b"], "pos": [0, 1, 1]}), tok, step=[0, 1, 2],
+                            columns=["token_id"])
+    assert got["token_id"].tolist()[:2] == [10, 22] and not got["has_token"].iloc[2]
 
 
 def test_decision_table_needs_labels(sim):
@@ -180,12 +216,17 @@ def test_planted_new_experts_matches_the_simulated_means(reference):
 def test_first_mismatch_reference_contrast_recovers_the_planted_difference(sim):
     c = ling.first_mismatch_contrast(sim["res"], sim["lab"], source="reference")
     inp = sim["res"].inputs
-    assert c.n_events == int(((inp.accept_len < inp.k_list) & (inp.accept_len < inp.remaining)
-                              & (inp.pos + inp.accept_len >= 1)).sum())
+    # every state with a mismatch inside the sequence is an event: the missed row pos + a + 1 and the row
+    # before it, pos + a >= 0, are both in the tokens table (row 0 = the token before the reference)
+    assert c.n_events == int(((inp.accept_len < inp.k_list) & (inp.accept_len < inp.remaining)).sum())
     s = c.summary(n_boot=1999, seed=0)
     truth = ling.planted_contrast(c, sim["meta"])
     assert s["diff_lo"] <= truth <= s["diff_hi"]
-    assert (c.events["token_pos"] == c.events["pos"] + c.events["step"] - 1).all()
+    assert (c.events["token_pos"] == c.events["pos"] + c.events["step"]).all()
+    ne = sim["lab"].set_index(["seq_id", "pos"])["new_experts"]
+    ev = c.events.iloc[:50]
+    np.testing.assert_array_equal(ev["at"], ne.loc[list(zip(ev["seq_id"], ev["pos"] + ev["step"]))].to_numpy())
+    np.testing.assert_array_equal(ev["before"], ne.loc[list(zip(ev["seq_id"], ev["pos"] + ev["step"] - 1))].to_numpy())
 
 
 @pytest.mark.parametrize("shift", [0.0, -0.1])
@@ -264,7 +305,7 @@ def test_panel_data_rows_statuses_and_draft_tokens(sim):
     assert len(tgt) == res.k_max
     tok = lab.set_index(["seq_id", "pos"])["text"]
     for i in range(1, res.k_max + 1):
-        assert tgt.loc[i, "raw_text"] == tok.loc[(s, n + i - 1)]
+        assert tgt.loc[i, "raw_text"] == tok.loc[(s, n + i)]  # draft step i of state n predicts row n + i
     assert tgt["status"].tolist()[:4] == ["match", "match", "first mismatch", "after mismatch"]
     assert dr.loc[1, "raw_text"] == tgt.loc[1, "raw_text"]
     assert dr.loc[3, "raw_text"] == gallery.MISMATCH_GLYPH and dr.loc[4, "raw_text"] == gallery.UNKNOWN_GLYPH

@@ -29,9 +29,21 @@ def test_cli_json_and_text(smoke_trace, tmp_path, capsys):
     assert [r["contrast"] for r in out["routing"]] == ["script_change", "first_mismatch_reference",
                                                        "first_mismatch_window"]
     assert 0.8 < out["label_agreement"]["accuracy"] <= 1
-    assert main(["linguistic", str(smoke_trace), "--cost-model", str(cm), "--n-boot", "20"]) == 0
+    # a simulated trace has greedy references only: the headline is the one kind, shown once more apart
+    assert out["headline_reference_kind"] == "greedy" and list(out["by_reference_kind"]) == ["greedy"]
+    assert out["by_reference_kind"]["greedy"]["k_by_context"] == out["k_by_context"]
+    dec_file = tmp_path / "decisions.csv"
+    assert main(["linguistic", str(smoke_trace), "--cost-model", str(cm), "--n-boot", "20",
+                 "--decisions", str(dec_file)]) == 0
     text = capsys.readouterr().out
-    assert "SIMULATED" in text and "k* by context" in text and "script_change" in text
+    assert "SIMULATED" in text and "k* by context" in text and "script_change" in text and str(dec_file) in text
+    dec = pd.read_csv(dec_file)
+    assert len(dec) == len(tr.oracle) and (dec["token_pos"] == dec["pos"] + 1).all()
+    tok = tr.tokens.assign(seq_id=tr.tokens["seq_id"].astype(str)).set_index(["seq_id", "pos"])
+    keys = list(zip(dec["seq_id"].astype(str), dec["pos"] + 1))
+    assert (tok.loc[keys, "token_id"].to_numpy() == dec["token_id"].to_numpy()).all()
+    assert main(["linguistic", str(smoke_trace), "--n-boot", "5", "--decisions", str(tmp_path / "d.xlsx")]) == 2
+    assert "suffix" in capsys.readouterr().err
 
 
 def test_cli_errors_name_the_missing_table(smoke_trace, tmp_path, capsys):

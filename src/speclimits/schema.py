@@ -24,13 +24,15 @@ SOURCES = ("vllm", "simulator")
 class Column:
     """One column of a table.
 
-    ``kind`` is one of ``int``, ``float``, ``str``, ``list_float``, ``list_int``.
+    ``kind`` is one of ``int``, ``float``, ``str``, ``list_float``, ``list_int``. A ``float``
+    column with ``missing_ok`` may hold NaN (a value not measured), never an infinity.
     """
 
     name: str
     kind: str
     description: str
     required: bool = True
+    missing_ok: bool = False
 
 
 ROUNDS_COLUMNS: tuple[Column, ...] = (
@@ -69,7 +71,9 @@ TOKENS_COLUMNS: tuple[Column, ...] = (
     Column("pos", "int", "position in the reference sequence"),
     Column("token_id", "int", "token id"),
     Column("text", "str", "decoded token text"),
-    Column("new_experts", "float", "experts per layer used here but not at the previous position"),
+    Column("new_experts", "float", "experts per layer used here but not at the previous position (NaN where the "
+                                   "target's routing on the token was not recorded, e.g. a teacher-forced reference)",
+           missing_ok=True),
 )
 
 TABLES: dict[str, tuple[Column, ...]] = {

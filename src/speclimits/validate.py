@@ -60,7 +60,10 @@ def _check_columns(c: _Collector, file: str, df: pd.DataFrame, columns: tuple[Co
                 c.file(file, f"must hold numbers, found dtype {s.dtype}", col.name)
                 continue
             vals = s.to_numpy(dtype=float)
-            if c.rows(file, col.name, ~np.isfinite(vals), "must not be NaN or infinite"):
+            if col.missing_ok:
+                if c.rows(file, col.name, np.isinf(vals), "must not be infinite"):
+                    continue
+            elif c.rows(file, col.name, ~np.isfinite(vals), "must not be NaN or infinite"):
                 continue
         elif kind == "str":
             if not (pd.api.types.is_string_dtype(s.dtype) or pd.api.types.is_object_dtype(s.dtype)

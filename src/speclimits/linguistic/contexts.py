@@ -1,13 +1,15 @@
 """The Oracle's k* by linguistic context (appendix: "K by context"; the book's methods page).
 
-One **decision** is one Oracle state n of one response: the Oracle chooses k*(n) there, and
-the decision is labelled with the context of the continuation token the draft's first step
-targets. In ``oracle.parquet`` terms, state ``pos = n`` drafts ``y_{n+1}``, which is row
-``pos = n`` of ``tokens.parquet`` (0-based token positions; see ``_window_data`` in
-:mod:`speclimits.simulate`, where step i of state n targets token index ``n + i - 1``).
+One **decision** is one Oracle state of one response: the Oracle chooses k* there, and the
+decision is labelled with the context of the token the draft's first step predicts: row
+``pos + 1`` of ``tokens.parquet`` for state ``pos`` (the one join,
+:func:`speclimits.linguistic.align.state_tokens`; the methods page, "Reference kinds and
+positions").
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +17,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.bootstrap import cluster_sums, ratio_bootstrap
 from speclimits.errors import SpeclimitsError
+from speclimits.linguistic.align import require_convention, state_tokens
 from speclimits.vocabulary import CONTEXTS, FINE_LABELS
 from speclimits.oracle.solver import OracleResult
 
@@ -51,38 +54,77 @@ def modal_advancement(survival: np.ndarray, k: np.ndarray, remaining: np.ndarray
     return np.argmax(p, axis=1)
 
 
-def decision_table(result: OracleResult, labelled: pd.DataFrame) -> pd.DataFrame:
-    """One row per Oracle state with its k* and the labels of its continuation token.
+#: Token columns a decision carries when the tokens table has them.
+DECISION_TOKEN_COLUMNS = ("token_id", "text", "label", "label_mode", "label_fine", "label_script", "context", "script",
+                          "new_experts", "target_token_id", "target_agrees")
+
+
+def decision_table(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarray | None = None) -> pd.DataFrame:
+    """One row per Oracle state with its k* and the labels of the token its first draft predicts.
 
     Parameters
     ----------
     result : the solved Oracle.
     labelled : :func:`~speclimits.linguistic.labels.label_trace_tokens` output (``seq_id``, ``pos``,
-        ``text``, ``label``, ``label_mode``, ``label_fine``, ``label_script``; planted ``context``
-        / ``script`` and ``new_experts`` are carried when present).
+        ``text``, ``label``, ``label_mode``, ``label_fine``, ``label_script``; ``token_id``,
+        planted ``context`` / ``script``, ``new_experts``, ``target_token_id`` and
+        ``target_agrees`` are carried when present).
+    kinds : (S,) reference kind of each sequence of ``result.inputs.seq_ids``
+        (:attr:`~speclimits.oracle.OracleSetup.kinds`); None: ``reference_kind`` is ``"greedy"``.
 
+    State ``pos`` is joined to token row ``pos + 1`` (:func:`~speclimits.linguistic.align.state_tokens`).
     Returns the states that have a token row (the others are counted in ``attrs["n_unmatched"]``):
-    ``seq_id``, ``pos``, ``remaining``, ``k_star``, ``accept_len``, ``match_prob_1`` (the draft's
-    first-step match probability), ``a_mode`` (under k*), ``expected_accept``, the token columns,
-    and ``category`` when known.
+    ``seq_id``, ``pos``, ``token_pos`` (= pos + 1), ``reference_kind``, ``remaining``, ``k_star``,
+    ``accept_len``, ``match_prob_1`` (the draft's first-step match probability), ``a_mode`` (under
+    k*), ``expected_accept``, the token columns, and ``category`` when known.
     """
+    if "label" not in labelled.columns:
+        raise SpeclimitsError("decision_table needs labelled tokens: call label_trace_tokens(tr.tokens) first")
     frame = result.to_frame()
     frame["seq_id"] = frame["seq_id"].astype(str)
     inp = result.inputs
+    require_convention(frame, labelled)
+    if kinds is not None and len(kinds) != len(inp.seq_ids):
+        raise SpeclimitsError(f"decision_table: {len(kinds)} reference kinds for {len(inp.seq_ids)} sequences")
+    kind_of = dict(zip(inp.seq_ids.astype(str), kinds)) if kinds is not None else {}
+    frame["reference_kind"] = np.array([str(kind_of.get(x, "greedy")) for x in frame["seq_id"]], dtype=object)
     frame["match_prob_1"] = inp.match_prob[:, 0]
     frame["a_mode"] = modal_advancement(result.survival, result.k_star, inp.remaining)
-    keep = [c for c in ("seq_id", "pos", "text", "label", "label_mode", "label_fine", "label_script", "context",
-                        "script", "new_experts") if c in labelled.columns]
-    if "label" not in keep:
-        raise SpeclimitsError("decision_table needs labelled tokens: call label_trace_tokens(tr.tokens) first")
-    tok = labelled[keep].copy()
-    tok["seq_id"] = tok["seq_id"].astype(str)
-    out = frame.merge(tok, on=["seq_id", "pos"], how="left", validate="one_to_one", indicator=True)
-    matched = (out["_merge"] == "both").to_numpy()
-    out = out[matched].drop(columns="_merge").reset_index(drop=True)
+    keep = [c for c in DECISION_TOKEN_COLUMNS if c in labelled.columns]
+    tok = state_tokens(frame, labelled, step=1, columns=keep)
+    out = pd.concat([frame, tok], axis=1)
+    matched = out.pop("has_token").to_numpy(dtype=bool)
+    out = out[matched].reset_index(drop=True)
+    if "label" in out.columns and isinstance(labelled["label"].dtype, pd.CategoricalDtype):
+        out["label"] = pd.Categorical(out["label"], categories=labelled["label"].cat.categories)
     out.attrs["n_unmatched"] = int((~matched).sum())
     out.attrs["k_max"] = result.k_max
     return out
+
+
+def write_decisions(decisions: pd.DataFrame, path: str | Path) -> Path:
+    """Write the per-decision table for a reader to check the join, as CSV or Parquet by suffix.
+
+    Columns: ``seq_id``, ``pos``, ``reference_kind``, ``token_pos`` (the tokens row joined: pos + 1),
+    ``token_id`` and ``text`` of the predicted token, ``label`` (and the fine label), ``k_star``,
+    ``accept_len``, ``match_prob_1``, and ``target_token_id`` / ``target_agrees`` when the trace
+    has them. ``.csv`` or ``.parquet`` / ``.pq``; any other suffix raises.
+    """
+    path = Path(path)
+    cols = [c for c in ("seq_id", "pos", "reference_kind", "token_pos", "token_id", "text", "label", "label_fine",
+                        "k_star", "accept_len", "match_prob_1", "target_token_id", "target_agrees")
+            if c in decisions.columns]
+    table = decisions[cols].copy()
+    if "label" in table.columns:
+        table["label"] = table["label"].astype(str)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        table.to_csv(path, index=False)
+    elif suffix in (".parquet", ".pq"):
+        table.to_parquet(path, index=False)
+    else:
+        raise SpeclimitsError(f"--decisions {path}: the suffix must be .csv or .parquet, got {path.suffix!r}")
+    return path
 
 
 def k_by_context(decisions: pd.DataFrame, by: str = "label", k_long: int = K_LONG, n_boot: int = 999,

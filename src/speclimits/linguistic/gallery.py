@@ -1,9 +1,10 @@
 """Decision panels: the target's continuation above the draft's, with k*, the first mismatch and a_mode.
 
-A panel shows one decision (one Oracle state n): steps i = 1..K_max, the target's reference
-tokens ``y_{n+i}`` (``tokens`` rows ``pos = n + i - 1``) on top and the draft's tokens below. Each
-step has a status: ``match`` (i <= a, the observed greedy match length), ``first mismatch``
-(i = a + 1) or ``after mismatch``; steps past k* are marked ``past_kstar``. The draft's own tokens
+A panel shows one decision (one Oracle state ``pos``): steps i = 1..K_max, the reference tokens that
+draft step i predicts (``tokens`` rows ``pos + i``, :func:`speclimits.linguistic.align.token_row`)
+on top and the draft's tokens below. Each step has a status: ``match`` (i <= a, the observed greedy
+match length), ``first mismatch`` (i = a + 1) or ``after mismatch``; steps past k* are marked
+``past_kstar``. The draft's own tokens
 come from an ``oracle.parquet`` list column ``draft_text`` (strings) or ``draft_tokens`` (ids, shown
 through the reference's id → text map, else as ``#id``) when the trace has one; otherwise the
 draft row shows the reference token where the draft matched, :data:`MISMATCH_GLYPH` at the first
@@ -21,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
+from speclimits.linguistic.align import token_row
 from speclimits.linguistic.contexts import K_LONG, modal_advancement
 from speclimits.vocabulary import BOUNDARY_LABELS
 from speclimits.oracle.solver import OracleResult
@@ -200,7 +202,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
     Columns: ``panel`` (title, unique), ``order``, ``group``, ``row`` (``target`` / ``draft``),
     ``step``, ``text``, ``status``, ``past_kstar``, ``match_prob`` (q at the step), ``p_reach``
     (P(a >= step)), ``k_star``, ``a_mode``, ``accept_len``, ``k_star_alpha0`` (NaN unless given),
-    ``label`` (context of the first continuation token), ``draft_source``.
+    ``label`` (context of the token the first draft predicts, row ``pos + 1``), ``draft_source``.
     """
     inp = result.inputs
     n_steps = result.k_max if n_steps is None else int(n_steps)
@@ -229,7 +231,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
         draft = None if drafts is None else drafts.get((s, p))
         for i in range(1, steps + 1):
             status = "match" if i <= a else "first mismatch" if i == a + 1 else "after mismatch"
-            target_text = text_of.get((s, p + i - 1), "")
+            target_text = text_of.get((s, token_row(p, i)), "")
             if draft is not None and i - 1 < len(draft):
                 draft_text, source = draft[i - 1], "trace"
             else:
@@ -239,7 +241,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
                       "step": i, "status": status, "past_kstar": i > k, "match_prob": float(inp.match_prob[r, i - 1]),
                       "p_reach": float(result.survival[r, i - 1]) if i <= result.k_max else np.nan, "k_star": k,
                       "a_mode": int(a_mode[r]), "accept_len": a, "k_star_alpha0": k0,
-                      "label": label_of.get((s, p), ""), "draft_source": source}
+                      "label": label_of.get((s, token_row(p, 1)), ""), "draft_source": source}
             records.append({**common, "row": "target", "text": show_token(target_text), "raw_text": target_text})
             records.append({**common, "row": "draft", "text": show_token(draft_text), "raw_text": draft_text})
     return pd.DataFrame(records)

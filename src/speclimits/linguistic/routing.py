@@ -1,7 +1,11 @@
 """New experts at linguistic events: Latin↔Cyrillic script changes and the draft's first mismatch.
 
 "New experts" at a step = experts per MoE layer (averaged over layers) used at this position and
-not at the preceding one. Each comparison is aligned by continuation step: the event step
+not at the preceding one; ``tokens.parquet`` row r's ``new_experts`` is that of the target pass
+that reads row r's token (the reading-row convention of :mod:`speclimits.linguistic.align`, checked
+against the Oracle's windows by :func:`~speclimits.linguistic.align.window_routing_check`). It is measured only where the target
+was run on the tokens: on a teacher-forced reference the bundled trace has it missing (NaN), and
+the reference-token contrasts have no events there. Each comparison is aligned by continuation step: the event step
 against the step right before it in the same continuation, with a bootstrap over responses
 (clusters) for the interval of the difference (appendix; paper: script change 2.66 → 3.12,
 +0.46 [+0.26; +0.66]; first mismatch 3.30 → 3.31, +0.01 [−0.05; +0.07]).
@@ -14,8 +18,9 @@ Three contrasts are built here:
     against the token right before, from ``tokens.parquet``'s ``new_experts``. Each token is one
     event (a token that many decisions share is counted once).
 ``first_mismatch_reference`` (:func:`first_mismatch_contrast`, ``source="reference"``)
-    Per decision n with observed greedy match length a < K_max: the reference token the draft
-    missed (``tokens`` row ``pos = n + a``) against the token before it, from ``new_experts``
+    Per decision (state ``pos``) with observed greedy match length a < K_max: the reference token the
+    draft missed (``tokens`` row ``pos + a + 1``, :func:`~speclimits.linguistic.align.token_row`)
+    against the token before it, from ``new_experts``
     of the reference. This asks whether the target's own routing jumps where the draft fails.
 ``first_mismatch_window`` (``source="window"``)
     Per decision with 1 <= a < K_max: the target's routing on the draft chain, from
@@ -39,6 +44,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.linguistic.align import state_tokens
 from speclimits.simulate import config_from_meta, expected_new_experts
 from speclimits.oracle.inputs import OracleInputs
 from speclimits.oracle.solver import OracleResult
@@ -72,6 +78,14 @@ class Contrast:
     @property
     def n_responses(self) -> int:
         return int(self.events["seq_id"].nunique())
+
+    def subset(self, seq_ids: "list[str] | set[str] | np.ndarray") -> "Contrast":
+        """The same contrast restricted to the events (and controls) of the given sequences."""
+        keep = {str(x) for x in seq_ids}
+        ev = self.events[self.events["seq_id"].astype(str).isin(keep)].reset_index(drop=True)
+        ctrl = None if self.controls is None else self.controls[
+            self.controls["seq_id"].astype(str).isin(keep)].reset_index(drop=True)
+        return Contrast(self.name, ev, ctrl, self.note)
 
     def replicates(self, n_boot: int = 999, seed: int = 0) -> dict[str, np.ndarray]:
         """Bootstrap replicates (responses resampled with replacement) of ``before``, ``at``,
@@ -212,23 +226,22 @@ def first_mismatch_contrast(result: OracleResult | OracleInputs, tokens: pd.Data
         if tokens is None:
             raise SpeclimitsError("first_mismatch_contrast(source='reference') needs the tokens table")
         _require(tokens, ("seq_id", "pos", "new_experts"), "tokens.parquet", "routing at the first mismatch")
-        tok = _sorted_tokens(tokens).set_index(["seq_id", "pos"])
-        target = inp.pos + a  # 0-based reference token the draft missed
-        ok = (a < k_max) & (a < inp.remaining) & (target >= 1)
-        keys_at = pd.MultiIndex.from_arrays([seq[ok], target[ok]])
-        keys_before = pd.MultiIndex.from_arrays([seq[ok], target[ok] - 1])
-        ne = tok["new_experts"]
-        at = ne.reindex(keys_at).to_numpy(dtype=float)
-        before = ne.reindex(keys_before).to_numpy(dtype=float)
+        tok = _sorted_tokens(tokens)
+        ok = (a < k_max) & (a < inp.remaining)
+        states = pd.DataFrame({"seq_id": seq[ok], "pos": inp.pos[ok]})
+        cols = ["new_experts"] + (["context"] if "context" in tok.columns else [])
+        at_tok = state_tokens(states, tok, step=a[ok] + 1, columns=cols)  # the row the draft missed
+        before_tok = state_tokens(states, tok, step=a[ok], columns=cols)  # the row before it
+        at = at_tok["new_experts"].to_numpy(dtype=float)
+        before = before_tok["new_experts"].to_numpy(dtype=float)
         have = np.isfinite(at) & np.isfinite(before)
         rows = np.flatnonzero(ok)[have]
         events = pd.DataFrame({"seq_id": seq[rows], "pos": inp.pos[rows], "step": a[rows] + 1,
                                "before": before[have], "at": at[have], "diff": at[have] - before[have],
-                               "token_pos": target[rows]})
+                               "token_pos": at_tok["token_pos"].to_numpy()[have]})
         if "context" in tok.columns:
-            ctx = tok["context"].astype(str)
-            events["context_before"] = ctx.reindex(keys_before).to_numpy()[have]
-            events["context_at"] = ctx.reindex(keys_at).to_numpy()[have]
+            events["context_before"] = before_tok["context"].astype(str).to_numpy()[have]
+            events["context_at"] = at_tok["context"].astype(str).to_numpy()[have]
         return Contrast("first_mismatch_reference", events,
                         note="reference token the draft missed vs the token before it; one event per decision")
     if source != "window":

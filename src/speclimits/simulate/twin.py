@@ -31,7 +31,9 @@ Generative story
 
 Tables written: ``rounds.parquet`` (the K sweep, prefill rounds included), ``oracle.parquet``
 (dense per-position data for the Oracle) and ``tokens.parquet`` (per-token text, latent
-context and new experts per layer, for the routing and linguistic studies).
+context and new experts per layer, for the routing and linguistic studies; one row more per
+sequence than the Oracle has states: row ``pos`` is the token the context ends with at state
+``pos``, as in the vLLM harness, see :func:`_token_rows`).
 """
 
 from __future__ import annotations
@@ -363,8 +365,11 @@ def _walk(accept_len: np.ndarray, n_tokens: int, K: int) -> tuple[np.ndarray, np
 
 
 def _streams(seed: int) -> list[np.random.Generator]:
-    """The simulator's independent random streams: references, routing, timing, layer offsets."""
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+    """The simulator's independent random streams: references, routing, timing, layer offsets and
+    the prefill tokens' routing (row 0 of ``tokens``). The fifth was added after the first four:
+    ``SeedSequence.spawn`` gives the same first children whatever the count, so the others did
+    not change."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
 
 
 def layer_offsets(cfg: SimConfig, seed: int) -> np.ndarray:
@@ -413,7 +418,7 @@ def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progr
     so changing a cost parameter leaves the routing and acceptance draws unchanged.
     """
     _check_config(cfg)
-    rng_ref, rng_route, rng_time = _streams(seed)[:3]
+    rng_ref, rng_route, rng_time, _, rng_prefill = _streams(seed)
     layer_off = layer_offsets(cfg, seed)
     cats = list(CATEGORIES)
     refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
@@ -448,7 +453,7 @@ def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progr
             gen_id += 1
         if p_idx < cfg.oracle_prompts:
             oracle_parts.append(_oracle_rows(cfg, ref, win))
-            token_parts.append(_token_rows(cfg, ref, rng_route, layer_off))
+            token_parts.append(_token_rows(cfg, ref, rng_route, layer_off, rng_prefill))
 
     cols = {k: np.concatenate(v) for k, v in rows.items()}
     rounds = _finish_rounds(cfg, refs, cols, model, rng_time)
@@ -532,40 +537,53 @@ def _oracle_rows(cfg: SimConfig, ref: Reference, win: dict[str, np.ndarray]) -> 
     })
 
 
-def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray) -> pd.DataFrame:
-    """Per reference token: synthetic text drawn from its context's vocabulary, the planted
-    context label, the script, and the new experts per layer against the previous token."""
-    texts = []
-    vocab_ids = []
+def _token_text(t: int, context: int, script: int, offsets: dict[str, int], cyr_base: int) -> tuple[str, int]:
+    """Synthetic text and id of token ``t`` (0-based reference index; -1 for the prefill's token)."""
+    name = CONTEXT_NAMES[context]
+    vocab = CONTEXT_PARAMS[name]["vocab"]
+    if script == 1 and CONTEXT_MODES[name] != "code":
+        j = (t * 7 + context) % len(CYRILLIC_VOCAB)
+        return CYRILLIC_VOCAB[j], cyr_base + j
+    if vocab:
+        j = (t * 7 + context) % len(vocab)
+        return vocab[j], offsets[name] + j
+    # a transition token: the first token of the new segment's mode
+    return (" Ответ" if script == 1 else (" Note" if context == CONTEXT_NAMES.index("mode_change") else " The"),
+            offsets[name])
+
+
+def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray,
+                rng_prefill: np.random.Generator) -> pd.DataFrame:
+    """Per token (the methods page, "Reference kinds and positions"): row ``pos`` is the token the
+    context ends with at Oracle state ``pos``, so state ``pos`` drafts row ``pos + 1`` first.
+
+    Row 0 is the token the simulated prefill emitted before state 0 (it continues the first
+    segment: same planted context and script as the first reference token; its routing is drawn
+    from ``rng_prefill``, a stream of its own, so that every other draw is unchanged); rows
+    1..N are the reference tokens ``y_1..y_N`` that states 0..N-1 draft. Columns: synthetic text
+    from the context's vocabulary, the planted context label, the script, the new experts per
+    layer against the previous token, the category and ``reference_kind`` (``greedy``).
+    """
     offsets = {}
     base = 0
     for name in CONTEXT_NAMES:
         offsets[name] = base
         base += max(len(CONTEXT_PARAMS[name]["vocab"]), 1)
-    cyr_base = base
-    for t, (c, s) in enumerate(zip(ref.context, ref.script)):
-        name = CONTEXT_NAMES[c]
-        vocab = CONTEXT_PARAMS[name]["vocab"]
-        if s == 1 and CONTEXT_MODES[name] != "code":
-            j = (t * 7 + c) % len(CYRILLIC_VOCAB)
-            texts.append(CYRILLIC_VOCAB[j])
-            vocab_ids.append(cyr_base + j)
-        elif vocab:
-            j = (t * 7 + c) % len(vocab)
-            texts.append(vocab[j])
-            vocab_ids.append(offsets[name] + j)
-        else:  # a transition token: the first token of the new segment's mode
-            texts.append(" Ответ" if s == 1 else (" Note" if c == CONTEXT_NAMES.index("mode_change") else " The"))
-            vocab_ids.append(offsets[name])
+    context = np.concatenate([ref.context[:1], ref.context])
+    script = np.concatenate([ref.script[:1], ref.script])
+    pairs = [_token_text(t, int(c), int(s), offsets, base) for t, c, s in zip(range(-1, ref.n), context, script)]
+    rho0 = np.clip(ref.rho_token[0] + layer_off, 0.0, 0.98)
+    first = rng_prefill.binomial(cfg.top_k, (1.0 - rho0) * (1.0 - cfg.top_k / cfg.n_experts)).mean()
     return pd.DataFrame({
         "seq_id": ref.prompt_id,
-        "pos": np.arange(ref.n, dtype=np.int64),
-        "token_id": np.asarray(vocab_ids, dtype=np.int64),
-        "text": texts,
-        "new_experts": _new_experts(cfg, ref, rng, layer_off),
-        "context": np.array(CONTEXT_NAMES, dtype=object)[ref.context],
-        "script": np.where(ref.script == 1, "cyrillic", "latin").astype(object),
+        "pos": np.arange(ref.n + 1, dtype=np.int64),
+        "token_id": np.asarray([i for _, i in pairs], dtype=np.int64),
+        "text": [t for t, _ in pairs],
+        "new_experts": np.concatenate([[first], _new_experts(cfg, ref, rng, layer_off)]),
+        "context": np.array(CONTEXT_NAMES, dtype=object)[context],
+        "script": np.where(script == 1, "cyrillic", "latin").astype(object),
         "category": ref.category,
+        "reference_kind": "greedy",
     })
 
 

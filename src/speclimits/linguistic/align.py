@@ -1,0 +1,175 @@
+"""The one join between Oracle states (``oracle.parquet``) and reference tokens (``tokens.parquet``).
+
+The convention (the book's methods page, "Reference kinds and positions"), shared by the vLLM
+harness and the simulator:
+
+* Row ``pos`` of a sequence in ``tokens.parquet`` holds the token the context **already ends
+  with** at Oracle state ``pos``: the token that opens the verification window
+  ``[row pos, d_1, ..., d_k]``.
+* Draft step ``i`` (1-based) of state ``pos`` predicts row ``pos + i``; so a state's decision is
+  labelled with row ``pos + 1``, and the draft's first mismatch, after ``a`` matched drafts, is
+  row ``pos + a + 1``.
+* A sequence with S Oracle states has S + 1 token rows (``pos`` 0..S). In the harness row 0 is
+  ``y_1``, the token the prefill emits, and state ``pos`` has ``y_1..y_{pos+1}`` emitted; the
+  simulator writes, as row 0, the token its simulated prefill emitted before state 0.
+
+A measured trace can be checked against it (:func:`alignment_check`): where ``accept_len >= 1``
+the first draft token (``oracle.parquet`` ``draft_tokens[0]``) must equal the id of row
+``pos + 1`` in every greedy-reference state (and of teacher-forced ones, where the reference
+is the text the Oracle walks).
+
+Routing (``new_experts``, ``experts``) of row r is that of the target pass that **reads** row r's
+token (the forward row whose input it is), against the pass that reads row r − 1: the same
+rows whose experts make up the verification window's ``Ū``. The Oracle's windows therefore check
+it: where ``accept_len >= 1`` at state ``pos`` the window's first two rows read rows ``pos`` and
+``pos + 1``, so ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s ``new_experts``
+(:func:`window_routing_check`). The harness records the *producing* row instead (the pass that
+emitted the token, which reads the row before); ``scripts/migrate_tokens_reference.py`` moves a
+measured trace's routing onto the reading rows (the last token of a generation is never read: its
+routing is missing). The simulator draws row r's count from row r's own planted context, the same
+reading-row meaning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
+
+def token_row(pos: np.ndarray | int, step: np.ndarray | int = 1) -> np.ndarray | int:
+    """The ``tokens.parquet`` row that draft step ``step`` (1-based) of state ``pos`` predicts.
+
+    ``step = 0`` is the token that opens the state's verification window (the last emitted).
+    Works elementwise on arrays.
+    """
+    return pos + step
+
+
+def _token_keys(tokens: pd.DataFrame, origin: str) -> pd.DataFrame:
+    missing = [c for c in ("seq_id", "pos") if c not in tokens.columns]
+    if missing:
+        raise TraceFormatError(origin, [Problem(origin, c, "required column is missing (joining states to tokens)")
+                                        for c in missing])
+    tok = tokens.copy()
+    tok["seq_id"] = tok["seq_id"].astype(str)
+    dup = tok.duplicated(["seq_id", "pos"]).to_numpy()
+    if dup.any():
+        rows = np.flatnonzero(dup)
+        raise TraceFormatError(origin, [Problem(origin, "pos", "duplicate (seq_id, pos) rows",
+                                                tuple(rows[:5].tolist()), int(rows.size))])
+    return tok
+
+
+def state_tokens(states: pd.DataFrame, tokens: pd.DataFrame, step: np.ndarray | int = 1,
+                 columns: list[str] | None = None, origin: str = "tokens.parquet") -> pd.DataFrame:
+    """The token rows that draft step ``step`` of each state predicts, aligned row by row with ``states``.
+
+    Parameters
+    ----------
+    states : one row per state: ``seq_id``, ``pos`` (any other columns are ignored).
+    tokens : ``tokens.parquet`` rows: ``seq_id``, ``pos`` and the columns to fetch.
+    step : 1-based draft step (scalar or one per state); 0 = the window's opening token.
+    columns : token columns to fetch (default: all but ``seq_id`` / ``pos``).
+
+    Returns a frame with the index of ``states``: ``token_pos`` (the row joined) and the token
+    columns; states whose row is not in ``tokens`` get missing values and ``has_token`` False.
+    """
+    tok = _token_keys(tokens, origin)
+    cols = [c for c in (columns if columns is not None else tok.columns) if c not in ("seq_id", "pos")]
+    absent = [c for c in cols if c not in tok.columns]
+    if absent:
+        raise TraceFormatError(origin, [Problem(origin, c, "required column is missing") for c in absent])
+    target = np.asarray(token_row(np.asarray(states["pos"], dtype=np.int64), np.asarray(step, dtype=np.int64)))
+    target = np.broadcast_to(target, (len(states),))
+    keys = pd.MultiIndex.from_arrays([states["seq_id"].astype(str).to_numpy(), target])
+    found = tok.set_index(["seq_id", "pos"])[cols].reindex(keys)
+    out = found.reset_index(drop=True)
+    out.index = states.index
+    out.insert(0, "token_pos", target.astype(np.int64))
+    out["has_token"] = keys.isin(tok.set_index(["seq_id", "pos"]).index)
+    return out
+
+
+def _first_drafts(oracle: pd.DataFrame, origin: str) -> np.ndarray:
+    if "draft_tokens" not in oracle.columns:
+        raise TraceFormatError(origin, [Problem(origin, "draft_tokens", "required column is missing (the alignment "
+                                                                          "check needs the draft's own tokens)")])
+    vals = oracle["draft_tokens"].to_numpy()
+    return np.fromiter((int(v[0]) if v is not None and len(v) else -1 for v in vals), np.int64, len(vals))
+
+
+def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str, str] | None = None) -> pd.DataFrame:
+    """Share of states whose first draft token equals the token the join assigns to their decision.
+
+    Parameters
+    ----------
+    oracle : ``oracle.parquet`` rows with ``seq_id``, ``pos``, ``accept_len``, ``draft_tokens``.
+    tokens : ``tokens.parquet`` rows with ``seq_id``, ``pos``, ``token_id``.
+    kinds : reference kind per sequence id (default: all ``"all"``).
+
+    Returns one row per reference kind: ``reference_kind``, ``n_states`` (states with
+    ``accept_len >= 1`` and a token row), ``share_row_pos_plus_1`` (the convention: must be 1),
+    ``share_row_pos`` (the other rule, for contrast).
+    """
+    o = oracle[oracle["accept_len"].to_numpy() >= 1]
+    first = _first_drafts(o, "oracle.parquet")
+    states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))
+    at_next = state_tokens(states, tokens, step=1, columns=["token_id"])
+    at_same = state_tokens(states, tokens, step=0, columns=["token_id"])
+    kind = states["seq_id"].map(kinds) if kinds is not None else pd.Series("all", index=states.index)
+    ok = at_next["has_token"].to_numpy()
+    rows = []
+    for k in pd.unique(kind[ok]):
+        m = ok & (kind == k).to_numpy()
+        rows.append({"reference_kind": str(k), "n_states": int(m.sum()),
+                     "share_row_pos_plus_1": float((at_next["token_id"].to_numpy()[m] == first[m]).mean()),
+                     "share_row_pos": float((at_same["token_id"].to_numpy()[m] == first[m]).mean())})
+    return pd.DataFrame(rows, columns=["reference_kind", "n_states", "share_row_pos_plus_1", "share_row_pos"])
+
+
+#: The tokens row whose ``new_experts`` the window pair (rows pos, pos + 1) measures: the reading-row convention.
+ROUTING_ROW_OFFSET = 1
+
+
+def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset: int = ROUTING_ROW_OFFSET
+                         ) -> pd.DataFrame:
+    """The Oracle's window routing against the tokens' ``new_experts`` (reading-row convention).
+
+    Where ``accept_len >= 1`` at state ``pos`` the window's first two rows read the reference
+    pair (row pos, row pos + 1), so ``u_bar_window[1] − u_bar_window[0]`` is the new experts of
+    the pass that reads row pos + 1. Returns one row per such state with a finite ``new_experts``
+    at row ``pos + row_offset`` (1 under the convention; 2 finds the harness's producing-row
+    tables): ``seq_id``, ``pos``, ``window_new``, ``token_new`` and ``abs_diff``.
+    """
+    if "u_bar_window" not in oracle.columns:
+        raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window",
+                                                          "required column is missing")])
+    o = oracle[oracle["accept_len"].to_numpy() >= 1]
+    u = np.stack([np.asarray(v, dtype=float)[:2] for v in o["u_bar_window"]]) if len(o) else np.zeros((0, 2))
+    states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))
+    tok = state_tokens(states, tokens, step=row_offset, columns=["new_experts"])
+    ne = pd.to_numeric(tok["new_experts"], errors="coerce").to_numpy(dtype=float)
+    keep = np.isfinite(ne)
+    window_new = u[:, 1] - u[:, 0]
+    return pd.DataFrame({"seq_id": states["seq_id"].to_numpy()[keep], "pos": states["pos"].to_numpy()[keep],
+                         "window_new": window_new[keep], "token_new": ne[keep],
+                         "abs_diff": np.abs(window_new[keep] - ne[keep])})
+
+
+def require_convention(states: pd.DataFrame, tokens: pd.DataFrame, origin: str = "tokens.parquet") -> None:
+    """Raise when a sequence's token rows do not cover its states' decisions (rows 0..S for S states).
+
+    ``states`` has one row per Oracle state (``seq_id``). A trace written under the old simulator
+    convention (S token rows for S states) fails here with the sequences named, rather than
+    joining every decision one token off. Sequences without any token row are not checked.
+    """
+    n_states = states.groupby(states["seq_id"].astype(str)).size()
+    n_tokens = tokens.groupby(tokens["seq_id"].astype(str)).size().reindex(n_states.index)
+    short = n_states.index[(n_tokens < n_states + 1).fillna(False).to_numpy()]
+    if len(short):
+        raise SpeclimitsError(
+            f"{origin}: sequences {list(short[:5])} have {int(n_tokens[short[0]])} token rows for "
+            f"{int(n_states[short[0]])} Oracle states; the convention needs one more (row 0 = the token the "
+            "context ends with at state 0, row pos + 1 = the token state pos drafts first). Regenerate the trace "
+            "(a simulated one with `speclimits simulate`) or see the methods page, \"Reference kinds and positions\"")
