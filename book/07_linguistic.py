@@ -242,7 +242,7 @@ for name, st in studies.items():
 # $k^\star$ of the $\alpha = 0$ solution.
 
 # %%
-abl = alpha_ablation(res)
+abl = alpha_ablation(res, draft_prob=setup.raw_inputs.match_prob)  # the draft's own probability, as in the paper
 head_seqs = set(dec["seq_id"].astype(str))
 cases = gallery.select_ablation_cases(abl.cases[abl.cases["seq_id"].astype(str).isin(head_seqs)], n=n_ablation)
 print(f"states with Q0(k*+1) - Q0(k*) < 0: {len(abl.cases)} of {res.inputs.n_states}; paper: four selected cases, "
