@@ -193,7 +193,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
 
     Returns the path of the site's ``index.html``.
     """
-    from speclimits.validate import validate_trace
+    from speclimits.trace import validate_trace
 
     trace_path = Path(trace) if trace else default_trace()
     if not trace_path.exists():
