@@ -136,12 +136,13 @@ class OracleInputs:
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame, origin: str = FILE) -> "OracleInputs":
-        """Validate an ``oracle.parquet`` table and build the arrays.
+        """Validate an ``oracle.parquet`` table and build the arrays (sorted by ``seq_id``, then ``pos``).
 
-        Every defect found is reported at once in a :class:`TraceFormatError` naming the file,
-        the column and the first offending rows (row numbers of ``df`` as given).
+        The rules are those of ``speclimits validate``: one checker,
+        :func:`speclimits.trace.validate.check_oracle_frame`. Every defect found is reported at
+        once in a :class:`TraceFormatError` naming the file (``origin``), the column and the
+        first offending rows (row numbers of ``df`` as given).
         """
-        # one checker for oracle.parquet, shared with ``speclimits validate``
         checked = read_oracle_frame(df, origin=origin)
         order = np.lexsort((checked.pos, checked.seq_id.astype(str)))
         ids, starts = np.unique(checked.seq_id[order].astype(str), return_index=True)
