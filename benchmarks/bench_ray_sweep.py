@@ -7,10 +7,11 @@ statistics off, scratch HOME); the serial run goes through the same wrapper so t
 the same start-up. The tiny config-only MoE (dummy weights, the target as its own draft).
 
 Figures per run: wall seconds (inside the script: planning to finalised meta.json, Ray start
-and engine builds included), CPU seconds of the whole process tree (``RUSAGE_CHILDREN`` of this
-process around the run: the script, Ray's own processes and its workers, as far as they are
-reaped), the workers' own CPU seconds (``time.process_time`` they report), engine builds, and
-for the fault run the retried jobs and worker restarts. The wall-time ratio is serial /
+and engine builds included); CPU seconds of the reaped process tree (``RUSAGE_CHILDREN`` of this
+process around the run: the script and, for Ray runs, the driver with Ray's GCS and raylet;
+Ray's worker processes are not reaped into it); the workers' own CPU seconds
+(``time.process_time`` each reports at the end; a killed worker's are lost); their sum; engine
+builds; and for the fault run the retried jobs and worker restarts. The wall-time ratio is serial /
 distributed (> 1: distributed is faster). After the runs, the traces are compared: tokens,
 accepted counts and rounds per generation must be equal.
 
@@ -95,20 +96,22 @@ def main() -> None:
 
     print(f"tiny MoE, {args.prompts} prompts x K = {args.k}, {args.max_tokens} tokens each, shard size "
           f"{args.shard_size}; work folder {work}")
-    print(f"{'run':8s} {'wall s':>8s} {'tree CPU s':>11s} {'worker CPU s':>13s} {'builds':>7s} {'retried':>8s} "
-          f"{'restarts':>9s} {'equal serial':>13s}")
+    print(f"{'run':8s} {'wall s':>8s} {'tree CPU s':>11s} {'worker CPU s':>13s} {'CPU s':>8s} {'builds':>7s} "
+          f"{'retried':>8s} {'restarts':>9s} {'equal serial':>13s}")
+    cpu = {}
     for name, res in results.items():
         meta = read_trace(work / name).meta
         run = (meta.get("distributed") or {}).get("runs", [{}])[-1]
         usage = run.get("usage", [])
-        worker_cpu = sum(u["cpu_s"] for u in usage) if usage else float("nan")
+        worker_cpu = sum(u["cpu_s"] for u in usage)
+        cpu[name] = res["tree_cpu_s"] + worker_cpu
         builds = sum(u["engine_builds"] for u in usage) if usage else len(meta["k_values"])
         same = _same_trace(work / "serial", work / name) and meta["complete"] and meta["checks"]["counters_match"]
-        print(f"{name:8s} {res['wall_s']:8.1f} {res['tree_cpu_s']:11.1f} {worker_cpu:13.1f} {builds:7d} "
-              f"{run.get('retried_jobs', 0):8d} {run.get('worker_restarts', 0):9d} {str(same):>13s}")
+        print(f"{name:8s} {res['wall_s']:8.1f} {res['tree_cpu_s']:11.1f} {worker_cpu:13.1f} {cpu[name]:8.1f} "
+              f"{builds:7d} {run.get('retried_jobs', 0):8d} {run.get('worker_restarts', 0):9d} {str(same):>13s}")
     ser, dist = results["serial"], results["dist"]
     print(f"wall-time ratio serial / 2 workers: {ser['wall_s'] / dist['wall_s']:.2f}x; "
-          f"CPU (process tree) 2 workers / serial: {dist['tree_cpu_s'] / ser['tree_cpu_s']:.2f}x")
+          f"CPU time 2 workers / serial: {cpu['dist'] / cpu['serial']:.2f}x")
 
 
 if __name__ == "__main__":

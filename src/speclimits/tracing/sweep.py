@@ -16,6 +16,10 @@ One engine configuration per K (K = 0: plain decoding, no speculative config), b
                                              spec-decode counter deltas over them
 ``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the part's generations done
 
+(A distributed sweep, :mod:`speclimits.tracing.ray_sweep`, writes one part per job instead,
+named by the job, with the job's log lines as one file ``shards/<name>.json``; readers merge
+both layouts.)
+
 A generation counts as done only once its rounds are on disk: a killed sweep leaves a valid
 partial trace, and ``resume=True`` runs only the generations without rounds (none duplicated,
 none lost; the unflushed ones of the killed run are simply run again, and token parts left
