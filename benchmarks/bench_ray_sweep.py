@@ -15,13 +15,15 @@ builds; and for the fault run the retried jobs and worker restarts. The wall-tim
 distributed (> 1: distributed is faster). After the runs, the traces are compared: tokens,
 accepted counts and rounds per generation must be equal.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ray_sweep.py [--prompts 8] [--k 0-3] [--max-tokens 48]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ray_sweep.py [--prompts 8] [--k 0-3] [--max-tokens 48] \
+        [--repeat 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -72,7 +74,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--shard-size", type=int, default=2)
     ap.add_argument("--kill-delay", type=float, default=1.0, help="seconds after worker 1's engine is up")
+    ap.add_argument("--repeat", type=int, default=1, help="serial/distributed pairs (alternating order)")
     args = ap.parse_args()
+    load0 = os.getloadavg()
 
     from speclimits.tracing.ray_sweep import loopback_available, loopback_env
 
@@ -90,28 +94,37 @@ def main() -> None:
     env["PYTHONPATH"] = str(ROOT / "src") + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     extra = ["--k", args.k, "--limit", str(args.prompts), "--max-tokens", str(args.max_tokens), "--prompts",
              str(prompts), "--shard-size", str(args.shard_size), "--kill-delay", str(args.kill_delay)]
-    results = {s: _run(work, s, env, extra) for s in ("serial", "dist", "kill")}
+    # serial and distributed alternate (a shared machine's load drifts); the fault run comes last
+    order = [(f"rep{i}", s) for i in range(args.repeat) for s in (("serial", "dist") if i % 2 == 0 else
+                                                                  ("dist", "serial"))] + [("rep0", "kill")]
+    results = {}
+    for rep, scenario in order:
+        (work / rep).mkdir(exist_ok=True)
+        results[rep, scenario] = _run(work / rep, scenario, env, extra)
 
     from speclimits.trace import read_trace
 
     print(f"tiny MoE, {args.prompts} prompts x K = {args.k}, {args.max_tokens} tokens each, shard size "
-          f"{args.shard_size}; work folder {work}")
-    print(f"{'run':8s} {'wall s':>8s} {'tree CPU s':>11s} {'worker CPU s':>13s} {'CPU s':>8s} {'builds':>7s} "
+          f"{args.shard_size}; work folder {work}; load average before/after: {load0} / {os.getloadavg()}")
+    print(f"{'run':12s} {'wall s':>8s} {'tree CPU s':>11s} {'worker CPU s':>13s} {'CPU s':>8s} {'builds':>7s} "
           f"{'retried':>8s} {'restarts':>9s} {'equal serial':>13s}")
     cpu = {}
-    for name, res in results.items():
-        meta = read_trace(work / name).meta
+    for (rep, name), res in results.items():
+        meta = read_trace(work / rep / name).meta
         run = (meta.get("distributed") or {}).get("runs", [{}])[-1]
         usage = run.get("usage", [])
         worker_cpu = sum(u["cpu_s"] for u in usage)
-        cpu[name] = res["tree_cpu_s"] + worker_cpu
+        cpu[rep, name] = res["tree_cpu_s"] + worker_cpu
         builds = sum(u["engine_builds"] for u in usage) if usage else len(meta["k_values"])
-        same = _same_trace(work / "serial", work / name) and meta["complete"] and meta["checks"]["counters_match"]
-        print(f"{name:8s} {res['wall_s']:8.1f} {res['tree_cpu_s']:11.1f} {worker_cpu:13.1f} {cpu[name]:8.1f} "
-              f"{builds:7d} {run.get('retried_jobs', 0):8d} {run.get('worker_restarts', 0):9d} {str(same):>13s}")
-    ser, dist = results["serial"], results["dist"]
-    print(f"wall-time ratio serial / 2 workers: {ser['wall_s'] / dist['wall_s']:.2f}x; "
-          f"CPU time 2 workers / serial: {cpu['dist'] / cpu['serial']:.2f}x")
+        same = (_same_trace(work / "rep0" / "serial", work / rep / name) and meta["complete"]
+                and meta["checks"]["counters_match"])
+        print(f"{rep + ' ' + name:12s} {res['wall_s']:8.1f} {res['tree_cpu_s']:11.1f} {worker_cpu:13.1f} "
+              f"{cpu[rep, name]:8.1f} {builds:7d} {run.get('retried_jobs', 0):8d} {run.get('worker_restarts', 0):9d} "
+              f"{str(same):>13s}")
+    for i in range(args.repeat):
+        ser, dist = results[f"rep{i}", "serial"], results[f"rep{i}", "dist"]
+        print(f"rep{i}: wall-time ratio serial / 2 workers: {ser['wall_s'] / dist['wall_s']:.2f}x; "
+              f"CPU time 2 workers / serial: {cpu[f'rep{i}', 'dist'] / cpu[f'rep{i}', 'serial']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ class RaySettings:
     on_event: Callable[[str, dict[str, Any]], None] | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     """One worker as the driver sees it."""
 
@@ -318,7 +318,7 @@ class _Driver:
                 write_meta(self.plan.root, self.plan.meta)
             self.top_k = int(self.plan.meta["models"]["target"]["top_k"])
             for s in self.slots:  # jobs that waited for meta.json
-                if s.job is not None and not any(v == (s, "job") for v in self.inflight.values()):
+                if s.job is not None and not any(vs is s and kind == "job" for vs, kind in self.inflight.values()):
                     self._submit_job(s)
         self._event("started", worker=slot.index, pid=slot.where.get("pid"), K=slot.K)
 
