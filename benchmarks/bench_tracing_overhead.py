@@ -55,10 +55,10 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from speclimits.trace import read_parts_log, read_table
     from speclimits.tracing.prompts import Prompt
-    from speclimits.tracing.sweep import GenerationWriter, SweepConfig, read_parts_log
+    from speclimits.tracing.sweep import GenerationWriter, SweepConfig
     from speclimits.tracing.tinymodel import write_tiny_moe
-    from speclimits.trace import read_table
 
     work = Path(tempfile.mkdtemp(prefix="bench-tracing-"))
     model = write_tiny_moe(work / "model", hidden_size=args.hidden, num_hidden_layers=args.layers,

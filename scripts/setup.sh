@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 what=${1:-book}
 case "$what" in
   book) extras="book" ;;
-  test) extras="book,test,trace" ;;
+  test) extras="book,test,trace,ray" ;;
   *) echo "usage: scripts/setup.sh [book|test]" >&2; exit 2 ;;
 esac
 

@@ -11,7 +11,7 @@ from speclimits.cli import main
 from speclimits.errors import SpeclimitsError
 from speclimits.simulate import paper_cost_model, preset, simulate
 from speclimits.trace import decode_rounds, list_column, read_trace
-from speclimits.validate import validate_trace
+from speclimits.trace import validate_trace
 
 
 def _digest(path):

@@ -125,3 +125,19 @@ def test_cost_model_missing_m_is_named(tmp_path):
     with pytest.raises(CostModelError, match="not valid JSON"):
         (tmp_path / "bad.json").write_text("{")
         CostModel.read(tmp_path / "bad.json")
+
+
+def test_trace_package_stands_alone():
+    """The trace format's owner imports none of its users (no circle with the Oracle or the harness)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, speclimits.trace, speclimits.trace.cli\n"
+            "users = sorted(m for m in sys.modules if m.startswith(('speclimits.oracle', 'speclimits.tracing', "
+            "'speclimits.stats', 'speclimits.simulate')))\n"
+            "assert not users, users\n"
+            "import speclimits.trace as t\n"
+            "assert {'read_trace', 'decode_rounds', 'Trace', 'validate_trace', 'write_part', 'check_oracle_frame'} "
+            "<= set(t.__all__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

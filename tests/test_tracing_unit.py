@@ -201,10 +201,10 @@ def test_worker_counts_or_driver_counts_give_the_same_rows():
 
 
 def test_buffered_parts_bookkeeping(tmp_path):
-    from speclimits.trace import read_table
+    from speclimits.trace import (append_lines, columns_table, done_generations, part_name, read_table,
+                                  remove_orphan_parts, write_part)
     from speclimits.tracing.records import generation_columns
-    from speclimits.tracing.sweep import (append_lines, columns_table, done_generations, finalize_meta, part_name,
-                                          remove_orphan_parts, write_part)
+    from speclimits.tracing.sweep import finalize_meta
 
     cols, frames, entries = [], [], []
     for gid in (0, 1, 2):

@@ -12,7 +12,7 @@ import pytest
 
 from speclimits.paths import DATA_DIR
 from speclimits.trace import read_trace
-from speclimits.validate import find_problems, validate_trace
+from speclimits.trace import find_problems, validate_trace
 
 pytestmark = pytest.mark.vllm
 
@@ -93,7 +93,7 @@ def test_selfdraft_trace_is_valid_and_accepts_every_draft(selfdraft):
 
 
 def test_counters_and_lengths_match_vllm(selfdraft, ngram):
-    from speclimits.tracing.sweep import read_generations, read_parts_log
+    from speclimits.trace import read_generations, read_parts_log
 
     for root in (selfdraft, ngram):
         tr = read_trace(root)
@@ -191,6 +191,7 @@ def test_ngram_accepts_some(ngram):
 
 def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vllm_mod):
     from speclimits.errors import SpeclimitsError
+    from speclimits.trace import done_generations
     from speclimits.tracing import sweep
 
     out = tmp_path / "trace"
@@ -215,7 +216,7 @@ def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vl
     # gid 2 was finished but buffered with the interrupted one: dropped, since vLLM's counters then
     # include the interrupted generation's drafts; a resume runs it again
     assert sorted(partial["generation_id"].unique()) == [0, 1]
-    assert sweep.done_generations(out) == {0, 1}
+    assert done_generations(out) == {0, 1}
     assert json.loads((out / "meta.json").read_text())["complete"] is False
     with pytest.raises(SpeclimitsError, match="--resume"):
         sweep.run_sweep(cfg)
@@ -329,8 +330,8 @@ class _FakeLLM:
 
 def test_writer_flush_policy_and_interrupted_generations(vllm_mod, tmp_path):
     from speclimits.tracing.prompts import Prompt
-    from speclimits.tracing.sweep import (GenerationWriter, SweepConfig, done_generations, read_generations,
-                                          read_parts_log)
+    from speclimits.trace import done_generations, read_generations, read_parts_log
+    from speclimits.tracing.sweep import GenerationWriter, SweepConfig
 
     root = tmp_path / "tr"
     root.mkdir()

@@ -12,7 +12,7 @@ import pytest
 from speclimits.cli import main
 from speclimits.errors import TraceFormatError
 from speclimits.trace import read_trace, write_table
-from speclimits.validate import find_problems, validate_trace
+from speclimits.trace import find_problems, validate_trace
 
 
 @pytest.fixture()
@@ -98,10 +98,10 @@ def _oracle_mutation(kind):
 
 ORACLE_DEFECTS = [
     ("short", "match_prob", "lists must have length 10"),
-    ("prob", "draft_conf", "probabilities must lie in [0, 1]"),
+    ("prob", "draft_conf", "probabilities must be finite and in [0, 1]"),
     ("window", "u_bar_window", "must not decrease as the window grows"),
-    ("pos", "pos", "must run 0..N-1 in order within each seq_id"),
-    ("accept", "accept_len", "must lie in [0, K_max = 10]"),
+    ("pos", "pos", "each seq_id must have pos = 0..N-1 exactly once"),
+    ("accept", "accept_len", "must be an integer in 0..10"),
 ]
 
 
@@ -158,3 +158,34 @@ def test_cli_exit_codes_and_message(trace_copy, capsys):
     assert "rounds.parquet, column 't_target_ms': timings must not be negative" in err
     assert "Traceback" not in err
     assert main(["validate", str(trace_copy / "nowhere")]) == 2
+
+
+def test_one_oracle_checker_for_validate_and_the_oracle_loader(trace_copy):
+    """``speclimits validate`` and ``OracleInputs.from_frame`` apply the same rules to oracle.parquet."""
+    from speclimits.oracle.inputs import OracleInputs
+
+    good = read_trace(trace_copy).oracle.copy()
+    # row order is free: a shuffled table is valid for both and loads to the same arrays
+    shuffled = good.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    write_table(trace_copy, "oracle", shuffled)
+    validate_trace(trace_copy)
+    a, b = OracleInputs.from_frame(good), OracleInputs.from_frame(shuffled)
+    np.testing.assert_array_equal(a.match_prob, b.match_prob)
+    np.testing.assert_array_equal(a.u_bar_window, b.u_bar_window)
+    # a window that shrinks (fewer unique experts over more tokens) was accepted by the loader before
+    bad = good.copy()
+    v = np.array(bad.at[7, "u_bar_window"], dtype=float)
+    v[2] = v[1] - 0.5
+    bad.at[7, "u_bar_window"] = v
+    write_table(trace_copy, "oracle", bad)
+    message = "oracle.parquet, column 'u_bar_window': must not decrease as the window grows"
+    assert message in str(pytest.raises(TraceFormatError, validate_trace, trace_copy).value)
+    with pytest.raises(TraceFormatError, match="must not decrease as the window grows.*first at row 7"):
+        OracleInputs.from_frame(bad)
+    # a duplicated state is named by its row in both
+    dup = good.copy()
+    dup.loc[3, "pos"] = dup.loc[2, "pos"]
+    write_table(trace_copy, "oracle", dup)
+    assert "first at row 3" in str(pytest.raises(TraceFormatError, validate_trace, trace_copy).value)
+    with pytest.raises(TraceFormatError, match=r"pos = 0..N-1 exactly once.*first at row 3"):
+        OracleInputs.from_frame(dup)

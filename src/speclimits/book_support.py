@@ -20,7 +20,7 @@ import pandas as pd
 
 from speclimits import vocabulary
 from speclimits.paths import default_trace
-from speclimits.schema import META_REQUIRED, TABLES
+from speclimits.trace.schema import META_REQUIRED, TABLES  # META_REQUIRED: read by the methods page
 from speclimits.trace import Trace, read_trace
 
 # Notebooks import this module first. Progress bars are off in the book (TQDM_DISABLE), but

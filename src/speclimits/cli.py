@@ -18,7 +18,7 @@ from speclimits.errors import SpeclimitsError
 #: Modules that contribute subcommands, in the order ``--help`` lists them.
 COMMANDS = (
     "speclimits.simulate.cli",
-    "speclimits.validate",
+    "speclimits.trace.cli",
     "speclimits.tracing.cli",
     "speclimits.stats.cli",
     "speclimits.oracle.cli",

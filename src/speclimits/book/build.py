@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import BOOK_CONFIG, BOOK_DIR, BOOK_TOC, BUILD_DIR, REPO_ROOT, default_trace
+from speclimits.trace import validate_trace
 
 MATHJAX_VERSION = "3.2.2"
 #: The Python distribution that ships MathJax's files, and the version pinned by the book extra.
@@ -219,8 +220,6 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
 
     Returns the path of the site's ``index.html``.
     """
-    from speclimits.validate import validate_trace
-
     trace_path = Path(trace) if trace else default_trace()
     if not trace_path.exists():
         hint = " (generate it with `speclimits simulate --preset default --out data/traces/sim-default`)" \

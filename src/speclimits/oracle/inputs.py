@@ -16,6 +16,7 @@ import pandas as pd
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
+from speclimits.trace.validate import read_oracle_frame
 
 FILE = "oracle.parquet"
 REQUIRED = ("seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window")
@@ -135,79 +136,22 @@ class OracleInputs:
 
     @classmethod
     def from_frame(cls, df: pd.DataFrame, origin: str = FILE) -> "OracleInputs":
-        """Validate an ``oracle.parquet`` table and build the arrays.
+        """Validate an ``oracle.parquet`` table and build the arrays (sorted by ``seq_id``, then ``pos``).
 
-        Every defect found is reported at once in a :class:`TraceFormatError` naming the file,
-        the column and the first offending rows (row numbers of ``df`` as given).
+        The rules are those of ``speclimits validate``: one checker,
+        :func:`speclimits.trace.validate.check_oracle_frame`. Every defect found is reported at
+        once in a :class:`TraceFormatError` naming the file (``origin``), the column and the
+        first offending rows (row numbers of ``df`` as given).
         """
-        file = origin
-        missing = [c for c in REQUIRED if c not in df.columns]
-        if missing:
-            raise TraceFormatError(origin, [Problem(file, c, "required column is missing") for c in missing])
-        if len(df) == 0:
-            raise TraceFormatError(origin, [Problem(file, None, "has no rows")])
-        problems: list[Problem] = []
-
-        def bad(column: str, message: str, mask: np.ndarray) -> None:
-            rows = np.flatnonzero(mask)
-            if rows.size:
-                problems.append(Problem(file, column, message, tuple(rows[:5].tolist()), int(rows.size)))
-
-        lengths = {}
-        for col in ("match_prob", "draft_conf", "u_bar_window"):
-            vals = df[col].to_numpy()
-            lengths[col] = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
-        k_list = int(np.bincount(lengths["match_prob"][lengths["match_prob"] >= 0]).argmax()) \
-            if (lengths["match_prob"] >= 0).any() else 0
-        if k_list < 1:
-            raise TraceFormatError(origin, [Problem(file, "match_prob", "lists must hold K_max >= 1 floats")])
-        expected = {"match_prob": k_list, "draft_conf": k_list, "u_bar_window": k_list + 1}
-        for col, width in expected.items():
-            bad(col, f"lists must have length {width} (K_max = {k_list}"
-                     + (", plus one for m = 1)" if col == "u_bar_window" else ")"), lengths[col] != width)
-        if problems:
-            raise TraceFormatError(origin, problems)
-
-        def stack(col: str) -> np.ndarray:
-            return np.concatenate([np.asarray(v, dtype=float) for v in df[col].to_numpy()]).reshape(
-                len(df), expected[col])
-
-        match_prob, draft_conf, u_bar = stack("match_prob"), stack("draft_conf"), stack("u_bar_window")
-        for col, arr in (("match_prob", match_prob), ("draft_conf", draft_conf)):
-            bad(col, "probabilities must be finite and in [0, 1]", ~((arr >= 0) & (arr <= 1)).all(axis=1))
-        bad("u_bar_window", "values must be finite and >= 0", ~(np.isfinite(u_bar) & (u_bar >= 0)).all(axis=1))
-        pos = pd.to_numeric(df["pos"], errors="coerce").to_numpy(dtype=float)
-        ctx = pd.to_numeric(df["context_len"], errors="coerce").to_numpy(dtype=float)
-        acc = pd.to_numeric(df["accept_len"], errors="coerce").to_numpy(dtype=float)
-        bad("pos", "must be an integer >= 0", ~(np.isfinite(pos) & (pos >= 0) & (pos == np.round(pos))))
-        bad("context_len", "must be finite and >= 0", ~(np.isfinite(ctx) & (ctx >= 0)))
-        bad("accept_len", f"must be an integer in 0..{k_list}",
-            ~(np.isfinite(acc) & (acc >= 0) & (acc <= k_list) & (acc == np.round(acc))))
-        seq_raw = df["seq_id"].astype(str).to_numpy()
-        bad("seq_id", "must not be missing", df["seq_id"].isna().to_numpy())
-        if problems:
-            raise TraceFormatError(origin, problems)
-
-        order = np.lexsort((pos, seq_raw))
-        seq_sorted, pos_sorted = seq_raw[order], pos[order].astype(np.int64)
-        ids, starts, counts = np.unique(seq_sorted, return_index=True, return_counts=True)
-        expect_pos = np.arange(len(order)) - np.repeat(starts, counts)
-        wrong = pos_sorted != expect_pos
-        if wrong.any():
-            bad_seqs = np.unique(seq_sorted[wrong])
-            rows_bad = order[np.isin(seq_sorted, bad_seqs)]
-            problems.append(Problem(
-                file, "pos", f"each seq_id must have pos = 0..N-1 exactly once; sequences {bad_seqs[:5].tolist()} "
-                             "have gaps or duplicates", tuple(np.sort(rows_bad)[:5].tolist()), int(rows_bad.size)))
-            raise TraceFormatError(origin, problems)
-        category = None
-        if "category" in df.columns:
-            category = df["category"].astype(str).to_numpy()[order][starts]
+        checked = read_oracle_frame(df, origin=origin)
+        order = np.lexsort((checked.pos, checked.seq_id.astype(str)))
+        ids, starts = np.unique(checked.seq_id[order].astype(str), return_index=True)
+        category = None if checked.category is None else checked.category[order][starts]
         return cls(
             seq_ids=ids.astype(object), offsets=np.concatenate([starts, [len(order)]]).astype(np.int64),
-            pos=pos_sorted, context_len=ctx[order], accept_len=acc[order].astype(np.int64),
-            match_prob=match_prob[order], draft_conf=draft_conf[order], u_bar_window=u_bar[order],
-            category=category, origin=origin)
+            pos=checked.pos[order], context_len=checked.context_len[order], accept_len=checked.accept_len[order],
+            match_prob=checked.match_prob[order], draft_conf=checked.draft_conf[order],
+            u_bar_window=checked.u_bar_window[order], category=category, origin=origin)
 
 
 # ---------------------------------------------------------------------------

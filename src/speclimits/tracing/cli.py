@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from speclimits.cliutil import parse_assignments
+from speclimits.errors import SpeclimitsError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -63,14 +65,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oracle", action="store_true", help="also write dense Oracle data (oracle.parquet)")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
     p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run the sweep on Ray with N workers, one engine each (local Ray instance unless "
+                        "--ray-address); needs the 'ray' extra")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join an existing Ray cluster (ray.init(address=ADDR)); one worker per GPU there")
+    p.add_argument("--shard-size", type=int, default=None, metavar="N",
+                   help="prompts per distributed job (default: about four jobs per worker and K, at most 16)")
+    p.add_argument("--ray-runtime-env", default=None, metavar="JSON",
+                   help="Ray runtime_env for the workers, e.g. '{\"py_modules\": [\"src/speclimits\"]}' on a cluster")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
+    # the harness modules are imported here, after the cheap checks: `speclimits --help` stays fast
     from speclimits.tracing import engine as eng
 
-    eng.require_vllm()  # fail early, with the install hint
+    distributed = args.workers is not None or args.ray_address is not None
+    if distributed:
+        from speclimits.tracing.ray_sweep import require_ray  # Ray is optional: imported only when asked for
+
+        require_ray()  # fail early, with the install hint
+    else:
+        eng.require_vllm()  # fail early, with the install hint
     from speclimits.tracing.sweep import SweepConfig, parse_k, run_sweep
 
     k_values = parse_k(args.k)
@@ -83,12 +101,12 @@ def _cli(args: argparse.Namespace) -> int:
         engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
     )
-    meta = run_sweep(cfg)
+    meta = _run_distributed(args, cfg) if distributed else run_sweep(cfg)
     checks = meta.get("checks", {})
     print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}, "
           f"counters match vLLM: {checks.get('counters_match')}, emitted = output lengths: {checks.get('emitted_match')}")
     if args.oracle:
-        from speclimits.tracing.oracle_mode import trace_oracle
+        from speclimits.tracing.oracle_mode import trace_oracle  # imports the harness; only with --oracle
 
         k_max = args.oracle_k_max or (max(k_values) if max(k_values) > 0 else 10)
         meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
@@ -96,3 +114,23 @@ def _cli(args: argparse.Namespace) -> int:
         print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "
               f"forced flips {o['forced_flips']}")
     return 0
+
+
+def _run_distributed(args: argparse.Namespace, cfg: object) -> dict:
+    from speclimits.tracing.ray_sweep import RaySettings, run_sweep_ray  # see _cli: imported when used
+
+    runtime_env = None
+    if args.ray_runtime_env:
+        try:
+            runtime_env = json.loads(args.ray_runtime_env)
+        except json.JSONDecodeError as exc:
+            raise SpeclimitsError(f"--ray-runtime-env must be a JSON object: {exc}") from None
+    workers = args.workers
+    if workers is None:
+        raise SpeclimitsError("--ray-address: give --workers N as well (e.g. the cluster's GPU count)")
+    rs = RaySettings(workers=workers, address=args.ray_address, shard_size=args.shard_size, runtime_env=runtime_env)
+    meta = run_sweep_ray(cfg, rs)
+    run = meta["distributed"]["runs"][-1]
+    print(f"distributed on Ray ({run['address']}): {run['workers']} workers, {run['jobs']} jobs, "
+          f"{run['retried_jobs']} retried, {run['worker_restarts']} worker restarts")
+    return meta

@@ -16,7 +16,7 @@ with prefix caching:
   ``[y_{pos+1}, d_1..d_K]``, junk tail after the first mismatch included; the unique experts
   per layer over its first m rows give ``u_bar_window[m-1]``, m = 1..K+1.
 
-Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.schema` first):
+Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.trace.schema` first):
 
 ``context_len``         P + pos (the KV length at the verification pass; equals the sweep's
                         ``rounds.context_len`` of the same state)
@@ -46,6 +46,10 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
+from speclimits.trace.io import read_generations, read_meta, write_meta, write_part
+from speclimits.tracing import engine as eng
+from speclimits.tracing.prompts import read_prompts, reference_ids
+from speclimits.tracing.sweep import sweep_engine_kwargs
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def run_oracle(llm: Any, refs: Sequence[Reference], k_max: int, n_experts: int, 
     """Run every state of every reference through ``llm`` (an engine with K = ``k_max`` and the
     tracing extension installed). ``on_sequence(ref, df)`` receives each finished sequence's rows.
     Returns ``{"states": n, "forced_flips": n}``."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
@@ -166,8 +170,6 @@ def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
                           held_out: dict[str, list[int]] | None = None) -> list[Reference]:
     """References: per prompt, the sweep generation with K = ``k_ref`` (its output), or the
     prompt's held-out reference continuation when given in ``held_out``."""
-    from speclimits.tracing.sweep import read_generations
-
     gens = read_generations(root)
     by_prompt = {g["prompt_id"]: g for g in gens.values() if int(g["K"]) == k_ref}
     refs = []
@@ -189,11 +191,6 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
     with a part are skipped) and ``meta["oracle"]`` (``k_max``, reference source, states,
     forced flips). ``cfg`` is the :class:`~speclimits.tracing.sweep.SweepConfig` of the sweep.
     """
-    from speclimits.trace import read_meta, write_meta
-    from speclimits.tracing import engine as eng
-    from speclimits.tracing.prompts import read_prompts, reference_ids
-    from speclimits.tracing.sweep import _engine_kwargs, write_part
-
     if k_max < 1:
         raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {k_max}")
     if cfg.method == "ngram":
@@ -220,7 +217,7 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
     counter = {"states": int(old.get("states", 0)), "forced_flips": int(old.get("forced_flips", 0))}
     if todo:
         longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in todo)
-        kwargs = _engine_kwargs(cfg, k_max, prompts, [k_max], batch=batch, prefix_caching=True,
+        kwargs = sweep_engine_kwargs(cfg, k_max, prompts, [k_max], batch=batch, prefix_caching=True,
                                 extra_len=max(0, longest - cfg.max_tokens))
         kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
         llm, info = eng.make_llm(kwargs)

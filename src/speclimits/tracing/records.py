@@ -1,6 +1,7 @@
 """Turn the worker extension's step records into trace rows (numpy, vectorised per generation; no vLLM needed).
 
-Conventions of the rows built here (documented once, used by :mod:`speclimits.tracing.sweep`):
+Conventions of the rows built here (documented once, used by :mod:`speclimits.tracing.sweep`; the
+Arrow types they are written with: :mod:`speclimits.trace.schema`):
 
 * A **round** is one engine step of a request: the target forward (prefill or verification
   of the drafts proposed in the previous step), rejection sampling, and the drafter call
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
+from speclimits.trace.schema import STRING_COLUMNS
 from speclimits.tracing.extension import _external
 
 
@@ -47,9 +49,6 @@ ROUND_COLUMNS = ("generation_id", "prompt_id", "K", "m", "round", "phase", "t_ta
 #: Token columns built here, in order. ``experts`` is a 2-D int16 array [tokens, n_layers * top_k].
 TOKEN_COLUMNS = ("seq_id", "pos", "token_id", "text", "new_experts", "experts", "generation_id", "K", "round", "row",
                  "context_len")
-#: Columns holding strings (everything else is int64 / float64, ``experts`` int16 lists).
-STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category")
-FLOAT_COLUMNS = ("t_target_ms", "t_draft_ms", "u_bar", "e_max", "kv_usage", "new_experts")
 
 
 def _unique_by_round(routing: list[np.ndarray], round_of_row: np.ndarray, n_rounds: int) -> np.ndarray:
@@ -85,36 +84,57 @@ def generation_columns(
     order: :data:`ROUND_COLUMNS`, :data:`TOKEN_COLUMNS`; string columns are object arrays;
     ``experts`` is int16 ``[tokens, n_layers * top_k]`` (layer-major).
 
-    A request entry's ``u_layers`` (unique experts per layer over the pass) is used when the
-    worker computed it (prefill rounds, whose rows are not all kept); otherwise it is counted
-    here from the entry's ``routing`` (decode rounds keep every row).
+    Steps: :func:`_emitted_per_round` (tokens each round gained, after vLLM's stop checks),
+    :func:`_experts_per_round` (Ū and E_max), :func:`_round_columns`, :func:`_check_summary`
+    and :func:`_token_columns`.
     """
     if not steps:
         raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw no step "
                               "(was the extension installed?)")
-    n = len(steps)
     reqs = [r for _, r in steps]
     recs = [rec for rec, _ in steps]
-    n_out = len(output_ids)
+    where = f"generation {generation_id} (prompt {prompt_id})"
+    n_sampled, cum, emitted = _emitted_per_round(reqs, len(output_ids), where)
+    prefill = _ints((r["n_out_before"] for r in reqs), len(reqs)) == 0
+    u_bar, e_max = _experts_per_round(reqs, top_k)
+    rounds = _round_columns(reqs, recs, n_sampled=n_sampled, emitted=emitted, prefill=prefill, u_bar=u_bar,
+                            e_max=e_max, generation_id=generation_id, prompt_id=prompt_id, K=K)
+    sampled = np.fromiter((t for r in reqs for t in r["sampled"]), dtype=np.int64, count=int(cum[-1]))
+    check = _check_summary(rounds, sampled, output_ids)
+    tokens = _token_columns(reqs, emitted, prefill, sampled, cum, generation_id=generation_id, prompt_id=prompt_id,
+                            K=K, top_k=top_k, decode=decode) if with_tokens else None
+    return rounds, tokens, check
 
-    def ints(values: Any) -> np.ndarray:
-        return np.fromiter(values, dtype=np.int64, count=n)
 
-    def floats(values: Any) -> np.ndarray:
-        return np.fromiter(values, dtype=np.float64, count=n)
+def _ints(values: Any, n: int) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=n)
 
-    n_sampled = ints(r["n_sampled"] for r in reqs)
+
+def _floats(values: Any, n: int) -> np.ndarray:
+    return np.fromiter(values, dtype=np.float64, count=n)
+
+
+def _emitted_per_round(reqs: list[dict[str, Any]], n_out: int, where: str
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(n_sampled, cumulative sampled, emitted), each (n_rounds,) int: a round emits what it
+    sampled until vLLM's output length is reached (the last round can emit fewer)."""
+    n_sampled = _ints((r["n_sampled"] for r in reqs), len(reqs))
     cum = np.cumsum(n_sampled)
     if cum[-1] < n_out:
-        raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw {cum[-1]} sampled "
-                              f"tokens but vLLM returned {n_out}")
+        raise SpeclimitsError(f"{where}: the tracer saw {cum[-1]} sampled tokens but vLLM returned {n_out}")
     capped = np.minimum(cum, n_out)
-    emitted = np.clip(capped - np.concatenate([[0], capped[:-1]]), 0, None)
-    n_sched = ints(r["n_sched"] for r in reqs)
-    n_spec = ints(r["n_spec"] for r in reqs)
-    prefill = ints(r["n_out_before"] for r in reqs) == 0
+    emitted = np.clip(capped - np.concatenate([[0], capped[:-1]]), 0, None).astype(np.int64)
+    return n_sampled, cum, emitted
 
-    # unique experts per layer: given by the worker, or counted here from the kept rows
+
+def _experts_per_round(reqs: list[dict[str, Any]], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(u_bar, e_max), each (n_rounds,) float: mean / max over layers of the unique experts of the pass.
+
+    A request entry's ``u_layers`` (unique experts per layer over the pass) is used when the
+    worker computed it (prefill rounds, whose rows are not all kept); otherwise it is counted
+    here from the entry's ``routing`` (decode rounds keep every row). A round without routing
+    rows keeps ``top_k``."""
+    n = len(reqs)
     u_bar = np.full(n, float(top_k))
     e_max = np.full(n, float(top_k))
     missing = [i for i, r in enumerate(reqs) if "u_layers" not in r and len(r["routing"])]
@@ -129,40 +149,50 @@ def generation_columns(
         if u is not None and len(u):
             u_bar[i] = float(np.mean(u))
             e_max[i] = float(np.max(u))
+    return u_bar, e_max
 
-    rounds: dict[str, np.ndarray] = {
+
+def _round_columns(reqs: list[dict[str, Any]], recs: list[dict[str, Any]], *, n_sampled: np.ndarray,
+                   emitted: np.ndarray, prefill: np.ndarray, u_bar: np.ndarray, e_max: np.ndarray,
+                   generation_id: int, prompt_id: str, K: int) -> dict[str, np.ndarray]:
+    """The :data:`ROUND_COLUMNS` of one generation, each an (n_rounds,) array."""
+    n = len(reqs)
+    n_spec = _ints((r["n_spec"] for r in reqs), n)
+    return {
         "generation_id": np.full(n, generation_id, dtype=np.int64),
         "prompt_id": np.full(n, prompt_id, dtype=object),
         "K": np.full(n, K, dtype=np.int64),
-        "m": n_sched,
+        "m": _ints((r["n_sched"] for r in reqs), n),
         "round": np.arange(n, dtype=np.int64),
         "phase": np.where(prefill, "prefill", "decode").astype(object),
-        "t_target_ms": floats(rec["t_target_ms"] for rec in recs),
-        "t_draft_ms": floats(rec["t_draft_ms"] for rec in recs) if K > 0 else np.zeros(n),
+        "t_target_ms": _floats((rec["t_target_ms"] for rec in recs), n),
+        "t_draft_ms": _floats((rec["t_draft_ms"] for rec in recs), n) if K > 0 else np.zeros(n),
         "u_bar": u_bar,
         "e_max": e_max,
-        "context_len": ints(r["context_len"] for r in reqs),
-        "kv_usage": floats(rec["kv_usage"] for rec in recs),
-        "graph_bucket": ints(rec["graph_bucket"] for rec in recs),
+        "context_len": _ints((r["context_len"] for r in reqs), n),
+        "kv_usage": _floats((rec["kv_usage"] for rec in recs), n),
+        "graph_bucket": _ints((rec["graph_bucket"] for rec in recs), n),
         "n_draft": n_spec,
         "n_accepted": np.where((n_spec > 0) & (n_sampled > 0), n_sampled - 1, 0),
-        "n_emitted": emitted.astype(np.int64),
+        "n_emitted": emitted,
         "n_sampled": n_sampled,
-        "prompt_len": ints(r["n_prompt"] for r in reqs),
-        "step": ints(rec["step"] for rec in recs),
-        "n_drafted_next": ints(r.get("n_drafted", 0) for r in reqs) if K > 0 else np.zeros(n, dtype=np.int64),
+        "prompt_len": _ints((r["n_prompt"] for r in reqs), n),
+        "step": _ints((rec["step"] for rec in recs), n),
+        "n_drafted_next": _ints((r.get("n_drafted", 0) for r in reqs), n) if K > 0 else np.zeros(n, dtype=np.int64),
     }
-    sampled = np.fromiter((t for r in reqs for t in r["sampled"]), dtype=np.int64, count=int(cum[-1]))
-    check = {
-        "drafted": int(n_spec.sum()),
+
+
+def _check_summary(rounds: dict[str, np.ndarray], sampled: np.ndarray, output_ids: Sequence[int]) -> dict[str, Any]:
+    """Totals to cross-check against vLLM: drafted, accepted, emitted, output length, and whether
+    the sampled ids (cut at the output length) equal vLLM's output."""
+    n_out = len(output_ids)
+    return {
+        "drafted": int(rounds["n_draft"].sum()),
         "accepted": int(rounds["n_accepted"].sum()),
-        "emitted": int(emitted.sum()),
+        "emitted": int(rounds["n_emitted"].sum()),
         "output_len": n_out,
         "tokens_match": bool(np.array_equal(sampled[:n_out], np.asarray(output_ids, dtype=np.int64))),
     }
-    tokens = _token_columns(reqs, emitted, prefill, sampled, cum, generation_id=generation_id, prompt_id=prompt_id,
-                            K=K, top_k=top_k, decode=decode) if with_tokens else None
-    return rounds, tokens, check
 
 
 def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.ndarray, sampled: np.ndarray,

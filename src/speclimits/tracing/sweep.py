@@ -1,4 +1,8 @@
-"""K sweeps on the real vLLM engine, written as they run, resumable.
+"""K sweeps on the real vLLM engine, written as they run, resumable: the loop.
+
+The files are owned by :mod:`speclimits.trace.io` (part files, logs, meta); this module runs
+the engines and decides what to write when. :mod:`speclimits.tracing.ray_sweep` runs the same
+jobs on a Ray cluster.
 
 One engine configuration per K (K = 0: plain decoding, no speculative config), batch size
 1, greedy. Finished generations are buffered (as numpy columns) and written together, every
@@ -12,6 +16,10 @@ One engine configuration per K (K = 0: plain decoding, no speculative config), b
                                              spec-decode counter deltas over them
 ``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the part's generations done
 
+(A distributed sweep, :mod:`speclimits.tracing.ray_sweep`, writes one part per job instead,
+named by the job, with the job's log lines as one file ``shards/<name>.json``; readers merge
+both layouts.)
+
 A generation counts as done only once its rounds are on disk: a killed sweep leaves a valid
 partial trace, and ``resume=True`` runs only the generations without rounds (none duplicated,
 none lost; the unflushed ones of the killed run are simply run again, and token parts left
@@ -24,7 +32,7 @@ are checked exactly against the counter deltas over the same generations (hence 
 ``check_counters="generation"`` reads them after every generation instead and also records the
 per-generation deltas (``vllm`` in ``generations.jsonl``).
 
-Tables (beyond the contract columns of :mod:`speclimits.schema`):
+Tables (beyond the contract columns of :mod:`speclimits.trace.schema`):
 
 ``rounds``  ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
             ``step`` (engine step number), ``n_drafted_next`` (drafts proposed in this step),
@@ -49,24 +57,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
-from speclimits.trace import new_meta, read_meta, write_meta
+from speclimits.trace.io import (
+    GENERATIONS_LOG,
+    PARTS_LOG,
+    append_lines,
+    columns_table,
+    done_generations,
+    list_parts,
+    new_meta,
+    part_name,
+    read_generations,
+    read_meta,
+    read_parts_log,
+    remove_orphan_parts,
+    write_meta,
+    write_part,
+    write_shard_log,
+)
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
-from speclimits.tracing.records import FLOAT_COLUMNS, STRING_COLUMNS, generation_columns, request_steps
+from speclimits.tracing.records import generation_columns, request_steps
 
 #: Settings that must match for ``resume`` to continue a trace.
 RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
@@ -146,110 +164,6 @@ def read_model_config(path: str | Path) -> dict[str, Any]:
         return {}
 
 
-# ---------------------------------------------------------------------------
-# atomic part files
-# ---------------------------------------------------------------------------
-
-
-def write_part(root: Path, table: str, name: str, df: pd.DataFrame | pa.Table) -> Path:
-    """Write ``root/<table>.parquet/<name>.parquet`` atomically (dot-temp file + rename)."""
-    folder = root / f"{table}.parquet"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{name}.parquet"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-    os.close(fd)
-    arrow = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
-    pq.write_table(arrow, tmp, compression="zstd")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, target)
-    return target
-
-
-def part_name(gid: int) -> str:
-    return f"part-g{gid:06d}"
-
-
-def _parts(root: Path, table: str) -> dict[str, Path]:
-    folder = root / f"{table}.parquet"
-    return {p.stem: p for p in folder.glob("part-g*.parquet")} if folder.is_dir() else {}
-
-
-def done_generations(root: Path) -> set[int]:
-    """Generation ids in the rounds parts (finished generations)."""
-    out: set[int] = set()
-    for path in _parts(root, "rounds").values():
-        ids = pq.read_table(path, columns=["generation_id"]).column("generation_id").to_numpy()
-        out.update(int(g) for g in np.unique(ids))
-    return out
-
-
-def remove_orphan_parts(root: Path) -> list[Path]:
-    """Delete token parts without their rounds part (a sweep killed mid-flush); returns them."""
-    rounds = _parts(root, "rounds")
-    orphans = [p for name, p in _parts(root, "tokens").items() if name not in rounds]
-    for p in orphans:
-        p.unlink()
-    return orphans
-
-
-def append_lines(path: Path, entries: Iterable[dict[str, Any]]) -> None:
-    """Append JSON lines to ``path`` and fsync once."""
-    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _read_jsonl_by(path: Path, key: str, cast) -> dict:
-    """Entries of a JSONL log keyed by ``cast(entry[key])`` (the last line wins; a torn line is skipped)."""
-    out: dict = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        out[cast(entry[key])] = entry
-    return out
-
-
-def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:
-    """The ``parts.jsonl`` entries by part name."""
-    return _read_jsonl_by(Path(root) / "parts.jsonl", "part", str)
-
-
-def read_generations(root: str | Path) -> dict[int, dict[str, Any]]:
-    """The ``generations.jsonl`` entries by generation id."""
-    return _read_jsonl_by(Path(root) / "generations.jsonl", "generation_id", int)
-
-
-def columns_table(chunks: list[dict[str, np.ndarray]], categories: list[str | None] | None) -> pa.Table:
-    """One Arrow table from per-generation column dicts (:func:`~speclimits.tracing.records.generation_columns`).
-
-    ``categories``: one per chunk (the ``category`` column; None: no such column). Strings are
-    ``large_string`` and ``experts`` ``list<int16>``, as ``pa.Table.from_pandas`` writes them."""
-    names = list(chunks[0])
-    arrays = {}
-    for name in names:
-        values = np.concatenate([c[name] for c in chunks])
-        if name == "experts":
-            width = values.shape[1] if values.ndim == 2 else 0
-            offsets = np.arange(len(values) + 1, dtype=np.int32) * width
-            arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.int16()))
-        elif name in STRING_COLUMNS:
-            arrays[name] = pa.array(values.tolist(), pa.large_string())
-        elif name in FLOAT_COLUMNS:
-            arrays[name] = pa.array(values.astype(np.float64))
-        else:
-            arrays[name] = pa.array(values.astype(np.int64))
-    if categories is not None:
-        cat = [c for chunk, c in zip(chunks, categories) for _ in range(len(chunk[names[0]]))]
-        arrays["category"] = pa.array(cat, pa.large_string())
-    return pa.table(arrays)
-
-
 def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -269,81 +183,173 @@ def _check_resume(root: Path, settings: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
-    """Run (or finish, with ``cfg.resume``) the sweep; returns the final meta dict."""
+@dataclass
+class SweepPlan:
+    """What a sweep (serial or distributed) still has to do.
+
+    ``todo`` lists ``(k_index, K, prompt_index)`` of the generations without rounds on disk, K
+    by K; generation ids are fixed by position, ``gid = k_index * n_prompts + prompt_index``.
+    ``meta`` is the trace's meta.json when resuming, else None (written once the first engine
+    reports the model's shape)."""
+
+    cfg: SweepConfig
+    prompts: list[Prompt]
+    root: Path
+    settings: dict[str, Any]
+    k_values: list[int]
+    meta: dict[str, Any] | None
+    todo: list[tuple[int, int, int]]
+
+    @property
+    def n_total(self) -> int:
+        return len(self.k_values) * len(self.prompts)
+
+    def gid(self, k_index: int, prompt_index: int) -> int:
+        return k_index * len(self.prompts) + prompt_index
+
+    def keep_tokens(self, K: int) -> bool:
+        return self.cfg.tokens == "all" or (self.cfg.tokens == "ref" and K == self.k_values[0])
+
+    @property
+    def with_category(self) -> bool:
+        return any(p.category is not None for p in self.prompts)
+
+
+def _check_config(cfg: SweepConfig, k_values: list[int]) -> None:
     if cfg.tokens not in ("ref", "all", "none"):
         raise SpeclimitsError(f"tokens must be 'ref', 'all' or 'none', got {cfg.tokens!r}")
     if cfg.max_tokens < 1:
         raise SpeclimitsError(f"--max-tokens must be >= 1, got {cfg.max_tokens}")
-    k_values = sorted(set(int(k) for k in cfg.k_values))
     if cfg.method != "ngram" and any(k > 0 for k in k_values) and cfg.draft is None:
         raise SpeclimitsError(f"--method {cfg.method} needs --draft DIR")
+    if cfg.check_counters not in ("part", "generation"):
+        raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
+    if cfg.flush_every < 1 or cfg.flush_seconds < 0:
+        raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
+                              f"{cfg.flush_seconds}")
+
+
+def plan_sweep(cfg: SweepConfig) -> SweepPlan:
+    """Check the settings and the output folder (``--resume`` rules) and list the work left.
+
+    Deletes what a killed writer left without its rounds part (:func:`~speclimits.trace.io.remove_orphan_parts`)."""
+    k_values = sorted(set(int(k) for k in cfg.k_values))
+    _check_config(cfg, k_values)
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     root = Path(cfg.out)
     settings = cfg.settings(file_sha256(cfg.prompts))
+    meta = None
     if (root / "meta.json").exists():
         if not cfg.resume:
             raise SpeclimitsError(f"{root} already holds a trace; pass --resume to finish it or choose a new --out")
         meta = _check_resume(root, settings)
     elif root.exists() and any(root.iterdir()):
         raise SpeclimitsError(f"{root} exists and is not a trace directory; choose a new --out")
-    else:
-        meta = None
-    if cfg.check_counters not in ("part", "generation"):
-        raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
-    if cfg.flush_every < 1 or cfg.flush_seconds < 0:
-        raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
-                              f"{cfg.flush_seconds}")
-    vllm = eng.require_vllm()
     if root.is_dir():
         remove_orphan_parts(root)
     done = done_generations(root)
     n_p = len(prompts)
-    ref_k = k_values[0]
     todo = [(ki, K, pi) for ki, K in enumerate(k_values) for pi in range(n_p) if ki * n_p + pi not in done]
-    bar = tqdm(total=len(k_values) * n_p, initial=len(k_values) * n_p - len(todo), desc="trace",
-               unit="gen", disable=not cfg.progress)
-    tokenizer = None
-    info: dict[str, Any] | None = (meta or {}).get("models", {}).get("target") if meta else None
-    for ki, K in enumerate(k_values):
-        mine = [pi for (kj, _, pi) in todo if kj == ki]
-        if not mine:
-            continue
-        bar.set_postfix_str(f"K={K}: building engine")
-        kwargs = _engine_kwargs(cfg, K, prompts, k_values)
-        llm, info_k = eng.make_llm(kwargs)
-        try:
-            if tokenizer is None and not kwargs["skip_tokenizer_init"]:
-                tokenizer = llm.get_tokenizer()
-            prompt_ids = {pi: tokenize(prompts[pi], tokenizer, cfg.chat_template) for pi in mine}
-            if meta is None:
-                meta = _initial_meta(cfg, settings, vllm, info_k, kwargs)
-                root.mkdir(parents=True, exist_ok=True)
-                write_meta(root, meta)
-            info = meta["models"]["target"]
-            _warmup(llm, prompt_ids[mine[0]])
-            writer = GenerationWriter(llm, root, cfg, K, top_k=int(info["top_k"]), tokenizer=tokenizer,
-                                      with_category=any(p.category is not None for p in prompts))
-            try:
-                for pi in mine:
-                    bar.set_postfix_str(f"K={K} prompt {prompts[pi].id}, {writer.pending} unwritten")
-                    writer.run(prompts[pi], prompt_ids[pi], ki * n_p + pi,
-                               keep_tokens=cfg.tokens == "all" or (cfg.tokens == "ref" and K == ref_k))
-                    bar.update(1)
-                writer.flush()
-            finally:
-                writer.close()
-        finally:
-            eng.close_llm(llm)
-    bar.close()
-    if meta is None:  # everything was already done
-        meta = read_meta(root)
-    meta = finalize_meta(root, meta)
-    return meta
+    return SweepPlan(cfg, prompts, root, settings, k_values, meta, todo)
 
 
-def _engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_values: list[int],
-                   batch: int = 1, prefix_caching: bool = False, extra_len: int = 0) -> dict[str, Any]:
+class EngineHolder:
+    """One traced engine at a time, for one K: built on first use, kept while K stays the same,
+    rebuilt when it changes (vLLM fixes ``num_speculative_tokens`` per engine).
+
+    ``ensure(K)`` returns the engine (warmed up on the first prompt it is asked for);
+    ``prompt_ids(i)`` tokenizes prompt ``i`` (with the engine's tokenizer when the model has one).
+    """
+
+    def __init__(self, cfg: SweepConfig, prompts: list[Prompt], k_values: list[int]) -> None:
+        self.cfg, self.prompts, self.k_values = cfg, prompts, k_values
+        self.K: int | None = None
+        self.llm: Any = None
+        self.info: dict[str, Any] = {}
+        self.kwargs: dict[str, Any] = {}
+        self.tokenizer: Any = None
+        self.builds = 0
+        self._ids: dict[int, list[int]] = {}
+
+    def ensure(self, K: int, warmup_prompt: int) -> Any:
+        if self.llm is not None and self.K == K:
+            return self.llm
+        self.close()
+        self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values)
+        self.llm, self.info = eng.make_llm(self.kwargs)
+        self.K = K
+        self.builds += 1
+        if self.tokenizer is None and not self.kwargs["skip_tokenizer_init"]:
+            self.tokenizer = self.llm.get_tokenizer()
+        _warmup(self.llm, self.prompt_ids(warmup_prompt))
+        return self.llm
+
+    def prompt_ids(self, i: int) -> list[int]:
+        if i not in self._ids:
+            self._ids[i] = tokenize(self.prompts[i], self.tokenizer, self.cfg.chat_template)
+        return self._ids[i]
+
+    def close(self) -> None:
+        if self.llm is not None:
+            eng.close_llm(self.llm)
+        self.llm, self.K = None, None
+
+
+def ensure_meta(plan: SweepPlan, holder: EngineHolder, vllm_version: str) -> dict[str, Any]:
+    """The trace's meta.json: the resumed one, or a new one written from the engine's model info."""
+    if plan.meta is None:
+        plan.meta = initial_meta(plan.cfg, plan.settings, vllm_version, holder.info, holder.kwargs)
+        plan.root.mkdir(parents=True, exist_ok=True)
+        write_meta(plan.root, plan.meta)
+    return plan.meta
+
+
+def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
+    """Run (or finish, with ``cfg.resume``) the sweep in this process; returns the final meta dict."""
+    plan = plan_sweep(cfg)
+    vllm = eng.require_vllm()
+    bar = tqdm(total=plan.n_total, initial=plan.n_total - len(plan.todo), desc="trace", unit="gen",
+               disable=not cfg.progress)
+    holder = EngineHolder(cfg, plan.prompts, plan.k_values)
+    try:
+        for ki, K in enumerate(plan.k_values):
+            mine = [pi for (kj, _, pi) in plan.todo if kj == ki]
+            if mine:
+                bar.set_postfix_str(f"K={K}: building engine")
+                llm = holder.ensure(K, warmup_prompt=mine[0])
+                meta = ensure_meta(plan, holder, getattr(vllm, "__version__", "?"))
+                run_generations(plan, holder, llm, K, [(plan.gid(ki, pi), pi) for pi in mine],
+                                 top_k=int(meta["models"]["target"]["top_k"]), bar=bar)
+    finally:
+        holder.close()
+        bar.close()
+    meta = plan.meta if plan.meta is not None else read_meta(plan.root)  # None: everything was already done
+    return finalize_meta(plan.root, meta)
+
+
+def run_generations(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, jobs: list[tuple[int, int]], *,
+                     top_k: int, bar: Any = None, shard: str | None = None,
+                     worker: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Run ``jobs`` ((gid, prompt index) pairs) on ``llm`` (K) and write them: in buffered parts,
+    or, with ``shard``, as that one shard (see :class:`GenerationWriter`). Returns the part entry
+    of the shard (None in buffered mode)."""
+    writer = GenerationWriter(llm, plan.root, plan.cfg, K, top_k=top_k, tokenizer=holder.tokenizer,
+                              with_category=plan.with_category, shard=shard, worker=worker)
+    try:
+        for gid, pi in jobs:
+            if bar is not None:
+                bar.set_postfix_str(f"K={K} prompt {plan.prompts[pi].id}, {writer.pending} unwritten")
+            writer.run(plan.prompts[pi], holder.prompt_ids(pi), gid, keep_tokens=plan.keep_tokens(K))
+            if bar is not None:
+                bar.update(1)
+        writer.flush()
+    finally:
+        writer.close()
+    return writer.last_part
+
+
+def sweep_engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_values: list[int],
+                        batch: int = 1, prefix_caching: bool = False, extra_len: int = 0) -> dict[str, Any]:
     longest = max((len(p.token_ids) if p.token_ids is not None else 4 * len(p.text or "") + 64) for p in prompts)
     max_len = cfg.max_model_len or (longest + cfg.max_tokens + max(k_values) + extra_len + 8)
     model_cfg = read_model_config(cfg.target)
@@ -356,8 +362,9 @@ def _engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_values: li
                              spec_extra=cfg.spec_extra, extra=cfg.engine_extra)
 
 
-def _initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm: Any, info: dict[str, Any],
-                  kwargs: dict[str, Any]) -> dict[str, Any]:
+def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, info: dict[str, Any],
+                 kwargs: dict[str, Any]) -> dict[str, Any]:
+    """meta.json of a new vLLM trace (``complete`` False until :func:`finalize_meta`)."""
     target_cfg = read_model_config(cfg.target)
     models: dict[str, Any] = {
         "target": {"path": str(cfg.target), "architecture": (target_cfg.get("architectures") or ["?"])[0],
@@ -378,7 +385,7 @@ def _initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm: Any, info: d
         dtype=info["dtype"],
         k_values=sorted(set(int(k) for k in cfg.k_values)),
         seed=cfg.seed,
-        engine={"name": "vllm", "version": getattr(vllm, "__version__", "?"), "torch": info.get("torch"),
+        engine={"name": "vllm", "version": vllm_version, "torch": info.get("torch"),
                 "device": info.get("device"), "runner": "V1",
                 "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")}},
         sweep=settings,
@@ -393,7 +400,7 @@ def _initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm: Any, info: d
 
 def _warmup(llm: Any, prompt_ids: list[int]) -> None:
     """One short untraced generation (ngram JIT, first-call allocations); its records are dropped."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
     llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))],
@@ -411,11 +418,17 @@ class GenerationWriter:
     :meth:`close` (always call it) flushes when that is exact, i.e. unless a generation was
     interrupted (vLLM's counters would then include its partial drafts); otherwise the
     buffered generations are dropped and a resumed sweep runs them again.
+
+    With ``shard`` (a distributed job's part name) everything is buffered until :meth:`flush`,
+    which writes the one part under that name and its log lines as ``shards/<shard>.json``
+    (:func:`~speclimits.trace.io.write_shard_log`; ``worker`` says where it ran) instead of
+    appending to the shared logs. ``last_part`` is the part entry last written.
     """
 
     def __init__(self, llm: Any, root: Path, cfg: SweepConfig, K: int, *, top_k: int, tokenizer: Any = None,
-                 with_category: bool = False) -> None:
-        from vllm import SamplingParams
+                 with_category: bool = False, shard: str | None = None,
+                 worker: dict[str, Any] | None = None) -> None:
+        from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
 
         self.llm, self.root, self.cfg, self.K, self.top_k = llm, Path(root), cfg, K, top_k
         self.tokenizer = tokenizer
@@ -427,6 +440,8 @@ class GenerationWriter:
         self._since: float | None = None  # when the oldest buffered generation finished
         self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
         self._interrupted = False
+        self.shard, self.worker = shard, worker
+        self.last_part: dict[str, Any] | None = None
         self._c0 = eng.spec_counters(llm)
 
     def sync_counters(self, count: bool = True) -> dict[str, int]:
@@ -442,7 +457,7 @@ class GenerationWriter:
 
     def run(self, prompt: Prompt, prompt_ids: list[int], gid: int, *, keep_tokens: bool) -> None:
         """Generate for one prompt, check it against vLLM's output and buffer its rows."""
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # vllm is heavy and optional
 
         llm = self.llm
         llm.collective_rpc("speclimits_drain")  # drop anything left over
@@ -472,7 +487,8 @@ class GenerationWriter:
         now = time.monotonic()
         if self._since is None:
             self._since = now
-        if len(self._pending) >= self.cfg.flush_every or now - self._since >= self.cfg.flush_seconds:
+        if self.shard is None and (len(self._pending) >= self.cfg.flush_every
+                                   or now - self._since >= self.cfg.flush_seconds):
             self.flush()
 
     def flush(self) -> str | None:
@@ -484,20 +500,27 @@ class GenerationWriter:
         pending = self._pending
         if not self.per_generation:
             self.sync_counters()
-        name = part_name(pending[0]["entry"]["generation_id"])
+        name = self.shard or part_name(pending[0]["entry"]["generation_id"])
         cats = [p["category"] for p in pending] if self.with_category else None
         with_tokens = [p for p in pending if p["tokens"] is not None]
+        # order matters: the rounds part comes last, its presence marks the generations done
         if with_tokens:
             write_part(self.root, "tokens", name,
                        columns_table([p["tokens"] for p in with_tokens],
                                      [p["category"] for p in with_tokens] if cats is not None else None))
-        append_lines(self.root / "generations.jsonl", [p["entry"] for p in pending])
-        append_lines(self.root / "parts.jsonl", [{
+        part = {
             "part": name, "K": self.K, "generation_ids": [p["entry"]["generation_id"] for p in pending],
             "trace": {k: sum(p["entry"]["trace"][k] for p in pending) for k in ("drafted", "accepted")},
             "vllm": dict(self._vllm), "check": self.cfg.check_counters,
-        }])
+        }
+        if self.shard is None:
+            append_lines(self.root / GENERATIONS_LOG, [p["entry"] for p in pending])
+            append_lines(self.root / PARTS_LOG, [part])
+        else:
+            part["worker"] = self.worker
+            write_shard_log(self.root, name, part, [p["entry"] for p in pending])
         write_part(self.root, "rounds", name, columns_table([p["rounds"] for p in pending], cats))
+        self.last_part = part
         self._pending = []
         self._since = None
         self._vllm = {"drafted": 0, "accepted": 0}
@@ -522,7 +545,7 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     parts on disk, which hold exactly those generations)."""
     gens = read_generations(root)
     done = done_generations(root)
-    on_disk = set(_parts(root, "rounds"))
+    on_disk = set(list_parts(root, "rounds"))
     parts = {name: p for name, p in read_parts_log(root).items() if name in on_disk}
     n_expected = len(meta.get("k_values", [])) * _n_prompts(meta)
     by_k: dict[str, dict[str, int]] = {}

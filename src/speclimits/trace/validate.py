@@ -4,12 +4,18 @@ Every defect is collected, not just the first, and reported in one message that 
 file, the column and the first offending rows. Zero timings and prefill rounds are *not*
 defects: fits exclude them through :func:`speclimits.trace.decode_rounds`, which counts them.
 
-Command line: ``speclimits validate TRACE`` (exit 0 when valid, 2 with the message otherwise).
+``oracle.parquet`` has one checker, :func:`check_oracle_frame`, used by :func:`validate_trace`
+(``speclimits validate``) and by the Oracle's loader
+(:meth:`speclimits.oracle.inputs.OracleInputs.from_frame`) alike; it also hands back the
+stacked list columns so that the loader does not parse them twice.
+
+Command line: ``speclimits validate TRACE`` (:mod:`speclimits.trace.cli`; exit 0 when valid,
+2 with the message otherwise).
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +23,9 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import Problem, TraceFormatError
-from speclimits.schema import META_REQUIRED, SOURCES, TABLES, Column
-from speclimits.trace import read_meta, read_table
+from speclimits.trace.filters import list_lengths, stack_lists
+from speclimits.trace.io import read_meta, read_table
+from speclimits.trace.schema import META_REQUIRED, SOURCES, TABLES, Column
 
 MAX_ROWS_SHOWN = 5
 
@@ -78,19 +85,6 @@ def _check_columns(c: _Collector, file: str, df: pd.DataFrame, columns: tuple[Co
                 continue
         ok.append(col.name)
     return ok
-
-
-def _lists(c: _Collector, file: str, df: pd.DataFrame, column: str, width: int) -> np.ndarray | None:
-    values = df[column].to_numpy()
-    lengths = np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
-    if c.rows(file, column, lengths != width, f"lists must have length {width}"):
-        return None
-    if not len(values):
-        return np.zeros((0, width))
-    arr = np.concatenate([np.asarray(v, dtype=float) for v in values]).reshape(len(values), width)
-    if c.rows(file, column, ~np.isfinite(arr).all(axis=1), "list entries must not be NaN or infinite"):
-        return None
-    return arr
 
 
 def _experts_range(meta: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -186,44 +180,178 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
         c.rows(f, "K", nk > 1, "one generation must have a single K")
 
 
-def check_oracle(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
-    f = "oracle.parquet"
-    ok = set(_check_columns(c, f, df, TABLES["oracle"]))
-    if "match_prob" not in ok or not len(df):
-        return
-    first = df["match_prob"].iloc[0]
-    k_max = int(meta.get("oracle", {}).get("k_max", len(first) if first is not None else 0))
-    arrays = {}
-    for col, width in (("match_prob", k_max), ("draft_conf", k_max), ("u_bar_window", k_max + 1)):
-        if col in ok:
-            arrays[col] = _lists(c, f, df, col, width)
-    for col in ("match_prob", "draft_conf"):
-        arr = arrays.get(col)
-        if arr is not None:
-            c.rows(f, col, ((arr < 0) | (arr > 1)).any(axis=1), "probabilities must lie in [0, 1]")
-    ubw = arrays.get("u_bar_window")
-    if ubw is not None:
-        lo, hi = _experts_range(meta)
-        if lo is not None:
-            c.rows(f, "u_bar_window", (ubw < lo - 1e-9).any(axis=1), f"entries must be >= top_k = {lo:g}")
-        if hi is not None:
-            c.rows(f, "u_bar_window", (ubw > hi + 1e-9).any(axis=1), f"entries must be <= n_experts = {hi:g}")
-        c.rows(f, "u_bar_window", (np.diff(ubw, axis=1) < -1e-6).any(axis=1),
-               "must not decrease as the window grows (unique experts over more tokens)")
-    if "accept_len" in ok:
-        al = df["accept_len"].to_numpy()
-        c.rows(f, "accept_len", (al < 0) | (al > k_max), f"must lie in [0, K_max = {k_max}]")
-    if {"seq_id", "pos"} <= ok:
-        pos = df["pos"].to_numpy()
-        seq = df["seq_id"].astype(str)
-        start = seq.groupby(seq, sort=False).cumcount().to_numpy()
-        # positions must run 0..N-1 in order within each sequence
-        c.rows(f, "pos", pos != start, "must run 0..N-1 in order within each seq_id")
-        if "context_len" in ok:
-            L = df["context_len"].to_numpy()
-            p0 = pd.Series(L - pos).groupby(seq.to_numpy(), sort=False).transform("nunique").to_numpy()
-            c.rows(f, "context_len", p0 > 1, "must equal prompt length + pos within a sequence")
+ORACLE_FILE = "oracle.parquet"
+ORACLE_REQUIRED = tuple(c.name for c in TABLES["oracle"] if c.required)
 
+
+@dataclass(frozen=True, eq=False)
+class OracleFrame:
+    """An ``oracle.parquet`` table that passed :func:`check_oracle_frame`, as arrays in the table's row order.
+
+    Attributes (n = rows of the table)
+    ----------------------------------
+    k_max : length of the ``match_prob`` lists.
+    seq_id : (n,) str (object array).
+    pos, accept_len : (n,) int64.
+    context_len : (n,) float64 (integer-valued).
+    match_prob, draft_conf : (n, k_max) float64 in [0, 1].
+    u_bar_window : (n, k_max + 1) float64, finite, >= 0, non-decreasing along each row.
+    category : (n,) str, or None without a ``category`` column.
+    """
+
+    k_max: int
+    seq_id: np.ndarray
+    pos: np.ndarray
+    context_len: np.ndarray
+    accept_len: np.ndarray
+    match_prob: np.ndarray
+    draft_conf: np.ndarray
+    u_bar_window: np.ndarray
+    category: np.ndarray | None
+
+
+def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int | None = None,
+                       top_k: float | None = None, n_experts: float | None = None
+                       ) -> tuple[OracleFrame | None, list[Problem]]:
+    """Check an ``oracle.parquet`` table (DESIGN §4) and stack its list columns.
+
+    The one set of rules for Oracle inputs, applied by ``speclimits validate`` and by the
+    Oracle's loader: required columns; at least one row; ``match_prob`` / ``draft_conf`` lists
+    of ``k_max`` floats and ``u_bar_window`` lists of ``k_max + 1`` (``k_max`` None: the most
+    common ``match_prob`` length); probabilities finite and in [0, 1]; ``u_bar_window`` finite,
+    >= 0 (>= ``top_k`` and <= ``n_experts`` when given), never decreasing as the window grows;
+    ``pos`` and ``context_len`` integers >= 0, ``accept_len`` an integer in 0..k_max;
+    ``seq_id`` present; and, per ``seq_id``, ``pos`` = 0..N-1 exactly once (in any row order).
+
+    Returns ``(frame, [])`` when the table is valid, else ``(None, problems)``: every defect
+    found, each naming ``file``, the column and the first offending rows (0-based row numbers
+    of ``df`` as given).
+    """
+    c = _Collector()
+    missing = [col for col in ORACLE_REQUIRED if col not in df.columns]
+    for col in missing:
+        c.file(file, "required column is missing", col)
+    if missing:
+        return None, c.problems
+    if len(df) == 0:
+        c.file(file, "has no rows")
+        return None, c.problems
+    lists = _oracle_lists(c, file, df, k_max)
+    if lists is None:
+        return None, c.problems
+    _oracle_list_values(c, file, lists, top_k, n_experts)
+    ints = _oracle_scalars(c, file, df, lists["k_max"])
+    if c.problems:
+        return None, c.problems
+    _oracle_positions(c, file, df["seq_id"].astype(str).to_numpy(), ints["pos"])
+    if c.problems:
+        return None, c.problems
+    category = df["category"].astype(str).to_numpy() if "category" in df.columns else None
+    frame = OracleFrame(k_max=lists["k_max"], seq_id=df["seq_id"].astype(str).to_numpy().astype(object),
+                        pos=ints["pos"].astype(np.int64), context_len=ints["context_len"],
+                        accept_len=ints["accept_len"].astype(np.int64), match_prob=lists["match_prob"],
+                        draft_conf=lists["draft_conf"], u_bar_window=lists["u_bar_window"], category=category)
+    return frame, []
+
+
+def read_oracle_frame(df: pd.DataFrame, origin: str = ORACLE_FILE, **limits: Any) -> OracleFrame:
+    """:func:`check_oracle_frame`, raising :class:`TraceFormatError` (``origin`` names the table) on defects.
+
+    ``limits``: ``k_max``, ``top_k``, ``n_experts`` as for :func:`check_oracle_frame`."""
+    frame, problems = check_oracle_frame(df, file=origin, **limits)
+    if problems:
+        raise TraceFormatError(origin, problems)
+    return frame
+
+
+def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None) -> dict[str, Any] | None:
+    """Lengths of the three list columns; the stacked arrays, or None after recording problems."""
+    values = {col: df[col].to_numpy() for col in ("match_prob", "draft_conf", "u_bar_window")}
+    lengths = {col: list_lengths(v) for col, v in values.items()}
+    if k_max is None:
+        known = lengths["match_prob"][lengths["match_prob"] >= 0]
+        k_max = int(np.bincount(known).argmax()) if known.size else 0
+    if k_max < 1:
+        c.file(file, "lists must hold K_max >= 1 floats", "match_prob")
+        return None
+    widths = {"match_prob": k_max, "draft_conf": k_max, "u_bar_window": k_max + 1}
+    for col, width in widths.items():
+        c.rows(file, col, lengths[col] != width, f"lists must have length {width} (K_max = {k_max}"
+               + (", plus one for m = 1)" if col == "u_bar_window" else ")"))
+    if c.problems:
+        return None
+    out: dict[str, Any] = {col: stack_lists(values[col], width) for col, width in widths.items()}
+    out["k_max"] = k_max
+    return out
+
+
+def _oracle_list_values(c: _Collector, file: str, lists: dict[str, Any], top_k: float | None,
+                        n_experts: float | None) -> None:
+    for col in ("match_prob", "draft_conf"):
+        arr = lists[col]
+        c.rows(file, col, ~((arr >= 0) & (arr <= 1)).all(axis=1), "probabilities must be finite and in [0, 1]")
+    ubw = lists["u_bar_window"]
+    if c.rows(file, "u_bar_window", ~(np.isfinite(ubw) & (ubw >= 0)).all(axis=1), "values must be finite and >= 0"):
+        return
+    if top_k is not None:
+        c.rows(file, "u_bar_window", (ubw < top_k - 1e-9).any(axis=1),
+               f"entries must be >= top_k = {top_k:g} (meta.json models.target.top_k)")
+    if n_experts is not None:
+        c.rows(file, "u_bar_window", (ubw > n_experts + 1e-9).any(axis=1),
+               f"entries must be <= n_experts = {n_experts:g} (meta.json models.target.n_experts)")
+    c.rows(file, "u_bar_window", (np.diff(ubw, axis=1) < -1e-6).any(axis=1),
+           "must not decrease as the window grows (unique experts over more tokens)")
+
+
+def _oracle_scalars(c: _Collector, file: str, df: pd.DataFrame, k_max: int) -> dict[str, np.ndarray]:
+    """``pos``, ``context_len``, ``accept_len`` as float arrays (NaN where not numeric); records problems."""
+    out = {col: pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
+           for col in ("pos", "context_len", "accept_len")}
+    for col in ("pos", "context_len"):
+        v = out[col]
+        c.rows(file, col, ~(np.isfinite(v) & (v >= 0) & (v == np.round(v))), "must be an integer >= 0")
+    acc = out["accept_len"]
+    c.rows(file, "accept_len", ~(np.isfinite(acc) & (acc >= 0) & (acc <= k_max) & (acc == np.round(acc))),
+           f"must be an integer in 0..{k_max}")
+    c.rows(file, "seq_id", df["seq_id"].isna().to_numpy(), "must not be missing")
+    return out
+
+
+def _oracle_positions(c: _Collector, file: str, seq: np.ndarray, pos: np.ndarray) -> None:
+    """Per ``seq_id``, ``pos`` must be 0..N-1 exactly once (N = the sequence's rows); names the rows
+    whose pos is out of that range or repeats an earlier row's."""
+    s = pd.Series(seq)
+    n_rows = s.groupby(s, sort=False).transform("size").to_numpy()
+    out_of_range = pos >= n_rows
+    repeated = pd.DataFrame({"s": seq, "p": pos}).duplicated().to_numpy()
+    bad = out_of_range | repeated
+    if bad.any():
+        seqs = pd.unique(seq[bad])
+        c.rows(file, "pos", bad, f"each seq_id must have pos = 0..N-1 exactly once; sequences "
+                                 f"{list(seqs[:5])} have gaps or duplicates")
+
+
+def check_oracle_context(c: _Collector, file: str, df: pd.DataFrame) -> None:
+    """``context_len`` = prompt length + ``pos`` within each sequence: how the harness and the
+    simulator record a trace. Checked on trace files only: the Oracle itself prices any
+    non-negative context, so in-memory what-if inputs (``OracleInputs.from_arrays``) may set it freely."""
+    pos = df["pos"].to_numpy()
+    seq = df["seq_id"].astype(str).to_numpy()
+    offset = pd.Series(df["context_len"].to_numpy() - pos).groupby(seq, sort=False).transform("nunique").to_numpy()
+    c.rows(file, "context_len", offset > 1, "must equal prompt length + pos within a sequence")
+
+
+def check_oracle(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+    """The trace-level checks of ``oracle.parquet``: :func:`check_oracle_frame` with the limits
+    meta.json gives (``oracle.k_max``, the target's ``top_k`` and ``n_experts``), then
+    :func:`check_oracle_context`."""
+    lo, hi = _experts_range(meta)
+    k_max = (meta.get("oracle") or {}).get("k_max")
+    frame, problems = check_oracle_frame(df, file=ORACLE_FILE, k_max=None if k_max is None else int(k_max),
+                                         top_k=lo, n_experts=hi)
+    c.problems.extend(problems)
+    if frame is not None:
+        check_oracle_context(c, ORACLE_FILE, df)
 
 def check_tokens(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     f = "tokens.parquet"
@@ -264,44 +392,3 @@ def validate_trace(path: str | Path) -> None:
     problems = find_problems(path)
     if problems:
         raise TraceFormatError(str(path), problems)
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "validate",
-        help="check a trace directory against the data contract",
-        description=(
-            "Check meta.json and the Parquet tables of a trace: required columns and types, "
-            "no negative or NaN timings, m = n_draft+1 (= K+1) on decode rounds, n_draft <= K, accepted <= drafted, "
-            "emitted <= accepted+1, u_bar within [top_k, n_experts], context growing within a "
-            "generation, list columns of the right length, probabilities in [0, 1]. "
-            "Zero timings and prefill rounds are not errors; they are counted and reported. "
-            "Exit code 0 when valid, 2 with one message naming file, column and rows otherwise."
-        ),
-    )
-    p.add_argument("trace", type=Path, help="trace directory (meta.json + rounds.parquet [+ oracle.parquet])")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    from speclimits.trace import decode_rounds, read_trace
-
-    validate_trace(args.trace)
-    tr = read_trace(args.trace)
-    print(f"{args.trace}: valid ({tr.source_label})")
-    if (args.trace / "rounds.parquet").exists():
-        _, rep = decode_rounds(tr.rounds, timing="target")
-        _, rep_d = decode_rounds(tr.rounds, timing="draft")
-        print("  rounds (target-time fits): " + str(rep).replace("\n", "\n    "))
-        print(f"  draft timing: {rep_d.n_zero_timing:,} decode rounds with a zero t_draft_ms "
-              f"({100 * rep_d.share_zero_timing:.2f}%)")
-    if tr.oracle is not None:
-        print(f"  oracle: {len(tr.oracle):,} states over {tr.oracle['seq_id'].nunique():,} sequences")
-    if tr.tokens is not None:
-        print(f"  tokens: {len(tr.tokens):,} rows")
-    return 0

@@ -8,6 +8,8 @@ A trace is a directory holding ``meta.json`` and Parquet tables:
 
 Each table may be a single Parquet file or a directory of Parquet part files with that
 name (the tracing harness writes parts as it goes, so an interrupted sweep stays readable).
+Files whose name starts with ``.`` or ``_`` inside such a directory are never read: half-written
+temporary files are invisible to every reader.
 """
 
 from __future__ import annotations
@@ -89,3 +91,10 @@ META_REQUIRED = ("schema_version", "source", "models", "method", "hardware", "dt
 def column_names(table: str, required_only: bool = False) -> list[str]:
     """Names of the columns of ``table`` (``rounds``, ``oracle`` or ``tokens``)."""
     return [c.name for c in TABLES[table] if c.required or not required_only]
+
+
+#: Arrow types of the harness's per-generation columns (:func:`speclimits.trace.io.columns_table`):
+#: these hold strings (``large_string``), these floats (float64); every other column is int64,
+#: and ``experts`` is a list of int16.
+STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category")
+FLOAT_COLUMNS = ("t_target_ms", "t_draft_ms", "u_bar", "e_max", "kv_usage", "new_experts")

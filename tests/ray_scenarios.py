@@ -1,0 +1,102 @@
+"""Sweeps for ``tests/test_ray_sweep.py`` and ``benchmarks/bench_ray_sweep.py``, run INSIDE a
+loopback-only network namespace (the caller wraps this script with
+:func:`speclimits.tracing.ray_sweep.loopback_command`). Not a test module itself.
+
+``python ray_scenarios.py WORK SCENARIO [options]`` writes traces under WORK and prints one JSON
+line per scenario (wall and CPU seconds, events) prefixed with ``RESULT``:
+
+``serial``   the serial sweep (:func:`speclimits.tracing.sweep.run_sweep`) -> WORK/serial
+``dist``     the same sweep on Ray: ``speclimits trace ... --workers 2`` (the CLI) -> WORK/dist
+``kill``     on Ray, worker 1 SIGKILLed mid-job shortly after its engine is up -> WORK/kill
+``resume``   as ``kill`` but without retries (the sweep fails), then ``resume=True`` -> WORK/resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def _cpu_children_and_self() -> float:
+    ru_self = resource.getrusage(resource.RUSAGE_SELF)
+    ru_kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru_self.ru_utime + ru_self.ru_stime + ru_kids.ru_utime + ru_kids.ru_stime
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("work", type=Path)
+    p.add_argument("scenario", choices=("serial", "dist", "kill", "resume"))
+    p.add_argument("--k", default="0,3")
+    p.add_argument("--limit", type=int, default=3)
+    p.add_argument("--max-tokens", type=int, default=20)
+    p.add_argument("--shard-size", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--kill-delay", type=float, default=0.3)
+    p.add_argument("--prompts", default=None)
+    args = p.parse_args()
+
+    from speclimits.errors import SpeclimitsError
+    from speclimits.paths import DATA_DIR
+    from speclimits.tracing.ray_sweep import RaySettings, run_sweep_ray
+    from speclimits.tracing.sweep import SweepConfig, parse_k, run_sweep
+    from speclimits.tracing.tinymodel import write_tiny_moe
+
+    tiny = args.work / "tiny"
+    if not (tiny / "config.json").exists():
+        write_tiny_moe(tiny)
+    out = args.work / args.scenario
+    cfg = SweepConfig(target=str(tiny), draft=str(tiny), method="draft_model", out=str(out),
+                      prompts=args.prompts or str(DATA_DIR / "prompts" / "smoke.jsonl"), k_values=parse_k(args.k),
+                      max_tokens=args.max_tokens, load_format="dummy", tokens="all", progress=False,
+                      limit=args.limit)
+    events: list[tuple[float, str, dict]] = []
+    t_start = time.perf_counter()
+    killed: list[int] = []
+
+    def on_event(kind: str, info: dict) -> None:
+        events.append((round(time.perf_counter() - t_start, 3), kind, info))
+        if args.scenario in ("kill", "resume") and kind == "started" and info["worker"] == 1 and not killed:
+            killed.append(info["pid"])
+            threading.Timer(args.kill_delay, os.kill, (info["pid"], signal.SIGKILL)).start()
+
+    rs = RaySettings(workers=args.workers, shard_size=args.shard_size, on_event=on_event,
+                     max_attempts=1 if args.scenario == "resume" else 3)
+    cpu0, t0 = _cpu_children_and_self(), time.perf_counter()
+    result: dict = {"scenario": args.scenario}
+    if args.scenario == "serial":
+        run_sweep(cfg)
+    elif args.scenario == "resume":
+        try:
+            run_sweep_ray(cfg, rs)
+            result["first_run"] = "completed"
+        except SpeclimitsError as exc:
+            result["first_run"] = f"failed: {str(exc)[:160]}"
+        cfg.resume = True
+        run_sweep_ray(cfg, RaySettings(workers=args.workers, shard_size=args.shard_size, on_event=on_event))
+    elif args.scenario == "dist":
+        from speclimits.cli import main as cli
+
+        rc = cli(["trace", "--target", cfg.target, "--draft", cfg.draft, "--method", cfg.method, "--k", args.k,
+                  "--prompts", cfg.prompts, "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
+                  "--load-format", "dummy", "--tokens", "all", "--out", cfg.out, "--quiet",
+                  "--workers", str(args.workers), "--shard-size", str(args.shard_size)])
+        if rc != 0:
+            return rc
+    else:
+        run_sweep_ray(cfg, rs)
+    result.update(wall_s=round(time.perf_counter() - t0, 2), driver_cpu_s=round(_cpu_children_and_self() - cpu0, 2),
+                  killed_pids=killed, events=events)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
