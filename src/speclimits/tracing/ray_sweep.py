@@ -155,9 +155,13 @@ class SweepWorker:
     ``cfg`` is the sweep's :class:`SweepConfig` as a dict, ``prompts`` the prompt list (sent, so
     workers need not read the prompt file), ``settings`` the sweep settings."""
 
-    def __init__(self, cfg: dict[str, Any], prompts: list[Prompt], k_values: list[int]) -> None:
-        # each engine leaves files in TMPDIR (vllm_dist_*): one scratch folder per worker
-        self.tmpdir = tempfile.mkdtemp(prefix="speclimits-ray-worker-")
+    def __init__(self, cfg: dict[str, Any], prompts: list[Prompt], k_values: list[int],
+                 scratch: str | None = None) -> None:
+        # each engine leaves files in TMPDIR (vllm_dist_*): one scratch folder per worker, inside the
+        # driver's ``scratch`` folder when given (the driver removes it, also after a killed worker)
+        if scratch is not None:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        self.tmpdir = tempfile.mkdtemp(prefix="speclimits-ray-worker-", dir=scratch)
         self._old_tmpdir = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = self.tmpdir
         tempfile.tempdir = None
@@ -278,13 +282,15 @@ class _Driver:
         self.bar = tqdm(total=plan.n_total, initial=plan.n_total - len(plan.todo), desc="trace", unit="gen",
                         disable=not plan.cfg.progress)
         self.usage: list[dict[str, Any]] = []
+        self.scratch = tempfile.mkdtemp(prefix="speclimits-ray-")
 
     def _event(self, kind: str, **info: Any) -> None:
         if self.rs.on_event is not None:
             self.rs.on_event(kind, info)
 
     def _spawn(self, slot: _Slot) -> None:
-        slot.actor = self.actor_cls.remote(sweep_config_dict(self.plan.cfg), self.plan.prompts, self.plan.k_values)
+        slot.actor = self.actor_cls.remote(sweep_config_dict(self.plan.cfg), self.plan.prompts, self.plan.k_values,
+                                           self.scratch)
         slot.K = None
 
     def _dispatch(self, slot: _Slot) -> None:
@@ -384,6 +390,7 @@ class _Driver:
                 pass
             ray.kill(slot.actor)
             slot.actor = None
+        shutil.rmtree(self.scratch, ignore_errors=True)  # on this machine; other nodes clean their own
         self.bar.close()
 
 
