@@ -19,7 +19,6 @@ from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.trace.validate import read_oracle_frame
 
 FILE = "oracle.parquet"
-REQUIRED = ("seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window")
 
 
 @dataclass(frozen=True, eq=False)

@@ -434,13 +434,13 @@ class TracingWorkerExtension:
         plan = self._speclimits_oracle
         ids = sampler_output.sampled_token_ids
         for b, r in enumerate(step.reqs):
-            entry = plan.get(_external(r["req_id"]))
+            entry = plan.get(external_request_id(r["req_id"]))
             if entry is None or not _completes_prefill(r):
                 continue
             forced = int(entry["forced"])
             if int(ids[b, 0]) != forced:
                 self._speclimits_forced_flips += 1
-                self._speclimits_oracle_out.setdefault(_external(r["req_id"]), {})["forced"] = True
+                self._speclimits_oracle_out.setdefault(external_request_id(r["req_id"]), {})["forced"] = True
                 ids[b, 0] = forced
 
     def _speclimits_keep_draft_logits(self, step: _Step, logits: Any) -> None:
@@ -459,7 +459,7 @@ class TracingWorkerExtension:
         step.draft_logits.append({"top_p": to_numpy(top_p), "top_i": to_numpy(top_i), "ref_p": to_numpy(ref_p)})
 
     def _speclimits_ref_token(self, r: dict[str, Any], i: int) -> int:
-        entry = (self._speclimits_oracle or {}).get(_external(r["req_id"]))
+        entry = (self._speclimits_oracle or {}).get(external_request_id(r["req_id"]))
         if entry is None or not _completes_prefill(r):
             return -1
         ref = entry["ref"]
@@ -512,7 +512,7 @@ class TracingWorkerExtension:
         plan = self._speclimits_oracle or {}
         out = self._speclimits_oracle_out
         for b, r in enumerate(step.reqs):
-            ext = _external(r["req_id"])
+            ext = external_request_id(r["req_id"])
             if ext not in plan:
                 continue
             res = out.setdefault(ext, {})
@@ -528,7 +528,7 @@ class TracingWorkerExtension:
                 res["n_sampled_verify"] = len(sampled_lists[j]) if sampled_lists is not None and j is not None else -1
 
 
-def _external(req_id: str) -> str:
+def external_request_id(req_id: str) -> str:
     """vLLM's internal request id is ``f"{external}-{8 random chars}"``."""
     return req_id[:-9] if len(req_id) > 9 and req_id[-9] == "-" else req_id
 

@@ -29,7 +29,7 @@ import pandas as pd
 
 from speclimits.errors import SpeclimitsError
 from speclimits.trace.schema import STRING_COLUMNS
-from speclimits.tracing.extension import _external
+from speclimits.tracing.extension import external_request_id
 
 
 def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -37,7 +37,7 @@ def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[t
     out = []
     for rec in records:
         for r in rec["reqs"]:
-            if _external(r["req_id"]) == external_id:
+            if external_request_id(r["req_id"]) == external_id:
                 out.append((rec, r))
     return out
 
