@@ -133,3 +133,18 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
         b = rule.bind(scrambled, CostTable.build(scrambled, model, k_max)).actions()[0]
         np.testing.assert_array_equal(a, b, err_msg=rule.name)
     assert not np.array_equal(test.match_prob, scrambled.match_prob)
+
+
+def test_reference_kind_column_is_read_and_checked(tiny_trace):
+    from speclimits.trace import read_table, validate_trace, write_table
+    from speclimits.errors import TraceFormatError
+
+    oracle = read_table(tiny_trace, "oracle")
+    oracle["reference_kind"] = "teacher-forced"
+    write_table(tiny_trace, "oracle", oracle)
+    setup = prepare_oracle(tiny_trace, MODEL, "exact")
+    assert list(setup.kinds) == ["teacher-forced"] and "oracle.parquet column" in setup.notes[2]
+    oracle["reference_kind"] = "guessed"
+    write_table(tiny_trace, "oracle", oracle)
+    with pytest.raises(TraceFormatError, match="reference_kind"):
+        validate_trace(tiny_trace)

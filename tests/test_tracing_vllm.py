@@ -149,6 +149,7 @@ def test_oracle_on_selfdraft(selfdraft):
     tr = read_trace(selfdraft)
     o, t = tr.oracle, tr.tokens
     assert tr.meta["oracle"]["k_max"] == 3 and tr.meta["oracle"]["forced_flips"] == 0
+    assert set(o["reference_kind"]) == {"greedy"}  # the harness records what it walked
     n_states = 19  # 20 tokens, y_1 from the prefill
     assert len(o) == 3 * n_states
     left = n_states - o["pos"].to_numpy()

@@ -38,13 +38,12 @@ from speclimits.oracle.inputs import FILE, OracleInputs
 from speclimits.oracle.solver import OracleResult, solve
 from speclimits.stats import fit_cost_model
 from speclimits.trace import Trace, read_trace
+from speclimits.trace.schema import REFERENCE_KINDS
 
 #: Surrogate choices; ``auto`` resolves to one of the other three (see the module docstring).
 SURROGATES = ("auto", "raw", "calibrated", "exact")
 #: Smallest calibration gap (observed match rate - mean q) for which ``auto`` calibrates.
 GAP_MIN = 0.02
-#: Kinds of reference sequence (the methods page, "Reference kinds and positions").
-REFERENCE_KINDS = ("greedy", "teacher-forced")
 #: How each resolved surrogate is named in tables and JSON.
 SURROGATE_LABELS = {"raw": "raw q", "calibrated": "calibrated q", "exact": "exact greedy (accept_len)"}
 

@@ -57,6 +57,9 @@ ROUNDS_COLUMNS: tuple[Column, ...] = (
     Column("category", "str", "prompt category, when the prompt set has one", required=False),
 )
 
+#: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``).
+REFERENCE_KINDS = ("greedy", "teacher-forced")
+
 ORACLE_COLUMNS: tuple[Column, ...] = (
     Column("seq_id", "str", "reference sequence id"),
     Column("pos", "int", "state n: reference tokens already emitted, 0..N-1"),
@@ -66,6 +69,8 @@ ORACLE_COLUMNS: tuple[Column, ...] = (
     Column("accept_len", "int", "observed greedy match length of the draft chain, 0..K_max"),
     Column("u_bar_window", "list_float", "K_max+1 floats: Ū over the window [y_n, d_1..d_k], m = 1..K_max+1"),
     Column("category", "str", "prompt category, when known", required=False),
+    Column("reference_kind", "str", "'greedy' (the target's own output) or 'teacher-forced' (held-out text)",
+           required=False),
 )
 
 TOKENS_COLUMNS: tuple[Column, ...] = (

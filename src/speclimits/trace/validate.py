@@ -25,7 +25,7 @@ import pandas as pd
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.trace.filters import list_lengths, stack_lists
 from speclimits.trace.io import read_meta, read_table
-from speclimits.trace.schema import META_REQUIRED, SOURCES, TABLES, Column
+from speclimits.trace.schema import META_REQUIRED, REFERENCE_KINDS, SOURCES, TABLES, Column
 
 MAX_ROWS_SHOWN = 5
 
@@ -241,6 +241,9 @@ def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int 
         return None, c.problems
     _oracle_list_values(c, file, lists, top_k, n_experts)
     ints = _oracle_scalars(c, file, df, lists["k_max"])
+    if "reference_kind" in df.columns:
+        c.rows(file, "reference_kind", ~df["reference_kind"].astype(str).isin(REFERENCE_KINDS).to_numpy(),
+               f"must be one of {', '.join(REFERENCE_KINDS)}")
     if c.problems:
         return None, c.problems
     _oracle_positions(c, file, df["seq_id"].astype(str).to_numpy(), ints["pos"])

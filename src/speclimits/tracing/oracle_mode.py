@@ -118,6 +118,8 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
         df[col] = df[col].astype(np.int64)
     if ref.category is not None:
         df["category"] = ref.category
+    # the Oracle reports the two kinds of reference apart (speclimits.oracle.prepare.REFERENCE_KINDS)
+    df["reference_kind"] = "teacher-forced" if ref.source == "held-out" else "greedy"
     return df
 
 

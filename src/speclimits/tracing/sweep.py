@@ -448,7 +448,7 @@ class GenerationWriter:
         """Read vLLM's counters; add the delta since the last read to the buffered generations'
         (``count=False``: ignore it, e.g. after generations that are not traced). Returns the delta."""
         c1 = eng.spec_counters(self.llm)
-        delta = {k: c1[k] - self._c0[k] for k in self._c0}
+        delta = {k: c1[k] - self._c0[k] for k in self._vllm}  # the token counts the trace checks
         self._c0 = c1
         if count:
             for k in delta:
