@@ -497,14 +497,15 @@ def mean_u_bar(inputs: OracleInputs, k_max: int, rounds: pd.DataFrame | None = N
     return out
 
 
-def tune_threshold(inputs: OracleInputs, table: CostTable, grid: np.ndarray | None = None
-                   ) -> tuple[float, pd.DataFrame]:
-    """τ minimizing the exact expected time on ``inputs`` (the training sequences) over ``grid``."""
+def tune_threshold(inputs: OracleInputs, table: CostTable, grid: np.ndarray | None = None,
+                   deterministic: bool = False) -> tuple[float, pd.DataFrame]:
+    """τ minimizing the exact expected time on ``inputs`` (the training sequences) over ``grid``
+    (``deterministic``: the replayed greedy outcomes ``accept_len`` instead of ``match_prob``)."""
     grid = np.unique(np.concatenate([np.geomspace(1e-3, 0.98, 36), [0.0, 1.0]])) if grid is None else grid
     rows = []
     for tau in grid:
         pol = ConfidenceThreshold(tau).bind(inputs, table)
-        rows.append((float(tau), float(evaluate_exact(pol)["time_ms"].sum())))
+        rows.append((float(tau), float(evaluate_exact(pol, deterministic)["time_ms"].sum())))
     curve = pd.DataFrame(rows, columns=["tau", "train_time_ms"])
     return float(curve.loc[curve["train_time_ms"].idxmin(), "tau"]), curve
 
