@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, EmaAcceptedLength, Policy, StaticK,
-                                         UtilityTestAndSet, draw_accept_lengths, evaluate_exact, fit_calibration,
-                                         mean_u_bar, rollout, split_sequences, tune_threshold)
+                                         UtilityTestAndSet, evaluate_exact, fit_calibration, mean_u_bar, RandomK,
+                                         split_sequences, tune_threshold)
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
@@ -114,8 +114,10 @@ class PolicyFit:
             pol = EmaAcceptedLength()
         elif name == "cascade":
             pol = UtilityTestAndSet()
+        elif name.startswith("random"):
+            pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
         else:
-            raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, {', '.join(POLICY_NAMES)}")
+            raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)}")
         return pol.setup(self.k_max, self.cost_model)
 
     # -- JSON -------------------------------------------------------------------------------

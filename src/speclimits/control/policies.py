@@ -166,6 +166,20 @@ class FixedActions(Policy):
         return self.k[rows], np.zeros(len(rows))
 
 
+class RandomK(Policy):
+    """A seeded random k in 1..K_max per request per round: a control arm for losslessness tests
+    (ragged k within a batch, early exits), not a serious rule."""
+
+    markov = False
+
+    def __init__(self, seed: int = 0):
+        self.seed, self.rng = int(seed), np.random.default_rng(seed)
+        self.name = "random k"
+
+    def plan(self, mem):
+        return self.rng.integers(1, self.k_max + 1, size=len(next(iter(mem.values()))))
+
+
 class ConfidenceThreshold(Policy):
     """Draft while the cumulative draft confidence ``prod_{i<=j} conf_i`` stays >= τ (SpecDec++ /
     DISCO-style); the token at which it falls below τ is kept (at least 1, at most K_max)."""
