@@ -82,6 +82,16 @@ def check_control_runner(runner: Any) -> Any:
     return drafter
 
 
+def top1_probability(logits: Any, n_rows: int) -> np.ndarray:
+    """(b,) top-1 probability of each row of a draft step's logits, in numpy (one host copy; a
+    softmax over the vocabulary in torch costs more in per-call overhead at these sizes)."""
+    if logits is None or logits.shape[0] != n_rows:
+        raise SpeclimitsError(f"speclimits control: the drafter's compute_logits gave "
+                              f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
+    x = logits.detach().float().cpu().numpy()
+    return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
+
+
 class _Round:
     """One drafting round of the batch: request ids, memory, caps, confidences, kept k."""
 
@@ -255,20 +265,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def _sl_step(self, rnd: _Round) -> None:
         """After draft step j: confidences, then stop decisions for the requests still drafting."""
-        import torch  # see _sl_propose
-
-        logits = self._sl_logits
-        if logits is None or logits.shape[0] != len(rnd.rids):
-            raise SpeclimitsError(f"speclimits control: the drafter's compute_logits gave "
-                                  f"{None if logits is None else logits.shape[0]} rows for {len(rnd.rids)} requests")
-        rnd.conf.append(torch.softmax(logits.float(), dim=-1).max(dim=-1).values.cpu().numpy().astype(float))
-        j = len(rnd.conf)
+        j = len(rnd.tokens)
+        if self._sl_policy.uses_confidence:
+            rnd.conf.append(top1_probability(self._sl_logits, len(rnd.rids)))
         live = rnd.keep < 0
         at_cap = live & (rnd.cap <= j)
         rnd.keep[at_cap] = rnd.cap[at_cap]
         ask = live & ~at_cap
         if ask.any():
-            conf = np.stack(rnd.conf, axis=1)[ask]
+            conf = (np.stack(rnd.conf, axis=1) if rnd.conf else np.zeros((len(rnd.rids), 0)))[ask]
             sub = {key: val[ask] for key, val in rnd.mem.items()}
             out = np.asarray(self._sl_policy.more(j, conf, sub))
             idx = np.flatnonzero(ask)

@@ -74,6 +74,7 @@ class Policy:
 
     name = "policy"
     markov = True  # True: the action depends only on the state (no memory)
+    uses_confidence = False  # True: more() reads the draft's confidences (the engine computes them only then)
 
     def setup(self, k_max: int, model: CostModel) -> "Policy":
         """K_max and the cost model; returns self."""
@@ -184,6 +185,8 @@ class ConfidenceThreshold(Policy):
     """Draft while the cumulative draft confidence ``prod_{i<=j} conf_i`` stays >= τ (SpecDec++ /
     DISCO-style); the token at which it falls below τ is kept (at least 1, at most K_max)."""
 
+    uses_confidence = True
+
     def __init__(self, tau: float):
         self.tau = float(tau)
         self.name = "confidence threshold"
@@ -213,6 +216,8 @@ class DeltaRule(Policy):
     while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space necessary condition, first failure stops); it has
     to draft step k + 1 to see its confidence, so a stop before K_max costs one draft step (``a`` ms).
     """
+
+    uses_confidence = True
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: IsotonicRegression | None = None,
                  u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
@@ -310,7 +315,8 @@ class DeltaRule(Policy):
 class EmaAcceptedLength(Policy):
     """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request.
 
-    An EMA of the accepted length (weight ``alpha`` on the newest round) drives the draft length
+    An EMA of the accept length (accepted drafts + the bonus token, as SGLang counts it; weight
+    ``alpha`` on the newest round) drives the draft length
     among the ``steps`` tier (clipped to K_max): after ``warmup`` rounds at the starting step, every
     ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5,
     and down only when the target falls below the current step - 0.5 - ``hysteresis``.
@@ -343,7 +349,7 @@ class EmaAcceptedLength(Policy):
         return mem["k"].astype(np.int64)
 
     def observe(self, mem, k, cost_ms, emitted, u_bar):
-        acc = np.maximum(np.asarray(emitted, dtype=float) - 1, 0)
+        acc = np.asarray(emitted, dtype=float)  # SGLang's accept length: accepted drafts + the bonus token
         mem["ema"] = np.where(np.isnan(mem["ema"]), acc, (1 - self.alpha) * mem["ema"] + self.alpha * acc)
         mem["rounds"] += 1
         due = (mem["rounds"] >= self.warmup) & ((mem["rounds"] - self.warmup) % self.every == 0)
