@@ -30,6 +30,7 @@ On GPU this path is untested (CUDA graphs with ragged k, host syncs per draft st
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -42,6 +43,8 @@ from speclimits.tracing.vllm_api import runner_kind
 
 DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
 RUNNER_HOOKS = ("execute_model", "propose_draft_token_ids", "take_draft_token_ids")
+#: Environment variables that arm a policy when the tracer installs (see ``speclimits_install``).
+ENV_POLICY, ENV_NAME = "SPECLIMITS_CONTROL_POLICY", "SPECLIMITS_CONTROL_NAME"
 
 
 class _EarlyExit(Exception):
@@ -107,6 +110,20 @@ class _Round:
 
 class ControlWorkerExtension(TracingWorkerExtension):
     """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``."""
+
+    def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The tracer's install; then, when :data:`ENV_POLICY` names a policy JSON and the engine
+        speculates, arm policy :data:`ENV_NAME` (default ``delta``) on top of it — so that
+        ``speclimits trace --engine-arg worker_extension_cls=...ControlWorkerExtension`` traces a
+        controlled run (the trace's ``n_draft`` is then the k chosen per round)."""
+        if getattr(self, "_sl_installed", False):  # control wraps the tracer's wrappers: unwrap in reverse order
+            self.speclimits_control_uninstall()
+        info = super().speclimits_install(options)
+        path = os.environ.get(ENV_POLICY)
+        if path and getattr(self.model_runner, "speculative_config", None) is not None:  # type: ignore[attr-defined]
+            info["control"] = self.speclimits_control_set(PolicyFit.read(path).to_dict(),
+                                                          os.environ.get(ENV_NAME, "delta"))
+        return info
 
     def speclimits_control_set(self, policy: dict[str, Any], name: str) -> dict[str, Any]:
         """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records."""
