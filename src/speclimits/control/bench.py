@@ -18,6 +18,7 @@ compared token for token with plain decoding (``lossless``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -31,7 +32,7 @@ import pandas as pd
 
 from speclimits.control import engine as ce
 from speclimits.control.fit import PolicyFit, greedy_setup
-from speclimits.control.offline import gain_share, offline_table
+from speclimits.control.offline import gain_share, offline_table, u_prediction_error
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
 from speclimits.tracing.prompts import read_prompts, tokenize
@@ -234,7 +235,29 @@ def summarize(blocks: pd.DataFrame, offline: pd.DataFrame | None, bounds: dict[s
         for col in ("replay_ms_per_token", "replay_tokens_per_round", "share_exact", "share_exact_lo",
                     "share_exact_hi", "share_surrogate", "share_surrogate_lo", "share_surrogate_hi"):
             out[f"offline_{col}"] = off[col].reindex(out.index)
+        # what the engine spends per round beyond the cost model's T_D + T_T (scheduler, sampling, Python)
+        out["unmodelled_ms_per_round"] = (out["ms_per_token"] - out["offline_replay_ms_per_token"]) * \
+            out["spec_decode_acceptance_length"]
     return out.reset_index()
+
+
+def refresh_summary(path: str | Path) -> dict[str, Any]:
+    """Recompute the summary of a benchmark JSON from its recorded blocks, offline table and bounds
+    (after a change to :func:`summarize`; the measurements are not touched) and write it back."""
+    p = Path(path)
+    res = json.loads(p.read_text())
+    blocks = pd.DataFrame(res["blocks"])
+    offline = pd.DataFrame(res["offline"]) if res.get("offline") else None
+    summary = summarize(blocks, offline, res.get("oracle"))
+    if res.get("u_bar_prediction_error") is None and offline is not None:
+        fit = PolicyFit.from_dict({**res["policy_fit"], "curves": {}})
+        setup = greedy_setup(fit.data["trace"], fit.cost_model)
+        res["u_bar_prediction_error"] = u_prediction_error(fit, setup, res["prompt_ids"],
+                                                           n_states=res["config"]["max_tokens"] - 1)
+    res["summary"] = summary
+    res["summary_text"] = summary_text(summary, BenchConfig(**res["config"]), res.get("oracle"), res["lossless"])
+    p.write_text(dumps(res, indent=1) + "\n")
+    return json.loads(p.read_text())
 
 
 def summary_text(summary: pd.DataFrame, cfg: BenchConfig, bounds: dict[str, Any] | None, lossless: bool) -> str:
@@ -256,31 +279,51 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     fit = PolicyFit.read(cfg.policy)
     trace = Path(cfg.trace or fit.data.get("trace", ""))
     prompts = choose_prompts(cfg, fit, trace)
-    tokenizer = load_tokenizer(cfg.target)
-    ids = [tokenize(p, tokenizer, chat_template=True) for p in prompts]
-    blocks, lossless, _ = measure(cfg, fit, ids, progress)
-    offline = bounds = None
+    recorded = trace_generations(trace)
+    tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
+    ids = [recorded[p.id][0] if p.id in recorded else tokenize(p, tokenizer, chat_template=True) for p in prompts]
+    blocks, lossless, plain = measure(cfg, fit, ids, progress)
+    same_as_trace = {p.id: recorded[p.id][1][: cfg.max_tokens] == out for p, out in zip(prompts, plain)
+                     if p.id in recorded}
+    offline = bounds = u_error = None
     note = ""
     covered = [p.id for p in prompts]
     try:
         setup = greedy_setup(trace, fit.cost_model)
         names = [a for a in blocks["arm"].unique() if a != "plain"]
         offline, bounds = offline_table(fit, setup, covered, names, n_states=cfg.max_tokens - 1, seed=cfg.seed)
+        u_error = u_prediction_error(fit, setup, covered, n_states=cfg.max_tokens - 1)
     except (SpeclimitsError, OSError) as exc:
         note = f"no offline prediction / Oracle bounds: {exc}"
     summary = summarize(blocks, offline, bounds)
     result = {
         "label": "measured (real vLLM engine on this machine; not simulated)",
-        "produced_by": "speclimits control bench " + " ".join(sys.argv[1:]) if sys.argv else "",
+        "produced_by": " ".join(sys.argv),
         "config": asdict(cfg), "lossless": lossless, "prompt_ids": covered, "note": note,
+        "plain_equals_trace_reference": same_as_trace,
         "engine": engine_info(), "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
-        "summary": summary, "blocks": blocks, "offline": offline,
+        "summary": summary, "blocks": blocks, "offline": offline, "u_bar_prediction_error": u_error,
         "oracle": None if bounds is None else {k: v for k, v in bounds.items() if k != "k_star_exact"},
     }
     result["summary_text"] = summary_text(summary, cfg, bounds, lossless)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(dumps(result, indent=1) + "\n")
     return result
+
+
+def trace_generations(trace: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """``{prompt_id: (prompt token ids, output token ids)}`` of the trace's K = 0 generations (the
+    greedy references the Oracle data follows); empty when the trace has no ``generations.jsonl``."""
+    path = trace / "generations.jsonl"
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            g = json.loads(line)
+            if int(g.get("K", -1)) == 0 and "prompt_token_ids" in g:
+                out[str(g["prompt_id"])] = (list(g["prompt_token_ids"]), list(g["output_token_ids"]))
+    return out
 
 
 def load_tokenizer(target: str) -> Any:
@@ -301,3 +344,41 @@ def engine_info() -> dict[str, Any]:
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE",
                                                    "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")}}
+
+
+def decompose(cfg: BenchConfig, fit: PolicyFit, prompt_ids: list[list[int]], arms: list[str],
+              references: list[list[int]] | None = None) -> pd.DataFrame:
+    """Where a round's wall time goes, per arm, with the tracer on the controlled engine: per engine step
+    the target forward (``t_target_ms``), the whole drafter call (``t_draft_ms``) and the rest of the
+    step (scheduler, input preparation, sampling, Python: ``other_ms``), medians over decode steps; and
+    what the cost model predicts for the same arm's mean k (``model_ms``). ``k`` is the mean k verified."""
+    llm = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, batch=cfg.batch, load_format=cfg.load_format,
+                       max_model_len=cfg.max_model_len, seed=cfg.seed)
+    rows = []
+    try:
+        llm.collective_rpc("speclimits_install", args=({"kv_usage": False},))
+        policy = fit.to_dict()
+        warm(llm, prompt_ids, policy)
+        for arm in arms:
+            llm.collective_rpc("speclimits_control_set", args=(policy, arm))
+            llm.collective_rpc("speclimits_drain")
+            t0 = time.perf_counter()
+            outs = ce.generate(llm, prompt_ids, cfg.max_tokens)
+            wall = time.perf_counter() - t0
+            recs = [r for r in llm.collective_rpc("speclimits_drain")[0] if all(q["n_out_before"] > 0 for q in r["reqs"])]
+            llm.collective_rpc("speclimits_control_drain")
+            tt = np.array([r["t_target_ms"] for r in recs])
+            td = np.array([r["t_draft_ms"] for r in recs])
+            k = float(np.mean([q["n_spec"] for r in recs for q in r["reqs"]]))
+            n_steps = len(recs)
+            step_ms = wall * 1e3 / max(n_steps, 1)
+            model = float(fit.cost_model.round_ms(int(round(k)), fit.u_bar_mean[int(round(k)) + 1], 100))
+            rows.append({"arm": arm, "k": k, "steps": n_steps, "step_wall_ms": step_ms,
+                         "t_target_ms": float(np.median(tt)), "t_draft_ms": float(np.median(td)),
+                         "other_ms": step_ms - float(tt.mean() + td.mean()), "model_ms": model,
+                         "tokens": sum(len(o) for o in outs),
+                         "equals_trace_reference": None if references is None else
+                         all(r[: cfg.max_tokens] == o for r, o in zip(references, outs))})
+    finally:
+        ce.close(llm)
+    return pd.DataFrame(rows)

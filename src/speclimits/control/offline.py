@@ -162,3 +162,21 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
         pol.observe(mem, k, cost[rows, k] + extra, np.array([emitted]), raw.u_bar_window[rows, k])
         pos += emitted
     return out
+
+
+def u_prediction_error(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], n_states: int | None = None
+                       ) -> pd.DataFrame:
+    """How far the policies' Ū predictor (mean per m, fitted on the train prompts) is from the
+    counterfactual window Ū of the held-out states, per m = k + 1 for k = 1..K_max: ``rmse`` and ``bias``
+    (prediction - truth) in experts per layer, and ``rmse_ms`` = alpha(m)·rmse (its cost in ms per round)."""
+    raw, _ = select(setup, seq_ids, n_states)
+    u_hat = np.asarray(fit.u_bar_mean)
+    _, alpha = fit.cost_model.coefficients_by_m(fit.k_max + 1)
+    rows = []
+    for k in range(1, fit.k_max + 1):
+        err = u_hat[k + 1] - raw.u_bar_window[:, k]
+        rmse = float(np.sqrt(np.mean(err ** 2)))
+        rows.append({"k": k, "m": k + 1, "u_bar_predicted": float(u_hat[k + 1]),
+                     "u_bar_mean_heldout": float(raw.u_bar_window[:, k].mean()), "bias": float(err.mean()),
+                     "rmse": rmse, "rmse_ms": float(alpha[k + 1] * rmse)})
+    return pd.DataFrame(rows)
