@@ -46,7 +46,7 @@ import speclimits.book_support as bs
 from speclimits.control import figures as control_figures
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
-from speclimits.control.report import engine_vs_offline, load_bench_runs, share_long
+from speclimits.control.report import engine_vs_offline, gap_lines, load_bench_runs, share_long
 
 bs.setup()
 
@@ -58,12 +58,13 @@ k_max = 6
 test_share = 0.5
 n_rollouts = 64
 n_boot = 999
+cost_model = None
 
 # %%
 tr = bs.load(trace)
 print(tr.source_label)
 n_rollouts, n_boot = (8, 49) if smoke else (n_rollouts, n_boot)
-fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed)
+fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
 setup = greedy_setup(tr, fit.cost_model)
 k_max = fit.k_max
 print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(fit.test_seq_ids)}: "
@@ -110,6 +111,22 @@ if tables:
     display(control_figures.share_captured(long))
 else:
     print("no measured engine results for this trace: only the offline prediction is shown")
+
+# %% [markdown]
+# Why the engine and the offline prediction part (the measured figures, per batch size): acceptance is
+# predicted almost exactly, so the gap is in the costs — the cost model the rules were fitted with
+# (the trace's, recorded when the machine ran about 3× faster and a draft step cost less relative to a
+# target forward), the time spent deciding, the drafter running until the last request of a batch
+# stops, and the $\bar U$ predictor's error (`data/control/README.md` has the step decomposition).
+
+# %%
+for batch, res in sorted(runs.items()):
+    print(f"batch {batch}:")
+    print("\n".join("  " + line for line in gap_lines(res)))
+    u_err = pd.DataFrame(res.get("u_bar_prediction_error") or [])
+    if len(u_err):
+        print(f"  Ū predictor RMSE: {u_err['rmse'].min():.2f}-{u_err['rmse'].max():.2f} experts per layer "
+              f"({u_err['rmse_ms'].min():.2f}-{u_err['rmse_ms'].max():.2f} ms per round)")
 
 # %% [markdown]
 # ## k chosen against k* along one greedy reference

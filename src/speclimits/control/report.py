@@ -68,3 +68,24 @@ def share_long(table: pd.DataFrame, batch: int) -> pd.DataFrame:
     out = pd.concat([off, eng], ignore_index=True)
     out["batch"] = batch
     return out
+
+
+def gap_lines(result: dict[str, Any]) -> list[str]:
+    """The measured figures behind the gap between offline prediction and engine, one line each."""
+    s = pd.DataFrame(result["summary"]).set_index("arm")
+    pol = s.loc[[a for a in s.index if a in POLICY_LABELS]]
+    static = s.loc[[a for a in s.index if a.startswith("static:")]]
+    best = pol["engine_share_exact"].idxmax()
+    acc = ", ".join(f"{a.split(':')[1]}: {r.spec_decode_acceptance_length:.3f}/{r.offline_replay_tokens_per_round:.3f}"
+                    for a, r in static.iterrows())
+    return [
+        f"best policy in the engine: {POLICY_LABELS[best]}, share {s.loc[best, 'engine_share_exact']:+.2f} "
+        f"(offline {s.loc[best, 'offline_share_exact']:+.2f}); best static K in the engine: "
+        f"{s.index[s['best_static']][0]}",
+        f"acceptance length, engine/replay, by static K: {acc}",
+        f"decision overhead: {pol['decision_us_per_round'].min():.0f}-{pol['decision_us_per_round'].max():.0f} µs per "
+        f"drafting call for the policies, against calls of {pol['round_ms'].min():.1f}-{pol['round_ms'].max():.1f} ms",
+        f"draft steps run past a request's own k (early-exit granularity): "
+        f"{pol['wasted_draft_steps_per_request_round'].min():.2f}-"
+        f"{pol['wasted_draft_steps_per_request_round'].max():.2f} per request per round",
+    ]
