@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from speclimits.cli import main
-from speclimits.control.extension import ControlWorkerExtension, _Round, top1_probability
-from speclimits.control.fit import CalibrationMap, PolicyFit, fit_policy, greedy_setup
+from speclimits.control.extension import ControlWorkerExtension, DraftRound, top1_probability
+from speclimits.control.fit import CalibrationMap, PolicyFit, greedy_setup
 from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
                                         u_prediction_error)
 from speclimits.control.policies import (ConfidenceThreshold, EmaAcceptedLength, UtilityTestAndSet, fit_calibration,
@@ -82,7 +82,7 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
         lr = [rids[i] for i in live]
         mem = ext._sl_gather(lr)
         cap = np.clip(np.asarray(ext._sl_policy.plan(mem)), 1, fit.k_max)
-        rnd = _Round(lr, mem, cap, fit.k_max)
+        rnd = DraftRound(lr, mem, cap, fit.k_max)
         for j in range(1, fit.k_max + 1):
             rnd.tokens.append(None)
             ext._sl_logits = logits_with_top1(inputs.draft_conf[rows, j - 1])

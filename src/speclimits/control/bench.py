@@ -336,9 +336,9 @@ def load_tokenizer(target: str) -> Any:
 
 
 def engine_info() -> dict[str, Any]:
-    import vllm  # present: the benchmark has just run it
-
+    # vLLM and torch are optional, heavy and present here: the benchmark has just run them
     import torch
+    import vllm
 
     return {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

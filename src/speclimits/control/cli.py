@@ -43,6 +43,7 @@ def add_bench_arguments(b: argparse.ArgumentParser) -> None:
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    # the fit loads the Oracle stack (pandas, scikit-learn, statsmodels): only when the command runs
     from speclimits.control.fit import fit_policy
 
     fit = fit_policy(args.trace, k_max=args.k_max, test_share=args.test_share, seed=args.seed,
@@ -55,13 +56,10 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    # the benchmark pulls in the engine helpers and, when it runs, vLLM: only when the command runs
     from speclimits.control.bench import BenchConfig, run_benchmark
 
     result = run_benchmark(BenchConfig.from_args(args))
     print(result["summary_text"])
     print(f"wrote {args.out}")
     return 0
-
-
-
-

@@ -95,7 +95,7 @@ def top1_probability(logits: Any, n_rows: int) -> np.ndarray:
     return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
 
 
-class _Round:
+class DraftRound:
     """One drafting round of the batch: request ids, memory, caps, confidences, kept k."""
 
     __slots__ = ("rids", "mem", "cap", "conf", "keep", "tokens", "k_call", "early", "t0")
@@ -138,7 +138,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_last_draft_ms: dict[str, float] = {}
         self._sl_keep: dict[str, int] = {}
         self._sl_records: list[dict[str, Any]] = []
-        self._sl_round: _Round | None = None
+        self._sl_round: DraftRound | None = None
         self._sl_t_step = 0.0
         self._sl_logits: Any = None
         self._sl_decide_s = 0.0
@@ -223,7 +223,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
             mem = self._sl_gather(rids)
             cap = np.clip(np.asarray(self._sl_policy.plan(mem), dtype=np.int64), 1, max(k_call, 1))
-            self._sl_round = _Round(rids, mem, cap, k_call)
+            self._sl_round = DraftRound(rids, mem, cap, k_call)
             self._sl_decide_s += time.perf_counter() - t0
             try:
                 return orig(*args, **kwargs)
@@ -280,7 +280,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         for i, rid in enumerate(rids):
             self._sl_mem[rid] = {key: val[i: i + 1].copy() for key, val in mem.items() if key != "_n"}
 
-    def _sl_step(self, rnd: _Round) -> None:
+    def _sl_step(self, rnd: DraftRound) -> None:
         """After draft step j: confidences, then stop decisions for the requests still drafting."""
         j = len(rnd.tokens)
         if self._sl_policy.uses_confidence:
@@ -298,7 +298,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if j >= rnd.k_call:
             rnd.keep[rnd.keep < 0] = j
 
-    def _sl_finish_round(self, rnd: _Round, draft_s: float) -> None:
+    def _sl_finish_round(self, rnd: DraftRound, draft_s: float) -> None:
         drafted = len(rnd.tokens)
         keep = np.where(rnd.keep < 0, drafted, rnd.keep)
         self._sl_rounds += 1
