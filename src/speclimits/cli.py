@@ -25,6 +25,7 @@ COMMANDS = (
     "speclimits.linguistic.cli",
     "speclimits.book.cli",
     "speclimits.models.cli",
+    "speclimits.control.cli",
 )
 
 

@@ -1,0 +1,15 @@
+"""Adaptive draft length K inside stock vLLM: one policy, evaluated offline and run in the engine.
+
+Modules: :mod:`~speclimits.control.policies` (the rules and the offline harness),
+:mod:`~speclimits.control.fit` (``speclimits control fit``: parameters from a trace's train split
+into a JSON), :mod:`~speclimits.control.offline` (offline prediction beside the Oracle's two bounds),
+:mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per
+round), :mod:`~speclimits.control.engine` (building the engines), :mod:`~speclimits.control.bench`
+(``speclimits control bench``), :mod:`~speclimits.control.report` and :mod:`~speclimits.control.figures`
+(the book's section 8), :mod:`~speclimits.control.cli`.
+
+Command line::
+
+    speclimits control fit data/traces/measured-eagle3 --out policy.json --k-max 6
+    speclimits control bench --policy policy.json --batch 1 --limit 8 --blocks 3 --out bench.json
+"""

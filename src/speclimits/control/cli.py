@@ -1,0 +1,65 @@
+"""``speclimits control fit`` and ``speclimits control bench`` (see :mod:`speclimits.control`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("control", help="adaptive K online: fit policies from a trace, benchmark them in vLLM")
+    sub = p.add_subparsers(dest="control_command", metavar="ACTION")
+    sub.required = True
+    f = sub.add_parser("fit", help="fit τ, λ, the confidence calibration and the Ū predictor on a train split")
+    f.add_argument("trace", help="trace directory with oracle.parquet (greedy references are used)")
+    f.add_argument("--out", required=True, help="policy JSON to write")
+    f.add_argument("--k-max", type=int, default=6, help="K_max (the engine's num_speculative_tokens), default 6")
+    f.add_argument("--test-share", type=float, default=0.5, help="share of references held out, default 0.5")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
+    f.set_defaults(func=run_fit)
+    b = sub.add_parser("bench", help="plain decoding, static K and each policy in alternating blocks, in vLLM")
+    add_bench_arguments(b)
+    b.set_defaults(func=run_bench)
+
+
+def add_bench_arguments(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`")
+    b.add_argument("--trace", default=None, help="trace whose Oracle data covers the prompts (default: the fit's)")
+    b.add_argument("--target", default="data/models/target")
+    b.add_argument("--draft", default="data/models/eagle3")
+    b.add_argument("--method", default="eagle3")
+    b.add_argument("--load-format", default="auto")
+    b.add_argument("--prompts", default=None, help="prompt JSONL (default: the trace's prompts.jsonl)")
+    b.add_argument("--ids", default="test", help="'test' (the fit's held-out references) or comma-separated ids")
+    b.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    b.add_argument("--batch", type=int, default=1, help="max_num_seqs (requests in flight)")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--blocks", type=int, default=3)
+    b.add_argument("--static", default="1-6", help="static K arms, e.g. 1-6 or 1,2,4")
+    b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade")
+    b.add_argument("--out", required=True, help="JSON to write")
+    b.add_argument("--seed", type=int, default=0)
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    # the fit loads the Oracle stack (pandas, scikit-learn, statsmodels): only when the command runs
+    from speclimits.control.fit import fit_policy
+
+    fit = fit_policy(args.trace, k_max=args.k_max, test_share=args.test_share, seed=args.seed,
+                     cost_model=args.cost_model)
+    fit.write(args.out)
+    print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
+          f"(train Oracle {fit.lambda_oracle:.3f}); train {len(fit.train_seq_ids)} / test {len(fit.test_seq_ids)} "
+          "greedy references")
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    # the benchmark pulls in the engine helpers and, when it runs, vLLM: only when the command runs
+    from speclimits.control.bench import BenchConfig, run_benchmark
+
+    result = run_benchmark(BenchConfig.from_args(args))
+    print(result["summary_text"])
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,44 @@
+"""Engines for the controller: a plain one and a speculative one with the control extension.
+
+Built with the tracing harness's engine arguments (:func:`speclimits.tracing.engine.engine_kwargs`:
+CPU defaults, ``async_scheduling=False``, block size 32), with the worker extension replaced by
+:class:`~speclimits.control.extension.ControlWorkerExtension` (which is also the tracer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speclimits.tracing import engine as eng
+
+EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
+
+
+def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1, load_format: str = "auto",
+              max_model_len: int = 1024, seed: int = 0, dtype: str = "float32") -> Any:
+    """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine."""
+    vllm = eng.require_vllm()
+    eng.check_vllm_api()
+    kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
+                           load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
+    kw["worker_extension_cls"] = EXTENSION
+    return vllm.LLM(**kw)
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order."""
+    from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def close(llm: Any) -> None:
+    """Shut the engine down (so that the next one can be built in this process)."""
+    try:
+        llm.collective_rpc("speclimits_control_uninstall")
+    except Exception:  # noqa: BLE001 - best effort on teardown (a plain engine has nothing installed)
+        pass
+    eng.close_llm(llm)

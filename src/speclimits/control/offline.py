@@ -1,0 +1,182 @@
+"""Offline prediction of the fitted policies on given references, beside the Oracle's two bounds.
+
+For the references the engine runs (the test split's greedy references), every policy is evaluated
+two ways, with the same policy objects the engine runs:
+
+* **replay** of the real greedy outcomes (``accept_len``): what greedy verification of the recorded
+  draft chains gives, i.e. what the engine should reproduce token for token; exact for every
+  policy (one deterministic walk; state-only rules by exact policy evaluation);
+* **surrogate**: expected time under the Oracle's surrogate match probabilities (exact policy
+  evaluation for state-only rules, seeded rollouts with common random numbers otherwise).
+
+Each harness has its own Oracle (exact greedy: knows the outcomes; surrogate: knows the match
+probabilities) and its own best static K in hindsight, and the share of the Oracle's gain over
+that best static K a policy captures is ``(1 - T/T_static) / (1 - T_oracle/T_static)``
+(:func:`gain_share`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.control.fit import PolicyFit
+from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout
+from speclimits.errors import SpeclimitsError
+from speclimits.oracle import OracleSetup, solve
+from speclimits.oracle.inputs import CostTable, OracleInputs
+
+
+def gain_share(t_policy: Any, t_static: Any, t_oracle: Any) -> Any:
+    """Share of the Oracle's gain over the best static K captured: ``(1 - T/T_s) / (1 - T_o/T_s)``."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (1 - np.asarray(t_policy) / t_static) / (1 - np.asarray(t_oracle) / t_static)
+
+
+def truncate_inputs(inputs: OracleInputs, n_states: int) -> OracleInputs:
+    """The first ``n_states`` states of every sequence (a generation of ``n_states + 1`` tokens, the
+    first of which comes from the prefill)."""
+    if n_states < 1:
+        raise SpeclimitsError(f"n_states must be >= 1, got {n_states}")
+    keep = inputs.pos < n_states
+    n_tok = np.minimum(inputs.n_tokens, n_states)
+    offsets = np.concatenate([[0], np.cumsum(n_tok)]).astype(np.int64)
+    return replace(inputs, offsets=offsets, pos=inputs.pos[keep], context_len=inputs.context_len[keep],
+                   accept_len=inputs.accept_len[keep], match_prob=inputs.match_prob[keep],
+                   draft_conf=inputs.draft_conf[keep], u_bar_window=inputs.u_bar_window[keep], _cache={})
+
+
+def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) -> tuple[OracleInputs, OracleInputs]:
+    """``(raw, surrogate)`` inputs of the given references (in that order), optionally truncated."""
+    index = {str(s): i for i, s in enumerate(setup.raw_inputs.seq_ids)}
+    missing = [s for s in seq_ids if s not in index]
+    if missing:
+        raise SpeclimitsError(f"{setup.trace.path}: no greedy Oracle data for references {missing[:5]}")
+    idx = [index[s] for s in seq_ids]
+    raw, sur = setup.raw_inputs.subset(idx), setup.inputs.subset(idx)
+    if n_states is not None:
+        raw, sur = truncate_inputs(raw, n_states), truncate_inputs(sur, n_states)
+    return raw, sur
+
+
+def per_sequence_times(fit: PolicyFit, names: list[str], raw: OracleInputs, sur: OracleInputs, surrogate_det: bool,
+                       n_rollouts: int, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
+                                                             dict[str, float]]:
+    """Per policy name: (S,) replayed times, (S,) surrogate times, and replayed tokens per round."""
+    t_raw, t_sur = CostTable.build(raw, fit.cost_model, fit.k_max), CostTable.build(sur, fit.cost_model, fit.k_max)
+    replay_accept = raw.accept_len[None, :].astype(np.int16)
+    draws = draw_accept_lengths(sur, fit.k_max, n_rollouts, seed=seed)
+    rep, exp, tpr = {}, {}, {}
+    for name in names:
+        pol = fit.make(name).bind(raw, t_raw)
+        ev = rollout(pol, replay_accept)
+        rep[name], tpr[name] = ev["time_ms"].to_numpy(), float(raw.n_tokens.sum() / ev["rounds"].sum())
+        pol = fit.make(name).bind(sur, t_sur)
+        if pol.markov or surrogate_det:
+            exp[name] = evaluate_exact(pol, deterministic=surrogate_det)["time_ms"].to_numpy()
+        else:
+            exp[name] = rollout(pol, draws)["time_ms"].to_numpy()
+    return rep, exp, tpr
+
+
+def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names: list[str],
+                  n_states: int | None = None, n_rollouts: int = 64, seed: int = 0, n_boot: int = 999
+                  ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The offline prediction table and the Oracle's bounds on the references ``seq_ids``.
+
+    ``names``: policy names of :meth:`PolicyFit.make` (static arms as ``static:K``). Returns a
+    DataFrame with one row per name: ``policy``, ``replay_ms_per_token``, ``replay_tokens_per_round``,
+    ``surrogate_ms_per_token``, ``share_exact`` / ``share_surrogate`` (gain share against the exact-greedy
+    / surrogate Oracle, each with its harness's best static K) and their 95% intervals over references
+    (``*_lo``, ``*_hi``); and a dict of the bounds (``oracle_exact_ms_per_token``,
+    ``oracle_surrogate_ms_per_token``, ``best_static_k_replay``, ``best_static_k_surrogate``, ...).
+    """
+    raw, sur = select(setup, seq_ids, n_states)
+    rep, exp, tpr = per_sequence_times(fit, names, raw, sur, setup.deterministic, n_rollouts, seed)
+    o_exact = solve(raw, fit.cost_model, k_max=fit.k_max, deterministic=True)
+    o_sur = solve(sur, fit.cost_model, k_max=fit.k_max, deterministic=setup.deterministic)
+    n_tok = float(raw.n_tokens.sum())
+    static = [n for n in names if n.startswith("static:")]
+    if not static:
+        raise SpeclimitsError("offline_table needs at least one static:K arm (the best static K is the reference)")
+    best_rep = min(static, key=lambda n: rep[n].sum())
+    best_sur = min(static, key=lambda n: exp[n].sum())
+    w = draw_counts(raw.n_sequences, n_boot, seed)
+    o_e_seq, o_s_seq = o_exact.per_sequence["value_ms"].to_numpy(), o_sur.per_sequence["value_ms"].to_numpy()
+    rows = []
+    for name in names:
+        row = {"policy": name, "replay_ms_per_token": rep[name].sum() / n_tok, "replay_tokens_per_round": tpr[name],
+               "surrogate_ms_per_token": exp[name].sum() / n_tok}
+        for key, times, base, orc in (("share_exact", rep, best_rep, o_e_seq), ("share_surrogate", exp, best_sur,
+                                                                                  o_s_seq)):
+            row[key] = float(gain_share(times[name].sum(), times[base].sum(), orc.sum()))
+            reps = gain_share(w @ times[name], w @ times[base], w @ orc)
+            row[f"{key}_lo"], row[f"{key}_hi"] = percentile_interval(reps)
+        rows.append(row)
+    bounds = {
+        "oracle_exact_ms_per_token": o_exact.bounds.oracle_ms / n_tok,
+        "oracle_surrogate_ms_per_token": o_sur.bounds.oracle_ms / n_tok,
+        "oracle_exact_gain_over_best_static": o_exact.bounds.gain_over_best_static,
+        "oracle_surrogate_gain_over_best_static": o_sur.bounds.gain_over_best_static,
+        "best_static_k_replay": int(best_rep.split(":")[1]), "best_static_k_surrogate": int(best_sur.split(":")[1]),
+        "surrogate": setup.surrogate_label, "k_max": fit.k_max, "n_sequences": raw.n_sequences,
+        "n_states": int(raw.n_states), "seq_ids": [str(s) for s in raw.seq_ids],
+        "k_star_exact": o_exact.to_frame()[["seq_id", "pos", "k_star"]],
+    }
+    return pd.DataFrame(rows), bounds
+
+
+def k_chosen_along(fit: PolicyFit, setup: OracleSetup, seq_id: str, names: list[str],
+                   n_states: int | None = None) -> pd.DataFrame:
+    """Along one greedy reference, replayed: ``pos`` of each round's state, the k each policy chose
+    there (NaN where its rounds skipped the state) and the exact-greedy and surrogate Oracles' k*."""
+    raw, sur = select(setup, [seq_id], n_states)
+    out = pd.DataFrame({"pos": raw.pos})
+    out["k_star_exact"] = solve(raw, fit.cost_model, k_max=fit.k_max, deterministic=True).to_frame()["k_star"].values
+    out["k_star_surrogate"] = solve(sur, fit.cost_model, k_max=fit.k_max,
+                                    deterministic=setup.deterministic).to_frame()["k_star"].values
+    table = CostTable.build(raw, fit.cost_model, fit.k_max)
+    for name in names:
+        pol = fit.make(name).bind(raw, table)
+        out[name] = walk_actions(pol, raw)
+    return out
+
+
+def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
+    """(n,) the k a bound policy takes at each state visited by the replayed greedy walk of one sequence
+    (NaN at states it skips)."""
+    out = np.full(raw.n_states, np.nan)
+    mem = pol.init_memory(1)
+    cost = pol.table.total()
+    pos, n = 0, int(raw.n_tokens[0])
+    while pos < n:
+        rows = np.array([pos])
+        k, extra = pol.decide(rows, mem)
+        a = min(int(k[0]), int(raw.accept_len[pos]))
+        emitted = min(a + 1, n - pos)
+        out[pos] = k[0]
+        pol.observe(mem, k, cost[rows, k] + extra, np.array([emitted]), raw.u_bar_window[rows, k])
+        pos += emitted
+    return out
+
+
+def u_prediction_error(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], n_states: int | None = None
+                       ) -> pd.DataFrame:
+    """How far the policies' Ū predictor (mean per m, fitted on the train prompts) is from the
+    counterfactual window Ū of the held-out states, per m = k + 1 for k = 1..K_max: ``rmse`` and ``bias``
+    (prediction - truth) in experts per layer, and ``rmse_ms`` = alpha(m)·rmse (its cost in ms per round)."""
+    raw, _ = select(setup, seq_ids, n_states)
+    u_hat = np.asarray(fit.u_bar_mean)
+    _, alpha = fit.cost_model.coefficients_by_m(fit.k_max + 1)
+    rows = []
+    for k in range(1, fit.k_max + 1):
+        err = u_hat[k + 1] - raw.u_bar_window[:, k]
+        rmse = float(np.sqrt(np.mean(err ** 2)))
+        rows.append({"k": k, "m": k + 1, "u_bar_predicted": float(u_hat[k + 1]),
+                     "u_bar_mean_heldout": float(raw.u_bar_window[:, k].mean()), "bias": float(err.mean()),
+                     "rmse": rmse, "rmse_ms": float(alpha[k + 1] * rmse)})
+    return pd.DataFrame(rows)

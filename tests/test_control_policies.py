@@ -1,0 +1,238 @@
+"""The online policies: one implementation driven by the offline harness and by the engine's per-step
+driver, the published baselines on hand-made outcomes, the fit command and the offline prediction."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from speclimits.cli import main
+from speclimits.control.extension import ControlWorkerExtension, DraftRound, top1_probability
+from speclimits.control.fit import CalibrationMap, PolicyFit, greedy_setup
+from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
+                                        u_prediction_error)
+from speclimits.control.policies import (ConfidenceThreshold, EmaAcceptedLength, UtilityTestAndSet, fit_calibration,
+                                         rollout)
+from speclimits.costmodel import CostModel
+from speclimits.errors import SpeclimitsError
+from speclimits.oracle import evaluate_policy, load_inputs
+from speclimits.oracle.inputs import CostTable, OracleInputs
+
+K = 5
+
+
+def cost_model(k_max: int = K) -> CostModel:
+    return CostModel(c=1e-3, beta0={m: 8.0 + 0.3 * m for m in range(1, k_max + 2)},
+                     alpha={m: 0.12 for m in range(1, k_max + 2)}, a=0.7, b=0.8)
+
+
+def hand_fit(k_max: int = K, tau: float = 0.3, lam: float = 4.0) -> PolicyFit:
+    calib = CalibrationMap((0.0, 0.2, 1.0), (0.1, 0.6, 0.95))
+    return PolicyFit(k_max=k_max, tau=tau, lambda_=lam, lambda_oracle=lam, u_bar_mean=tuple([4.0 + m for m in
+                                                                                              range(k_max + 2)]),
+                     calibration=calib, cost_model=cost_model(k_max), train_seq_ids=("a",), test_seq_ids=("b",))
+
+
+@pytest.fixture(scope="module")
+def random_inputs() -> OracleInputs:
+    rng = np.random.default_rng(0)
+    n_tok = np.array([40, 25, 33])
+    n = n_tok.sum()
+    conf = rng.uniform(0.02, 0.99, size=(n, K))
+    mp = np.clip(conf + rng.normal(0, 0.1, size=conf.shape), 0.01, 0.99)
+    acc = rng.integers(0, K + 1, size=n)
+    u = np.cumsum(rng.uniform(0.5, 2.0, size=(n, K + 1)), axis=1) + 3
+    return OracleInputs.from_arrays(n_tok, mp, u, draft_conf=conf, accept_len=acc)
+
+
+def test_threshold_matches_the_closed_form(random_inputs):
+    table = CostTable.build(random_inputs, cost_model(), K)
+    for tau in (0.0, 0.05, 0.3, 0.9, 1.01):
+        k, extra = ConfidenceThreshold(tau).bind(random_inputs, table).actions()
+        cum = np.cumprod(random_inputs.draft_conf, axis=1)
+        expected = np.minimum((cum >= tau).sum(axis=1) + 1, K)
+        np.testing.assert_array_equal(k, expected)
+        assert (extra == 0).all()
+
+
+def logits_with_top1(conf: np.ndarray, vocab: int = 64):
+    """Logits whose softmax has top-1 probability ``conf`` (rows) on token 0."""
+    import torch
+
+    rest = np.log((1 - conf) / (vocab - 1))
+    x = np.repeat(rest[:, None], vocab, axis=1)
+    x[:, 0] = np.log(conf)
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
+    """The engine's per-step driver (ControlWorkerExtension._sl_step) on a batch of all sequences,
+    replaying the recorded greedy outcomes: the k of each round, in the order of the offline rollout."""
+    ext = ControlWorkerExtension.__new__(ControlWorkerExtension)
+    ext._sl_policy, ext._sl_mem = fit.make(name), {}
+    rids = [str(s) for s in inputs.seq_ids]
+    pos = np.zeros(len(rids), dtype=np.int64)
+    table = CostTable.build(inputs, fit.cost_model, fit.k_max).total()
+    ks = []
+    while (pos < inputs.n_tokens).any():
+        live = [i for i in range(len(rids)) if pos[i] < inputs.n_tokens[i]]
+        rows = inputs.offsets[live] + pos[live]
+        lr = [rids[i] for i in live]
+        mem = ext._sl_gather(lr)
+        cap = np.clip(np.asarray(ext._sl_policy.plan(mem)), 1, fit.k_max)
+        rnd = DraftRound(lr, mem, cap, fit.k_max)
+        for j in range(1, fit.k_max + 1):
+            rnd.tokens.append(None)
+            ext._sl_logits = logits_with_top1(inputs.draft_conf[rows, j - 1])
+            ext._sl_step(rnd)
+            if (rnd.keep >= 0).all():
+                break
+        drafted = len(rnd.tokens)
+        k = np.where(rnd.keep < 0, drafted, rnd.keep)
+        acc = np.minimum(k, inputs.accept_len[rows])
+        emitted = np.minimum(acc + 1, inputs.n_tokens[live] - pos[live])
+        cost = table[rows, k] + (drafted - k) * fit.cost_model.a
+        mem = ext._sl_gather(lr)
+        ext._sl_policy.observe(mem, k, cost, emitted.astype(float), inputs.u_bar_window[rows, k])
+        ext._sl_scatter(lr, mem)
+        ks.append(dict(zip(live, k)))
+        pos[live] += emitted
+    return ks
+
+
+@pytest.mark.parametrize("name", ["static:3", "threshold", "delta", "delta-fixed", "ema", "cascade"])
+def test_engine_driver_and_offline_harness_choose_the_same_k(random_inputs, name):
+    """One implementation: the engine's step-by-step driver (confidences from logits, one draft step
+    at a time) takes the same k in every round as the offline harness on the recorded draft_conf."""
+    fit = hand_fit()
+    ks_engine = engine_walk(fit, name, random_inputs)
+    # offline: walk each sequence alone with the same policy, collecting k per round
+    table = CostTable.build(random_inputs, fit.cost_model, fit.k_max)
+    for s in range(random_inputs.n_sequences):
+        sub = random_inputs.subset([s])
+        pol = fit.make(name).bind(sub, CostTable.build(sub, fit.cost_model, fit.k_max))
+        mem, pos, offline = pol.init_memory(1), 0, []
+        while pos < sub.n_tokens[0]:
+            k, extra = pol.decide(np.array([pos]), mem)
+            emitted = min(min(int(k[0]), int(sub.accept_len[pos])) + 1, int(sub.n_tokens[0]) - pos)
+            pol.observe(mem, k, pol.table.total()[[pos], k] + extra, np.array([float(emitted)]),
+                        sub.u_bar_window[[pos], k])
+            offline.append(int(k[0]))
+            pos += emitted
+        engine = [r[s] for r in ks_engine if s in r]
+        assert engine == offline, name
+    assert table.k_max == K
+
+
+def test_top1_probability_matches_softmax():
+    import torch
+
+    x = torch.randn(3, 50)
+    np.testing.assert_allclose(top1_probability(x, 3), torch.softmax(x, -1).max(-1).values.numpy(), rtol=1e-6)
+    with pytest.raises(SpeclimitsError, match="rows for 4 requests"):
+        top1_probability(x, 4)
+
+
+def drive(pol, rounds, emitted_of_k, ms_of_k):
+    """Run a memory policy for ``rounds`` rounds of one request with deterministic outcomes."""
+    mem, ks = pol.init_memory(1), []
+    for _ in range(rounds):
+        k = np.asarray(pol.plan(mem))
+        ks.append(int(k[0]))
+        pol.observe(mem, k, np.array([ms_of_k(int(k[0]))]), np.array([float(emitted_of_k(int(k[0])))]),
+                    np.array([np.nan]))
+    return ks
+
+
+def test_ema_rule_moves_between_tiers():
+    pol = EmaAcceptedLength(steps=(1, 3, 5, 7), warmup=10, every=5).setup(7, cost_model(7))
+    # everything accepted: the EMA climbs, k rises to the top tier and stays
+    ks = drive(pol, 40, lambda k: k + 1, lambda k: 10.0)
+    assert ks[0] == 5 and ks[-1] == 7 and ks[:10] == [5] * 10
+    assert all(b >= a for a, b in zip(ks, ks[1:]))
+    # nothing accepted: k falls to 1 at the first update after warm-up
+    ks = drive(pol, 12, lambda k: 1, lambda k: 10.0)
+    assert ks[:10] == [5] * 10 and ks[10] == 1
+
+
+def test_utility_test_and_set_picks_the_best_measured_k():
+    pol = UtilityTestAndSet(candidates=(1, 2, 4), test_rounds=2, set_rounds=5).setup(4, cost_model(4))
+    tokens_per_ms = {1: 2 / 10, 2: 3 / 11, 4: 3 / 13}
+    ks = drive(pol, 6 + 5 + 6, lambda k: {1: 2, 2: 3, 4: 3}[k], lambda k: {1: 10, 2: 11, 4: 13}[k])
+    assert ks[:6] == [1, 1, 2, 2, 4, 4]
+    assert ks[6:11] == [max(tokens_per_ms, key=tokens_per_ms.get)] * 5
+    assert ks[11:17] == [1, 1, 2, 2, 4, 4]  # the next test phase
+
+
+def test_calibration_map_is_the_isotonic_prediction(random_inputs):
+    iso = fit_calibration(random_inputs, K)
+    m = CalibrationMap.from_isotonic(iso)
+    x = np.linspace(-0.2, 1.2, 301)
+    np.testing.assert_allclose(m.predict(x), iso.predict(x), atol=1e-12)
+
+
+def test_gain_share_anchors():
+    assert gain_share(10.0, 10.0, 8.0) == 0.0
+    assert gain_share(8.0, 10.0, 8.0) == 1.0
+    assert gain_share(9.0, 10.0, 8.0) == pytest.approx(0.5)
+    assert gain_share(11.0, 10.0, 8.0) < 0
+
+
+def test_truncate_inputs(random_inputs):
+    t = truncate_inputs(random_inputs, 30)
+    np.testing.assert_array_equal(t.n_tokens, [30, 25, 30])
+    assert t.n_states == 85 and (t.pos < 30).all()
+    np.testing.assert_array_equal(t.draft_conf[30:55], random_inputs.draft_conf[40:65])
+
+
+def test_policy_json_round_trip_and_errors(tmp_path):
+    fit = hand_fit()
+    p = fit.write(tmp_path / "p.json")
+    back = PolicyFit.read(p)
+    assert back.to_dict() == json.loads(p.read_text())
+    assert back.calibration == fit.calibration and back.cost_model == fit.cost_model
+    with pytest.raises(SpeclimitsError, match="unknown policy 'nope'"):
+        fit.make("nope")
+    bad = fit.to_dict()
+    del bad["tau"]
+    with pytest.raises(SpeclimitsError, match="missing field 'tau'"):
+        PolicyFit.from_dict(bad)
+    with pytest.raises(SpeclimitsError, match="not found"):
+        PolicyFit.read(tmp_path / "absent.json")
+
+
+def test_fit_on_a_trace_and_predict_offline(smoke_trace, tmp_path):
+    out = tmp_path / "policy.json"
+    assert main(["control", "fit", str(smoke_trace), "--out", str(out), "--k-max", "4", "--seed", "2"]) == 0
+    fit = PolicyFit.read(out)
+    assert set(fit.train_seq_ids).isdisjoint(fit.test_seq_ids) and fit.train_seq_ids and fit.test_seq_ids
+    tau_curve = fit.curves["tau"]
+    assert min(r["train_time_ms"] for r in tau_curve) == next(r["train_time_ms"] for r in tau_curve
+                                                              if r["tau"] == fit.tau)
+    assert fit.data["reference_kind"] == "greedy" and fit.data["simulated"] is True
+    setup = greedy_setup(smoke_trace)
+    names = [f"static:{k}" for k in range(1, 5)] + ["threshold", "delta", "ema"]
+    tab, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=8, n_boot=49)
+    t = tab.set_index("policy")
+    best = f"static:{bounds['best_static_k_replay']}"
+    assert t.loc[best, "share_exact"] == 0.0
+    assert (t["share_exact"] <= 1 + 1e-9).all()  # nothing beats the hindsight bound
+    # the replayed static K is the deterministic policy evaluation of the solver
+    raw = load_inputs(setup.trace).subset([list(setup.raw_inputs.seq_ids).index(s) for s in fit.test_seq_ids])
+    ev = evaluate_policy(raw, fit.cost_model, actions=np.full(raw.n_states, 3), k_max=4, deterministic=True)
+    assert t.loc["static:3", "replay_ms_per_token"] == pytest.approx(ev["time_ms"].sum() / raw.n_tokens.sum())
+    uerr = u_prediction_error(fit, setup, list(fit.test_seq_ids))
+    assert list(uerr["k"]) == [1, 2, 3, 4] and (uerr["rmse"] >= uerr["bias"].abs() - 1e-12).all()
+    np.testing.assert_allclose(uerr["bias"], uerr["u_bar_predicted"] - uerr["u_bar_mean_heldout"], atol=1e-9)
+    along = k_chosen_along(fit, setup, fit.test_seq_ids[0], ["threshold", "static:2"])
+    assert set(along["static:2"].dropna()) == {2.0} and along["k_star_exact"].between(1, 4).all()
+
+
+def test_rollout_of_a_memory_policy_is_seeded(random_inputs):
+    table = CostTable.build(random_inputs, cost_model(), K)
+    pol = UtilityTestAndSet().bind(random_inputs, table)
+    a = rollout(pol, random_inputs.accept_len[None, :].astype(np.int16))
+    b = rollout(UtilityTestAndSet().bind(random_inputs, table), random_inputs.accept_len[None, :].astype(np.int16))
+    np.testing.assert_array_equal(a["time_ms"], b["time_ms"])

@@ -1,0 +1,159 @@
+"""The controller inside the real vLLM engine (CPU build): lossless at batch 1 and 4 with ragged k,
+early exits, refusals, and a traced controlled run. Marked ``vllm``; kept short (a few prompts, few tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speclimits.control.fit import CalibrationMap, PolicyFit
+from speclimits.costmodel import CostModel
+from speclimits.errors import SpeclimitsError
+from speclimits.paths import DATA_DIR
+
+pytestmark = pytest.mark.vllm
+
+TOKENS = 24
+
+
+def policy_dict(k_max: int) -> dict:
+    cm = CostModel(c=1e-3, beta0={m: 8.0 + 0.2 * m for m in range(1, k_max + 2)},
+                   alpha={m: 0.1 for m in range(1, k_max + 2)}, a=0.7, b=0.8)
+    return PolicyFit(k_max=k_max, tau=0.05, lambda_=4.0, lambda_oracle=4.0, u_bar_mean=tuple([4.0] * (k_max + 2)),
+                     calibration=CalibrationMap((0.0, 1.0), (0.0, 1.0)), cost_model=cm, train_seq_ids=(),
+                     test_seq_ids=()).to_dict()
+
+
+@pytest.fixture(scope="module")
+def ce():
+    from speclimits.tracing.engine import apply_env_defaults
+
+    apply_env_defaults()
+    pytest.importorskip("vllm")
+    from speclimits.control import engine
+
+    return engine
+
+
+@pytest.fixture(scope="module")
+def tiny(ce, tmp_path_factory):
+    from speclimits.tracing.tinymodel import write_tiny_eagle3, write_tiny_moe
+
+    root = tmp_path_factory.mktemp("tiny")
+    target = write_tiny_moe(root / "target")
+    return target, write_tiny_eagle3(root / "eagle3", target=target)
+
+
+PROMPTS = [[int(x) for x in np.random.default_rng(i).integers(1, 500, size=n)] for i, n in enumerate((7, 12, 20, 9))]
+
+
+def run_arms(ce, llm, prompts, names, k_max, tokens=TOKENS):
+    out = {}
+    for name in names:
+        llm.collective_rpc("speclimits_control_set", args=(policy_dict(k_max), name))
+        out[name] = (ce.generate(llm, prompts, tokens), llm.collective_rpc("speclimits_control_drain")[0])
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_lossless_on_the_tiny_models(ce, tiny, batch):
+    target, head = tiny
+    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=batch, load_format="dummy", max_model_len=256)
+    plain = ce.generate(llm, PROMPTS, TOKENS)
+    ce.close(llm)
+    for method, draft in (("draft_model", target), ("eagle3", head)):
+        llm = ce.build_llm(str(target), str(draft), method, 4, batch=batch, load_format="dummy", max_model_len=256)
+        try:
+            arms = run_arms(ce, llm, PROMPTS, ["random:1", "static:2", "threshold", "delta", "cascade"], 4)
+        finally:
+            ce.close(llm)
+        for name, (outputs, drained) in arms.items():
+            assert outputs == plain, f"{method} {name} batch {batch}"
+            assert drained["n_rounds"] > 0 and drained["decide_us"] > 0
+        ks = [r["k"] for r in arms["random:1"][1]["rounds"]]
+        assert set(ks) == {1, 2, 3, 4}, ks  # random k covers 1..K_max
+        assert arms["static:2"][1]["early_exits"] == arms["static:2"][1]["n_rounds"]  # drafter stops at step 2
+        assert {r["k"] for r in arms["static:2"][1]["rounds"]} == {2}
+        if batch == 4:
+            by_round = {}
+            for r in arms["random:1"][1]["rounds"]:
+                by_round.setdefault((r["n_batch"], id(r)), r["k"])
+            rounds = arms["random:1"][1]["rounds"]
+            ragged = [len({rounds[i + j]["k"] for j in range(4)}) > 1 for i in range(0, len(rounds) - 3, 4)
+                      if all(rounds[i + j]["n_batch"] == 4 for j in range(4))]
+            assert any(ragged), "batch 4 should have rounds with different k per request"
+
+
+def test_lossless_on_the_bundled_pair(ce):
+    """The bundled target + EAGLE-3 head, two prompts, batch 1 and batch 2: identical greedy outputs."""
+    from speclimits.tracing.prompts import read_prompts
+
+    target, head = DATA_DIR / "models" / "target", DATA_DIR / "models" / "eagle3"
+    prompts = read_prompts(DATA_DIR / "traces" / "measured-eagle3" / "prompts.jsonl", limit=2)
+    for batch in (1, 2):
+        llm = ce.build_llm(str(target), None, "eagle3", 0, batch=batch, max_model_len=512)
+        tok = llm.get_tokenizer()
+        ids = [tok.encode(p.text) for p in prompts]
+        plain = ce.generate(llm, ids, 20)
+        ce.close(llm)
+        llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=batch, max_model_len=512)
+        try:
+            arms = run_arms(ce, llm, ids, ["random:3", "delta", "threshold"], 4, tokens=20)
+        finally:
+            ce.close(llm)
+        for name, (outputs, _) in arms.items():
+            assert outputs == plain, f"bundled pair, {name}, batch {batch}"
+
+
+def test_refusals():
+    from speclimits.control.extension import check_control_runner
+
+    class Other:
+        pass
+
+    with pytest.raises(SpeclimitsError, match="unsupported model runner"):
+        check_control_runner(Other())
+
+
+def test_refuses_async_scheduling_and_ngram(ce, tiny, monkeypatch):
+    from speclimits.control import extension
+
+    target, _ = tiny
+    monkeypatch.setattr(extension, "runner_kind", lambda runner: "v1")
+
+    class AsyncRunner:
+        use_async_scheduling = True
+
+    with pytest.raises(SpeclimitsError, match="async_scheduling=True is not supported"):
+        extension.check_control_runner(AsyncRunner())
+    llm = ce.build_llm(str(target), None, "ngram", 3, batch=1, load_format="dummy", max_model_len=256)
+    try:
+        with pytest.raises(Exception, match="not ngram|lacks"):
+            llm.collective_rpc("speclimits_control_set", args=(policy_dict(3), "delta"))
+    finally:
+        ce.close(llm)
+
+
+def test_a_controlled_run_can_be_traced(ce, tiny, tmp_path, monkeypatch):
+    """The tracer's sweep with the control extension armed by environment: the trace validates and its
+    rounds record the k the policy chose (ragged under the random arm)."""
+    from speclimits.control.extension import ENV_NAME, ENV_POLICY
+    from speclimits.trace import read_trace
+    from speclimits.tracing.sweep import SweepConfig, run_sweep
+    from speclimits.validate import validate_trace
+
+    target, _ = tiny
+    pfile = tmp_path / "policy.json"
+    PolicyFit.from_dict(policy_dict(4)).write(pfile)
+    monkeypatch.setenv(ENV_POLICY, str(pfile))
+    monkeypatch.setenv(ENV_NAME, "random:2")
+    out = tmp_path / "trace"
+    cfg = SweepConfig(target=str(target), draft=str(target), method="draft_model",
+                      prompts=str(DATA_DIR / "prompts" / "smoke.jsonl"), out=str(out), k_values=[4], max_tokens=16,
+                      load_format="dummy", tokens="none", progress=False, limit=2,
+                      engine_extra={"worker_extension_cls": "speclimits.control.extension.ControlWorkerExtension"})
+    run_sweep(cfg)
+    validate_trace(out)
+    rounds = read_trace(out).rounds
+    dec = rounds[rounds["phase"].astype(str) == "decode"]
+    assert set(dec["n_draft"].unique()) >= {1, 2, 3, 4}
