@@ -103,6 +103,11 @@ if tr.meta.get("description"):
 # 5. {ref}`sec-robustness`: bootstrap, Huber, trimming, halves, leave-one-category-out, residual diagnostics.
 # 6. {ref}`sec-oracle`: the Bellman bound on adaptive $K$, Delta Space, the $\alpha = 0$ ablation, and online policies against the bound.
 # 7. {ref}`sec-linguistic`: how the text context relates to the Oracle's $K$ and to routing.
+# 8. {ref}`sec-online-control`: adaptive-$K$ policies run inside vLLM, measured against the Oracle's bound
+#    and against every static $K$ (beyond the paper).
+#
+# The {ref}`sec-methods` page defines the cost model, the Oracle, the conventions every section shares
+# and the trace format.
 
 # %% tags=["remove-input"]
 bs.version_report(tr)
