@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from speclimits.errors import CostModelError
+from speclimits.jsonutil import read_json
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,7 @@ class CostModel:
     @classmethod
     def read(cls, path: str | Path) -> "CostModel":
         """Read a cost-model JSON file."""
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise CostModelError(f"cost model {p}: file not found") from None
-        except json.JSONDecodeError as exc:
-            raise CostModelError(f"cost model {p}: not valid JSON: {exc}") from None
-        return cls.from_dict(data, origin=f"cost model {p}")
+        return cls.from_dict(read_json(path, "cost model", CostModelError), origin=f"cost model {Path(path)}")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -50,3 +50,15 @@ def dumps(obj: Any, **kwargs: Any) -> str:
     """``json.dumps(jsonable(obj), **kwargs)``; strict (``allow_nan=False``): a NaN left over is a bug."""
     kwargs.setdefault("allow_nan", False)
     return json.dumps(jsonable(obj), **kwargs)
+
+
+def read_json(path: str | Path, what: str, error: type[Exception], missing_hint: str = "") -> Any:
+    """Parse the JSON file ``path``; a missing or broken file raises ``error`` with one message
+    naming ``what`` and the path (``missing_hint`` is added when the file does not exist)."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise error(f"{what} {p}: file not found{' (' + missing_hint + ')' if missing_hint else ''}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} {p}: not valid JSON: {exc}") from None

@@ -20,7 +20,6 @@ offline evaluation (:func:`offline_table`) and the engine extension run.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, EmaAcce
                                          split_sequences, tune_threshold)
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
-from speclimits.jsonutil import dumps
+from speclimits.jsonutil import dumps, read_json
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
 
@@ -157,15 +156,9 @@ class PolicyFit:
 
     @classmethod
     def read(cls, path: str | Path) -> "PolicyFit":
-        p = Path(path)
-        try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise SpeclimitsError(f"policy file {p}: not found (write one with `speclimits control fit TRACE --out "
-                                  f"{p}`)") from None
-        except json.JSONDecodeError as exc:
-            raise SpeclimitsError(f"policy file {p}: not valid JSON ({exc})") from None
-        return cls.from_dict(d, origin=f"policy file {p}")
+        d = read_json(path, "policy file", SpeclimitsError,
+                      missing_hint=f"write one with `speclimits control fit TRACE --out {path}`")
+        return cls.from_dict(d, origin=f"policy file {Path(path)}")
 
 
 # ---------------------------------------------------------------------------
