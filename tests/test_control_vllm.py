@@ -140,7 +140,7 @@ def test_a_controlled_run_can_be_traced(ce, tiny, tmp_path, monkeypatch):
     from speclimits.control.extension import ENV_NAME, ENV_POLICY
     from speclimits.trace import read_trace
     from speclimits.tracing.sweep import SweepConfig, run_sweep
-    from speclimits.validate import validate_trace
+    from speclimits.trace import validate_trace
 
     target, _ = tiny
     pfile = tmp_path / "policy.json"

@@ -22,6 +22,7 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
     kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
                            load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
     kw["worker_extension_cls"] = EXTENSION
+    eng.detach_worker_extensions()  # an earlier engine in this process may have mixed in the tracer
     return vllm.LLM(**kw)
 
 

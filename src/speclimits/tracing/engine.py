@@ -189,6 +189,26 @@ def check_vllm_api() -> None:
     vllm_api.require_supported(cuda=cuda_available())
 
 
+def detach_worker_extensions() -> int:
+    """Remove speclimits' worker extensions from vLLM's worker classes; returns how many.
+
+    With an in-process executor vLLM mixes ``worker_extension_cls`` into the worker *class*
+    (``worker_class.__bases__ += (ext,)``) and never takes it out, so a later engine in the same
+    process that asks for another extension (the controller's after the tracer's, say) fails
+    vLLM's attribute-conflict check. Every engine builder calls this first; vLLM then mixes in
+    the extension the new engine asks for.
+    """
+    n = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("vllm.v1.worker"):
+            continue
+        for obj in list(vars(module).values()):
+            if isinstance(obj, type) and any(b.__module__.startswith("speclimits.") for b in obj.__bases__):
+                obj.__bases__ = tuple(b for b in obj.__bases__ if not b.__module__.startswith("speclimits."))
+                n += 1
+    return n
+
+
 def make_llm(kwargs: dict[str, Any]) -> Any:
     """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info).
 
@@ -196,6 +216,7 @@ def make_llm(kwargs: dict[str, Any]) -> Any:
     vllm = require_vllm()
     check_vllm_api()
     _guard_llvmlite()
+    detach_worker_extensions()
     llm = vllm.LLM(**kwargs)
     info = llm.collective_rpc("speclimits_install", args=({},))[0]
     return llm, info

@@ -192,6 +192,7 @@ def measure_overhead(setup: Setup, method: str = "draft_model", K: int = 7) -> d
                                + K + 8, extra=mode_engine_args("graphs", setup.cuda, setup.compile))
     vllm = eng.require_vllm()
     eng.check_vllm_api()
+    eng.detach_worker_extensions()  # untraced: no extension left over from an earlier engine
     llm = vllm.LLM(**kwargs)
     prompt = TokensPrompt(prompt_token_ids=list(read_prompts(setup.prompts)[0].token_ids))
     params = SamplingParams(temperature=0.0, max_tokens=setup.preset.max_tokens, ignore_eos=True, detokenize=False)
