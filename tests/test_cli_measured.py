@@ -49,14 +49,17 @@ def test_oracle_and_linguistic_solve_the_same_oracle(capsys, tmp_path, measured)
     oracle = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--json")
     ling = run_json(capsys, "linguistic", str(MEASURED), "--n-boot", "9", "--json")
     assert oracle["surrogate"] == ling["surrogate"] == "calibrated q"  # auto on a measured trace
-    assert ling["oracle_total_ms"] == pytest.approx(oracle["oracle_ms"], rel=1e-12)
+    assert ling["oracle_total_ms"] == pytest.approx(oracle["all_references"]["oracle_ms"], rel=1e-12)
+    # the top level is the book's headline: greedy references
+    assert oracle["headline_kind"] == "greedy" and oracle["best_static_k"] == oracle["headline"]["best_static_k"]
+    assert oracle["speedup"] == pytest.approx(oracle["by_kind"]["greedy"]["speedup"])
     # the hand-off: the fit written as JSON and read back gives the same Oracle as fitting again
     path = fit_trace_cost_model(measured).write(tmp_path / "cm.json")
     handed = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--cost-model", str(path), "--json")
     assert handed["oracle_ms"] == pytest.approx(oracle["oracle_ms"], rel=1e-9)
     # and the library route the book uses
     res = prepare_oracle(measured, path).solve()
-    assert res.bounds.oracle_ms == pytest.approx(oracle["oracle_ms"], rel=1e-9)
+    assert res.bounds.oracle_ms == pytest.approx(oracle["all_references"]["oracle_ms"], rel=1e-9)
     # the surrogates differ on this trace: raw q understates greedy acceptance (calibration gap > 0)
     raw = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--surrogate", "raw", "--json")
     exact = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--surrogate", "exact", "--json")
