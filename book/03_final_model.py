@@ -28,15 +28,13 @@
 # `GroupKFold(5)` by generation. $K = 0$ rounds (plain decoding) are left out here, as in the
 # paper's sweep; the cost model the Oracle reads adds $m = 1$ from them (last section below).
 
-# %%
+# %% tags=["remove-cell"]
 from pathlib import Path
 
 import speclimits.book_support as bs
 from speclimits import figures, stats
 from speclimits.costmodel import CostModel
 from speclimits.oracle import fit_trace_cost_model
-
-bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -45,8 +43,13 @@ seed = 0
 n_splits = 5
 n_boot = 999
 cost_model = None
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-final-model", "the final target-time model")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 res = stats.fit_final_model(tr.rounds, n_splits=n_splits, n_boot=99 if smoke else n_boot, seed=seed)
@@ -84,8 +87,10 @@ res.per_k.assign(c_per_1k=res.per_k["c"] * 1e3, c_se_per_1k=res.per_k["c_se"] * 
 # ($m \le 4 \mid m \ge 5$); a red one marks the split the rule below declares, if it declares one;
 # on a simulated trace the red crosses are the planted truth.
 
-# %%
-figures.coefficients_by_m_chart(res, truth)
+# %% tags=["hide-input"]
+bs.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
+          "Per-$K$ coefficients $\\alpha(m)$ and $\\beta_0(m)$ against $m = K + 1$ with 95% intervals "
+          "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is.")
 
 # %% [markdown]
 # ## Is there a regime boundary, and where?
@@ -149,8 +154,13 @@ res.joint.by_m.round(5)
 # %%
 res.pooled.to_frame().round(6)
 
-# %%
-res.comparison.round(4)
+# %% tags=["hide-input"]
+cmp = res.comparison.reset_index()
+bs.table(cmp[["model", "r2", "paper_r2", "cv_r2", "cv_mape", "paper_cv_mape"]].rename(columns={
+    "model": "Model", "r2": "$R^2$", "paper_r2": "Paper $R^2$", "cv_r2": "CV $R^2$", "cv_mape": "CV MAPE (%)",
+    "paper_cv_mape": "Paper CV MAPE (%)"}), "tbl-final-comparison",
+    "Three target-time models compared in sample and on held-out generations (GroupKFold).", decimals=3,
+    full=cmp)
 
 # %%
 res.pooled_std.round(3)
@@ -244,6 +254,15 @@ if cost_model:
     cost.write(cost_model)
     print(f"written for the Oracle sections: {Path(cost_model).name}")
 cost.to_dict()["target"]
+
+# %% tags=["remove-input"]
+lad = res.ladder
+key.fill([
+    bs.Result.of("categorical CV MAPE", lad.loc["categorical (Eq. 4)", "cv_mape"], lad.loc["categorical (Eq. 4)", "cv_mape_lo"],
+                 lad.loc["categorical (Eq. 4)", "cv_mape_hi"], paper=0.37, unit="%", ref="tbl-final-comparison"),
+    bs.Result.of("regime boundary", str(res.boundary.rule_split or "none"), paper="m ≤ 4 | m ≥ 5",
+                 ref="fig-final-coefficients"),
+])
 
 # %% [markdown]
 # ## Versions

@@ -31,15 +31,17 @@
 # one **trace**: a directory with `meta.json` and Parquet tables (one row per speculative round,
 # plus dense per-position data for the Oracle). The cell below says which trace this build used.
 
-# %% tags=["remove-input"]
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
-
-bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
 smoke = False
 seed = 0
+results = None
+
+# %% tags=["remove-cell"]
+bs.setup(results)
 
 # %% tags=["remove-input"]
 tr = bs.load(trace)
@@ -47,6 +49,24 @@ print("This build ran on:", tr.source_label, sep="\n  ")
 print("Trace directory:", tr.path.name, sep="\n  ")
 if tr.meta.get("description"):
     print("Description:", tr.meta["description"], sep="\n  ")
+
+# %% [markdown]
+# ## The headline numbers
+#
+# {numref}`tbl-intro-key-results` gathers the key-results box at the top of each section: our
+# estimate with its 95% interval beside the paper's value. Each row links to the section, and the
+# quantity's reference links to the figure or table it comes from.
+
+# %% tags=["remove-input"]
+sections = ["sec-tracing", "sec-factors", "sec-final-model", "sec-draft-model", "sec-robustness", "sec-oracle",
+            "sec-linguistic", "sec-online-control"]
+gathered = bs.gathered_results(results, sections)
+if gathered is None:
+    print("The key results are gathered when the whole book is built (speclimits book).")
+else:
+    bs.table(gathered, "tbl-intro-key-results",
+             "Key results of every section, ours with 95% intervals beside the paper's. A dash: the paper "
+             "reports no such number, or the section has no interval for it.")
 
 # %% [markdown]
 # ## Simulated or measured?

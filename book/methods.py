@@ -182,7 +182,7 @@
 # stays readable). `speclimits validate TRACE` checks everything below and names the file, the
 # column and the first offending rows of every defect. The tables, from the package's schema:
 
-# %% tags=["remove-input"]
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
 
 bs.setup()
@@ -193,13 +193,16 @@ smoke = False
 seed = 0
 
 # %% tags=["remove-input"]
-bs.schema_table("rounds")
+bs.table(bs.schema_table("rounds"), "tbl-methods-rounds",
+         "Columns of the `rounds` table: one row per speculative round (the harness's record); from `speclimits.trace.schema`.")
 
 # %% tags=["remove-input"]
-bs.schema_table("oracle")
+bs.table(bs.schema_table("oracle"), "tbl-methods-oracle",
+         "Columns of the `oracle` table: dense per-position data of the reference sequences (what the Oracle reads); from `speclimits.trace.schema`.")
 
 # %% tags=["remove-input"]
-bs.schema_table("tokens")
+bs.table(bs.schema_table("tokens"), "tbl-methods-tokens",
+         "Columns of the `tokens` table: token text and routing per position (what the linguistic study reads); from `speclimits.trace.schema`.")
 
 # %% [markdown]
 # `meta.json` must name the keys below. `source` is `vllm` for a measurement or `simulator` for a
@@ -218,7 +221,9 @@ print(", ".join(bs.META_REQUIRED))
 # are in `speclimits.linguistic.labels`; section {ref}`sec-linguistic` describes them.
 
 # %% tags=["remove-input"]
-bs.vocabulary_table()
+bs.table(bs.vocabulary_table(), "tbl-methods-vocabulary",
+         "The shared vocabulary: context labels with the mode each belongs to, and the finer labels "
+         "(`speclimits.vocabulary`).")
 
 # %% [markdown]
 # ## Versions

@@ -19,6 +19,8 @@ import altair as alt
 import pandas as pd
 
 from speclimits import vocabulary
+from speclimits.book.present import (KeyResults, Result, figure, fmt_ci, fmt_num, gathered_results,  # noqa: F401
+                                     set_data_label, data_label_for, set_results_dir, table, with_ci)
 from speclimits.paths import default_trace
 from speclimits.trace.schema import META_REQUIRED, TABLES  # META_REQUIRED: read by the methods page
 from speclimits.trace import Trace, read_trace
@@ -52,8 +54,12 @@ def _offline_html(spec: dict[str, Any], **kwargs: Any) -> dict[str, str]:
     return {"text/html": html, "text/plain": "<altair chart>"}
 
 
-def setup() -> None:
-    """Call once at the top of a notebook: offline chart renderer and table display options."""
+def setup(results: str | Path | None = None) -> None:
+    """Call once at the top of a notebook: offline chart renderer and table display options.
+
+    ``results``: the folder the key-results boxes write their rows to (the build passes it).
+    """
+    set_results_dir(results)
     if RENDERER not in alt.renderers.names():
         alt.renderers.register(RENDERER, _offline_html)
     alt.renderers.enable(RENDERER)
@@ -63,8 +69,13 @@ def setup() -> None:
 
 
 def load(trace: str | Path | None) -> Trace:
-    """Open the notebook's trace parameter (``None`` -> the bundled default trace)."""
-    return read_trace(trace if trace else default_trace())
+    """Open the notebook's trace parameter (``None`` -> the bundled default trace).
+
+    Every caption on the page then ends with the sentence naming this trace (measured, or SIMULATED).
+    """
+    tr = read_trace(trace if trace else default_trace())
+    set_data_label(data_label_for(tr))
+    return tr
 
 
 def versions() -> dict[str, str]:
@@ -88,12 +99,12 @@ def version_report(trace: Trace) -> None:
     print(json.dumps(meta, indent=2, sort_keys=True, default=str))
 
 
-def schema_table(table: str) -> Any:
-    """The contract columns of ``table`` (``rounds``, ``oracle``, ``tokens``) for the methods page."""
-    cols = TABLES[table]
-    return pd.DataFrame({"column": [c.name for c in cols], "type": [c.kind.replace("_", " of ") for c in cols],
-                         "required": ["yes" if c.required else "no" for c in cols],
-                         "meaning": [c.description for c in cols]}).style.hide(axis="index")
+def schema_table(name: str) -> pd.DataFrame:
+    """The contract columns of table ``name`` (``rounds``, ``oracle``, ``tokens``) for the methods page."""
+    cols = TABLES[name]
+    return pd.DataFrame({"Column": [f"`{c.name}`" for c in cols], "Type": [c.kind.replace("_", " of ") for c in cols],
+                         "Required": ["yes" if c.required else "no" for c in cols],
+                         "Meaning": [c.description for c in cols]})
 
 
 def vocabulary_table() -> Any:
@@ -102,4 +113,4 @@ def vocabulary_table() -> Any:
             for name, mode in vocabulary.CONTEXT_MODES.items()]
     rows += [{"kind": "fine label", "label": name, "mode": "code" if name != "word_continuation" else "any"}
              for name in vocabulary.FINE_LABELS]
-    return pd.DataFrame(rows).style.hide(axis="index")
+    return pd.DataFrame(rows).rename(columns=str.capitalize)

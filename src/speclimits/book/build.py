@@ -4,15 +4,20 @@ Steps (``speclimits book``):
 
 1. validate the trace the book will run on (the bundled default unless ``--trace``);
 2. stage a clean source tree under ``<out>/source``: ``_config.yml``, ``_toc.yml``, the
-   pages listed in the toc, and ``_static`` with the offline assets (MathJax 3 from the Python
-   package ``django-static-mathjax``, and one Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``);
+   pages listed in the toc, and ``_static`` with ``book/_static`` (the site's CSS) and one
+   Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``;
 3. convert each ``book/*.py`` listed in ``_toc.yml`` to a notebook and execute it with
    papermill, injecting ``trace``, ``smoke`` and ``seed`` into its ``parameters`` cell;
    (``cost_model``, the path of the build's cost-model JSON, goes to the notebooks that declare
-   it: section 3 writes it, the Oracle sections read it);
+   it: section 3 writes it, the Oracle sections read it; ``results``, the folder where each
+   section's key-results box writes its rows, goes to every section and to the intro, which is
+   executed last and gathers them into one table);
+   then turn outputs marked as figures into numbered figures (:func:`promote_figures`);
 4. run ``jupyter-book build -W`` (warnings are errors) with execution off, so the site
    shows exactly papermill's outputs;
-5. check that no page references a CDN: the site reads offline.
+5. copy MathJax 3 (from the Python package ``django-static-mathjax``) into the site's ``_static``
+   and check that no page references a CDN: the site reads offline. ``speclimits book --check``
+   then opens every page in headless Chromium (:mod:`speclimits.book.browser`).
 """
 
 from __future__ import annotations
@@ -125,17 +130,22 @@ def vega_bundle() -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _stage(stage: Path, pages: list[str]) -> list[Path]:
-    """Fresh staging tree; returns the jupytext notebooks to execute (in toc order)."""
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+def _stage(stage: Path, pages: list[str], keep: bool = False) -> list[Path]:
+    """Staging tree (fresh unless ``keep``); returns the jupytext notebooks of ``pages`` (toc order)."""
+    if not keep:
+        shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True, exist_ok=True)
     shutil.copy2(BOOK_CONFIG, stage / "_config.yml")
     shutil.copy2(BOOK_TOC, stage / "_toc.yml")
     static = stage / "_static"
+    # MathJax is copied into the built site after Sphinx ran (see build_book): Jupyter Book adds
+    # every .js file under _static to every page, and MathJax's lazily loaded parts would then all
+    # load at once and clash ("State CONTEXT_MENU already exists" in the browser's console)
+    shutil.rmtree(static / "mathjax", ignore_errors=True)
     if (BOOK_DIR / "_static").is_dir():
-        shutil.copytree(BOOK_DIR / "_static", static)
+        shutil.copytree(BOOK_DIR / "_static", static, dirs_exist_ok=True)
     static.mkdir(exist_ok=True)
-    shutil.copytree(mathjax_dir(), static / "mathjax")
+    mathjax_dir()  # fail early, before any notebook runs, if the MathJax package is missing
     shutil.copy2(vega_bundle(), static / "vega-offline.js")
     notebooks = []
     for page in pages:
@@ -164,6 +174,32 @@ def declared_parameters(nb) -> set[str]:
 
 #: Injected into every notebook; the others only into notebooks whose parameters cell declares them.
 COMMON_PARAMETERS = ("trace", "smoke", "seed")
+
+
+def promote_figures(nb, page: str = "notebook") -> int:
+    """Turn outputs that :func:`speclimits.book.present.figure` marked into numbered figures.
+
+    The mark (output metadata ``speclimits.figure``: name and caption) becomes the cell's
+    ``mystnb.figure`` options, which myst-nb applies to the cell's rich outputs. A cell may hold one
+    figure and no other rich output (it would land inside the same figure). Returns the count.
+    """
+    from speclimits.book.present import FIGURE_KEY
+
+    count = 0
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        rich = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")]
+        marks = [o["metadata"][FIGURE_KEY]["figure"] for o in rich
+                 if FIGURE_KEY in o.get("metadata", {}) and "figure" in o["metadata"][FIGURE_KEY]]
+        if not marks:
+            continue
+        if len(rich) != 1:
+            raise SpeclimitsError(f"{page}, cell {index}: a figure cell must show exactly one output "
+                                  f"(it shows {len(rich)}); put figure '{marks[0]['name']}' in a cell of its own")
+        cell.metadata.setdefault("mystnb", {})["figure"] = dict(marks[0])
+        count += 1
+    return count
 
 
 def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
@@ -197,9 +233,25 @@ def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
         tags = cell.metadata.setdefault("tags", [])
         if "injected-parameters" in tags and "remove-cell" not in tags:
             tags.append("remove-cell")
+    promote_figures(executed, str(src.relative_to(REPO_ROOT)))
     nbformat.write(executed, out)
     log.write(f"executed {src.name} in {dt:.1f} s\n")
     return dt
+
+
+def _select(notebooks: list[Path], pages: list[str], stage: Path) -> list[Path]:
+    """The notebooks named in ``pages``; every other page must have been executed by an earlier build."""
+    by_name = {p.stem: p for p in notebooks}
+    unknown = [p for p in pages if Path(p).stem not in by_name]
+    if unknown:
+        raise SpeclimitsError(f"--pages: {', '.join(unknown)} not in _toc.yml (pages: {', '.join(by_name)})")
+    wanted = {Path(p).stem for p in pages}
+    missing = [p.name for p in notebooks if p.stem not in wanted
+               and not (stage / p.relative_to(REPO_ROOT)).with_suffix(".ipynb").exists()]
+    if missing:
+        raise SpeclimitsError(f"--pages reuses the other pages from the last build in {stage.parent}, but "
+                              f"{', '.join(missing)} were never executed there: build the whole book once first")
+    return [p for p in notebooks if p.stem in wanted]
 
 
 def _check_offline(html_dir: Path) -> None:
@@ -215,9 +267,11 @@ def _check_offline(html_dir: Path) -> None:
 
 
 def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
-               seed: int = 0, progress: bool = True) -> Path:
+               seed: int = 0, progress: bool = True, pages: list[str] | None = None) -> Path:
     """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site.
 
+    ``pages`` (names such as ``03_final_model``): execute only these again and keep the other
+    pages' executed notebooks from the last build in ``out`` (for editing one section quickly).
     Returns the path of the site's ``index.html``.
     """
     trace_path = Path(trace) if trace else default_trace()
@@ -230,12 +284,17 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     stage = out_dir / "source"
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "build.log"
-    pages = toc_files()
+    toc = toc_files()
     with log_path.open("w") as log:
-        notebooks = _stage(stage, pages)
+        notebooks = _stage(stage, toc, keep=bool(pages))
+        if pages:
+            notebooks = _select(notebooks, pages, stage)
+        # the root page gathers every section's key results: execute it last
+        notebooks.sort(key=lambda p: p.relative_to(REPO_ROOT).with_suffix("").as_posix() == toc[0])
         # section 3 writes the fitted cost model here; sections 6 and 7 read it (one fit per build)
         params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed),
-                  "cost_model": str((stage / "_static" / "cost_model.json").resolve())}
+                  "cost_model": str((stage / "_static" / "cost_model.json").resolve()),
+                  "results": str((out_dir / "results").resolve())}
         # kernels inherit the environment: no progress bars on the pages (they render as stderr noise)
         os.environ["TQDM_DISABLE"] = "1"
         log.write(f"parameters: {params}\n")
@@ -258,5 +317,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
         raise SpeclimitsError(f"jupyter-book build failed (full log: {log_path}):\n{tail}")
     html = out_dir / "_build" / "html"
+    shutil.rmtree(html / "_static" / "mathjax", ignore_errors=True)
+    shutil.copytree(mathjax_dir(), html / "_static" / "mathjax")
     _check_offline(html)
     return html / "index.html"

@@ -27,12 +27,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed injected into every notebook (default 0)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"output folder; the site lands in OUT/_build/html (default: {BUILD_DIR / 'book'})")
+    p.add_argument("--pages", nargs="+", metavar="PAGE", default=None,
+                   help="execute only these pages again (e.g. 03_final_model) and reuse the others from the last "
+                        "build in --out; for editing one section")
+    p.add_argument("--check", action="store_true",
+                   help="after the build, open every page in headless Chromium (Debian's chromium, network off) and "
+                        "check charts, numbered captions, table widths and the console; screenshots to OUT/screenshots")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    index = build_book(args.trace, smoke=args.smoke, out=args.out, seed=args.seed, progress=not args.quiet)
+    index = build_book(args.trace, smoke=args.smoke, out=args.out, seed=args.seed, progress=not args.quiet,
+                       pages=args.pages)
     print(f"book built in {time.perf_counter() - t0:.0f} s: {index}")
+    if args.check:
+        from speclimits.book.browser import check_site, summary
+
+        reports = check_site(index.parent)
+        print(summary(reports))
+        bad = sum(bool(r.problems) for r in reports)
+        print(f"browser check: {len(reports) - bad} of {len(reports)} pages clean; "
+              f"screenshots in {index.parent.parent.parent / 'screenshots'}")
+        return 1 if bad else 0
     return 0

@@ -1,0 +1,339 @@
+"""How the book shows numbers: captioned, numbered figures and tables, and key-results boxes.
+
+Every figure and table on a page goes through one of three calls, so each has a label that the
+prose (and other pages) can cross-reference with ``{numref}`` and a caption that ends by naming
+the data it was computed on (measured, or SIMULATED):
+
+``figure(chart, name, caption)``
+    Displays the chart and records ``name`` and the caption in the output's metadata. The book
+    build (:func:`speclimits.book.build.promote_figures`) moves them to the cell's ``mystnb.figure``
+    options, and myst-nb wraps the output in a numbered figure ("Fig. 3.2").
+``table(frame, name, caption)``
+    Renders the frame as a MyST ``{table}`` directive (a ``text/markdown`` output; the book sets
+    ``nb_render_markdown_format: myst``): no pandas index, numbers rounded, optionally the full
+    frame written as a CSV download beside the page.
+``KeyResults``
+    The box of headline numbers at the top of a section: shown as a placeholder where the page
+    opens and filled in (IPython display update) once the section has computed them; the rows are
+    also written as JSON for the intro's table of all sections.
+
+Numbers with an interval are written in one cell, ``0.156 [0.120; 0.192]``, with as many decimals
+as the interval supports (:func:`fmt_ci`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+#: Output-metadata key the build reads to turn an output into a numbered figure.
+FIGURE_KEY = "speclimits"
+
+#: Label shapes: figures ``fig-…``, tables ``tbl-…`` (lower case, digits, dashes).
+_LABEL = re.compile(r"^(fig|tbl)-[a-z0-9][a-z0-9-]*$")
+
+_state: dict[str, Any] = {"data_label": None, "results_dir": None}
+
+
+# ---------------------------------------------------------------------------
+# numbers
+# ---------------------------------------------------------------------------
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def decimals_for(width: float, sig: int = 2) -> int:
+    """Decimals that show ``sig`` significant digits of ``width`` (an interval's half-width)."""
+    if not _finite(width) or width <= 0:
+        return 3
+    return int(min(6, max(0, sig - 1 - math.floor(math.log10(abs(width))))))
+
+
+def fmt_num(x: Any, decimals: int | None = None, sig: int = 3) -> str:
+    """One number: ``decimals`` fixed, else ``sig`` significant digits (thousands keep their digits)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, (bool, np.bool_)):
+        return "yes" if x else "no"
+    if isinstance(x, (int, np.integer)):
+        return f"{int(x):,}".replace(",", "\u2009")
+    if not _finite(x):
+        return str(x)
+    x = float(x)
+    if decimals is None:
+        if x == 0:
+            return "0"
+        decimals = int(min(6, max(0, sig - 1 - math.floor(math.log10(abs(x))))))
+    return f"{x:.{decimals}f}"
+
+
+def fmt_ci(est: Any, lo: Any = None, hi: Any = None, decimals: int | None = None, unit: str = "") -> str:
+    """``"0.156 [0.120; 0.192]"``: the estimate and its interval in one cell.
+
+    Without ``decimals`` the interval decides: two significant digits of its half-width. Without
+    an interval the estimate gets three significant digits.
+    """
+    if not _finite(est):
+        return "–"
+    has_ci = _finite(lo) and _finite(hi)
+    if decimals is None:
+        decimals = decimals_for((float(hi) - float(lo)) / 2) if has_ci else None
+    text = fmt_num(float(est), decimals)
+    if has_ci:
+        d = decimals if decimals is not None else 3
+        text += f" [{fmt_num(float(lo), d)}; {fmt_num(float(hi), d)}]"
+    return text + (f" {unit}" if unit else "")
+
+
+def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None = None,
+            decimals: int | None = None, scale: float = 1.0) -> pd.DataFrame:
+    """Replace columns ``est``, ``lo``, ``hi`` by one text column ``label`` (default ``est``) in place of ``est``."""
+    out = frame.copy()
+    cells = [fmt_ci(e * scale if _finite(e) else e, l * scale if _finite(l) else l,
+                    h * scale if _finite(h) else h, decimals)
+             for e, l, h in zip(out[est], out[lo], out[hi])]
+    at = list(out.columns).index(est)
+    out = out.drop(columns=[est, lo, hi])
+    out.insert(at, label or est, cells)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the data a page runs on
+# ---------------------------------------------------------------------------
+
+
+def set_data_label(label: str | None) -> None:
+    """The sentence every caption ends with (set by ``book_support.load``)."""
+    _state["data_label"] = label
+
+
+def data_label_for(trace: Any) -> str:
+    name = Path(str(trace.path)).name
+    if trace.simulated:
+        return f"Data: **SIMULATED** trace `{name}` (planted truth, not a measurement)."
+    return f"Data: measured trace `{name}`."
+
+
+def _caption(caption: str) -> str:
+    caption = caption.strip()
+    if not caption:
+        raise ValueError("a figure or table needs a caption that says what it shows")
+    label = _state["data_label"]
+    return f"{caption} {label}" if label and "Data:" not in caption else caption
+
+
+def _check_label(name: str, kind: str) -> None:
+    if not _LABEL.match(name) or not name.startswith(kind + "-"):
+        raise ValueError(f"label {name!r}: use '{kind}-' followed by lower-case words joined by dashes")
+
+
+# ---------------------------------------------------------------------------
+# figures
+# ---------------------------------------------------------------------------
+
+
+def _bundle(obj: Any) -> tuple[dict, dict]:
+    rep = obj._repr_mimebundle_() if hasattr(obj, "_repr_mimebundle_") else None
+    if rep is None:
+        raise TypeError(f"cannot display {type(obj).__name__} as a figure")
+    if isinstance(rep, tuple):
+        data, meta = rep
+        return dict(data), dict(meta or {})
+    return dict(rep), {}
+
+
+def figure(chart: Any, name: str, caption: str) -> None:
+    """Show ``chart`` as numbered figure ``name`` with ``caption`` (MyST; the data label is appended).
+
+    One figure per cell: the build wraps the cell's rich output in the figure.
+    """
+    from IPython.display import display
+
+    _check_label(name, "fig")
+    data, meta = _bundle(chart)
+    meta[FIGURE_KEY] = {"figure": {"name": name, "caption": _caption(caption)}}
+    display(data, raw=True, metadata=meta)
+
+
+# ---------------------------------------------------------------------------
+# tables
+# ---------------------------------------------------------------------------
+
+
+def _cell(x: Any, decimals: int | None) -> str:
+    if isinstance(x, str):
+        text = x
+    elif isinstance(x, (float, np.floating)):
+        text = fmt_num(x, decimals)
+    elif x is None or (not isinstance(x, (list, tuple, dict, np.ndarray)) and pd.isna(x)):
+        text = "–"
+    else:
+        text = fmt_num(x) if isinstance(x, (int, np.integer, bool, np.bool_)) else str(x)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = None,
+                   align: dict[str, str] | None = None) -> str:
+    """A pipe table (no index): text cells as they are, numbers rounded by column."""
+    cols = list(frame.columns)
+    if isinstance(decimals, int) or decimals is None:
+        decimals = {c: decimals for c in cols}
+    align = align or {}
+    header = "| " + " | ".join(str(c).replace("|", "\\|") for c in cols) + " |"
+    rule = "|" + "|".join(
+        {"left": ":---", "right": "---:", "center": ":---:"}.get(
+            align.get(c, "right" if pd.api.types.is_numeric_dtype(frame[c]) else "left"), "---")
+        for c in cols) + "|"
+    rows = ["| " + " | ".join(_cell(v, decimals.get(c)) for c, v in zip(cols, row)) + " |"
+            for row in frame.itertuples(index=False, name=None)]
+    return "\n".join([header, rule, *rows])
+
+
+def table_markdown(frame: pd.DataFrame, name: str, caption: str, decimals: dict[str, int] | int | None = None,
+                   download: str | None = None, align: dict[str, str] | None = None) -> str:
+    """The MyST ``{table}`` directive for ``frame`` (what :func:`table` displays)."""
+    _check_label(name, "tbl")
+    cap = _caption(caption)
+    if download:
+        cap = cap + f" Full table: {{download}}`{Path(download).name} <{download}>`."
+    body = markdown_table(frame, decimals, align)
+    return f":::{{table}} {cap}\n:name: {name}\n:align: center\n\n{body}\n:::\n"
+
+
+class _Markdown:
+    """A ``text/markdown`` output (rendered as MyST by myst-nb) with a plain-text fallback."""
+
+    def __init__(self, text: str, plain: str) -> None:
+        self.text, self.plain = text, plain
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        return {"text/markdown": self.text, "text/plain": self.plain}
+
+
+def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, int] | int | None = None,
+          full: pd.DataFrame | None = None, align: dict[str, str] | None = None) -> None:
+    """Show ``frame`` as numbered table ``name`` (its index is dropped; reset it first to keep it).
+
+    ``full``: a wider or longer version written as ``tables/<name>.csv`` beside the page and linked
+    from the caption as a download.
+    """
+    from IPython.display import display
+
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"table {name}: expected a DataFrame, got {type(frame).__name__}")
+    download = None
+    if full is not None:
+        path = Path("tables") / f"{name}.csv"
+        path.parent.mkdir(exist_ok=True)
+        full.to_csv(path, index=False)
+        download = path.as_posix()
+    md = table_markdown(frame, name, caption, decimals, download, align)
+    display(_Markdown(md, frame.to_string(index=False)))
+
+
+# ---------------------------------------------------------------------------
+# key results
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One headline number: ours (with its interval) beside the paper's, if the paper has one."""
+
+    quantity: str
+    ours: str
+    paper: str = "–"
+    ref: str | None = None  # a label on the page where it is computed (fig-… / tbl-… / sec-…)
+
+    @classmethod
+    def of(cls, quantity: str, est: Any, lo: Any = None, hi: Any = None, paper: Any = None, unit: str = "",
+           decimals: int | None = None, ref: str | None = None) -> "Result":
+        ours = fmt_ci(est, lo, hi, decimals, unit) if not isinstance(est, str) else est
+        if paper is None or (isinstance(paper, float) and math.isnan(paper)):
+            ptext = "–"
+        elif isinstance(paper, str):
+            ptext = paper
+        else:
+            ptext = f"{paper:g}" + (f" {unit}" if unit else "")  # as the paper prints it
+        return cls(quantity, ours, ptext, ref)
+
+
+def set_results_dir(path: str | Path | None) -> None:
+    _state["results_dir"] = Path(path) if path else None
+
+
+def _results_frame(rows: Sequence[Result]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Quantity": [r.quantity + (f" ({{numref}}`{r.ref}`)" if r.ref and not r.ref.startswith("sec-")
+                                   else (f" ({{ref}}`{r.ref}`)" if r.ref else "")) for r in rows],
+        "Ours [95% CI]": [r.ours for r in rows],
+        "Paper": [r.paper for r in rows],
+    })
+
+
+class KeyResults:
+    """The key-results box of a section: ``box = KeyResults("sec-oracle", "Oracle")`` where the page
+    opens, ``box.fill([...])`` once the numbers exist.
+
+    The box is a numbered table inside a tip admonition. ``fill`` also writes the rows to
+    ``<results_dir>/<section>.json`` (the build's ``results`` parameter), which the intro gathers.
+    """
+
+    def __init__(self, section: str, title: str) -> None:
+        from IPython.display import display
+
+        self.section, self.title = section, title
+        self._id = f"key-results-{uuid.uuid4().hex[:8]}"
+        self._handle = display(_Markdown(
+            "```{note}\nKey results: computed further down this page (run the whole notebook).\n```\n",
+            "key results: pending"), display_id=self._id)
+
+    def markdown(self, rows: Sequence[Result]) -> str:
+        name = f"tbl-{self.section.removeprefix('sec-')}-key-results"
+        inner = table_markdown(_results_frame(rows), name,
+                               f"Key results of this section beside the paper's ({self.title}).",
+                               align={"Ours [95% CI]": "right", "Paper": "right"})
+        return f"::::{{admonition}} Key results\n:class: tip\n\n{inner}::::\n"
+
+    def fill(self, rows: Iterable[Result]) -> None:
+        rows = list(rows)
+        if not rows:
+            raise ValueError(f"{self.section}: a key-results box needs at least one row")
+        md = self.markdown(rows)
+        self._handle.update(_Markdown(md, _results_frame(rows).to_string(index=False)))
+        out = _state["results_dir"]
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{self.section}.json").write_text(json.dumps(
+                {"section": self.section, "title": self.title, "rows": [asdict(r) for r in rows]}, indent=1))
+
+
+def gathered_results(results_dir: str | Path | None, sections: Sequence[str]) -> pd.DataFrame | None:
+    """The key results of ``sections`` (in that order) as one frame for the intro, or ``None``."""
+    if not results_dir:
+        return None
+    frames = []
+    for sec in sections:
+        path = Path(results_dir) / f"{sec}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        rows = [Result(**r) for r in doc["rows"]]
+        frame = _results_frame(rows)
+        frame.insert(0, "Section", [f"{{ref}}`{sec}`"] + [""] * (len(rows) - 1))
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else None
