@@ -38,21 +38,17 @@
 # Beyond the paper, we also run online rules that only see what a serving system sees and measure
 # how much of the Oracle's gain they capture.
 
-# %%
-import numpy as np
-import pandas as pd
-
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
-from speclimits import figures, paper
-from speclimits.oracle import compare_surrogates, prepare_oracle, sweep_k_max
+from speclimits import figures
+from speclimits.book.views import oracle as view
+from speclimits.oracle import prepare_oracle, sweep_k_max
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
 from speclimits.oracle.policies import compare_policies
 from speclimits.oracle.report import oracle_report
 from speclimits.oracle.validation import validation_by_surrogate
-
-bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -64,8 +60,13 @@ n_rollouts = 64
 test_share = 0.5
 surrogate = "auto"
 cost_model = None
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-oracle", "the Oracle bound")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 setup = prepare_oracle(tr, cost_model, surrogate)
@@ -82,106 +83,108 @@ print(f"{setup.inputs.n_sequences} reference sequences ({setup.kind_counts()}), 
 #
 # The transitions use $q_{n,i}$, the draft's probability of the reference token, as the chance that
 # step $i$ matches. Under greedy verification the trace also records what happened: step $i$ matched
-# iff the greedy match length is at least $i$. The table compares the two among the steps each
-# state's greedy round tested. The rule (`surrogate = "auto"`, the same in `speclimits oracle`):
-# **calibrated** $q$ when the observed match rate and the mean $q$ differ by at least 0.02 with a 95%
-# interval over sequences that excludes zero, **raw** $q$ otherwise. Calibrated $q$ are isotonic maps,
-# one per draft position, each fitted on the other sequences only (five folds by sequence), so that
-# no state's own outcome enters its probability.
+# iff the greedy match length is at least $i$. {numref}`tbl-oracle-calibration` compares the two
+# among the steps each state's greedy round tested. The rule (`surrogate = "auto"`, the same in
+# `speclimits oracle`): **calibrated** $q$ when the observed match rate and the mean $q$ differ by at
+# least 0.02 with a 95% interval over sequences that excludes zero, **raw** $q$ otherwise.
+# Calibrated $q$ are isotonic maps, one per draft position, each fitted on the other sequences only
+# (five folds by sequence), so that no state's own outcome enters its probability.
 
-# %%
-calibration_table(setup.raw_inputs).round(3)
+# %% tags=["hide-input"]
+bs.table(view.calibration(calibration_table(setup.raw_inputs)), "tbl-oracle-calibration",
+         "Calibration of the draft's probability $q$ of the reference token, by draft step $i$: the mean $q$ "
+         "and the mean draft confidence beside the observed greedy match rate, among the states whose greedy "
+         "round reached step $i$. A match rate above the mean $q$ means $q$ understates the draft.",
+         decimals=3)
 
-# %%
-gap, lo, hi = setup.calibration_gap
-print(f"observed match rate - mean q = {gap:+.3f} [{lo:+.3f}; {hi:+.3f}]; the Oracle below uses "
-      f"{setup.surrogate_label}")
+# %% tags=["hide-input"]
+print(view.calibration_sentence(setup.calibration_gap, setup.surrogate_label))
 
 # %% [markdown]
 # ## Does the Oracle's world reproduce the measured sweep?
 #
 # The trace measured every static $K$ on the same prompts whose greedy output the Oracle walks. Each
 # static $K$ evaluated inside the Oracle's model (same cost model, same transitions) must give the
-# measured speedup; a surrogate that fails here bounds a different world. `exact greedy` uses the
+# measured speedup; a surrogate that fails here bounds a different world
+# ({numref}`tbl-oracle-validation`, {numref}`fig-oracle-validation`). `exact greedy` uses the
 # observed match lengths: under greedy verification it is the exact outcome, so its errors are the
 # cost model's alone.
 
-# %%
+# %% tags=["hide-input"]
 valid = validation_by_surrogate(setup, kind="greedy" if "greedy" in kinds else None, k_max=k_max)
-valid.pivot(index="K", columns="surrogate", values="rel_error").join(
-    valid.drop_duplicates("K").set_index("K")["measured_speedup"]).round(3)
+bs.table(view.validation(valid, setup.surrogate_label), "tbl-oracle-validation",
+         "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
+         "relative error of the predicted speedup (%) under each surrogate, the one the Oracle uses first; "
+         "the last row gives each surrogate's largest absolute error. Look for errors within ±5%.",
+         decimals=3)
 
-# %%
-figures.oracle_validation(valid)
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_validation(valid), "fig-oracle-validation",
+          "Measured static-$K$ speedups (the sweep) and the speedups the Oracle's model predicts for the "
+          "same $K$ under each surrogate. A surrogate whose curve leaves the measured one bounds a different world.")
 
-# %%
-worst = valid.assign(err=valid["rel_error"].abs()).groupby("surrogate")["err"].max()
-print("largest |relative error| of the static-K speedups, by surrogate:")
-print(worst.round(4).to_string())
-print(f"the surrogate used ({setup.surrogate_label}): {worst[setup.surrogate_label]:.1%} "
-      f"({'within' if worst[setup.surrogate_label] <= 0.05 else 'BEYOND'} the 5% tolerance)")
+# %% tags=["hide-input"]
+print(view.validation_sentence(valid, setup.surrogate_label))
 
 # %% [markdown]
 # ## The bound
 #
 # All sequences are solved together, in lockstep by tokens remaining, for every $k$ at once. The
-# headline is on the greedy references, with 95% intervals from a bootstrap of the cost model
-# (generations resampled, the model refitted and the Oracle solved again); the bound with plain
-# autoregressive steps allowed ($k = 0$) stands beside it.
+# headline ({numref}`tbl-oracle-bound`) is on the greedy references, with 95% intervals from a
+# bootstrap of the cost model (generations resampled, the model refitted and the Oracle solved
+# again); the bound with plain autoregressive steps allowed ($k = 0$) stands beside it.
+# {numref}`tbl-oracle-kinds` gives the bound for each kind of reference.
 
-# %%
+# %% tags=["hide-input"]
 report = oracle_report(tr, setup=setup, k_max=k_max, n_boot=n_boot, seed=seed)
-res = report.result
-print(report.headline.summary())
+print(f"{report.interval.n_boot if report.interval is not None else 0} cost-model bootstrap replicates")
 
-# %%
-report.kind_table().set_index("references").round(3)
+# %% tags=["hide-input"]
+bs.table(view.bound(report), "tbl-oracle-bound",
+         f"The Oracle bound on the {report.headline_kind} references, with 95% percentile intervals over "
+         "cost-model refits on resampled generations, beside the bound with plain autoregressive steps "
+         "($k = 0$) allowed. The appendix gives no Oracle speedup; the accepted-length value attributed "
+         "to the paper comes from a third-party summary.")
 
-# %%
-iv, k0 = report.interval, report.with_k0
-pd.DataFrame({
-    "greedy references (95% interval)": [iv.cell("speedup"), iv.cell("gain_over_best_static"),
-                                         str(iv.best_static_k), iv.cell("ms_per_token")],
-    "with k = 0 allowed": [f"{k0.bounds.speedup:.3f}" if k0 is not None else "n/a",
-                           f"{k0.bounds.gain_over_best_static:.3f}" if k0 is not None else "n/a",
-                           str(k0.bounds.best_static_k) if k0 is not None else "n/a",
-                           f"{k0.bounds.ms_per_token:.3f}" if k0 is not None else "n/a"],
-}, index=["Oracle speedup over autoregressive", "Oracle gain over the best static K", "best static K (hindsight)",
-          "Oracle ms per token"])
-
-# %%
-bd = report.headline.bounds
-print(f"mean accepted drafts per round along the Oracle's trajectories: {bd.mean_accepted:.3f} (greedy references); "
-      f"a third-party summary (unverified) says {paper.THIRD_PARTY['mean_accepted_plateau']['value']} for the paper")
-if k0 is not None:
-    print(f"with k = 0 allowed the Oracle takes a plain step in {(k0.k_star == 0).mean():.1%} of the greedy states")
+# %% tags=["hide-input"]
+bs.table(view.by_kind(report), "tbl-oracle-kinds",
+         "The bound by kind of reference sequence: the target's own greedy output (the paper's setting), "
+         "held-out teacher-forced text, and all together. The best static $K$ is the best in hindsight on "
+         "the same sequences.", decimals=3)
 
 # %% [markdown]
-# Where the Oracle's time goes on the greedy references, summed along its own trajectories (expected ms):
+# Where the Oracle's time goes on the greedy references, summed along its own trajectories
+# ({numref}`tbl-oracle-breakdown`):
 
-# %%
-pd.Series(bd.breakdown_ms, name="ms").to_frame().assign(share=lambda d: d["ms"] / d["ms"].sum()).round(3)
+# %% tags=["hide-input"]
+bs.table(view.breakdown(report.headline.bounds), "tbl-oracle-breakdown",
+         "Expected time along the Oracle's own trajectories on the headline references, by term of the round "
+         "cost $C(n,k)$.", decimals={"Expected time (ms)": 1, "Share (%)": 1})
 
 # %% [markdown]
 # ## The value along one sequence
 #
 # $V(n)$ falls roughly linearly, at the Oracle's time per token $\lambda$; $k^\star(n)$ changes round to
-# round with the draft's match probabilities and the counterfactual expert count.
+# round with the draft's match probabilities and the counterfactual expert count
+# ({numref}`fig-oracle-value`). {numref}`fig-oracle-k-star` and {numref}`tbl-oracle-k-star` give the
+# distribution of $k^\star$ over all states.
 
-# %%
+# %% tags=["hide-input"]
 states = report.headline.to_frame()
-per_seq = report.headline.per_sequence
-example = str(per_seq.sort_values("n_tokens")["seq_id"].iloc[len(per_seq) // 2])
-print(f"sequence {example} (greedy reference): N = {int(per_seq.set_index('seq_id').loc[example, 'n_tokens'])}, "
-      f"λ = {report.headline.ms_per_token:.3f} ms/token")
-figures.oracle_value_along_sequence(states, example)
+example, n_example = view.example_sequence(report)
+bs.figure(figures.oracle_value_along_sequence(states, example), "fig-oracle-value",
+          f"Value $V(n)$ (expected ms to finish) and the Oracle's draft length $k^\\star(n)$ along sequence "
+          f"`{example}` ({report.headline_kind} reference of median length, $N = {n_example}$; "
+          f"$\\lambda = {report.headline.ms_per_token:.3f}$ ms/token). A straight $V$ means a constant value of a token.")
 
-# %%
-figures.oracle_k_star_distribution(states)
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_k_star_distribution(states), "fig-oracle-k-star",
+          f"Distribution of the Oracle's draft length $k^\\star$ over the states of the {report.headline_kind} "
+          "references. Mass at $K_{\\max}$ means the bound would grow with longer drafts.")
 
-# %%
-pd.DataFrame({kind: r.to_frame()["k_star"].value_counts(normalize=True).sort_index()
-              for kind, r in report.by_kind.items()}).fillna(0).rename_axis("k*").T.round(3)
+# %% tags=["hide-input"]
+bs.table(view.k_star_shares(report), "tbl-oracle-k-star",
+         "Share of states (%) at each Oracle draft length $k^\\star$, by kind of reference.", decimals=1)
 
 # %% [markdown]
 # ## The bound as $K_{\max}$ grows
@@ -189,17 +192,23 @@ pd.DataFrame({kind: r.to_frame()["k_star"].value_counts(normalize=True).sort_ind
 # The appendix gives no Oracle speedup to compare with. Third-party summaries (unverified: the
 # main text is not available to us) say the mean accepted length saturates around 2.1 tokens and
 # that the Oracle limits drafts to about 2.8 tokens; a "≈2.34× plateau" seen in some summaries
-# belongs to another paper (MoE-SpeQ), so it is not shown here.
+# belongs to another paper (MoE-SpeQ), so it is not shown here. {numref}`tbl-oracle-k-max` and
+# {numref}`fig-oracle-k-max` show where the bound saturates.
 
-# %%
+# %% tags=["hide-input"]
 sweeps = {kind: sweep_k_max(setup.for_kind(kind).inputs, setup.model, range(1, k_max + 1),
                             deterministic=setup.deterministic) for kind in kinds}
 sweep = sweeps.get("greedy", next(iter(sweeps.values())))
-pd.concat({kind: sw.set_index("k_max")[["speedup", "gain_over_best_static", "mean_accepted"]]
-           for kind, sw in sweeps.items()}, axis=1).round(3)
+shown, full = view.k_max_sweep(sweeps)
+bs.table(shown, "tbl-oracle-k-max",
+         "The Oracle with drafts of at most $K_{\\max}$ tokens, by kind of reference: speedup over "
+         "autoregressive, gain over the best static $K \\le K_{\\max}$, and accepted drafts per round.",
+         decimals=3, full=full)
 
-# %%
-figures.oracle_speedup_by_k_max(sweep)
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_speedup_by_k_max(sweep), "fig-oracle-k-max",
+          "The Oracle's speedup and the best static $K$'s as the largest allowed draft $K_{\\max}$ grows "
+          "(greedy references where present). The gap between the curves is the gain of adapting $k$.")
 
 # %% [markdown]
 # ## Delta Space
@@ -209,61 +218,79 @@ figures.oracle_speedup_by_k_max(sweep)
 # $V(n) \approx \lambda (N-n)$, extending pays exactly below the line $\Delta E[\mathrm{Cost}] = \lambda\,\Delta E[a]$:
 # a testable prediction. We fit the best line through the origin (an exact scan; 95% interval from a
 # cluster bootstrap over sequences) and a max-margin line with intercept, on the greedy references,
-# and test whether the slope equals $\lambda$.
+# and test whether the slope equals $\lambda$ ({numref}`tbl-oracle-delta-line`,
+# {numref}`fig-oracle-delta-space`).
 
-# %%
+# %% tags=["hide-input"]
 ds = delta_space(report.headline, n_boot=n_boot, seed=seed)
-ds.line.to_frame()
+bs.table(view.delta_line(ds.line), "tbl-oracle-delta-line",
+         "The line separating accepted from rejected extensions in Delta Space, against the prediction "
+         "that its slope is the Oracle's time per token λ.")
 
-# %%
+# %% tags=["hide-input"]
 print(ds.line.verdict())
 
-# %%
-figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, seed=seed)
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, seed=seed), "fig-oracle-delta-space",
+          "Delta Space: each point is one state and one extension $k \\to k{+}1$, at its gain in expected "
+          "accepted drafts and its added expected cost, coloured by whether the Oracle takes it; the fitted "
+          "through-origin line and the line of slope λ. Look for accepted points above the lines.")
 
-# %%
-by_k = ds.points.groupby("k")["accepted"].agg(["size", "mean"]).rename(columns={"size": "points",
-                                                                              "mean": "accepted share"})
-by_k.round(3).T
+# %% tags=["hide-input"]
+bs.table(view.delta_by_k(ds.points), "tbl-oracle-delta-by-k",
+         "Delta-Space points by extension $k \\to k{+}1$ and the share of them the Oracle takes.", decimals=1)
 
 # %% [markdown]
 # Why the prediction can fail: a line through the origin is only a necessary condition. $Q(n,k)$
 # need not be convex in $k$ (a regime change of $\beta_0$ and $\alpha$ makes some longer drafts cheaper
 # per pass), and $V(n)$ is only roughly linear, so the Oracle can accept an extension that, taken
-# alone, lies above the line. The share misclassified above measures this.
+# alone, lies above the line. The share misclassified in {numref}`tbl-oracle-delta-line` measures this.
 #
 # ## The α = 0 ablation
 #
-# Zero the expert coefficient, re-solve the whole DP on the greedy references, and compare. The α = 0
-# policy is also priced under the full cost: what ignoring expert loading would cost a planner.
+# Zero the expert coefficient, re-solve the whole DP on the greedy references, and compare
+# ({numref}`tbl-oracle-ablation`). The α = 0 policy is also priced under the full cost: what
+# ignoring expert loading would cost a planner. {numref}`tbl-oracle-ablation-moves` and
+# {numref}`fig-oracle-ablation-moves` show how $k^\star$ moves without the expert term.
 
-# %%
+# %% tags=["hide-input"]
 ab = alpha_ablation(report.headline, draft_prob=greedy.raw_inputs.match_prob)
-ab.comparison().round(4)
+bs.table(view.ablation(ab), "tbl-oracle-ablation",
+         "The Oracle with the full cost model against the Oracle re-solved with $\\alpha = 0$ (no expert "
+         "term), and the $\\alpha = 0$ policy priced at the full cost.")
 
-# %%
-ab.moves.round(3)
+# %% tags=["hide-input"]
+bs.table(view.moves(ab), "tbl-oracle-ablation-moves",
+         "How the Oracle's draft length changes when the expert term is dropped: states whose $k^\\star$ "
+         "gets longer, stays, or gets shorter, and the mean size of the change.",
+         decimals={"Share (%)": 1, "Mean change of $k^\\star$": 2})
 
-# %%
-figures.oracle_ablation_moves(ab.transitions)
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_ablation_moves(ab.transitions), "fig-oracle-ablation-moves",
+          "States by the Oracle's draft length with the full cost ($k^\\star$) and with $\\alpha = 0$. "
+          "Cells off the diagonal are states where the expert term changes the choice.")
 
 # %% [markdown]
 # States where $Q^0(k^\star+1) - Q^0(k^\star) < 0$: without the expert term a longer draft would win, so
 # the expert term alone sets the boundary (the paper's C1–C4, at boundaries 4→5, 6→7, 7→8, with
 # added-token match probability 84.18%–98.45%). The added-token match probability is the draft's own
-# probability of the reference token, as recorded (not the calibrated value), as in the paper.
+# probability of the reference token, as recorded (not the calibrated value), as in the paper
+# ({numref}`tbl-oracle-cases`, {numref}`tbl-oracle-cases-top`).
 
-# %%
-summary = ab.case_summary()
-summary["paper"] = np.where(summary["boundary"].isin(paper.CASE_BOUNDARIES), "C1–C4 boundary", "")
-summary.round(4)
+# %% tags=["hide-input"]
+bs.table(view.cases_by_boundary(ab), "tbl-oracle-cases",
+         "States where the expert term alone sets the Oracle's boundary, by boundary "
+         "$k^\\star \\to k^\\star{+}1$: cases, their share of all states, and the added-token match probability. "
+         "The paper's four cases C1–C4 sit at the boundaries marked.", decimals={"Share of states (%)": 2})
 
-# %%
-lo, hi = paper.CASE_MATCH_RANGE
-in_range = ab.cases["match_prob_added"].between(lo, hi)
-print(f"{len(ab.cases):,} cases; {in_range.mean():.3f} of them have an added-token match probability "
-      f"inside the paper's range [{lo:.4f}; {hi:.4f}]")
-ab.cases.sort_values("match_prob_added", ascending=False).head(8).round(4)
+# %% tags=["hide-input"]
+n_cases, share_in_range = view.cases_in_paper_range(ab)
+shown, full = view.top_cases(ab)
+bs.table(shown, "tbl-oracle-cases-top",
+         f"The cases with the highest added-token match probability. Of all {n_cases} cases, "
+         f"{share_in_range:.1%} have an added-token match probability inside the paper's range "
+         f"[{view.paper.CASE_MATCH_RANGE[0]:.4f}; {view.paper.CASE_MATCH_RANGE[1]:.4f}].",
+         decimals={"$Q^0(k^\\star{+}1) - Q^0(k^\\star)$ (ms)": 3, "Added-token match prob.": 4}, full=full)
 
 # %% [markdown]
 # ## Online policies against the bound
@@ -272,7 +299,7 @@ ab.cases.sort_values("match_prob_added", ascending=False).head(8).round(4)
 # a predicted $\bar U$ and a running time per token. They are tuned on a seeded half of the sequences
 # and measured on the other half with the same simulator (exact policy evaluation for rules that
 # depend only on the state, Monte Carlo rollouts with common random numbers for rules with memory),
-# separately for each kind of reference:
+# separately for each kind of reference ({numref}`tbl-oracle-policy-setup`):
 #
 # * **static K**, every K; the one best in hindsight on the held-out half is the reference;
 # * **confidence threshold** (SpecDec++/DISCO-style): draft while the cumulative draft confidence stays
@@ -281,33 +308,55 @@ ab.cases.sort_values("match_prob_added", ascending=False).head(8).round(4)
 #   mean $\bar U$ per $m$ (or the previous round's), and $\lambda$ fixed or running; the *greedy* variant
 #   stops at the first extension above the Delta-Space line.
 #
-# "gain captured" is the share of the Oracle's gain over the best static K that a policy recovers
-# (negative: slower than the best static K).
+# "Gain captured" is the share of the Oracle's gain over the best static K that a policy recovers
+# (negative: slower than the best static K); {numref}`tbl-oracle-policies` and
+# {numref}`fig-oracle-policies` give it on the greedy references. The policies run inside vLLM are
+# in {ref}`sec-online-control`.
 
-# %%
+# %% tags=["hide-input"]
 policies = {}
 for kind in kinds:
     sub = setup.for_kind(kind)
     if sub.inputs.n_sequences < 4:
         print(f"{kind}: {sub.inputs.n_sequences} sequences, too few to split into training and held-out halves")
         continue
-    pc = compare_policies(sub.inputs, setup.model, k_max=k_max, test_share=test_share, seed=seed,
-                          n_rollouts=n_rollouts, rounds=tr.rounds)
-    policies[kind] = pc
-    print(f"{kind} references: train {len(pc.train_seq_ids)} / held-out {len(pc.test_seq_ids)} sequences; "
-          f"τ = {pc.tau:.4g}; λ0 = {pc.lambda0:.3f} ms/token; best static K: train {pc.best_static_k_train}, "
-          f"held-out {pc.best_static_k_test}")
-    for line in pc.notes:
-        print("  " + line)
+    policies[kind] = compare_policies(sub.inputs, setup.model, k_max=k_max, test_share=test_share, seed=seed,
+                                      n_rollouts=n_rollouts, rounds=tr.rounds)
+    for line in policies[kind].notes:
+        print(f"{kind}: {line}")
 pc = policies.get("greedy", next(iter(policies.values())))
-pc.table.drop(columns=["detail"]).round(4)
+bs.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
+         "The split of each kind of reference into training and held-out sequences, the tuned confidence "
+         "threshold τ, the Delta rule's fixed λ₀ (the training Oracle's time per token) and the best static "
+         "$K$ on each half.", decimals=3)
 
-# %%
-figures.oracle_policy_comparison(pc.table)
+# %% tags=["hide-input"]
+shown, full = view.policies(pc)
+bs.table(shown, "tbl-oracle-policies",
+         f"Online policies on the held-out {'greedy' if 'greedy' in policies else kinds[0]} references "
+         "against the best static $K$ and the Oracle: expected time (± Monte Carlo s.e. for rules with "
+         "memory), speedup over autoregressive, and the share of the Oracle's gain over the best static $K$ "
+         "they capture. Every static $K$ is in the full table.",
+         decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
+         full=full)
 
-# %%
+# %% tags=["hide-input"]
+bs.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
+          "Expected time of every policy on the held-out sequences (bars: ±2 Monte Carlo s.e. for rollout "
+          "estimates), fastest first. Look where the online rules fall between the Oracle bound and the best "
+          "static $K$.")
+
+# %% tags=["hide-input"]
 if "teacher-forced" in policies:
-    display(policies["teacher-forced"].table.drop(columns=["detail"]).round(4))
+    shown, full = view.policies(policies["teacher-forced"])
+    bs.table(shown, "tbl-oracle-policies-teacher-forced",
+             "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
+             "output); the best static $K$ is often $K = 1$ here, so the Oracle's gain is small.",
+             decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
+             full=full)
+
+# %% tags=["remove-input"]
+key.fill(view.key_results(report, pc))
 
 # %% [markdown]
 # The paper stops at the bound; these rows say how much of it a running system can reach with
@@ -315,5 +364,5 @@ if "teacher-forced" in policies:
 #
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)
