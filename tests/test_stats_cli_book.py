@@ -71,10 +71,10 @@ def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):
 SHOWN = {
     "02_factors": ["What the intervals cover"],
     "03_final_model": ["one-standard-error", "paper split m ≤ 4 | m ≥ 5", "rule: m ≤ 4 | m > 4", "α level ratio",
-                       "SE by prompt", "cv_mape_lo", "Other smooth parameterizations", "bootstrap resamples: 99"],
+                       "SE by prompt", "CV MAPE (%) [95% CI]", "Other smooth parameterizations", "bootstrap resamples: 99"],
     "04_draft_model": ["zero draft times included", "zero draft times excluded (reported)"],
     "05_robustness": ["classic (Breusch–Pagan 1979)", "studentized (Koenker 1981)", "pooled over K, categorical Eq. 4",
-                      "sandwich clustered by generation", "RLM covariance, not clustered", "wald_p",
+                      "sandwich clustered by generation", "RLM covariance, not clustered", "p (bins, Wald)",
                       "run halves ordered by"],
 }
 
