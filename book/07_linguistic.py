@@ -30,15 +30,14 @@
 # **teacher-forced** references (held-out text the target often disagrees with) are a different
 # process and are shown apart, never pooled.
 
-# %%
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
-from speclimits import figures
+from speclimits import figures, paper
 from speclimits import linguistic as ling
+from speclimits.book.views import linguistic as view
 from speclimits.linguistic import gallery
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
-
-bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -50,8 +49,13 @@ per_group = 4
 n_ablation = 4
 surrogate = "auto"
 cost_model = None
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-linguistic", "linguistic study")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 boot = 99 if smoke else n_boot
@@ -65,11 +69,14 @@ kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
 # **The join.** Where the draft's first token matched (`accept_len` ≥ 1), it *is* the reference
 # token the state's first draft predicts, so on a trace that records the draft's tokens the join
 # can be checked directly: the share below must be 1 for the convention (row `pos + 1`) and is far
-# from it for the other rule (row `pos`). A simulated trace records no draft tokens (no output).
+# from it for the other rule (row `pos`). A simulated trace records no draft tokens (no table then).
 
-# %%
+# %% tags=["hide-input"]
 has_drafts = tr.oracle is not None and "draft_tokens" in tr.oracle.columns
-ling.alignment_check(tr.oracle, tr.tokens, kind_of) if has_drafts else None
+if has_drafts:
+    bs.table(view.alignment(ling.alignment_check(tr.oracle, tr.tokens, kind_of)), "tbl-ling-alignment",
+             "The join check: share of states whose matched first draft token equals token row `pos + 1` "
+             "(the convention) and row `pos` (the other rule), per kind of reference.", decimals=3)
 
 # %% [markdown]
 # ## Context labels
@@ -84,82 +91,97 @@ ling.alignment_check(tr.oracle, tr.tokens, kind_of) if has_drafts else None
 # (the first token of a new mode), and within a mode: code formatting / structure (keywords) /
 # vocabulary, prose vocabulary / boundary (punctuation, line breaks, sentence starts), markup.
 # Finer labels mark function starts, control flow, comments and word continuations.
+# {numref}`tbl-ling-labels` counts the labels over all reference tokens.
 
-# %%
+# %% tags=["hide-input"]
 lab = ling.label_trace_tokens(tr.tokens)
-lab["label"].value_counts().rename("tokens").to_frame().T
+bs.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (rule-based labeller), all references.",
+         decimals={"Share of tokens": 3})
 
 # %% [markdown]
 # On a simulated trace every token also carries the context the simulator planted, so the
-# labeller can be checked against it (on a measured trace this cell prints nothing).
+# labeller can be checked against it, in a table and a figure (on a measured trace there are none).
 
-# %%
+# %% tags=["hide-input"]
 agree = ling.label_agreement(lab) if "context" in lab.columns else None
 if agree is not None:
-    print(f"{agree.n_tokens} tokens: agreement {agree.accuracy:.3f}, Cohen's kappa {agree.kappa:.3f}, "
-          f"script of tokens with letters {agree.script_accuracy:.3f}")
-    print(agree.by_context.round(3).to_string(index=False))
+    bs.table(view.agreement(agree.by_context), "tbl-ling-agreement",
+             f"The labeller against the planted contexts, per planted context: over {agree.n_tokens:,} tokens "
+             f"agreement {agree.accuracy:.3f}, Cohen's $\\kappa$ {agree.kappa:.3f}, script of tokens with letters "
+             f"{agree.script_accuracy:.3f}.", decimals=3)
 
-# %%
-figures.label_confusion_chart(agree.confusion) if agree is not None else None
+# %% tags=["hide-input"]
+if agree is not None:
+    bs.figure(figures.label_confusion_chart(agree.confusion), "fig-ling-label-confusion",
+              "Planted context (rows) against the rule-based label (columns), as shares of each planted context. "
+              "Mass off the diagonal is the labeller's error; mode changes are where it is largest.")
 
 # %% [markdown]
 # ## $k^\star$ by context
 #
-# One decision per Oracle state. The table gives, per context, the number of decisions and
-# responses, the share of decisions with $k^\star \ge 4$ and with $k^\star = 1$, each with its
-# cluster-bootstrap interval, and the paper's values where the appendix reports them.
+# One decision per Oracle state. {numref}`tbl-ling-k-by-context` gives, per context, the number of
+# decisions and responses, the share of decisions with $k^\star \ge 4$ and with $k^\star = 1$, each
+# with its cluster-bootstrap interval, and the paper's share of $k^\star \ge 4$ where the appendix
+# reports it (its $k^\star = 1$ share, reported for script changes only, is in
+# {numref}`tbl-ling-paper`). {numref}`fig-ling-k-long` and {numref}`fig-ling-k1` draw the two shares,
+# {numref}`fig-ling-k-distribution` the whole distribution of $k^\star$.
 
-# %%
+# %% tags=["hide-input"]
 studies = ling.study_by_kind(res, lab, setup.kinds, n_boot=boot, seed=seed)
 head = ling.headline(studies)
 dec, kctx = head.decisions, head.k_by_context
 print(f"headline: {head.kind} references, {len(dec):,} decisions over {head.n_responses} responses; "
       f"kinds: {', '.join(f'{k} ({len(v.decisions):,})' for k, v in studies.items())}")
-kctx.round(3)
+bs.table(view.k_by_context(kctx), "tbl-ling-k-by-context",
+         f"Oracle decisions by context on the headline ({head.kind}) references: share of $k^\\star \\ge 4$ and "
+         "of $k^\\star = 1$ with 95% intervals (bootstrap over responses), beside the paper's.", full=kctx)
 
-# %%
-figures.k_by_context_chart(kctx)
+# %% tags=["hide-input"]
+bs.figure(figures.k_by_context_chart(kctx), "fig-ling-k-long",
+          "Share of decisions with $k^\\star \\ge 4$ per context with 95% intervals; open diamonds are the paper's. "
+          "Look for long drafts in regular code and short ones at boundaries.")
 
-# %%
-figures.k_by_context_chart(kctx, measure="k1")
+# %% tags=["hide-input"]
+bs.figure(figures.k_by_context_chart(kctx, measure="k1"), "fig-ling-k1",
+          "Share of decisions with $k^\\star = 1$ per context with 95% intervals; open diamonds are the paper's. "
+          "A boundary that stops drafts shows as a high share.")
 
-# %%
-figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"]))
-
-# %%
-row = kctx.set_index("context")
-for ctx in ("code_format", "prose_vocab", "script_change", "mode_change"):
-    if ctx in row.index:
-        r = row.loc[ctx]
-        print(f"{ctx:14s} share k*>=4 {r.share_long:.3f} [{r.long_lo:.3f}; {r.long_hi:.3f}] "
-              f"({int(r.n_decisions)}/{int(r.n_responses)});  paper {r.paper_share_long:.3f}")
-if "script_change" in row.index:
-    r = row.loc["script_change"]
-    print(f"script change: share k*=1 {r.share_k1:.3f} [{r.k1_lo:.3f}; {r.k1_hi:.3f}]; paper 0.937 [0.867; 0.990]")
+# %% tags=["hide-input"]
+bs.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"])),
+          "fig-ling-k-distribution",
+          "Distribution of $k^\\star$ per context (stacked shares of the headline references' decisions).")
 
 # %% [markdown]
 # The same table on the teacher-forced references, apart (on a trace with greedy references only
-# this cell prints nothing). Here the Oracle walks a text the target did not choose: the draft
+# there is no such table). Here the Oracle walks a text the target did not choose: the draft
 # predicts it far less often, and the decisions are short almost everywhere.
 
-# %%
+# %% tags=["hide-input"]
 forced = studies.get("teacher-forced")
-forced.k_by_context.round(3) if forced is not None else None
+if forced is not None:
+    bs.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
+             "Oracle decisions by context on the teacher-forced references (a different process, never pooled "
+             "with the greedy ones), beside the paper's.", full=forced.k_by_context)
 
 # %% [markdown]
-# Finer labels: the appendix notes that return and control-flow keywords go with a longer,
-# not a shorter, continuation.
+# Finer labels ({numref}`tbl-ling-k-by-fine-label`): the appendix notes that return and
+# control-flow keywords go with a longer, not a shorter, continuation.
 
-# %%
-head.k_by_fine_label.round(3)
+# %% tags=["hide-input"]
+bs.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
+         "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
+         "no shares for these).", full=head.k_by_fine_label)
 
 # %% [markdown]
 # On a simulated trace the same table by the *planted* context shows what the labeller's
-# errors change (on a measured trace this cell prints nothing).
+# errors change (on a measured trace there is no such table).
 
-# %%
-ling.k_by_context(dec, by="context", n_boot=boot, seed=seed).round(3) if "context" in dec.columns else None
+# %% tags=["hide-input"]
+if "context" in dec.columns:
+    planted_k = ling.k_by_context(dec, by="context", n_boot=boot, seed=seed)
+    bs.table(view.k_by_context(planted_k, first="Planted context"), "tbl-ling-k-by-planted-context",
+             "Oracle decisions by the context the simulator planted (not the labeller's), beside the paper's.",
+             full=planted_k)
 
 # %% [markdown]
 # ## Routing at script changes and at the first mismatch
@@ -171,46 +193,49 @@ ling.k_by_context(dec, by="context", n_boot=boot, seed=seed).round(3) if "contex
 # the target's routing on the draft chain (`u_bar_window`), the experts the first wrong draft
 # adds against those the last correct one added; the window's unique count saturates, so the
 # step-adjusted row subtracts the same difference for correct pairs at the same step.
+# {numref}`tbl-ling-routing` gives the numbers beside the paper's, {numref}`fig-ling-routing` draws
+# the differences; on a simulated trace the table also gives the planted difference.
 
-# %%
+# %% tags=["hide-input"]
 contrasts, rtab = head.contrasts, head.routing
-rtab.round(3).T
+planted = [ling.planted_contrast(c, tr.meta) for c in contrasts[:2]] if tr.simulated else None
+bs.table(view.routing(rtab, planted), "tbl-ling-routing",
+         f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
+         "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
+         + ("; the planted difference is what the simulator put in." if planted else "."), full=rtab)
 
-# %%
-figures.routing_contrast_chart(rtab)
+# %% tags=["hide-input"]
+bs.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
+          "Difference in new experts per layer (event step − step before) with 95% intervals, ours and the paper's. "
+          "Look for a jump at script changes and none at the first mismatch.")
 
-# %%
-for c, r in zip(contrasts, rtab.itertuples()):
-    if c.n_events:
-        print(f"{c.name:26s} {r.before:.2f} -> {r.at:.2f}: {r.diff:+.2f} [{r.diff_lo:+.2f}; {r.diff_hi:+.2f}] "
-              f"({r.n_events} events, {r.n_responses} responses); paper {r.paper_before:.2f} -> {r.paper_at:.2f}")
+# %% tags=["hide-input"]
 if forced is not None:
-    print(f"teacher-forced references, apart: {forced.note}")
-    print(forced.routing[["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi",
-                          "adjusted"]].round(3).to_string(index=False))
-if tr.simulated:
-    for c, r in zip(contrasts[:2], rtab.itertuples()):
-        truth = ling.planted_contrast(c, tr.meta)
-        print(f"planted difference for the {c.name} events: {truth:+.3f} "
-              f"({'inside' if r.diff_lo <= truth <= r.diff_hi else 'outside'} the interval)")
+    bs.table(view.routing(forced.routing), "tbl-ling-routing-forced",
+             f"The routing contrasts on the teacher-forced references, apart: {forced.note}.", full=forced.routing)
 
 # %% [markdown]
 # ## Where this pair differs from the paper
 #
 # The appendix's headline quantities beside ours, on the headline (greedy) references and, apart,
 # on the teacher-forced ones; *consistent* when the two 95% intervals overlap (the paper gives no
-# interval for the mode change).
+# interval for the mode change): {numref}`tbl-ling-paper`.
 
-# %%
+# %% tags=["hide-input"]
 cmp_head = ling.paper_comparison(head)
-cmp_head.round(3)
+bs.table(view.comparison(cmp_head), "tbl-ling-paper",
+         f"The appendix's linguistic headline quantities beside ours on the headline ({head.kind}) references, "
+         "with 95% intervals; *consistent* when the intervals overlap.", full=cmp_head)
 
-# %%
-ling.paper_comparison(forced).round(3) if forced is not None else None
+# %% tags=["hide-input"]
+if forced is not None:
+    cmp_forced = ling.paper_comparison(forced)
+    bs.table(view.comparison(cmp_forced), "tbl-ling-paper-forced",
+             "The same quantities on the teacher-forced references, apart.", full=cmp_forced)
 
-# %%
+# %% tags=["hide-input"]
 for name, st in studies.items():
-    diff = ling.paper_comparison(st).query("verdict == 'differs'")["quantity"].tolist()
+    diff = view.differing(ling.paper_comparison(st))
     print(f"{name} references: differ from the paper on {len(diff)} of 7 quantities: {'; '.join(diff) or 'none'}")
 
 # %% [markdown]
@@ -239,18 +264,25 @@ for name, st in studies.items():
 # `speclimits.linguistic.gallery.select_ablation_cases`). Each panel: target continuation on
 # top, draft below; green = match, red = first mismatch, grey = after it; faded = past
 # $k^\star$; solid line after $k^\star$, dashed after $a_{\mathrm{mode}}$, dotted orange after
-# $k^\star$ of the $\alpha = 0$ solution.
+# $k^\star$ of the $\alpha = 0$ solution. The cases are listed in {numref}`tbl-ling-ablation`.
 
-# %%
+# %% tags=["hide-input"]
 abl = alpha_ablation(res, draft_prob=setup.raw_inputs.match_prob)  # the draft's own probability, as in the paper
 head_seqs = set(dec["seq_id"].astype(str))
 cases = gallery.select_ablation_cases(abl.cases[abl.cases["seq_id"].astype(str).isin(head_seqs)], n=n_ablation)
-print(f"states with Q0(k*+1) - Q0(k*) < 0: {len(abl.cases)} of {res.inputs.n_states}; paper: four selected cases, "
-      "added-token match probability 84.18%-98.45%")
-cases[["seq_id", "pos", "boundary", "k_star", "k_star_alpha0", "match_prob_added", "q0_diff", "q_diff"]].round(4)
+bs.table(view.ablation_cases(cases), "tbl-ling-ablation",
+         f"Decisions where the expert term sets the boundary: {len(abl.cases):,} of {res.inputs.n_states:,} states "
+         "have $Q^0(k^\\star+1) - Q^0(k^\\star) < 0$; shown, one per response, those whose added token has the "
+         f"highest match probability (paper: four cases, {paper.CASE_MATCH_RANGE[0]:.2%}–{paper.CASE_MATCH_RANGE[1]:.2%}). "
+         "$\\Delta Q^0$, $\\Delta Q$: $Q(k^\\star+1) - Q(k^\\star)$ at $\\alpha = 0$ and as fitted.",
+         decimals={"Match prob. of added token": 4, "$\\Delta Q^0$": 4, "$\\Delta Q$": 4})
 
-# %%
-figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)) if len(cases) else None
+# %% tags=["hide-input"]
+if len(cases):
+    bs.figure(figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)), "fig-ling-ablation",
+              "The $\\alpha = 0$ cases: target continuation on top, draft below (green match, red first mismatch, "
+              "grey after it, faded past $k^\\star$). Look at where the dotted orange line ($k^\\star$ at "
+              "$\\alpha = 0$) passes the solid one.")
 
 # %% [markdown]
 # ## A stratified gallery of twelve decisions
@@ -260,15 +292,21 @@ figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)) i
 # mismatch means a short draft". Twelve decisions from twelve different responses, none of them
 # an $\alpha = 0$ case above (rule in `speclimits.linguistic.gallery.select_gallery`), all on
 # headline (greedy) references, as are the $\alpha = 0$ cases. The gallery is for reading
-# decisions, not for estimating how often anything happens.
+# decisions, not for estimating how often anything happens ({numref}`tbl-ling-gallery`,
+# {numref}`fig-ling-gallery`).
 
-# %%
+# %% tags=["hide-input"]
 gal = gallery.select_gallery(dec, n_per_group=per_group, exclude=list(zip(cases["seq_id"], cases["pos"])), seed=seed)
-print("groups short of candidates:", gal.attrs["short"] or "none")
-gal[["group", "subtype", "seq_id", "pos", "label", "label_fine", "k_star", "a_mode", "accept_len", "match_prob_1"]]
+bs.table(view.gallery(gal), "tbl-ling-gallery",
+         f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
+         f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
+         f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
 
-# %%
-figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle))
+# %% tags=["hide-input"]
+bs.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
+          "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
+          "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "
+          "$a_{\\mathrm{mode}}$).")
 
 # %% [markdown]
 # ## Limits
@@ -291,8 +329,11 @@ figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle))
 # generations only, so the reference-token routing contrasts exist for greedy references and
 # not for teacher-forced ones (their `new_experts` are missing, not borrowed from another text).
 
+# %% tags=["remove-input"]
+key.fill(view.key_rows(cmp_head, refs={"k": "tbl-ling-k-by-context", "r": "tbl-ling-routing"}))
+
 # %% [markdown]
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)

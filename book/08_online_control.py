@@ -39,16 +39,16 @@
 # $(1 - T/T_{\text{static}})/(1 - T_{\text{Oracle}}/T_{\text{static}})$: against the exact-greedy
 # Oracle (it knows the outcomes) and against the surrogate Oracle (it knows the match probabilities).
 
-# %%
+# %% tags=["remove-cell"]
 import pandas as pd
+from IPython.display import Markdown, display
 
 import speclimits.book_support as bs
+from speclimits.book.views import control as view
 from speclimits.control import figures as control_figures
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.report import engine_vs_offline, gap_lines, load_bench_runs, share_long
-
-bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -59,8 +59,13 @@ test_share = 0.5
 n_rollouts = 64
 n_boot = 999
 cost_model = None
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-online-control", "online control")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 n_rollouts, n_boot = (8, 49) if smoke else (n_rollouts, n_boot)
@@ -76,16 +81,19 @@ print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(
 # *Replay*: the real greedy outcomes of the recorded draft chains (what greedy verification in the
 # engine reproduces token for token), priced by the cost model. *Surrogate*: expected time under the
 # Oracle's match probabilities (exact policy evaluation for rules without memory, seeded rollouts for
-# the others). Intervals: 95% bootstrap over references.
+# the others). Intervals: 95% bootstrap over references. {numref}`tbl-control-offline` gives each
+# policy's predicted time and the share of each Oracle's gain it captures.
 
-# %%
+# %% tags=["hide-input"]
 names = [f"static:{k}" for k in range(1, k_max + 1)] + ["threshold", "delta", "delta-fixed", "ema", "cascade"]
 offline, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=n_rollouts, seed=seed,
                                 n_boot=n_boot)
-print(f"Oracle gain over the best static K (K = {bounds['best_static_k_replay']}): exact greedy "
-      f"{bounds['oracle_exact_gain_over_best_static']:.3f}x, surrogate "
-      f"({bounds['surrogate']}) {bounds['oracle_surrogate_gain_over_best_static']:.3f}x")
-offline.round(3)
+bs.table(view.offline(offline), "tbl-control-offline",
+         f"Offline prediction on the {len(fit.test_seq_ids)} held-out greedy references: time per token replayed and "
+         "under the surrogate, and the share of each Oracle's gain over the best static K captured (95% bootstrap "
+         f"intervals over references). The Oracle's gain over the best static K (K = {bounds['best_static_k_replay']}): "
+         f"exact greedy {bounds['oracle_exact_gain_over_best_static']:.3f}×, surrogate ({bounds['surrogate']}) "
+         f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
 
 # %% [markdown]
 # ## Measured in the engine
@@ -93,22 +101,34 @@ offline.round(3)
 # `speclimits control bench` ran plain decoding, static $K$ and each policy in alternating blocks on
 # the held-out prompts, at batch 1 and batch 4 (`data/control/bench-*.json`, measured on the project's
 # shared 2-core CPU; how each was produced is in its `produced_by` and `config`). The book does not run
-# vLLM: it reads those files. Spreads are the range over blocks; CPU time is the process's.
+# vLLM: it reads those files. Spreads are the range over blocks (in brackets: min; max); CPU time is
+# the process's (in the downloadable full tables). A trace without benchmark results (a simulated one)
+# has no tables here.
 
-# %%
+# %% tags=["hide-input"]
 runs, note = load_bench_runs(tr.meta)
 print(note)
 tables = {batch: engine_vs_offline(res) for batch, res in sorted(runs.items())}
 for batch, table in tables.items():
     res = runs[batch]
-    print(f"batch {batch}: {len(res['prompt_ids'])} prompts x {res['config']['max_tokens']} tokens, "
-          f"{res['config']['blocks']} blocks; outputs identical to plain decoding: {res['lossless']}")
-    display(table.round(3))
+    bs.table(view.engine(table), f"tbl-control-engine-batch{batch}",
+             f"Measured in vLLM at batch {batch}: {len(res['prompt_ids'])} prompts × {res['config']['max_tokens']} "
+             f"tokens, {res['config']['blocks']} alternating blocks (`{res['file']}`); outputs identical to plain "
+             f"decoding: {'yes' if res['lossless'] else 'NO'}. Time per token (median and [min; max] over blocks), "
+             "speed relative to plain decoding and to the best static K, acceptance length measured and replayed, "
+             "and the share of the exact Oracle's gain captured in the engine [min; max over blocks] and offline "
+             "[95% CI].", decimals=3, full=table)
 
-# %%
+# %% tags=["remove-input"]
+display(Markdown(view.verdict(runs, offline, bounds)))
+
+# %% tags=["hide-input"]
 if tables:
     long = pd.concat([share_long(t, b) for b, t in tables.items()], ignore_index=True)
-    display(control_figures.share_captured(long))
+    bs.figure(control_figures.share_captured(long), "fig-control-share",
+              "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay, "
+              "95% interval over references) and measured in the engine (range over blocks), per batch size. "
+              "Below zero a policy is slower than the best static K; 1 would be the Oracle.")
 else:
     print("no measured engine results for this trace: only the offline prediction is shown")
 
@@ -119,7 +139,7 @@ else:
 # target forward), the time spent deciding, the drafter running until the last request of a batch
 # stops, and the $\bar U$ predictor's error (`data/control/README.md` has the step decomposition).
 
-# %%
+# %% tags=["hide-input"]
 for batch, res in sorted(runs.items()):
     print(f"batch {batch}:")
     print("\n".join("  " + line for line in gap_lines(res)))
@@ -132,16 +152,22 @@ for batch, res in sorted(runs.items()):
 # ## k chosen against k* along one greedy reference
 #
 # The replayed walk of each policy visits only the states its own rounds reach; the Oracles' $k^*$
-# are given at every state.
+# are given at every state ({numref}`fig-control-k-along`).
 
-# %%
+# %% tags=["hide-input"]
 seq = fit.test_seq_ids[0]
 along = k_chosen_along(fit, setup, seq, ["delta", "threshold"])
-print(f"reference {seq}")
-control_figures.k_along_reference(along.head(80), ["delta", "threshold"])
+bs.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold"]), "fig-control-k-along",
+          f"Draft length chosen by the Delta rule and the confidence threshold along held-out reference `{seq}` "
+          "(first 80 states, replayed), against the exact-greedy and surrogate Oracles' $k^*$. Look for where the "
+          "rules draft long and the Oracle does not.")
+
+# %% tags=["remove-input"]
+key.fill(view.key_rows(runs, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
+                       offline_ref="tbl-control-offline"))
 
 # %% [markdown]
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)

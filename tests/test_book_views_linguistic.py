@@ -1,0 +1,174 @@
+"""The reader-facing tables of book sections 7 (linguistic) and 8 (online control)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits import paper
+from speclimits.book.views import control as cview
+from speclimits.book.views import linguistic as lview
+from speclimits.control.report import BENCH_DIR, engine_vs_offline
+
+NB = "\u00a0"
+
+
+def _kctx() -> pd.DataFrame:
+    return pd.DataFrame({
+        "context": ["code_format", "script_change", "code_vocab"], "n_decisions": [1427, 30, 745],
+        "n_responses": [24, 9, 23], "share_long": [0.669, 0.4, 0.53], "long_lo": [0.528, 0.268, 0.393],
+        "long_hi": [0.789, 0.519, 0.677], "share_k1": [0.132, 0.4, 0.267], "k1_lo": [0.072, 0.26, 0.16],
+        "k1_hi": [0.202, 0.554, 0.392], "mean_k_star": [5.8, 3.9, 4.6]})
+
+
+def test_k_by_context_puts_interval_and_paper_in_one_cell_each():
+    out = lview.k_by_context(_kctx())
+    assert list(out.columns)[:2] == ["Context", "Decisions (responses)"]
+    row = out.iloc[0]
+    assert row["Context"] == "code: formatting" and row["Decisions (responses)"] == "1\u2009427 (24)"
+    assert row["$k^\\star \\ge 4$ [95% CI]"] == f"0.67{NB}[0.53;{NB}0.79]"
+    # the paper's value as the appendix prints it (three decimals), from speclimits.paper
+    q = paper.K_BY_CONTEXT["code_format"]
+    assert row["Paper $k^\\star \\ge 4$"] == f"{q['share_long']:.3f}{NB}[{q['long_lo']:.3f};{NB}{q['long_hi']:.3f}]"
+    assert out.iloc[2]["Paper $k^\\star \\ge 4$"] == "–"  # the paper has no code-vocabulary share
+    assert len(out.columns) <= 6
+
+
+def test_fine_labels_drop_the_empty_paper_column():
+    fine = _kctx().assign(context=["comment", "control_flow", "function_start"])
+    out = lview.k_by_context(fine, first="Fine label")
+    assert "Paper $k^\\star \\ge 4$" not in out.columns and out["Fine label"].tolist()[0] == "comment"
+
+
+def _rtab() -> pd.DataFrame:
+    return pd.DataFrame({
+        "contrast": ["script_change", "first_mismatch_reference", "first_mismatch_window"],
+        "n_events": [30, 3067, 2068], "n_responses": [9, 32, 32], "before": [2.265, 2.634, 1.537],
+        "at": [3.077, 2.648, 1.207], "diff": [0.812, 0.014, -0.331], "diff_lo": [0.322, -0.07, -0.555],
+        "diff_hi": [1.25, 0.094, -0.137], "adjusted": [np.nan, np.nan, 0.199], "adjusted_lo": [np.nan, np.nan, 0.025],
+        "adjusted_hi": [np.nan, np.nan, 0.369], "paper_before": [2.66, 3.3, 3.3], "paper_at": [3.12, 3.31, 3.31],
+        "paper_diff": [0.46, 0.01, 0.01], "paper_diff_lo": [0.26, -0.05, -0.05], "paper_diff_hi": [0.66, 0.07, 0.07]})
+
+
+def test_routing_gives_the_step_adjusted_contrast_a_row_and_planted_values_a_column():
+    out = lview.routing(_rtab(), planted=[0.216, 0.014])
+    assert out["Contrast"].tolist() == ["script change", "first mismatch, reference", "first mismatch, window",
+                                        "first mismatch, window (step-adjusted)"]
+    assert out.iloc[0]["Difference [95% CI]"] == f"0.81{NB}[0.32;{NB}1.25]"
+    assert out.iloc[0]["Paper difference [95% CI]"] == f"0.46{NB}[0.26;{NB}0.66]"
+    assert out.iloc[3]["Difference [95% CI]"] == f"0.20{NB}[0.03;{NB}0.37]"
+    assert out["Planted difference"].tolist() == ["+0.22", "+0.01", "–", "–"]
+    assert "Planted difference" not in lview.routing(_rtab()).columns
+
+
+def test_routing_without_events_shows_dashes():
+    empty = _rtab().assign(n_events=0, n_responses=0, before=np.nan, at=np.nan, diff=np.nan, diff_lo=np.nan,
+                           diff_hi=np.nan, adjusted=np.nan)
+    out = lview.routing(empty)
+    assert (out["Difference [95% CI]"] == "–").all() and (out["Before → at"] == "–").all()
+
+
+def _cmp() -> pd.DataFrame:
+    ours = [(0.669, 0.528, 0.789), (0.367, 0.25, 0.502), (0.4, 0.268, 0.519), (0.4, 0.26, 0.554),
+            (0.326, 0.191, 0.47), (0.812, 0.322, 1.25), (0.014, -0.07, 0.094)]
+    names = ["k* >= 4 at code formatting", "k* >= 4 at prose vocabulary", "k* >= 4 at a script change",
+             "k* = 1 at a script change", "k* >= 4 at a mode change (code<->text)",
+             "new experts: script change - step before", "new experts: first mismatch - step before"]
+    theirs = [(0.718, 0.614, 0.818), (0.193, 0.119, 0.276), (0.045, 0.01, 0.1), (0.937, 0.867, 0.99),
+              (0.697, np.nan, np.nan), (0.46, 0.26, 0.66), (0.01, -0.05, 0.07)]
+    return pd.DataFrame({"quantity": names, "ours": [o[0] for o in ours], "lo": [o[1] for o in ours],
+                         "hi": [o[2] for o in ours], "n_decisions": [1427, 1181, 30, 30, 43, 30, 3067],
+                         "n_responses": [24, 24, 9, 9, 16, 9, 32], "paper": [t[0] for t in theirs],
+                         "paper_lo": [t[1] for t in theirs], "paper_hi": [t[2] for t in theirs],
+                         "verdict": ["consistent", "consistent", "differs", "differs", "differs", "consistent",
+                                     "consistent"]})
+
+
+def test_key_rows_are_the_headline_quantities_beside_the_papers():
+    rows = lview.key_rows(_cmp(), refs={"k": "tbl-ling-k-by-context", "r": "tbl-ling-routing"})
+    assert [r.quantity for r in rows][0].endswith("in code formatting")
+    assert rows[0].ours == "0.67 [0.53; 0.79]" and rows[0].paper == "0.718 [0.614; 0.818]"
+    assert rows[1].paper == "0.045 [0.010; 0.100]" and rows[2].paper == "0.937 [0.867; 0.990]"
+    assert rows[3].ours == "0.81 [0.32; 1.25]" and rows[3].paper == "0.46 [0.26; 0.66]"
+    assert [r.ref for r in rows] == ["tbl-ling-k-by-context"] * 3 + ["tbl-ling-routing"]
+    with pytest.raises(ValueError):
+        lview.key_rows(_cmp().iloc[:5])
+
+
+def test_comparison_and_differing():
+    out = lview.comparison(_cmp())
+    assert out["Quantity"][0] == "k* ≥ 4 at code formatting" and "↔" in out["Quantity"][4]
+    assert out["Paper [95% CI]"][4] == "0.697"  # no interval in the paper
+    assert lview.differing(_cmp()) == ["k* >= 4 at a script change", "k* = 1 at a script change",
+                                       "k* >= 4 at a mode change (code<->text)"]
+
+
+# ---------------------------------------------------------------------------
+# section 8
+# ---------------------------------------------------------------------------
+
+
+def _bench(batch: int = 1) -> dict:
+    ms = {"plain": 30.0, "static:1": 21.0, "static:2": 20.0, "threshold": 20.5, "ema": 22.0}
+    blocks = [{"arm": a, "block": b, "ms_per_token": t * f} for a, t in ms.items()
+              for b, f in enumerate((1.0, 0.9, 1.1))]
+    for b in blocks:
+        if (b["arm"], b["block"]) == ("threshold", 1):
+            b["ms_per_token"] = 18.0  # as fast as static:2 in that block
+    summary = [{"arm": a, "ms_per_token": t, "ms_per_token_min": t * 0.9, "ms_per_token_max": t * 1.1,
+                "best_static": a == "static:2", "engine_share_exact": (20.0 - t) / 5, "engine_share_exact_min": -1.0,
+                "engine_share_exact_max": 0.1} for a, t in ms.items()]
+    return {"config": {"batch": batch}, "summary": summary, "blocks": blocks,
+            "oracle": {"oracle_exact_gain_over_best_static": 1.25}}
+
+
+def test_engine_best_finds_the_fastest_policy_and_its_per_block_range():
+    b = cview.engine_best(_bench())
+    assert (b.policy, b.best_static) == ("threshold", "static:2")
+    assert b.speed == pytest.approx(20.0 / 20.5)
+    per_block = [20.0 / 20.5, 18.0 / 18.0, 22.0 / 22.55]
+    assert b.speed_lo == pytest.approx(min(per_block)) and b.speed_hi == pytest.approx(max(per_block))
+    assert b.n_faster == 0 and not b.beat and b.oracle_gain == 1.25
+
+
+def _offline() -> pd.DataFrame:
+    return pd.DataFrame({"policy": ["static:1", "static:2", "threshold", "delta"],
+                         "replay_ms_per_token": [6.0, 5.0, 4.8, 5.2], "replay_tokens_per_round": [1.7, 2.2, 2.7, 2.7],
+                         "surrogate_ms_per_token": [6.1, 5.1, 4.9, 5.3], "share_exact": [-1.0, 0.0, 0.25, -0.1],
+                         "share_exact_lo": [-1.5, 0.0, 0.16, -0.2], "share_exact_hi": [-0.6, 0.0, 0.31, 0.0],
+                         "share_surrogate": [-1.7, 0.0, 0.45, -0.2], "share_surrogate_lo": [-2.6, 0.0, 0.38, -0.3],
+                         "share_surrogate_hi": [-1.1, 0.0, 0.53, -0.1]})
+
+
+def test_verdict_says_plainly_when_no_policy_beat_the_best_static_k():
+    bounds = {"oracle_exact_gain_over_best_static": 1.266}
+    text = cview.verdict({1: _bench(1), 4: _bench(4)}, _offline(), bounds)
+    assert "In the engine no policy beat the best static K" in text
+    assert "1 of 2 policies beat the best static K (static K = 2)" in text  # offline: the threshold
+    assert "batch 1" in text and "batch 4" in text and "1.250×" in text
+    faster = _bench(1)
+    for r in faster["summary"]:
+        if r["arm"] == "threshold":
+            r["ms_per_token"] = 19.0
+    assert "no policy beat" not in cview.verdict({1: faster}, _offline(), bounds)
+    assert "no measured benchmark" in cview.verdict({}, _offline(), bounds)
+
+
+def test_key_rows_with_and_without_a_benchmark():
+    bounds = {"oracle_exact_gain_over_best_static": 1.266}
+    rows = cview.key_rows({1: _bench(1)}, _offline(), bounds, refs={1: "tbl-control-engine-batch1"})
+    assert len(rows) == 3 and rows[0].ours.startswith(f"{20.0 / 20.5:.3f} [")
+    assert rows[2].ours == "1.250" and all(r.ref == "tbl-control-engine-batch1" for r in rows)
+    off = cview.key_rows({}, _offline(), bounds, offline_ref="tbl-control-offline")
+    assert "threshold" in off[0].quantity and off[0].ours == f"{5.0 / 4.8:.3f}" and off[2].ours == "1.266"
+
+
+@pytest.mark.skipif(not list(BENCH_DIR.glob("bench-*.json")), reason="no committed benchmark results")
+def test_engine_table_of_the_committed_benchmark_is_narrow():
+    res = json.loads(sorted(BENCH_DIR.glob("bench-*.json"))[0].read_text())
+    out = cview.engine(engine_vs_offline(res))
+    assert len(out.columns) <= 7 and out["Arm"].iloc[0] == "plain decoding"
+    assert out["ms/token [min; max]"].str.contains(r"^\d+\.\d \[\d+\.\d; \d+\.\d\]$").all()
