@@ -32,22 +32,26 @@
 # **What the intervals cover.** The fold $t$-intervals describe the spread over the five
 # held-out folds. GroupKFold keeps each generation in one fold, but the same prompt recurs at
 # every $K$, so its generations at other $K$ may sit in the training folds: the appendix notes
-# that this dependence across $K$-slices is limited, not removed. The final-model section shows
+# that this dependence across $K$-slices is limited, not removed. {ref}`sec-final-model` shows
 # how much the standard errors change when one clusters by prompt instead of by generation.
 
-# %%
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
 from speclimits import figures, stats
-
-bs.setup()
+from speclimits.book.views import stats as views
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
 smoke = False
 seed = 0
 n_splits = 5
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-factors", "factor analysis")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 res = stats.analyze_factors(tr.rounds, n_splits=n_splits)
@@ -57,33 +61,30 @@ print(f"{res.n_rows:,} rounds, {res.n_generations:,} generations, K = {list(res.
 # %% [markdown]
 # ## Table A2: standalone and incremental predictive strength
 #
-# `r2`, `rmse`: out-of-sample mean over the folds, `_ci` the 95% $t$ half-width. `drmse`: the
-# RMSE reduction (ms) of $\bar U_r$ + factor against $\bar U_r$ alone, paired by fold. The
-# paper's columns quote the appendix (it prints no full Table A2, only these values).
+# {numref}`tbl-factors-a2` gives each factor's out-of-sample $R^2$ and RMSE (mean over the folds
+# with its 95% $t$-interval) and the paired RMSE reduction of $\bar U_r$ + factor against
+# $\bar U_r$ alone; {numref}`fig-factors-cv` draws the same numbers. The paper's columns quote the
+# appendix (it prints no full Table A2, only these values).
 
-# %%
-res.table.drop(columns="label").round(4)
+# %% tags=["hide-input"]
+bs.table(views.factor_table(res), "tbl-factors-a2",
+         "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
+         "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
+         "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
 
-# %%
-figures.factor_cv_chart(res)
-
-# %%
-t = res.table
-best = t["r2"].idxmax()
-print(f"Strongest single factor: {t.loc[best, 'label']} (R² {t.loc[best, 'r2']:.3f} ± {t.loc[best, 'r2_ci']:.3f}); "
-      f"paper: Ū strongest.")
-print(f"Budget m alone: R² {t.loc['m', 'r2']:.3f} (paper ≈0.52); on top of Ū it reduces RMSE by "
-      f"{t.loc['m', 'drmse']:.4f} ± {t.loc['m', 'drmse_ci']:.4f} ms (paper 0.014 ± 0.003).")
-print(f"L alone: R² {t.loc['context_len', 'r2']:.3f}; on top of Ū: {t.loc['context_len', 'drmse']:.4f} ± "
-      f"{t.loc['context_len', 'drmse_ci']:.4f} ms (paper 0.146 ± 0.008).")
+# %% tags=["hide-input"]
+bs.figure(figures.factor_cv_chart(res), "fig-factors-cv",
+          "Out-of-sample $R^2$ of each factor alone (left) and the RMSE it removes on top of $\\bar U_r$ "
+          "(right), with 95% fold intervals. Look for the factor that is strong alone and the one that adds most.")
 
 # %% [markdown]
 # In the paper the budget predicts moderately on its own but adds little on top of $\bar U_r$:
 # its association with cost runs mostly through $\bar U_r$, and what is left shows up in the
-# per-$m$ coefficients $\alpha(m)$, $\beta_0(m)$ of the final model. $L$ is weak alone but, being
-# nearly uncorrelated with $\bar U_r$, gives the largest additional reduction, which is why the
-# final model keeps it. Compare the printed values above with the paper's before reading more
-# into them: on a simulated trace they reflect the simulator's planted mechanism.
+# per-$m$ coefficients $\alpha(m)$, $\beta_0(m)$ of the final model ({ref}`sec-final-model`).
+# $L$ is weak alone but, being nearly uncorrelated with $\bar U_r$, gives the largest additional
+# reduction, which is why the final model keeps it. Compare the values in
+# {numref}`tbl-factors-a2` with the paper's before reading more into them: on a simulated trace
+# they reflect the simulator's planted mechanism.
 #
 # ## Standardized associations within each $K$ (H3)
 #
@@ -92,38 +93,44 @@ print(f"L alone: R² {t.loc['context_len', 'r2']:.3f}; on top of Ū: {t.loc['con
 # errors clustered by generation (the standardization treats the two standard deviations as
 # fixed). The paper: $\bar U_r$ from $0.20\sigma$ at $K=1$ to $0.93\sigma$
 # at $K=10$, $L$ from $0.96\sigma$ to $0.31\sigma$, intervals no wider than $\pm 0.004$
-# (squares in the chart).
+# (squares in {numref}`fig-factors-standardized`).
 
-# %%
-res.by_k.pivot(index="K", columns="term", values=["beta_std", "lower", "upper", "paper"]).round(3)
+# %% tags=["hide-input"]
+bs.table(views.standardized_table(res), "tbl-factors-standardized",
+         "Standardized coefficients $\\beta^*$ of $\\bar U_r$ and $L$ in the within-$K$ regression of $T_T$ "
+         "on both, with 95% intervals from generation-clustered standard errors; the paper quotes $K = 1$ and "
+         "$K = 10$ only.", full=res.by_k)
 
-# %%
-figures.standardized_by_k_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.standardized_by_k_chart(res), "fig-factors-standardized",
+          "Standardized associations $\\beta^*$ of $\\bar U_r$ and $L$ with $T_T$ by $K$ (95% intervals; "
+          "squares: the paper). H3 predicts the $\\bar U_r$ line rising and the $L$ line falling with $K$.")
 
-# %%
-bk = res.by_k.set_index(["term", "K"])
-k0, k1 = min(res.k_values), max(res.k_values)
-print(f"β*(Ū): {bk.loc[('u_bar', k0), 'beta_std']:.2f} at K={k0} -> {bk.loc[('u_bar', k1), 'beta_std']:.2f} at K={k1} "
-      f"(paper 0.20 -> 0.93); β*(L): {bk.loc[('context_len', k0), 'beta_std']:.2f} -> "
-      f"{bk.loc[('context_len', k1), 'beta_std']:.2f} (paper 0.96 -> 0.31)")
+# %% tags=["hide-input"]
 print(f"widest 95% CI half-width: {((res.by_k['upper'] - res.by_k['lower']) / 2).max():.4f} (paper ≤ 0.004)")
 
 # %% [markdown]
 # ## Factor correlations
 #
-# Pearson correlations over the pooled rounds. The paper reports corr($\bar U_r$, $L$) = 0.03:
-# the two covariates of the final model carry nearly separate information. $m$, the graph
-# bucket and $E_{\max}$ move with $\bar U_r$; $L$ and KV usage are nearly the same quantity.
+# Pearson correlations over the pooled rounds ({numref}`fig-factors-correlations`). The paper
+# reports corr($\bar U_r$, $L$) = 0.03: the two covariates of the final model carry nearly
+# separate information. $m$, the graph bucket and $E_{\max}$ move with $\bar U_r$; $L$ and KV
+# usage are nearly the same quantity. {ref}`sec-robustness` repeats the check on one $K$.
 
-# %%
-figures.factor_corr_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.factor_corr_chart(res), "fig-factors-correlations",
+          "Pearson correlations between $T_T$ and the six factors over the pooled decode rounds. Look at "
+          "corr($\\bar U_r$, $L$): near zero means the final model's two covariates carry separate information.")
 
-# %%
+# %% tags=["hide-input"]
 print(f"corr(Ū, L) = {res.corr.loc['u_bar', 'context_len']:.3f} (paper 0.03); "
       f"corr(L, KV usage) = {res.corr.loc['context_len', 'kv_usage']:.3f}")
+
+# %% tags=["remove-input"]
+key.fill(views.key_results_factors(res))
 
 # %% [markdown]
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)

@@ -19,7 +19,7 @@
 # largest absolute residual, separate fits on the two halves of the run, and
 # leave-one-category-out (fourteen refits). It found $\alpha \in [0.2642, 0.2650]$ ms/expert and
 # $c \in [1.100, 1.105]\times10^{-3}$ ms/token, and $c \in [1.098, 1.107]\times10^{-3}$ across the
-# separate per-$K$ fits. It also checked binned residuals, heteroscedasticity (Breusch–Pagan
+# separate per-$K$ fits (the fits of {ref}`sec-final-model`). It also checked binned residuals, heteroscedasticity (Breusch–Pagan
 # $p \approx 10^{-28}$, read as residual shape, not evidence) and collinearity
 # (corr($\bar U_r$, $L$) = 0.03).
 #
@@ -28,11 +28,10 @@
 # solve instead of a refit on the rows. Its row reports the full-sample OLS estimate with the
 # bootstrap percentile interval (not the bootstrap mean).
 
-# %%
+# %% tags=["remove-cell"]
 import speclimits.book_support as bs
 from speclimits import figures, stats
-
-bs.setup()
+from speclimits.book.views import stats as views
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -40,8 +39,13 @@ smoke = False
 seed = 0
 k_robust = 8
 n_boot = 999
+results = None
 
-# %%
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-robustness", "robustness")
+
+# %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
 res = stats.robustness_checks(tr.rounds, k=k_robust, n_boot=99 if smoke else n_boot, seed=seed)
@@ -52,21 +56,22 @@ print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generatio
 # %% [markdown]
 # ## Every re-estimate of $\alpha$ and $c$
 #
-# All intervals are 95%; the `interval` column says how each was made: clustered $t$ for the OLS
-# refits, bootstrap percentile for the bootstrap, and two for Huber. RLM's own covariance treats
-# rounds as independent (**not clustered**), so it is too narrow for rounds nested in
-# generations; the second Huber row uses a sandwich clustered by generation (bread
-# $\sum \psi'(u_i) x_i x_i'$, scores $\psi(u_i) x_i$ summed per generation). Run halves split the
-# generations of this $K$ in the order they ran (the engine step of their first round on a
-# measured trace, the sweep order otherwise). Leave-one-out drops one prompt category when the
-# trace records categories, otherwise one of 14 consecutive blocks of generations.
+# {numref}`tbl-robust-estimates` lists every re-estimate; all intervals are 95%, and the last
+# column says how each was made: clustered $t$ for the OLS refits, bootstrap percentile for the
+# bootstrap, and two for Huber. RLM's own covariance treats rounds as independent
+# (**not clustered**), so it is too narrow for rounds nested in generations; the second Huber row
+# uses a sandwich clustered by generation (bread $\sum \psi'(u_i) x_i x_i'$, scores
+# $\psi(u_i) x_i$ summed per generation). Run halves split the generations of this $K$ in the
+# order they ran (the engine step of their first round on a measured trace, the sweep order
+# otherwise). Leave-one-out drops one prompt category when the trace records categories,
+# otherwise one of 14 consecutive blocks of generations.
 
-# %%
-est = res.estimates.copy()
-est[["c", "c_lower", "c_upper"]] *= 1e3  # c in 1e-3 ms/token
-est.round(4)
+# %% tags=["hide-input"]
+bs.table(views.robustness_table(res), "tbl-robust-estimates",
+         f"Every re-estimate of $\\alpha$ and $c$ on $K = {res.k}$, each with its 95% interval and how "
+         "the interval was made.", full=res.estimates)
 
-# %%
+# %% tags=["hide-input"]
 h = res.halves
 print(f"run halves ordered by {h['order_by']}")
 if "categories_first_half" in h:
@@ -78,48 +83,67 @@ if "categories_first_half" in h:
 # categories (the line above shows which); a difference between the halves then mixes time and
 # content, and the leave-one-category-out rows are the check on content.
 
-# %%
-figures.robustness_chart(res, "alpha")
+# %% tags=["hide-input"]
+bs.figure(figures.robustness_chart(res, "alpha"), "fig-robust-alpha",
+          f"$\\alpha$ (ms/expert) on $K = {res.k}$ under every check, with 95% intervals. Look for a check "
+          "whose interval leaves the others': that is where the estimate is fragile.")
 
-# %%
-figures.robustness_chart(res, "c")
-
-# %%
-res.ranges
+# %% tags=["hide-input"]
+bs.figure(figures.robustness_chart(res, "c"), "fig-robust-c",
+          f"$c$ (ms/token) on $K = {res.k}$ under every check, with 95% intervals.")
 
 # %% [markdown]
-# The bootstrap distribution of $\alpha$:
+# {numref}`tbl-robust-ranges` gives the range over all checks beside the paper's.
 
-# %%
-figures.bootstrap_chart(res, "u_bar")
+# %% tags=["hide-input"]
+bs.table(views.ranges_table(res), "tbl-robust-ranges",
+         "Smallest and largest estimate over all checks on one $K$, and over the per-$K$ fits, beside the "
+         "paper's ranges.")
+
+# %% [markdown]
+# The bootstrap distribution of $\alpha$ ({numref}`fig-robust-bootstrap`):
+
+# %% tags=["hide-input"]
+bs.figure(figures.bootstrap_chart(res, "u_bar"), "fig-robust-bootstrap",
+          f"Cluster-bootstrap distribution of $\\alpha$ on $K = {res.k}$ (generations resampled). Look at its "
+          "shape: a skewed or two-humped histogram would make the percentile interval the one to trust.")
 
 # %% [markdown]
 # ## $c$ across the per-$K$ fits
+#
+# The context coefficient from each per-$K$ fit ({numref}`tbl-robust-c-by-k`); the paper found
+# 1.098–1.107 $\times 10^{-3}$ ms/token, a spread below 0.9% of the mean.
 
-# %%
+# %% tags=["hide-input"]
 cbk = res.c_by_k
 print(f"c from {cbk['c'].min() * 1e3:.3f} to {cbk['c'].max() * 1e3:.3f} e-3 ms/token across K "
       f"(spread {100 * (cbk['c'].max() - cbk['c'].min()) / cbk['c'].mean():.1f}% of the mean; paper 1.098–1.107, < 0.9%)")
-cbk.assign(c=cbk["c"] * 1e3, c_se=cbk["c_se"] * 1e3).rename(columns={"c": "c_1e-3", "c_se": "c_se_1e-3"}).round(4)
+bs.table(views.c_by_k_table(res), "tbl-robust-c-by-k",
+         "Context coefficient $c$ of each per-$K$ fit with its generation-clustered standard error.",
+         full=res.c_by_k)
 
 # %% [markdown]
 # ## Residual diagnostics
 #
 # Mean residual (± 2 SE, clustered by generation) per decile of context length, KV usage and
-# position within the generation (`round`).
+# position within the generation (`round`), in {numref}`fig-robust-residuals`.
 
-# %%
-figures.binned_residuals_chart(res)
+# %% tags=["hide-input"]
+bs.figure(figures.binned_residuals_chart(res), "fig-robust-residuals",
+          f"Mean residual of the $K = {res.k}$ fit per decile of context length, KV usage and position in the "
+          "generation, ± 2 generation-clustered SE. Look for a trend or a curve away from zero.")
 
 # %% [markdown]
-# Two tests per variable, both clustered by generation: the OLS slope of the residual on the
-# variable (`slope`, `p`), and a Wald test that every bin mean is zero (`wald_f`, `wald_p`), which
-# also sees a curved shape. For a regressor of the model ($L$; KV usage nearly equals it) the
-# slope is zero by construction (OLS residuals are orthogonal to the regressors), so only the
-# bin test speaks.
+# {numref}`tbl-robust-trends` gives two tests per variable, both clustered by generation: the
+# OLS slope of the residual on the variable (per standard deviation of the variable, with its
+# $p$), and a Wald test that every bin mean is zero, which also sees a curved shape. For a
+# regressor of the model ($L$; KV usage nearly equals it) the slope is zero by construction (OLS
+# residuals are orthogonal to the regressors), so only the bin test speaks.
 
-# %%
-res.trends.round(5)
+# %% tags=["hide-input"]
+bs.table(views.trends_table(res), "tbl-robust-trends",
+         "Trend tests of the residuals: slope on each variable and the Wald test of the binned means, "
+         "both with generation-clustered standard errors.", decimals={"Slope per SD (ms)": 4}, full=res.trends)
 
 # %% [markdown]
 # ## Heteroscedasticity: both Breusch–Pagan tests
@@ -132,20 +156,23 @@ res.trends.round(5)
 # 1981: $n R^2$ of $e^2$ on the regressors) drops that assumption, but rare large spikes inflate
 # the variance of $e^2$ and can swamp it. The paper's $p \approx 10^{-28}$ (pooled, version not
 # stated) is read there, and here, as a statement about residual shape at this $n$, not evidence
-# about the model's substance; uncertainty is carried by the clustered standard errors.
+# about the model's substance ({numref}`tbl-robust-bp`); uncertainty is carried by the clustered
+# standard errors.
 
-# %%
-res.breusch_pagan
+# %% tags=["hide-input"]
+bs.table(views.breusch_pagan_table(res), "tbl-robust-bp",
+         "Breusch–Pagan tests, classic and studentized, on one $K$ and pooled over $K$ (categorical Eq. 4 "
+         "residuals); the paper states one pooled $p$ without its version.", full=res.breusch_pagan)
 
-# %%
-bp = res.breusch_pagan.set_index(["scope", "version"])["p"]
-for (scope, version), p in bp.items():
-    print(f"{scope:34s} {version:30s} " + (f"p = {p:.2g}" if p > 0 else "p < 1e-300 (below double precision)"))
+# %% tags=["hide-input"]
 cr = res.corr_u_l
 print(f"corr(Ū, L) = {cr['k']:.3f} on K = {res.k}, {cr['pooled']:.3f} pooled over K ≥ 1 (paper 0.03)")
+
+# %% tags=["remove-input"]
+key.fill(views.key_results_robustness(res))
 
 # %% [markdown]
 # ## Versions
 
-# %%
+# %% tags=["remove-input"]
 bs.version_report(tr)

@@ -1,0 +1,120 @@
+"""Reader-facing tables of the tracing section (book section 1).
+
+:func:`per_k_rates` adds cluster-bootstrap intervals (generations resampled within each K) to the
+per-K means a reader compares across budgets; :func:`per_k_table` and :func:`timing_table` turn
+them into narrow tables with one interval cell per quantity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from speclimits.bootstrap import ratio_bootstrap
+from speclimits.book.present import Result, fmt_ci, fmt_num
+from speclimits.trace import decode_rounds
+
+#: Per-K ratios with an interval: name -> (numerator column, denominator column or None for rounds).
+_RATES = {
+    "accepted_per_round": ("n_accepted", None),
+    "emitted_per_round": ("n_emitted", None),
+    "acceptance": ("n_accepted", "n_draft"),
+}
+
+
+def per_k_rates(rounds: pd.DataFrame, n_boot: int = 999, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """One row per K: the decode-round ratios of :data:`_RATES` with percentile intervals.
+
+    Each ratio is ``sum(numerator) / sum(denominator)`` over the decode rounds (non-zero target
+    time, as :func:`speclimits.describe.per_k_summary`), so the point estimates equal that summary's.
+    Generations are the resampling unit; every K is resampled on its own (each K is its own sweep).
+    Columns: ``K``, then ``<name>``, ``<name>_lo``, ``<name>_hi`` for every name (NaN where the
+    denominator is zero, e.g. acceptance at K = 0).
+    """
+    dec, _ = decode_rounds(rounds, timing="target")
+    dec = dec.assign(_one=1.0)
+    rows = []
+    for i, (k, d) in enumerate(dec.groupby("K", sort=True)):
+        sums = d.groupby("generation_id", sort=True, observed=True)[
+            ["n_accepted", "n_emitted", "n_draft", "_one"]].sum()
+        row: dict[str, float] = {"K": int(k)}
+        for name, (num, den) in _RATES.items():
+            den_v = sums[den or "_one"].to_numpy(dtype=float)
+            if den_v.sum() <= 0:
+                row.update({name: np.nan, f"{name}_lo": np.nan, f"{name}_hi": np.nan})
+                continue
+            est, lo, hi = ratio_bootstrap(sums[num].to_numpy(dtype=float), den_v, n_boot, seed + i, level)
+            row.update({name: est, f"{name}_lo": lo, f"{name}_hi": hi})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def per_k_table(summary: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
+    """Rounds, generations and the per-round token counts by K (intervals in one cell)."""
+    s = summary.reset_index()
+    r = rates.set_index("K").reindex(s["K"])
+
+    def cell(name: str) -> list[str]:
+        # a degenerate interval (K = 0: nothing drafted, one token emitted) is shown as the number alone
+        return [fmt_ci(e) if lo == hi else fmt_ci(e, lo, hi)
+                for e, lo, hi in zip(r[name], r[f"{name}_lo"], r[f"{name}_hi"])]
+
+    return pd.DataFrame({
+        "K": s["K"].astype(int),
+        "Generations": s["generations"].astype(int),
+        "Decode rounds": s["rounds"].astype(int),
+        "Accepted / round": cell("accepted_per_round"),
+        "Acceptance rate": cell("acceptance"),
+        "Tokens/s (T+D)": s["tokens_per_s"].astype(float),
+    })
+
+
+def timing_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Mean target time, draft time, unique experts and context by K (plain means)."""
+    s = summary.reset_index()
+    return pd.DataFrame({
+        "K": s["K"].astype(int),
+        "$T_T$ (ms)": s["t_target_ms"].astype(float),
+        "$T_D$ (ms)": s["t_draft_ms"].astype(float),
+        "$\\bar U_r$ (experts/layer)": s["u_bar"].astype(float),
+        "$L$ (tokens)": s["context_len"].astype(float),
+    })
+
+
+def overview(rounds: pd.DataFrame, summary: pd.DataFrame) -> dict[str, object]:
+    """Counts for the key results: decode rounds and generations used by the fits, the K range."""
+    ks = [int(k) for k in summary.index]
+    return {
+        "decode_rounds": int(summary["rounds"].sum()),
+        "generations": int(summary["generations"].sum()),
+        "prompts": int(rounds["prompt_id"].nunique()) if "prompt_id" in rounds else None,
+        "k_min": min(ks),
+        "k_max": max(ks),
+    }
+
+
+def key_results(rounds: pd.DataFrame, summary: pd.DataFrame, rates: pd.DataFrame) -> list[Result]:
+    """The section's headline rows: what was traced, and what a round yields at the ends of the K range.
+
+    The appendix quotes no per-K acceptance, so the paper column stays empty here (the third-party
+    figures in :data:`speclimits.paper.THIRD_PARTY` are deliberately not shown as the paper's).
+    """
+    ov = overview(rounds, summary)
+    rk = rates.set_index("K")
+    drafted = [k for k in rk.index if k > 0 and np.isfinite(rk.loc[k, "acceptance"])]
+    rows = [
+        Result.of("decode rounds used by the fits", fmt_num(ov["decode_rounds"]), ref="tbl-tracing-per-k"),
+        Result.of("generations", f"{fmt_num(ov['generations'])} ({fmt_num(ov['prompts'])} prompts)"
+                  if ov["prompts"] is not None else fmt_num(ov["generations"]), ref="tbl-tracing-per-k"),
+        Result.of("draft budgets K", f"{ov['k_min']}–{ov['k_max']}", ref="tbl-tracing-per-k"),
+    ]
+    if drafted:
+        k1, kmax = min(drafted), max(drafted)
+        rows += [
+            Result.of(f"acceptance rate at K = {k1}", *rk.loc[k1, ["acceptance", "acceptance_lo", "acceptance_hi"]],
+                      ref="fig-tracing-acceptance"),
+            Result.of(f"mean accepted tokens per round at K = {kmax}",
+                      *rk.loc[kmax, ["accepted_per_round", "accepted_per_round_lo", "accepted_per_round_hi"]],
+                      ref="tbl-tracing-per-k"),
+        ]
+    return rows
