@@ -215,8 +215,7 @@ def robustness_table(res: Any) -> pd.DataFrame:
     def c(col: str) -> pd.Series:
         return e[col] * 1e3
     return pd.DataFrame({
-        "Check": e["method"],
-        "Variant": e["variant"],
+        "Check": [f"{m}: {v}" for m, v in zip(e["method"], e["variant"])],
         "Rounds": e["n"].astype(int),
         "α (ms/expert) [95% CI]": [fmt_ci(a, lo, hi) for a, lo, hi in
                                    zip(e["alpha"], e["alpha_lower"], e["alpha_upper"])],
