@@ -68,15 +68,13 @@ key = bs.KeyResults("sec-oracle", "the Oracle bound")
 
 # %% tags=["hide-input"]
 tr = bs.load(trace)
-print(tr.source_label)
 setup = prepare_oracle(tr, cost_model, surrogate)
-print("\n".join(setup.notes))
 k_max = min(k_max, setup.inputs.k_list)
 n_boot, n_rollouts = (9, 8) if smoke else (n_boot, n_rollouts)
 kinds = list(setup.kind_counts())
 greedy = setup.for_kind("greedy") if "greedy" in kinds else setup
-print(f"{setup.inputs.n_sequences} reference sequences ({setup.kind_counts()}), {setup.inputs.n_states:,} states, "
-      f"K_max = {k_max}")
+print(view.wrap([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
+                 f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"]))
 
 # %% [markdown]
 # ## Which surrogate: is the draft's probability calibrated?
@@ -98,7 +96,7 @@ bs.table(view.calibration(calibration_table(setup.raw_inputs)), "tbl-oracle-cali
          decimals=3)
 
 # %% tags=["hide-input"]
-print(view.calibration_sentence(setup.calibration_gap, setup.surrogate_label))
+print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate_label)))
 
 # %% [markdown]
 # ## Does the Oracle's world reproduce the measured sweep?
@@ -124,7 +122,7 @@ bs.figure(figures.oracle_validation(valid), "fig-oracle-validation",
           "same $K$ under each surrogate. A surrogate whose curve leaves the measured one bounds a different world.")
 
 # %% tags=["hide-input"]
-print(view.validation_sentence(valid, setup.surrogate_label))
+print(view.wrap(view.validation_sentence(valid, setup.surrogate_label)))
 
 # %% [markdown]
 # ## The bound
@@ -228,7 +226,7 @@ bs.table(view.delta_line(ds.line), "tbl-oracle-delta-line",
          "that its slope is the Oracle's time per token λ.")
 
 # %% tags=["hide-input"]
-print(ds.line.verdict())
+print(view.wrap(ds.line.verdict()))
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, seed=seed), "fig-oracle-delta-space",
@@ -323,7 +321,7 @@ for kind in kinds:
     policies[kind] = compare_policies(sub.inputs, setup.model, k_max=k_max, test_share=test_share, seed=seed,
                                       n_rollouts=n_rollouts, rounds=tr.rounds)
     for line in policies[kind].notes:
-        print(f"{kind}: {line}")
+        print(view.wrap(f"{kind}: {line}"))
 pc = policies.get("greedy", next(iter(policies.values())))
 bs.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
          "The split of each kind of reference into training and held-out sequences, the tuned confidence "
@@ -335,7 +333,7 @@ shown, full = view.policies(pc)
 bs.table(shown, "tbl-oracle-policies",
          f"Online policies on the held-out {'greedy' if 'greedy' in policies else kinds[0]} references "
          "against the best static $K$ and the Oracle: expected time (± Monte Carlo s.e. for rules with "
-         "memory), speedup over autoregressive, and the share of the Oracle's gain over the best static $K$ "
+         "memory, evaluated by rollouts), speedup over autoregressive, and the share of the Oracle's gain over the best static $K$ "
          "they capture. Every static $K$ is in the full table.",
          decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
          full=full)
@@ -348,10 +346,11 @@ bs.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
 
 # %% tags=["hide-input"]
 if "teacher-forced" in policies:
-    shown, full = view.policies(policies["teacher-forced"])
+    tf = policies["teacher-forced"]
+    shown, full = view.policies(tf)
     bs.table(shown, "tbl-oracle-policies-teacher-forced",
              "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
-             "output); the best static $K$ is often $K = 1$ here, so the Oracle's gain is small.",
+             f"output); here the best static $K$ in hindsight is $K = {tf.best_static_k_test}$.",
              decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
              full=full)
 

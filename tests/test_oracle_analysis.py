@@ -257,7 +257,7 @@ def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys)
 def test_oracle_notebook_executes_with_smoke_parameters(smoke_book):
     text = executed_notebook_text(smoke_book, "06_oracle")
     assert "SIMULATED" in text and "Traceback" not in text
-    assert "Oracle speedup over autoregressive" in text and "gain_captured" in text
+    assert "Oracle speedup over autoregressive" in text and "Gain captured (%)" in text
 
 
 # -- figures ----------------------------------------------------------------------

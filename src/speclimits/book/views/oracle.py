@@ -10,7 +10,8 @@ and the complete frame for the download.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import textwrap
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,14 @@ _COMPONENTS = {
 def _third_party(key: str) -> str:
     tp = paper.THIRD_PARTY[key]
     return f"{tp['value']:g} ({tp['label']})"
+
+
+def wrap(lines: str | Iterable[str], width: int = 76) -> str:
+    """Lines of printed output wrapped to the page's code column (each line on its own, indented
+    continuation), so no printed line hides behind a scroll bar."""
+    lines = [lines] if isinstance(lines, str) else list(lines)
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
+                     for text in lines for line in str(text).splitlines() or [""])
 
 
 def _pct(x: Any, decimals: int = 1) -> str:
@@ -344,12 +353,12 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
             marks.append("best in hindsight")
         return p + (f" ({', '.join(marks)})" if marks else "")
 
-    time = [fmt_num(ms, 0) if se == 0 else f"{ms:.0f} ± {se:.0f}" for ms, se in zip(t["time_ms"], t["time_se"])]
+    time = [f"{ms:.0f}" if se == 0 else f"{ms:.0f}\u00a0±\u00a0{se:.0f}" for ms, se in zip(t["time_ms"], t["time_se"])]
     shown = pd.DataFrame({
-        "Policy": t["policy"].map(name), "Evaluation": t["evaluation"], "Time (ms)": time,
+        "Policy": t["policy"].map(name), "Time (ms)": time,
         "Tokens per round": t["tokens_per_round"].astype(float),
         "Speedup (×)": t["speedup"].astype(float), "vs best static K (×)": t["vs_best_static"].astype(float),
-        "Gain captured (%)": 100 * t["gain_captured"].astype(float),
+        "Gain captured (%)": (100 * t["gain_captured"].astype(float)).round(1) + 0.0,  # no "-0.0"
     })
     return shown.reset_index(drop=True), pc.table
 
@@ -372,18 +381,18 @@ def key_results(report, pc=None) -> list[Result]:
     kind = report.headline_kind
     sp = ci("speedup", bd.speedup)
     rows = [
-        Result.of(f"Oracle speedup over autoregressive, {kind} references", *(sp if sp[0] is not None else ("n/a",)),
+        Result.of(f"Oracle speedup over autoregressive ({kind})", *(sp if sp[0] is not None else ("n/a",)),
                   paper=NOT_IN_APPENDIX, ref="tbl-oracle-bound"),
-        Result.of(f"Oracle gain over the best static K, {kind} references",
+        Result.of(f"Oracle gain over the best static K ({kind})",
                   *ci("gain_over_best_static", bd.gain_over_best_static), paper=NOT_IN_APPENDIX,
                   ref="tbl-oracle-bound"),
         Result.of("best static K (in hindsight)", str(bd.best_static_k), paper=NOT_IN_APPENDIX,
                   ref="tbl-oracle-bound"),
-        Result.of("accepted drafts per round along the Oracle's trajectories", bd.mean_accepted, decimals=2,
+        Result.of("Oracle's accepted drafts per round", bd.mean_accepted, decimals=2,
                   paper=_third_party("mean_accepted_plateau"), ref="tbl-oracle-bound"),
     ]
     if pc is not None:
         name, gain = best_online(pc)
-        rows.append(Result.of(f"share of the Oracle's gain captured online (best rule: {name}, held-out)",
+        rows.append(Result.of(f"gain captured online, held-out ({name})",
                               100 * gain, decimals=0, unit="%", paper=BEYOND_PAPER, ref="tbl-oracle-policies"))
     return rows

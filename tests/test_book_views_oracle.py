@@ -1,0 +1,133 @@
+"""The reader tables of the Oracle section show the Oracle's numbers, not other ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits import paper
+from speclimits.book.present import fmt_ci
+from speclimits.book.views import oracle as view
+from speclimits.oracle import prepare_oracle
+from speclimits.oracle.ablation import alpha_ablation
+from speclimits.oracle.policies import compare_policies
+from speclimits.oracle.report import oracle_report
+from speclimits.oracle.validation import validation_by_surrogate
+
+
+@pytest.fixture(scope="module")
+def setup(smoke_trace):
+    return prepare_oracle(smoke_trace)
+
+
+@pytest.fixture(scope="module")
+def report(smoke_trace, setup):
+    return oracle_report(smoke_trace, setup=setup, k_max=4, n_boot=5, seed=0)
+
+
+@pytest.fixture(scope="module")
+def comparison(setup):
+    sub = setup.for_kind("greedy")
+    return compare_policies(sub.inputs, setup.model, k_max=4, seed=0, n_rollouts=4, rounds=setup.trace.rounds)
+
+
+def test_bound_cells_carry_the_bootstrap_interval(report):
+    t = view.bound(report).set_index("Quantity")
+    col = [c for c in t.columns if c.endswith("[95% CI]")][0]
+    iv = report.interval
+    lo, hi = iv.interval["speedup"]
+    assert t.loc["Oracle speedup over autoregressive (×)", col] == fmt_ci(iv.estimate["speedup"], lo, hi)
+    lo, hi = iv.interval["gain_over_best_static"]
+    assert t.loc["Oracle gain over the best static K (×)", col] == fmt_ci(iv.estimate["gain_over_best_static"], lo, hi)
+    assert t.loc["Best static K (in hindsight)", col].startswith(str(report.headline.bounds.best_static_k))
+    assert t.loc["Accepted drafts per round", "Paper"].startswith(str(paper.THIRD_PARTY["mean_accepted_plateau"]["value"]))
+    if report.with_k0 is not None:
+        assert float(t.loc["Oracle speedup over autoregressive (×)", "With $k = 0$ allowed"]) == \
+            pytest.approx(report.with_k0.bounds.speedup, abs=5e-4)
+
+
+def test_validation_errors_are_the_used_surrogates_in_percent(setup):
+    valid = validation_by_surrogate(setup, kind="greedy", k_max=4)
+    used = setup.surrogate_label
+    t = view.validation(valid, used)
+    first = t.columns[2]
+    assert first.startswith(used) and "(used)" in first
+    mine = valid[valid["surrogate"] == used].sort_values("K")
+    body = t.iloc[:-1]
+    np.testing.assert_allclose(body[first].astype(float), 100 * mine["rel_error"].to_numpy(), atol=0.051)
+    np.testing.assert_allclose(body["Measured speedup"].astype(float), mine["measured_speedup"], rtol=1e-12)
+    worst = mine["rel_error"].abs()
+    assert t.iloc[-1][first] == f"{100 * worst.max():.1f} (K = {int(mine.loc[worst.idxmax(), 'K'])})"
+
+
+def test_k_star_shares_match_the_solution(report):
+    t = view.k_star_shares(report)
+    for kind, res in report.by_kind.items():
+        col = f"{kind} (% of states)"
+        np.testing.assert_allclose(t[col].sum(), 100.0)
+        expected = res.to_frame()["k_star"].value_counts(normalize=True) * 100
+        got = t.set_index("$k^\\star$")[col]
+        np.testing.assert_allclose(got.reindex(expected.index), expected)
+
+
+def test_breakdown_shares_sum_to_one_hundred(report):
+    t = view.breakdown(report.headline.bounds)
+    assert t["Share (%)"].sum() == pytest.approx(100.0)
+    assert t["Expected time (ms)"].sum() == pytest.approx(sum(report.headline.bounds.breakdown_ms.values()))
+
+
+def test_ablation_cases_and_moves_add_up(report, setup):
+    ab = alpha_ablation(report.headline, draft_prob=setup.for_kind("greedy").raw_inputs.match_prob)
+    assert view.cases_by_boundary(ab)["Cases"].sum() == len(ab.cases)
+    assert view.moves(ab)["States"].sum() == report.headline.inputs.n_states
+    n, share = view.cases_in_paper_range(ab)
+    lo, hi = paper.CASE_MATCH_RANGE
+    assert n == len(ab.cases)
+    if n:
+        assert share == pytest.approx(ab.cases["match_prob_added"].between(lo, hi).mean())
+        shown, full = view.top_cases(ab, n=3)
+        assert len(full) == n and list(shown["Added-token match prob."]) == \
+            sorted(ab.cases["match_prob_added"], reverse=True)[: len(shown)]
+
+
+def test_policies_keep_online_rules_and_the_reference_static_k(comparison):
+    shown, full = view.policies(comparison)
+    t = comparison.table
+    online = t[~t["policy"].str.startswith("static K = ")]
+    assert len(shown) == len(online) + len({comparison.best_static_k_train, comparison.best_static_k_test})
+    assert full is t
+    oracle = shown[shown["Policy"] == "Oracle (bound)"].iloc[0]
+    assert oracle["Gain captured (%)"] == pytest.approx(100.0)
+    hindsight = shown[shown["Policy"].str.contains("best in hindsight")].iloc[0]
+    assert hindsight["Gain captured (%)"] == 0.0 and hindsight["vs best static K (×)"] == pytest.approx(1.0)
+    name, gain = view.best_online(comparison)
+    assert name != "Oracle (bound)" and not name.startswith("static K")
+    rules = online[online["policy"] != "Oracle (bound)"]
+    assert gain == pytest.approx(rules["gain_captured"].max())
+
+
+def test_key_results_are_the_computed_numbers(report, comparison):
+    rows = view.key_results(report, comparison)
+    iv = report.interval
+    assert rows[0].ours == fmt_ci(iv.estimate["speedup"], *iv.interval["speedup"])
+    assert rows[1].ours == fmt_ci(iv.estimate["gain_over_best_static"], *iv.interval["gain_over_best_static"])
+    assert rows[2].ours == str(report.headline.bounds.best_static_k)
+    _, gain = view.best_online(comparison)
+    assert rows[-1].ours == f"{100 * gain:.0f} %"
+    assert all(r.ref and r.ref.startswith("tbl-oracle-") for r in rows)
+
+
+def test_wrap_keeps_printed_lines_within_the_column():
+    text = view.wrap(["x " * 100, "short"], width=40)
+    assert max(len(line) for line in text.splitlines()) <= 40
+    assert text.splitlines()[-1] == "short"
+
+
+def test_k_max_sweep_columns_per_kind():
+    sw = pd.DataFrame({"k_max": [1, 2], "speedup": [1.1, 1.2], "gain_over_best_static": [1.0, 1.05],
+                       "mean_accepted": [0.5, 0.8]})
+    shown, full = view.k_max_sweep({"greedy": sw, "teacher-forced": sw.assign(speedup=[0.9, 0.95])})
+    assert list(shown["Speedup, teacher-forced (×)"]) == [0.9, 0.95]
+    assert list(shown["Gain, greedy (×)"]) == [1.0, 1.05]
+    assert len(full) == 4 and set(full["references"]) == {"greedy", "teacher-forced"}
