@@ -202,7 +202,7 @@ planted = [ling.planted_contrast(c, tr.meta) for c in contrasts[:2]] if tr.simul
 bs.table(view.routing(rtab, planted), "tbl-ling-routing",
          f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
          "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
-         + ("; the planted difference is what the simulator put in." if planted else "."), full=rtab)
+         + ("; *Planted*: the planted difference, what the simulator put in." if planted else "."), full=rtab)
 
 # %% tags=["hide-input"]
 bs.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
@@ -236,7 +236,7 @@ if forced is not None:
 # %% tags=["hide-input"]
 for name, st in studies.items():
     diff = view.differing(ling.paper_comparison(st))
-    print(f"{name} references: differ from the paper on {len(diff)} of 7 quantities: {'; '.join(diff) or 'none'}")
+    print(f"{name} references differ from the paper on {len(diff)} of 7 quantities" + "".join(f"\n  - {q}" for q in diff))
 
 # %% [markdown]
 # On the bundled measured trace (the book's default: a 16-layer, 32-expert Qwen3-MoE target and its

@@ -40,6 +40,7 @@
 # Oracle (it knows the outcomes) and against the surrogate Oracle (it knows the match probabilities).
 
 # %% tags=["remove-cell"]
+import altair as alt
 import pandas as pd
 from IPython.display import Markdown, display
 
@@ -116,16 +117,19 @@ for batch, table in tables.items():
              f"tokens, {res['config']['blocks']} alternating blocks (`{res['file']}`); outputs identical to plain "
              f"decoding: {'yes' if res['lossless'] else 'NO'}. Time per token (median and [min; max] over blocks), "
              "speed relative to plain decoding and to the best static K, acceptance length measured and replayed, "
-             "and the share of the exact Oracle's gain captured in the engine [min; max over blocks] and offline "
-             "[95% CI].", decimals=3, full=table)
+             "and the share of the exact Oracle's gain captured in the engine [min; max over blocks]; the offline "
+             "prediction for the same prompts is in the figure below and the full table.", decimals=3, full=table)
 
 # %% tags=["remove-input"]
 display(Markdown(view.verdict(runs, offline, bounds)))
 
 # %% tags=["hide-input"]
 if tables:
-    long = pd.concat([share_long(t, b) for b, t in tables.items()], ignore_index=True)
-    bs.figure(control_figures.share_captured(long), "fig-control-share",
+    # one facet chart per batch, stacked: share_captured's layers carry their own data, so one faceted chart
+    # of all batches would show every batch's points in every panel
+    bs.figure(alt.vconcat(*[control_figures.share_captured(share_long(t, b)) for b, t in tables.items()])
+              .resolve_scale(x="shared").configure_legend(orient="bottom"),
+              "fig-control-share",
               "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay, "
               "95% interval over references) and measured in the engine (range over blocks), per batch size. "
               "Below zero a policy is slower than the best static K; 1 would be the Oracle.")

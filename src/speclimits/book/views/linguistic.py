@@ -41,8 +41,9 @@ def context_name(label: Any) -> str:
 
 
 def nowrap(text: str) -> str:
-    """``text`` with no-break spaces, so that an estimate and its interval stay on one line."""
-    return text.replace(" ", "\u00a0")
+    """An interval that stays on one line: ``"0.67 [0.53;\u00a00.79]"`` (a narrow column may still
+    break between the estimate and its interval)."""
+    return text.replace("; ", ";\u00a0").replace(" → ", "\u00a0→\u00a0").replace(" / ", "\u00a0/\u00a0")
 
 
 def _ci(row: Any, est: str, lo: str, hi: str, decimals: int | None = None) -> str:
@@ -126,21 +127,22 @@ def routing(rtab: pd.DataFrame, planted: Sequence[float] | None = None) -> pd.Da
             "Contrast": name,
             "Events (responses)": _count(r["n_events"], r["n_responses"]),
             "Before → at": nowrap(f"{r['before']:.2f} → {r['at']:.2f}") if has else "–",
-            "Paper before → at": (nowrap(f"{r['paper_before']:.2f} → {r['paper_at']:.2f}")
-                                  if not pd.isna(r.get("paper_before", np.nan)) else "–"),
             "Difference [95% CI]": _ci(r, "diff", "diff_lo", "diff_hi", 2 if has else None),
-            "Paper difference [95% CI]": _ci(r, "paper_diff", "paper_diff_lo", "paper_diff_hi", 2),
+            "Paper: before → at, difference [95% CI]": (
+                nowrap(f"{r['paper_before']:.2f} → {r['paper_at']:.2f}") + ", "
+                + _ci(r, "paper_diff", "paper_diff_lo", "paper_diff_hi", 2)
+                if not pd.isna(r.get("paper_before", np.nan)) else "–"),
         }
         if planted is not None:
             p = planted[i] if i < len(planted) else np.nan
-            base["Planted difference"] = "–" if pd.isna(p) else f"{p:+.2f}"
+            base["Planted"] = "–" if pd.isna(p) else f"{p:+.2f}"
         rows.append(base)
         if not pd.isna(r.get("adjusted", np.nan)):
             adj = dict(base)
             adj.update({"Contrast": name + " (step-adjusted)", "Before → at": "–",
                         "Difference [95% CI]": _ci(r, "adjusted", "adjusted_lo", "adjusted_hi", 2)})
             if planted is not None:
-                adj["Planted difference"] = "–"
+                adj["Planted"] = "–"
             rows.append(adj)
     return pd.DataFrame(rows)
 
