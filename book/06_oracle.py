@@ -27,7 +27,9 @@
 # advance the state by $a+1$ tokens with $P(a \ge j) = \prod_{i \le j} q_{n,i}$ ($q$: the draft's
 # probability of the reference token). Backward induction from $V(N) = 0$:
 #
-# $$Q(n,k) = C(n,k) + \sum_{a=0}^{k} P(a \mid n,k)\, V(\min(N, n+a+1)), \qquad V(n) = \min_k Q(n,k).$$
+# $$Q(n,k) = C(n,k) + \sum_{a=0}^{k} P(a \mid n,k)\, V(\min(N, n+a+1)),$$
+#
+# $$V(n) = \min_k Q(n,k).$$
 #
 # The cost model is the one fitted in {ref}`sec-final-model` (joint categorical fit of $T_T$, draft
 # line for $T_D$), read from the build's cost-model JSON; the formulation and its conventions are
@@ -110,11 +112,12 @@ print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate
 
 # %% tags=["hide-input"]
 valid = validation_by_surrogate(setup, kind="greedy" if "greedy" in kinds else None, k_max=k_max)
-bs.table(view.validation(valid, setup.surrogate_label), "tbl-oracle-validation",
+vt = view.validation(valid, setup.surrogate_label)
+bs.table(vt, "tbl-oracle-validation",
          "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
          "relative error of the predicted speedup (%) under each surrogate, the one the Oracle uses first; "
          "the last row gives each surrogate's largest absolute error. Look for errors within ±5%.",
-         decimals=3)
+         decimals=3, align=view.right(vt))
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_validation(valid), "fig-oracle-validation",
@@ -138,11 +141,12 @@ report = oracle_report(tr, setup=setup, k_max=k_max, n_boot=n_boot, seed=seed)
 print(f"{report.interval.n_boot if report.interval is not None else 0} cost-model bootstrap replicates")
 
 # %% tags=["hide-input"]
-bs.table(view.bound(report), "tbl-oracle-bound",
+bt = view.bound(report)
+bs.table(bt, "tbl-oracle-bound",
          f"The Oracle bound on the {report.headline_kind} references, with 95% percentile intervals over "
          "cost-model refits on resampled generations, beside the bound with plain autoregressive steps "
          "($k = 0$) allowed. The appendix gives no Oracle speedup; the accepted-length value attributed "
-         "to the paper comes from a third-party summary.")
+         "to the paper comes from a third-party summary.", align=view.right(bt, "Paper"))
 
 # %% tags=["hide-input"]
 bs.table(view.by_kind(report), "tbl-oracle-kinds",
@@ -165,7 +169,8 @@ bs.table(view.breakdown(report.headline.bounds), "tbl-oracle-breakdown",
 # $V(n)$ falls roughly linearly, at the Oracle's time per token $\lambda$; $k^\star(n)$ changes round to
 # round with the draft's match probabilities and the counterfactual expert count
 # ({numref}`fig-oracle-value`). {numref}`fig-oracle-k-star` and {numref}`tbl-oracle-k-star` give the
-# distribution of $k^\star$ over all states.
+# distribution of $k^\star$ over all states; {ref}`sec-linguistic` asks where in the text the
+# Oracle drafts long.
 
 # %% tags=["hide-input"]
 states = report.headline.to_frame()
@@ -173,7 +178,8 @@ example, n_example = view.example_sequence(report)
 bs.figure(figures.oracle_value_along_sequence(states, example), "fig-oracle-value",
           f"Value $V(n)$ (expected ms to finish) and the Oracle's draft length $k^\\star(n)$ along sequence "
           f"`{example}` ({report.headline_kind} reference of median length, $N = {n_example}$; "
-          f"$\\lambda = {report.headline.ms_per_token:.3f}$ ms/token). A straight $V$ means a constant value of a token.")
+          f"$\\lambda = {report.headline.ms_per_token:.3f}$ ms/token). A straight $V$ means a constant "
+          "value of a token.")
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_k_star_distribution(states), "fig-oracle-k-star",
@@ -221,9 +227,10 @@ bs.figure(figures.oracle_speedup_by_k_max(sweep), "fig-oracle-k-max",
 
 # %% tags=["hide-input"]
 ds = delta_space(report.headline, n_boot=n_boot, seed=seed)
-bs.table(view.delta_line(ds.line), "tbl-oracle-delta-line",
+dt = view.delta_line(ds.line)
+bs.table(dt, "tbl-oracle-delta-line",
          "The line separating accepted from rejected extensions in Delta Space, against the prediction "
-         "that its slope is the Oracle's time per token λ.")
+         "that its slope is the Oracle's time per token λ.", align=view.right(dt, "Paper"))
 
 # %% tags=["hide-input"]
 print(view.wrap(ds.line.verdict()))
@@ -253,9 +260,10 @@ bs.table(view.delta_by_k(ds.points), "tbl-oracle-delta-by-k",
 
 # %% tags=["hide-input"]
 ab = alpha_ablation(report.headline, draft_prob=greedy.raw_inputs.match_prob)
-bs.table(view.ablation(ab), "tbl-oracle-ablation",
+at = view.ablation(ab)
+bs.table(at, "tbl-oracle-ablation",
          "The Oracle with the full cost model against the Oracle re-solved with $\\alpha = 0$ (no expert "
-         "term), and the $\\alpha = 0$ policy priced at the full cost.")
+         "term), and the $\\alpha = 0$ policy priced at the full cost.", align=view.right(at))
 
 # %% tags=["hide-input"]
 bs.table(view.moves(ab), "tbl-oracle-ablation-moves",
@@ -322,7 +330,8 @@ for kind in kinds:
                                       n_rollouts=n_rollouts, rounds=tr.rounds)
     for line in policies[kind].notes:
         print(view.wrap(f"{kind}: {line}"))
-pc = policies.get("greedy", next(iter(policies.values())))
+pc_kind = "greedy" if "greedy" in policies else next(iter(policies))
+pc = policies[pc_kind]
 bs.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
          "The split of each kind of reference into training and held-out sequences, the tuned confidence "
          "threshold τ, the Delta rule's fixed λ₀ (the training Oracle's time per token) and the best static "
@@ -331,12 +340,12 @@ bs.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
 # %% tags=["hide-input"]
 shown, full = view.policies(pc)
 bs.table(shown, "tbl-oracle-policies",
-         f"Online policies on the held-out {'greedy' if 'greedy' in policies else kinds[0]} references "
-         "against the best static $K$ and the Oracle: expected time (± Monte Carlo s.e. for rules with "
-         "memory, evaluated by rollouts), speedup over autoregressive, and the share of the Oracle's gain over the best static $K$ "
-         "they capture. Every static $K$ is in the full table.",
+         f"Online policies on the held-out {pc_kind} references against the best static $K$ and the Oracle: "
+         "expected time (± Monte Carlo s.e. for rules with memory, evaluated by rollouts), speedup over "
+         "autoregressive, and the share of the Oracle's gain over the best static $K$ they capture. Every "
+         "static $K$ is in the full table.",
          decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
-         full=full)
+         full=full, align=view.right(shown))
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
@@ -352,7 +361,7 @@ if "teacher-forced" in policies:
              "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
              f"output); here the best static $K$ in hindsight is $K = {tf.best_static_k_test}$.",
              decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
-             full=full)
+             full=full, align=view.right(shown))
 
 # %% tags=["remove-input"]
 key.fill(view.key_results(report, pc))

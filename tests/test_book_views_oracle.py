@@ -41,7 +41,8 @@ def test_bound_cells_carry_the_bootstrap_interval(report):
     lo, hi = iv.interval["gain_over_best_static"]
     assert t.loc["Oracle gain over the best static K (×)", col] == fmt_ci(iv.estimate["gain_over_best_static"], lo, hi)
     assert t.loc["Best static K (in hindsight)", col].startswith(str(report.headline.bounds.best_static_k))
-    assert t.loc["Accepted drafts per round", "Paper"].startswith(str(paper.THIRD_PARTY["mean_accepted_plateau"]["value"]))
+    plateau = paper.THIRD_PARTY["mean_accepted_plateau"]["value"]
+    assert t.loc["Accepted drafts per round", "Paper"].startswith(str(plateau))
     if report.with_k0 is not None:
         assert float(t.loc["Oracle speedup over autoregressive (×)", "With $k = 0$ allowed"]) == \
             pytest.approx(report.with_k0.bounds.speedup, abs=5e-4)
@@ -131,3 +132,9 @@ def test_k_max_sweep_columns_per_kind():
     assert list(shown["Speedup, teacher-forced (×)"]) == [0.9, 0.95]
     assert list(shown["Gain, greedy (×)"]) == [1.0, 1.05]
     assert len(full) == 4 and set(full["references"]) == {"greedy", "teacher-forced"}
+
+
+def test_right_aligns_all_but_the_first_and_named_columns():
+    frame = pd.DataFrame(columns=["Quantity", "Ours", "With k = 0", "Paper"])
+    assert view.right(frame, "Paper") == {"Quantity": "left", "Ours": "right", "With k = 0": "right",
+                                          "Paper": "left"}
