@@ -133,8 +133,6 @@ if tables:
               "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay, "
               "95% interval over references) and measured in the engine (range over blocks), per batch size. "
               "Below zero a policy is slower than the best static K; 1 would be the Oracle.")
-else:
-    print("no measured engine results for this trace: only the offline prediction is shown")
 
 # %% [markdown]
 # Why the engine and the offline prediction part (the measured figures, per batch size): acceptance is

@@ -155,12 +155,15 @@ def test_verdict_says_plainly_when_no_policy_beat_the_best_static_k():
             r["ms_per_token"] = 19.0
     assert "no policy beat" not in cview.verdict({1: faster}, _offline(), bounds)
     assert "no measured benchmark" in cview.verdict({}, _offline(), bounds)
+    slow = _offline().assign(share_exact=[-1.0, 0.0, -0.05, -0.1])
+    assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, slow, bounds)
 
 
 def test_key_rows_with_and_without_a_benchmark():
     bounds = {"oracle_exact_gain_over_best_static": 1.266}
     rows = cview.key_rows({1: _bench(1)}, _offline(), bounds, refs={1: "tbl-control-engine-batch1"})
     assert len(rows) == 3 and rows[0].ours.startswith(f"{20.0 / 20.5:.3f} [")
+    assert rows[0].quantity.endswith("no policy beat the best static K")
     assert rows[2].ours == "1.250" and all(r.ref == "tbl-control-engine-batch1" for r in rows)
     off = cview.key_rows({}, _offline(), bounds, offline_ref="tbl-control-offline")
     assert "threshold" in off[0].quantity and off[0].ours == f"{5.0 / 4.8:.3f}" and off[2].ours == "1.266"

@@ -64,4 +64,7 @@ def test_cli_errors_name_the_missing_table(smoke_trace, tmp_path, capsys):
 def test_linguistic_notebook_executes_with_smoke_parameters(smoke_book):
     text = executed_notebook_text(smoke_book, "07_linguistic")
     assert "SIMULATED" in text and "Traceback" not in text
-    assert "share k*>=4" in text and "planted difference" in text and "agreement" in text
+    # the k*-by-context shares (table and the comparison with the paper), the planted routing
+    # difference and the labeller's agreement are shown
+    assert "tbl-ling-k-by-context" in text and "k* ≥ 4 at code formatting" in text
+    assert "planted difference" in text and "agreement" in text

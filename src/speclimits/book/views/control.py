@@ -145,8 +145,9 @@ def offline_best(table: pd.DataFrame) -> dict[str, Any]:
 def verdict(runs: dict[int, dict[str, Any]], offline_table: pd.DataFrame, bounds: dict[str, Any]) -> str:
     """The section's answer in two or three sentences (Markdown): did a policy beat the best static K?"""
     off = offline_best(offline_table)
-    text = (f"**Offline** (replay on the held-out references), {off['n_faster']} of {off['n_policies']} policies "
-            f"beat the best static K ({arm_name(off['best_static'])}); the best, {arm_name(off['policy'])}, captures "
+    text = (f"**Offline** (replay on the held-out references), "
+            + (f"{off['n_faster']} of {off['n_policies']} policies beat" if off["n_faster"] else "no policy beat")
+            + f" the best static K ({arm_name(off['best_static'])}); the best, {arm_name(off['policy'])}, captures "
             f"{fmt_ci(off['share'], off['share_lo'], off['share_hi'])} of the exact Oracle's gain "
             f"(the Oracle is {bounds['oracle_exact_gain_over_best_static']:.3f}× faster than the best static K there). ")
     if not runs:
@@ -177,7 +178,8 @@ def key_rows(runs: dict[int, dict[str, Any]], offline_table: pd.DataFrame, bound
         best = [engine_best(r) for _, r in sorted(runs.items())]
         for b in best:
             rows.append(Result.of(f"batch {b.batch}, engine: fastest policy ({arm_name(b.policy)}) over "
-                                  f"{arm_name(b.best_static)}, speed ratio (range over blocks)",
+                                  f"{arm_name(b.best_static)}, speed ratio (range over blocks)"
+                                  + ("" if b.beat else "; no policy beat the best static K"),
                                   b.speed, b.speed_lo, b.speed_hi, decimals=3, ref=refs.get(b.batch)))
         for b in best:
             rows.append(Result.of(f"batch {b.batch}, engine: its share of the Oracle's gain (range over blocks)",
@@ -189,7 +191,8 @@ def key_rows(runs: dict[int, dict[str, Any]], offline_table: pd.DataFrame, bound
     off = offline_best(offline_table)
     return [
         Result.of(f"offline: best policy ({arm_name(off['policy'])}) over {arm_name(off['best_static'])}, "
-                  "replayed speed ratio", off["speed"], decimals=3, ref=offline_ref),
+                  "replayed speed ratio" + ("" if off["n_faster"] else "; no policy beat the best static K"),
+                  off["speed"], decimals=3, ref=offline_ref),
         Result.of("offline: its share of the exact Oracle's gain", off["share"], off["share_lo"], off["share_hi"],
                   ref=offline_ref),
         Result.of("Oracle's bound over the best static K (exact greedy, offline)",
