@@ -23,7 +23,7 @@ from speclimits.control.report import POLICY_LABELS
 
 #: Short names of the policies for table cells (the page's list of policies says what each is).
 SHORT_NAMES = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
-               "delta-fixed": "Delta rule, fixed λ", "ema": "EMA (SGLang-style)", "cascade": "Cascade-style"}
+               "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style"}
 
 
 def arm_name(arm: str) -> str:
