@@ -183,6 +183,8 @@
 # column and the first offending rows of every defect. The tables, from the package's schema:
 
 # %% tags=["remove-cell"]
+import textwrap
+
 import speclimits.book_support as bs
 
 bs.setup()
@@ -210,7 +212,7 @@ bs.table(bs.schema_table("tokens"), "tbl-methods-tokens",
 # of the book states which one it ran on.
 
 # %% tags=["remove-input"]
-print(", ".join(bs.META_REQUIRED))
+print(textwrap.fill(", ".join(bs.META_REQUIRED), 88))
 
 # %% [markdown]
 # (methods-labels)=

@@ -55,6 +55,8 @@ BAD = """
 <tr><td>x</td></tr></table></div>
 <figure id="fig-b"><div class="speclimits-chart"><pre>Error: bad spec</pre></div><figcaption><p>Unnumbered.</p></figcaption></figure>
 <div class="speclimits-chart"><svg width="10" height="10"></svg></div>
+<figure id="fig-wide"><div class="speclimits-chart"><svg width="900" height="10"></svg></div>
+<figcaption><p><span class="caption-number">Fig. 2.3 </span>Too wide.</p></figcaption></figure>
 <img src="http://example.com/remote.png">
 <script>console.error("boom");</script>
 """
@@ -78,6 +80,7 @@ def test_the_checker_reports_each_kind_of_defect(browser_ready, tmp_path):
     assert "chart 1 did not render: Error: bad spec" in problems
     assert "chart 2 is not inside a numbered figure" in problems
     assert "figure fig-b has no numbered caption" in problems
+    assert "chart 3 is 900px wide in a 700px column" in problems
     assert "console: boom" in problems
     assert "request failed: http://example.com/remote.png" in problems  # the network is off
     assert (tmp_path / "shots" / "bad.png").stat().st_size > 0

@@ -8,8 +8,8 @@ refused (the site must read offline), and checks on each page:
   error text, and sits inside a figure;
 - every figure and every table in the article has a caption with a number ("Fig. 3.2",
   "Table 6.1");
-- no table is wider than the content column (neither the table nor its scroll container
-  overflows);
+- no table, chart or display equation is wider than the content column (a table's scroll
+  container does not overflow either);
 - MathJax typeset the page without a math error;
 - nothing was logged to the console as an error, no script threw, no request failed.
 
@@ -50,6 +50,8 @@ _INSPECT = r"""
     drawn: !!el.querySelector('svg, canvas'),
     error: (el.querySelector('pre, em') || {}).textContent || null,
     inFigure: !!el.closest('figure'),
+    drawnWidth: (el.querySelector('svg, canvas') || {getBoundingClientRect: () => ({width: 0})})
+                  .getBoundingClientRect().width,
     width: el.getBoundingClientRect().width,
   }));
   const numbered = (cap) => !!(cap && cap.querySelector('.caption-number') &&
@@ -68,10 +70,12 @@ _INSPECT = r"""
       overflow: box ? box.scrollWidth - box.clientWidth : 0,
     };
   });
+  const wideMath = [...article.querySelectorAll('mjx-container[display="true"]')]
+    .map((el) => el.getBoundingClientRect().width).filter((w) => w > column + 1);
   const mathErrors = article.querySelectorAll('mjx-merror').length;
   const math = article.querySelectorAll('mjx-container').length;
   const rawMath = [...article.querySelectorAll('.math')].filter((el) => !el.querySelector('mjx-container')).length;
-  return {charts, figures, tables, math, mathErrors, rawMath, column,
+  return {charts, figures, tables, math, mathErrors, rawMath, column, wideMath,
           title: document.title};
 }
 """
@@ -157,6 +161,9 @@ def _check_page(page, url: str, rel: str, shots: Path | None) -> PageReport:
         if not chart["drawn"]:
             report.problems.append(f"chart {chart['index'] + 1} did not render"
                                    + (f": {chart['error']}" if chart["error"] else ""))
+        if chart["drawnWidth"] > info["column"] + 1:
+            report.problems.append(f"chart {chart['index'] + 1} is {chart['drawnWidth']:.0f}px wide in a "
+                                   f"{info['column']:.0f}px column (clipped)")
         if not chart["inFigure"]:
             report.problems.append(f"chart {chart['index'] + 1} is not inside a numbered figure")
     for fig in info["figures"]:
@@ -170,6 +177,8 @@ def _check_page(page, url: str, rel: str, shots: Path | None) -> PageReport:
         if tab["width"] > tab["column"] + 1 or tab["overflow"] > 1:
             report.problems.append(f"table {tab['id'] or '?'} ({(tab['caption'] or '')[:40]!r}) is "
                                    f"{tab['width']:.0f}px wide in a {tab['column']:.0f}px column")
+    for width in info["wideMath"]:
+        report.problems.append(f"a display equation is {width:.0f}px wide in a {info['column']:.0f}px column")
     if info["mathErrors"]:
         report.problems.append(f"{info['mathErrors']} MathJax errors")
     if info["rawMath"]:

@@ -104,7 +104,8 @@ def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
     base = alt.Chart(df).encode(y=alt.Y("policy:N", sort=order, title=None))
     bars = base.mark_point(filled=True, size=60).encode(
         x=alt.X("time_ms:Q", title="expected time on held-out sequences (ms)", scale=alt.Scale(zero=False)),
-        color=alt.Color("evaluation:N", title="evaluation"),
+        # legend below: the policy names already take the left of the column
+        color=alt.Color("evaluation:N", title="evaluation", legend=alt.Legend(orient="bottom")),
         tooltip=["policy", alt.Tooltip("time_ms:Q", format=".1f"), alt.Tooltip("time_se:Q", format=".1f")])
     err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
     return (bars + err).properties(width=WIDTH, height=max(HEIGHT, 16 * len(df)))
