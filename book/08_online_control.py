@@ -49,7 +49,7 @@ from speclimits.book.views import control as view
 from speclimits.control import figures as control_figures
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
-from speclimits.control.report import engine_vs_offline, gap_lines, load_bench_runs, share_long
+from speclimits.control.report import engine_vs_offline, gap_lines, load_bench_runs
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -127,7 +127,7 @@ display(Markdown(view.verdict(runs, offline, bounds)))
 if tables:
     # one facet chart per batch, stacked: share_captured's layers carry their own data, so one faceted chart
     # of all batches would show every batch's points in every panel
-    bs.figure(alt.vconcat(*[control_figures.share_captured(share_long(t, b)) for b, t in tables.items()])
+    bs.figure(alt.vconcat(*[control_figures.share_captured(view.share_frame(tables, b)) for b in tables])
               .resolve_scale(x="shared").configure_legend(orient="bottom"),
               "fig-control-share",
               "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay, "

@@ -175,3 +175,11 @@ def test_engine_table_of_the_committed_benchmark_is_narrow():
     out = cview.engine(engine_vs_offline(res))
     assert len(out.columns) <= 6 and out["Arm"].iloc[0] == "plain decoding"
     assert out["ms/token [min; max]"].str.replace(NB, " ").str.contains(r"^\d+\.\d \[\d+\.\d; \d+\.\d\]$").all()
+
+
+@pytest.mark.skipif(not list(BENCH_DIR.glob("bench-*.json")), reason="no committed benchmark results")
+def test_share_frame_is_one_batch_with_short_policy_names():
+    res = json.loads(sorted(BENCH_DIR.glob("bench-*.json"))[0].read_text())
+    batch = int(res["config"]["batch"])
+    long = cview.share_frame({batch: engine_vs_offline(res)}, batch)
+    assert set(long["batch"]) == {batch} and set(long["policy"]) <= set(cview.SHORT_NAMES.values())

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
-from speclimits.control.report import POLICY_LABELS
+from speclimits.control.report import POLICY_LABELS, share_long
 
 
 #: Short names of the policies for table cells (the page's list of policies says what each is).
@@ -78,6 +78,13 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
         "Share of the Oracle's gain captured [min; max]": [_range(e, lo, hi, 2) for e, lo, hi in zip(
             table["engine_share_exact"], table["engine_share_exact_min"], table["engine_share_exact_max"])],
     })
+
+
+def share_frame(tables: dict[int, pd.DataFrame], batch: int) -> pd.DataFrame:
+    """:func:`~speclimits.control.report.share_long` of one batch's table, with the policies' short
+    names (the figure's labels then leave room for the plot in the content column)."""
+    table = tables[batch]
+    return share_long(table.assign(policy=table["arm"].map(arm_name)), batch)
 
 
 @dataclass
@@ -145,7 +152,7 @@ def offline_best(table: pd.DataFrame) -> dict[str, Any]:
 def verdict(runs: dict[int, dict[str, Any]], offline_table: pd.DataFrame, bounds: dict[str, Any]) -> str:
     """The section's answer in two or three sentences (Markdown): did a policy beat the best static K?"""
     off = offline_best(offline_table)
-    text = (f"**Offline** (replay on the held-out references), "
+    text = ("**Offline** (replay on the held-out references), "
             + (f"{off['n_faster']} of {off['n_policies']} policies beat" if off["n_faster"] else "no policy beat")
             + f" the best static K ({arm_name(off['best_static'])}); the best, {arm_name(off['policy'])}, captures "
             f"{fmt_ci(off['share'], off['share_lo'], off['share_hi'])} of the exact Oracle's gain "
