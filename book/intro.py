@@ -65,8 +65,8 @@ if gathered is None:
     print("The key results are gathered when the whole book is built (speclimits book).")
 else:
     bs.table(gathered, "tbl-intro-key-results",
-             "Key results of every section, ours with 95% intervals beside the paper's. A dash: the paper "
-             "reports no such number, or the section has no interval for it.")
+             "Key results of every section, ours beside the paper's. Brackets: the 95% interval, unless the "
+             "quantity names another range; a dash: the paper reports no such number.")
 
 # %% [markdown]
 # ## Simulated or measured?

@@ -90,13 +90,22 @@ def versions() -> dict[str, str]:
 
 
 def version_report(trace: Trace) -> None:
-    """Print package versions and the trace's meta.json (the notebook's closing cell)."""
+    """Print package versions and the trace's provenance (the notebook's closing cell).
+
+    Short entries of ``meta.json`` are printed as they are; long ones (nested settings, the planted
+    truth) by their size only, so the record stays a few lines: the file itself is in the trace.
+    """
     print("Package versions:")
     for name, ver in versions().items():
         print(f"  {name:14s} {ver}")
-    print(f"\nTrace: {trace.path}  ({trace.source_label})")
-    meta = {k: v for k, v in trace.meta.items() if k not in ("simulator",)}
-    print(json.dumps(meta, indent=2, sort_keys=True, default=str))
+    print(f"\nTrace: {trace.path}\n  {trace.source_label}")
+    for key in sorted(trace.meta):
+        text = json.dumps(trace.meta[key], sort_keys=True, default=str, ensure_ascii=False)
+        if len(text) > 96:
+            value = trace.meta[key]
+            size = f"{len(value)} entries" if isinstance(value, (dict, list)) else f"{len(text)} characters"
+            text = f"({size}; see {Path(trace.path).name}/meta.json)"
+        print(f"  {key}: {text}")
 
 
 def schema_table(name: str) -> pd.DataFrame:

@@ -281,7 +281,7 @@ def _results_frame(rows: Sequence[Result]) -> pd.DataFrame:
     return pd.DataFrame({
         "Quantity": [r.quantity + (f" ({{numref}}`{r.ref}`)" if r.ref and not r.ref.startswith("sec-")
                                    else (f" ({{ref}}`{r.ref}`)" if r.ref else "")) for r in rows],
-        "Ours [95% CI]": [r.ours for r in rows],
+        "Ours": [r.ours for r in rows],
         "Paper": [r.paper for r in rows],
     })
 
@@ -306,8 +306,9 @@ class KeyResults:
     def markdown(self, rows: Sequence[Result]) -> str:
         name = f"tbl-{self.section.removeprefix('sec-')}-key-results"
         inner = table_markdown(_results_frame(rows), name,
-                               f"Key results of this section beside the paper's ({self.title}).",
-                               align={"Ours [95% CI]": "right", "Paper": "right"})
+                               f"Key results of this section ({self.title}) beside the paper's. Brackets: the "
+                               f"95% interval, unless the quantity names another range.",
+                               align={"Ours": "right", "Paper": "right"})
         return f"::::{{admonition}} Key results\n:class: tip\n\n{inner}::::\n"
 
     def fill(self, rows: Iterable[Result]) -> None:

@@ -15,15 +15,16 @@ def share_captured(long: pd.DataFrame) -> alt.FacetChart:
     ``long``: :func:`speclimits.control.report.share_long` rows (``policy``, ``where``, ``share``, ``lo``,
     ``hi``, ``batch``).
     """
-    base = alt.Chart(long).encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
-                                  yOffset="where:N")
+    # every layer inherits the facet's data (a layer with data of its own would repeat in every panel)
+    base = alt.Chart().encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
+                              yOffset="where:N")
     pts = base.mark_point(filled=True, size=60).encode(
         x=alt.X("share:Q", title="share of the Oracle's gain over the best static K"),
         tooltip=["policy", "where", alt.Tooltip("share:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
                  alt.Tooltip("hi:Q", format=".3f")])
     err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
-    zero = alt.Chart(pd.DataFrame({"x": [0.0, 1.0]})).mark_rule(strokeDash=[4, 3], color="gray").encode(x="x:Q")
-    return alt.layer(zero, err, pts, data=long).properties(width=WIDTH, height=HEIGHT * 0.8).facet(
+    zero, whole = (alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(x=alt.datum(v)) for v in (0.0, 1.0))
+    return alt.layer(zero, whole, err, pts, data=long).properties(width=WIDTH, height=HEIGHT * 0.8).facet(
         row=alt.Row("batch:O", title="batch size"))
 
 
