@@ -165,5 +165,5 @@ def key_results(res) -> list:
     if len(ratio):
         row = ratio.iloc[0]
         rows.append(Result("α level ratio, large over small regime (paper split)",
-                           f"{row['ours']} {row['ci']}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}", "tbl-final-regimes"))
+                           f"{row['ours']} {row['ci'].replace(', ', '; ')}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}", "tbl-final-regimes"))
     return rows
