@@ -44,6 +44,7 @@
 import speclimits.book_support as bs
 from speclimits import figures
 from speclimits.book.views import oracle as view
+from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.oracle import prepare_oracle, sweep_k_max
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
@@ -57,7 +58,7 @@ trace = None
 smoke = False
 seed = 0
 k_max = 10
-n_boot = 199
+n_boot = HEADLINE_N_BOOT
 n_rollouts = 64
 test_share = 0.5
 surrogate = "auto"
@@ -117,7 +118,7 @@ bs.table(vt, "tbl-oracle-validation",
          "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
          "relative error of the predicted speedup (%) under each surrogate, the one the Oracle uses first; "
          "the last row gives each surrogate's largest absolute error. Look for errors within ±5%.",
-         decimals=3, align=view.right(vt))
+         decimals=3)
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_validation(valid), "fig-oracle-validation",
@@ -146,7 +147,7 @@ bs.table(bt, "tbl-oracle-bound",
          f"The Oracle bound on the {report.headline_kind} references, with 95% percentile intervals over "
          "cost-model refits on resampled generations, beside the bound with plain autoregressive steps "
          "($k = 0$) allowed. The appendix gives no Oracle speedup; the accepted-length value attributed "
-         "to the paper comes from a third-party summary.", align=view.right(bt, "Paper"))
+         "to the paper comes from a third-party summary.")
 
 # %% tags=["hide-input"]
 bs.table(view.by_kind(report), "tbl-oracle-kinds",
@@ -230,7 +231,7 @@ ds = delta_space(report.headline, n_boot=n_boot, seed=seed)
 dt = view.delta_line(ds.line)
 bs.table(dt, "tbl-oracle-delta-line",
          "The line separating accepted from rejected extensions in Delta Space, against the prediction "
-         "that its slope is the Oracle's time per token λ.", align=view.right(dt, "Paper"))
+         "that its slope is the Oracle's time per token λ.")
 
 # %% tags=["hide-input"]
 print(view.wrap(ds.line.verdict()))
@@ -263,7 +264,7 @@ ab = alpha_ablation(report.headline, draft_prob=greedy.raw_inputs.match_prob)
 at = view.ablation(ab)
 bs.table(at, "tbl-oracle-ablation",
          "The Oracle with the full cost model against the Oracle re-solved with $\\alpha = 0$ (no expert "
-         "term), and the $\\alpha = 0$ policy priced at the full cost.", align=view.right(at))
+         "term), and the $\\alpha = 0$ policy priced at the full cost.")
 
 # %% tags=["hide-input"]
 bs.table(view.moves(ab), "tbl-oracle-ablation-moves",
@@ -345,7 +346,7 @@ bs.table(shown, "tbl-oracle-policies",
          "autoregressive, and the share of the Oracle's gain over the best static $K$ they capture. Every "
          "static $K$ is in the full table.",
          decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
-         full=full, align=view.right(shown))
+         full=full)
 
 # %% tags=["hide-input"]
 bs.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
@@ -361,7 +362,7 @@ if "teacher-forced" in policies:
              "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
              f"output); here the best static $K$ in hindsight is $K = {tf.best_static_k_test}$.",
              decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
-             full=full, align=view.right(shown))
+             full=full)
 
 # %% tags=["remove-input"]
 key.fill(view.key_results(report, pc))

@@ -52,6 +52,13 @@ def test_table_markdown_is_a_numbered_myst_table_without_index(tmp_path):
     assert "| a\\|b | 0.61 |" in lines  # pipes escaped, numbers rounded, index 7/8 gone
     assert not any(line.startswith("| 7") for line in lines)
     assert lines[-1] == ":::"
+    # numbers written as text (intervals) are right-aligned like numbers; words stay left
+    mixed = pd.DataFrame({"Quantity": ["a", "b"], "Ours": ["0.156 [0.120; 0.192]", "–"], "n": [1, 2],
+                          "Paper": ["0.37 %", "not in the appendix"]})
+    assert present.markdown_table(mixed).splitlines()[1] == "|:---|---:|---:|:---|"
+    # an interval, an arrow and a slash stay on one line when the page renders the cell
+    md = present.markdown_table(pd.DataFrame({"x": ["0.81 [0.32; 1.25]", "2.66 → 3.12", "1.66 / 1.65"]}))
+    assert md.splitlines()[2:] == ["| 0.81 [0.32;\u00a01.25] |", "| 2.66\u00a0→\u00a03.12 |", "| 1.66\u00a0/\u00a01.65 |"]
 
 
 @pytest.mark.parametrize("name", ["fig-ok", "tbl_bad", "Tbl-x", "tbl-"])

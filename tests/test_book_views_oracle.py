@@ -133,8 +133,3 @@ def test_k_max_sweep_columns_per_kind():
     assert list(shown["Gain, greedy (×)"]) == [1.0, 1.05]
     assert len(full) == 4 and set(full["references"]) == {"greedy", "teacher-forced"}
 
-
-def test_right_aligns_all_but_the_first_and_named_columns():
-    frame = pd.DataFrame(columns=["Quantity", "Ours", "With k = 0", "Paper"])
-    assert view.right(frame, "Paper") == {"Quantity": "left", "Ours": "right", "With k = 0": "right",
-                                          "Paper": "left"}

@@ -148,3 +148,24 @@ def test_reference_kind_column_is_read_and_checked(tiny_trace):
     write_table(tiny_trace, "oracle", oracle)
     with pytest.raises(TraceFormatError, match="reference_kind"):
         validate_trace(tiny_trace)
+
+
+def test_cli_report_and_book_use_one_headline_bootstrap_size():
+    """`speclimits oracle` and section 6 print the same headline interval only with the same B."""
+    import argparse
+    import inspect
+
+    import jupytext
+
+    from speclimits.bootstrap import HEADLINE_N_BOOT
+    from speclimits.oracle.cli import register
+    from speclimits.oracle.report import oracle_report
+    from speclimits.paths import BOOK_DIR
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["oracle", "t"]).n_boot == HEADLINE_N_BOOT
+    assert inspect.signature(oracle_report).parameters["n_boot"].default == HEADLINE_N_BOOT
+    nb = jupytext.read(BOOK_DIR / "06_oracle.py")
+    params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert "n_boot = HEADLINE_N_BOOT" in params

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+#: Cost-model bootstrap replicates behind the Oracle's headline interval: the book's section 6,
+#: ``oracle_report`` and ``speclimits oracle`` all default to this, so they print the same interval.
+HEADLINE_N_BOOT = 199
+
 
 def draw_counts(n_clusters: int, n_boot: int, seed: int | np.random.Generator = 0) -> np.ndarray:
     """(n_boot, n_clusters) float draw counts; each row sums to ``n_clusters``.

@@ -98,13 +98,52 @@ def fmt_ci(est: Any, lo: Any = None, hi: Any = None, decimals: int | None = None
     return text + (f" {unit}" if unit else "")
 
 
+def fmt_se(est: Any, se: Any) -> str:
+    """``"0.705 (0.003)"``: an estimate with its standard error, as the paper prints them."""
+    try:
+        est, se = float(est), float(se)
+    except (TypeError, ValueError):
+        return "–"
+    if not (math.isfinite(est) and math.isfinite(se)):
+        return fmt_num(est)
+    d = decimals_for(se, sig=1) + 1
+    return f"{est:.{d}f} ({se:.{d}f})"
+
+
+def fmt_p(p: Any) -> str:
+    """A p-value as a reader scans it: ``0.39``, ``2.1e-06``, or ``< 1e-300`` below double precision."""
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        return "–"
+    if not math.isfinite(p):
+        return "–"
+    if p <= 0:
+        return "< 1e-300"
+    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def ci_cells(est: Iterable, lo: Iterable, hi: Iterable, decimals: int | None = None,
+             scale: float = 1.0) -> list[str]:
+    """:func:`fmt_ci` over three columns (each value multiplied by ``scale``, e.g. 1e3 for per-1k units)."""
+    def sc(x: Any) -> Any:
+        return x * scale if _finite(x) else x
+
+    return [fmt_ci(sc(e), sc(l), sc(h), decimals) for e, l, h in zip(est, lo, hi)]
+
+
+def half_cells(est: Iterable, half: Iterable, decimals: int | None = None) -> list[str]:
+    """Interval cells from estimates and symmetric half-widths (``est ± half``)."""
+    est, half = list(est), list(half)
+    return ci_cells(est, [e - h if _finite(e) and _finite(h) else None for e, h in zip(est, half)],
+                    [e + h if _finite(e) and _finite(h) else None for e, h in zip(est, half)], decimals)
+
+
 def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None = None,
             decimals: int | None = None, scale: float = 1.0) -> pd.DataFrame:
     """Replace columns ``est``, ``lo``, ``hi`` by one text column ``label`` (default ``est``) in place of ``est``."""
     out = frame.copy()
-    cells = [fmt_ci(e * scale if _finite(e) else e, l * scale if _finite(l) else l,
-                    h * scale if _finite(h) else h, decimals)
-             for e, l, h in zip(out[est], out[lo], out[hi])]
+    cells = ci_cells(out[est], out[lo], out[hi], decimals, scale)
     at = list(out.columns).index(est)
     out = out.drop(columns=[est, lo, hi])
     out.insert(at, label or est, cells)
@@ -183,13 +222,27 @@ def _cell(x: Any, decimals: int | None) -> str:
         text = "–"
     else:
         text = fmt_num(x) if isinstance(x, (int, np.integer, bool, np.bool_)) else str(x)
-    # an interval "[a; b]" never breaks inside (a line break may still fall before it)
-    return text.replace("|", "\\|").replace("\n", " ").replace("; ", ";\u00a0")
+    # an interval "[a; b]", "a → b" and "a / b" never break inside (a break may still fall before them)
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text.replace("; ", ";\u00a0").replace(" → ", "\u00a0→\u00a0").replace(" / ", "\u00a0/\u00a0")
+
+
+#: A cell that is a number written as text: "0.156 [0.120; 0.192]", "-0.19", "2.66 → 3.12", "25 %".
+_NUMBER_TEXT = re.compile(r"^[-+−≈<>≤≥]?\s?\d")
+
+
+def _numeric_column(col: pd.Series) -> bool:
+    """Right-align numbers, and text columns whose every filled cell starts like a number (intervals)."""
+    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+        return True
+    cells = [str(v) for v in col if isinstance(v, str) and v.strip() not in ("", "–", "-")]
+    return bool(cells) and all(_NUMBER_TEXT.match(v.strip()) for v in cells)
 
 
 def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = None,
                    align: dict[str, str] | None = None) -> str:
-    """A pipe table (no index): text cells as they are, numbers rounded by column."""
+    """A pipe table (no index): text cells as they are, numbers rounded by column; numbers (also when
+    written as text, like interval cells) right-aligned, words left, unless ``align`` says otherwise."""
     cols = list(frame.columns)
     if isinstance(decimals, int) or decimals is None:
         decimals = {c: decimals for c in cols}
@@ -197,7 +250,7 @@ def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = 
     header = "| " + " | ".join(str(c).replace("|", "\\|") for c in cols) + " |"
     rule = "|" + "|".join(
         {"left": ":---", "right": "---:", "center": ":---:"}.get(
-            align.get(c, "right" if pd.api.types.is_numeric_dtype(frame[c]) else "left"), "---")
+            align.get(c, "right" if _numeric_column(frame[c]) else "left"), "---")
         for c in cols) + "|"
     rows = ["| " + " | ".join(_cell(v, decimals.get(c)) for c, v in zip(cols, row)) + " |"
             for row in frame.itertuples(index=False, name=None)]

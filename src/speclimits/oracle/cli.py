@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.errors import SpeclimitsError
 from speclimits.cliutil import add_oracle_arguments
 from speclimits.jsonutil import jsonable
@@ -29,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="multiply every alpha(m) by X (0 = the α = 0 ablation; default 1)")
     p.add_argument("--deterministic", action="store_true", help="same as --surrogate exact")
     p.add_argument("--allow-k0", action="store_true", help="let the Oracle take plain autoregressive steps (k = 0)")
-    p.add_argument("--n-boot", type=int, default=99, metavar="B",
-                   help="cost-model bootstrap replicates for the headline's 95%% intervals (default 99, about half a "
-                        "minute on the bundled trace; 0 = none)")
+    p.add_argument("--n-boot", type=int, default=HEADLINE_N_BOOT, metavar="B",
+                   help=f"cost-model bootstrap replicates for the headline's 95%% intervals (default {HEADLINE_N_BOOT}, "
+                        "as in the book; about a minute on the bundled trace; 0 = none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)

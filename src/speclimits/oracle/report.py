@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.prepare import REFERENCE_KINDS, OracleSetup, prepare_oracle
@@ -110,7 +111,7 @@ class OracleReport:
 
 def oracle_report(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,
                   surrogate: str = "auto", k_max: int | None = None, allow_k0: bool = False,
-                  alpha_scale: float = 1.0, n_boot: int = 99, seed: int = 0,
+                  alpha_scale: float = 1.0, n_boot: int = HEADLINE_N_BOOT, seed: int = 0,
                   setup: OracleSetup | None = None) -> OracleReport:
     """Solve and report the Oracle on a trace (see :class:`OracleReport`); ``setup`` skips the
     preparation when the caller has one."""

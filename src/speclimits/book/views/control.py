@@ -36,12 +36,6 @@ def arm_name(arm: str) -> str:
     return SHORT_NAMES.get(arm, POLICY_LABELS.get(arm, arm))
 
 
-def nowrap(text: str) -> str:
-    """An interval that stays on one line: ``"0.67 [0.53;\u00a00.79]"`` (a narrow column may still
-    break between the estimate and its interval)."""
-    return text.replace("; ", ";\u00a0").replace(" → ", "\u00a0→\u00a0").replace(" / ", "\u00a0/\u00a0")
-
-
 def offline(table: pd.DataFrame) -> pd.DataFrame:
     """The offline prediction per policy: replayed and surrogate ms/token, and the share of each
     Oracle's gain over the best static K captured, with its 95% interval over references."""
@@ -50,15 +44,15 @@ def offline(table: pd.DataFrame) -> pd.DataFrame:
         "Replay (ms/token)": table["replay_ms_per_token"].to_numpy(),
         "Replay tokens per round": table["replay_tokens_per_round"].to_numpy(),
         "Surrogate (ms/token)": table["surrogate_ms_per_token"].to_numpy(),
-        "Share captured, exact Oracle [95% CI]": [nowrap(fmt_ci(e, lo, hi)) for e, lo, hi in zip(
+        "Share captured, exact Oracle [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(
             table["share_exact"], table["share_exact_lo"], table["share_exact_hi"])],
-        "Share captured, surrogate Oracle [95% CI]": [nowrap(fmt_ci(e, lo, hi)) for e, lo, hi in zip(
+        "Share captured, surrogate Oracle [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(
             table["share_surrogate"], table["share_surrogate_lo"], table["share_surrogate_hi"])],
     })
 
 
 def _range(est: Any, lo: Any, hi: Any, decimals: int) -> str:
-    return nowrap(fmt_ci(est, lo, hi, decimals=decimals))
+    return fmt_ci(est, lo, hi, decimals=decimals)
 
 
 def engine(table: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +60,7 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     measured ms/token [min; max over blocks], speed against plain decoding and the best static K,
     acceptance length measured and replayed, and the share of the exact Oracle's gain captured in
     the engine [min; max over blocks] (the offline share is in the figure and the full table)."""
-    acc = [("–" if pd.isna(e) else nowrap(f"{e:.2f} / {r:.2f}"))
+    acc = [("–" if pd.isna(e) else f"{e:.2f} / {r:.2f}")
            for e, r in zip(table["spec_decode_acceptance_length"], table["offline_replay_tokens_per_round"])]
     return pd.DataFrame({
         "Arm": [arm_name(a) for a in table["arm"]],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from speclimits.book.present import fmt_ci, fmt_num, with_ci
+from speclimits.book.present import ci_cells, fmt_ci, fmt_p, half_cells, with_ci
 
 
 def per_k(res) -> pd.DataFrame:
@@ -17,7 +17,7 @@ def per_k(res) -> pd.DataFrame:
     f = with_ci(f, "alpha", "alpha_lower", "alpha_upper", "α (ms/expert)")
     f = with_ci(f, "beta0", "beta0_lower", "beta0_upper", "β₀ (ms)")
     f = with_ci(f, "c", "c_lower", "c_upper", "c (ms per 1k tokens)", scale=1e3)
-    f["CV MAPE (%)"] = [fmt_ci(m, m - h, m + h) for m, h in zip(f["cv_mape"], f["cv_mape_ci"])]
+    f["CV MAPE (%)"] = half_cells(f["cv_mape"], f["cv_mape_ci"])
     return f[["K", "n", "α (ms/expert)", "β₀ (ms)", "c (ms per 1k tokens)", "CV MAPE (%)"]].rename(
         columns={"n": "Rounds"})
 
@@ -54,9 +54,9 @@ _TERMS = {"const": "β₀ (ms)", "u_bar": "α per unique expert (ms)", "context_
 def pooled(res) -> pd.DataFrame:
     p = res.pooled.to_frame().reset_index().rename(columns={"index": "term"})
     p["Term"] = p["term"].map(lambda t: _TERMS.get(t, t))
-    p["Estimate [95% CI]"] = [fmt_ci(c, lo, hi) for c, lo, hi in zip(p["coef"], p["ci_lower"], p["ci_upper"])]
+    p["Estimate [95% CI]"] = ci_cells(p["coef"], p["ci_lower"], p["ci_upper"])
     p["SE"] = p["se"]
-    p["p-value"] = p["p"].map(lambda v: "< 1e-6" if v < 1e-6 else fmt_num(v))
+    p["p-value"] = p["p"].map(fmt_p)
     return p[["Term", "Estimate [95% CI]", "SE", "p-value"]]
 
 
@@ -65,8 +65,8 @@ def comparison(res) -> pd.DataFrame:
     out = pd.DataFrame({"Model": c["model"]})
     out["$R^2$"] = c["r2"]
     out["Paper $R^2$"] = c["paper_r2"]
-    out["CV $R^2$"] = [fmt_ci(v, v - h, v + h) for v, h in zip(c["cv_r2"], c["cv_r2_ci"])]
-    out["CV MAPE (%)"] = [fmt_ci(v, v - h, v + h) for v, h in zip(c["cv_mape"], c["cv_mape_ci"])]
+    out["CV $R^2$"] = half_cells(c["cv_r2"], c["cv_r2_ci"])
+    out["CV MAPE (%)"] = half_cells(c["cv_mape"], c["cv_mape_ci"])
     out["Paper CV MAPE (%)"] = c["paper_cv_mape"]
     return out
 
@@ -87,11 +87,10 @@ def cluster_se(res) -> pd.DataFrame:
 def mape_by_k(res) -> pd.DataFrame:
     m = res.mape_by_k.merge(res.loko, on="K")
     out = pd.DataFrame({"K": m["K"]})
-    out["Pooled CV MAPE (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in zip(m["pooled"], m["pooled_lo"], m["pooled_hi"])]
+    out["Pooled CV MAPE (%)"] = ci_cells(m["pooled"], m["pooled_lo"], m["pooled_hi"])
     out["Paper pooled (%)"] = m["paper_pooled"]
-    out["Categorical (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in
-                              zip(m["categorical"], m["categorical_lo"], m["categorical_hi"])]
-    out["Leave-K-out (%)"] = [fmt_ci(v, lo, hi) for v, lo, hi in zip(m["loko_mape"], m["loko_lo"], m["loko_hi"])]
+    out["Categorical (%)"] = ci_cells(m["categorical"], m["categorical_lo"], m["categorical_hi"])
+    out["Leave-K-out (%)"] = ci_cells(m["loko_mape"], m["loko_lo"], m["loko_hi"])
     out["Paper leave-K-out (%)"] = m["paper_loko"]
     return out
 
@@ -100,8 +99,7 @@ def smooth(res) -> pd.DataFrame:
     s = res.smooth.reset_index()
     return pd.DataFrame({
         "Form of β₀(m), α(m)": s["form"],
-        "Leave-K-out MAPE, mean (%)": [fmt_ci(v, lo, hi) for v, lo, hi in
-                                       zip(s["loko_mape_mean"], s["loko_mape_mean_lo"], s["loko_mape_mean_hi"])],
+        "Leave-K-out MAPE, mean (%)": ci_cells(s["loko_mape_mean"], s["loko_mape_mean_lo"], s["loko_mape_mean_hi"]),
         "Worst K": s["worst_k"], "MAPE at worst K (%)": s["loko_mape_max"]})
 
 
@@ -114,9 +112,9 @@ def ladder(res) -> pd.DataFrame:
     l = res.ladder.reset_index()
     return pd.DataFrame({
         "Specification": l["spec"],
-        "$R^2$ [95% CI]": [fmt_ci(v, lo, hi) for v, lo, hi in zip(l["r2"], l["r2_lo"], l["r2_hi"])],
+        "$R^2$ [95% CI]": ci_cells(l["r2"], l["r2_lo"], l["r2_hi"]),
         "Paper $R^2$": l["paper_r2"],
-        "CV MAPE (%) [95% CI]": [fmt_ci(v, lo, hi) for v, lo, hi in zip(l["cv_mape"], l["cv_mape_lo"], l["cv_mape_hi"])],
+        "CV MAPE (%) [95% CI]": ci_cells(l["cv_mape"], l["cv_mape_lo"], l["cv_mape_hi"]),
         "Paper CV MAPE (%)": l["paper_cv_mape"],
     })
 

@@ -40,14 +40,8 @@ def context_name(label: Any) -> str:
     return CONTEXT_NAMES.get(str(label), str(label).replace("_", " "))
 
 
-def nowrap(text: str) -> str:
-    """An interval that stays on one line: ``"0.67 [0.53;\u00a00.79]"`` (a narrow column may still
-    break between the estimate and its interval)."""
-    return text.replace("; ", ";\u00a0").replace(" → ", "\u00a0→\u00a0").replace(" / ", "\u00a0/\u00a0")
-
-
 def _ci(row: Any, est: str, lo: str, hi: str, decimals: int | None = None) -> str:
-    return nowrap(fmt_ci(row.get(est), row.get(lo), row.get(hi), decimals))
+    return fmt_ci(row.get(est), row.get(lo), row.get(hi), decimals)
 
 
 def _count(n: Any, m: Any) -> str:
@@ -90,7 +84,7 @@ def agreement(by_context: pd.DataFrame) -> pd.DataFrame:
 def _paper_share(context: str, est: str, lo: str, hi: str) -> str:
     quoted = paper.K_BY_CONTEXT.get(context, {})
     # as the appendix prints them: three decimals
-    return nowrap(fmt_ci(quoted.get(est), quoted.get(lo), quoted.get(hi), 3)) if est in quoted else "–"
+    return fmt_ci(quoted.get(est), quoted.get(lo), quoted.get(hi), 3) if est in quoted else "–"
 
 
 def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
@@ -126,10 +120,10 @@ def routing(rtab: pd.DataFrame, planted: Sequence[float] | None = None) -> pd.Da
         base = {
             "Contrast": name,
             "Events (responses)": _count(r["n_events"], r["n_responses"]),
-            "Before → at": nowrap(f"{r['before']:.2f} → {r['at']:.2f}") if has else "–",
+            "Before → at": f"{r['before']:.2f} → {r['at']:.2f}" if has else "–",
             "Difference [95% CI]": _ci(r, "diff", "diff_lo", "diff_hi", 2 if has else None),
             "Paper: before → at, difference [95% CI]": (
-                nowrap(f"{r['paper_before']:.2f} → {r['paper_at']:.2f}") + ", "
+                f"{r['paper_before']:.2f} → {r['paper_at']:.2f}" + ", "
                 + _ci(r, "paper_diff", "paper_diff_lo", "paper_diff_hi", 2)
                 if not pd.isna(r.get("paper_before", np.nan)) else "–"),
         }
@@ -156,8 +150,8 @@ def comparison(cmp: pd.DataFrame) -> pd.DataFrame:
     """:func:`speclimits.linguistic.paper_comparison`: the appendix's quantities beside ours."""
     return pd.DataFrame({
         "Quantity": cmp["quantity"].str.replace(">=", "≥").str.replace("<->", "↔").to_numpy(),
-        "Ours [95% CI]": [nowrap(fmt_ci(e, lo, hi)) for e, lo, hi in zip(cmp["ours"], cmp["lo"], cmp["hi"])],
-        "Paper [95% CI]": [nowrap(fmt_ci(e, lo, hi, _paper_decimals(q)))
+        "Ours [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(cmp["ours"], cmp["lo"], cmp["hi"])],
+        "Paper [95% CI]": [fmt_ci(e, lo, hi, _paper_decimals(q))
                            for q, e, lo, hi in zip(cmp["quantity"], cmp["paper"], cmp["paper_lo"], cmp["paper_hi"])],
         "n (responses)": [_count(n, m) if n else "–" for n, m in zip(cmp["n_decisions"], cmp["n_responses"])],
         "Verdict": cmp["verdict"].to_numpy(),

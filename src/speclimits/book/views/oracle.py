@@ -45,12 +45,6 @@ def wrap(lines: str | Iterable[str], width: int = 76) -> str:
                      for text in lines for line in str(text).splitlines() or [""])
 
 
-def right(frame: pd.DataFrame, *left: str) -> dict[str, str]:
-    """``align=`` for :func:`~speclimits.book.present.table`: every column right-aligned (numbers
-    written as text included) except the first and those named in ``left``."""
-    return {c: "left" if (i == 0 or c in left) else "right" for i, c in enumerate(frame.columns)}
-
-
 def _pct(x: Any, decimals: int = 1) -> str:
     return "–" if x is None or not np.isfinite(float(x)) else f"{100 * float(x):.{decimals}f}"
 

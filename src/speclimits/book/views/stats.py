@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
-from speclimits.book.present import Result, decimals_for, fmt_ci, fmt_num
+from speclimits.book.present import Result, fmt_ci, fmt_num, fmt_p, fmt_se
 
 
 def _text(x: Any) -> str:
@@ -23,31 +23,6 @@ def _text(x: Any) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
     return x if isinstance(x, str) else f"{x:g}"
-
-
-def fmt_se(est: Any, se: Any) -> str:
-    """``"0.705 (0.003)"``: an estimate with its standard error, as the paper prints them."""
-    try:
-        est, se = float(est), float(se)
-    except (TypeError, ValueError):
-        return "–"
-    if not (math.isfinite(est) and math.isfinite(se)):
-        return fmt_num(est)
-    d = decimals_for(se, sig=1) + 1
-    return f"{est:.{d}f} ({se:.{d}f})"
-
-
-def fmt_p(p: Any) -> str:
-    """A p-value as a reader scans it: ``0.39``, ``2.1e-06``, or ``< 1e-300`` below double precision."""
-    try:
-        p = float(p)
-    except (TypeError, ValueError):
-        return "–"
-    if not math.isfinite(p):
-        return "–"
-    if p <= 0:
-        return "< 1e-300"
-    return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
 def _ci(est: Any, half: Any) -> str:
