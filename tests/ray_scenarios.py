@@ -7,7 +7,7 @@ line per scenario (wall and CPU seconds, events) prefixed with ``RESULT``:
 
 ``serial``   the serial sweep (:func:`speclimits.tracing.sweep.run_sweep`) -> WORK/serial
 ``dist``     the same sweep on Ray: ``speclimits trace ... --workers 2`` (the CLI) -> WORK/dist
-``kill``     on Ray, worker 1 SIGKILLed mid-job shortly after its engine is up -> WORK/kill
+``kill``     on Ray, worker 1 SIGKILLed mid-job once some shard is on disk -> WORK/kill
 ``resume``   as ``kill`` but without retries (the sweep fails), then ``resume=True`` -> WORK/resume
 """
 
@@ -39,7 +39,10 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--shard-size", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--kill-delay", type=float, default=0.3)
+    p.add_argument("--kill-delay", type=float, default=None,
+                   help="kill worker 1 this many seconds after its engine is up (the benchmark); default: the "
+                        "moment it is given a job once some shard is on disk (deterministic: the job is in "
+                        "flight, and the failed first run of `resume` leaves work done to skip)")
     p.add_argument("--prompts", default=None)
     args = p.parse_args()
 
@@ -61,11 +64,25 @@ def main() -> int:
     t_start = time.perf_counter()
     killed: list[int] = []
 
+    shards_done: list[dict] = []
+
     def on_event(kind: str, info: dict) -> None:
         events.append((round(time.perf_counter() - t_start, 3), kind, info))
-        if args.scenario in ("kill", "resume") and kind == "started" and info["worker"] == 1 and not killed:
+        if args.scenario not in ("kill", "resume") or killed:
+            return
+        if kind == "done":
+            shards_done.append(info)
+        if info.get("worker") != 1 or not info.get("pid"):
+            return
+        if args.kill_delay is not None:
+            if kind == "started":
+                killed.append(info["pid"])
+                threading.Timer(args.kill_delay, os.kill, (info["pid"], signal.SIGKILL)).start()
+        elif kind in ("started", "dispatch") and shards_done:
+            # the driver emits both right after handing worker 1 a job, so the kill lands mid-job (a timer
+            # could fire while the worker sits idle after its last job, and then nothing fails)
             killed.append(info["pid"])
-            threading.Timer(args.kill_delay, os.kill, (info["pid"], signal.SIGKILL)).start()
+            os.kill(info["pid"], signal.SIGKILL)
 
     rs = RaySettings(workers=args.workers, shard_size=args.shard_size, on_event=on_event,
                      max_attempts=1 if args.scenario == "resume" else 3)
