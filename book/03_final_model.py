@@ -53,7 +53,7 @@ key = bs.KeyResults("sec-final-model", "the final target-time model")
 # %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
-res = stats.fit_final_model(tr.rounds, n_splits=n_splits, n_boot=99 if smoke else n_boot, seed=seed)
+res = stats.fit_final_model(tr.rounds, n_splits=n_splits, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 print(res.report)
 truth = CostModel.from_dict(tr.meta["truth"]) if tr.simulated and "truth" in tr.meta else None
 

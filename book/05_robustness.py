@@ -48,7 +48,7 @@ key = bs.KeyResults("sec-robustness", "robustness")
 # %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
-res = stats.robustness_checks(tr.rounds, k=k_robust, n_boot=99 if smoke else n_boot, seed=seed)
+res = stats.robustness_checks(tr.rounds, k=k_robust, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 print(res.report)
 print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generations; "
       f"leave-one-out by {res.loo_by}")

@@ -49,9 +49,10 @@ from speclimits.oracle import prepare_oracle, sweep_k_max
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
-from speclimits.oracle.policies import compare_policies
+from speclimits.control.policies import compare_policies
 from speclimits.oracle.report import oracle_report
 from speclimits.oracle.validation import validation_by_surrogate
+from speclimits.vocabulary import HEADLINE_KIND
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -73,9 +74,9 @@ key = bs.KeyResults("sec-oracle", "the Oracle bound")
 tr = bs.load(trace)
 setup = prepare_oracle(tr, cost_model, surrogate)
 k_max = min(k_max, setup.inputs.k_list)
-n_boot, n_rollouts = (9, 8) if smoke else (n_boot, n_rollouts)
+n_boot, n_rollouts = bs.smoke_sizes(smoke, oracle_n_boot=n_boot, n_rollouts=n_rollouts)
 kinds = list(setup.kind_counts())
-greedy = setup.for_kind("greedy") if "greedy" in kinds else setup
+greedy = setup.for_kind(setup.headline_kind)
 print(view.wrap([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
                  f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"]))
 
@@ -112,7 +113,7 @@ print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate
 # cost model's alone.
 
 # %% tags=["hide-input"]
-valid = validation_by_surrogate(setup, kind="greedy" if "greedy" in kinds else None, k_max=k_max)
+valid = validation_by_surrogate(setup, kind=setup.headline_kind, k_max=k_max)
 vt = view.validation(valid, setup.surrogate_label)
 bs.table(vt, "tbl-oracle-validation",
          "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
@@ -203,7 +204,7 @@ bs.table(view.k_star_shares(report), "tbl-oracle-k-star",
 # %% tags=["hide-input"]
 sweeps = {kind: sweep_k_max(setup.for_kind(kind).inputs, setup.model, range(1, k_max + 1),
                             deterministic=setup.deterministic) for kind in kinds}
-sweep = sweeps.get("greedy", next(iter(sweeps.values())))
+sweep = sweeps[setup.headline_kind]
 shown, full = view.k_max_sweep(sweeps)
 bs.table(shown, "tbl-oracle-k-max",
          "The Oracle with drafts of at most $K_{\\max}$ tokens, by kind of reference: speedup over "
@@ -331,7 +332,7 @@ for kind in kinds:
                                       n_rollouts=n_rollouts, rounds=tr.rounds)
     for line in policies[kind].notes:
         print(view.wrap(f"{kind}: {line}"))
-pc_kind = "greedy" if "greedy" in policies else next(iter(policies))
+pc_kind = HEADLINE_KIND if HEADLINE_KIND in policies else next(iter(policies))
 pc = policies[pc_kind]
 bs.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
          "The split of each kind of reference into training and held-out sequences, the tuned confidence "

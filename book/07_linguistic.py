@@ -58,7 +58,7 @@ key = bs.KeyResults("sec-linguistic", "linguistic study")
 # %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
-boot = 99 if smoke else n_boot
+boot = bs.smoke_sizes(smoke, n_boot=n_boot)
 setup = prepare_oracle(tr, cost_model, surrogate)
 print("\n".join(setup.notes))
 res = setup.solve(k_max=k_max)

@@ -14,6 +14,7 @@ from speclimits.oracle import prepare_oracle
 from speclimits.paths import default_trace
 from speclimits.simulate import preset, simulate
 from speclimits.trace import read_trace
+from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
 
 MEASURED = default_trace()
 
@@ -65,8 +66,8 @@ def test_routing_is_that_of_the_pass_reading_the_token(measured):
 def test_teacher_forced_rows_hold_the_reference_the_oracle_walks(measured):
     tr = measured["tr"]
     tok = tr.tokens.assign(seq_id=tr.tokens["seq_id"].astype(str))
-    prompts = [json.loads(x) for x in (MEASURED / "prompts.jsonl").read_text().splitlines() if x.strip()]
-    refs = {p["id"]: p["reference_token_ids"] for p in prompts if "reference_token_ids" in p}
+    refs = {p.id: list(p.reference_token_ids) for p in read_prompts(MEASURED / PROMPTS_FILE)
+            if p.reference_token_ids is not None}
     assert len(refs) == 12
     for s, ids in refs.items():
         rows = tok[tok["seq_id"] == s].sort_values("pos")

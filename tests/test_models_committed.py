@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from speclimits.paths import REPO_ROOT
+from speclimits.paths import MODELS_DIR, REPO_ROOT
 
-MODELS = REPO_ROOT / "data" / "models"
+MODELS = MODELS_DIR
 pytestmark = pytest.mark.skipif(not (MODELS / "eagle3" / "model.safetensors").exists(),
                                 reason="data/models not built (scripts/make_models.sh)")
 

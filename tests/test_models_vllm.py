@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from speclimits.paths import REPO_ROOT
+from speclimits.paths import MODELS_DIR
 
-MODELS = REPO_ROOT / "data" / "models"
+MODELS = MODELS_DIR
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not (MODELS / "eagle3" / "model.safetensors").exists(), reason="models not built")]
 

@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from speclimits import paper
 from speclimits.cli import main
 from speclimits.errors import SpeclimitsError
 from speclimits.simulate import paper_cost_model, preset, simulate
@@ -27,12 +28,44 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     validate_trace(tmp_path / "a")
 
 
-def test_meta_says_simulated_and_carries_the_truth(smoke_trace):
+def test_planted_truth_is_the_papers_values(smoke_trace):
+    """The simulator's planted truth is the appendix's numbers as speclimits.paper quotes them: a
+    change to either side alone (a number edited in paper.py, or one hard-coded in the simulator)
+    breaks the equalities; the monkeypatch shows the truth is read from paper.py, not copied."""
+    truth = paper_cost_model()
+    by_m = {int(m): v for m, v in truth["target"]["by_m"].items()}
+    alpha = {m: v["alpha"] for m, v in by_m.items()}
+    beta0 = {m: v["beta0"] for m, v in by_m.items()}
+    small, large = [m for m in by_m if 2 <= m <= paper.BOUNDARY_M], [m for m in by_m if m > paper.BOUNDARY_M]
+    assert (alpha[small[0]], alpha[small[-1]]) == paper.ALPHA_SMALL
+    assert (min(alpha[m] for m in large), max(alpha[m] for m in large)) == paper.ALPHA_LARGE
+    assert all(paper.ALPHA_SMALL[0] <= alpha[m] <= paper.ALPHA_SMALL[1] for m in small)
+    assert all(paper.BETA0_SMALL[0] <= beta0[m] <= paper.BETA0_SMALL[1] for m in small)
+    assert all(beta0[m] < paper.BETA0_SMALL[0] for m in large)  # beta0 drops at the regime change
+    assert (beta0[small[0]], beta0[small[-1]]) == paper.BETA0_SMALL
+    assert beta0[paper.BOUNDARY_M + 1] == paper.BETA0_LARGE_START
+    assert paper.C_RANGE[0] <= truth["target"]["c"] <= paper.C_RANGE[1]
+    assert (truth["draft"]["a"], truth["draft"]["b"]) == (paper.DRAFT["a"][0], paper.DRAFT["b"][0])
+    # the regime change sits where the paper puts it: alpha jumps between m = 4 and m = 5 only
+    jumps = [m for m in sorted(alpha)[1:] if alpha[m] - alpha[m - 1] > 0.05]
+    assert jumps == [paper.BOUNDARY_M + 1]
+    # and the trace carries that truth, saying it is simulated
     tr = read_trace(smoke_trace)
     assert tr.meta["source"] == "simulator" and tr.meta["simulated"] is True
     assert "SIMULATED" in tr.meta["description"]
-    assert tr.meta["truth"] == paper_cost_model()
+    assert tr.meta["truth"] == truth
     assert tr.meta["simulator"]["preset"] == "smoke"
+
+
+def test_planted_truth_follows_speclimits_paper(monkeypatch):
+    monkeypatch.setattr(paper, "ALPHA_LARGE", (0.300, 0.340))
+    monkeypatch.setattr(paper, "BETA0_SMALL", (6.0, 9.0))
+    monkeypatch.setattr(paper, "DRAFT", {**paper.DRAFT, "a": (0.5, 0.001)})
+    truth = paper_cost_model()
+    by_m = truth["target"]["by_m"]
+    assert by_m["5"]["alpha"] == 0.300 and by_m["11"]["alpha"] == 0.340
+    assert by_m["2"]["beta0"] == 6.0 and by_m["4"]["beta0"] == 9.0 and by_m["3"]["beta0"] == 7.5
+    assert truth["draft"]["a"] == 0.5
 
 
 @pytest.fixture(scope="module")

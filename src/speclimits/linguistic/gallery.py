@@ -24,13 +24,13 @@ import pandas as pd
 from speclimits.errors import SpeclimitsError
 from speclimits.linguistic.align import token_row
 from speclimits.linguistic.contexts import K_LONG, modal_advancement
-from speclimits.vocabulary import BOUNDARY_LABELS
+from speclimits.vocabulary import BOUNDARY_LABELS, COMMENT, CONTROL_FLOW, FUNCTION_START, SCRIPT_CHANGE
 from speclimits.oracle.solver import OracleResult
 
 MISMATCH_GLYPH = "✗"
 UNKNOWN_GLYPH = "·"
 GROUPS = ("regular continuation", "structural boundary", "counterexample")
-STRUCTURE_FINE = ("function_start", "control_flow", "comment")
+STRUCTURE_FINE = (FUNCTION_START, CONTROL_FLOW, COMMENT)
 
 
 def show_token(text: str, width: int = 10) -> str:
@@ -113,9 +113,9 @@ def select_gallery(decisions: pd.DataFrame, n_per_group: int = 4, exclude: Itera
     boundary = df["label"].isin(BOUNDARY_LABELS)
 
     counter = []
-    for name, mask in (("boundary, long draft", boundary & long_ & (df["label"] != "script_change")),
+    for name, mask in (("boundary, long draft", boundary & long_ & (df["label"] != SCRIPT_CHANGE)),
                        ("early mismatch, long draft", (df["accept_len"] <= 1) & long_),
-                       ("script change, long draft", (df["label"] == "script_change") & long_)):
+                       ("script change, long draft", (df["label"] == SCRIPT_CHANGE) & long_)):
         counter.append(df[mask].assign(subtype=name))
     counter_df = pd.concat(counter)
     struct_sub = np.where(boundary, df["label"], np.where(fine.isin(STRUCTURE_FINE), fine, ""))

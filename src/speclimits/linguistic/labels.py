@@ -52,12 +52,13 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import Problem, TraceFormatError
+from speclimits import vocabulary as v
 from speclimits.vocabulary import CONTEXTS, MODES
 
 #: The labeller's order of the modes (:data:`speclimits.vocabulary.MODES`) in its evidence
 #: columns. It is also the tie-break priority of the segmentation (prose before code before
 #: markup: a response with no evidence at all is prose), which is why it is not MODES' order.
-EVIDENCE_MODES = ("prose", "code", "markup")
+EVIDENCE_MODES = (v.PROSE, v.CODE, v.MARKUP)
 assert sorted(EVIDENCE_MODES) == sorted(MODES)
 
 DEFINITION_KEYWORDS = frozenset({"def", "class", "function", "fn", "func", "struct", "lambda", "sub", "procedure",
@@ -118,8 +119,8 @@ def script_of(text: str) -> str:
     """``"cyrillic"``, ``"latin"`` (the script with more letters in ``text``) or ``"none"`` (no letters)."""
     n_cyr, n_lat = len(_CYR.findall(text)), len(_LAT.findall(text))
     if n_cyr == 0 and n_lat == 0:
-        return "none"
-    return "cyrillic" if n_cyr >= n_lat else "latin"
+        return v.NO_SCRIPT
+    return v.CYRILLIC if n_cyr >= n_lat else v.LATIN
 
 
 def _word(text: str) -> str:
@@ -227,7 +228,7 @@ def _forced_modes(texts: Sequence[str], max_inline: int = 40) -> np.ndarray:
     line break, at a prose word (evidence for prose >= 2) or after ``max_inline`` tokens, so an
     unpaired delimiter cannot take over the text.
     """
-    markup, code = EVIDENCE_MODES.index("markup"), EVIDENCE_MODES.index("code")
+    markup, code = EVIDENCE_MODES.index(v.MARKUP), EVIDENCE_MODES.index(v.CODE)
     forced = np.full(len(texts), -1, np.int64)
     fenced = False
     span, span_len = None, 0  # None, "math" or "code"
@@ -291,14 +292,14 @@ def _within_mode_context(text: str, mode: str, first: bool, prev_visible: str) -
     """The context label of a token that starts no transition: by its mode and its own string."""
     s = text.strip()
     word = _word(text)
-    if mode == "markup":
-        return "markup"
-    if mode == "code":
+    if mode == v.MARKUP:
+        return v.MARKUP_CONTEXT
+    if mode == v.CODE:
         if word.lower() in STRUCTURE_KEYWORDS and word == s.strip(".,:;()"):
-            return "code_structure"
-        return "code_format" if not any(c.isalnum() for c in text) else "code_vocab"
+            return v.CODE_STRUCTURE
+        return v.CODE_FORMAT if not any(c.isalnum() for c in text) else v.CODE_VOCAB
     starts_sentence = word[:1].isupper() and (word in SENTENCE_STARTERS or first or _is_boundary_text(prev_visible))
-    return "prose_boundary" if (_is_boundary_text(text) or starts_sentence) else "prose_vocab"
+    return v.PROSE_BOUNDARY if (_is_boundary_text(text) or starts_sentence) else v.PROSE_VOCAB
 
 
 def context_labels(texts: Sequence[str], modes: Sequence[str], scripts: Sequence[str]) -> list[str]:
@@ -310,13 +311,13 @@ def context_labels(texts: Sequence[str], modes: Sequence[str], scripts: Sequence
     prev_visible = ""  # the last token that is not pure spaces
     for i, text in enumerate(texts):
         script = scripts[i]
-        if i > 0 and script != "none" and last_script is not None and script != last_script:
-            labels.append("script_change")
+        if i > 0 and script != v.NO_SCRIPT and last_script is not None and script != last_script:
+            labels.append(v.SCRIPT_CHANGE)
         elif i > 0 and modes[i] != modes[i - 1]:
-            labels.append("mode_change")
+            labels.append(v.MODE_CHANGE)
         else:
             labels.append(_within_mode_context(text, modes[i], i == 0, prev_visible))
-        if script != "none":
+        if script != v.NO_SCRIPT:
             last_script = script
         if text.strip(" ") != "":
             prev_visible = text
@@ -339,27 +340,27 @@ def fine_labels(texts: Sequence[str], modes: Sequence[str]) -> list[str]:
         low = word.lower()
         if comment == "line" and "\n" in text:
             comment = None
-        if mode != "code":
+        if mode != v.CODE:
             comment = None
         elif comment is None and s.startswith(COMMENT_MARKERS) and not s.startswith(("#include", "#define", "#if")):
             comment = "block" if s.startswith("/*") else "line"
         if comment is not None:
-            f = "comment"
-        elif mode == "code" and low in DEFINITION_KEYWORDS:
-            f = "function_start"
-        elif mode == "code" and after_definition and re.fullmatch(r"[A-Za-z_]\w*", s or "-"):
-            f = "function_start"
-        elif mode == "code" and low in CONTROL_KEYWORDS and word == s.strip(".,:;()"):
-            f = "control_flow"
+            f = v.COMMENT
+        elif mode == v.CODE and low in DEFINITION_KEYWORDS:
+            f = v.FUNCTION_START
+        elif mode == v.CODE and after_definition and re.fullmatch(r"[A-Za-z_]\w*", s or "-"):
+            f = v.FUNCTION_START
+        elif mode == v.CODE and low in CONTROL_KEYWORDS and word == s.strip(".,:;()"):
+            f = v.CONTROL_FLOW
         elif i > 0 and _glued(texts[i - 1], text):
-            f = "word_continuation"
+            f = v.WORD_CONTINUATION
         else:
             f = ""
         out.append(f)
         if comment == "block" and "*/" in text:
             comment = None
         if s:
-            after_definition = mode == "code" and low in DEFINITION_KEYWORDS
+            after_definition = mode == v.CODE and low in DEFINITION_KEYWORDS
     return out
 
 
@@ -458,7 +459,7 @@ def label_agreement(labelled: pd.DataFrame, planted: str = "context", ours: str 
                        "precision": p, "recall": r, "f1": f})
     script_acc = None
     if "script" in labelled.columns and "label_script" in labelled.columns:
-        has = labelled["label_script"].to_numpy() != "none"
+        has = labelled["label_script"].to_numpy() != v.NO_SCRIPT
         if has.any():
             script_acc = float((labelled["label_script"].to_numpy()[has]
                                 == labelled["script"].astype(str).to_numpy()[has]).mean())

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits.vocabulary import SCRIPT_CHANGE
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.linguistic.align import state_tokens
@@ -204,7 +205,7 @@ def script_change_contrast(labelled: pd.DataFrame, script_col: str = "label_scri
     if "context" in df.columns:
         events["context_before"] = df["context"].astype(str).to_numpy()[i - 1]
         events["context_at"] = df["context"].astype(str).to_numpy()[i]
-    return Contrast("script_change", events, note=f"script from column {script_col!r}; one event per token")
+    return Contrast(SCRIPT_CHANGE, events, note=f"script from column {script_col!r}; one event per token")
 
 
 def first_mismatch_contrast(result: OracleResult | OracleInputs, tokens: pd.DataFrame | None = None,
@@ -269,7 +270,7 @@ def routing_table(contrasts: list[Contrast], n_boot: int = 999, seed: int = 0, l
     rows = []
     for i, c in enumerate(contrasts):
         row = c.summary(n_boot=n_boot, seed=seed + i, level=level)
-        quoted = paper.ROUTING["script_change" if c.name == "script_change" else "first_mismatch"]
+        quoted = paper.ROUTING[SCRIPT_CHANGE if c.name == SCRIPT_CHANGE else "first_mismatch"]
         row.update({f"paper_{k}": v for k, v in quoted.items()})
         rows.append(row)
     cols = ["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi", "adjusted",

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits import vocabulary as v
 from speclimits.linguistic.contexts import decision_table, k_by_context
 from speclimits.linguistic.routing import Contrast, first_mismatch_contrast, routing_table, script_change_contrast
 from speclimits.oracle.solver import OracleResult
 
-#: The kind the headline (and the paper comparison) uses.
-HEADLINE_KIND = "greedy"
+from speclimits.vocabulary import HEADLINE_KIND  # noqa: F401  (re-exported: the kind the headline uses)
 
 
 @dataclass(frozen=True)
@@ -104,12 +104,12 @@ def headline(studies: dict[str, KindStudy]) -> KindStudy:
 
 #: The appendix's headline quantities: (name, table, row, our estimate / lo / hi columns, paper key).
 _COMPARED = (
-    ("k* >= 4 at code formatting", "k", "code_format", ("share_long", "long_lo", "long_hi")),
-    ("k* >= 4 at prose vocabulary", "k", "prose_vocab", ("share_long", "long_lo", "long_hi")),
-    ("k* >= 4 at a script change", "k", "script_change", ("share_long", "long_lo", "long_hi")),
-    ("k* = 1 at a script change", "k", "script_change", ("share_k1", "k1_lo", "k1_hi")),
-    ("k* >= 4 at a mode change (code<->text)", "k", "mode_change", ("share_long", "long_lo", "long_hi")),
-    ("new experts: script change - step before", "r", "script_change", ("diff", "diff_lo", "diff_hi")),
+    ("k* >= 4 at code formatting", "k", v.CODE_FORMAT, ("share_long", "long_lo", "long_hi")),
+    ("k* >= 4 at prose vocabulary", "k", v.PROSE_VOCAB, ("share_long", "long_lo", "long_hi")),
+    ("k* >= 4 at a script change", "k", v.SCRIPT_CHANGE, ("share_long", "long_lo", "long_hi")),
+    ("k* = 1 at a script change", "k", v.SCRIPT_CHANGE, ("share_k1", "k1_lo", "k1_hi")),
+    ("k* >= 4 at a mode change (code<->text)", "k", v.MODE_CHANGE, ("share_long", "long_lo", "long_hi")),
+    ("new experts: script change - step before", "r", v.SCRIPT_CHANGE, ("diff", "diff_lo", "diff_hi")),
     ("new experts: first mismatch - step before", "r", "first_mismatch_reference", ("diff", "diff_lo", "diff_hi")),
 )
 
@@ -127,7 +127,7 @@ def paper_comparison(study: KindStudy) -> pd.DataFrame:
     for name, table, key, (est, lo, hi) in _COMPARED:
         tab = k if table == "k" else r
         quoted = (paper.K_BY_CONTEXT.get(key, {}) if table == "k"
-                  else paper.ROUTING["script_change" if key == "script_change" else "first_mismatch"])
+                  else paper.ROUTING[v.SCRIPT_CHANGE if key == v.SCRIPT_CHANGE else "first_mismatch"])
         have = key in tab.index and np.isfinite(float(tab.loc[key].get(est, np.nan)))
         ours = [float(tab.loc[key, c]) if have else np.nan for c in (est, lo, hi)]
         theirs = [quoted.get(c, np.nan) for c in (est, lo, hi)]

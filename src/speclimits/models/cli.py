@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from speclimits.paths import MODELS_DIR
 from speclimits.models.pipeline import STAGES, train_models
 from speclimits.models.pipeline import __doc__ as PIPELINE_DOC
 
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train-models", help="build the corpus and train the tokenizer, MoE target, EAGLE-3 head and dense draft",
         description=PIPELINE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="data/models", help="output folder for models and metadata (default data/models)")
+    p.add_argument("--out", default=str(MODELS_DIR), help="output folder for models and metadata (default data/models)")
     p.add_argument("--scratch", default=None, help="scratch folder (default: $TMPDIR/speclimits-models-scratch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stages", default=None, help=f"comma-separated subset of: {','.join(STAGES)}")

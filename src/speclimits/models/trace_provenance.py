@@ -18,8 +18,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from speclimits.paths import REPO_ROOT
+from speclimits.paths import MODELS_DIR, REPO_ROOT
 from speclimits.trace import read_meta, write_meta
+from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
 
 
 def _sha256(path: Path) -> str:
@@ -40,7 +41,15 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def provenance(trace_dir: Path, command: str, models: Path = REPO_ROOT / "data" / "models") -> dict:
+def _relative(path: Path) -> str:
+    """``path`` relative to the checkout when it is inside it (``data/models``), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR) -> dict:
     files = {}
     for sub in ("target", "eagle3"):
         for f in sorted((models / sub).glob("*")):
@@ -48,19 +57,19 @@ def provenance(trace_dir: Path, command: str, models: Path = REPO_ROOT / "data" 
                 files[f"{sub}/{f.name}"] = _sha256(f)
     mmeta = json.loads((models / "meta.json").read_text())
     stages = mmeta.get("stages", {})
-    prompts = [json.loads(x) for x in (trace_dir / "prompts.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    prompts = read_prompts(trace_dir / PROMPTS_FILE)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
     return {
         "command": command,
         "git_commit": commit,
-        "models": {"dir": "data/models", "sha256": files,
+        "models": {"dir": _relative(models), "sha256": files,
                    "target_valid_loss_nats": stages.get("target", {}).get("valid_loss_nats"),
                    "serve_check": stages.get("serve", {})},
-        "prompts": {"file": "prompts.jsonl (data/prompts/speclimits.jsonl + data/prompts/heldout-corpus.jsonl)",
-                    "by_category": dict(Counter(p.get("category") for p in prompts)),
-                    "oracle_reference": {"target greedy output": sum("reference_token_ids" not in p for p in prompts),
+        "prompts": {"file": f"{PROMPTS_FILE} (data/prompts/speclimits.jsonl + data/prompts/heldout-corpus.jsonl)",
+                    "by_category": dict(Counter(p.category for p in prompts)),
+                    "oracle_reference": {"target greedy output": sum(not p.teacher_forced for p in prompts),
                                          "held-out corpus continuation (teacher-forced)":
-                                             sum("reference_token_ids" in p for p in prompts)}},
+                                             sum(p.teacher_forced for p in prompts)}},
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0],
                     "note": "shared 2-core machine: other processes ran during the sweep, so timings carry "
                             "contention noise; one torch/OpenMP thread"},

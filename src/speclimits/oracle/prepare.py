@@ -23,7 +23,6 @@ so that they all solve the same problem with the same defaults:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,13 @@ from speclimits.oracle.inputs import FILE, OracleInputs
 from speclimits.oracle.solver import OracleResult, solve
 from speclimits.stats import fit_cost_model
 from speclimits.trace import Trace, read_trace
-from speclimits.trace.schema import REFERENCE_KINDS
-
-#: Surrogate choices; ``auto`` resolves to one of the other three (see the module docstring).
-SURROGATES = ("auto", "raw", "calibrated", "exact")
+from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
+from speclimits.vocabulary import (AUTO, CALIBRATED, EXACT, GREEDY, HEADLINE_KIND, RAW, REFERENCE_KINDS, SURROGATES,
+                                   TEACHER_FORCED)
 #: Smallest calibration gap (observed match rate - mean q) for which ``auto`` calibrates.
 GAP_MIN = 0.02
 #: How each resolved surrogate is named in tables and JSON.
-SURROGATE_LABELS = {"raw": "raw q", "calibrated": "calibrated q", "exact": "exact greedy (accept_len)"}
+SURROGATE_LABELS = {RAW: "raw q", CALIBRATED: "calibrated q", EXACT: "exact greedy (accept_len)"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +76,7 @@ class OracleSetup:
     @property
     def deterministic(self) -> bool:
         """True when transitions follow the observed greedy match lengths (``exact``)."""
-        return self.surrogate == "exact"
+        return self.surrogate == EXACT
 
     @property
     def surrogate_label(self) -> str:
@@ -93,6 +91,13 @@ class OracleSetup:
     def kind_counts(self) -> dict[str, int]:
         """Sequences of each reference kind present."""
         return {k: int((self.kinds == k).sum()) for k in REFERENCE_KINDS if (self.kinds == k).any()}
+
+    @property
+    def headline_kind(self) -> str:
+        """The reference kind the headline is on: :data:`~speclimits.vocabulary.HEADLINE_KIND`
+        (greedy, the paper's setting) when the trace has it, else the first kind present."""
+        counts = self.kind_counts()
+        return HEADLINE_KIND if HEADLINE_KIND in counts else next(iter(counts))
 
     def for_kind(self, kind: str) -> "OracleSetup":
         """The same setup restricted to the sequences of one reference kind (calibrated
@@ -127,8 +132,9 @@ def reference_kinds(trace: Trace, seq_ids: np.ndarray) -> tuple[np.ndarray, str]
 
     From ``oracle.parquet``'s ``reference_kind`` column where the trace has one; a simulated
     trace's references are the simulated target's greedy output; a measured trace without the
-    column is read against the prompt file the harness copied into it (``prompts.jsonl``): a
-    prompt with ``reference``/``reference_token_ids`` was teacher-forced.
+    column is read against the prompt file the harness copied into it (``prompts.jsonl``, read by
+    :func:`~speclimits.trace.prompts.read_prompts`, ids as the harness gave them): a prompt with
+    ``reference``/``reference_token_ids`` was teacher-forced.
     """
     ids = np.asarray(seq_ids).astype(str)
     oracle = trace.oracle
@@ -141,18 +147,13 @@ def reference_kinds(trace: Trace, seq_ids: np.ndarray) -> tuple[np.ndarray, str]
                                                              f"unknown kinds {bad}; expected {REFERENCE_KINDS}")])
         return kinds, "oracle.parquet column reference_kind"
     if trace.simulated:
-        return np.full(len(ids), "greedy", dtype=object), "simulated: the simulated target's greedy output"
-    prompts = trace.path / "prompts.jsonl"
+        return np.full(len(ids), GREEDY, dtype=object), "simulated: the simulated target's greedy output"
+    prompts = trace.path / PROMPTS_FILE
     if prompts.exists():
-        forced = set()
-        for line in prompts.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if "reference" in row or "reference_token_ids" in row:
-                    forced.add(str(row.get("id")))
-        kinds = np.where(np.isin(ids, list(forced)), "teacher-forced", "greedy").astype(object)
+        forced = [p.id for p in read_prompts(prompts) if p.teacher_forced]
+        kinds = np.where(np.isin(ids, forced), TEACHER_FORCED, GREEDY).astype(object)
         return kinds, f"{prompts.name}: prompts with a held-out reference were teacher-forced"
-    return np.full(len(ids), "greedy", dtype=object), "no record of the reference kind: assumed greedy"
+    return np.full(len(ids), GREEDY, dtype=object), "no record of the reference kind: assumed greedy"
 
 
 def fit_trace_cost_model(trace: Trace) -> CostModel:
@@ -176,23 +177,23 @@ def resolve_surrogate(surrogate: str, gap: tuple[float, float, float]) -> tuple[
     ``(gap, lo, hi)`` (see the module docstring)."""
     if surrogate not in SURROGATES:
         raise SpeclimitsError(f"surrogate must be one of {', '.join(SURROGATES)}, got {surrogate!r}")
-    if surrogate != "auto":
+    if surrogate != AUTO:
         return surrogate, "as requested"
     est, lo, hi = gap
     evidence = f"observed greedy match rate - mean q = {est:+.3f} [{lo:+.3f}; {hi:+.3f}]"
     if abs(est) >= GAP_MIN and not lo <= 0 <= hi:
-        return "calibrated", f"auto: the draft's probabilities are miscalibrated, {evidence}"
-    return "raw", f"auto: no calibration gap, {evidence}"
+        return CALIBRATED, f"auto: the draft's probabilities are miscalibrated, {evidence}"
+    return RAW, f"auto: no calibration gap, {evidence}"
 
 
 def surrogate_inputs(raw: OracleInputs, surrogate: str) -> OracleInputs:
     """The inputs a resolved surrogate solves: cross-fitted calibrated ``match_prob`` for
     ``calibrated``, the recorded ones otherwise (``exact`` ignores them)."""
-    return cross_fitted_match_prob(raw) if surrogate == "calibrated" else raw
+    return cross_fitted_match_prob(raw) if surrogate == CALIBRATED else raw
 
 
 def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,
-                   surrogate: str = "auto") -> OracleSetup:
+                   surrogate: str = AUTO) -> OracleSetup:
     """Load a trace's Oracle inputs, choose the cost model and the surrogate; see the module docstring.
 
     Parameters
@@ -218,7 +219,7 @@ def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path
 def surrogate_variants(setup: OracleSetup) -> dict[str, OracleSetup]:
     """The same setup under each of the three surrogates, keyed ``raw``, ``calibrated``, ``exact``."""
     out = {}
-    for name in ("raw", "calibrated", "exact"):
+    for name in (RAW, CALIBRATED, EXACT):
         if name == setup.surrogate:
             out[name] = setup
             continue

@@ -14,14 +14,12 @@ import pandas as pd
 from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
-from speclimits.oracle.prepare import REFERENCE_KINDS, OracleSetup, prepare_oracle
+from speclimits.oracle.prepare import OracleSetup, prepare_oracle
 from speclimits.oracle.solver import OracleResult
 from speclimits.oracle.uncertainty import BoundInterval, bootstrap_bound
 from speclimits.oracle.validation import SweepValidation, validate_against_sweep
 from speclimits.trace import Trace
-
-#: The reference kind of the headline when the trace has it (the paper's setting).
-HEADLINE_KIND = "greedy"
+from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
 
 
 @dataclass(frozen=True, eq=False)

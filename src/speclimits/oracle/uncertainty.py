@@ -83,7 +83,7 @@ def bootstrap_bound(setup: OracleSetup, k_max: int | None = None, n_boot: int = 
     """
     full = _quantities(setup.solve(k_max=k_max, allow_k0=allow_k0).bounds)
     rounds = setup.trace.rounds
-    top_k = ((setup.trace.meta.get("models") or {}).get("target") or {}).get("top_k")
+    top_k = setup.trace.top_k
     codes, _ = pd.factorize(rounds["generation_id"], sort=True)
     order = np.argsort(codes, kind="stable")
     sizes = np.bincount(codes)

@@ -23,6 +23,7 @@ import pandas as pd
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.prepare import OracleSetup, surrogate_variants
 from speclimits.oracle.solver import OracleResult
+from speclimits.vocabulary import HEADLINE_KIND
 
 #: A static K whose predicted speedup is off by more than this (relative) triggers a warning.
 TOLERANCE = 0.05
@@ -95,7 +96,7 @@ def predicted_by_k(result: OracleResult) -> pd.DataFrame:
     return pd.DataFrame({"ms_per_token": pd.Series(rows)}).sort_index()
 
 
-def validate_against_sweep(setup: OracleSetup, kind: str | None = "greedy", k_max: int | None = None,
+def validate_against_sweep(setup: OracleSetup, kind: str | None = HEADLINE_KIND, k_max: int | None = None,
                            result: OracleResult | None = None) -> SweepValidation:
     """Compare the Oracle's static-K speedups with the measured sweep on the same prompts.
 
@@ -128,7 +129,7 @@ def validate_against_sweep(setup: OracleSetup, kind: str | None = "greedy", k_ma
                            n_sequences=sub.inputs.n_sequences)
 
 
-def validation_by_surrogate(setup: OracleSetup, kind: str | None = "greedy", k_max: int | None = None) -> pd.DataFrame:
+def validation_by_surrogate(setup: OracleSetup, kind: str | None = HEADLINE_KIND, k_max: int | None = None) -> pd.DataFrame:
     """:func:`validate_against_sweep` under each surrogate, stacked: ``surrogate``, ``K``,
     ``measured_speedup``, ``predicted_speedup``, ``rel_error`` (and the ms-per-token columns)."""
     parts = []

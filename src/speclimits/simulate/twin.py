@@ -46,9 +46,11 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from speclimits import paper
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, write_trace
+from speclimits import vocabulary as v
 from speclimits.vocabulary import CONTEXT_MODES, CONTEXTS, MODES
 
 # ---------------------------------------------------------------------------
@@ -58,17 +60,17 @@ from speclimits.vocabulary import CONTEXT_MODES, CONTEXTS, MODES
 #: Per context (:data:`speclimits.vocabulary.CONTEXTS`): draft match probability at depth 1,
 #: routing overlap rho, token vocabulary; the mode is the vocabulary's.
 CONTEXT_PARAMS: dict[str, dict[str, Any]] = {
-    "code_format": dict(q=0.96, rho=0.70, vocab=["    ", "\n", "(", ")", ":", ",", "]", "[", " =", "\n    "]),
-    "code_structure": dict(q=0.88, rho=0.66,
+    v.CODE_FORMAT: dict(q=0.96, rho=0.70, vocab=["    ", "\n", "(", ")", ":", ",", "]", "[", " =", "\n    "]),
+    v.CODE_STRUCTURE: dict(q=0.88, rho=0.66,
                            vocab=["def", " return", " if", " for", " in", " class", " else", " import", " while"]),
-    "code_vocab": dict(q=0.72, rho=0.64,
+    v.CODE_VOCAB: dict(q=0.72, rho=0.64,
                        vocab=[" x", " data", "_id", " self", " value", " items", " result", " path", "_cache"]),
-    "prose_vocab": dict(q=0.66, rho=0.645,
+    v.PROSE_VOCAB: dict(q=0.66, rho=0.645,
                         vocab=[" the", " model", " expert", " of", " cost", " and", " speed", " token", " is"]),
-    "prose_boundary": dict(q=0.55, rho=0.62, vocab=[".", ",", " The", "\n\n", ";", " However", " In", ":"]),
-    "markup": dict(q=0.86, rho=0.66, vocab=["$", "\\frac", "{", "}", "<div", "**", "^2", "</p>", "\\sum"]),
-    "mode_change": dict(q=0.60, rho=0.62, vocab=[]),
-    "script_change": dict(q=0.15, rho=0.595, vocab=[]),
+    v.PROSE_BOUNDARY: dict(q=0.55, rho=0.62, vocab=[".", ",", " The", "\n\n", ";", " However", " In", ":"]),
+    v.MARKUP_CONTEXT: dict(q=0.86, rho=0.66, vocab=["$", "\\frac", "{", "}", "<div", "**", "^2", "</p>", "\\sum"]),
+    v.MODE_CHANGE: dict(q=0.60, rho=0.62, vocab=[]),
+    v.SCRIPT_CHANGE: dict(q=0.15, rho=0.595, vocab=[]),
 }
 assert tuple(CONTEXT_PARAMS) == CONTEXTS
 CYRILLIC_VOCAB = [" модель", " и", " в", " эксперт", " стоимость", " на", " что", ".", " токен", " это"]
@@ -93,26 +95,43 @@ CATEGORIES: dict[str, tuple[tuple[float, float, float], float]] = {
     "docs_ru": ((0.30, 0.70, 0.00), 0.7),
 }
 MODE_CONTEXTS = {
-    "code": (["code_format", "code_structure", "code_vocab"], [0.45, 0.25, 0.30]),
-    "prose": (["prose_vocab", "prose_boundary"], [0.8, 0.2]),
-    "markup": (["markup"], [1.0]),
+    v.CODE: ([v.CODE_FORMAT, v.CODE_STRUCTURE, v.CODE_VOCAB], [0.45, 0.25, 0.30]),
+    v.PROSE: ([v.PROSE_VOCAB, v.PROSE_BOUNDARY], [0.8, 0.2]),
+    v.MARKUP: ([v.MARKUP_CONTEXT], [1.0]),
 }
 
 
-def paper_cost_model() -> dict[str, Any]:
-    """The planted truth of the ``paper`` preset, in cost-model JSON form (the appendix's values, :mod:`speclimits.paper`).
+#: The planted truth's shape where the appendix gives only a range (simulator choices, not the
+#: paper's): where alpha(m) sits in ALPHA_LARGE for m = 5..11 (0 = low end, 1 = high end), beta0's
+#: step per m above BETA0_LARGE_START, and beta0(1) below BETA0_SMALL's low end (m = 1 is not in
+#: the paper's sweep; alpha(1) := alpha(2)).
+LARGE_ALPHA_POSITION = (0.0, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0)
+LARGE_BETA0_STEP = 0.05
+BETA0_M1_BELOW_SMALL = 0.3
 
-    ``alpha(m)`` 0.078-0.084 ms/expert for m <= 4 and 0.264-0.268 for m >= 5; ``beta0`` grows
-    7.3 -> 10.5 ms over the small regime then drops to 4.7; ``c`` = 1.1e-3 ms/token;
-    draft ``a`` = 0.459 ms/step, ``b`` = 0.073 ms. m = 1 (plain decoding, K = 0) is not in the
-    paper; it is planted in the small regime.
+
+def paper_cost_model() -> dict[str, Any]:
+    """The planted truth of the ``paper`` preset, in cost-model JSON form, read from :mod:`speclimits.paper`.
+
+    ``alpha(m)`` spans :data:`~speclimits.paper.ALPHA_SMALL` over m = 2..4 and
+    :data:`~speclimits.paper.ALPHA_LARGE` over m = 5..11; ``beta0`` spans
+    :data:`~speclimits.paper.BETA0_SMALL` over m = 2..4 then drops to
+    :data:`~speclimits.paper.BETA0_LARGE_START`; ``c`` is the middle of
+    :data:`~speclimits.paper.C_RANGE` to two significant figures (1.1e-3 ms/token); the draft line
+    is :data:`~speclimits.paper.DRAFT`'s ``a`` and ``b``. Where the appendix gives only a range, the
+    shape inside it is this module's (:data:`LARGE_ALPHA_POSITION`, :data:`LARGE_BETA0_STEP`);
+    m = 1 (plain decoding, K = 0) is not in the paper and is planted in the small regime.
     """
-    small = {1: (7.0, 0.078), 2: (7.3, 0.078), 3: (8.9, 0.081), 4: (10.5, 0.084)}
-    large_alpha = [0.264, 0.265, 0.266, 0.266, 0.267, 0.267, 0.268]
-    by_m = {str(m): {"beta0": b0, "alpha": al} for m, (b0, al) in small.items()}
-    for i, m in enumerate(range(5, 12)):
-        by_m[str(m)] = {"beta0": round(4.7 + 0.05 * i, 3), "alpha": large_alpha[i]}
-    return {"target": {"c": 1.1e-3, "by_m": by_m}, "draft": {"a": 0.459, "b": 0.073},
+    (a_lo, a_hi), (b_lo, b_hi) = paper.ALPHA_SMALL, paper.BETA0_SMALL
+    small = {1: (b_lo - BETA0_M1_BELOW_SMALL, a_lo), 2: (b_lo, a_lo), 3: ((b_lo + b_hi) / 2, (a_lo + a_hi) / 2),
+             4: (b_hi, a_hi)}
+    by_m = {str(m): {"beta0": round(b0, 3), "alpha": round(al, 3)} for m, (b0, al) in small.items()}
+    lo, hi = paper.ALPHA_LARGE
+    for i, pos in enumerate(LARGE_ALPHA_POSITION):
+        by_m[str(5 + i)] = {"beta0": round(paper.BETA0_LARGE_START + LARGE_BETA0_STEP * i, 3),
+                            "alpha": round(lo + pos * (hi - lo), 3)}
+    c = float(f"{sum(paper.C_RANGE) / 2:.2g}")
+    return {"target": {"c": c, "by_m": by_m}, "draft": {"a": paper.DRAFT["a"][0], "b": paper.DRAFT["b"][0]},
             "source": "planted truth of the speclimits simulator (paper values from the appendix)"}
 
 
@@ -270,7 +289,7 @@ def _make_reference(cfg: SimConfig, rng: np.random.Generator, idx: int, category
         seg_len = int(rng.geometric(1.0 / cfg.segment_mean_len))
         names, weights = MODE_CONTEXTS[mode]
         kind = names[rng.choice(len(names), p=weights)]
-        if mode == "prose":
+        if mode == v.PROSE:
             if rng.random() > cfg.script_stickiness:
                 prose_script = int(rng.random() < cyr)
             seg_script = prose_script
@@ -280,9 +299,9 @@ def _make_reference(cfg: SimConfig, rng: np.random.Generator, idx: int, category
         ctx[pos:end] = code[kind]
         script[pos:end] = seg_script
         if pos > 0 and seg_script != prev_script:
-            ctx[pos] = code["script_change"]
+            ctx[pos] = code[v.SCRIPT_CHANGE]
         elif pos > 0 and prev_mode is not None and mode != prev_mode:
-            ctx[pos] = code["mode_change"]
+            ctx[pos] = code[v.MODE_CHANGE]
         prev_mode, prev_script, pos = mode, seg_script, end
     q_ctx = np.array([cfg.context_q[c] for c in CONTEXT_NAMES])[ctx]
     q_tok = _sigmoid(_logit(q_ctx) + rng.normal(0, cfg.q_logit_sd, n))
@@ -541,14 +560,14 @@ def _token_text(t: int, context: int, script: int, offsets: dict[str, int], cyr_
     """Synthetic text and id of token ``t`` (0-based reference index; -1 for the prefill's token)."""
     name = CONTEXT_NAMES[context]
     vocab = CONTEXT_PARAMS[name]["vocab"]
-    if script == 1 and CONTEXT_MODES[name] != "code":
+    if script == 1 and CONTEXT_MODES[name] != v.CODE:
         j = (t * 7 + context) % len(CYRILLIC_VOCAB)
         return CYRILLIC_VOCAB[j], cyr_base + j
     if vocab:
         j = (t * 7 + context) % len(vocab)
         return vocab[j], offsets[name] + j
     # a transition token: the first token of the new segment's mode
-    return (" Ответ" if script == 1 else (" Note" if context == CONTEXT_NAMES.index("mode_change") else " The"),
+    return (" Ответ" if script == 1 else (" Note" if context == CONTEXT_NAMES.index(v.MODE_CHANGE) else " The"),
             offsets[name])
 
 
@@ -581,9 +600,9 @@ def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_
         "text": [t for t, _ in pairs],
         "new_experts": np.concatenate([[first], _new_experts(cfg, ref, rng, layer_off)]),
         "context": np.array(CONTEXT_NAMES, dtype=object)[context],
-        "script": np.where(script == 1, "cyrillic", "latin").astype(object),
+        "script": np.where(script == 1, v.CYRILLIC, v.LATIN).astype(object),
         "category": ref.category,
-        "reference_kind": "greedy",
+        "reference_kind": v.GREEDY,
     })
 
 

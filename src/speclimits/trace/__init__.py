@@ -33,6 +33,7 @@ from speclimits.trace.io import (
     read_table,
     read_trace,
     remove_orphan_parts,
+    target_top_k,
     write_meta,
     write_part,
     write_shard_log,
@@ -53,5 +54,5 @@ __all__ = [
     "append_lines", "check_oracle_frame", "column_names", "columns_table", "decode_rounds", "done_generations",
     "find_problems", "list_column", "list_parts", "new_meta", "part_name", "read_generations", "read_meta",
     "read_oracle_frame", "read_parts_log", "read_shard_logs", "read_table", "read_trace", "remove_orphan_parts",
-    "validate_trace", "write_meta", "write_part", "write_shard_log", "write_table", "write_trace",
+    "target_top_k", "validate_trace", "write_meta", "write_part", "write_shard_log", "write_table", "write_trace",
 ]

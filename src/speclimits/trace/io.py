@@ -77,6 +77,15 @@ def read_meta(root: str | Path) -> dict[str, Any]:
     return meta
 
 
+def target_top_k(meta: dict[str, Any]) -> int | None:
+    """The target's experts per token (``meta.json``'s ``models.target.top_k``), None when not recorded.
+
+    It is the constant Ū of an m = 1 pass: the cost-model fit's convention for alpha(1) and the
+    validator's lower bound on ``u_bar`` use it."""
+    top_k = ((meta.get("models") or {}).get("target") or {}).get("top_k")
+    return int(top_k) if top_k is not None else None
+
+
 @dataclass
 class Trace:
     """A trace directory: ``meta`` plus lazily loaded tables (pandas DataFrames).
@@ -102,6 +111,11 @@ class Trace:
     @cached_property
     def tokens(self) -> pd.DataFrame | None:
         return read_table(self.path, "tokens")
+
+    @property
+    def top_k(self) -> int | None:
+        """The target's experts per token, from ``meta.json`` (:func:`target_top_k`)."""
+        return target_top_k(self.meta)
 
     @property
     def simulated(self) -> bool:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speclimits import vocabulary
+
 SCHEMA_VERSION = 1
 
 #: Values allowed in meta.json's ``source``.
@@ -57,8 +59,9 @@ ROUNDS_COLUMNS: tuple[Column, ...] = (
     Column("category", "str", "prompt category, when the prompt set has one", required=False),
 )
 
-#: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``).
-REFERENCE_KINDS = ("greedy", "teacher-forced")
+#: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``),
+#: defined in :mod:`speclimits.vocabulary`.
+REFERENCE_KINDS = vocabulary.REFERENCE_KINDS
 
 ORACLE_COLUMNS: tuple[Column, ...] = (
     Column("seq_id", "str", "reference sequence id"),

@@ -24,7 +24,7 @@ import pandas as pd
 
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.trace.filters import list_lengths, stack_lists
-from speclimits.trace.io import read_meta, read_table
+from speclimits.trace.io import read_meta, read_table, target_top_k
 from speclimits.trace.schema import META_REQUIRED, REFERENCE_KINDS, SOURCES, TABLES, Column
 
 MAX_ROWS_SHOWN = 5
@@ -88,9 +88,8 @@ def _check_columns(c: _Collector, file: str, df: pd.DataFrame, columns: tuple[Co
 
 
 def _experts_range(meta: dict[str, Any]) -> tuple[float | None, float | None]:
-    target = (meta.get("models") or {}).get("target") or {}
-    top_k = target.get("top_k")
-    n_experts = target.get("n_experts")
+    top_k = target_top_k(meta)
+    n_experts = ((meta.get("models") or {}).get("target") or {}).get("n_experts")
     return (float(top_k) if top_k else None, float(n_experts) if n_experts else None)
 
 

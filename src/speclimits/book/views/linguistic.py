@@ -13,20 +13,21 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits import vocabulary as v
 from speclimits.book.present import Result, fmt_ci, fmt_num
 
 #: How a context label reads in a table (the charts keep the short names).
 CONTEXT_NAMES = {
-    "code_format": "code: formatting", "code_structure": "code: structure", "code_vocab": "code: vocabulary",
-    "prose_vocab": "prose: vocabulary", "prose_boundary": "prose: boundary", "markup": "markup",
-    "mode_change": "mode change (code↔text)", "script_change": "script change",
-    "function_start": "function start", "control_flow": "control flow", "comment": "comment",
-    "word_continuation": "word continuation", "": "–",
+    v.CODE_FORMAT: "code: formatting", v.CODE_STRUCTURE: "code: structure", v.CODE_VOCAB: "code: vocabulary",
+    v.PROSE_VOCAB: "prose: vocabulary", v.PROSE_BOUNDARY: "prose: boundary", v.MARKUP_CONTEXT: "markup",
+    v.MODE_CHANGE: "mode change (code↔text)", v.SCRIPT_CHANGE: "script change",
+    v.FUNCTION_START: "function start", v.CONTROL_FLOW: "control flow", v.COMMENT: "comment",
+    v.WORD_CONTINUATION: "word continuation", "": "–",
 }
 
 #: How a routing contrast reads in a table.
 CONTRAST_NAMES = {
-    "script_change": "script change",
+    v.SCRIPT_CHANGE: "script change",
     "first_mismatch_reference": "first mismatch, reference",
     "first_mismatch_window": "first mismatch, window",
 }
