@@ -35,7 +35,6 @@ import speclimits.book_support as bs
 from speclimits import figures, stats
 from speclimits.book.views import final_model as view
 from speclimits.costmodel import CostModel
-from speclimits.oracle import fit_trace_cost_model
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -285,7 +284,7 @@ bs.table(view.headline(res), "tbl-final-headline",
 # is applied and recorded in the JSON.
 
 # %% tags=["hide-input"]
-cost = fit_trace_cost_model(tr)
+cost = stats.fit_trace_cost_model(tr)
 print("\n".join(cost.extra["fit"]["notes"]))
 if cost_model:
     cost.write(cost_model)

@@ -44,7 +44,8 @@ def test_factors_and_fit_measured(capsys, tmp_path, measured):
 
 
 def test_oracle_and_linguistic_solve_the_same_oracle(capsys, tmp_path, measured):
-    from speclimits.oracle import fit_trace_cost_model, prepare_oracle
+    from speclimits.oracle import prepare_oracle
+    from speclimits.stats import fit_trace_cost_model
 
     oracle = run_json(capsys, "oracle", str(MEASURED), "--n-boot", "0", "--json")
     ling = run_json(capsys, "linguistic", str(MEASURED), "--n-boot", "9", "--json")

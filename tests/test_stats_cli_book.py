@@ -32,6 +32,28 @@ def test_fit_json_and_out_agree(smoke_trace, tmp_path, capsys):
     assert "alpha(1) := alpha(2)" in " ".join(written["fit"]["notes"])
 
 
+def test_fit_out_writes_the_bytes_of_the_one_trace_route(smoke_trace, tmp_path, monkeypatch, capsys):
+    """``speclimits fit --out`` and :func:`speclimits.stats.fit_trace_cost_model` (section 3's and the
+    Oracle's route) write the same bytes, however the trace's path is spelled."""
+    from speclimits.stats import fit_trace_cost_model
+    from speclimits.trace import read_trace
+
+    monkeypatch.chdir(smoke_trace.parent)
+    assert main(["fit", f"./{smoke_trace.name}/", "--n-boot", "9", "--out", str(tmp_path / "cli.json")]) == 0
+    capsys.readouterr()
+    book = fit_trace_cost_model(read_trace(smoke_trace.resolve())).write(tmp_path / "book.json")
+    assert (tmp_path / "cli.json").read_bytes() == book.read_bytes()
+    assert str(smoke_trace.parent) not in book.read_text()  # no machine path in the JSON
+
+
+@pytest.mark.book
+def test_book_cost_model_is_what_fit_out_writes(smoke_trace, smoke_book, tmp_path, capsys):
+    assert main(["fit", str(smoke_trace), "--n-boot", "9", "--out", str(tmp_path / "cli.json")]) == 0
+    capsys.readouterr()
+    built = smoke_book / "source" / "_static" / "cost_model.json"  # written by section 3 in the build
+    assert built.read_bytes() == (tmp_path / "cli.json").read_bytes()
+
+
 def test_fit_and_factors_on_the_bundled_measured_trace(capsys):
     """The book's default trace: no regime is declared (the CV curve is flat), the paper-split rows are
     there, both Breusch–Pagan versions are reported, and the cost model is the fit's."""

@@ -4,9 +4,9 @@ Every consumer — ``speclimits oracle``, ``speclimits linguistic``, the book's 
 linguistic sections, the online policies and the benchmarks — calls :func:`prepare_oracle`,
 so that they all solve the same problem with the same defaults:
 
-* **cost model**: the JSON given (a path or a :class:`CostModel`), else the fit of
-  :func:`speclimits.stats.fit_cost_model` on the trace's rounds (the one section 3 of the
-  book writes into the build);
+* **cost model**: the JSON given (a path or a :class:`CostModel`), else
+  :func:`speclimits.stats.fit_trace_cost_model` on the trace (the fit ``speclimits fit --out``
+  and section 3 of the book write);
 * **surrogate** for the transition probabilities (the methods page, "The Oracle"):
   ``raw`` (the draft's probability of the reference token, as recorded), ``calibrated``
   (that probability mapped through isotonic fits to the observed greedy matches, one per draft
@@ -35,7 +35,7 @@ from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.oracle.calibration import cross_fitted_match_prob, gap_interval
 from speclimits.oracle.inputs import FILE, OracleInputs
 from speclimits.oracle.solver import OracleResult, solve
-from speclimits.stats import fit_cost_model
+from speclimits.stats import fit_trace_cost_model
 from speclimits.trace import Trace, read_trace
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
 from speclimits.vocabulary import (AUTO, CALIBRATED, EXACT, GREEDY, HEADLINE_KIND, RAW, REFERENCE_KINDS, SURROGATES,
@@ -154,13 +154,6 @@ def reference_kinds(trace: Trace, seq_ids: np.ndarray) -> tuple[np.ndarray, str]
         kinds = np.where(np.isin(ids, forced), TEACHER_FORCED, GREEDY).astype(object)
         return kinds, f"{prompts.name}: prompts with a held-out reference were teacher-forced"
     return np.full(len(ids), GREEDY, dtype=object), "no record of the reference kind: assumed greedy"
-
-
-def fit_trace_cost_model(trace: Trace) -> CostModel:
-    """The default cost model of a trace: :func:`speclimits.stats.fit_cost_model` on its rounds
-    (joint categorical target fit, draft line; m = 1 only when the trace has K = 0 rounds)."""
-    top_k = ((trace.meta.get("models") or {}).get("target") or {}).get("top_k")
-    return fit_cost_model(trace.rounds, top_k=top_k, source=f"speclimits fit on {trace.path}")
 
 
 def resolve_cost_model(trace: Trace, cost_model: CostModel | str | Path | None) -> tuple[CostModel, str]:

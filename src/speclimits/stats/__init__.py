@@ -12,12 +12,13 @@ from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, O
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.draft import DraftResults, fit_draft_line, fit_draft_model
 from speclimits.stats.factors import FactorResults, analyze_factors
-from speclimits.stats.final import FinalModelResults, JointResults, fit_cost_model, fit_final_model, fit_joint
+from speclimits.stats.final import (FinalModelResults, JointResults, fit_cost_model, fit_final_model, fit_joint,
+                                   fit_trace_cost_model)
 from speclimits.stats.robustness import RobustnessResults, robustness_checks
 
 __all__ = [
     "BoundaryResults", "CVResult", "CellMoments", "ClusterSums", "Design", "DraftResults", "FactorResults", "FinalModelResults",
     "JointResults", "OLSResults", "RobustnessResults", "analyze_factors", "cluster_bootstrap",
     "cross_validate", "detect_boundary", "fit_cost_model", "fit_draft_line", "fit_draft_model", "fit_final_model",
-    "fit_joint", "fit_ols", "group_folds", "robustness_checks", "t_interval",
+    "fit_joint", "fit_ols", "fit_trace_cost_model", "group_folds", "robustness_checks", "t_interval",
 ]

@@ -10,14 +10,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from speclimits.jsonutil import jsonable
-
-
-def _top_k(meta: dict[str, Any]) -> int | None:
-    tk = ((meta.get("models") or {}).get("target") or {}).get("top_k")
-    return int(tk) if tk is not None else None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,12 +73,12 @@ def _factors(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from speclimits.stats.draft import fit_draft_model  # heavy: see the module docstring
-    from speclimits.stats.final import fit_cost_model, fit_final_model
+    from speclimits.stats.final import fit_final_model, fit_trace_cost_model
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)
     rounds = tr.rounds
-    cost = fit_cost_model(rounds, top_k=_top_k(tr.meta), source=f"speclimits fit {args.trace} ({tr.source_label})")
+    cost = fit_trace_cost_model(tr)
     final = fit_final_model(rounds, n_boot=args.n_boot, seed=args.seed)
     draft = fit_draft_model(rounds)
     robust = None

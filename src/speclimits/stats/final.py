@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -36,7 +37,7 @@ from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.draft import fit_draft_line
 from speclimits.stats.factors import select_k
 from speclimits.stats.regimes import regime_rows
-from speclimits.trace import FilterReport, decode_rounds
+from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
 
 M1_NOTE = ("m = 1 (K = 0, plain decoding): u_bar is constant (= top_k) so alpha(1) is not identified; "
            "convention alpha(1) := alpha(2), beta0(1) := intercept(1) - alpha(1) * top_k")
@@ -496,3 +497,17 @@ def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str =
                      alpha={int(m): float(r.alpha) for m, r in by_m.iterrows()},
                      a=float(draft.params["K"]), b=float(draft.params["const"]),
                      source=source or "speclimits fit: joint categorical target model + draft line", extra=extra)
+
+
+def fit_trace_cost_model(trace: Trace | str | Path) -> CostModel:
+    """The cost model of a trace: the one route from a trace to a cost-model JSON.
+
+    :func:`fit_cost_model` on the trace's ``rounds`` with the target's ``top_k`` from
+    ``meta.json``. ``speclimits fit --out``, the book's section 3 and the Oracle's default (no
+    cost model given) all call this, so they write and solve with the same bytes. The recorded
+    ``source`` names the trace by its directory name and its source label, not by the path it
+    was opened with, so the JSON does not depend on the working directory or the machine.
+    """
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    return fit_cost_model(tr.rounds, top_k=tr.top_k,
+                          source=f"speclimits fit on trace {tr.path.resolve().name} ({tr.source_label})")
