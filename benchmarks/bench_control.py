@@ -50,7 +50,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def run_decompose(args: argparse.Namespace) -> int:
     from speclimits.control.bench import BenchConfig, choose_prompts, decompose, trace_generations
-    from speclimits.control.fit import PolicyFit
+    from speclimits.control.rules import PolicyFit
     from speclimits.jsonutil import dumps
 
     policy = args.policy or str(Path(args.out).with_name("policy.json"))

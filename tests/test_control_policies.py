@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from speclimits.cli import main
-from speclimits.control.extension import ControlWorkerExtension, DraftRound, top1_probability
-from speclimits.control.fit import CalibrationMap, PolicyFit, greedy_setup
+from speclimits.control.extension import ControlWorkerExtension, DraftRound, PolicyMemory, top1_probability
+from speclimits.control.fit import greedy_setup
+from speclimits.control.rules import CalibrationMap, PolicyFit
 from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
                                         u_prediction_error)
 from speclimits.control.policies import (ConfidenceThreshold, EmaAcceptedLength, UtilityTestAndSet, fit_calibration,
@@ -68,10 +69,11 @@ def logits_with_top1(conf: np.ndarray, vocab: int = 64):
 
 
 def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
-    """The engine's per-step driver (ControlWorkerExtension._sl_step) on a batch of all sequences,
-    replaying the recorded greedy outcomes: the k of each round, in the order of the offline rollout."""
+    """The engine's per-step driver (ControlWorkerExtension._sl_step, its PolicyMemory) on a batch of all
+    sequences, replaying the recorded greedy outcomes: the k of each round, in the order of the offline rollout."""
     ext = ControlWorkerExtension.__new__(ControlWorkerExtension)
-    ext._sl_policy, ext._sl_mem = fit.make(name), {}
+    pol = ext._sl_policy = fit.make(name)
+    memory = PolicyMemory(pol)
     rids = [str(s) for s in inputs.seq_ids]
     pos = np.zeros(len(rids), dtype=np.int64)
     table = CostTable.build(inputs, fit.cost_model, fit.k_max).total()
@@ -80,9 +82,11 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
         live = [i for i in range(len(rids)) if pos[i] < inputs.n_tokens[i]]
         rows = inputs.offsets[live] + pos[live]
         lr = [rids[i] for i in live]
-        mem = ext._sl_gather(lr)
-        cap = np.clip(np.asarray(ext._sl_policy.plan(mem)), 1, fit.k_max)
-        rnd = DraftRound(lr, mem, cap, fit.k_max)
+        idx = memory.slots(lr)
+        mem = memory.gather(idx)
+        cap = np.clip(np.asarray(pol.plan(mem)), 1, fit.k_max)
+        memory.scatter(idx, mem)
+        rnd = DraftRound(lr, idx, {**mem, **pol.round_context(mem, len(lr))}, cap, fit.k_max)
         for j in range(1, fit.k_max + 1):
             rnd.tokens.append(None)
             ext._sl_logits = logits_with_top1(inputs.draft_conf[rows, j - 1])
@@ -94,9 +98,9 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
         acc = np.minimum(k, inputs.accept_len[rows])
         emitted = np.minimum(acc + 1, inputs.n_tokens[live] - pos[live])
         cost = table[rows, k] + (drafted - k) * fit.cost_model.a
-        mem = ext._sl_gather(lr)
-        ext._sl_policy.observe(mem, k, cost, emitted.astype(float), inputs.u_bar_window[rows, k])
-        ext._sl_scatter(lr, mem)
+        mem = memory.gather(idx)
+        pol.observe(mem, k, cost, emitted.astype(float), inputs.u_bar_window[rows, k])
+        memory.scatter(idx, mem)
         ks.append(dict(zip(live, k)))
         pos[live] += emitted
     return ks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speclimits.control.fit import CalibrationMap, PolicyFit
+from speclimits.control.rules import CalibrationMap, PolicyFit
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import DATA_DIR

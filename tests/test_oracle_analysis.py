@@ -15,7 +15,7 @@ from speclimits.oracle import evaluate_policy, load_inputs, solve
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
-from speclimits.oracle.policies import (ConfidenceThreshold, DeltaRule, StaticK, compare_policies,
+from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, StaticK, compare_policies,
                                         draw_accept_lengths, evaluate_exact, mean_u_bar, rollout,
                                         split_sequences)
 from speclimits.trace import read_trace

@@ -113,7 +113,7 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     from dataclasses import replace
 
     from speclimits.oracle.inputs import CostTable
-    from speclimits.oracle.policies import (ConfidenceThreshold, DeltaRule, StaticK, fit_calibration, mean_u_bar,
+    from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, StaticK, fit_calibration, mean_u_bar,
                                             split_sequences)
 
     setup = prepare_oracle(smoke_trace)

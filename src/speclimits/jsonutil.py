@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 
 def jsonable(obj: Any) -> Any:
     """A JSON-ready copy of ``obj`` (see the module docstring for what is converted)."""
-    if isinstance(obj, pd.DataFrame):
+    # pandas is looked up, not imported: a process that never imported it (the vLLM worker's policy
+    # reader) holds no DataFrame, and stays free of it
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(obj, pd.DataFrame):
         frame = obj if isinstance(obj.index, pd.RangeIndex) else obj.reset_index()
         return [jsonable(r) for r in frame.to_dict(orient="records")]
-    if isinstance(obj, pd.Series):
+    if pd is not None and isinstance(obj, pd.Series):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
@@ -39,7 +42,7 @@ def jsonable(obj: Any) -> Any:
         return f if math.isfinite(f) else None
     if isinstance(obj, Path):
         return str(obj)
-    if obj is pd.NA or obj is pd.NaT:
+    if pd is not None and (obj is pd.NA or obj is pd.NaT):
         return None
     if hasattr(obj, "to_dict") and callable(obj.to_dict):
         return jsonable(obj.to_dict())

@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control import engine as ce
-from speclimits.control.fit import PolicyFit, greedy_setup
+from speclimits.control.fit import greedy_setup
+from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import gain_share, offline_table, u_prediction_error
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from speclimits.control.fit import PolicyFit
+from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
+from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import TracingWorkerExtension
 from speclimits.tracing.vllm_api import runner_kind
@@ -45,6 +46,8 @@ DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
 RUNNER_HOOKS = ("execute_model", "propose_draft_token_ids", "take_draft_token_ids")
 #: Environment variables that arm a policy when the tracer installs (see ``speclimits_install``).
 ENV_POLICY, ENV_NAME = "SPECLIMITS_CONTROL_POLICY", "SPECLIMITS_CONTROL_NAME"
+#: Rounds profiled before the policy applies (``0``: price with the policy file's cost model).
+ENV_PROFILE = "SPECLIMITS_CONTROL_PROFILE_ROUNDS"
 
 
 class _EarlyExit(Exception):
@@ -86,26 +89,80 @@ def check_control_runner(runner: Any) -> Any:
 
 
 def top1_probability(logits: Any, n_rows: int) -> np.ndarray:
-    """(b,) top-1 probability of each row of a draft step's logits, in numpy (one host copy; a
-    softmax over the vocabulary in torch costs more in per-call overhead at these sizes)."""
+    """(b,) top-1 probability of each row of a draft step's logits: ``exp(max - logsumexp)`` in torch,
+    one small host copy (no softmax over the vocabulary is materialised)."""
     if logits is None or logits.shape[0] != n_rows:
         raise SpeclimitsError(f"speclimits control: the drafter's compute_logits gave "
                               f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
-    x = logits.detach().float().cpu().numpy()
-    return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1)
+    x = logits.detach().float()
+    return (x.max(dim=1).values - x.logsumexp(dim=1)).exp().cpu().numpy().astype(float)
 
 
 class DraftRound:
-    """One drafting round of the batch: request ids, memory, caps, confidences, kept k."""
+    """One drafting round of the batch: request slots, the round's memory and context, caps,
+    transformed confidences per step, kept k."""
 
-    __slots__ = ("rids", "mem", "cap", "conf", "keep", "tokens", "k_call", "early", "t0")
+    __slots__ = ("rids", "idx", "mem", "cap", "conf", "keep", "tokens", "k_call", "early", "t0")
 
-    def __init__(self, rids: list[str], mem: dict[str, np.ndarray], cap: np.ndarray, k_call: int) -> None:
-        self.rids, self.mem, self.cap, self.k_call = rids, mem, cap, k_call
+    def __init__(self, rids: list[str], idx: np.ndarray, mem: dict[str, np.ndarray], cap: np.ndarray,
+                 k_call: int) -> None:
+        self.rids, self.idx, self.mem, self.cap, self.k_call = rids, idx, mem, cap, k_call
         self.conf: list[np.ndarray] = []
         self.keep = np.full(len(rids), -1)
         self.tokens: list[Any] = []
         self.early = False
+
+
+class PolicyMemory:
+    """Per-request policy memory as arrays indexed by a slot per request id (no per-request dicts):
+    :meth:`gather` / :meth:`scatter` move a batch's rows in one fancy-index per key; slots of finished
+    requests are reused."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.slot: dict[str, int] = {}
+        self.free: list[int] = []
+        self.store: dict[str, np.ndarray] = {}
+        self.capacity = 0
+
+    def _grow(self, need: int) -> None:
+        cap = max(8, 2 * self.capacity, need)
+        fresh = self.policy.init_memory(cap - self.capacity)
+        if not self.store:
+            self.store = {k: v.copy() for k, v in fresh.items()}
+        else:
+            self.store = {k: np.concatenate([self.store[k], fresh[k]]) for k in self.store}
+        self.free.extend(range(self.capacity, cap))
+        self.capacity = cap
+
+    def slots(self, rids: list[str]) -> np.ndarray:
+        out = np.empty(len(rids), dtype=np.int64)
+        for i, rid in enumerate(rids):
+            s = self.slot.get(rid)
+            if s is None:
+                if not self.free:
+                    self._grow(len(self.slot) + 1)
+                s = self.free.pop()
+                self.slot[rid] = s
+                for key, val in self.policy.init_memory(1).items():
+                    self.store[key][s] = val[0]
+            out[i] = s
+        return out
+
+    def gather(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        mem = {key: val[idx] for key, val in self.store.items()}
+        mem["_n"] = np.zeros(len(idx))
+        return mem
+
+    def scatter(self, idx: np.ndarray, mem: dict[str, np.ndarray]) -> None:
+        for key, val in self.store.items():
+            val[idx] = mem[key]
+
+    def release(self, rids: Any) -> None:
+        for rid in rids:
+            s = self.slot.pop(rid, None)
+            if s is not None:
+                self.free.append(s)
 
 
 class ControlWorkerExtension(TracingWorkerExtension):
@@ -122,41 +179,99 @@ class ControlWorkerExtension(TracingWorkerExtension):
         path = os.environ.get(ENV_POLICY)
         if path and getattr(self.model_runner, "speculative_config", None) is not None:  # type: ignore[attr-defined]
             info["control"] = self.speclimits_control_set(PolicyFit.read(path).to_dict(),
-                                                          os.environ.get(ENV_NAME, "delta"))
+                                                          os.environ.get(ENV_NAME, "delta"),
+                                                          int(os.environ.get(ENV_PROFILE, PROFILE_ROUNDS)))
         return info
 
-    def speclimits_control_set(self, policy: dict[str, Any], name: str) -> dict[str, Any]:
-        """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records."""
+    def speclimits_control_arm(self) -> dict[str, Any]:
+        """Arm the policy named by the environment (:data:`ENV_POLICY`, :data:`ENV_NAME`,
+        :data:`ENV_PROFILE`) without the tracer: what ``vllm serve`` users call once (for example
+        through the server's ``/collective_rpc`` endpoint), or what the worker does by itself."""
+        path = os.environ.get(ENV_POLICY)
+        if not path:
+            raise SpeclimitsError(f"speclimits control: set {ENV_POLICY} to a policy JSON "
+                                  "(`speclimits control fit TRACE --out policy.json`)")
+        return self.speclimits_control_set(PolicyFit.read(path).to_dict(), os.environ.get(ENV_NAME, "delta"),
+                                           int(os.environ.get(ENV_PROFILE, PROFILE_ROUNDS)))
+
+    def speclimits_control_set(self, policy: dict[str, Any], name: str, profile_rounds: int = 0) -> dict[str, Any]:
+        """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records.
+
+        ``profile_rounds > 0`` and no profile yet: the first ``profile_rounds`` drafting rounds run
+        :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted
+        (:meth:`speclimits_control_profile`) and ``name`` applies. A profile, once measured, is kept
+        across policy switches, and so is the refreshed price scale."""
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
         fit = PolicyFit.from_dict(policy)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
-        pol = fit.make(name)
-        pol.setup(min(fit.k_max, k_engine), fit.cost_model)
-        self._sl_policy, self._sl_name = pol, name
-        self._sl_mem: dict[str, dict[str, np.ndarray]] = {}
-        self._sl_last_draft_ms: dict[str, float] = {}
-        self._sl_keep: dict[str, int] = {}
+        self._sl_fit, self._sl_name, self._sl_k = fit, name, min(fit.k_max, k_engine)
+        if not hasattr(self, "_sl_profile"):
+            self._sl_profile, self._sl_samples, self._sl_clock = None, [], PriceClock()
+        self._sl_profile_left = int(profile_rounds) if self._sl_profile is None else 0
         self._sl_records: list[dict[str, Any]] = []
         self._sl_round: DraftRound | None = None
-        self._sl_t_step = 0.0
+        self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
+        self._sl_step_n = 0
+        self._sl_pending: StepSample | None = None
         self._sl_logits: Any = None
         self._sl_decide_s = 0.0
         self._sl_rounds = 0
         self._sl_early_exits = 0
+        self._sl_keep: dict[str, int] = {}
+        self._sl_apply(ProfileCycle() if self._sl_profile_left > 0 else None)
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
             self._sl_installed = True
-        return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe()}
+        pol = self._sl_policy
+        return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe(),
+                "profiling_rounds": self._sl_profile_left,
+                "profile": None if self._sl_profile is None else self._sl_profile.to_dict()}
+
+    def _sl_apply(self, override: Any = None) -> None:
+        """(Re)build the running policy: ``override`` (the profile cycle), else the named policy priced
+        with the profiled costs when there are any (λ0 then in the same wall-clock units)."""
+        fit = self._sl_fit
+        if override is not None:
+            pol = override.setup(self._sl_k, fit.cost_model)
+        else:
+            pol = fit.make(self._sl_name)
+            model = fit.cost_model
+            if self._sl_profile is not None:
+                model = self._sl_profile.cost_model(fit.cost_model, fit.u_bar_mean, self._sl_k)
+                if hasattr(pol, "lambda0"):
+                    pol.lambda0 = fit.engine_lambda(model)
+            pol.setup(self._sl_k, model)
+        pol.price_scale = self._sl_clock.scale
+        self._sl_policy = pol
+        self._sl_memory = PolicyMemory(pol)
+        fixed, slope = pol.model.action_terms(self._sl_k)
+        u = np.asarray(fit.u_bar_mean, dtype=float)
+        self._sl_price = np.nan_to_num(fixed + slope * u[np.arange(1, self._sl_k + 2)])  # (k_max + 1,) per k
+
+    def speclimits_control_profile(self) -> dict[str, Any]:
+        """Fit the costs from the steps timed so far (at this engine's batch size) and price the
+        policy with them from now on; returns the profile (ms)."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        batch = int(getattr(runner, "max_num_reqs", 0) or max((s.n_batch for s in self._sl_samples), default=1))
+        batch = min(batch, max((s.n_batch for s in self._sl_samples), default=1))
+        ctx = getattr(self, "_sl_ctx_sum", 0.0) / max(getattr(self, "_sl_ctx_n", 0), 1)
+        self._sl_profile = fit_profile(self._sl_samples, self._sl_k, batch, context_len=ctx)
+        self._sl_profile_left = 0
+        self._sl_clock = PriceClock()
+        self._sl_apply(None)
+        return self._sl_profile.to_dict()
 
     def speclimits_control_drain(self) -> dict[str, Any]:
         """Rounds since the last drain: ``rounds`` (list of ``{"req_id", "k", "cap", "drafted", "early"}``
-        per request per drafting round), ``decide_us`` (total decision time, µs), ``n_rounds``
-        (drafting calls), ``early_exits``; and forget them."""
+        per request per drafting round), ``decide_us`` (total time in the controller's hooks outside
+        vLLM's own calls, µs), ``n_rounds`` (drafting calls), ``early_exits``, ``price_scale`` and the
+        ``profile``; and forget them (memory too)."""
         out = {"rounds": self._sl_records, "decide_us": self._sl_decide_s * 1e6, "n_rounds": self._sl_rounds,
-               "early_exits": self._sl_early_exits, "policy": self._sl_name}
+               "early_exits": self._sl_early_exits, "policy": self._sl_name, "price_scale": self._sl_clock.scale,
+               "profile": None if self._sl_profile is None else self._sl_profile.to_dict()}
         self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
-        self._sl_mem, self._sl_last_draft_ms, self._sl_keep = {}, {}, {}
+        self._sl_memory, self._sl_keep = PolicyMemory(self._sl_policy), {}
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -189,9 +304,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
         wrap("model", "compute_logits", self._sl_logits_hook)
 
     def _sl_execute_model(self, orig: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            self._sl_t_step = time.perf_counter()
-            return orig(*args, **kwargs)
+        def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            self._sl_t_exec = t
+            pending, self._sl_pending = self._sl_pending, None
+            if pending is not None:  # the previous step's time outside the pass and the drafter
+                pending.other_ms = (t - self._sl_t_prop_end) * 1e3
+            finished = getattr(scheduler_output, "finished_req_ids", None)
+            if finished:
+                self._sl_memory.release(finished)
+                for rid in finished:
+                    self._sl_keep.pop(rid, None)
+            self._sl_decide_s += time.perf_counter() - t
+            return orig(scheduler_output, *args, **kwargs)
         return wrapped
 
     def _sl_logits_hook(self, orig: Any) -> Any:
@@ -206,14 +331,18 @@ class ControlWorkerExtension(TracingWorkerExtension):
         def wrapped(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            self._sl_observe(scheduler_output, sampled_token_ids, rids, t0)
+            m = self._sl_observe(scheduler_output, sampled_token_ids, rids, t0)
+            self._sl_t_prop = t0
             self._sl_decide_s += time.perf_counter() - t0
             try:
                 return orig(scheduler_output, sampled_token_ids, *args, **kwargs)
             finally:
+                t1 = time.perf_counter()
                 rnd, self._sl_round = self._sl_round, None
                 if rnd is not None:
-                    self._sl_finish_round(rnd, time.perf_counter() - t0)
+                    self._sl_finish_round(rnd, m, (t0 - self._sl_t_exec) * 1e3, (t1 - t0) * 1e3)
+                self._sl_t_prop_end = time.perf_counter()
+                self._sl_decide_s += self._sl_t_prop_end - t1
         return wrapped
 
     def _sl_propose(self, orig: Any) -> Any:
@@ -221,9 +350,12 @@ class ControlWorkerExtension(TracingWorkerExtension):
             k_call = int(kwargs.get("num_speculative_tokens", args[0] if args else 0))
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            mem = self._sl_gather(rids)
-            cap = np.clip(np.asarray(self._sl_policy.plan(mem), dtype=np.int64), 1, max(k_call, 1))
-            self._sl_round = DraftRound(rids, mem, cap, k_call)
+            pol = self._sl_policy
+            idx = self._sl_memory.slots(rids)
+            mem = self._sl_memory.gather(idx)
+            cap = np.clip(np.asarray(pol.plan(mem), dtype=np.int64), 1, max(k_call, 1))
+            self._sl_memory.scatter(idx, mem)  # plan may advance memory (the profile cycle, test-and-set)
+            self._sl_round = DraftRound(rids, idx, {**mem, **pol.round_context(mem, len(rids))}, cap, k_call)
             self._sl_decide_s += time.perf_counter() - t0
             try:
                 return orig(*args, **kwargs)
@@ -258,71 +390,88 @@ class ControlWorkerExtension(TracingWorkerExtension):
             out = orig(*args, **kwargs)
             if out is None:
                 return out
+            t0 = time.perf_counter()
+            keep = self._sl_keep
             for i, rid in enumerate(out.req_ids):
-                k = self._sl_keep.get(rid)
+                k = keep.get(rid)
                 if k is not None and len(out.draft_token_ids[i]) > k:
                     out.draft_token_ids[i] = list(out.draft_token_ids[i][:k])
+            self._sl_decide_s += time.perf_counter() - t0
             return out
         return wrapped
 
     # -- decisions --------------------------------------------------------------------------
-    def _sl_gather(self, rids: list[str]) -> dict[str, np.ndarray]:
-        pol = self._sl_policy
-        for rid in rids:
-            if rid not in self._sl_mem:
-                self._sl_mem[rid] = pol.init_memory(1)
-        keys = list(self._sl_mem[rids[0]]) if rids else []
-        mem = {key: np.concatenate([self._sl_mem[r][key] for r in rids]) for key in keys}
-        mem["_n"] = np.zeros(len(rids))
-        return mem
-
-    def _sl_scatter(self, rids: list[str], mem: dict[str, np.ndarray]) -> None:
-        for i, rid in enumerate(rids):
-            self._sl_mem[rid] = {key: val[i: i + 1].copy() for key, val in mem.items() if key != "_n"}
-
     def _sl_step(self, rnd: DraftRound) -> None:
         """After draft step j: confidences, then stop decisions for the requests still drafting."""
         j = len(rnd.tokens)
-        if self._sl_policy.uses_confidence:
-            rnd.conf.append(top1_probability(self._sl_logits, len(rnd.rids)))
+        pol = self._sl_policy
+        if pol.uses_confidence:
+            rnd.conf.append(pol.transform_conf(top1_probability(self._sl_logits, len(rnd.rids))))
         live = rnd.keep < 0
         at_cap = live & (rnd.cap <= j)
         rnd.keep[at_cap] = rnd.cap[at_cap]
         ask = live & ~at_cap
         if ask.any():
-            conf = (np.stack(rnd.conf, axis=1) if rnd.conf else np.zeros((len(rnd.rids), 0)))[ask]
-            sub = {key: val[ask] for key, val in rnd.mem.items()}
-            out = np.asarray(self._sl_policy.more(j, conf, sub))
-            idx = np.flatnonzero(ask)
-            rnd.keep[idx[out >= 0]] = out[out >= 0]
+            conf = np.stack(rnd.conf, axis=1) if rnd.conf else np.zeros((len(rnd.rids), j))
+            if ask.all():
+                out = np.asarray(pol.more(j, conf, rnd.mem))
+                rnd.keep[out >= 0] = out[out >= 0]
+            else:
+                sub = {key: val[ask] for key, val in rnd.mem.items()}
+                out = np.asarray(pol.more(j, conf[ask], sub))
+                idx = np.flatnonzero(ask)
+                rnd.keep[idx[out >= 0]] = out[out >= 0]
         if j >= rnd.k_call:
             rnd.keep[rnd.keep < 0] = j
 
-    def _sl_finish_round(self, rnd: DraftRound, draft_s: float) -> None:
+    def _sl_finish_round(self, rnd: DraftRound, m: int | None, verify_ms: float, draft_ms: float) -> None:
         drafted = len(rnd.tokens)
         keep = np.where(rnd.keep < 0, drafted, rnd.keep)
+        if len(rnd.rids) > 1 and rnd.conf and (keep < drafted).any():
+            keep = np.asarray(self._sl_policy.final_keep(np.stack(rnd.conf, axis=1), keep, rnd.mem))
         self._sl_rounds += 1
         self._sl_early_exits += int(rnd.early)
-        for i, rid in enumerate(rnd.rids):
-            self._sl_keep[rid] = int(keep[i])
-            self._sl_last_draft_ms[rid] = draft_s * 1e3
-            self._sl_records.append({"req_id": rid, "k": int(keep[i]), "cap": int(rnd.cap[i]), "drafted": drafted,
-                                     "early": rnd.early, "n_batch": len(rnd.rids)})
+        self._sl_keep.update(zip(rnd.rids, keep.tolist()))
+        self._sl_last_k = dict(zip(rnd.rids, keep.tolist()))
+        sample = StepSample(m=m, verify_ms=verify_ms, drafted=drafted, draft_ms=draft_ms, n_batch=len(rnd.rids))
+        self._sl_pending = sample
+        if self._sl_profile_left > 0:
+            self._sl_samples.append(sample)
+            self._sl_profile_left -= 1
+            if self._sl_profile_left == 0:
+                self.speclimits_control_profile()
+        self._sl_records.append({"k": keep.tolist(), "cap": rnd.cap.tolist(), "drafted": drafted,
+                                 "early": rnd.early, "n_batch": len(rnd.rids)})
 
-    def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> None:
-        """The verification outcome of the round that ended in this step, for requests that verified drafts."""
+    def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
+        """The verification outcome of the round that ended in this step, for requests that verified
+        drafts: tokens emitted, the measured round (drafter start to drafter start, shared by the
+        requests of the step), the price refresh. Returns m when every request verified the same m."""
         spec = sched.scheduled_spec_decode_tokens
+        if not spec:
+            return None
         idx = [i for i, r in enumerate(rids) if len(spec.get(r, ())) > 0]
         if not idx:
-            return
+            return None
         vr = [rids[i] for i in idx]
         if isinstance(sampled, list):
             emitted = np.array([len(sampled[i]) for i in idx], dtype=float)
         else:
             emitted = (sampled[idx] != -1).sum(dim=1).cpu().numpy().astype(float)
         k = np.array([len(spec[r]) for r in vr], dtype=np.int64)
-        target_ms = (now - self._sl_t_step) * 1e3
-        cost = np.array([target_ms + self._sl_last_draft_ms.get(r, 0.0) for r in vr])
-        mem = self._sl_gather(vr)
-        self._sl_policy.observe(mem, k, cost, emitted, np.full(len(vr), np.nan))
-        self._sl_scatter(vr, mem)
+        n_step = len(rids)
+        round_ms = (now - self._sl_t_prop) * 1e3
+        share = np.full(len(vr), round_ms / n_step)
+        priced = float(self._sl_price[np.minimum(k, self._sl_k)].sum()) * n_step / len(vr)
+        if self._sl_profile is not None and np.isfinite(round_ms):
+            self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
+        if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
+            lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
+            if lens is not None:
+                self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
+                self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
+        slots = self._sl_memory.slots(vr)
+        mem = self._sl_memory.gather(slots)
+        self._sl_policy.observe(mem, k, share, emitted, np.full(len(vr), np.nan))
+        self._sl_memory.scatter(slots, mem)
+        return int(k[0]) + 1 if len(vr) == n_step and (k == k[0]).all() else None

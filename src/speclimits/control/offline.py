@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.control.fit import PolicyFit
+from speclimits.control.rules import PolicyFit
 from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, solve

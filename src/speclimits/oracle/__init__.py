@@ -8,8 +8,9 @@ Modules: :mod:`~speclimits.oracle.prepare` (the one route from a trace to the Or
 cost model and surrogate), :mod:`~speclimits.oracle.inputs` (arrays and costs),
 :mod:`~speclimits.oracle.calibration` (is the draft's probability calibrated?), :mod:`~speclimits.oracle.solver`
 (backward induction, policy evaluation, the frozen result), :mod:`~speclimits.oracle.delta`
-(Delta Space), :mod:`~speclimits.oracle.ablation` (α = 0), :mod:`~speclimits.oracle.policies`
-(online rules measured against the bound), :mod:`~speclimits.oracle.cli` (``speclimits oracle``).
+(Delta Space), :mod:`~speclimits.oracle.ablation` (α = 0), :mod:`~speclimits.oracle.cli`
+(``speclimits oracle``). The online rules measured against the bound live in :mod:`speclimits.control`
+(which imports this package, never the reverse).
 """
 
 from speclimits.oracle.inputs import CostTable, OracleInputs

@@ -1,0 +1,166 @@
+"""Round costs measured where the policy runs: profiled at engine start, refreshed while serving.
+
+The cost model of a trace prices rounds in the milliseconds of the machine and the day the trace was
+recorded, and only its target forward and draft steps. A policy inside the engine needs the costs of
+*this* engine now, in wall-clock ms, including what a round spends outside the forward and the drafter
+(scheduler, input preparation, sampling, output processing). So the controller times them itself:
+
+* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for the first rounds after it is armed
+  the controller drafts k = 1..K_max in turn (every request of the batch the same k; any k is
+  lossless) and times each engine step: the verification pass (``execute_model`` start to the
+  drafter's start, m = k + 1 rows per request), the drafter call (j steps) and the time outside both
+  (drafter end to the next step's start). Medians per m, a line in j for the drafter, the median
+  outside time: :class:`EngineProfile`, reported in ms.
+* **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in
+  wall-clock ms per request (the step's cost divided by the requests in it): ``beta0(m)`` from the
+  measured pass at width m, the draft line from the drafter's, the outside time added to the draft
+  intercept. From the offline fit only what timing cannot give: the expert slope α(m) and the Ū
+  predictor (at batch 1; at batch > 1 the step's Ū is not priced), the context slope c.
+* **Refresh** (:class:`PriceClock`): every later round's measured interval (drafter start to the
+  next drafter start) against the price of the k each request drafted, an exponentially weighted
+  ratio (weight ``w`` on the newest round, clipped to [1/3, 3] against outliers) that scales every
+  price: a machine that slows down mid-run is followed.
+
+numpy alone (the worker imports it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from speclimits.control.rules import Policy
+from speclimits.costmodel import CostModel
+from speclimits.errors import SpeclimitsError
+
+#: Rounds the controller profiles before applying a policy (about 10 per k at K_max = 6).
+PROFILE_ROUNDS = 60
+
+
+class ProfileCycle(Policy):
+    """k = 1, 2, ..., K_max, 1, 2, ... round after round, the same for every request (profiling)."""
+
+    name = "profile"
+    markov = False
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def plan(self, mem):
+        n = len(next(iter(mem.values()))) if mem else 0
+        k = 1 + self.step % self.k_max
+        self.step += 1
+        return np.full(n, k)
+
+
+@dataclass
+class StepSample:
+    """One timed engine step: ``m`` rows verified per request (None when ragged or no drafts), the
+    ``verify_ms`` of its pass, the ``drafted`` steps and ``draft_ms`` of its drafter call, the
+    ``other_ms`` from the drafter's end to the next step, the requests in the step."""
+
+    m: int | None
+    verify_ms: float
+    drafted: int
+    draft_ms: float
+    other_ms: float = float("nan")
+    n_batch: int = 1
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests).
+
+    verify_ms : {m: median verification pass with m rows per request}.
+    draft_ms0, draft_ms1 : the drafter call of j steps ≈ ``draft_ms0 + draft_ms1 · j`` (least squares
+        over the per-j medians). other_ms : median time outside the pass and the drafter.
+    """
+
+    batch: int
+    verify_ms: dict[int, float]
+    draft_ms0: float
+    draft_ms1: float
+    other_ms: float
+    n_steps: int
+    context_len: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "verify_ms": {str(m): v for m, v in self.verify_ms.items()},
+                "draft_ms0": self.draft_ms0, "draft_ms1": self.draft_ms1, "other_ms": self.other_ms,
+                "n_steps": self.n_steps, "context_len": self.context_len, **self.extra}
+
+    def round_ms(self, k: int) -> float:
+        """Measured wall ms of a whole step in which every request drafted ``k`` (k >= 1)."""
+        return self.verify_ms[k + 1] + self.draft_ms0 + self.draft_ms1 * k + self.other_ms
+
+    def cost_model(self, base: CostModel, u_bar_mean: Any, k_max: int) -> CostModel:
+        """The per-request price in wall-clock ms (see the module docstring)."""
+        b = float(self.batch)
+        u = np.asarray(u_bar_mean, dtype=float)
+        beta0, alpha = {}, {}
+        for m in range(2, k_max + 2):
+            a_m = float(base.alpha.get(m, 0.0)) if self.batch == 1 else 0.0
+            beta0[m] = self.verify_ms[m] / b - a_m * u[m] - base.c * self.context_len
+            alpha[m] = a_m
+        m1 = min(beta0)
+        beta0.setdefault(1, beta0[m1])
+        alpha.setdefault(1, alpha[m1])
+        return CostModel(c=base.c, beta0=beta0, alpha=alpha, a=self.draft_ms1 / b,
+                         b=(self.draft_ms0 + self.other_ms) / b,
+                         source=f"profiled in the engine at batch {self.batch} ({self.n_steps} steps, wall-clock ms "
+                                f"per request); alpha and c from {base.source or 'the fit'}")
+
+
+def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: float = 0.0) -> EngineProfile:
+    """:class:`EngineProfile` from timed steps (those with every request at the same m; at the full
+    batch when there are such steps). Widths m not profiled are filled by a line through those that were."""
+    full = [s for s in samples if s.n_batch == batch] or samples
+    if not full:
+        raise SpeclimitsError("speclimits control: no timed steps to profile (generate some tokens first)")
+    by_m: dict[int, list[float]] = {}
+    by_j: dict[int, list[float]] = {}
+    for s in full:
+        if s.m is not None and s.m >= 2:
+            by_m.setdefault(s.m, []).append(s.verify_ms)
+        if s.drafted >= 1:
+            by_j.setdefault(s.drafted, []).append(s.draft_ms)
+    if not by_m or not by_j:
+        raise SpeclimitsError("speclimits control: the profiled steps verified no drafts")
+    ms = np.array(sorted(by_m))
+    med = np.array([np.median(by_m[m]) for m in ms])
+    if len(ms) >= 2:
+        slope, icpt = np.polyfit(ms, med, 1)
+    else:
+        slope, icpt = 0.0, float(med[0])
+    verify = {int(m): float(v) for m, v in zip(ms, med)}
+    for m in range(2, k_max + 2):
+        verify.setdefault(m, float(icpt + slope * m))
+    js = np.array(sorted(by_j))
+    dmed = np.array([np.median(by_j[j]) for j in js])
+    d1, d0 = np.polyfit(js, dmed, 1) if len(js) >= 2 else (float(dmed[0]), 0.0)
+    other = np.array([s.other_ms for s in full if np.isfinite(s.other_ms)])
+    return EngineProfile(batch=int(batch), verify_ms=verify, draft_ms0=float(d0), draft_ms1=float(d1),
+                         other_ms=float(np.median(other)) if other.size else 0.0, n_steps=len(full),
+                         context_len=float(context_len),
+                         extra={"verify_samples": {str(m): len(v) for m, v in by_m.items()},
+                                "draft_median_ms": {str(int(j)): float(v) for j, v in zip(js, dmed)}})
+
+
+class PriceClock:
+    """The refresh: ``scale`` follows measured round time over priced round time (see the module docstring)."""
+
+    def __init__(self, weight: float = 0.05, clip: float = 3.0) -> None:
+        self.weight, self.clip = float(weight), float(clip)
+        self.scale = 1.0
+        self.n = 0
+
+    def update(self, measured_ms: float, priced_ms: float) -> float:
+        if not (np.isfinite(measured_ms) and priced_ms > 0):
+            return self.scale
+        ratio = min(max(measured_ms / priced_ms, 1.0 / self.clip), self.clip)
+        self.scale += self.weight * (ratio - self.scale)
+        self.n += 1
+        return self.scale

@@ -1,0 +1,588 @@
+"""The policies as the engine runs them: the rules and their configuration, in numpy alone.
+
+This module is what the vLLM worker imports (:mod:`speclimits.control.extension`): it needs numpy
+and the cost-model reader, not the statistics stack (no scikit-learn, statsmodels or scipy), so a
+worker loads a policy in milliseconds. The offline harness that evaluates the same objects on Oracle
+inputs (exact policy evaluation, rollouts, fitting) is :mod:`speclimits.control.policies`.
+
+* :class:`Policy` and the rules: :class:`StaticK`, :class:`ConfidenceThreshold`, :class:`DeltaRule`,
+  :class:`EmaAcceptedLength`, :class:`UtilityTestAndSet` (and :class:`RandomK`, :class:`FixedActions`
+  for tests and the Oracle's own actions).
+* :class:`PolicyFit`: the one configuration of every policy (the policy JSON written by
+  ``speclimits control fit``); :meth:`PolicyFit.make` builds a rule by name (:data:`POLICY_NAMES`).
+
+Every rule sees only what a running system sees: the draft's own confidence (top-1 probability)
+instead of the reference match probability, a predicted Ū instead of the counterfactual one, a
+running estimate of the time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel`:
+the trace's fit offline, or the costs profiled on the serving machine inside the engine
+(:mod:`speclimits.control.profile`), scaled by :attr:`Policy.price_scale` as the engine refreshes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from speclimits.costmodel import CostModel
+from speclimits.errors import SpeclimitsError
+
+if TYPE_CHECKING:  # the offline harness's types; never imported by the worker
+    from speclimits.oracle.inputs import CostTable, OracleInputs
+
+FORMAT = "speclimits-policy/1"
+#: Policy names :meth:`PolicyFit.make` understands, besides ``static:K`` and ``random:SEED``.
+POLICY_NAMES = ("threshold", "delta", "delta-fixed", "ema", "cascade")
+
+# ---------------------------------------------------------------------------
+# Policies: one implementation, two harnesses
+# ---------------------------------------------------------------------------
+
+
+class Policy:
+    """Base class of a rule that chooses the draft length k of each live request, round by round.
+
+    The rule is written once, against what a running system has, and driven by two harnesses:
+
+    * the engine (:class:`speclimits.control.extension.ControlWorkerExtension`) calls
+      :meth:`plan` before drafting, :meth:`more` after each draft step with the confidences
+      drafted so far (each passed once through :meth:`transform_conf`), :meth:`final_keep` when
+      the drafter has stopped, and :meth:`observe` after the verification pass;
+    * the offline evaluation calls :meth:`decide`, which runs the same :meth:`plan` /
+      :meth:`more` loop on the states' recorded ``draft_conf`` (exact policy evaluation for
+      state-only rules, rollouts for rules with memory).
+
+    Arrays are per request of the batch (``b``): ``mem`` is a dict of (b,) arrays created by
+    :meth:`init_memory`; :meth:`round_context` adds what a round's decisions share (computed once
+    per round, not per draft step); ``conf`` is (b, j), the transformed confidences at steps 1..j.
+    :meth:`setup` gives the policy K_max and the cost model (the engine's harness);
+    :meth:`bind` does that and attaches Oracle inputs (the offline harness).
+    ``price_scale`` multiplies the cost model's round costs (the engine sets it from the rounds it
+    times, so that a machine that slows down is followed; 1 offline).
+    """
+
+    name = "policy"
+    markov = True  # True: the action depends only on the state (no memory)
+    uses_confidence = False  # True: more() reads the draft's confidences (the engine computes them only then)
+    price_scale = 1.0
+
+    def setup(self, k_max: int, model: CostModel) -> "Policy":
+        """K_max and the cost model; returns self."""
+        self.k_max, self.model = int(k_max), model
+        self.fixed_ms, self.slope_ms = model.action_terms(self.k_max)  # (k_max + 1,): round cost without c·L
+        return self
+
+    def bind(self, inputs: "OracleInputs", table: "CostTable") -> "Policy":
+        """Offline: :meth:`setup` from a cost table and attach the inputs it evaluates on."""
+        self.setup(table.k_max, table.model)
+        self.inputs, self.table = inputs, table
+        return self
+
+    def init_memory(self, n: int) -> dict[str, np.ndarray]:
+        return {}
+
+    def round_context(self, mem: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
+        """Per-request arrays the round's decisions share (e.g. the priced actions), computed once per round."""
+        return {}
+
+    def transform_conf(self, conf: np.ndarray) -> np.ndarray:
+        """The map applied once to each draft step's top-1 probabilities (identity; a calibration map)."""
+        return conf
+
+    def plan(self, mem: dict[str, np.ndarray]) -> np.ndarray:
+        """(b,) most tokens to draft this round, decided before drafting (1..k_max)."""
+        return np.full(len(next(iter(mem.values()))) if mem else 0, self.k_max)
+
+    def more(self, j: int, conf: np.ndarray, mem: dict[str, np.ndarray]) -> np.ndarray:
+        """After draft step j: (b,) int, -1 to draft step j + 1, else the tokens to keep (<= j)."""
+        return np.full(conf.shape[0], -1)
+
+    def final_keep(self, conf: np.ndarray, keep: np.ndarray, mem: dict[str, np.ndarray]) -> np.ndarray:
+        """When the drafter has stopped after ``conf.shape[1]`` steps (the last request to stop): the
+        tokens each request keeps, given what it chose (``keep``); the draft steps past a request's own
+        stop are paid already, so a rule may keep more of them. Default: ``keep``."""
+        return keep
+
+    def observe(self, mem: dict[str, np.ndarray], k: np.ndarray, cost_ms: np.ndarray, emitted: np.ndarray,
+                u_bar: np.ndarray) -> None:
+        """After verification: drafted ``k`` (b,), round ``cost_ms`` (b,), tokens ``emitted`` (b,) and
+        the observed Ū of the pass (b,; NaN where not measured)."""
+        return None
+
+    # -- the offline driver of plan/more ----------------------------------------------------
+    def conf_of(self, rows: np.ndarray) -> np.ndarray:
+        """(b, k_max) recorded draft confidences of the bound states ``rows``, transformed."""
+        return self.inputs.draft_conf[rows, : self.k_max]
+
+    def decide(self, rows: np.ndarray, mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Offline: ``(k (b,), extra draft ms (b,))`` for the bound states ``rows``, by the loop the
+        engine runs: draft step j, ask :meth:`more`; a token drafted and then dropped costs ``a`` ms."""
+        b = len(rows)
+        if not mem:
+            mem = {"_n": np.zeros(b)}
+        cap = np.clip(np.asarray(self.plan(mem), dtype=np.int64), 1, self.k_max)
+        ctx = {**mem, **self.round_context(mem, b)}
+        conf = self.conf_of(rows)
+        keep = np.full(b, -1)
+        drafted = np.zeros(b, dtype=np.int64)
+        for j in range(1, self.k_max + 1):
+            live = keep < 0
+            if not live.any():
+                break
+            drafted[live] = j
+            at_cap = live & (cap <= j)
+            keep[at_cap] = cap[at_cap]
+            ask = live & ~at_cap
+            if ask.any():
+                sub = {key: val[ask] for key, val in ctx.items()}
+                out = np.asarray(self.more(j, conf[ask, :j], sub))
+                keep[np.flatnonzero(ask)[out >= 0]] = out[out >= 0]
+        keep[keep < 0] = self.k_max
+        return keep, (drafted - keep) * self.model.a
+
+    def actions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Markov policies: (k, extra ms) for every state of the bound inputs."""
+        if not self.markov:
+            raise TypeError(f"{self.name} has memory: evaluate it with rollouts")
+        rows = np.arange(self.inputs.n_states)
+        return self.decide(rows, self.init_memory(len(rows)))
+
+    def describe(self) -> str:
+        return ""
+
+
+class StaticK(Policy):
+    """Always draft k tokens (capped at K_max)."""
+
+    def __init__(self, k: int):
+        self.k = int(k)
+        self.name = f"static K = {self.k}"
+
+    def plan(self, mem):
+        return np.full(len(next(iter(mem.values()))), min(self.k, self.k_max))
+
+
+class FixedActions(Policy):
+    """A given action per state (e.g. the Oracle's k*); offline only."""
+
+    def __init__(self, k: np.ndarray, name: str = "fixed"):
+        self.k, self.name = np.asarray(k, dtype=np.int64), name
+
+    def decide(self, rows, mem):
+        return self.k[rows], np.zeros(len(rows))
+
+
+class RandomK(Policy):
+    """A seeded random k in 1..K_max per request per round: a control arm for losslessness tests
+    (ragged k within a batch, early exits), not a serious rule."""
+
+    markov = False
+
+    def __init__(self, seed: int = 0):
+        self.seed, self.rng = int(seed), np.random.default_rng(seed)
+        self.name = "random k"
+
+    def plan(self, mem):
+        return self.rng.integers(1, self.k_max + 1, size=len(next(iter(mem.values()))))
+
+
+class ConfidenceThreshold(Policy):
+    """Draft while the cumulative draft confidence ``prod_{i<=j} conf_i`` stays >= τ (SpecDec++ /
+    DISCO-style); the token at which it falls below τ is kept (at least 1, at most K_max)."""
+
+    uses_confidence = True
+
+    def __init__(self, tau: float):
+        self.tau = float(tau)
+        self.name = "confidence threshold"
+
+    def more(self, j, conf, mem):
+        return np.where(np.prod(conf, axis=1) >= self.tau, -1, j)
+
+    def describe(self) -> str:
+        return f"τ = {self.tau:.3g}"
+
+
+class DeltaRule(Policy):
+    """The Delta-Space rule online, with the Oracle's value replaced by ``V(n) ≈ λ·(N - n)``.
+
+    Per round the rule scores ``Q̂(k) = Ĉ(k) - λ·Ê[a](k)`` with ``Ê[a](k) = sum_{j<=k} prod_{i<=j} p_i``
+    (p the draft confidence, optionally calibrated by a monotone map fitted on training rounds)
+    and ``Ĉ(k) = a·k + b + beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term cancels), with Û from
+    ``u_bar_mean[m]`` (``u_pred="mean"``) or the previous round's observed Ū rescaled by
+    ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``; falls back to the mean where no Ū was
+    observed). λ is fixed at ``lambda0`` or running: ``(w·λ0 + elapsed ms) / (w + emitted tokens)``
+    within a sequence.
+
+    ``stop="lookahead"`` (default): after drafting j tokens the rule drafts step j + 1 only if
+    the best k >= j under Q̂ — the confidences of steps not drafted yet extrapolated from the
+    last one — is longer than j; so it never drafts a token it discards, and it can pass a
+    non-convex stretch of Ĉ (the m = 4/5 regime change). ``stop="greedy"``: extend k -> k+1
+    while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space necessary condition, first failure stops); it has
+    to draft step k + 1 to see its confidence, so a stop before K_max costs one draft step (``a`` ms).
+    """
+
+    uses_confidence = True
+
+    def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
+                 u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
+                 stop: str = "lookahead", name: str = ""):
+        if u_pred not in ("mean", "previous"):
+            raise ValueError("u_pred must be 'mean' or 'previous'")
+        if stop not in ("lookahead", "greedy"):
+            raise ValueError("stop must be 'lookahead' or 'greedy'")
+        self.lambda0, self.u_bar_mean = float(lambda0), np.asarray(u_bar_mean, dtype=float)
+        self.calibration, self.u_pred, self.stop = calibration, u_pred, stop
+        self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
+        self.markov = not running_lambda and u_pred == "mean"
+        self.name = name or "Delta rule"
+
+    def describe(self) -> str:
+        return (f"{self.stop} stop, λ0 = {self.lambda0:.3f} ms/token"
+                f"{' (running)' if self.running_lambda else ' (fixed)'}, "
+                f"Ū: {'mean per m' if self.u_pred == 'mean' else 'previous round'}, "
+                f"confidence {'calibrated' if self.calibration is not None else 'raw'}")
+
+    def setup(self, k_max, model):
+        super().setup(k_max, model)
+        if len(self.u_bar_mean) < self.k_max + 2:
+            raise SpeclimitsError(f"u_bar_mean needs entries for m = 1..{self.k_max + 1}")
+        return self
+
+    def transform_conf(self, conf: np.ndarray) -> np.ndarray:
+        """The calibration map applied to confidences of any shape."""
+        if self.calibration is None:
+            return conf
+        return self.calibration.predict(conf.ravel()).reshape(conf.shape)
+
+    def bind(self, inputs, table):
+        super().bind(inputs, table)
+        self._conf = self.transform_conf(inputs.draft_conf[:, : self.k_max])
+        return self
+
+    def conf_of(self, rows):
+        return self._conf[rows]
+
+    def init_memory(self, n):
+        return {"elapsed": np.zeros(n), "emitted": np.zeros(n), "u_prev": np.full(n, np.nan),
+                "m_prev": np.zeros(n, dtype=np.int64)}
+
+    def c_hat(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
+        """(b, k_max + 1) predicted round cost without c·L, for k = 0..k_max (times :attr:`price_scale`)."""
+        ms = np.arange(1, self.k_max + 2)
+        if self.u_pred == "mean":
+            row = self.fixed_ms + self.slope_ms * self.u_bar_mean[ms]
+            return np.broadcast_to(row * self.price_scale if self.price_scale != 1.0 else row, (b, len(ms)))
+        u_hat = np.broadcast_to(self.u_bar_mean[ms], (b, len(ms))).copy()
+        seen = np.isfinite(mem["u_prev"]) & (mem["m_prev"] >= 1)
+        scale = mem["u_prev"][seen] / self.u_bar_mean[mem["m_prev"][seen]]
+        u_hat[seen] = self.u_bar_mean[ms][None, :] * scale[:, None]
+        out = self.fixed_ms[None, :] + self.slope_ms[None, :] * u_hat
+        return out * self.price_scale if self.price_scale != 1.0 else out
+
+    def lam(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
+        """(b,) the value of one token of progress, ms."""
+        if not self.running_lambda:
+            return np.full(b, self.lambda0)
+        return (self.prior_tokens * self.lambda0 + mem["elapsed"]) / (self.prior_tokens + mem["emitted"])
+
+    def round_context(self, mem, b):
+        return {"_c": self.c_hat(mem, b), "_lam": self.lam(mem, b)}
+
+    def more(self, j, conf, mem):
+        b, kk = conf.shape[0], self.k_max
+        c_hat, lam = mem["_c"], mem["_lam"]
+        if self.stop == "greedy":
+            if j == 1:
+                return np.full(b, -1)
+            ok = c_hat[:, j] - c_hat[:, j - 1] <= lam * np.prod(conf, axis=1)
+            return np.where(ok, -1, j - 1)
+        # confidences known for steps 1..j; later ones extrapolated from step j
+        full = np.concatenate([conf, np.repeat(conf[:, -1:], kk - j, axis=1)], axis=1)
+        e_a = np.concatenate([np.zeros((b, 1)), np.cumsum(np.cumprod(full, axis=1), axis=1)], axis=1)
+        q_hat = c_hat - lam[:, None] * e_a
+        return np.where(np.argmin(q_hat[:, j:], axis=1) == 0, j, -1)
+
+    def final_keep(self, conf, keep, mem):
+        """Past its own stop a request's extra draft steps are paid: keep token t when the verification
+        alone (Ĉ less the draft line ``a·k``) is worth it, ``Q̂(k) = Ĉ(k) - a·k - λ·Ê[a](k)`` over
+        k = keep..drafted with the drafted confidences."""
+        drafted = conf.shape[1]
+        if drafted == 0 or (keep >= drafted).all():
+            return keep
+        ks = np.arange(drafted + 1)
+        c_v = mem["_c"][:, : drafted + 1] - self.model.a * self.price_scale * ks[None, :]
+        e_a = np.concatenate([np.zeros((len(keep), 1)), np.cumsum(np.cumprod(conf, axis=1), axis=1)], axis=1)
+        q = c_v - mem["_lam"][:, None] * e_a
+        q = np.where(ks[None, :] >= keep[:, None], q, np.inf)
+        return np.argmin(q, axis=1)
+
+    def observe(self, mem, k, cost_ms, emitted, u_bar):
+        mem["elapsed"] += cost_ms
+        mem["emitted"] += emitted
+        mem["u_prev"] = np.asarray(u_bar, dtype=float).copy()
+        mem["m_prev"] = np.asarray(k, dtype=np.int64) + 1
+
+
+class EmaAcceptedLength(Policy):
+    """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request.
+
+    An EMA of the accept length (accepted drafts + the bonus token, as SGLang counts it; weight
+    ``alpha`` on the newest round) drives the draft length
+    among the ``steps`` tier (clipped to K_max): after ``warmup`` rounds at the starting step, every
+    ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5,
+    and down only when the target falls below the current step - 0.5 - ``hysteresis``.
+    Reimplemented from the description in the public issue thread; SGLang keys its tiers on the
+    batch size and shares one EMA across the batch, here every request has its own.
+    """
+
+    markov = False
+
+    def __init__(self, steps: tuple[int, ...] = (1, 3, 5, 7), alpha: float = 0.2, warmup: int = 10,
+                 every: int = 5, hysteresis: float = 0.25, start: int | None = None):
+        self.steps, self.alpha, self.warmup, self.every = tuple(int(s) for s in steps), float(alpha), int(warmup), \
+            int(every)
+        self.hysteresis, self.start = float(hysteresis), start
+        self.name = "EMA of accepted length"
+
+    def describe(self) -> str:
+        return f"steps {list(self.tiers)}, α = {self.alpha}, warm-up {self.warmup}, every {self.every}"
+
+    @property
+    def tiers(self) -> np.ndarray:
+        return np.unique(np.clip(np.asarray(self.steps), 1, self.k_max))
+
+    def init_memory(self, n):
+        tiers = self.tiers
+        start = tiers[len(tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
+        return {"ema": np.full(n, np.nan), "rounds": np.zeros(n), "k": np.full(n, float(start))}
+
+    def plan(self, mem):
+        return mem["k"].astype(np.int64)
+
+    def observe(self, mem, k, cost_ms, emitted, u_bar):
+        acc = np.asarray(emitted, dtype=float)  # SGLang's accept length: accepted drafts + the bonus token
+        mem["ema"] = np.where(np.isnan(mem["ema"]), acc, (1 - self.alpha) * mem["ema"] + self.alpha * acc)
+        mem["rounds"] += 1
+        due = (mem["rounds"] >= self.warmup) & ((mem["rounds"] - self.warmup) % self.every == 0)
+        if not due.any():
+            return
+        target = mem["ema"][due] + 1
+        tiers = self.tiers
+        up = tiers[np.maximum(np.searchsorted(tiers - 0.5, target, side="right") - 1, 0)]
+        cur = mem["k"][due]
+        new = np.where(up > cur, up, np.where(target < cur - 0.5 - self.hysteresis, up, cur))
+        mem["k"][due] = new
+
+
+class UtilityTestAndSet(Policy):
+    """Cascade-style test-and-set of K per request (arXiv 2506.20675), from its description.
+
+    The rule alternates a *test* phase, which drafts each candidate k in ``candidates`` (clipped to
+    K_max) for ``test_rounds`` rounds and measures its utility — tokens emitted per ms of round
+    time — and a *set* phase of ``set_rounds`` rounds at the k of highest measured utility.
+    The paper also caps the slowdown against plain decoding; without a plain-decoding arm inside
+    a speculative engine, that cap is not reproduced here.
+    """
+
+    markov = False
+
+    def __init__(self, candidates: tuple[int, ...] = (1, 2, 3, 4, 6), test_rounds: int = 2, set_rounds: int = 16):
+        self.candidates, self.test_rounds, self.set_rounds = tuple(int(c) for c in candidates), int(test_rounds), \
+            int(set_rounds)
+        self.name = "utility test-and-set"
+
+    def describe(self) -> str:
+        return f"candidates {list(self.ks)}, test {self.test_rounds} rounds each, set {self.set_rounds} rounds"
+
+    @property
+    def ks(self) -> np.ndarray:
+        return np.unique(np.clip(np.asarray(self.candidates), 1, self.k_max))
+
+    def init_memory(self, n):
+        c = len(self.ks)
+        mem = {"t": np.zeros(n), "best": np.full(n, float(self.ks[0]))}
+        for i in range(c):
+            mem[f"tok{i}"], mem[f"ms{i}"] = np.zeros(n), np.zeros(n)
+        return mem
+
+    def _phase(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(testing (b,) bool, candidate index under test (b,))."""
+        n_test = len(self.ks) * self.test_rounds
+        cyc = t % (n_test + self.set_rounds)
+        return cyc < n_test, np.minimum(cyc // self.test_rounds, len(self.ks) - 1).astype(np.int64)
+
+    def plan(self, mem):
+        testing, idx = self._phase(mem["t"])
+        return np.where(testing, self.ks[idx], mem["best"]).astype(np.int64)
+
+    def observe(self, mem, k, cost_ms, emitted, u_bar):
+        testing, idx = self._phase(mem["t"])
+        for i in range(len(self.ks)):
+            sel = testing & (idx == i)
+            mem[f"tok{i}"][sel] += emitted[sel]
+            mem[f"ms{i}"][sel] += cost_ms[sel]
+        mem["t"] += 1
+        n_test = len(self.ks) * self.test_rounds
+        ended = (mem["t"] % (n_test + self.set_rounds)) == n_test
+        if ended.any():
+            util = np.stack([mem[f"tok{i}"] / np.maximum(mem[f"ms{i}"], 1e-9) for i in range(len(self.ks))], axis=1)
+            mem["best"][ended] = self.ks[np.argmax(util[ended], axis=1)]
+            for i in range(len(self.ks)):
+                mem[f"tok{i}"][ended] = 0.0
+                mem[f"ms{i}"][ended] = 0.0
+
+
+
+
+# ---------------------------------------------------------------------------
+# Configuration: the policy JSON
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationMap:
+    """A monotone map confidence -> match probability, linear between thresholds, clipped at the ends
+    (what a fitted scikit-learn ``IsotonicRegression`` with ``out_of_bounds="clip"`` predicts).
+
+    x, y : (t,) thresholds, x increasing.
+    """
+
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+    @classmethod
+    def from_isotonic(cls, iso: Any) -> "CalibrationMap":
+        return cls(tuple(float(v) for v in iso.X_thresholds_), tuple(float(v) for v in iso.y_thresholds_))
+
+    def predict(self, conf: Any) -> np.ndarray:
+        return np.interp(np.asarray(conf, dtype=float), self.x, self.y)
+
+
+@dataclass(frozen=True)
+class PolicyFit:
+    """Fitted policy parameters (the JSON the engine loads). See the module docstring.
+
+    Attributes
+    ----------
+    k_max : K_max (the engine's ``num_speculative_tokens``).
+    tau : confidence threshold τ. lambda_ : Delta rule λ (ms per token); lambda_oracle : the train
+        Oracle's time per token it was scaled from.
+    u_bar_mean : (k_max + 2,) mean Ū per m (index m; index 0 = index 1).
+    calibration : the confidence calibration map.
+    cost_model : the cost model the policies price rounds with.
+    train_seq_ids, test_seq_ids : the split by reference.
+    data : where the fit came from (trace path, meta, surrogate, counts).
+    curves : the train-time curves over τ and λ (lists of records).
+    tokens_per_round : (k_max,) tokens per round of static K = 1..k_max in the replayed train
+        references (dimensionless; with costs profiled in the engine it prices λ there).
+    lambda_ratio : λ over the best static K's time per token on the train references (dimensionless).
+    """
+
+    k_max: int
+    tau: float
+    lambda_: float
+    lambda_oracle: float
+    u_bar_mean: tuple[float, ...]
+    calibration: CalibrationMap
+    cost_model: CostModel
+    train_seq_ids: tuple[str, ...]
+    test_seq_ids: tuple[str, ...]
+    data: dict[str, Any] = field(default_factory=dict)
+    curves: dict[str, Any] = field(default_factory=dict)
+    prior_tokens: float = 32.0
+    tokens_per_round: tuple[float, ...] | None = None
+    lambda_ratio: float | None = None
+
+    # -- policies ---------------------------------------------------------------------------
+    def make(self, name: str) -> Policy:
+        """The policy called ``name``: ``static:K``, or one of :data:`POLICY_NAMES`; already
+        :meth:`~speclimits.control.policies.Policy.setup` with K_max and the cost model."""
+        u = np.asarray(self.u_bar_mean)
+        if name.startswith("static:"):
+            try:
+                pol: Policy = StaticK(int(name.split(":", 1)[1]))
+            except ValueError:
+                raise SpeclimitsError(f"policy {name!r}: expected static:K with an integer K") from None
+        elif name == "threshold":
+            pol = ConfidenceThreshold(self.tau)
+        elif name == "delta":
+            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=True,
+                            prior_tokens=self.prior_tokens, name="Delta rule, running λ")
+        elif name == "delta-fixed":
+            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=False, name="Delta rule, fixed λ")
+        elif name == "ema":
+            pol = EmaAcceptedLength()
+        elif name == "cascade":
+            pol = UtilityTestAndSet()
+        elif name.startswith("random"):
+            pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
+        else:
+            raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)}")
+        return pol.setup(self.k_max, self.cost_model)
+
+    # -- JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "k_max": self.k_max, "tau": self.tau, "lambda": self.lambda_,
+            "lambda_oracle": self.lambda_oracle, "prior_tokens": self.prior_tokens,
+            "u_bar_mean": list(self.u_bar_mean),
+            "calibration": {"x": list(self.calibration.x), "y": list(self.calibration.y)},
+            "cost_model": self.cost_model.to_dict(),
+            "split": {"train": list(self.train_seq_ids), "test": list(self.test_seq_ids)},
+            "data": self.data, "curves": self.curves,
+            "tokens_per_round": None if self.tokens_per_round is None else list(self.tokens_per_round),
+            "lambda_ratio": self.lambda_ratio,
+        }
+
+    def write(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        from speclimits.jsonutil import dumps  # the curves are DataFrames: only the fit writes
+
+        p.write_text(dumps(self.to_dict(), indent=1) + "\n")
+        return p
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], origin: str = "policy JSON") -> "PolicyFit":
+        if d.get("format") != FORMAT:
+            raise SpeclimitsError(f"{origin}: 'format' must be {FORMAT!r}, got {d.get('format')!r}")
+        try:
+            return cls(k_max=int(d["k_max"]), tau=float(d["tau"]), lambda_=float(d["lambda"]),
+                       lambda_oracle=float(d["lambda_oracle"]), u_bar_mean=tuple(float(v) for v in d["u_bar_mean"]),
+                       calibration=CalibrationMap(tuple(d["calibration"]["x"]), tuple(d["calibration"]["y"])),
+                       cost_model=CostModel.from_dict(d["cost_model"], origin=f"{origin}: cost_model"),
+                       train_seq_ids=tuple(d["split"]["train"]), test_seq_ids=tuple(d["split"]["test"]),
+                       data=dict(d.get("data", {})), curves=dict(d.get("curves", {})),
+                       prior_tokens=float(d.get("prior_tokens", 32.0)),
+                       tokens_per_round=None if d.get("tokens_per_round") is None else
+                       tuple(float(v) for v in d["tokens_per_round"]),
+                       lambda_ratio=None if d.get("lambda_ratio") is None else float(d["lambda_ratio"]))
+        except KeyError as exc:
+            raise SpeclimitsError(f"{origin}: missing field {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise SpeclimitsError(f"{origin}: bad value ({exc})") from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> "PolicyFit":
+        from speclimits.jsonutil import read_json
+
+        d = read_json(path, "policy file", SpeclimitsError,
+                      missing_hint=f"write one with `speclimits control fit TRACE --out {path}`")
+        return cls.from_dict(d, origin=f"policy file {Path(path)}")
+
+
+
+    def engine_lambda(self, model: CostModel, u_bar_mean: Any = None) -> float:
+        """λ0 in the units of ``model`` (e.g. costs profiled in the engine, wall-clock ms): the fit's
+        dimensionless ratio times the best static K's predicted time per token under ``model``
+        (``min_k Ĉ(k) / tokens_per_round[k]``); the fit's own λ when it has no ratio (an older file)."""
+        if self.lambda_ratio is None or self.tokens_per_round is None:
+            return self.lambda_
+        u = np.asarray(self.u_bar_mean if u_bar_mean is None else u_bar_mean, dtype=float)
+        fixed, slope = model.action_terms(self.k_max)
+        ks = np.arange(1, self.k_max + 1)
+        per_token = (fixed[ks] + slope[ks] * u[ks + 1]) / np.asarray(self.tokens_per_round, dtype=float)
+        return float(self.lambda_ratio * np.nanmin(per_token))
