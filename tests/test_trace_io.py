@@ -101,6 +101,24 @@ def test_cost_model_json_round_trip_and_evaluation(tmp_path):
     assert np.isnan(fixed2[2]) and np.isnan(slope2[2])
 
 
+def test_cost_model_write_is_strict(tmp_path):
+    """No NaN token in the file: a NaN in the fit's extras is written as null (valid JSON, read
+    back), a non-finite coefficient is refused before anything is written."""
+    from dataclasses import replace
+
+    data = {"target": {"c": 0.001, "by_m": {"2": {"beta0": 6.0, "alpha": 0.2}}}, "draft": {"a": 0.5, "b": 0.1},
+            "fit": {"draft": {"r2": float("nan")}}}
+    cm = CostModel.from_dict(data)
+    path = cm.write(tmp_path / "cm.json")
+    text = path.read_text()
+    assert "NaN" not in text and json.loads(text)["fit"]["draft"]["r2"] is None
+    assert CostModel.read(path).alpha == {2: 0.2}
+    for bad in (replace(cm, c=float("nan")), replace(cm, alpha={2: float("inf")})):
+        with pytest.raises(CostModelError, match="non-finite"):
+            bad.write(tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["target"].pop("c"), "missing 'target.c'"),
     (lambda d: d["target"]["by_m"]["2"].pop("alpha"), "missing 'target.by_m.2.alpha'"),

@@ -12,7 +12,6 @@ Target time of a pass with ``m`` rows, ``u_bar`` unique experts per layer and co
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from speclimits.errors import CostModelError
-from speclimits.jsonutil import read_json
+from speclimits.jsonutil import dumps, read_json
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,18 @@ class CostModel:
         return out
 
     def write(self, path: str | Path) -> Path:
+        """Write the JSON (strict, as every writer of the package: :func:`speclimits.jsonutil.dumps`);
+        a non-finite coefficient raises :class:`CostModelError` instead of writing a file that
+        :meth:`read` would refuse."""
+        coefficients = {"target.c": self.c, "draft.a": self.a, "draft.b": self.b,
+                        **{f"target.by_m.{m}.beta0": v for m, v in self.beta0.items()},
+                        **{f"target.by_m.{m}.alpha": v for m, v in self.alpha.items()}}
+        bad = [name for name, v in coefficients.items() if not np.isfinite(v)]
+        if bad:
+            raise CostModelError(f"cost model {path}: not written, non-finite coefficients {', '.join(bad)}")
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        p.write_text(dumps(self.to_dict(), indent=2) + "\n")
         return p
 
     def with_alpha_scale(self, scale: float) -> "CostModel":

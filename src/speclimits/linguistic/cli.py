@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from speclimits.cliutil import add_oracle_arguments
-from speclimits.jsonutil import jsonable
+from speclimits.jsonutil import dumps, jsonable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -88,7 +87,7 @@ def _kind_block(st: Any) -> dict[str, Any]:
 def _cli(args: argparse.Namespace) -> int:
     out = run(args.trace, args.cost_model, args.k_max, args.n_boot, args.seed, args.surrogate, args.decisions)
     if args.json:
-        print(json.dumps(jsonable(out), indent=2, ensure_ascii=False))
+        print(dumps(out, indent=2, ensure_ascii=False))
         return 0
     print(f"{out['trace']}: {out['source']}")
     print(f"{out['cost_model']}; K_max = {out['k_max']}; {out['n_decisions']:,} decisions over "

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import dumps
 
 DOMAINS = ("code", "en", "ru")
 RU_PACKAGES = ("manpages-ru", "manpages-ru-dev")
@@ -262,7 +263,7 @@ def build_corpus(out: str | Path, scratch: str | Path, cfg: CorpusConfig | None 
         for dom, st in doms.items():
             if st["documents"] == 0:
                 raise CorpusError(f"domain {dom!r} has no documents in the {split} split")
-    (out / "corpus_meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+    (out / "corpus_meta.json").write_text(dumps(meta, indent=2, ensure_ascii=False) + "\n")
     return meta
 
 

@@ -8,7 +8,6 @@ windows.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from speclimits.jsonutil import dumps
 from speclimits.models.eagle3 import FeatureCache, build_cache
 
 
@@ -106,5 +106,5 @@ def train_dense(cfg: DenseConfig, target, train_seqs: np.ndarray, valid_seqs: np
     metrics = {"config": asdict(cfg), "parameters": n_params, "train_seconds": round(train_s, 1),
                "train_sequences": len(cache), "valid_soft_ce": round(v_loss, 4),
                "valid_top1_agreement": round(v_agree, 4), "history": history}
-    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "train_metrics.json").write_text(dumps(metrics, indent=2) + "\n")
     return metrics

@@ -33,6 +33,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from speclimits.jsonutil import dumps
+
 
 @dataclass
 class HeadConfig:
@@ -343,7 +345,7 @@ def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict
     metrics = {"config": asdict(cfg) | {"aux_layer_ids": list(aux_ids)}, "train_seconds": round(train_s, 1),
                "train_sequences": len(cache), "parameters": sum(p.numel() for p in head.parameters()),
                "draft_vocab_coverage": round(coverage, 4), "valid_agreement": valid, "history": history}
-    (Path(out) / "train_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (Path(out) / "train_metrics.json").write_text(dumps(metrics, indent=2) + "\n")
     return metrics
 
 
@@ -373,7 +375,7 @@ def save_head(head: Eagle3Head, out: str | Path, hidden: int, aux_ids: tuple[int
     state["t2d"] = torch.from_numpy(t2d)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = head_config_dict(hidden, aux_ids, target_config, cfg)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "config.json").write_text(dumps(config, indent=2) + "\n")
 
 
 def head_config_dict(hidden: int, aux_ids: tuple[int, ...], target_config, cfg: HeadConfig) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import dumps, read_json
 
 STAGES = ("corpus", "tokenizer", "heldout", "target", "headdata", "eagle3", "dense", "serve")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -34,7 +35,7 @@ class Pipeline:
         self.out.mkdir(parents=True, exist_ok=True)
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.meta_path = self.out / "meta.json"
-        self.meta = json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
+        self.meta = read_json(self.meta_path, "models meta", SpeclimitsError) if self.meta_path.exists() else {}
         self.log_file = open(self.out / "train.log", "a", encoding="utf-8")
 
     # paths
@@ -65,7 +66,7 @@ class Pipeline:
         self.log_file.flush()
 
     def save_meta(self) -> None:
-        self.meta_path.write_text(json.dumps(self.meta, indent=2, ensure_ascii=False) + "\n")
+        self.meta_path.write_text(dumps(self.meta, indent=2, ensure_ascii=False) + "\n")
 
     def done(self, stage: str) -> bool:
         return stage in self.meta.get("stages", {})
@@ -99,7 +100,7 @@ class Pipeline:
             cfg = replace(cfg, max_domain_chars={"code": 300_000, "en": 300_000, "ru": 300_000},
                           max_en_man_pages=60, heldout_share=0.15)
         meta = build_corpus(self.corpus_dir, self.scratch, cfg, log=self.log, progress=self.progress)
-        (self.out / "corpus_meta.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        (self.out / "corpus_meta.json").write_text(dumps(meta, indent=2, ensure_ascii=False) + "\n")
         return {"splits": meta["splits"]}
 
     def stage_tokenizer(self) -> dict:
@@ -266,7 +267,7 @@ class Pipeline:
                                               served["acceptance"]["eagle3_k1"]["per_position"][0])
         self.log(f"teacher-forced vs vLLM K=1: {served['agreement']}")
         served.pop("greedy_outputs")
-        (self.out / "serve_check.json").write_text(json.dumps(served, indent=2) + "\n")
+        (self.out / "serve_check.json").write_text(dumps(served, indent=2) + "\n")
         return {"acceptance": {k: v["per_position"] for k, v in served["acceptance"].items()},
                 "timing_ms": served["timing_ms"], "agreement": served["agreement"]}
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from speclimits.jsonutil import dumps
 from speclimits.models.corpus import DOMAINS
 
 
@@ -194,7 +195,7 @@ def train_target(cfg: TargetConfig, train: dict[str, np.ndarray], valid: dict[st
                "train_tokens": tokens, "train_seconds": round(train_s, 1),
                "tokens_per_second": round(tokens / train_s, 1), "valid_loss_nats": val_loss,
                "routing_valid": routing, "history": history}
-    (Path(out) / "train_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (Path(out) / "train_metrics.json").write_text(dumps(metrics, indent=2) + "\n")
     return metrics
 
 
@@ -205,7 +206,7 @@ def save_target(model, out: str | Path) -> None:
     model.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = cfg["dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "config.json").write_text(dumps(cfg, indent=2) + "\n")
     model.to(torch.float32)
 
 

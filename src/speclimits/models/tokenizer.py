@@ -8,11 +8,11 @@ end-of-text id.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from speclimits.jsonutil import dumps
 from speclimits.models.corpus import DOMAINS, CorpusError, Document, read_corpus
 
 EOS = "<|endoftext|>"
@@ -61,7 +61,7 @@ def encode_corpus(corpus_dir: str | Path, tokenizer, out: str | Path) -> dict:
             n_bytes = sum(len(t.encode("utf-8")) for t in texts)
             stats.setdefault(split, {})[domain] = {"tokens": int(ids.size),
                                                    "tokens_per_byte": round(ids.size / max(n_bytes, 1), 4)}
-    (out / "streams.json").write_text(json.dumps(stats, indent=2) + "\n")
+    (out / "streams.json").write_text(dumps(stats, indent=2) + "\n")
     return stats
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -19,6 +18,8 @@ from collections import Counter
 from pathlib import Path
 
 from speclimits.paths import MODELS_DIR, REPO_ROOT
+from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import read_json
 from speclimits.trace import read_meta, write_meta
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
 
@@ -55,7 +56,7 @@ def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR) -> dict
         for f in sorted((models / sub).glob("*")):
             if f.suffix in (".safetensors", ".json") and f.name != "train_metrics.json":
                 files[f"{sub}/{f.name}"] = _sha256(f)
-    mmeta = json.loads((models / "meta.json").read_text())
+    mmeta = read_json(models / "meta.json", "models meta", SpeclimitsError)
     stages = mmeta.get("stages", {})
     prompts = read_prompts(trace_dir / PROMPTS_FILE)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()

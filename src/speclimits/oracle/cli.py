@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.errors import SpeclimitsError
 from speclimits.cliutil import add_oracle_arguments
-from speclimits.jsonutil import jsonable
+from speclimits.jsonutil import dumps
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,8 +52,7 @@ def _cli(args: argparse.Namespace) -> int:
     for warning in report.warnings:
         print(f"speclimits oracle: warning: {warning}", file=sys.stderr)
     if args.json:
-        json.dump(jsonable(report.to_json()), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print(dumps(report.to_json(), indent=2))
     else:
         print(report.summary())
     return 0

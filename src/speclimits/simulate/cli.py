@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from speclimits.cliutil import parse_assignments
 from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import read_json
 from speclimits.simulate.twin import PRESETS, preset, simulate
 
 
@@ -39,10 +39,7 @@ def _cli(args: argparse.Namespace) -> int:
     overrides = parse_assignments(args.set, "--set")
     for k, v in list(overrides.items()):
         if isinstance(v, str) and v.startswith("@"):
-            try:
-                overrides[k] = json.loads(Path(v[1:]).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise SpeclimitsError(f"--set {k}=@{v[1:]}: cannot read JSON: {exc}") from None
+            overrides[k] = read_json(v[1:], f"--set {k}: JSON file", SpeclimitsError)
     cfg = preset(args.preset, **overrides)
     t0 = time.perf_counter()
     tables = simulate(cfg, seed=args.seed, out=args.out, progress=not args.quiet)

@@ -7,11 +7,10 @@ The command functions import the statistics modules when they run, not at regist
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from speclimits.jsonutil import jsonable
+from speclimits.jsonutil import dumps
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,9 +61,7 @@ def _factors(args: argparse.Namespace) -> int:
     tr = read_trace(args.trace)
     res = analyze_factors(tr.rounds)
     if args.json:
-        json.dump(jsonable({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}), sys.stdout,
-                  indent=1)
-        print()
+        print(dumps({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}, indent=1))
     else:
         print(f"{args.trace}: {tr.source_label}")
         print(res.summary())
@@ -93,8 +90,7 @@ def _fit(args: argparse.Namespace) -> int:
                "final": final.to_dict(), "draft": draft.to_dict()}
         if robust is not None:
             out["robustness"] = robust.to_dict()
-        json.dump(jsonable(out), sys.stdout, indent=1)
-        print()
+        print(dumps(out, indent=1))
     else:
         print(f"{args.trace}: {tr.source_label}")
         print(final.summary())

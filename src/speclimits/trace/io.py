@@ -31,7 +31,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from speclimits.errors import Problem, TraceFormatError
-from speclimits.jsonutil import jsonable
+from speclimits.jsonutil import dumps, jsonable
 from speclimits.trace.schema import FLOAT_COLUMNS, SCHEMA_VERSION, STRING_COLUMNS, TABLES
 
 
@@ -176,7 +176,7 @@ def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
 
 def write_meta(path: str | Path, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically (sorted keys, so equal metas give equal bytes)."""
-    text = json.dumps(jsonable(meta), indent=2, sort_keys=True) + "\n"
+    text = dumps(meta, indent=2, sort_keys=True) + "\n"
     _atomic_write_bytes(Path(path) / "meta.json", text.encode())
 
 
