@@ -98,6 +98,27 @@ def select_gallery(decisions: pd.DataFrame, n_per_group: int = 4, exclude: Itera
     Returns ``group``, ``subtype`` and the decision's columns, in the order regular, boundary,
     counterexample.
     """
+    df, fine, k_max = _eligible(decisions, seed)
+    used: set[str] = set()
+    taken = {(str(s), int(p)) for s, p in exclude}
+    picked: dict[str, list[dict]] = {}
+    for group, cands, subtypes in _candidates(df, fine, k_max, full_match, k_long):
+        present = [s for s in subtypes if (cands["subtype"] == s).any()]
+        picked[group] = _pick(cands, present, n_per_group, used, taken, group)
+    rows = [r for g in GROUPS for r in picked[g]]
+    cols = ["group", "subtype"] + [c for c in decisions.columns]
+    out = pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
+    out.attrs["short"] = {g: n_per_group - len(picked[g]) for g in GROUPS if len(picked[g]) < n_per_group}
+    return out.reset_index(drop=True)
+
+
+#: The counterexample group's subtypes, in the order the round robin visits them.
+COUNTER_SUBTYPES = ("boundary, long draft", "early mismatch, long draft", "script change, long draft")
+
+
+def _eligible(decisions: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.Series, int]:
+    """``(df, fine, k_max)``: the decisions whose panel lies inside the response, in a seeded random
+    order, with their fine labels (``""`` when the table has none) aligned to that order."""
     need = ("seq_id", "pos", "k_star", "accept_len", "label", "remaining")
     missing = [c for c in need if c not in decisions.columns]
     if missing:
@@ -108,36 +129,25 @@ def select_gallery(decisions: pd.DataFrame, n_per_group: int = 4, exclude: Itera
     df["label"] = df["label"].astype(str)
     fine = df["label_fine"].astype(str) if "label_fine" in df.columns else pd.Series("", index=df.index)
     df = df.iloc[np.random.default_rng(seed).permutation(len(df))]
-    fine = fine.loc[df.index]
+    return df, fine.loc[df.index], k_max
+
+
+def _candidates(df: pd.DataFrame, fine: pd.Series, k_max: int, full_match: int, k_long: int
+                ) -> list[tuple[str, pd.DataFrame, list[str]]]:
+    """``(group, candidates with a subtype column, subtypes in round-robin order)`` for the three
+    groups, rarest first (see :func:`select_gallery`'s rule)."""
     long_ = df["k_star"] >= k_long
     boundary = df["label"].isin(BOUNDARY_LABELS)
-
-    counter = []
-    for name, mask in (("boundary, long draft", boundary & long_ & (df["label"] != SCRIPT_CHANGE)),
-                       ("early mismatch, long draft", (df["accept_len"] <= 1) & long_),
-                       ("script change, long draft", (df["label"] == SCRIPT_CHANGE) & long_)):
-        counter.append(df[mask].assign(subtype=name))
-    counter_df = pd.concat(counter)
+    masks = (boundary & long_ & (df["label"] != SCRIPT_CHANGE), (df["accept_len"] <= 1) & long_,
+             (df["label"] == SCRIPT_CHANGE) & long_)
+    counter_df = pd.concat([df[mask].assign(subtype=name) for name, mask in zip(COUNTER_SUBTYPES, masks)])
     struct_sub = np.where(boundary, df["label"], np.where(fine.isin(STRUCTURE_FINE), fine, ""))
     struct_df = df.assign(subtype=struct_sub)
     struct_df = struct_df[struct_df["subtype"] != ""]
     regular_df = df[(df["accept_len"] >= min(full_match, k_max)) & long_].assign(subtype=lambda d: d["label"])
-
-    used: set[str] = set()
-    taken = {(str(s), int(p)) for s, p in exclude}
-    picked: dict[str, list[dict]] = {}
-    for group, cands, subtypes in (
-            ("counterexample", counter_df, ["boundary, long draft", "early mismatch, long draft",
-                                             "script change, long draft"]),
+    return [("counterexample", counter_df, list(COUNTER_SUBTYPES)),
             ("structural boundary", struct_df, list(BOUNDARY_LABELS) + list(STRUCTURE_FINE)),
-            ("regular continuation", regular_df, list(regular_df["subtype"].value_counts().index))):
-        present = [s for s in subtypes if (cands["subtype"] == s).any()]
-        picked[group] = _pick(cands, present, n_per_group, used, taken, group)
-    rows = [r for g in GROUPS for r in picked[g]]
-    cols = ["group", "subtype"] + [c for c in decisions.columns]
-    out = pd.DataFrame(rows).reindex(columns=cols) if rows else pd.DataFrame(columns=cols)
-    out.attrs["short"] = {g: n_per_group - len(picked[g]) for g in GROUPS if len(picked[g]) < n_per_group}
-    return out.reset_index(drop=True)
+            ("regular continuation", regular_df, list(regular_df["subtype"].value_counts().index))]
 
 
 def select_ablation_cases(cases: pd.DataFrame, n: int = 4) -> pd.DataFrame:

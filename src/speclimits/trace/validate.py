@@ -107,40 +107,64 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
 
 
 def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+    """Every rule on ``rounds.parquet`` whose columns are present and well typed, in this order:
+    timings and phase, the budget (m, K), the counts, the routing, the other ranges, and the
+    order of rounds within a generation."""
     f = "rounds.parquet"
     ok = set(_check_columns(c, f, df, TABLES["rounds"]))
     if not ok:
         return
-    n = len(df)
-    if {"t_target_ms"} <= ok:
-        c.rows(f, "t_target_ms", df["t_target_ms"].to_numpy(float) < 0, "timings must not be negative")
-    if {"t_draft_ms"} <= ok:
-        c.rows(f, "t_draft_ms", df["t_draft_ms"].to_numpy(float) < 0, "timings must not be negative")
-    phase = df["phase"].astype(str).to_numpy() if "phase" in ok else np.full(n, "decode")
+    decode = _rounds_timings_and_phase(c, f, df, ok)
+    _rounds_budget(c, f, df, ok, decode, meta.get("k_values"))
+    _rounds_counts(c, f, df, ok)
+    _rounds_routing(c, f, df, ok, *_experts_range(meta))
+    _rounds_ranges(c, f, df, ok, decode)
+    _rounds_order(c, f, df, ok)
+
+
+def _rounds_timings_and_phase(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> np.ndarray:
+    """Non-negative timings, a known phase; returns the (n,) mask of decode rounds."""
+    for col in ("t_target_ms", "t_draft_ms"):
+        if col in ok:
+            c.rows(f, col, df[col].to_numpy(float) < 0, "timings must not be negative")
+    phase = df["phase"].astype(str).to_numpy() if "phase" in ok else np.full(len(df), "decode")
     if "phase" in ok:
         c.rows(f, "phase", ~np.isin(phase, ["prefill", "decode"]), "must be 'prefill' or 'decode'")
-    decode = phase == "decode"
-    if {"m", "K"} <= ok:
-        m, k = df["m"].to_numpy(), df["K"].to_numpy()
-        c.rows(f, "K", k < 0, "must be >= 0")
-        if "n_draft" in ok:
-            # a drafter may propose fewer than K tokens (ngram without a match): the pass then
-            # verifies n_draft + 1 rows; with every draft proposed this is m = K + 1
-            c.rows(f, "m", decode & (m != df["n_draft"].to_numpy() + 1),
-                   "must equal n_draft + 1 on decode rounds (K + 1 when all K drafts are proposed)")
-        else:
-            c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
-        ks = meta.get("k_values")
-        if isinstance(ks, list) and ks:
-            c.rows(f, "K", ~np.isin(k, ks), f"value not listed in meta.json 'k_values' {ks}")
-    if {"n_draft", "n_accepted", "n_emitted"} <= ok:
-        nd, na, ne = (df[x].to_numpy() for x in ("n_draft", "n_accepted", "n_emitted"))
-        c.rows(f, "n_draft", nd < 0, "must be >= 0")
-        if "K" in ok:
-            c.rows(f, "n_draft", nd > df["K"].to_numpy(), "must not exceed K")
-        c.rows(f, "n_accepted", (na < 0) | (na > nd), "accepted must lie in [0, n_draft]")
-        c.rows(f, "n_emitted", (ne < 0) | (ne > na + 1), "emitted must lie in [0, n_accepted + 1]")
-    lo, hi = _experts_range(meta)
+    return phase == "decode"
+
+
+def _rounds_budget(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], decode: np.ndarray, ks: Any) -> None:
+    """K >= 0 and listed in meta's ``k_values``; m = n_draft + 1 (or K + 1) on decode rounds."""
+    if not {"m", "K"} <= ok:
+        return
+    m, k = df["m"].to_numpy(), df["K"].to_numpy()
+    c.rows(f, "K", k < 0, "must be >= 0")
+    if "n_draft" in ok:
+        # a drafter may propose fewer than K tokens (ngram without a match): the pass then
+        # verifies n_draft + 1 rows; with every draft proposed this is m = K + 1
+        c.rows(f, "m", decode & (m != df["n_draft"].to_numpy() + 1),
+               "must equal n_draft + 1 on decode rounds (K + 1 when all K drafts are proposed)")
+    else:
+        c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
+    if isinstance(ks, list) and ks:
+        c.rows(f, "K", ~np.isin(k, ks), f"value not listed in meta.json 'k_values' {ks}")
+
+
+def _rounds_counts(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None:
+    """0 <= n_draft <= K, 0 <= n_accepted <= n_draft, 0 <= n_emitted <= n_accepted + 1."""
+    if not {"n_draft", "n_accepted", "n_emitted"} <= ok:
+        return
+    nd, na, ne = (df[x].to_numpy() for x in ("n_draft", "n_accepted", "n_emitted"))
+    c.rows(f, "n_draft", nd < 0, "must be >= 0")
+    if "K" in ok:
+        c.rows(f, "n_draft", nd > df["K"].to_numpy(), "must not exceed K")
+    c.rows(f, "n_accepted", (na < 0) | (na > nd), "accepted must lie in [0, n_draft]")
+    c.rows(f, "n_emitted", (ne < 0) | (ne > na + 1), "emitted must lie in [0, n_accepted + 1]")
+
+
+def _rounds_routing(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], lo: float | None,
+                    hi: float | None) -> None:
+    """top_k <= u_bar <= e_max <= n_experts (bounds from meta.json where it gives them)."""
     if "u_bar" in ok:
         u = df["u_bar"].to_numpy(float)
         if lo is not None:
@@ -151,6 +175,10 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
             c.rows(f, "e_max", df["e_max"].to_numpy(float) < u - 1e-6, "must be >= u_bar (a maximum over layers)")
     if "e_max" in ok and hi is not None:
         c.rows(f, "e_max", df["e_max"].to_numpy(float) > hi + 1e-9, f"must be <= n_experts = {hi:g}")
+
+
+def _rounds_ranges(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], decode: np.ndarray) -> None:
+    """KV usage in [0, 1], graph bucket >= 1 (and >= m on decode rounds), context length >= 0."""
     if "kv_usage" in ok:
         kv = df["kv_usage"].to_numpy(float)
         c.rows(f, "kv_usage", (kv < 0) | (kv > 1), "must lie in [0, 1]")
@@ -161,6 +189,11 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
             c.rows(f, "graph_bucket", decode & (gb < df["m"].to_numpy()), "padded token count must be >= m")
     if "context_len" in ok:
         c.rows(f, "context_len", df["context_len"].to_numpy() < 0, "must be >= 0")
+
+
+def _rounds_order(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None:
+    """Within a generation: rounds unique, context growing from round to round, one K."""
+    n = len(df)
     if {"generation_id", "round", "context_len"} <= ok:
         order = np.lexsort((df["round"].to_numpy(), df["generation_id"].to_numpy()))
         g = df["generation_id"].to_numpy()[order]
