@@ -29,6 +29,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=("example: speclimits trace --target Qwen/Qwen3-30B-A3B --draft my-eagle3-head --method eagle3 "
                 "--k 1-10 --prompts question.jsonl --out traces/qwen-eagle3 --max-tokens 256"),
     )
+    _sweep_arguments(p)
+    _run_arguments(p)
+    _writing_arguments(p)
+    _oracle_arguments(p)
+    _ray_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cli)
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """What to sweep: the models and method, the K values, the prompts, the output folder."""
     p.add_argument("--target", required=True, help="target MoE model (folder or hub id)")
     p.add_argument("--draft", default=None, help="draft model / EAGLE head folder (not needed for ngram)")
     p.add_argument("--method", choices=("eagle3", "eagle", "draft_model", "ngram"), default="eagle3",
@@ -40,6 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per generation (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--resume", action="store_true", help="finish an interrupted trace in --out (same settings)")
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """How each generation runs on the engine, and which tokens are kept."""
     p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
     p.add_argument("--dtype", default="auto", help="model dtype passed to vLLM (default: %(default)s)")
     p.add_argument("--load-format", default="auto",
@@ -54,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="extra speculative_config entry, e.g. prompt_lookup_max=4 (repeatable)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=JSON",
                    help="extra vllm.LLM argument, e.g. gpu_memory_utilization=0.8 (repeatable)")
+
+
+def _writing_arguments(p: argparse.ArgumentParser) -> None:
+    """How finished generations are written (buffered parts) and checked against vLLM's counters."""
     p.add_argument("--flush-every", type=int, default=32, metavar="N",
                    help="write buffered generations after N of them (default: %(default)s) ...")
     p.add_argument("--flush-seconds", type=float, default=5.0, metavar="S",
@@ -62,9 +81,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check-counters", choices=("part", "generation"), default="part",
                    help="compare drafted/accepted with vLLM's counters per written part (exact, cheap) or after "
                         "every generation (one more metrics read per generation) (default: %(default)s)")
+
+
+def _oracle_arguments(p: argparse.ArgumentParser) -> None:
+    """The dense Oracle pass (oracle.parquet)."""
     p.add_argument("--oracle", action="store_true", help="also write dense Oracle data (oracle.parquet)")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
     p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
+
+
+def _ray_arguments(p: argparse.ArgumentParser) -> None:
+    """The distributed sweep on Ray."""
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="run the sweep on Ray with N workers, one engine each (local Ray instance unless "
                         "--ray-address); needs the 'ray' extra")
@@ -74,8 +101,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prompts per distributed job (default: about four jobs per worker and K, at most 16)")
     p.add_argument("--ray-runtime-env", default=None, metavar="JSON",
                    help="Ray runtime_env for the workers, e.g. '{\"py_modules\": [\"src/speclimits\"]}' on a cluster")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
