@@ -294,3 +294,50 @@ def test_import_is_lazy_and_trace_without_vllm_says_how_to_install(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "pip install -e '.[trace]'" in proc.stderr
+
+
+def test_extension_wraps_the_runner_and_uninstall_restores_it():
+    """The extension's wrappers replace the runner's five methods and the drafter's compute_logits,
+    time the draft proposal, and speclimits_uninstall puts every original back (no vLLM needed)."""
+    from types import SimpleNamespace
+
+    from speclimits.tracing.extension import _RUNNER_WRAPPERS, TracingWorkerExtension, _Timer
+
+    class Runner:
+        def execute_model(self, sched):
+            return "done"  # a step with no sampling after it
+
+        def _model_forward(self, *a):
+            return "forward"
+
+        def _sample(self, *a):
+            return "sampled"
+
+        def propose_draft_token_ids(self, *a):
+            return [[1, 2], [3]]
+
+        def sample_tokens(self, *a):
+            return "tokens"
+
+    class DraftModel:
+        def compute_logits(self, x):
+            return x
+
+    runner = Runner()
+    runner.drafter = SimpleNamespace(model=DraftModel())
+    ext = TracingWorkerExtension.__new__(TracingWorkerExtension)
+    ext.model_runner = runner
+    ext._speclimits_originals, ext._speclimits_step, ext._speclimits_oracle = {}, None, None
+    ext._speclimits_timer, ext._speclimits_capture = _Timer(False), None
+    ext._speclimits_wrap(runner)
+    assert set(ext._speclimits_originals) == {n for n, _ in _RUNNER_WRAPPERS} | {"drafter.compute_logits"}
+    assert all(name in runner.__dict__ for name, _ in _RUNNER_WRAPPERS)
+    assert runner.execute_model(object()) == "done" and ext._speclimits_step is None
+    step = SimpleNamespace(t_draft=None, drafted=None)
+    ext._speclimits_step = step
+    assert runner.propose_draft_token_ids() == [[1, 2], [3]]
+    assert step.drafted == [2, 1] and step.t_draft is not None and step.t_draft >= 0
+    assert runner.drafter.model.compute_logits(5) == 5
+    ext.speclimits_uninstall()
+    assert not any(name in runner.__dict__ for name, _ in _RUNNER_WRAPPERS)
+    assert "compute_logits" not in runner.drafter.model.__dict__

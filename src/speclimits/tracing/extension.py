@@ -313,89 +313,17 @@ class TracingWorkerExtension:
     # -- wrapping ------------------------------------------------------------------------
 
     def _speclimits_wrap(self, runner: Any) -> None:
-        ext = self
+        """Wrap the runner's methods (:data:`_RUNNER_WRAPPERS`) and the drafter's ``compute_logits``,
+        recording each original in ``_speclimits_originals`` for :meth:`speclimits_uninstall`."""
         originals = self._speclimits_originals
-
-        def wrap(name: str, factory: Any) -> None:
+        for name, factory in _RUNNER_WRAPPERS:
             orig = getattr(runner, name)
             originals[name] = runner.__dict__.get(name)  # None: the class method (drop the override)
-            setattr(runner, name, factory(orig))
-
-        def execute_model(orig: Any) -> Any:
-            def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-                ext._speclimits_step = _Step(scheduler_output)
-                result = orig(scheduler_output, *args, **kwargs)
-                if result is not None:  # no sampling follows (empty step, pipeline stage)
-                    ext._speclimits_step = None
-                return result
-            return wrapped
-
-        def model_forward(orig: Any) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                step = ext._speclimits_step
-                if step is None or step.reqs:  # dummy/profile run, or a second forward in one step
-                    return orig(*args, **kwargs)
-                ext._speclimits_before_forward(step, args, kwargs)
-                timer = ext._speclimits_timer
-                t0 = timer.start()
-                out = orig(*args, **kwargs)
-                step.t_target = timer.stop(t0)
-                step.routing = ext._speclimits_capture.snapshot(step.num_tokens)
-                return out
-            return wrapped
-
-        def sample(orig: Any) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                out = orig(*args, **kwargs)
-                step = ext._speclimits_step
-                if step is not None and ext._speclimits_oracle is not None:
-                    ext._speclimits_force(step, out)
-                return out
-            return wrapped
-
-        def propose(orig: Any) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                step = ext._speclimits_step
-                timer = ext._speclimits_timer
-                t0 = timer.start()
-                draft = orig(*args, **kwargs)
-                if step is not None:
-                    step.t_draft = timer.stop(t0)
-                    if isinstance(draft, list):
-                        step.drafted = [len(d) for d in draft]
-                    else:
-                        step.drafted = [int(draft.shape[1])] * int(draft.shape[0])
-                return draft
-            return wrapped
-
-        def sample_tokens(orig: Any) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                out = orig(*args, **kwargs)
-                step = ext._speclimits_step
-                ext._speclimits_step = None
-                if step is not None and step.reqs:
-                    ext._speclimits_finish(step, out)
-                return out
-            return wrapped
-
-        wrap("execute_model", execute_model)
-        wrap("_model_forward", model_forward)
-        wrap("_sample", sample)
-        wrap("propose_draft_token_ids", propose)
-        wrap("sample_tokens", sample_tokens)
+            setattr(runner, name, factory(self, orig))
         drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
         if drafter_model is not None and callable(getattr(drafter_model, "compute_logits", None)):
-            orig_logits = drafter_model.compute_logits
             originals["drafter.compute_logits"] = drafter_model.__dict__.get("compute_logits")
-
-            def compute_logits(*args: Any, **kwargs: Any) -> Any:
-                logits = orig_logits(*args, **kwargs)
-                step = ext._speclimits_step
-                if step is not None and ext._speclimits_oracle is not None and logits is not None:
-                    ext._speclimits_keep_draft_logits(step, logits)
-                return logits
-
-            drafter_model.compute_logits = compute_logits
+            drafter_model.compute_logits = _wrap_compute_logits(self, drafter_model.compute_logits)
 
     # -- per step ------------------------------------------------------------------------
 
@@ -536,3 +464,92 @@ def external_request_id(req_id: str) -> str:
 def _completes_prefill(r: dict[str, Any]) -> bool:
     """True when this step processes the last prompt tokens of a request (it samples y_1)."""
     return r["n_out_before"] == 0 and r["context_len"] + r["n_sched"] >= r["n_prompt"]
+
+
+# -- the wrappers ----------------------------------------------------------------------------
+# Each takes the extension and the original bound method and returns its replacement. The step
+# under way lives on the extension (``_speclimits_step``): opened by execute_model, timed and
+# routed by _model_forward, forced by _sample in Oracle mode, timed by the draft proposal, and
+# closed (recorded) by sample_tokens.
+
+
+def _wrap_execute_model(ext: Any, orig: Any) -> Any:
+    def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        ext._speclimits_step = _Step(scheduler_output)
+        result = orig(scheduler_output, *args, **kwargs)
+        if result is not None:  # no sampling follows (empty step, pipeline stage)
+            ext._speclimits_step = None
+        return result
+    return wrapped
+
+
+def _wrap_model_forward(ext: Any, orig: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        step = ext._speclimits_step
+        if step is None or step.reqs:  # dummy/profile run, or a second forward in one step
+            return orig(*args, **kwargs)
+        ext._speclimits_before_forward(step, args, kwargs)
+        timer = ext._speclimits_timer
+        t0 = timer.start()
+        out = orig(*args, **kwargs)
+        step.t_target = timer.stop(t0)
+        step.routing = ext._speclimits_capture.snapshot(step.num_tokens)
+        return out
+    return wrapped
+
+
+def _wrap_sample(ext: Any, orig: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        step = ext._speclimits_step
+        if step is not None and ext._speclimits_oracle is not None:
+            ext._speclimits_force(step, out)
+        return out
+    return wrapped
+
+
+def _wrap_propose(ext: Any, orig: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        step = ext._speclimits_step
+        timer = ext._speclimits_timer
+        t0 = timer.start()
+        draft = orig(*args, **kwargs)
+        if step is not None:
+            step.t_draft = timer.stop(t0)
+            if isinstance(draft, list):
+                step.drafted = [len(d) for d in draft]
+            else:
+                step.drafted = [int(draft.shape[1])] * int(draft.shape[0])
+        return draft
+    return wrapped
+
+
+def _wrap_sample_tokens(ext: Any, orig: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        step = ext._speclimits_step
+        ext._speclimits_step = None
+        if step is not None and step.reqs:
+            ext._speclimits_finish(step, out)
+        return out
+    return wrapped
+
+
+def _wrap_compute_logits(ext: Any, orig: Any) -> Any:
+    def compute_logits(*args: Any, **kwargs: Any) -> Any:
+        logits = orig(*args, **kwargs)
+        step = ext._speclimits_step
+        if step is not None and ext._speclimits_oracle is not None and logits is not None:
+            ext._speclimits_keep_draft_logits(step, logits)
+        return logits
+    return compute_logits
+
+
+#: The runner methods the extension wraps, in the order they are wrapped, with their wrappers.
+_RUNNER_WRAPPERS = (
+    ("execute_model", _wrap_execute_model),
+    ("_model_forward", _wrap_model_forward),
+    ("_sample", _wrap_sample),
+    ("propose_draft_token_ids", _wrap_propose),
+    ("sample_tokens", _wrap_sample_tokens),
+)
