@@ -77,8 +77,9 @@ k_max = min(k_max, setup.inputs.k_list)
 n_boot, n_rollouts = bs.smoke_sizes(smoke, oracle_n_boot=n_boot, n_rollouts=n_rollouts)
 kinds = list(setup.kind_counts())
 greedy = setup.for_kind(setup.headline_kind)
-print(view.wrap([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
-                 f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"]))
+print(view.wrap(view.relative_paths([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
+                                     f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"],
+                                    cost_model, tr.path)))
 
 # %% [markdown]
 # ## Which surrogate: is the draft's probability calibrated?

@@ -11,6 +11,7 @@ and the complete frame for the download.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -43,6 +44,19 @@ def wrap(lines: str | Iterable[str], width: int = 76) -> str:
     lines = [lines] if isinstance(lines, str) else list(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
                      for text in lines for line in str(text).splitlines() or [""])
+
+
+def relative_paths(lines: Iterable[str], cost_model: str | Path | None, trace: str | Path) -> list[str]:
+    """``lines`` with the build machine's paths replaced by names a reader can resolve: the cost
+    model as the site's ``_static/<file>`` (where the build copies it), the trace by its folder name."""
+    swaps = [(str(cost_model), f"_static/{Path(cost_model).name}")] if cost_model else []
+    swaps.append((str(trace), Path(trace).name))
+    out = []
+    for line in lines:
+        for old, new in swaps:
+            line = str(line).replace(old, new)
+        out.append(line)
+    return out
 
 
 def _pct(x: Any, decimals: int = 1) -> str:
