@@ -14,12 +14,11 @@ cost model and surrogate), :mod:`~speclimits.oracle.inputs` (arrays and costs),
 """
 
 from speclimits.oracle.inputs import CostTable, OracleInputs
-from speclimits.oracle.prepare import (SURROGATES, OracleSetup, compare_surrogates, fit_trace_cost_model, load_inputs,
-                                       prepare_oracle)
+from speclimits.oracle.prepare import SURROGATES, OracleSetup, compare_surrogates, load_inputs, prepare_oracle
 from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, solve_python, sweep_k_max
 
 __all__ = [
     "SURROGATES", "CostTable", "OracleInputs", "OracleBounds", "OracleResult", "OracleSetup", "compare_surrogates",
-    "evaluate_policy", "fit_trace_cost_model", "load_inputs", "prepare_oracle", "solve", "solve_python",
+    "evaluate_policy", "load_inputs", "prepare_oracle", "solve", "solve_python",
     "sweep_k_max",
 ]
