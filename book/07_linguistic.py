@@ -35,6 +35,7 @@ import speclimits.book_support as bs
 from speclimits import figures, paper
 from speclimits import linguistic as ling
 from speclimits.book.views import linguistic as view
+from speclimits.book.views.oracle import relative_paths
 from speclimits.linguistic import gallery
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
@@ -60,7 +61,7 @@ tr = bs.load(trace)
 print(tr.source_label)
 boot = bs.smoke_sizes(smoke, n_boot=n_boot)
 setup = prepare_oracle(tr, cost_model, surrogate)
-print("\n".join(setup.notes))
+print("\n".join(relative_paths(setup.notes, cost_model, tr.path)))
 res = setup.solve(k_max=k_max)
 print(res.summary())
 kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
