@@ -52,7 +52,7 @@ from speclimits.oracle.delta import delta_space
 from speclimits.control.policies import compare_policies
 from speclimits.oracle.report import oracle_report
 from speclimits.oracle.validation import validation_by_surrogate
-from speclimits.vocabulary import HEADLINE_KIND
+from speclimits.vocabulary import HEADLINE_KIND, TEACHER_FORCED
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -357,8 +357,8 @@ bs.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
           "static $K$.")
 
 # %% tags=["hide-input"]
-if "teacher-forced" in policies:
-    tf = policies["teacher-forced"]
+if TEACHER_FORCED in policies:
+    tf = policies[TEACHER_FORCED]
     shown, full = view.policies(tf)
     bs.table(shown, "tbl-oracle-policies-teacher-forced",
              "The same policies on the held-out teacher-forced references (held-out text, not the target's own "

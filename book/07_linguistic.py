@@ -39,6 +39,7 @@ from speclimits.book.views.oracle import relative_paths
 from speclimits.linguistic import gallery
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
+from speclimits.vocabulary import TEACHER_FORCED
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -158,7 +159,7 @@ bs.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=li
 # predicts it far less often, and the decisions are short almost everywhere.
 
 # %% tags=["hide-input"]
-forced = studies.get("teacher-forced")
+forced = studies.get(TEACHER_FORCED)
 if forced is not None:
     bs.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
              "Oracle decisions by context on the teacher-forced references (a different process, never pooled "

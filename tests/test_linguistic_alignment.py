@@ -11,7 +11,7 @@ import pytest
 
 from speclimits import linguistic as ling
 from speclimits.oracle import prepare_oracle
-from speclimits.paths import default_trace
+from speclimits.paths import MODELS_DIR, default_trace
 from speclimits.simulate import preset, simulate
 from speclimits.trace import read_trace
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
@@ -94,7 +94,7 @@ def test_teacher_forced_rows_hold_the_reference_the_oracle_walks(measured):
 
 def test_teacher_forced_text_is_the_tokenizer_decoding(measured):
     tokenizers = pytest.importorskip("tokenizers")
-    path = MEASURED.parents[2] / "data" / "models" / "target" / "tokenizer.json"
+    path = MODELS_DIR / "target" / "tokenizer.json"
     if not path.exists():
         pytest.skip(f"{path} not present")
     tk = tokenizers.Tokenizer.from_file(str(path))
