@@ -110,16 +110,17 @@ class OracleReport:
 def oracle_report(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,
                   surrogate: str = "auto", k_max: int | None = None, allow_k0: bool = False,
                   alpha_scale: float = 1.0, n_boot: int = HEADLINE_N_BOOT, seed: int = 0,
-                  setup: OracleSetup | None = None) -> OracleReport:
+                  setup: OracleSetup | None = None, progress: bool = False) -> OracleReport:
     """Solve and report the Oracle on a trace (see :class:`OracleReport`); ``setup`` skips the
-    preparation when the caller has one."""
+    preparation when the caller has one; ``progress`` shows the interval's progress bars."""
     setup = prepare_oracle(trace, cost_model, surrogate) if setup is None else setup
     result = setup.solve(k_max=k_max, allow_k0=allow_k0, alpha_scale=alpha_scale)
     kinds = [k for k in REFERENCE_KINDS if k in setup.kind_counts()]
     by_kind = {k: setup.for_kind(k).solve(k_max=k_max, allow_k0=allow_k0, alpha_scale=alpha_scale) for k in kinds}
     head_kind = HEADLINE_KIND if HEADLINE_KIND in by_kind else kinds[0]
     head_setup = setup.for_kind(head_kind)
-    interval = bootstrap_bound(head_setup, k_max=k_max, n_boot=n_boot, seed=seed, allow_k0=allow_k0) \
+    interval = bootstrap_bound(head_setup, k_max=k_max, n_boot=n_boot, seed=seed, allow_k0=allow_k0,
+                               result=by_kind[head_kind], progress=progress) \
         if n_boot > 0 and alpha_scale == 1.0 else None
     with_k0 = head_setup.solve(k_max=k_max, allow_k0=True, alpha_scale=alpha_scale) \
         if not allow_k0 and by_kind[head_kind].costs.has_k0 else None

@@ -12,6 +12,12 @@ solved in lockstep by "tokens remaining" t = N - n: sorting sequences by N (long
 the states with t remaining form one contiguous block, and their successors' values are a
 contiguous slice of a (t, sequence) value buffer. One numpy step per t handles every
 sequence and every k at once.
+
+:func:`solve` makes one such sweep (:func:`solve_and_evaluate`): each block's Bellman step is
+followed by the policy evaluations the bounds need (the Oracle's cost breakdown, rounds and
+accepted drafts, and every static K), sharing the block's survival and costs. The bootstrap's
+re-solves under many cost models at once use :func:`first_values` (the cost models as a trailing
+axis of the same sweep).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import CostModelError
@@ -175,11 +182,8 @@ def solve_arrays(surv, cost, allowed: np.ndarray, layout: _Layout, n_states: int
     return layout.restore(v_lock), layout.restore(k_lock), layout.restore(q_lock)
 
 
-def backward_induction(inputs: OracleInputs, table: CostTable, allow_k0: bool = False,
-                       deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(V, k_star, Q)`` for every state; survival and round costs are built block by block
-    inside the sweep (small, cache-resident arrays) rather than as full (n, k_max) tables."""
-    k_max = table.k_max
+def _survival_rows(inputs: OracleInputs, k_max: int, deterministic: bool):
+    """``rows -> (len(rows), k_max)`` P(a >= j) of those states (the values of :func:`survival`)."""
     steps = np.arange(1, k_max + 1)[None, :]
     mp, acc = inputs.match_prob, inputs.accept_len
 
@@ -191,8 +195,190 @@ def backward_induction(inputs: OracleInputs, table: CostTable, allow_k0: bool = 
             np.multiply(block[:, j - 1], block[:, j], out=block[:, j])
         return block
 
-    allowed = np.arange(k_max + 1) >= (0 if allow_k0 else 1)
-    return solve_arrays(surv_rows, table.rows, allowed, _Layout.build(inputs), n_states=inputs.n_states)
+    return surv_rows
+
+
+def backward_induction(inputs: OracleInputs, table: CostTable, allow_k0: bool = False,
+                       deterministic: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(V, k_star, Q)`` for every state; survival and round costs are built block by block
+    inside the sweep (small, cache-resident arrays) rather than as full (n, k_max) tables."""
+    allowed = np.arange(table.k_max + 1) >= (0 if allow_k0 else 1)
+    return solve_arrays(_survival_rows(inputs, table.k_max, deterministic), table.rows, allowed,
+                        _Layout.build(inputs), n_states=inputs.n_states)
+
+
+#: Reward channels of the Oracle's own policy evaluation in :func:`solve_and_evaluate`.
+ORACLE_CHANNELS = (*PART_NAMES, "rounds", "accepted")
+
+
+def _sequence_rank(inputs: OracleInputs) -> np.ndarray:
+    """(S,) position of each sequence in the lockstep's longest-first order."""
+    order = np.argsort(-inputs.n_tokens, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank
+
+
+def solve_and_evaluate(inputs: OracleInputs, table: CostTable, allow_k0: bool = False, deterministic: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Backward induction and, in the same sweep, the policy evaluations behind the bounds.
+
+    Returns ``(V (n,), k_star (n,), Q (n, k_max + 1), oracle_first (S, 6), static_first (S, k_max))``:
+    V, k* and Q as :func:`backward_induction`; ``oracle_first[s]`` the expected totals of
+    :data:`ORACLE_CHANNELS` along the Oracle's policy from the first state of sequence s, and
+    ``static_first[s, k - 1]`` the expected time of static K = k from there.
+
+    The numbers are bit for bit those of :func:`evaluate_arrays` run after the solve (the same
+    floating-point operations in the same order; a test checks it), but the work is shared: each
+    block's survival and round costs are built once, the differences ``W_{j+1} - W_j`` are stored
+    once per state (``dif``) rather than recomputed by each of the k_max + 1 states that read them,
+    and the running sums over j are ragged (static K = k needs j <= k, the Oracle j <= the block's
+    largest k*), so the terms the separate evaluation multiplied by 0 are never formed.
+    """
+    k_max = table.k_max
+    layout = _Layout.build(inputs)
+    n, n_seq, t_max = inputs.n_states, layout.n_seq, layout.t_max
+    surv_rows = _survival_rows(inputs, k_max, deterministic)
+    k_lo = 0 if allow_k0 else 1
+    n_orc = len(ORACLE_CHANNELS)
+    ch = k_max + n_orc  # channels: static K = 1..k_max, then the Oracle's
+    pad = k_max + 1
+    vbuf = np.zeros((pad + t_max + 1, n_seq))  # [pad + r, seq]: V with r tokens remaining (r <= 0 -> 0)
+    # channel values and their differences with r tokens remaining live in ring slot r % ring (the block
+    # at t reads r = t - k_max - 1 .. t - 1); slots not yet written hold the zeros of r <= 0.
+    # Channel-major [slot, channel, seq], so that every operation runs along the sequences.
+    ring = pad + 1
+    ebuf = np.zeros((ring, ch, n_seq))  # channel c's value
+    dif = np.zeros((ring, ch, n_seq))  # value at r - 1 minus value at r: W_{j+1} - W_j for r = t - j
+    out_first = np.empty((n_seq, ch))  # each sequence's values at its first state (t = N)
+    # results go straight to their state rows (no lockstep-ordered copy to put back in order)
+    q_state = np.empty((n, k_max + 1))
+    k_state = np.empty(n, dtype=np.int64)
+    v_state = np.empty(n)
+    q_block = np.empty((n_seq, k_max + 1))
+    upper = _upper(k_max)
+    steps = np.arange(1, k_max + 1)[None, :]
+    idx = np.arange(n_seq)
+    tmp = np.empty((ch, n_seq))
+    n_active = np.append(layout.n_active, 0)
+    # the parts of a round at action k, looked up: the values CostTable.parts computes
+    kk = np.arange(k_max + 1)
+    draft_k = np.asarray(table.model.draft_ms(kk), dtype=float)
+    beta0_k = table.beta0[kk + 1].astype(float)
+    alpha_k = table.alpha[kk + 1]
+    c_ctx = table.model.c * inputs.context_len
+    u_win = inputs.u_bar_window
+    for t in range(1, t_max + 1):
+        n_t = int(n_active[t])
+        rows = layout.ends[:n_t] - t
+        s = surv_rows(rows)
+        cost = table.rows(rows)
+        # the Bellman step, as in solve_arrays
+        q = _expected_next(vbuf[t: pad + t][::-1, :n_t].T, s, upper, out=q_block[:n_t])
+        q += cost
+        k = np.argmin(q[:, k_lo:], axis=1)
+        k += k_lo
+        v = vbuf[pad + t, :n_t]
+        np.take(q.ravel(), idx[:n_t] * (k_max + 1) + k, out=v)
+        q_state[rows] = q
+        k_state[rows] = k
+        v_state[rows] = v
+        # the evaluations: E = sum_j S_j 1[j <= k] (W_{j+1} - W_j) + W_1 + reward, summed over j in order
+        s_t = np.ascontiguousarray(s.T)  # (k_max, block)
+        s_orc_rows = s * (steps <= k[:, None])
+        s_orc = np.ascontiguousarray(s_orc_rows.T)
+        k_top = int(k.max())
+        acc = ebuf[t % ring, :, :n_t]  # accumulated in place: this slot is the block's result
+        prev = ebuf[(t - 1) % ring, :, :n_t]  # W_1
+        d = dif[(t - 1) % ring, :, :n_t]
+        np.multiply(d[:k_max], s_t[0], out=acc[:k_max])
+        np.multiply(d[k_max:], s_orc[0], out=acc[k_max:])
+        for j in range(2, k_max + 1):
+            d = dif[(t - j) % ring, :, :n_t]
+            part = tmp[: k_max - j + 1, :n_t]
+            np.multiply(d[j - 1: k_max], s_t[j - 1], out=part)
+            acc[j - 1: k_max] += part
+            if j <= k_top:
+                part = tmp[:n_orc, :n_t]
+                np.multiply(d[k_max:], s_orc[j - 1], out=part)
+                acc[k_max:] += part
+        acc += prev
+        acc[:k_max] += cost[:, 1:].T
+        reward = acc[k_max:]  # += the Oracle's round at k*, each part as CostTable.parts computes it
+        reward[0] += draft_k[k]
+        reward[1] += beta0_k[k]
+        reward[2] += alpha_k[k] * u_win[rows, k]
+        reward[3] += c_ctx[rows]
+        reward[4] += 1.0
+        # accepted drafts that count, E[min(a, t)] at k* (as accepted_at: every state here has t remaining)
+        reward[5] += (s_orc_rows if t >= k_max else s * (steps <= np.minimum(k, t)[:, None])).sum(axis=1)
+        np.subtract(prev, acc, out=dif[t % ring, :, :n_t])
+        done = slice(int(n_active[t + 1]), n_t)  # sequences with N = t: this block holds their first state
+        out_first[done] = acc[:, done].T
+    at_first = out_first[_sequence_rank(inputs)]  # (S, ch) in the inputs' sequence order
+    return v_state, k_state, q_state, np.ascontiguousarray(at_first[:, k_max:]), np.ascontiguousarray(at_first[:, :k_max])
+
+
+def first_values(inputs: OracleInputs, surv: np.ndarray, fixed: np.ndarray, slope: np.ndarray, c: np.ndarray,
+                 allow_k0: bool = False, max_bytes: float = 64e6, progress: bool = False) -> np.ndarray:
+    """(B, S) the optimal V(0) of every sequence under B cost models at once.
+
+    Cost model b prices action k at ``fixed[b, k] + slope[b, k] * u_bar_window[n, k] + c[b] * context_len[n]``
+    (``fixed``, ``slope`` (B, k_max + 1) from :meth:`CostModel.action_terms`, ``c`` (B,)); ``surv`` is
+    the (n, k_max) survival table (:func:`survival`). The same lockstep backward induction as
+    :func:`solve_arrays` with the cost models as a trailing axis, so every numpy step serves all of
+    them; only the values are kept (a ring of the last k_max + 1 blocks), not k* or Q. The running
+    sum over j is a cumulative sum rather than :func:`solve_arrays`' matrix product, so values agree
+    with :func:`solve` to rounding (about 1e-15 relative), not bit for bit. Replicates are processed
+    in chunks whose ring fits in ``max_bytes``; ``progress`` shows a bar over the chunks.
+    """
+    fixed = np.atleast_2d(np.asarray(fixed, dtype=float))
+    slope = np.atleast_2d(np.asarray(slope, dtype=float))
+    c = np.atleast_1d(np.asarray(c, dtype=float))
+    n_models, kk = fixed.shape
+    k_max = kk - 1
+    if surv.shape != (inputs.n_states, k_max) or slope.shape != fixed.shape or c.shape != (n_models,):
+        raise ValueError(f"shapes: surv {surv.shape}, fixed {fixed.shape}, slope {slope.shape}, c {c.shape} "
+                         f"for {inputs.n_states} states and k_max = {k_max}")
+    layout = _Layout.build(inputs)
+    n_seq, t_max = layout.n_seq, layout.t_max
+    k_lo = 0 if allow_k0 else 1
+    ring = k_max + 2  # the block at t reads t - 1 .. t - k_max - 1 and writes t
+    n_active = np.append(layout.n_active, 0)
+    surv_t = np.ascontiguousarray(np.asarray(surv, dtype=float).T)  # (k_max, n)
+    u_t = np.ascontiguousarray(inputs.u_bar_window[:, :kk].T)  # (k_max + 1, n)
+    ctx = inputs.context_len
+    rank = _sequence_rank(inputs)
+    chunk = int(max(1, min(n_models, max_bytes // (8 * (ring + 4 * kk) * max(n_seq, 1)))))
+    out = np.empty((n_models, n_seq))
+    starts = range(0, n_models, chunk)
+    for b0 in tqdm(starts, desc="Oracle re-solves", unit="chunk", disable=not progress or len(starts) < 2):
+        b1 = min(n_models, b0 + chunk)
+        f = fixed[b0:b1].T[:, None, :]  # (k_max + 1, 1, chunk)
+        sl = slope[b0:b1].T[:, None, :]
+        cc = c[None, b0:b1]  # (1, chunk)
+        vring = np.zeros((ring, n_seq, b1 - b0))  # [r % ring, seq, model]: V with r tokens remaining
+        v_first = np.empty((n_seq, b1 - b0))
+        for t in range(1, t_max + 1):
+            n_t = int(n_active[t])
+            rows = layout.ends[:n_t] - t
+            w = vring[(t - np.arange(1, kk + 1)) % ring, :n_t]  # (k_max + 1, block, chunk): W_1 .. W_{k_max+1}
+            q = np.empty_like(w)
+            q[0] = w[0]
+            np.subtract(w[1:], w[:-1], out=q[1:])
+            q[1:] *= surv_t[:, rows, None]
+            np.cumsum(q[1:], axis=0, out=q[1:])
+            q[1:] += w[0]
+            cost = u_t[:, rows, None] * sl  # the round cost, in CostTable.rows' order
+            cost += f
+            cost += (ctx[rows][:, None] * cc)[None]
+            q += cost
+            v = vring[t % ring, :n_t]
+            np.min(q[k_lo:], axis=0, out=v)
+            done = slice(int(n_active[t + 1]), n_t)  # sequences whose first state is in this block
+            v_first[done] = v[done]
+        out[b0:b1] = v_first[rank].T
+    return out
 
 
 def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, layout: _Layout) -> np.ndarray:
@@ -452,8 +638,25 @@ class OracleResult:
         return out
 
 
+def require_k0(table: CostTable, allow_k0: bool) -> None:
+    """Raise :class:`CostModelError` when k = 0 actions are allowed but the cost model has no m = 1."""
+    if allow_k0 and not table.has_k0:
+        raise CostModelError(
+            f"k = 0 actions need m = 1 in the cost model, which covers m = {table.model.ms}; the cost-model fit has "
+            "m = 1 only when the trace has K = 0 rounds. Drop --allow-k0 or add 'target.by_m.1'.")
+
+
 def _first_state(inputs: OracleInputs) -> np.ndarray:
     return inputs.offsets[:-1]
+
+
+def _autoregressive_costs(table: CostTable) -> np.ndarray:
+    """(n,) C(n, 0), the same values as ``table.total()[:, 0]`` without the other columns."""
+    inp = table.inputs
+    col = inp.u_bar_window[:, 0] * table.slope[0]
+    col += table.fixed[0]
+    col += table.model.c * inp.context_len
+    return col
 
 
 def solve(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None, allow_k0: bool = False,
@@ -474,31 +677,19 @@ def solve(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None,
     k_max = inputs.k_list if k_max is None else int(k_max)
     model = cost_model.with_alpha_scale(alpha_scale) if alpha_scale != 1.0 else cost_model
     table = CostTable.build(inputs, model, k_max)
-    if allow_k0 and not table.has_k0:
-        raise CostModelError(
-            f"k = 0 actions need m = 1 in the cost model, which covers m = {model.ms}; the cost-model fit has m = 1 "
-            "only when the trace has K = 0 rounds. Drop --allow-k0 or add 'target.by_m.1'.")
-    value, k_star, q = backward_induction(inputs, table, allow_k0, deterministic)
-    surv = survival(inputs, k_max, deterministic)
-    layout = _Layout.build(inputs)
-    cost = table.total()
-
-    # policy evaluations: Oracle breakdown / rounds / accepted, static K, autoregressive
+    require_k0(table, allow_k0)
+    # one sweep: V, k*, Q and the policy evaluations (the Oracle's breakdown / rounds / accepted, every static K)
+    value, k_star, q, ev, static_ev = solve_and_evaluate(inputs, table, allow_k0, deterministic)
     first = _first_state(inputs)
-    parts = table.parts(k_star)
-    rewards = np.column_stack([parts[p] for p in PART_NAMES]
-                              + [np.ones(inputs.n_states), accepted_at(surv, inputs.remaining, k_star)])
-    ev = evaluate_arrays(surv, k_star, rewards, layout)[first]
     static = {}
     per_seq = pd.DataFrame({"seq_id": inputs.seq_ids, "n_tokens": inputs.n_tokens, "value_ms": value[first]})
-    static_ev = evaluate_arrays(surv, np.arange(1, k_max + 1)[None, :], cost[:, 1:], layout)[first]
     for k in range(1, k_max + 1):
         per_seq[f"static_{k}_ms"] = static_ev[:, k - 1]
         static[k] = float(static_ev[:, k - 1].sum())
     best_k = min(static, key=static.get)
     per_seq["best_static_ms"] = per_seq[f"static_{best_k}_ms"]
     if table.has_k0:
-        ar_seq = np.add.reduceat(cost[:, 0], first)
+        ar_seq = np.add.reduceat(_autoregressive_costs(table), first)
         ar_total, note = float(ar_seq.sum()), ""
     else:
         ar_seq, ar_total = np.full(inputs.n_sequences, np.nan), None
