@@ -20,13 +20,24 @@
 #
 # A policy decides, for each live request and each round, how many tokens to draft — before drafting
 # (a cap) and after each draft step (stop or go on), from what a running system has: the draft's top-1
-# probability as it is produced, the fitted cost model, a predicted $\bar U$ (mean per verified-row
-# count, from the measured rounds), and a running time per token. The same object is evaluated offline
-# on the Oracle's inputs and runs in the engine, where the drafter's loop stops once every request in
-# the batch has stopped and each request's draft is then cut to its own $k$ (so $k$ is ragged within a
-# batch). Policies:
+# probability as it is produced, the round costs, a predicted $\bar U$ (mean per verified-row count,
+# from the measured rounds), and a running time per token. The same object is evaluated offline on the
+# Oracle's inputs and runs in the engine, where the drafter's loop stops once every request in the batch
+# has stopped and each request's draft is then cut to its own $k$ (so $k$ is ragged within a batch; a
+# request may keep draft steps that were run for the others anyway, when verifying them pays).
 #
-# * **static K** — every $K \le K_{\max}$; the best one in hindsight is the reference;
+# **Where each quantity comes from.** In the engine the round costs are *measured on the serving
+# machine*: at start the controller drafts $k = 1, \dots, K_{\max}$ in turn for a couple of hundred
+# rounds and times the verification pass per width $m$, the drafter per step and the time outside both
+# (scheduler, sampling, Python), then prices every round in those wall-clock milliseconds and rescales
+# the prices by the measured-over-priced ratio of the rounds it runs (an exponentially weighted
+# refresh, so a machine that slows down is followed). The offline fit supplies only what timing cannot:
+# the confidence calibration map, the dimensionless thresholds ($\tau$, and $\lambda$ as a ratio to the
+# best static $K$'s time per token), the $\bar U$ predictor and the expert slope $\alpha(m)$ at batch 1.
+# Policies:
+#
+# * **static K** — every $K \le K_{\max}$; offline the best one in hindsight is the reference, in the engine
+#   stock vLLM at every $K$ (the best one chosen on half of the blocks);
 # * **confidence threshold** (SpecDec++/DISCO-style): draft while $\prod_{i \le j} p_i \ge \tau$;
 # * **Delta rule** (the paper's boundary, online): extend while the predicted marginal cost is below
 #   $\lambda$ times the marginal expected progress, with calibrated confidence; $\lambda$ fixed or running;
@@ -49,7 +60,9 @@ from speclimits.book.views import control as view
 from speclimits.control import figures as control_figures
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
-from speclimits.control.report import engine_vs_offline, gap_lines, load_bench_runs
+from speclimits.control.rules import POLICY_NAMES
+from speclimits.control.report import engine_table, gap_lines, load_bench_runs
+from speclimits.machine import describe
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -69,7 +82,7 @@ key = bs.KeyResults("sec-online-control", "online control")
 # %% tags=["hide-input"]
 tr = bs.load(trace)
 print(tr.source_label)
-n_rollouts, n_boot = (8, 49) if smoke else (n_rollouts, n_boot)
+n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
 fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
 setup = greedy_setup(tr, fit.cost_model)
 k_max = fit.k_max
@@ -86,7 +99,7 @@ print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(
 # policy's predicted time and the share of each Oracle's gain it captures.
 
 # %% tags=["hide-input"]
-names = [f"static:{k}" for k in range(1, k_max + 1)] + ["threshold", "delta", "delta-fixed", "ema", "cascade"]
+names = [f"static:{k}" for k in range(1, k_max + 1)] + list(POLICY_NAMES)
 offline, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=n_rollouts, seed=seed,
                                 n_boot=n_boot)
 bs.table(view.offline(offline), "tbl-control-offline",
@@ -97,31 +110,41 @@ bs.table(view.offline(offline), "tbl-control-offline",
          f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
 
 # %% [markdown]
-# ## Measured in the engine
+# ## Measured in the engine, against stock vLLM
 #
-# `speclimits control bench` ran plain decoding, static $K$ and each policy in alternating blocks on
-# the held-out prompts, at batch 1 and batch 4 (`data/control/bench-*.json`, measured on the project's
-# shared 2-core CPU; how each was produced is in its `produced_by` and `config`). The book does not run
-# vLLM: it reads those files. Spreads are the range over blocks (in brackets: min; max); CPU time is
-# the process's (in the downloadable full tables). A trace without benchmark results (a simulated one)
-# has no tables here.
+# `speclimits control bench` builds, in one process, plain decoding, one **stock** vLLM engine per static
+# $K$ (`num_speculative_tokens = K`, no extension: what a user would run) and the engine with the control
+# extension, where each policy is an arm (and static $K$ = 2, 3, 4, to measure what the extension itself
+# costs). Every engine is warmed up first; the controlled one profiles its costs during its warm-up. A
+# block is one prompt (batch 1) or one batch of prompts; every arm runs every block, in an order rotated
+# from block to block, so that the machine's drift is shared by the arms of a block and cancels in their
+# ratio. Speed ratios are paired (the reference's time over the arm's, block by block; geometric mean),
+# with 95% bootstrap intervals over blocks; the best stock $K$ is chosen on the even blocks and compared
+# on the odd ones, so that it is not flattered by the noise it was chosen on. The book does not run
+# vLLM: it reads `data/control/bench-*.json` (measured; how each was produced is in its `produced_by`,
+# `config`, CPU and per-block load average). A trace without benchmark results (a simulated one) has no
+# tables here.
 
 # %% tags=["hide-input"]
 runs, note = load_bench_runs(tr.meta)
 print(note)
-tables = {batch: engine_vs_offline(res) for batch, res in sorted(runs.items())}
+tables = {batch: engine_table(res) for batch, res in sorted(runs.items())}
 for batch, table in tables.items():
     res = runs[batch]
+    cpu = describe(res["engine"]["cpu"])
+    loads = pd.DataFrame(res["blocks"])["load1"]
     bs.table(view.engine(table), f"tbl-control-engine-batch{batch}",
-             f"Measured in vLLM at batch {batch}: {len(res['prompt_ids'])} prompts × {res['config']['max_tokens']} "
-             f"tokens, {res['config']['blocks']} alternating blocks (`{res['file']}`); outputs identical to plain "
-             f"decoding: {'yes' if res['lossless'] else 'NO'}. Time per token (median and [min; max] over blocks), "
-             "speed relative to plain decoding and to the best static K, acceptance length measured and replayed, "
-             "and the share of the exact Oracle's gain captured in the engine [min; max over blocks]; the offline "
-             "prediction for the same prompts is in the figure below and the full table.", decimals=3, full=table)
+             f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
+             f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
+             f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
+             f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
+             f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
+             f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the offline "
+             "prediction of the same arm priced with the costs profiled in this run, and its error; time spent "
+             "deciding as a share of the round.", decimals=3, full=table)
 
 # %% tags=["remove-input"]
-display(Markdown(view.verdict(runs, offline, bounds)))
+display(Markdown(view.verdict(runs, tables, offline, bounds)))
 
 # %% tags=["hide-input"]
 if tables:
@@ -130,25 +153,23 @@ if tables:
     bs.figure(alt.vconcat(*[control_figures.share_captured(view.share_frame(tables, b)) for b in tables])
               .resolve_scale(x="shared").configure_legend(orient="bottom"),
               "fig-control-share",
-              "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay, "
-              "95% interval over references) and measured in the engine (range over blocks), per batch size. "
-              "Below zero a policy is slower than the best static K; 1 would be the Oracle.")
+              "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
+              "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
+              "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
+              "the best static K; 1 would be the Oracle.")
 
 # %% [markdown]
-# Why the engine and the offline prediction part (the measured figures, per batch size): acceptance is
-# predicted almost exactly, so the gap is in the costs — the cost model the rules were fitted with
-# (the trace's, recorded when the machine ran about 3× faster and a draft step cost less relative to a
-# target forward), the time spent deciding, the drafter running until the last request of a batch
-# stops, and the $\bar U$ predictor's error (`data/control/README.md` has the step decomposition).
+# Where the time goes and how far the prediction is from the engine, per batch size (measured): the
+# profiled costs, the time the controller spends in its hooks, what the extension costs against stock
+# vLLM at the same static $K$, the prediction error of the replay priced with the profiled costs, and
+# the price refresh.
 
 # %% tags=["hide-input"]
 for batch, res in sorted(runs.items()):
     print(f"batch {batch}:")
     print("\n".join("  " + line for line in gap_lines(res)))
-    u_err = pd.DataFrame(res.get("u_bar_prediction_error") or [])
-    if len(u_err):
-        print(f"  Ū predictor RMSE: {u_err['rmse'].min():.2f}-{u_err['rmse'].max():.2f} experts per layer "
-              f"({u_err['rmse_ms'].min():.2f}-{u_err['rmse_ms'].max():.2f} ms per round)")
+    if res.get("note"):
+        print("  " + res["note"])
 
 # %% [markdown]
 # ## k chosen against k* along one greedy reference
@@ -165,7 +186,7 @@ bs.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold
           "rules draft long and the Oracle does not.")
 
 # %% tags=["remove-input"]
-key.fill(view.key_rows(runs, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
+key.fill(view.key_rows(runs, tables, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
                        offline_ref="tbl-control-offline"))
 
 # %% [markdown]

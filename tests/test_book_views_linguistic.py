@@ -11,7 +11,7 @@ import pytest
 from speclimits import paper
 from speclimits.book.views import control as cview
 from speclimits.book.views import linguistic as lview
-from speclimits.control.report import BENCH_DIR, engine_vs_offline
+from speclimits.control.report import BENCH_DIR, engine_table
 
 NB = "\u00a0"
 
@@ -111,27 +111,44 @@ def test_comparison_and_differing():
 # ---------------------------------------------------------------------------
 
 
-def _bench(batch: int = 1) -> dict:
-    ms = {"plain": 30.0, "static:1": 21.0, "static:2": 20.0, "threshold": 20.5, "ema": 22.0}
-    blocks = [{"arm": a, "block": b, "ms_per_token": t * f} for a, t in ms.items()
-              for b, f in enumerate((1.0, 0.9, 1.1))]
-    for b in blocks:
-        if (b["arm"], b["block"]) == ("threshold", 1):
-            b["ms_per_token"] = 18.0  # as fast as static:2 in that block
-    summary = [{"arm": a, "ms_per_token": t, "ms_per_token_min": t * 0.9, "ms_per_token_max": t * 1.1,
-                "best_static": a == "static:2", "engine_share_exact": (20.0 - t) / 5, "engine_share_exact_min": -1.0,
-                "engine_share_exact_max": 0.1} for a, t in ms.items()]
-    return {"config": {"batch": batch}, "summary": summary, "blocks": blocks,
-            "oracle": {"oracle_exact_gain_over_best_static": 1.25}}
+def _bench(batch: int = 1, delta_ratio: tuple = (1.06, 1.02, 1.10)) -> dict:
+    """A hand-made benchmark result: the Delta rule's paired ratio to the best stock K and its interval."""
+    est, lo, hi = delta_ratio
+    summary = [
+        {"arm": "plain", "ms_per_token": 11.0, "ms_per_token_lo": 10.5, "ms_per_token_hi": 11.5, "vs_best_stock": 0.6,
+         "vs_best_stock_lo": 0.58, "vs_best_stock_hi": 0.62},
+        {"arm": "stock:3", "ms_per_token": 6.6, "ms_per_token_lo": 6.4, "ms_per_token_hi": 6.9, "vs_best_stock": 1.0,
+         "vs_best_stock_lo": 1.0, "vs_best_stock_hi": 1.0, "predicted_ms_per_token": 6.5, "prediction_error": -0.015},
+        {"arm": "static:3", "ms_per_token": 6.7, "ms_per_token_lo": 6.5, "ms_per_token_hi": 7.0,
+         "vs_best_stock": 0.99, "vs_best_stock_lo": 0.98, "vs_best_stock_hi": 1.00, "vs_stock_3": 0.99,
+         "vs_stock_3_lo": 0.98, "vs_stock_3_hi": 1.0, "decision_share": 0.004, "mean_k": 3.0},
+        {"arm": "delta", "ms_per_token": 6.6 / est, "ms_per_token_lo": 6.0, "ms_per_token_hi": 6.5, "vs_best_stock": est,
+         "vs_best_stock_lo": lo, "vs_best_stock_hi": hi, "decision_share": 0.008, "mean_k": 3.4,
+         "predicted_ms_per_token": 6.0, "prediction_error": 0.01},
+        {"arm": "ema", "ms_per_token": 6.9, "ms_per_token_lo": 6.7, "ms_per_token_hi": 7.1, "vs_best_stock": 0.95,
+         "vs_best_stock_lo": 0.93, "vs_best_stock_hi": 0.97, "decision_share": 0.003, "mean_k": 3.0},
+    ]
+    return {"config": {"batch": batch}, "summary": summary, "choice": {"best_stock": "stock:3",
+                                                                       "best_stock_chosen_on": "even blocks"},
+            "oracle": {"oracle_exact_gain_over_best_static": 1.25, "oracle_surrogate_gain_over_best_static": 1.12},
+            "offline": [], "profile": {}}
 
 
-def test_engine_best_finds_the_fastest_policy_and_its_per_block_range():
-    b = cview.engine_best(_bench())
-    assert (b.policy, b.best_static) == ("threshold", "static:2")
-    assert b.speed == pytest.approx(20.0 / 20.5)
-    per_block = [20.0 / 20.5, 18.0 / 18.0, 22.0 / 22.55]
-    assert b.speed_lo == pytest.approx(min(per_block)) and b.speed_hi == pytest.approx(max(per_block))
-    assert b.n_faster == 0 and not b.beat and b.oracle_gain == 1.25
+def _tables(*runs):
+    return {int(r["config"]["batch"]): engine_table(r) for r in runs}
+
+
+def test_engine_best_is_the_policy_with_the_highest_paired_ratio():
+    res = _bench()
+    b = cview.engine_best(engine_table(res), res)
+    assert (b.policy, b.best_static) == ("delta", "stock:3")
+    assert (b.speed, b.speed_lo, b.speed_hi) == (1.06, 1.02, 1.10) and b.beat and b.verdict == "faster than"
+    # share of the Oracle's gain: (1 - 1/r) / (1 - 1/G), the interval mapped through the same formula
+    assert b.share == pytest.approx((1 - 1 / 1.06) / (1 - 1 / 1.25))
+    assert b.share_lo == pytest.approx((1 - 1 / 1.02) / (1 - 1 / 1.25))
+    assert (b.n_faster, b.n_slower, b.n_policies) == (1, 1, 2) and b.oracle_gain == 1.25
+    tie = _bench(delta_ratio=(1.01, 0.97, 1.05))
+    assert cview.engine_best(engine_table(tie), tie).verdict == "not distinguishable from"
 
 
 def _offline() -> pd.DataFrame:
@@ -143,43 +160,49 @@ def _offline() -> pd.DataFrame:
                          "share_surrogate_hi": [-1.1, 0.0, 0.53, -0.1]})
 
 
-def test_verdict_says_plainly_when_no_policy_beat_the_best_static_k():
+def test_verdict_names_the_outcome_per_batch():
     bounds = {"oracle_exact_gain_over_best_static": 1.266}
-    text = cview.verdict({1: _bench(1), 4: _bench(4)}, _offline(), bounds)
-    assert "In the engine no policy beat the best static K" in text
+    runs = {1: _bench(1), 4: _bench(4, (0.98, 0.95, 1.01))}
+    text = cview.verdict(runs, _tables(*runs.values()), _offline(), bounds)
     assert "1 of 2 policies beat the best static K (static K = 2)" in text  # offline: the threshold
-    assert "batch 1" in text and "batch 4" in text and "1.250×" in text
-    faster = _bench(1)
-    for r in faster["summary"]:
-        if r["arm"] == "threshold":
-            r["ms_per_token"] = 19.0
-    assert "no policy beat" not in cview.verdict({1: faster}, _offline(), bounds)
-    assert "no measured benchmark" in cview.verdict({}, _offline(), bounds)
+    assert "**batch 1**: the best policy, Delta rule, running λ, was faster than stock vLLM, K = 3" in text
+    assert "**batch 4**: the best policy, Delta rule, running λ, was not distinguishable from" in text
+    assert "no measured benchmark" in cview.verdict({}, {}, _offline(), bounds)
     slow = _offline().assign(share_exact=[-1.0, 0.0, -0.05, -0.1])
-    assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, slow, bounds)
+    assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, {}, slow, bounds)
 
 
 def test_key_rows_with_and_without_a_benchmark():
     bounds = {"oracle_exact_gain_over_best_static": 1.266}
-    rows = cview.key_rows({1: _bench(1)}, _offline(), bounds, refs={1: "tbl-control-engine-batch1"})
-    assert len(rows) == 3 and rows[0].ours.startswith(f"{20.0 / 20.5:.3f} [")
-    assert rows[0].quantity.endswith("no policy beat the best static K")
+    res = _bench(1)
+    rows = cview.key_rows({1: res}, _tables(res), _offline(), bounds, refs={1: "tbl-control-engine-batch1"})
+    assert len(rows) == 3 and rows[0].ours.startswith("1.060 [")
+    assert rows[0].quantity.endswith("(faster than it)")
     assert rows[2].ours == "1.250" and all(r.ref == "tbl-control-engine-batch1" for r in rows)
-    off = cview.key_rows({}, _offline(), bounds, offline_ref="tbl-control-offline")
+    off = cview.key_rows({}, {}, _offline(), bounds, offline_ref="tbl-control-offline")
     assert "threshold" in off[0].quantity and off[0].ours == f"{5.0 / 4.8:.3f}" and off[2].ours == "1.266"
 
 
-@pytest.mark.skipif(not list(BENCH_DIR.glob("bench-*.json")), reason="no committed benchmark results")
-def test_engine_table_of_the_committed_benchmark_is_narrow():
-    res = json.loads(sorted(BENCH_DIR.glob("bench-*.json"))[0].read_text())
-    out = cview.engine(engine_vs_offline(res))
-    assert len(out.columns) <= 6 and out["Arm"].iloc[0] == "plain decoding"
-    assert out["ms/token [min; max]"].str.replace(NB, " ").str.contains(r"^\d+\.\d \[\d+\.\d; \d+\.\d\]$").all()
+def test_engine_table_for_the_reader_is_narrow():
+    out = cview.engine(engine_table(_bench()))
+    assert len(out.columns) <= 6 and out["Arm"].tolist()[:3] == ["plain decoding", "stock vLLM, K = 3",
+                                                                 "static K = 3"]
+    assert out["ms/token [IQR]"].str.replace(NB, " ").str.contains(r"^\d+\.\d+ \[\d+\.\d+; \d+\.\d+\]$").all()
+    assert out.loc[3, "Predicted ms/token (error)"] == "6.00 (+1%)" and out.loc[0, "Deciding (% of round)"] == "–"
+
+
+def test_share_frame_is_one_batch_with_policy_labels():
+    res = _bench(4)
+    long = cview.share_frame(_tables(res), 4)
+    assert set(long["batch"]) == {4} and set(long["policy"]) == {"Delta rule, running λ", "SGLang-style EMA"}
+    assert set(long["where"]) == {"engine (measured)"}
 
 
 @pytest.mark.skipif(not list(BENCH_DIR.glob("bench-*.json")), reason="no committed benchmark results")
-def test_share_frame_is_one_batch_with_short_policy_names():
-    res = json.loads(sorted(BENCH_DIR.glob("bench-*.json"))[0].read_text())
-    batch = int(res["config"]["batch"])
-    long = cview.share_frame({batch: engine_vs_offline(res)}, batch)
-    assert set(long["batch"]) == {batch} and set(long["policy"]) <= set(cview.SHORT_NAMES.values())
+def test_committed_benchmarks_are_measured_and_lossless():
+    for f in sorted(BENCH_DIR.glob("bench-*.json")):
+        res = json.loads(f.read_text())
+        assert res["label"].startswith("measured") and res["lossless"] is True, f.name
+        assert res["engine"]["cpu"]["flags"] and "choice" in res, f.name
+        out = cview.engine(engine_table(res))
+        assert {"plain decoding", "stock vLLM, K = 1"} <= set(out["Arm"]), f.name

@@ -1,18 +1,25 @@
-"""``speclimits control bench``: plain decoding, static K and each policy in alternating blocks, in vLLM.
+"""``speclimits control bench``: every policy against stock vLLM at every static K, finely interleaved.
 
-One engine build (the installed vLLM), one prompt set, two engines per block: a plain one (no
-speculation) and a speculative one with ``num_speculative_tokens = K_max`` and the control
-extension, in which every static K and every policy is an arm (static K runs as a policy: the
-drafter stops at step K). Blocks repeat the arms in a rotated order, so that slow drift of the
-shared machine spreads over all arms. Per arm and block: wall and CPU time (``time.process_time``,
-the engine runs in this process), output tokens, vLLM's spec-decode counters, the controller's
-rounds, early exits and decision time.
+Engines, all built once in this process and kept alive: plain decoding (no speculation), one **stock**
+vLLM engine per static K (``num_speculative_tokens = K``, no extension: the reference a user would
+run), and one engine with ``num_speculative_tokens = K_max`` and the control extension, in which each
+policy is an arm (and a few static K, ``--ext-static``, to measure what the extension itself costs).
+Before anything is timed, every engine runs a warm-up generation; the controlled engine's warm-up is
+also its **profile** (:mod:`speclimits.control.profile`): the costs the policies price with are measured
+there, on this machine, and refreshed while the arms run.
 
-Beside the measurement, for prompts that the trace's Oracle data covers (its greedy references),
-the offline prediction of every arm (:func:`speclimits.control.offline.offline_table`, truncated
-to the generated length) and the Oracle's two bounds, so that the share of each Oracle's gain over
-the best static K captured is given offline and in the engine. Greedy outputs of every arm are
-compared token for token with plain decoding (``lossless``).
+A **block** is one prompt (batch 1) or one batch of prompts, cycling through the held-out references;
+every arm runs every block, in an order rotated from block to block. Per arm and block: wall and
+process CPU time, output tokens, vLLM's spec-decode counters (``vllm bench`` field names), the
+controller's rounds, k and decision time, the 1-minute load average and the controller's price scale.
+
+The summary (:func:`summarize`): per arm the median ms/token over blocks and, for every stock K, the
+**paired speed ratio** (stock time / arm time in the same block; geometric mean over blocks) with a 95%
+bootstrap interval over blocks. The best stock K is chosen on the even blocks and the policies are
+compared with it on the odd ones (no winner's curse); the same comparison with the choice made on all
+blocks is given beside it. Every arm's greedy output is compared with plain decoding (``lossless``),
+and plain decoding's with the trace's greedy references: the offline prediction of every arm, priced
+with the costs profiled in this run, applies to the references the engine reproduces.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +40,11 @@ import pandas as pd
 from speclimits.control import engine as ce
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
-from speclimits.control.offline import gain_share, offline_table, u_prediction_error
+from speclimits.control.offline import offline_table
+from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
+from speclimits.machine import cpu_info
 from speclimits.tracing.prompts import read_prompts, tokenize
 
 #: vLLM's spec-decode counters, by the names ``vllm bench serve --save-result`` gives them.
@@ -60,9 +69,12 @@ class BenchConfig:
     limit: int | None = None
     batch: int = 1
     max_tokens: int = 128
-    blocks: int = 3
+    blocks: int = 16
     static: list[int] = field(default_factory=lambda: list(range(1, 7)))
+    ext_static: list[int] = field(default_factory=lambda: [2, 3, 4])
     policies: list[str] = field(default_factory=lambda: ["threshold", "delta", "delta-fixed", "ema", "cascade"])
+    profile_rounds: int = PROFILE_ROUNDS
+    n_boot: int = 2000
     seed: int = 0
     max_model_len: int = 1024
 
@@ -71,8 +83,9 @@ class BenchConfig:
         return cls(policy=args.policy, out=args.out, trace=args.trace, target=args.target, draft=args.draft,
                    method=args.method, load_format=args.load_format, prompts=args.prompts, ids=args.ids,
                    limit=args.limit, batch=args.batch, max_tokens=args.max_tokens, blocks=args.blocks,
-                   static=parse_static(args.static), policies=[p for p in args.policies.split(",") if p],
-                   seed=args.seed)
+                   static=parse_static(args.static), ext_static=parse_static(args.ext_static) if args.ext_static
+                   else [], policies=[p for p in args.policies.split(",") if p],
+                   profile_rounds=args.profile_rounds, seed=args.seed)
 
 
 def parse_static(spec: str) -> list[int]:
@@ -125,69 +138,117 @@ def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path) -> list[Any]:
 # ---------------------------------------------------------------------------
 
 
-def run_arm(llm: Any, ids: list[list[int]], max_tokens: int, arm: str, policy: dict[str, Any] | None
-            ) -> tuple[dict[str, Any], list[list[int]]]:
-    """One arm on every prompt: timings, counters, controller records; and the outputs."""
-    if policy is not None:
-        llm.collective_rpc("speclimits_control_set", args=(policy, arm))
-    before = vllm_counters(llm)
+@dataclass
+class Engines:
+    """The engines of one run: ``stock`` (K -> engine; K = 0 is plain decoding) and the controlled one."""
+
+    stock: dict[int, Any]
+    ctrl: Any
+    policy: dict[str, Any]
+    profile: dict[str, Any] | None = None
+
+    def arms(self, cfg: BenchConfig, k_max: int) -> list[str]:
+        return (["plain"] + [f"stock:{k}" for k in cfg.static if k in self.stock]
+                + [f"static:{k}" for k in cfg.ext_static if k <= k_max] + list(cfg.policies))
+
+    def close(self) -> None:
+        for llm in [*self.stock.values(), self.ctrl]:
+            if llm is not None:
+                ce.close(llm)
+
+
+def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], progress: Any) -> Engines:
+    """Stock engines first (they never see the extension), then the controlled one; each warmed up, the
+    controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds, then the fitted costs)."""
+    kw = dict(batch=cfg.batch, load_format=cfg.load_format, max_model_len=cfg.max_model_len, seed=cfg.seed)
+    stock: dict[int, Any] = {}
+    engines = Engines(stock=stock, ctrl=None, policy=fit.to_dict())
+    try:
+        for k in [0, *cfg.static]:
+            progress(f"building the stock engine K = {k} ...")
+            stock[k] = ce.build_stock_llm(cfg.target, cfg.draft if k else None, cfg.method, k, **kw)
+            ce.generate(stock[k], warm_ids, 16)
+        progress(f"building the controlled engine (K_max = {fit.k_max}) and profiling it ...")
+        engines.ctrl = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, **kw)
+        engines.ctrl.collective_rpc("speclimits_control_set", args=(engines.policy, "static:1", cfg.profile_rounds))
+        t0 = time.perf_counter()
+        while engines.ctrl.collective_rpc("speclimits_control_drain")[0]["profile"] is None:
+            ce.generate(engines.ctrl, warm_ids, 64)
+            if time.perf_counter() - t0 > 300:
+                raise SpeclimitsError("speclimits control bench: profiling did not finish in 300 s")
+        engines.profile = engines.ctrl.collective_rpc("speclimits_control_drain")[0]["profile"]
+        for arm in engines.arms(cfg, fit.k_max)[1 + len(cfg.static):]:  # first use of every arm, untimed
+            engines.ctrl.collective_rpc("speclimits_control_set", args=(engines.policy, arm))
+            ce.generate(engines.ctrl, warm_ids, 32)
+        return engines
+    except BaseException:
+        engines.close()
+        raise
+
+
+def run_arm(engines: Engines, arm: str, ids: list[list[int]], max_tokens: int) -> tuple[dict[str, Any], list]:
+    """One arm on one block: timings, counters, controller records; and the outputs."""
+    controlled = not (arm == "plain" or arm.startswith("stock:"))
+    llm = engines.ctrl if controlled else engines.stock[0 if arm == "plain" else int(arm.split(":")[1])]
+    if controlled:
+        llm.collective_rpc("speclimits_control_set", args=(engines.policy, arm))
+    # vLLM's Prometheus counters are per process, and with several engines in one process only the
+    # last engine built (the controlled one) reports: read them for its arms alone
+    before = vllm_counters(llm) if controlled else {}
     t0, c0 = time.perf_counter(), time.process_time()
     outs = ce.generate(llm, ids, max_tokens)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    after = vllm_counters(llm)
+    after = vllm_counters(llm) if controlled else dict.fromkeys(VLLM_COUNTERS.values())
     n_out = sum(len(o) for o in outs)
     row: dict[str, Any] = {"arm": arm, "duration_s": wall, "cpu_s": cpu, "total_output_tokens": n_out,
                            "ms_per_token": wall * 1e3 / n_out, "cpu_ms_per_token": cpu * 1e3 / n_out,
-                           "output_throughput": n_out / wall}
-    row.update({k: after[k] - before[k] for k in after})
-    if policy is not None:
+                           "output_throughput": n_out / wall, "load1": os.getloadavg()[0]}
+    row.update({k: (after[k] - before[k]) if controlled else None for k in after})
+    if controlled:
         d = llm.collective_rpc("speclimits_control_drain")[0]
-        ks = np.array([r["k"] for r in d["rounds"]])
-        drafted = np.array([r["drafted"] for r in d["rounds"]])
+        ks = np.concatenate([np.asarray(r["k"]) for r in d["rounds"]]) if d["rounds"] else np.zeros(0, int)
+        wasted = sum(r["drafted"] * len(r["k"]) - sum(r["k"]) for r in d["rounds"])
         row.update(decide_us=d["decide_us"], drafting_calls=d["n_rounds"], early_exits=d["early_exits"],
-                   mean_k=float(ks.mean()) if ks.size else None,
-                   wasted_draft_steps=float((drafted - ks).sum() / max(len(ks), 1)),
-                   k_histogram=np.bincount(ks, minlength=2).tolist() if ks.size else [])
+                   mean_k=float(ks.mean()) if ks.size else None, price_scale=d["price_scale"],
+                   wasted_draft_steps=wasted / max(len(ks), 1),
+                   k_histogram=np.bincount(ks, minlength=2).tolist() if ks.size else [],
+                   hook_us={k: v / max(d["n_rounds"], 1) for k, v in d["hook_us"].items()})
     return row, outs
 
 
-def warm(llm: Any, ids: list[list[int]], policy: dict[str, Any] | None) -> None:
-    if policy is not None:
-        llm.collective_rpc("speclimits_control_set", args=(policy, "static:1"))
-    ce.generate(llm, ids[:1], 8)
-    if policy is not None:
-        llm.collective_rpc("speclimits_control_drain")
+def block_prompts(ids: list[list[int]], batch: int, block: int) -> list[int]:
+    """Indices of the prompts of ``block``: ``batch`` consecutive ones, cycling through the set."""
+    return [(block * batch + i) % len(ids) for i in range(batch)]
 
 
-def measure(cfg: BenchConfig, fit: PolicyFit, prompt_ids: list[list[int]], progress: Any = print
-            ) -> tuple[pd.DataFrame, bool, list[list[int]]]:
-    """Alternating blocks; returns (one row per arm per block, lossless, plain outputs)."""
-    spec_arms = [f"static:{k}" for k in cfg.static if k <= fit.k_max] + list(cfg.policies)
-    policy = fit.to_dict()
-    rows, plain_out, lossless = [], None, True
-    kw = dict(batch=cfg.batch, load_format=cfg.load_format, max_model_len=cfg.max_model_len, seed=cfg.seed)
-    for block in range(cfg.blocks):
-        llm = ce.build_llm(cfg.target, None, cfg.method, 0, **kw)
-        try:
-            warm(llm, prompt_ids, None)
-            row, outs = run_arm(llm, prompt_ids, cfg.max_tokens, "plain", None)
-        finally:
-            ce.close(llm)
-        rows.append({**row, "block": block})
-        plain_out = outs if plain_out is None else plain_out
-        lossless &= outs == plain_out
-        llm = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, **kw)
-        try:
-            warm(llm, prompt_ids, policy)
-            shift = block % len(spec_arms)
-            for arm in spec_arms[shift:] + spec_arms[:shift]:
-                row, outs = run_arm(llm, prompt_ids, cfg.max_tokens, arm, policy)
-                row["lossless"] = outs == plain_out
-                lossless &= row["lossless"]
-                rows.append({**row, "block": block})
-                progress(f"block {block}: {arm:>12s} {row['ms_per_token']:.3f} ms/token, lossless {row['lossless']}")
-        finally:
-            ce.close(llm)
+def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: Any = print
+            ) -> tuple[pd.DataFrame, bool, dict[int, list[int]]]:
+    """Every arm on every block, order rotated per block; returns (one row per arm and block, lossless,
+    plain decoding's output per prompt index)."""
+    from tqdm.auto import tqdm
+
+    arms = engines.arms(cfg, PolicyFit.from_dict(engines.policy).k_max)
+    rows, plain_out, lossless = [], {}, True
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    bar = tqdm(range(cfg.blocks), desc=f"blocks (batch {cfg.batch}, {len(arms)} arms)", disable=progress is None)
+    for block in bar:
+        which = block_prompts(ids, cfg.batch, block)
+        prompts = [ids[i] for i in which]
+        shift = block % len(arms)
+        outs_of: dict[str, list] = {}
+        for arm in arms[shift:] + arms[:shift]:
+            row, outs = run_arm(engines, arm, prompts, cfg.max_tokens)
+            rows.append({**row, "block": block, "prompts": which})
+            outs_of[arm] = outs
+        for i, o in zip(which, outs_of["plain"]):
+            plain_out.setdefault(i, o)
+        for r in rows[-len(arms):]:
+            r["lossless"] = outs_of[r["arm"]] == [plain_out[i] for i in which]
+            lossless &= r["lossless"]
+        load = max(r["load1"] for r in rows[-len(arms):])
+        if load > threads + 0.5 and progress is not None:
+            progress(f"warning: block {block}: 1-minute load average {load:.2f} exceeds the {threads} core(s) the "
+                     "engine uses: other work shares the machine, timings are noisier")
     return pd.DataFrame(rows), bool(lossless), plain_out
 
 
@@ -196,83 +257,135 @@ def measure(cfg: BenchConfig, fit: PolicyFit, prompt_ids: list[list[int]], progr
 # ---------------------------------------------------------------------------
 
 
-def summarize(blocks: pd.DataFrame, offline: pd.DataFrame | None, bounds: dict[str, Any] | None) -> pd.DataFrame:
-    """One row per arm: median ms/token and tok/s over blocks with min/max, CPU ms/token, ratios to
-    plain and to the best static K (hindsight, this run), acceptance length, decision overhead, and the
-    share of each Oracle's gain captured in the engine beside the offline prediction."""
+def per_block(blocks: pd.DataFrame) -> pd.DataFrame:
+    """(blocks × arms) ms/token of each block (total wall over total tokens)."""
+    g = blocks.groupby(["block", "arm"])[["duration_s", "total_output_tokens"]].sum()
+    return (g["duration_s"] * 1e3 / g["total_output_tokens"]).unstack("arm")
+
+
+def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed: int = 0
+                 ) -> tuple[float, float, float]:
+    """Geometric-mean speed ratio ``t_ref / t_arm`` over paired blocks and its 95% percentile bootstrap
+    interval over blocks (resampled with replacement). > 1: the arm is faster."""
+    lr = np.log(np.asarray(t_ref, dtype=float)) - np.log(np.asarray(t_arm, dtype=float))
+    lr = lr[np.isfinite(lr)]
+    if lr.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    est = float(np.exp(lr.mean()))
+    if lr.size < 2 or n_boot <= 0:
+        return est, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = lr[rng.integers(0, lr.size, size=(n_boot, lr.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return est, float(np.exp(lo)), float(np.exp(hi))
+
+
+def best_stock(table: pd.DataFrame) -> str | None:
+    """The stock K arm with the lowest median ms/token over the rows of ``table`` (blocks × arms)."""
+    stock = [a for a in table.columns if str(a).startswith("stock:")]
+    return min(stock, key=lambda a: table[a].median()) if stock else None
+
+
+def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """One row per arm (see the module docstring) and the choice of the best stock K.
+
+    Columns: ``ms_per_token`` (median over blocks), ``ms_per_token_lo/hi`` (interquartile range),
+    ``cpu_ms_per_token``, ``vs_plain`` and ``vs_stock_K`` (paired ratios; ``_lo``/``_hi`` their 95% interval),
+    ``vs_best_stock`` (best stock K chosen on even blocks, ratio on odd blocks) with its interval,
+    ``vs_best_stock_all`` (chosen and compared on all blocks), acceptance length, decision time per
+    round and its share of the round (``decision_share``), mean k, wasted draft steps per request round.
+    """
+    pb = per_block(blocks)
     g = blocks.groupby("arm", sort=False)
-    out = pd.DataFrame({
-        "ms_per_token": g["ms_per_token"].median(), "ms_per_token_min": g["ms_per_token"].min(),
-        "ms_per_token_max": g["ms_per_token"].max(), "output_throughput": g["output_throughput"].median(),
-        "cpu_ms_per_token": g["cpu_ms_per_token"].median(), "blocks": g.size()})
-    sums = g[["spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens"]].sum()
+    out = pd.DataFrame({"ms_per_token": pb.median(), "ms_per_token_lo": pb.quantile(0.25),
+                        "ms_per_token_hi": pb.quantile(0.75),
+                        "cpu_ms_per_token": (g["cpu_s"].sum() * 1e3 / g["total_output_tokens"].sum()),
+                        "blocks": pb.notna().sum()})
+    sums = g[["spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens"]].sum(min_count=1)
     out = out.join(sums)
     with np.errstate(invalid="ignore", divide="ignore"):
         out["spec_decode_acceptance_length"] = 1 + out["spec_decode_accepted_tokens"] / out["spec_decode_num_drafts"]
+    refs = [a for a in pb.columns if a == "plain" or str(a).startswith("stock:")]
+    for ref in refs:
+        name = "vs_plain" if ref == "plain" else f"vs_stock_{ref.split(':')[1]}"
+        vals = [paired_ratio(pb[ref].to_numpy(), pb[a].to_numpy(), n_boot, seed) for a in out.index]
+        out[name], out[f"{name}_lo"], out[f"{name}_hi"] = zip(*vals)
+    even, odd = pb.iloc[0::2], pb.iloc[1::2]
+    chosen = best_stock(even) if len(odd) else best_stock(pb)
+    held = odd if len(odd) else pb
+    choice = {"best_stock_chosen_on": "even blocks" if len(odd) else "all blocks",
+              "best_stock": chosen, "best_stock_all_blocks": best_stock(pb),
+              "compared_on_blocks": [int(b) for b in held.index]}
+    if chosen is not None:
+        vals = [paired_ratio(held[chosen].to_numpy(), held[a].to_numpy(), n_boot, seed) for a in out.index]
+        out["vs_best_stock"], out["vs_best_stock_lo"], out["vs_best_stock_hi"] = zip(*vals)
+        allb = choice["best_stock_all_blocks"]
+        out["vs_best_stock_all"] = [paired_ratio(pb[allb].to_numpy(), pb[a].to_numpy(), 0)[0] for a in out.index]
     if "decide_us" in blocks:
-        per = g[["decide_us", "drafting_calls", "duration_s", "wasted_draft_steps", "mean_k"]].sum(min_count=1)
+        per = g[["decide_us", "drafting_calls", "duration_s"]].sum(min_count=1)
         out["decision_us_per_round"] = per["decide_us"] / per["drafting_calls"]
         out["round_ms"] = per["duration_s"] * 1e3 / per["drafting_calls"]
-        out["wasted_draft_steps_per_request_round"] = g["wasted_draft_steps"].mean()
+        out["decision_share"] = out["decision_us_per_round"] / (out["round_ms"] * 1e3)
         out["mean_k"] = g["mean_k"].mean()
-    static = [a for a in out.index if a.startswith("static:")]
-    best = min(static, key=lambda a: out.loc[a, "ms_per_token"])
-    out["speedup_vs_plain"] = out.loc["plain", "ms_per_token"] / out["ms_per_token"] if "plain" in out.index else np.nan
-    out["vs_best_static"] = out.loc[best, "ms_per_token"] / out["ms_per_token"]
-    out["best_static"] = out.index == best
-    # per-block shares give the spread
-    if bounds is not None:
-        for key, gain in (("exact", bounds["oracle_exact_gain_over_best_static"]),
-                          ("surrogate", bounds["oracle_surrogate_gain_over_best_static"])):
-            t_oracle = out.loc[best, "ms_per_token"] / gain
-            out[f"engine_share_{key}"] = gain_share(out["ms_per_token"], out.loc[best, "ms_per_token"], t_oracle)
-            per_block = blocks.pivot_table(index="block", columns="arm", values="ms_per_token")
-            shares = gain_share(per_block, per_block[best].to_numpy()[:, None], per_block[best].to_numpy()[:, None]
-                                / gain)
-            out[f"engine_share_{key}_min"] = pd.DataFrame(shares, columns=per_block.columns).min()
-            out[f"engine_share_{key}_max"] = pd.DataFrame(shares, columns=per_block.columns).max()
-    if offline is not None:
-        off = offline.set_index("policy")
-        for col in ("replay_ms_per_token", "replay_tokens_per_round", "share_exact", "share_exact_lo",
-                    "share_exact_hi", "share_surrogate", "share_surrogate_lo", "share_surrogate_hi"):
-            out[f"offline_{col}"] = off[col].reindex(out.index)
-        # what the engine spends per round beyond the cost model's T_D + T_T (scheduler, sampling, Python)
-        out["unmodelled_ms_per_round"] = (out["ms_per_token"] - out["offline_replay_ms_per_token"]) * \
-            out["spec_decode_acceptance_length"]
-    return out.reset_index()
+        out["wasted_draft_steps_per_request_round"] = g["wasted_draft_steps"].mean()
+        out["price_scale"] = g["price_scale"].median()
+    out["lossless"] = g["lossless"].all()
+    out["load1_max"] = g["load1"].max()
+    return out.reset_index(names="arm"), choice
 
 
-def refresh_summary(path: str | Path) -> dict[str, Any]:
-    """Recompute the summary of a benchmark JSON from its recorded blocks, offline table and bounds
-    (after a change to :func:`summarize`; the measurements are not touched) and write it back."""
-    p = Path(path)
-    res = json.loads(p.read_text())
-    blocks = pd.DataFrame(res["blocks"])
-    offline = pd.DataFrame(res["offline"]) if res.get("offline") else None
-    summary = summarize(blocks, offline, res.get("oracle"))
-    if res.get("u_bar_prediction_error") is None and offline is not None:
-        fit = PolicyFit.from_dict({**res["policy_fit"], "curves": {}})
-        setup = greedy_setup(fit.data["trace"], fit.cost_model)
-        res["u_bar_prediction_error"] = u_prediction_error(fit, setup, res["prompt_ids"],
-                                                           n_states=res["config"]["max_tokens"] - 1)
-    res["summary"] = summary
-    res["summary_text"] = summary_text(summary, BenchConfig(**res["config"]), res.get("oracle"), res["lossless"])
-    p.write_text(dumps(res, indent=1) + "\n")
-    return json.loads(p.read_text())
-
-
-def summary_text(summary: pd.DataFrame, cfg: BenchConfig, bounds: dict[str, Any] | None, lossless: bool) -> str:
-    cols = ["arm", "ms_per_token", "ms_per_token_min", "ms_per_token_max", "cpu_ms_per_token", "speedup_vs_plain",
-            "vs_best_static", "spec_decode_acceptance_length"]
-    cols += [c for c in ("engine_share_exact", "offline_share_exact", "engine_share_surrogate",
-                         "offline_share_surrogate", "decision_us_per_round", "round_ms") if c in summary]
-    lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt; lossless: {lossless}",
-             summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
-    if bounds is not None:
-        lines.append(f"Oracle gain over best static K (offline, same prompts): exact greedy "
-                     f"{bounds['oracle_exact_gain_over_best_static']:.3f}x, surrogate "
-                     f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}x")
+def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool) -> str:
+    cols = ["arm", "ms_per_token", "cpu_ms_per_token", "vs_plain", "vs_best_stock", "vs_best_stock_lo",
+            "vs_best_stock_hi", "spec_decode_acceptance_length", "decision_share", "mean_k"]
+    cols += [c for c in ("predicted_ms_per_token", "prediction_error") if c in summary]
+    lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt; lossless: {lossless}; "
+             f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
+             summary[[c for c in cols if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Prediction in the units of the run
+# ---------------------------------------------------------------------------
+
+
+def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[str], arms: list[str],
+            max_tokens: int, seed: int) -> tuple[pd.DataFrame | None, dict[str, Any] | None, str]:
+    """Offline prediction of every arm on the references ``seq_ids``, priced with the costs profiled in
+    this run (:meth:`EngineProfile.cost_model`), and the Oracle's bounds; ``(table, bounds, note)``."""
+    from speclimits.control.profile import EngineProfile
+
+    if not seq_ids:
+        return None, None, "no prompt reproduced its greedy reference: the offline prediction does not apply"
+    prof = EngineProfile(batch=int(profile["batch"]), verify_ms={int(m): float(v) for m, v in profile["verify_ms"].items()},
+                         draft_ms0=float(profile["draft_ms0"]), draft_ms1=float(profile["draft_ms1"]),
+                         other_ms=float(profile["other_ms"]), n_steps=int(profile["n_steps"]),
+                         context_len=float(profile.get("context_len", 0.0)))
+    model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
+    priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
+    names = [("static:" + a.split(":")[1]) if a.startswith("stock:") else a for a in arms if a != "plain"]
+    names = list(dict.fromkeys(names))
+    try:
+        setup = greedy_setup(trace, fit.cost_model)
+        table, bounds = offline_table(priced, setup, seq_ids, names, n_states=max_tokens - 1, seed=seed)
+    except (SpeclimitsError, OSError) as exc:
+        return None, None, f"no offline prediction / Oracle bounds: {exc}"
+    bounds = {k: v for k, v in bounds.items() if k != "k_star_exact"}
+    bounds["cost_model"] = model.to_dict()
+    return table, bounds, ""
+
+
+def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.DataFrame:
+    """``predicted_ms_per_token`` (the replay priced with the profiled costs) and ``prediction_error``
+    (predicted / measured - 1) beside each arm; stock K and the extension's static K share a prediction."""
+    if table is None:
+        return summary
+    pred = table.set_index("policy")["replay_ms_per_token"]
+    key = summary["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
+    summary = summary.copy()
+    summary["predicted_ms_per_token"] = key.map(pred)
+    summary["prediction_error"] = summary["predicted_ms_per_token"] / summary["ms_per_token"] - 1
+    return summary
 
 
 def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
@@ -283,30 +396,38 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     recorded = trace_generations(trace)
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
     ids = [recorded[p.id][0] if p.id in recorded else tokenize(p, tokenizer, chat_template=True) for p in prompts]
-    blocks, lossless, plain = measure(cfg, fit, ids, progress)
-    same_as_trace = {p.id: recorded[p.id][1][: cfg.max_tokens] == out for p, out in zip(prompts, plain)
-                     if p.id in recorded}
-    offline = bounds = u_error = None
-    note = ""
-    covered = [p.id for p in prompts]
+    warm_ids = [ids[(len(ids) - 1 - i) % len(ids)] for i in range(cfg.batch)]
+    engines = build_engines(cfg, fit, warm_ids, progress)
     try:
-        setup = greedy_setup(trace, fit.cost_model)
-        names = [a for a in blocks["arm"].unique() if a != "plain"]
-        offline, bounds = offline_table(fit, setup, covered, names, n_states=cfg.max_tokens - 1, seed=cfg.seed)
-        u_error = u_prediction_error(fit, setup, covered, n_states=cfg.max_tokens - 1)
-    except (SpeclimitsError, OSError) as exc:
-        note = f"no offline prediction / Oracle bounds: {exc}"
-    summary = summarize(blocks, offline, bounds)
+        blocks, lossless, plain = measure(cfg, engines, ids, progress)
+        arms = engines.arms(cfg, fit.k_max)
+    finally:
+        engines.close()
+    parted = {}
+    for i, p in enumerate(prompts):
+        if p.id in recorded and i in plain:
+            ref, out = recorded[p.id][1][: cfg.max_tokens], plain[i]
+            first = next((t for t, (x, y) in enumerate(zip(ref, out)) if x != y), None)
+            if first is None and len(ref) < len(out):
+                first = len(ref)
+            parted[p.id] = first
+    same = [pid for pid, first in parted.items() if first is None]
+    summary, choice = summarize(blocks, cfg.n_boot, cfg.seed)
+    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed)
+    if same and len(same) < len(prompts):
+        note = (f"plain decoding reproduced the trace's greedy reference on {len(same)} of {len(prompts)} prompts; "
+                "the prediction covers those only. " + note).strip()
+    summary = with_prediction(summary, offline)
     result = {
         "label": "measured (real vLLM engine on this machine; not simulated)",
         "produced_by": " ".join(sys.argv),
-        "config": asdict(cfg), "lossless": lossless, "prompt_ids": covered, "note": note,
-        "plain_equals_trace_reference": same_as_trace,
-        "engine": engine_info(), "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
-        "summary": summary, "blocks": blocks, "offline": offline, "u_bar_prediction_error": u_error,
-        "oracle": None if bounds is None else {k: v for k, v in bounds.items() if k != "k_star_exact"},
+        "config": asdict(cfg), "lossless": lossless, "prompt_ids": [p.id for p in prompts], "note": note,
+        "reference_parts_at": parted, "choice": choice,
+        "engine": engine_info(), "profile": engines.profile,
+        "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
+        "summary": summary, "blocks": blocks, "offline": offline, "oracle": bounds,
     }
-    result["summary_text"] = summary_text(summary, cfg, bounds, lossless)
+    result["summary_text"] = summary_text(summary, cfg, choice, lossless)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(dumps(result, indent=1) + "\n")
     return result
@@ -342,44 +463,6 @@ def engine_info() -> dict[str, Any]:
     import vllm
 
     return {"vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version(),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "cpu": cpu_info(), "cores": os.cpu_count(), "load_before": os.getloadavg(),
             "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE",
                                                    "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")}}
-
-
-def decompose(cfg: BenchConfig, fit: PolicyFit, prompt_ids: list[list[int]], arms: list[str],
-              references: list[list[int]] | None = None) -> pd.DataFrame:
-    """Where a round's wall time goes, per arm, with the tracer on the controlled engine: per engine step
-    the target forward (``t_target_ms``), the whole drafter call (``t_draft_ms``) and the rest of the
-    step (scheduler, input preparation, sampling, Python: ``other_ms``), medians over decode steps; and
-    what the cost model predicts for the same arm's mean k (``model_ms``). ``k`` is the mean k verified."""
-    llm = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, batch=cfg.batch, load_format=cfg.load_format,
-                       max_model_len=cfg.max_model_len, seed=cfg.seed)
-    rows = []
-    try:
-        llm.collective_rpc("speclimits_install", args=({"kv_usage": False},))
-        policy = fit.to_dict()
-        warm(llm, prompt_ids, policy)
-        for arm in arms:
-            llm.collective_rpc("speclimits_control_set", args=(policy, arm))
-            llm.collective_rpc("speclimits_drain")
-            t0 = time.perf_counter()
-            outs = ce.generate(llm, prompt_ids, cfg.max_tokens)
-            wall = time.perf_counter() - t0
-            recs = [r for r in llm.collective_rpc("speclimits_drain")[0] if all(q["n_out_before"] > 0 for q in r["reqs"])]
-            llm.collective_rpc("speclimits_control_drain")
-            tt = np.array([r["t_target_ms"] for r in recs])
-            td = np.array([r["t_draft_ms"] for r in recs])
-            k = float(np.mean([q["n_spec"] for r in recs for q in r["reqs"]]))
-            n_steps = len(recs)
-            step_ms = wall * 1e3 / max(n_steps, 1)
-            model = float(fit.cost_model.round_ms(int(round(k)), fit.u_bar_mean[int(round(k)) + 1], 100))
-            rows.append({"arm": arm, "k": k, "steps": n_steps, "step_wall_ms": step_ms,
-                         "t_target_ms": float(np.median(tt)), "t_draft_ms": float(np.median(td)),
-                         "other_ms": step_ms - float(tt.mean() + td.mean()), "model_ms": model,
-                         "tokens": sum(len(o) for o in outs),
-                         "equals_trace_reference": None if references is None else
-                         all(r[: cfg.max_tokens] == o for r, o in zip(references, outs))})
-    finally:
-        ce.close(llm)
-    return pd.DataFrame(rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from speclimits.control.profile import PROFILE_ROUNDS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
     f.set_defaults(func=run_fit)
-    b = sub.add_parser("bench", help="plain decoding, static K and each policy in alternating blocks, in vLLM")
+    b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, paired ratios")
     add_bench_arguments(b)
     b.set_defaults(func=run_bench)
 
@@ -35,8 +36,13 @@ def add_bench_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--limit", type=int, default=None, help="first N prompts only")
     b.add_argument("--batch", type=int, default=1, help="max_num_seqs (requests in flight)")
     b.add_argument("--max-tokens", type=int, default=128)
-    b.add_argument("--blocks", type=int, default=3)
-    b.add_argument("--static", default="1-6", help="static K arms, e.g. 1-6 or 1,2,4")
+    b.add_argument("--blocks", type=int, default=16,
+                   help="blocks (one prompt, or one batch of prompts, each; every arm runs every block), default 16")
+    b.add_argument("--static", default="1-6", help="stock vLLM engines with num_speculative_tokens = K, e.g. 1-6")
+    b.add_argument("--ext-static", default="2,3,4",
+                   help="static K run inside the control extension (its overhead against stock), '' for none")
+    b.add_argument("--profile-rounds", type=int, default=PROFILE_ROUNDS,
+                   help=f"rounds the controller profiles this machine's costs before the arms run, default {PROFILE_ROUNDS}")
     b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade")
     b.add_argument("--out", required=True, help="JSON to write")
     b.add_argument("--seed", type=int, default=0)

@@ -26,6 +26,18 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
     return vllm.LLM(**kw)
 
 
+def build_stock_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1,
+                    load_format: str = "auto", max_model_len: int = 1024, seed: int = 0, dtype: str = "float32") -> Any:
+    """Stock ``vllm.LLM``: the same engine arguments, no worker extension (what a user runs with
+    ``num_speculative_tokens = k``; ``k = 0``: plain decoding)."""
+    vllm = eng.require_vllm()
+    eng.check_vllm_api()
+    kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
+                           load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
+    kw.pop("worker_extension_cls", None)
+    return vllm.LLM(**kw)
+
+
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order."""
     from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs

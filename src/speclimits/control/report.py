@@ -1,26 +1,25 @@
-"""Reading the committed benchmark results and setting them beside the offline prediction (book section 8).
+"""Reading the committed benchmark results and setting them beside the Oracle and the offline prediction.
 
 The benchmark JSON files live in :data:`BENCH_DIR` (``data/control/bench-*.json``, written by
-``speclimits control bench``; measured, see their ``label`` and ``produced_by``).
+``speclimits control bench``; measured, see their ``label`` and ``produced_by``). Everything here is
+arithmetic on those files: the book's section 8 and the note read the same numbers.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from speclimits.control.offline import gain_share
+from speclimits.control.rules import POLICY_LABELS
+from speclimits.jsonutil import read_json
 from speclimits.paths import DATA_DIR
 
 #: Where the committed benchmark results live.
 BENCH_DIR = DATA_DIR / "control"
-
-#: Arms shown as policies (the rest are plain decoding and static K).
-POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
-                 "delta-fixed": "Delta rule, fixed λ", "ema": "EMA of accepted length (SGLang-style)",
-                 "cascade": "utility test-and-set (Cascade-style)"}
 
 
 def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tuple[dict[int, dict[str, Any]], str]:
@@ -31,61 +30,110 @@ def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tup
         return {}, f"no benchmark results in {folder} (run benchmarks/bench_control.py)"
     runs, other = {}, []
     for f in files:
-        res = json.loads(f.read_text())
+        res = read_json(f, "benchmark result", ValueError)
         created = (res.get("policy_fit", {}).get("data", {}) or {}).get("trace_created")
-        if created != trace_meta.get("created"):
+        if created != trace_meta.get("created") or "choice" not in res:
             other.append(f.name)
             continue
         runs[int(res["config"]["batch"])] = {**res, "file": f.name}
     note = f"benchmark results: {', '.join(r['file'] for r in runs.values()) or 'none for this trace'}"
     if other:
-        note += f"; {', '.join(other)} measured on another trace (not shown)"
+        note += f"; {', '.join(other)} measured on another trace or by an older benchmark (not shown)"
     return runs, note
 
 
-def engine_vs_offline(result: dict[str, Any]) -> pd.DataFrame:
-    """Per arm of one benchmark result: measured ms/token (median, min, max over blocks), the share of the
-    exact-greedy and surrogate Oracle's gain captured in the engine (min/max over blocks) and offline
-    (95% interval over references), the acceptance length measured and predicted by the replay."""
-    s = pd.DataFrame(result["summary"])
-    cols = ["arm", "ms_per_token", "ms_per_token_min", "ms_per_token_max", "cpu_ms_per_token", "speedup_vs_plain",
-            "vs_best_static", "spec_decode_acceptance_length", "offline_replay_tokens_per_round",
-            "engine_share_exact", "engine_share_exact_min", "engine_share_exact_max", "offline_share_exact",
-            "offline_share_exact_lo", "offline_share_exact_hi", "engine_share_surrogate", "offline_share_surrogate",
-            "decision_us_per_round", "round_ms"]
-    s = s[[c for c in cols if c in s.columns]].copy()
-    s.insert(1, "policy", s["arm"].map(lambda a: POLICY_LABELS.get(a, a)))
+def is_policy(arm: str) -> bool:
+    return str(arm) in POLICY_LABELS
+
+
+def engine_table(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per arm of one benchmark result: the summary (ms/token, paired ratios with their 95%
+    intervals, prediction, decision time) and the share of each Oracle's gain over the best static K
+    captured in the engine, ``(1 - 1/r) / (1 - 1/G)`` for the speed ratio r to the best stock K (its
+    interval mapped through the same monotone formula) and the Oracle's gain G on the same references
+    (offline, priced with the costs profiled in the run); beside it the offline share of the same arm."""
+    s = pd.DataFrame(result["summary"]).copy()
+    bounds = result.get("oracle") or {}
+    for key in ("exact", "surrogate"):
+        gain = bounds.get(f"oracle_{key}_gain_over_best_static", np.nan)
+        for suffix in ("", "_lo", "_hi"):
+            r = s.get(f"vs_best_stock{suffix}", pd.Series(np.nan, index=s.index)).astype(float)
+            r = r.to_numpy()
+            s[f"engine_share_{key}{suffix}"] = gain_share(1.0, r, r / gain) if np.isfinite(gain) else np.nan
+    off = pd.DataFrame(result.get("offline") or [])
+    if len(off):
+        off = off.set_index("policy")
+        key = s["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
+        for col in ("share_exact", "share_exact_lo", "share_exact_hi", "share_surrogate", "replay_tokens_per_round"):
+            s[f"offline_{col}"] = key.map(off[col]) if col in off else np.nan
     return s
 
 
-def share_long(table: pd.DataFrame, batch: int) -> pd.DataFrame:
+def share_long(table: pd.DataFrame, batch: int, label: Any = None) -> pd.DataFrame:
     """Long form for the figure: ``policy``, ``where`` (offline / engine), ``share``, ``lo``, ``hi``, ``batch``."""
-    pol = table[table["arm"].isin(list(POLICY_LABELS))]
-    off = pd.DataFrame({"policy": pol["policy"], "where": "offline (replay)", "share": pol["offline_share_exact"],
-                        "lo": pol["offline_share_exact_lo"], "hi": pol["offline_share_exact_hi"]})
-    eng = pd.DataFrame({"policy": pol["policy"], "where": "engine (measured)", "share": pol["engine_share_exact"],
-                        "lo": pol["engine_share_exact_min"], "hi": pol["engine_share_exact_max"]})
-    out = pd.concat([off, eng], ignore_index=True)
+    label = label or (lambda a: POLICY_LABELS.get(a, a))
+    pol = table[table["arm"].map(is_policy)]
+    names = pol["arm"].map(label)
+    frames = [pd.DataFrame({"policy": names, "where": "engine (measured)", "share": pol["engine_share_exact"],
+                            "lo": pol["engine_share_exact_lo"], "hi": pol["engine_share_exact_hi"]})]
+    if "offline_share_exact" in pol:
+        frames.insert(0, pd.DataFrame({"policy": names, "where": "offline (replay)", "share": pol["offline_share_exact"],
+                                       "lo": pol["offline_share_exact_lo"], "hi": pol["offline_share_exact_hi"]}))
+    out = pd.concat(frames, ignore_index=True)
     out["batch"] = batch
     return out
 
 
+def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
+    """The extension at static K against stock vLLM at the same K: ``k``, ``ratio`` (stock time / extension
+    time, paired; < 1: the extension is slower) and its 95% interval."""
+    s = table.set_index("arm")
+    rows = []
+    for arm in s.index:
+        if str(arm).startswith("static:") and f"vs_stock_{arm.split(':')[1]}" in s:
+            k = arm.split(":")[1]
+            rows.append({"k": int(k), "ratio": s.loc[arm, f"vs_stock_{k}"], "lo": s.loc[arm, f"vs_stock_{k}_lo"],
+                         "hi": s.loc[arm, f"vs_stock_{k}_hi"]})
+    return pd.DataFrame(rows, columns=["k", "ratio", "lo", "hi"])
+
+
+def prediction_errors(table: pd.DataFrame) -> pd.DataFrame:
+    """Arms with an offline prediction: measured and predicted ms/token and the relative error."""
+    if "predicted_ms_per_token" not in table:
+        return pd.DataFrame(columns=["arm", "ms_per_token", "predicted_ms_per_token", "prediction_error"])
+    t = table[np.isfinite(table["predicted_ms_per_token"].astype(float))]
+    return t[["arm", "ms_per_token", "predicted_ms_per_token", "prediction_error"]].reset_index(drop=True)
+
+
 def gap_lines(result: dict[str, Any]) -> list[str]:
-    """The measured figures behind the gap between offline prediction and engine, one line each."""
-    s = pd.DataFrame(result["summary"]).set_index("arm")
-    pol = s.loc[[a for a in s.index if a in POLICY_LABELS]]
-    static = s.loc[[a for a in s.index if a.startswith("static:")]]
-    best = pol["engine_share_exact"].idxmax()
-    acc = ", ".join(f"{a.split(':')[1]}: {r.spec_decode_acceptance_length:.3f}/{r.offline_replay_tokens_per_round:.3f}"
-                    for a, r in static.iterrows())
-    return [
-        f"best policy in the engine: {POLICY_LABELS[best]}, share {s.loc[best, 'engine_share_exact']:+.2f} "
-        f"(offline {s.loc[best, 'offline_share_exact']:+.2f}); best static K in the engine: "
-        f"{s.index[s['best_static']][0]}",
-        f"acceptance length, engine/replay, by static K: {acc}",
-        f"decision overhead: {pol['decision_us_per_round'].min():.0f}-{pol['decision_us_per_round'].max():.0f} µs per "
-        f"drafting call for the policies, against calls of {pol['round_ms'].min():.1f}-{pol['round_ms'].max():.1f} ms",
-        f"draft steps run past a request's own k (early-exit granularity): "
-        f"{pol['wasted_draft_steps_per_request_round'].min():.2f}-"
-        f"{pol['wasted_draft_steps_per_request_round'].max():.2f} per request per round",
-    ]
+    """The measured figures behind the comparison, one line each (profile, extension cost, decision time,
+    prediction error, load)."""
+    t = engine_table(result)
+    lines = []
+    prof = result.get("profile") or {}
+    if prof:
+        v = prof["verify_ms"]
+        lines.append(f"profiled at start ({prof['n_steps']} steps, batch {prof['batch']}): verification "
+                     + ", ".join(f"m={m} {v[m]:.2f}" for m in sorted(v, key=int)) + " ms; drafter "
+                     f"{prof['draft_ms0']:.2f} + {prof['draft_ms1']:.2f}·j ms; outside both {prof['other_ms']:.2f} ms")
+    pol = t[t["arm"].map(is_policy)]
+    if "decision_share" in t and len(pol):
+        lines.append(f"decision time: {pol['decision_us_per_round'].min():.0f}-{pol['decision_us_per_round'].max():.0f}"
+                     f" µs per round for the policies, {100 * pol['decision_share'].min():.2f}-"
+                     f"{100 * pol['decision_share'].max():.2f}% of a round")
+    over = extension_overhead(t)
+    if len(over):
+        lines.append("extension at static K vs stock vLLM at the same K (speed ratio [95% CI]): " + ", ".join(
+            f"K={r.k}: {r.ratio:.3f} [{r.lo:.3f}; {r.hi:.3f}]" for r in over.itertuples()))
+    pe = prediction_errors(t)
+    if len(pe):
+        worst = pe.loc[pe["prediction_error"].abs().idxmax()]
+        lines.append(f"prediction (replay priced with the profiled costs) vs engine: |error| median "
+                     f"{100 * pe['prediction_error'].abs().median():.1f}%, worst {worst['arm']} "
+                     f"{100 * worst['prediction_error']:+.1f}%")
+    if "price_scale" in t and len(pol):
+        lines.append(f"price refresh: measured/priced round time {pol['price_scale'].min():.3f}-"
+                     f"{pol['price_scale'].max():.3f} (median per arm)")
+    if "load1_max" in t:
+        lines.append(f"1-minute load average: at most {t['load1_max'].max():.2f}")
+    return lines

@@ -33,8 +33,11 @@ if TYPE_CHECKING:  # the offline harness's types; never imported by the worker
     from speclimits.oracle.inputs import CostTable, OracleInputs
 
 FORMAT = "speclimits-policy/1"
-#: Policy names :meth:`PolicyFit.make` understands, besides ``static:K`` and ``random:SEED``.
-POLICY_NAMES = ("threshold", "delta", "delta-fixed", "ema", "cascade")
+#: The policies by name (what :meth:`PolicyFit.make` understands besides ``static:K`` and ``random:SEED``)
+#: and the short label every table and figure gives them.
+POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
+                 "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style"}
+POLICY_NAMES = tuple(POLICY_LABELS)
 
 # ---------------------------------------------------------------------------
 # Policies: one implementation, two harnesses
@@ -67,6 +70,12 @@ class Policy:
     markov = True  # True: the action depends only on the state (no memory)
     uses_confidence = False  # True: more() reads the draft's confidences (the engine computes them only then)
     price_scale = 1.0
+
+    @property
+    def plan_only(self) -> bool:
+        """True when the rule decides k before drafting (it does not override :meth:`more`): the engine
+        then does no per-step work beyond stopping the drafter at the round's largest k."""
+        return type(self).more is Policy.more and type(self).final_keep is Policy.final_keep
 
     def setup(self, k_max: int, model: CostModel) -> "Policy":
         """K_max and the cost model; returns self."""

@@ -1,0 +1,134 @@
+"""Costs measured where the policy runs: the profile fit, the price refresh, the machine record, and the
+worker's numpy-only policy reader."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from speclimits.control.extension import PolicyMemory
+from speclimits.control.profile import EngineProfile, PriceClock, StepSample, fit_profile, increasing
+from speclimits.control.rules import DeltaRule, PolicyFit, StaticK
+from speclimits.costmodel import CostModel
+from speclimits.machine import KERNEL_FLAGS, cpu_info, describe
+
+
+def planted_steps(batch: int = 1, k_max: int = 6, n: int = 240, seed: int = 0) -> list[StepSample]:
+    """Steps of the profile cycle timed on a machine with a known cost: verify 8 + 0.4·m (+0.9 from m = 5),
+    drafter 1.5 + 0.7·j, outside 2.0 ms, each with noise and a few stalls."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(n):
+        k = 1 + r % k_max
+        m = k + 1
+        verify = 8 + 0.4 * m + (0.9 if m >= 5 else 0.0)
+        stall = 25.0 if rng.random() < 0.03 else 0.0
+        out.append(StepSample(m=m, verify_ms=verify + rng.normal(0, 0.2) + stall, drafted=k,
+                              draft_ms=1.5 + 0.7 * k + rng.normal(0, 0.1), other_ms=2.0 + abs(rng.normal(0, 0.1)),
+                              n_batch=batch))
+    return out
+
+
+def test_profile_recovers_planted_costs():
+    prof = fit_profile(planted_steps(), k_max=6, batch=1)
+    for m in range(2, 8):
+        assert prof.verify_ms[m] == pytest.approx(8 + 0.4 * m + (0.9 if m >= 5 else 0), abs=0.15)
+    assert prof.draft_ms1 == pytest.approx(0.7, abs=0.05) and prof.draft_ms0 == pytest.approx(1.5, abs=0.15)
+    assert prof.other_ms == pytest.approx(2.07, abs=0.1)
+    assert prof.round_ms(3) == pytest.approx(8 + 1.6 + 1.5 + 2.1 + 2.07, abs=0.3)
+
+
+def test_profile_cost_model_prices_the_measured_round():
+    """At batch 1 the profiled cost model's round price (mean Ū, the profile's context) is the measured
+    wall time of the step; at batch b it is the per-request share, without the expert term."""
+    base = CostModel(c=0.002, beta0={m: 5.0 for m in range(1, 8)}, alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2)
+    u = np.array([4.0, 4.0, 6.0, 7.0, 8.0, 9.0, 9.5, 10.0])
+    prof = fit_profile(planted_steps(), k_max=6, batch=1, context_len=150.0)
+    model = prof.cost_model(base, u, 6)
+    for k in range(1, 7):
+        assert float(model.round_ms(k, u[k + 1], 150.0)) == pytest.approx(prof.round_ms(k), rel=1e-9)
+    prof4 = fit_profile(planted_steps(batch=4), k_max=6, batch=4, context_len=150.0)
+    m4 = prof4.cost_model(base, u, 6)
+    assert m4.alpha[3] == 0.0
+    assert float(m4.round_ms(2, 0.0, 150.0)) == pytest.approx(prof4.round_ms(2) / 4, rel=1e-9)
+
+
+def test_increasing_is_the_best_monotone_fit():
+    """Pool adjacent violators against brute force over monotone candidates built from the data."""
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        v, w = rng.normal(size=5), rng.uniform(0.5, 2, size=5)
+        fit = increasing(v, w)
+        assert np.all(np.diff(fit) >= -1e-12)
+        best = np.inf
+        # the optimum is piecewise constant on blocks with weighted means: enumerate the partitions
+        for cuts in itertools.product([0, 1], repeat=4):
+            edges = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [5]
+            cand = np.concatenate([np.full(b - a, np.average(v[a:b], weights=w[a:b])) for a, b in zip(edges, edges[1:])])
+            if np.all(np.diff(cand) >= -1e-12):
+                best = min(best, float(np.sum(w * (cand - v) ** 2)))
+        assert np.sum(w * (fit - v) ** 2) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_price_clock_follows_a_slowdown_and_ignores_a_stall():
+    clock = PriceClock(weight=0.05)
+    for _ in range(200):
+        clock.update(10.0, 10.0)
+    assert clock.scale == pytest.approx(1.0)
+    clock.update(500.0, 10.0)  # one stall: clipped at 3x, moves the scale by at most 0.1
+    assert clock.scale < 1.11
+    for _ in range(200):
+        clock.update(15.0, 10.0)  # the machine is 1.5x slower from now on
+    assert clock.scale == pytest.approx(1.5, abs=0.01)
+
+
+def test_cpu_info_reads_model_and_kernel_flags(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx2 fma avx512f amx_tile\n"
+                 "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu\n")
+    info = cpu_info(f)
+    assert info["model"] == "Test CPU 9000" and info["flags"] == ["avx2", "fma", "avx512f", "amx_tile"]
+    assert "avx512f" in describe(info)
+    assert set(cpu_info()["flags"]) <= set(KERNEL_FLAGS)
+
+
+def test_the_worker_reads_a_policy_without_the_statistics_stack(tmp_path):
+    """The modules the vLLM worker imports to run a policy load neither pandas nor scikit-learn,
+    statsmodels or scipy."""
+    code = ("import sys, speclimits.control.rules, speclimits.control.profile, speclimits.control.extension;"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pandas', 'sklearn', 'statsmodels', 'scipy'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_policy_memory_reuses_released_slots():
+    pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
+                                                                 alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
+    mem = PolicyMemory(pol)
+    idx = mem.slots(["a", "b"])
+    got = mem.gather(idx)
+    got["elapsed"] += [3.0, 4.0]
+    mem.scatter(idx, got)
+    assert mem.gather(mem.slots(["b"]))["elapsed"].tolist() == [4.0]
+    mem.release(["a"])
+    new = mem.slots(["c"])
+    assert new[0] == idx[0] and mem.gather(new)["elapsed"].tolist() == [0.0]  # a fresh request starts clean
+    assert StaticK(3).setup(6, pol.model).plan_only and not pol.plan_only
+
+
+def test_engine_lambda_is_the_fit_lambda_under_the_fit_cost_model(tmp_path):
+    from speclimits.control.fit import fit_policy
+    from speclimits.paths import DATA_DIR
+
+    fit = fit_policy(DATA_DIR / "traces" / "measured-eagle3", k_max=4)
+    assert fit.engine_lambda(fit.cost_model) == pytest.approx(fit.lambda_, rel=1e-12)
+    slower = CostModel(c=fit.cost_model.c, beta0={m: 2 * v for m, v in fit.cost_model.beta0.items()},
+                       alpha={m: 2 * v for m, v in fit.cost_model.alpha.items()}, a=2 * fit.cost_model.a,
+                       b=2 * fit.cost_model.b)
+    assert fit.engine_lambda(slower) == pytest.approx(2 * fit.lambda_, rel=1e-9)  # λ follows the units
+    back = PolicyFit.from_dict(fit.to_dict())
+    assert back.tokens_per_round == fit.tokens_per_round and back.lambda_ratio == fit.lambda_ratio
