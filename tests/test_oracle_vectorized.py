@@ -120,15 +120,19 @@ def assert_same_model(got: CostModel, want: CostModel, rtol: float = 1e-9) -> No
         np.testing.assert_allclose([got.beta0[m], got.alpha[m]], [want.beta0[m], want.alpha[m]], rtol=rtol)
 
 
-def test_refit_from_sums_equals_fit_on_the_resampled_rounds(smoke_trace):
+@pytest.mark.parametrize("from_meta", [True, False])
+def test_refit_from_sums_equals_fit_on_the_resampled_rounds(smoke_trace, from_meta):
     trace = read_trace(smoke_trace)
     rounds = trace.rounds
-    sums = RefitSums.of(rounds, top_k=trace.top_k)
+    top_k = trace.top_k if from_meta else None  # None: the m = 1 convention uses the observed constant Ū
+    sums = RefitSums.of(rounds, top_k=top_k)
     counts = draw_counts(sums.n_generations, 3, seed=5)
     models = sums.models(counts)
     for row, model in zip(counts, models):
         sample = resample(rounds, row)
-        assert_same_model(model, fit_cost_model(sample, top_k=trace.top_k))
+        assert_same_model(model, fit_cost_model(sample, top_k=top_k))
+        if not from_meta:
+            continue
         # independently of the package's OLS: statsmodels on the same rows
         dec, _ = decode_rounds(sample, timing="draft")
         draft = sm.OLS(dec["t_draft_ms"].to_numpy(float), sm.add_constant(dec["K"].to_numpy(float))).fit()
