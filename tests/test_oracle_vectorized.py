@@ -19,6 +19,7 @@ from speclimits.bootstrap import draw_counts
 from speclimits.costmodel import CostModel
 from speclimits.errors import CostModelError
 from speclimits.oracle import OracleInputs, prepare_oracle, solve
+from speclimits.oracle import solver as solver_module
 from speclimits.oracle.inputs import CostTable
 from speclimits.oracle.solver import (PART_NAMES, _Layout, accepted_at, backward_induction, evaluate_arrays,
                                       first_values, solve_and_evaluate, survival)
@@ -47,8 +48,11 @@ CASES = [(seed, k_max, allow_k0, det) for seed, k_max in [(0, 1), (1, 3), (2, 6)
          for allow_k0 in (False, True) for det in (False, True)]
 
 
+@pytest.mark.parametrize("path", ["few calls", "ragged"])
 @pytest.mark.parametrize("seed,k_max,allow_k0,deterministic", CASES)
-def test_one_sweep_equals_separate_evaluations_bit_for_bit(seed, k_max, allow_k0, deterministic):
+def test_one_sweep_equals_separate_evaluations_bit_for_bit(seed, k_max, allow_k0, deterministic, path, monkeypatch):
+    # small blocks take the few-calls path, large ones the ragged sums: force each in turn
+    monkeypatch.setattr(solver_module, "_RECTANGULAR_BLOCK", 10 ** 9 if path == "few calls" else 0)
     rng = np.random.default_rng(seed)
     # lengths 1, shorter than k_max, and long; unsorted, so the lockstep order differs from the inputs'
     n_tokens = [1, 2, 40, 3, 17, 1, 60, 9][: 5 + seed]

@@ -209,6 +209,9 @@ def backward_induction(inputs: OracleInputs, table: CostTable, allow_k0: bool = 
 
 #: Reward channels of the Oracle's own policy evaluation in :func:`solve_and_evaluate`.
 ORACLE_CHANNELS = (*PART_NAMES, "rounds", "accepted")
+#: Blocks of at most this many states take :func:`solve_and_evaluate`'s few-calls path (every term
+#: formed) rather than its ragged running sums (fewer terms, more numpy calls); same numbers either way.
+_RECTANGULAR_BLOCK = 200
 
 
 def _sequence_rank(inputs: OracleInputs) -> np.ndarray:
@@ -260,6 +263,8 @@ def solve_and_evaluate(inputs: OracleInputs, table: CostTable, allow_k0: bool = 
     steps = np.arange(1, k_max + 1)[None, :]
     idx = np.arange(n_seq)
     tmp = np.empty((ch, n_seq))
+    static_mask = (np.arange(1, k_max + 1)[:, None] <= np.arange(1, k_max + 1)[None, :]).astype(float)[:, :, None]
+    slot_j = (np.arange(ring)[:, None] - np.arange(1, k_max + 1)[None, :]) % ring  # [t % ring, j - 1]: slot of t - j
     n_active = np.append(layout.n_active, 0)
     # the parts of a round at action k, looked up: the values CostTable.parts computes
     kk = np.arange(k_max + 1)
@@ -290,18 +295,28 @@ def solve_and_evaluate(inputs: OracleInputs, table: CostTable, allow_k0: bool = 
         k_top = int(k.max())
         acc = ebuf[t % ring, :, :n_t]  # accumulated in place: this slot is the block's result
         prev = ebuf[(t - 1) % ring, :, :n_t]  # W_1
-        d = dif[(t - 1) % ring, :, :n_t]
-        np.multiply(d[:k_max], s_t[0], out=acc[:k_max])
-        np.multiply(d[k_max:], s_orc[0], out=acc[k_max:])
-        for j in range(2, k_max + 1):
-            d = dif[(t - j) % ring, :, :n_t]
-            part = tmp[: k_max - j + 1, :n_t]
-            np.multiply(d[j - 1: k_max], s_t[j - 1], out=part)
-            acc[j - 1: k_max] += part
-            if j <= k_top:
-                part = tmp[:n_orc, :n_t]
-                np.multiply(d[k_max:], s_orc[j - 1], out=part)
-                acc[k_max:] += part
+        if n_t <= _RECTANGULAR_BLOCK:
+            # a small block: numpy's per-call cost dominates, so form every term (zeros included, as
+            # evaluate_arrays does) in a few calls; the sum over j (the leading axis) runs in order
+            terms = dif[slot_j[t % ring], :, :n_t]  # (k_max, ch, block): W_{j+1} - W_j, j = 1..k_max
+            terms[:, :k_max] *= s_t[:, None, :]
+            terms[:, :k_max] *= static_mask
+            terms[:, k_max:] *= s_orc[:, None, :]
+            np.sum(terms, axis=0, out=acc)
+        else:
+            # ragged running sums: static K = k stops at j = k, the Oracle at the block's largest k*
+            d = dif[(t - 1) % ring, :, :n_t]
+            np.multiply(d[:k_max], s_t[0], out=acc[:k_max])
+            np.multiply(d[k_max:], s_orc[0], out=acc[k_max:])
+            for j in range(2, k_max + 1):
+                d = dif[(t - j) % ring, :, :n_t]
+                part = tmp[: k_max - j + 1, :n_t]
+                np.multiply(d[j - 1: k_max], s_t[j - 1], out=part)
+                acc[j - 1: k_max] += part
+                if j <= k_top:
+                    part = tmp[:n_orc, :n_t]
+                    np.multiply(d[k_max:], s_orc[j - 1], out=part)
+                    acc[k_max:] += part
         acc += prev
         acc[:k_max] += cost[:, 1:].T
         reward = acc[k_max:]  # += the Oracle's round at k*, each part as CostTable.parts computes it
