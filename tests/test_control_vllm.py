@@ -70,18 +70,39 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
         for name, (outputs, drained) in arms.items():
             assert outputs == plain, f"{method} {name} batch {batch}"
             assert drained["n_rounds"] > 0 and drained["decide_us"] > 0
-        ks = [r["k"] for r in arms["random:1"][1]["rounds"]]
+        ks = [k for r in arms["random:1"][1]["rounds"] for k in r["k"]]  # one record per drafting call
         assert set(ks) == {1, 2, 3, 4}, ks  # random k covers 1..K_max
         assert arms["static:2"][1]["early_exits"] == arms["static:2"][1]["n_rounds"]  # drafter stops at step 2
-        assert {r["k"] for r in arms["static:2"][1]["rounds"]} == {2}
+        assert {k for r in arms["static:2"][1]["rounds"] for k in r["k"]} == {2}
+        assert all(r["drafted"] == 2 for r in arms["static:2"][1]["rounds"])
         if batch == 4:
-            by_round = {}
-            for r in arms["random:1"][1]["rounds"]:
-                by_round.setdefault((r["n_batch"], id(r)), r["k"])
             rounds = arms["random:1"][1]["rounds"]
-            ragged = [len({rounds[i + j]["k"] for j in range(4)}) > 1 for i in range(0, len(rounds) - 3, 4)
-                      if all(rounds[i + j]["n_batch"] == 4 for j in range(4))]
-            assert any(ragged), "batch 4 should have rounds with different k per request"
+            assert any(len(set(r["k"])) > 1 for r in rounds if r["n_batch"] == 4), \
+                "batch 4 should have rounds with different k per request"
+
+
+def test_profile_then_policy_lossless(ce, tiny):
+    """Armed with profiling, the controller cycles k = 1..K_max for the first rounds (every request the
+    same k), fits the costs, then applies the policy: outputs identical to plain decoding throughout,
+    and the profile covers every width."""
+    target, head = tiny
+    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
+    plain = ce.generate(llm, PROMPTS, TOKENS)
+    ce.close(llm)
+    llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=2, load_format="dummy", max_model_len=256)
+    try:
+        info = llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "delta", 16))[0]
+        assert info["profiling_rounds"] == 16 and info["profile"] is None
+        outs = ce.generate(llm, PROMPTS, TOKENS)
+        drained = llm.collective_rpc("speclimits_control_drain")[0]
+    finally:
+        ce.close(llm)
+    assert outs == plain
+    prof = drained["profile"]
+    assert prof is not None and set(prof["verify_ms"]) == {"2", "3", "4", "5"} and prof["batch"] == 2
+    first = drained["rounds"][:8]
+    assert [r["cap"][0] for r in first] == [1, 2, 3, 4, 1, 2, 3, 4] and all(len(set(r["k"])) == 1 for r in first)
+    assert drained["price_scale"] > 0 and set(drained["hook_us"]) >= {"observe", "plan", "draft_step"}
 
 
 def test_lossless_on_the_bundled_pair(ce):
@@ -137,7 +158,7 @@ def test_refuses_async_scheduling_and_ngram(ce, tiny, monkeypatch):
 def test_a_controlled_run_can_be_traced(ce, tiny, tmp_path, monkeypatch):
     """The tracer's sweep with the control extension armed by environment: the trace validates and its
     rounds record the k the policy chose (ragged under the random arm)."""
-    from speclimits.control.extension import ENV_NAME, ENV_POLICY
+    from speclimits.control.extension import ENV_NAME, ENV_POLICY, ENV_PROFILE
     from speclimits.trace import read_trace
     from speclimits.tracing.sweep import SweepConfig, run_sweep
     from speclimits.trace import validate_trace
@@ -147,6 +168,7 @@ def test_a_controlled_run_can_be_traced(ce, tiny, tmp_path, monkeypatch):
     PolicyFit.from_dict(policy_dict(4)).write(pfile)
     monkeypatch.setenv(ENV_POLICY, str(pfile))
     monkeypatch.setenv(ENV_NAME, "random:2")
+    monkeypatch.setenv(ENV_PROFILE, "0")  # the random arm from the first round (no profiling)
     out = tmp_path / "trace"
     cfg = SweepConfig(target=str(target), draft=str(target), method="draft_model",
                       prompts=str(DATA_DIR / "prompts" / "smoke.jsonl"), out=str(out), k_values=[4], max_tokens=16,

@@ -1,0 +1,49 @@
+"""The controller as a user runs it: inside ``vllm serve`` (OpenAI-compatible server, loopback only).
+
+The scenario (tests/serve_scenario.py) runs in a network namespace whose only interface is ``lo``, so
+the server cannot be reached from, or reach, anything else. Marked ``vllm``: it starts a real server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speclimits.paths import DATA_DIR
+
+pytestmark = pytest.mark.vllm
+SCENARIO = Path(__file__).with_name("serve_scenario.py")
+
+
+def test_policy_inside_vllm_serve_is_lossless(tmp_path):
+    import importlib.util
+
+    from speclimits.control.fit import fit_policy
+    from speclimits.tracing.ray_sweep import loopback_available, loopback_command
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    why = loopback_available()
+    if why:
+        if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":  # CI: the namespace must be available
+            pytest.fail(f"no loopback-only network namespace for the server test: {why}")
+        pytest.skip(why)
+    policy = fit_policy(DATA_DIR / "traces" / "measured-eagle3", k_max=6).write(tmp_path / "policy.json")
+    env = dict(os.environ, HOME=str(tmp_path), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USAGE_STATS_ENABLED="0",
+               VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", DO_NOT_TRACK="1")
+    proc = subprocess.run(loopback_command([sys.executable, str(SCENARIO), str(tmp_path), str(policy)]),
+                          capture_output=True, text=True, env=env, timeout=900)
+    log = tmp_path / "server.log"
+    tail = log.read_text()[-3000:] if log.exists() else ""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:] + tail
+    res = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    assert res["armed"]["policy"] == "delta" and res["armed"]["profiling_rounds"] == 12
+    assert res["served"] == res["plain"]  # the policy changes the speed, never the greedy output
+    assert res["n_rounds"] > 12 and res["profile"] is not None  # profiled on the first rounds, then the policy
+    assert set(res["ks"]) >= {1, 2, 3}
