@@ -174,6 +174,42 @@
 # replacement, the statistic is recomputed, and the 2.5% and 97.5% percentiles of the replicates
 # are reported.
 #
+# (methods-control)=
+# ## Online control: where each quantity comes from
+#
+# A policy inside the engine (section {ref}`sec-online-control`) prices a round that drafts $k$
+# tokens with costs **measured on the serving machine**, not with the trace's cost model:
+#
+# * **Profile at start.** For its first rounds (120 by default) the controller drafts
+#   $k = 1, \dots, K_{\max}$ in turn, the same $k$ for every request of the batch, and times each
+#   engine step: the verification pass (the runner's `execute_model` to the drafter's start; $m = k+1$
+#   rows per request), the drafter call ($j$ steps) and the time outside both (the drafter's end to
+#   the next step: scheduler, input preparation, sampling, output processing). Per width $m$ the median
+#   pass (made non-decreasing in $m$ by pooling adjacent violators), a least-squares line
+#   $d_0 + d_1 j$ through the drafter's medians, the median outside time $o$.
+# * **The price**, in wall-clock ms per request (the step's cost over the $b$ requests in it):
+#   $\beta_0(m) = V(m)/b - \alpha(m)\,\bar U(m) - c\,\bar L$, draft line $a = d_1/b$,
+#   $b_{\text{draft}} = (d_0 + o)/b$, so that at the profile's mean $\bar U$ and context the price is
+#   the measured step. At batch 1 the expert slope $\alpha(m)$ and the context slope $c$ come from the
+#   trace's fit (timing alone cannot separate them from the intercept); at batch > 1 the step's
+#   $\bar U$ is not priced ($\alpha = 0$).
+# * **Refresh.** Every later round's measured interval (the drafter's start to the next drafter's start)
+#   is compared with the price of the $k$ each request drafted; an exponentially weighted ratio (weight
+#   0.05, each observation clipped to $[1/3, 3]$) scales every price, so a machine that slows down is
+#   followed.
+# * **From the offline fit**, only what timing cannot give: the confidence calibration map, the
+#   threshold $\tau$, $\lambda$ as a dimensionless ratio to the best static $K$'s time per token on the
+#   training references (in the engine $\lambda_0$ is that ratio times
+#   $\min_k \hat C(k)/\text{tokens per round}(k)$ under the profiled price; the running $\lambda$ then
+#   adds the measured ms and tokens), the $\bar U$ predictor (mean per $m$).
+#
+# The benchmark's reference is **stock vLLM** with `num_speculative_tokens = K` for every $K$, in the
+# same process, warmed up like every arm. Blocks (one prompt, or one batch of prompts) run every arm in
+# a rotated order; a speed ratio is the geometric mean over blocks of the reference's time over the
+# arm's in the same block, with a 95% percentile bootstrap interval over blocks. The best stock $K$ is
+# chosen on the even blocks and the comparison is made on the odd ones, so the reference is not the
+# arm that happened to be lucky on the blocks it is judged on.
+#
 # (methods-contract)=
 # ## The trace directory
 #

@@ -130,9 +130,12 @@ class Trace:
             sim = m.get("simulator", {})
             return f"SIMULATED data (speclimits simulator, preset '{sim.get('preset', '?')}', seed {m.get('seed')})"
         engine = m.get("engine") or {}
+        cpu = m.get("cpu") or {}
+        flags = (f"; kernel flags: {', '.join(cpu.get('flags') or []) or 'none of AVX2/AVX-512/AMX'}" if cpu
+                 else "; instruction-set flags not recorded")
         return (
             f"measured with {engine.get('name', 'vllm')} {engine.get('version', '')} "
-            f"on {m.get('hardware', '?')}, method {m.get('method', '?')}"
+            f"on {m.get('hardware', '?')}{flags}, method {m.get('method', '?')}"
         ).replace("  ", " ")
 
 

@@ -65,6 +65,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
+from speclimits.machine import cpu_info
 from speclimits.trace.io import (
     GENERATIONS_LOG,
     PARTS_LOG,
@@ -382,6 +383,7 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         models=models,
         method=cfg.method,
         hardware=eng.hardware(),
+        cpu=cpu_info(),  # model and the instruction-set flags that change kernels (speclimits.machine)
         dtype=info["dtype"],
         k_values=sorted(set(int(k) for k in cfg.k_values)),
         seed=cfg.seed,
