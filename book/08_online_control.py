@@ -27,8 +27,8 @@
 # request may keep draft steps that were run for the others anyway, when verifying them pays).
 #
 # **Where each quantity comes from.** In the engine the round costs are *measured on the serving
-# machine*: at start the controller drafts $k = 1, \dots, K_{\max}$ in turn for a couple of hundred
-# rounds and times the verification pass per width $m$, the drafter per step and the time outside both
+# machine*: for its first 120 rounds the controller drafts $k = 1, \dots, K_{\max}$ in turn
+# and times the verification pass per width $m$, the drafter per step and the time outside both
 # (scheduler, sampling, Python), then prices every round in those wall-clock milliseconds and rescales
 # the prices by the measured-over-priced ratio of the rounds it runs (an exponentially weighted
 # refresh, so a machine that slows down is followed). The offline fit supplies only what timing cannot:
