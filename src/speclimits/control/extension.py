@@ -103,7 +103,7 @@ class DraftRound:
     """One drafting round of the batch: request slots, the round's memory and context, caps,
     transformed confidences per step, kept k."""
 
-    __slots__ = ("rids", "idx", "mem", "cap", "cap_max", "conf", "keep", "tokens", "k_call", "early", "t0")
+    __slots__ = ("rids", "idx", "mem", "cap", "cap_max", "conf", "keep", "tokens", "k_call", "early")
 
     def __init__(self, rids: list[str], idx: np.ndarray, mem: dict[str, np.ndarray], cap: np.ndarray,
                  k_call: int) -> None:
@@ -214,7 +214,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_records: list[dict[str, Any]] = []
         self._sl_round: DraftRound | None = None
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
-        self._sl_step_n = 0
         self._sl_pending: StepSample | None = None
         self._sl_logits: Any = None
         self._sl_decide_s = 0.0
@@ -453,7 +452,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_rounds += 1
         self._sl_early_exits += int(rnd.early)
         self._sl_keep.update(zip(rnd.rids, keep.tolist()))
-        self._sl_last_k = dict(zip(rnd.rids, keep.tolist()))
         sample = StepSample(m=m, verify_ms=verify_ms, drafted=drafted, draft_ms=draft_ms, n_batch=len(rnd.rids))
         self._sl_pending = sample
         if self._sl_profile_left > 0:
