@@ -176,3 +176,158 @@ class CostModel:
         beta0, alpha = self.coefficients_by_m(k_max + 1)
         ks = np.arange(k_max + 1)
         return self.draft_ms(ks) + beta0[ks + 1], alpha[ks + 1]
+
+
+# ---------------------------------------------------------------------------
+# Batch > 1: requests that share one verification pass
+# ---------------------------------------------------------------------------
+
+
+def union_unique(u: Any, n_experts: int, axis: int = -1) -> np.ndarray:
+    """Unique experts per layer of a pass whose requests route independently.
+
+    ``u`` holds each request's own unique-expert count (per layer, or its mean over layers) along
+    ``axis``; with E = ``n_experts`` experts a request that touches u of them misses a given expert
+    with probability 1 - u/E, so the pass touches ``E * (1 - prod_i (1 - u_i / E))``. One request
+    gives back its own u; the union never exceeds E or the sum of the u_i.
+    """
+    frac = np.clip(np.asarray(u, dtype=float) / float(n_experts), 0.0, 1.0)
+    return float(n_experts) * (1.0 - np.prod(1.0 - frac, axis=axis))
+
+
+def saturation_curve(n_tokens: Any, n_experts: int, top_k: int) -> np.ndarray:
+    """Expected unique experts per layer when ``n_tokens`` tokens each route to ``top_k`` distinct
+    experts of ``n_experts``, uniformly and independently: ``E * (1 - (1 - k/E) ** n)``. The knee
+    sits near E / k tokens; an MoE's real routing is skewed, so a measured pass touches fewer."""
+    n = np.asarray(n_tokens, dtype=float)
+    return float(n_experts) * (1.0 - (1.0 - float(top_k) / float(n_experts)) ** n)
+
+
+@dataclass(frozen=True)
+class BatchCostModel:
+    """Step cost when ``n`` requests share one engine step (one verification pass, one drafter call).
+
+    Every request of a step verifies ``m = k + 1`` rows (vLLM drafts the same k for all). With Ū
+    the unique experts per layer of the *whole step* and ``L_total`` the summed context::
+
+        target(n, m, Ū, L_total) = beta0(m) + gamma(m) * (n - 1) + alpha(m) * Ū + c * L_total
+        draft(n, k)              = a * k + b + (n - 1) * (a_req * k + b_req)     (0 when k = 0)
+
+    At n = 1 this is exactly the batch-1 model ``base`` (:class:`CostModel`). JSON: the batch-1
+    format with one more section, so that a batch cost model is also a valid batch-1 one::
+
+        {"target": ..., "draft": ..., "source": ...,
+         "batch": {"n_experts": 32, "top_k": 4,
+                   "by_m": {"1": {"gamma": 0.9}, ...},
+                   "draft": {"a_req": 0.05, "b_req": 0.1}, ...}}
+
+    Other keys of ``"batch"`` (intervals, the fit's diagnostics) are kept in ``extra``.
+    """
+
+    base: CostModel
+    gamma: Mapping[int, float]
+    a_req: float
+    b_req: float
+    n_experts: int
+    top_k: int
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "batch cost model") -> "BatchCostModel":
+        batch = data.get("batch") if isinstance(data, Mapping) else None
+        if not isinstance(batch, Mapping):
+            raise CostModelError(f"{origin}: missing 'batch' (a batch-1 cost model has no per-request terms; "
+                                 "fit one on a batch trace: speclimits fit --batch TRACE)")
+        base = CostModel.from_dict({k: v for k, v in data.items() if k != "batch"}, origin=origin)
+
+        def num(value: Any, where: str) -> float:
+            try:
+                out = float(value)
+            except (TypeError, ValueError):
+                raise CostModelError(f"{origin}: '{where}' must be a number, got {value!r}") from None
+            if not np.isfinite(out):
+                raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
+            return out
+
+        for key in ("n_experts", "top_k", "by_m", "draft"):
+            if key not in batch:
+                raise CostModelError(f"{origin}: missing 'batch.{key}'")
+        by_m = batch["by_m"]
+        if not isinstance(by_m, Mapping):
+            raise CostModelError(f"{origin}: 'batch.by_m' must be an object keyed by m")
+        gamma = {}
+        for key, entry in by_m.items():
+            if not isinstance(entry, Mapping) or "gamma" not in entry:
+                raise CostModelError(f"{origin}: missing 'batch.by_m.{key}.gamma'")
+            gamma[int(key)] = num(entry["gamma"], f"batch.by_m.{key}.gamma")
+        missing = [m for m in base.ms if m not in gamma]
+        if missing:
+            raise CostModelError(f"{origin}: 'batch.by_m' lacks m = {missing} that 'target.by_m' has")
+        draft = batch["draft"]
+        if not isinstance(draft, Mapping) or "a_req" not in draft or "b_req" not in draft:
+            raise CostModelError(f"{origin}: 'batch.draft' needs 'a_req' and 'b_req'")
+        n_experts, top_k = int(num(batch["n_experts"], "batch.n_experts")), int(num(batch["top_k"], "batch.top_k"))
+        if not 1 <= top_k <= n_experts:
+            raise CostModelError(f"{origin}: need 1 <= batch.top_k <= batch.n_experts, got {top_k}, {n_experts}")
+        return cls(base=base, gamma=dict(sorted(gamma.items())), a_req=num(draft["a_req"], "batch.draft.a_req"),
+                   b_req=num(draft["b_req"], "batch.draft.b_req"), n_experts=n_experts, top_k=top_k,
+                   extra={k: v for k, v in batch.items() if k not in ("n_experts", "top_k", "by_m", "draft")})
+
+    @classmethod
+    def read(cls, path: str | Path) -> "BatchCostModel":
+        return cls.from_dict(read_json(path, "batch cost model", CostModelError),
+                             origin=f"batch cost model {Path(path)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.base.to_dict()
+        out["batch"] = {"n_experts": self.n_experts, "top_k": self.top_k,
+                        "by_m": {str(m): {"gamma": self.gamma[m]} for m in sorted(self.gamma)},
+                        "draft": {"a_req": self.a_req, "b_req": self.b_req}, **dict(self.extra)}
+        return out
+
+    def write(self, path: str | Path) -> Path:
+        """Write the JSON (strict); non-finite coefficients raise :class:`CostModelError`."""
+        values = {"batch.draft.a_req": self.a_req, "batch.draft.b_req": self.b_req,
+                  **{f"batch.by_m.{m}.gamma": v for m, v in self.gamma.items()}}
+        bad = [name for name, v in values.items() if not np.isfinite(v)]
+        if bad:
+            raise CostModelError(f"batch cost model {path}: not written, non-finite coefficients {', '.join(bad)}")
+        self.base.write(path)  # checks the batch-1 coefficients
+        p = Path(path)
+        p.write_text(dumps(self.to_dict(), indent=2) + "\n")
+        return p
+
+    @property
+    def ms(self) -> list[int]:
+        return self.base.ms
+
+    def target_ms(self, n: Any, m: Any, u_step: Any, context_total: Any) -> np.ndarray:
+        """Target time (ms) of a step with ``n`` requests of ``m`` rows each (arrays broadcast)."""
+        m_arr = np.asarray(m, dtype=np.int64)
+        self.base.require_ms(sorted(set(np.unique(m_arr).tolist())))
+        gamma = np.vectorize(self.gamma.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
+        return (self.base.target_ms(m_arr, u_step, context_total)
+                + gamma * (np.asarray(n, dtype=float) - 1.0))
+
+    def draft_ms(self, n: Any, k: Any) -> np.ndarray:
+        """Drafter time (ms) of ``k`` steps for ``n`` requests; 0 when k = 0."""
+        k_arr = np.asarray(k, dtype=float)
+        extra = (np.asarray(n, dtype=float) - 1.0) * (self.a_req * k_arr + self.b_req)
+        return np.where(k_arr > 0, self.base.a * k_arr + self.base.b + extra, 0.0)
+
+    def step_ms(self, n: Any, k: Any, u_step: Any, context_total: Any) -> np.ndarray:
+        """Cost of one shared round: ``draft_ms(n, k) + target_ms(n, k + 1, Ū, L_total)``."""
+        k_arr = np.asarray(k, dtype=np.int64)
+        return self.draft_ms(n, k_arr) + self.target_ms(n, k_arr + 1, u_step, context_total)
+
+    def union(self, u: Any, axis: int = -1) -> np.ndarray:
+        """:func:`union_unique` with this model's expert count."""
+        return union_unique(u, self.n_experts, axis=axis)
+
+    @classmethod
+    def from_batch1(cls, base: CostModel, n_experts: int, top_k: int, gamma: Mapping[int, float] | float = 0.0,
+                    a_req: float = 0.0, b_req: float = 0.0) -> "BatchCostModel":
+        """A batch model from a batch-1 one plus per-request terms (a what-if, or a planted truth)."""
+        g = {m: float(gamma) for m in base.ms} if np.isscalar(gamma) else {int(m): float(v) for m, v in gamma.items()}
+        return cls(base=base, gamma=g, a_req=float(a_req), b_req=float(b_req), n_experts=int(n_experts),
+                   top_k=int(top_k))
