@@ -9,7 +9,7 @@ from pathlib import Path
 from speclimits.cliutil import parse_assignments
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import read_json
-from speclimits.simulate.twin import PRESETS, preset, simulate
+from speclimits.simulate.twin import PRESETS, BatchSim, preset, simulate, simulate_batch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,9 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
             "128 experts, top-8; K sweep; categorical cost with the m=4/5 regime change). Presets: "
             "smoke (seconds, for tests), default (the book's bundled data, ~120k rounds), paper "
             "(~925k decode rounds, as in the paper). meta.json records source=simulator, every "
-            "parameter and the planted cost model."
+            "parameter and the planted cost model. --batch 1,2,4,8,16 writes a batch trace instead: requests "
+            "share engine steps, each routing independently (a step's unique experts are the union of its "
+            "requests' sampled expert ids per layer), step times from a planted batch cost model (batch-1 part "
+            "from the paper's appendix, per-request terms gamma, a_req, b_req simulator choices)."
         ),
-        epilog="example: speclimits simulate --preset smoke --seed 1 --out /tmp/tr --set n_prompts=20",
+        epilog="example: speclimits simulate --preset smoke --seed 1 --out /tmp/tr --set n_prompts=20\n"
+               "example: speclimits simulate --preset smoke --batch 1,2,4,8,16 --out /tmp/tr-batch",
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="default", help="parameter preset (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed; same seed and parameters give the same tables")
@@ -31,8 +35,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
                    help="override a SimConfig field, e.g. --set n_prompts=20 or --set 'k_values=[1,2,3]' "
                         "or --set cost_model=@file.json (repeatable)")
+    p.add_argument("--batch", type=_batch_sizes, default=None, metavar="B,B,...",
+                   help="batch sizes to sweep, e.g. 1,2,4,8,16: writes a SIMULATED batch trace (prompts in closed "
+                        "batches of b, every K at every b; rounds with b and batch_id, a steps table, the planted "
+                        "batch cost model in meta.json; see speclimits.simulate.twin.simulate_batch). "
+                        "Default, or --batch 1: the batch-1 trace")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cli)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return sizes
 
 
 def _cli(args: argparse.Namespace) -> int:
@@ -42,6 +61,15 @@ def _cli(args: argparse.Namespace) -> int:
             overrides[k] = read_json(v[1:], f"--set {k}: JSON file", SpeclimitsError)
     cfg = preset(args.preset, **overrides)
     t0 = time.perf_counter()
+    if args.batch is not None and set(args.batch) != {1}:
+        tables = simulate_batch(cfg, BatchSim(batch_sizes=args.batch), seed=args.seed, out=args.out,
+                                progress=not args.quiet)
+        steps = tables["steps"]
+        print(f"wrote SIMULATED batch trace {args.out}: batch sizes {sorted(set(args.batch))}, "
+              f"{len(steps):,} engine steps ({int((steps['phase'] == 'decode').sum()):,} decode), "
+              f"{len(tables['rounds']):,} request rounds, {tables['rounds']['generation_id'].nunique():,} generations "
+              f"in {time.perf_counter() - t0:.1f} s")
+        return 0
     tables = simulate(cfg, seed=args.seed, out=args.out, progress=not args.quiet)
     dt = time.perf_counter() - t0
     rounds = tables["rounds"]

@@ -47,7 +47,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from speclimits import paper
-from speclimits.costmodel import CostModel
+from speclimits.costmodel import BatchCostModel, CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, write_trace
 from speclimits import vocabulary as v
@@ -108,6 +108,10 @@ MODE_CONTEXTS = {
 LARGE_ALPHA_POSITION = (0.0, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0)
 LARGE_BETA0_STEP = 0.05
 BETA0_M1_BELOW_SMALL = 0.3
+#: Prefill passes (simulator choices; the paper reports decode rounds only): target ``base + per_token * P``
+#: and draft ``base + per_token * P`` in ms for a prompt of P tokens.
+PREFILL_TARGET_MS = (12.0, 0.04)
+PREFILL_DRAFT_MS = (0.8, 0.004)
 
 
 def paper_cost_model() -> dict[str, Any]:
@@ -310,8 +314,12 @@ def _make_reference(cfg: SimConfig, rng: np.random.Generator, idx: int, category
     return Reference(f"q{idx:04d}", category, p_len, ctx, script, q_tok, rho_tok)
 
 
-def _window_data(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray) -> dict[str, np.ndarray]:
-    """Per state n: match probs, draft confidence, greedy match length, and window routing."""
+def _window_data(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray,
+                 layers: bool = False) -> dict[str, np.ndarray]:
+    """Per state n: match probs, draft confidence, greedy match length, and window routing.
+
+    ``layers``: also keep the unique experts of every layer (``u_layers``, uint16 (N, n_layers,
+    k_max + 1)), from the same draws (the batch mode needs them; nothing else changes)."""
     n, kmax = ref.n, cfg.k_max
     idx = np.arange(n)[:, None] + np.arange(1, kmax + 1)[None, :]  # y_{n+i}, i = 1..kmax (0-based token n+i-1)
     valid = idx <= n  # token y_{n+i} exists (states n = 0..N-1, tokens y_1..y_N at indices 0..N-1)
@@ -325,15 +333,20 @@ def _window_data(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer
     rho = ref.rho_token[tok].copy()
     junk = np.arange(1, kmax + 1)[None, :] > accept_len[:, None]
     rho = np.clip(rho + np.where(junk, cfg.junk_rho_shift, 0.0), 0.0, 0.98)
-    u_sum, u_max = _window_routing(cfg, rho, rng, layer_off)
-    return dict(match=match, conf=conf, accept_len=accept_len, u_bar=u_sum / cfg.n_layers, e_max=u_max)
+    u_sum, u_max, u_layers = _window_routing(cfg, rho, rng, layer_off, layers=layers)
+    out = dict(match=match, conf=conf, accept_len=accept_len, u_bar=u_sum / cfg.n_layers, e_max=u_max)
+    if layers:
+        out["u_layers"] = u_layers
+    return out
 
 
-def _window_routing(cfg: SimConfig, rho: np.ndarray, rng: np.random.Generator, layer_off: np.ndarray):
+def _window_routing(cfg: SimConfig, rho: np.ndarray, rng: np.random.Generator, layer_off: np.ndarray,
+                    layers: bool = False):
     """Unique experts per layer over windows of 1..k_max+1 positions.
 
     ``rho`` has shape (states, k_max): the overlap of window positions 1..k_max. Returns
-    ``(sum over layers, max over layers)``, each (states, k_max + 1).
+    ``(sum over layers, max over layers, per layer)``: the first two (states, k_max + 1), the
+    last uint16 (states, n_layers, k_max + 1) when ``layers`` is set, else None (same draws either way).
     """
     s, kmax = rho.shape
     E, k = cfg.n_experts, cfg.top_k
@@ -341,12 +354,17 @@ def _window_routing(cfg: SimConfig, rho: np.ndarray, rng: np.random.Generator, l
     u_sum = np.empty((s, kmax + 1), dtype=np.float64)
     u_max = np.empty((s, kmax + 1), dtype=np.float64)
     u_sum[:, 0], u_max[:, 0] = k * cfg.n_layers, k
+    u_layers = np.empty((s, cfg.n_layers, kmax + 1), dtype=np.uint16) if layers else None
+    if layers:
+        u_layers[:, :, 0] = k
     for j in range(kmax):
         p = (1.0 - np.clip(rho[:, j:j + 1] + layer_off[None, :], 0.0, 0.98)) * (1.0 - u / E)
         u += rng.binomial(k, np.clip(p, 0.0, 1.0)).astype(np.float32)
         u_sum[:, j + 1] = u.sum(axis=1)
         u_max[:, j + 1] = u.max(axis=1)
-    return u_sum, u_max
+        if layers:
+            u_layers[:, :, j + 1] = u
+    return u_sum, u_max, u_layers
 
 
 def _new_experts(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray) -> np.ndarray:
@@ -507,7 +525,8 @@ def _finish_rounds(cfg: SimConfig, refs: list[Reference], cols: dict[str, np.nda
              * u_rel ** cfg.target_noise_u_power)
     spikes = (rng.random(dec.sum()) < cfg.target_spike_share) * rng.exponential(cfg.target_spike_mean_ms, dec.sum())
     t_target[dec] = np.maximum(mean_t + noise + spikes, 0.05)
-    t_target[prefill] = 12.0 + 0.04 * prompt_len[prefill] * (1 + rng.normal(0, 0.02, prefill.sum()))
+    t_target[prefill] = (PREFILL_TARGET_MS[0]
+                         + PREFILL_TARGET_MS[1] * prompt_len[prefill] * (1 + rng.normal(0, 0.02, prefill.sum())))
     t_draft = np.zeros(n)
     has_draft = dec & (K > 0)
     mean_d = model.draft_ms(K[has_draft])
@@ -515,7 +534,7 @@ def _finish_rounds(cfg: SimConfig, refs: list[Reference], cols: dict[str, np.nda
     t_draft[has_draft] = np.maximum(
         mean_d * (1 + rng.normal(0, cfg.draft_noise_rel, nd))
         + (rng.random(nd) < cfg.draft_spike_share) * rng.exponential(cfg.draft_spike_mean_ms, nd), 0.01)
-    t_draft[prefill] = 0.8 + 0.004 * prompt_len[prefill]
+    t_draft[prefill] = PREFILL_DRAFT_MS[0] + PREFILL_DRAFT_MS[1] * prompt_len[prefill]
     # zero timings (the paper saw 0.3% of records with one)
     t_target[dec & (rng.random(n) < cfg.zero_target_share)] = 0.0
     t_draft[has_draft & (rng.random(n) < cfg.zero_draft_share)] = 0.0
@@ -632,3 +651,360 @@ def make_meta(cfg: SimConfig, seed: int) -> dict[str, Any]:
         truth=cfg.cost_model,
         contexts=CONTEXT_NAMES,
     )
+
+
+# ---------------------------------------------------------------------------
+# Batch mode: b requests share every engine step
+# ---------------------------------------------------------------------------
+
+#: The planted per-request terms of the batch truth. **Simulator choices, not the paper's** (the
+#: paper is at batch 1): one more request in a step costs the target ``gamma(m) = BATCH_GAMMA_BASE
+#: + BATCH_GAMMA_PER_ROW * m`` ms besides its experts and context (its rows through attention,
+#: norms, sampling and the step's bookkeeping), and the drafter ``BATCH_A_REQ * k + BATCH_B_REQ``
+#: ms for k draft steps.
+BATCH_GAMMA_BASE = 0.12
+BATCH_GAMMA_PER_ROW = 0.035
+BATCH_A_REQ = 0.03
+BATCH_B_REQ = 0.06
+#: Prompt tokens the simulated scheduler prefills per step (vLLM's ``max_num_batched_tokens``
+#: analogue, no chunking): the prompts of a batch that do not fit wait for the next step, which
+#: then mixes their prefill with the others' decoding.
+BATCH_PREFILL_BUDGET = 2048
+
+
+@dataclass(frozen=True)
+class BatchSim:
+    """The batch mode's own parameters (the rest is the :class:`SimConfig`).
+
+    ``batch_sizes``: the sweep (prompts grouped in file order, ``b`` per batch, the last batch
+    may be smaller). ``gamma_base``, ``gamma_per_row``, ``a_req``, ``b_req``: the planted
+    per-request terms (defaults :data:`BATCH_GAMMA_BASE` ... :data:`BATCH_B_REQ`).
+    ``prefill_budget``: :data:`BATCH_PREFILL_BUDGET`.
+    """
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    gamma_base: float = BATCH_GAMMA_BASE
+    gamma_per_row: float = BATCH_GAMMA_PER_ROW
+    a_req: float = BATCH_A_REQ
+    b_req: float = BATCH_B_REQ
+    prefill_budget: int = BATCH_PREFILL_BUDGET
+
+    def truth(self, cfg: SimConfig) -> BatchCostModel:
+        """The planted :class:`~speclimits.costmodel.BatchCostModel`: the batch-1 part is
+        ``cfg.truth()`` (the paper's values, :func:`paper_cost_model`), the per-request terms are
+        this object's."""
+        base = cfg.truth()
+        return BatchCostModel.from_batch1(
+            replace(base, source="planted truth of the speclimits simulator, batch mode: batch-1 part from the "
+                                 "paper's appendix, per-request terms (gamma, a_req, b_req) simulator choices"),
+            n_experts=cfg.n_experts, top_k=cfg.top_k,
+            gamma={m: round(self.gamma_base + self.gamma_per_row * m, 6) for m in base.ms},
+            a_req=self.a_req, b_req=self.b_req)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["batch_sizes"] = list(self.batch_sizes)
+        return out
+
+
+def _check_batch(batch: BatchSim) -> tuple[int, ...]:
+    sizes = tuple(sorted({int(b) for b in batch.batch_sizes}))
+    if not sizes or sizes[0] < 1:
+        raise SpeclimitsError(f"batch sizes must be positive integers, got {list(batch.batch_sizes)}")
+    if batch.prefill_budget < 1:
+        raise SpeclimitsError(f"prefill_budget must be >= 1, got {batch.prefill_budget}")
+    return sizes
+
+
+def _popcount(packed: np.ndarray) -> np.ndarray:
+    """Set bits along the last axis of a uint8 array (the experts of a packed mask)."""
+    return _POPCOUNT[packed].sum(axis=-1, dtype=np.int64)
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+def _expert_sets(sizes: np.ndarray, n_experts: int, rng: np.random.Generator) -> np.ndarray:
+    """Expert ids drawn for each (row, layer): a uniformly random set of ``sizes[row, layer]`` of
+    the ``n_experts`` experts, returned packed (uint8 (rows, layers, ceil(E / 8)), bit e = expert e).
+
+    In the window process (:func:`_window_routing`) a new position's new experts are drawn
+    uniformly from the untouched ones, so given its size a window's set is uniform over the sets
+    of that size: these are the ids the simulator's per-token routing touches. Drawn by ranking
+    uniform keys (the experts of the ``size`` smallest keys of a layer; ties broken by position, so a set has exactly ``size`` ids)."""
+    rows, n_layers = sizes.shape
+    out = np.empty((rows, n_layers, (n_experts + 7) // 8), dtype=np.uint8)
+    chunk = max(1, 200_000 // max(n_layers * n_experts // 64, 1))
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
+        keys = rng.random((hi - lo, n_layers, n_experts), dtype=np.float32)
+        rank = np.empty(keys.shape, dtype=np.int16)
+        np.put_along_axis(rank, np.argsort(keys, axis=-1), np.arange(n_experts, dtype=np.int16)[None, None, :], axis=-1)
+        out[lo:hi] = np.packbits(rank < sizes[lo:hi, :, None], axis=-1)
+    return out
+
+
+def _prefill_steps(prompt_len: np.ndarray, budget: int) -> np.ndarray:
+    """Step (0-based, within its batch) at which each request of a batch is prefilled: in order,
+    as many prompts per step as fit in ``budget`` tokens (at least one per step; decoding
+    requests' rows are few and not counted)."""
+    out = np.empty(len(prompt_len), dtype=np.int64)
+    step, used = 0, 0
+    for i, p in enumerate(prompt_len):
+        if used and used + p > budget:
+            step, used = step + 1, 0
+        out[i] = step
+        used += int(p)
+    return out
+
+
+def simulate_batch(cfg: SimConfig, batch: BatchSim | None = None, seed: int = 0, out: str | Path | None = None,
+                   progress: bool = True) -> dict[str, pd.DataFrame]:
+    """Generate a SIMULATED batch trace: every K of ``cfg.k_values`` at every batch size of
+    ``batch.batch_sizes``, closed batches of prompts in file order, in the batch-trace contract.
+
+    Tables: ``rounds`` (per request and round, as a batch-1 trace, plus ``b``, ``batch_id``,
+    ``step`` and ``n_drafted_next``; ``t_target_ms`` / ``t_draft_ms`` are the shared step's),
+    ``steps`` (one row per engine step), and ``oracle`` / ``tokens`` exactly as
+    :func:`simulate` writes them for the same ``cfg`` and ``seed`` (same draws).
+
+    Generative story (beyond :func:`simulate`'s):
+
+    * **Requests.** A request's tokens, acceptance and own routing do not depend on the batch
+      (greedy decoding): its rounds are the batch-1 walk of its reference at K, and its own Ū is
+      the batch-1 window's (:func:`_window_data`, per layer). Every prompt runs at every K
+      (unlike :func:`simulate`, whose K = 0 runs cover ``k0_share`` of the prompts).
+    * **Steps.** A batch's requests are prefilled in order, :attr:`BatchSim.prefill_budget`
+      prompt tokens per step (later prompts wait; a step that prefills some and decodes others
+      is ``mixed``), then every unfinished request verifies K drafts in every step (m = K + 1
+      rows each; vLLM drafts one K for all) until it has emitted its reference; a finished
+      request leaves the batch.
+    * **Routing of a step.** Each request-round's experts are a set of ids per layer drawn
+      independently of the other requests (:func:`_expert_sets`: uniform given the window's
+      unique-expert count, as the window process implies); a prompt's prefill touches
+      ``saturation(0.3 P)`` experts per layer, as in :func:`simulate`. The step's ``u_bar`` /
+      ``e_max`` are the mean / max over layers of the *union of those ids* over all rows of
+      the step (counted, not the union formula).
+    * **Cost.** Decode part: the planted :class:`BatchCostModel` (:meth:`BatchSim.truth`)
+      ``target(n_decode, K + 1, Ū of the decoding requests' rows, their summed context)``
+      times ``1 + target_noise_rel * t(target_noise_df)``, plus rare spikes
+      (``target_spike_share``, mean ``target_spike_mean_ms``: the conditional mean is the truth
+      plus share x mean on the intercept) and a zero timing on ``zero_target_share`` of decode
+      steps. Prefill rows add :data:`PREFILL_TARGET_MS` per token (and its base on a step that
+      only prefills, with 2% noise). Drafter (K > 0): ``draft(n_reqs, K)`` (every request of
+      the step drafts K next, as vLLM's drafter runs over the whole batch) times ``1 +
+      draft_noise_rel * N(0, 1)`` plus spikes and zero timings as in :func:`simulate`, plus
+      :data:`PREFILL_DRAFT_MS`'s per-token term for prefill rows.
+
+    A sweep of ``batch_sizes == (1,)`` is still a batch trace here (it has ``steps``); the CLI
+    writes today's batch-1 trace (:func:`simulate`) for ``--batch 1``.
+    """
+    batch = batch or BatchSim()
+    sizes = _check_batch(batch)
+    _check_config(cfg)
+    truth = batch.truth(cfg)
+    # the first five streams are simulate()'s (same references, routing, Oracle and token rows);
+    # spawn() gives the same first children whatever the count
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(7)]
+    rng_ref, rng_route, _, _, rng_prefill, rng_ids, rng_time = streams
+    layer_off = layer_offsets(cfg, seed)
+    cats = list(CATEGORIES)
+    refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
+    wins, oracle_parts, token_parts = [], [], []
+    for p_idx, ref in enumerate(tqdm(refs, desc="references", unit="prompt", disable=not progress)):
+        win = _window_data(cfg, ref, rng_route, layer_off, layers=True)
+        wins.append({"accept_len": win["accept_len"], "u_layers": win["u_layers"]})
+        if p_idx < cfg.oracle_prompts:
+            oracle_parts.append(_oracle_rows(cfg, ref, win))
+            token_parts.append(_token_rows(cfg, ref, rng_route, layer_off, rng_prefill))
+
+    E, L = cfg.n_experts, cfg.n_layers
+    prompt_len = np.array([r.prompt_len for r in refs], dtype=np.int64)
+    sat = E * (1 - (1 - cfg.top_k / E) ** np.maximum(prompt_len * 0.3, 1))
+    pre_size = np.clip(np.round(sat), cfg.top_k, E).astype(np.int64)
+    prefill_sets = _expert_sets(np.repeat(pre_size[:, None], L, axis=1), E, rng_ids)
+    n_prompts, n_k = cfg.n_prompts, len(cfg.k_values)
+    round_parts, step_parts = [], []
+    step_counter = 0
+    bar = tqdm(total=n_k * len(sizes), desc="batch sweep", unit="(K, b)", disable=not progress)
+    for k_index, K in enumerate(cfg.k_values):
+        walks = [_walk(w["accept_len"], ref.n, K) for w, ref in zip(wins, refs)]
+        n_dec = np.array([len(w[0]) for w in walks], dtype=np.int64)
+        dec_start = np.concatenate([[0], np.cumsum(n_dec)])
+        u_dec = np.concatenate([w["u_layers"][st, :, K] for w, (st, _, _) in zip(wins, walks)])
+        sets = np.concatenate([prefill_sets, _expert_sets(u_dec, E, rng_ids)])  # rows: prompts, then decode rounds
+        own_u = np.concatenate([np.repeat(pre_size[:, None], L, axis=1), u_dec]).astype(np.float64)
+        for b_index, b in enumerate(sizes):
+            cols: dict[str, list[np.ndarray]] = {k: [] for k in (
+                "prompt", "round", "state", "acc", "emit", "step", "set_row", "gid", "batch_id")}
+            for first in range(0, n_prompts, b):
+                members = np.arange(first, min(first + b, n_prompts))
+                gid0 = (b_index * n_k + k_index) * n_prompts
+                pre = _prefill_steps(prompt_len[members], batch.prefill_budget)
+                for i, p in enumerate(members):
+                    st, acc, emit = walks[p]
+                    r = len(st)
+                    cols["prompt"].append(np.full(r + 1, p))
+                    cols["round"].append(np.arange(r + 1))
+                    cols["state"].append(np.concatenate([[0], st]))
+                    cols["acc"].append(np.concatenate([[0], acc]))
+                    cols["emit"].append(np.concatenate([[1], emit]))
+                    cols["step"].append(step_counter + pre[i] + np.arange(r + 1))
+                    cols["set_row"].append(np.concatenate([[p], n_prompts + dec_start[p] + np.arange(r)]))
+                    cols["gid"].append(np.full(r + 1, gid0 + p))
+                    cols["batch_id"].append(np.full(r + 1, gid0 + first))
+                step_counter += int(max(pre[i] + len(walks[p][0]) + 1 for i, p in enumerate(members)))
+            c = {k: np.concatenate(v) for k, v in cols.items()}
+            rr, ss = _batch_tables(cfg, truth, K, b, c, sets, own_u, prompt_len, rng_time)
+            round_parts.append(rr)
+            step_parts.append(ss)
+            bar.update()
+    bar.close()
+    rounds = pd.concat(round_parts, ignore_index=True).sort_values(["generation_id", "round"], kind="stable")
+    prompt = rounds.pop("_prompt").to_numpy()
+    rounds["prompt_id"] = np.array([r.prompt_id for r in refs], dtype=object)[prompt]
+    rounds["category"] = np.array([r.category for r in refs], dtype=object)[prompt]
+    rounds = rounds[_BATCH_ROUND_ORDER].reset_index(drop=True)
+    steps = pd.concat(step_parts, ignore_index=True).sort_values(["batch_id", "step"], kind="stable")
+    tables = {"rounds": rounds, "steps": steps.reset_index(drop=True)}
+    if oracle_parts:
+        tables["oracle"] = pd.concat(oracle_parts, ignore_index=True)
+        tables["tokens"] = pd.concat(token_parts, ignore_index=True)
+    if out is not None:
+        write_batch_trace(out, make_batch_meta(cfg, batch, seed), tables)
+    return tables
+
+
+_BATCH_ROUND_ORDER = ["generation_id", "prompt_id", "K", "m", "round", "phase", "t_target_ms", "t_draft_ms", "u_bar",
+                      "e_max", "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted",
+                      "category", "b", "batch_id", "step", "n_drafted_next"]
+
+
+def _batch_tables(cfg: SimConfig, truth: BatchCostModel, K: int, b: int, c: dict[str, np.ndarray],
+                  sets: np.ndarray, own_u: np.ndarray, prompt_len: np.ndarray,
+                  rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rounds and steps of one (K, b) sweep from its request-rounds ``c`` (see :func:`simulate_batch`)."""
+    prefill = c["round"] == 0
+    P = prompt_len[c["prompt"]]
+    m = np.where(prefill, P, K + 1)
+    ctx = np.where(prefill, 0, P + c["state"])
+    order = np.lexsort((c["prompt"], c["step"]))
+    step_ids, starts = np.unique(c["step"][order], return_index=True)
+    step_of_row = np.empty(len(order), dtype=np.int64)
+    step_of_row[order] = np.searchsorted(step_ids, c["step"][order])
+    n_steps = len(step_ids)
+
+    def per_step(values: np.ndarray, how: str = "sum") -> np.ndarray:
+        if how == "sum":
+            return np.bincount(step_of_row, weights=values, minlength=n_steps)
+        out = np.full(n_steps, -np.inf)
+        np.maximum.at(out, step_of_row, values)
+        return out
+
+    n_reqs = np.bincount(step_of_row, minlength=n_steps)
+    n_decode = np.bincount(step_of_row, weights=~prefill, minlength=n_steps).astype(np.int64)
+    n_tokens = per_step(m).astype(np.int64)
+    m_max = per_step(m.astype(float), "max").astype(np.int64)
+    prompt_rows = per_step(np.where(prefill, P, 0)).astype(np.int64)
+    ctx_total = per_step(ctx).astype(np.int64)
+    ctx_decode = per_step(np.where(prefill, 0, ctx))
+    union = np.bitwise_or.reduceat(sets[c["set_row"][order]], starts, axis=0)
+    u_layers = _popcount(union).astype(float)  # (steps, layers): unique experts over all rows of the step
+    dec_rows = order[~prefill[order]]
+    u_decode = np.zeros(n_steps)
+    if dec_rows.size:
+        d_steps, d_starts = np.unique(step_of_row[dec_rows], return_index=True)
+        d_union = np.bitwise_or.reduceat(sets[c["set_row"][dec_rows]], d_starts, axis=0)
+        u_decode[d_steps] = _popcount(d_union).mean(axis=1)
+    phase = np.where(n_decode == n_reqs, "decode", np.where(n_decode == 0, "prefill", "mixed")).astype(object)
+    has_dec = n_decode > 0
+    # target time of the step
+    mean_t = np.zeros(n_steps)
+    if has_dec.any():
+        mean_t[has_dec] = truth.target_ms(n_decode[has_dec], np.full(has_dec.sum(), K + 1), u_decode[has_dec],
+                                          ctx_decode[has_dec])
+    noise = rng.standard_t(cfg.target_noise_df, n_steps) * cfg.target_noise_rel
+    spikes = (rng.random(n_steps) < cfg.target_spike_share) * rng.exponential(cfg.target_spike_mean_ms, n_steps)
+    pre_noise = 1 + rng.normal(0, 0.02, n_steps)
+    t_target = np.where(has_dec, np.maximum(mean_t * (1 + noise) + spikes, 0.05), PREFILL_TARGET_MS[0] * pre_noise)
+    t_target += PREFILL_TARGET_MS[1] * prompt_rows * pre_noise
+    zero_t = has_dec & (rng.random(n_steps) < cfg.zero_target_share)
+    t_target[zero_t] = 0.0
+    # drafter time of the step
+    t_draft = np.zeros(n_steps)
+    if K > 0:
+        d_noise = 1 + rng.normal(0, cfg.draft_noise_rel, n_steps)
+        d_spike = (rng.random(n_steps) < cfg.draft_spike_share) * rng.exponential(cfg.draft_spike_mean_ms, n_steps)
+        t_draft = np.maximum(truth.draft_ms(n_reqs, np.full(n_steps, K)) * d_noise + d_spike, 0.01)
+        t_draft += PREFILL_DRAFT_MS[1] * prompt_rows
+        t_draft[has_dec & (rng.random(n_steps) < cfg.zero_draft_share)] = 0.0
+    kv_blocks = per_step(np.ceil((ctx + m) / cfg.kv_block_size))
+    kv = np.minimum(kv_blocks / cfg.kv_num_blocks, 1.0)
+    bucket = np.where(phase == "decode", _bucket(cfg, n_tokens), n_tokens)
+    first = order[starts]
+    steps = pd.DataFrame({
+        "batch_id": c["batch_id"][first].astype(np.int64), "b": np.full(n_steps, b, dtype=np.int64),
+        "K": np.full(n_steps, K, dtype=np.int64), "step": step_ids.astype(np.int64),
+        "n_reqs": n_reqs.astype(np.int64), "n_decode": n_decode, "n_tokens": n_tokens, "m_max": m_max,
+        "u_bar": u_layers.mean(axis=1), "e_max": u_layers.max(axis=1), "context_total": ctx_total,
+        "t_target_ms": t_target, "t_draft_ms": t_draft, "graph_bucket": bucket.astype(np.int64), "kv_usage": kv,
+        "phase": phase, "n_drafted_next": (K * n_reqs).astype(np.int64),
+    })
+    own = own_u[c["set_row"]]
+    rounds = pd.DataFrame({
+        "generation_id": c["gid"].astype(np.int64), "_prompt": c["prompt"], "K": np.full(len(m), K, dtype=np.int32),
+        "m": m.astype(np.int32), "round": c["round"].astype(np.int32),
+        "phase": np.where(prefill, "prefill", "decode").astype(object),
+        "t_target_ms": t_target[step_of_row], "t_draft_ms": t_draft[step_of_row],
+        "u_bar": own.mean(axis=1), "e_max": own.max(axis=1), "context_len": ctx.astype(np.int64),
+        "kv_usage": kv[step_of_row], "graph_bucket": bucket[step_of_row].astype(np.int32),
+        "n_draft": np.where(prefill, 0, K).astype(np.int32), "n_accepted": c["acc"].astype(np.int32),
+        "n_emitted": c["emit"].astype(np.int32), "b": np.full(len(m), b, dtype=np.int64),
+        "batch_id": c["batch_id"].astype(np.int64), "step": c["step"].astype(np.int64),
+        "n_drafted_next": np.full(len(m), K, dtype=np.int64),
+    })
+    return rounds, steps
+
+
+def make_batch_meta(cfg: SimConfig, batch: BatchSim, seed: int) -> dict[str, Any]:
+    """meta.json of a simulated batch trace: :func:`make_meta`'s, with the batch sweep, the
+    planted :class:`BatchCostModel` as ``truth`` (a valid batch-1 cost model too) and the batch
+    mode's parameters under ``batch_simulator``."""
+    sizes = _check_batch(batch)
+    meta = make_meta(cfg, seed)
+    meta.update(
+        description=(
+            "SIMULATED batch trace from the speclimits digital twin: b requests share every engine step "
+            "(batch sizes " + ", ".join(map(str, sizes)) + "). No model was run: timings, routing and acceptance "
+            "are drawn from a generative model with a planted ground truth (see 'truth'; its per-request terms "
+            "gamma, a_req, b_req are simulator choices, not the paper's)."),
+        batch_sizes=list(sizes),
+        batch_size=int(max(sizes)),
+        truth=batch.truth(cfg).to_dict(),
+        batch_simulator={**batch.to_dict(), "prefill_target_ms": list(PREFILL_TARGET_MS),
+                         "prefill_draft_ms": list(PREFILL_DRAFT_MS),
+                         "note": "k0_share is not used: every prompt runs at every K and batch size"},
+    )
+    return meta
+
+
+def write_batch_trace(out: str | Path, meta: dict[str, Any], tables: dict[str, pd.DataFrame]) -> Path:
+    """Write a batch trace: :func:`speclimits.trace.write_trace` for every table it knows; the
+    ``steps`` table directly when this checkout's trace schema does not list it yet."""
+    from speclimits.trace import TABLES
+
+    tables = dict(tables)
+    steps = tables.pop("steps", None)
+    if steps is not None and "steps" not in TABLES:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        root = Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / ".steps.parquet.tmp"
+        pq.write_table(pa.Table.from_pandas(steps, preserve_index=False), tmp, compression="zstd")
+        tmp.replace(root / "steps.parquet")
+        meta = {**meta, "tables": {**meta.get("tables", {}), "steps": int(len(steps))}}
+    elif steps is not None:
+        tables["steps"] = steps
+    return write_trace(out, meta, **tables)

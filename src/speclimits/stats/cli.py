@@ -38,9 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
             "regime boundary by the one-SE rule against no split, kept only if every nested outer fold agrees; "
             "regime rows at that split and at the paper's m <= 4 | m >= 5; specification ladder; 95%% "
             "cluster-bootstrap intervals on the headline cells; draft line T_D = a·K + b. "
-            "--out writes the cost-model JSON the Oracle reads."
+            "--out writes the cost-model JSON the Oracle reads. "
+            "With --batch (a batch trace: speclimits trace/simulate --batch): the batch cost model instead, "
+            "target = beta0(m) + gamma(m)·(n-1) + alpha(m)·Ū_step + c·L_total and drafter a·k + b + "
+            "(n-1)·(a_req·k + b_req), OLS on the uniform decode steps (every request decoding at the same m) with "
+            "SEs clustered by batch; it prints the coefficients with 95%% intervals, the validation of ms per "
+            "emitted token per (b, K) (cross-fitted by batch; prefill and mixed steps counted as measured; the "
+            "worst error named), Ū of a step against independent routing and the saturation curve, and per K the "
+            "b at which speculation stops beating plain decoding; --out writes the batch cost-model JSON "
+            "(speclimits.stats.batch)."
         ),
-        epilog="example: speclimits fit data/traces/sim-default --out cost_model.json",
+        epilog=("example: speclimits fit data/traces/sim-default --out cost_model.json\n"
+                "(batch > 1) example: speclimits fit --batch /tmp/tr-batch --out batch-cost.json"),
     )
     p.add_argument("trace", type=Path, help="trace directory")
     p.add_argument("--json", action="store_true",
@@ -51,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-boot", type=int, default=999, metavar="B",
                    help="cluster-bootstrap resamples for the intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    p.add_argument("--batch", action="store_true",
+                   help="TRACE is a batch trace: fit the batch cost model (--out writes its JSON) and print its "
+                        "validation by (b, K); --robustness-k, --n-boot and --seed do not apply")
+    p.add_argument("--folds", type=int, default=2, metavar="F",
+                   help="with --batch: folds of batches for the cross-fitted validation (default: %(default)s)")
     p.set_defaults(func=_fit)
 
 
@@ -68,7 +82,41 @@ def _factors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fit_batch(args: argparse.Namespace) -> int:
+    from speclimits.stats import batch as sb  # heavy: see the module docstring
+    from speclimits.trace import read_trace
+
+    tr = read_trace(args.trace)
+    model = sb.fit_batch_cost_model(tr)
+    validation = sb.validate_by_batch_k(tr, model=model, folds=args.folds)
+    union = sb.step_union_table(tr)
+    frontier = sb.speedup_frontier(validation)
+    if args.out is not None:
+        model.write(args.out)
+    if args.json:
+        print(dumps({"trace": str(args.trace), "source": tr.source_label, "batch_cost_model": model.to_dict(),
+                     "validation": validation, "worst": validation.attrs["worst"], "union": union.to_dict(),
+                     "frontier": frontier}, indent=1))
+        if args.out is not None:
+            print(f"wrote batch cost model {args.out}", file=sys.stderr)
+        return 0
+    print(f"{args.trace}: {tr.source_label}")
+    print(sb.model_summary(model))
+    print()
+    print(sb.validation_summary(validation))
+    print()
+    print(union.summary())
+    print()
+    print("Where speculation stops paying (measured ms per token at K against K = 0, per b):")
+    print(frontier.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.out is not None:
+        print(f"\nwrote batch cost model {args.out}")
+    return 0
+
+
 def _fit(args: argparse.Namespace) -> int:
+    if args.batch:
+        return _fit_batch(args)
     from speclimits.stats.draft import fit_draft_model  # heavy: see the module docstring
     from speclimits.stats.final import fit_final_model, fit_trace_cost_model
     from speclimits.trace import read_trace
