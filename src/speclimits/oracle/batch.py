@@ -111,8 +111,12 @@ def _group_matrix(grps: list[np.ndarray]) -> np.ndarray:
 
 
 def _rho(x: float, b: int) -> float:
-    """rho_b(x) = (1 - (1 - x)^b) / (b x) (1 at x = 0)."""
-    return 1.0 if x <= 0.0 else (1.0 - (1.0 - x) ** b) / (b * x)
+    """rho_b(x) = (1 - (1 - x)^b) / (b x) (1 at x = 0 and at b = 1), without cancellation at small x."""
+    if x <= 0.0 or b == 1:
+        return 1.0
+    if x >= 1.0:
+        return 1.0 / b
+    return float(-np.expm1(b * np.log1p(-x)) / (b * x))
 
 
 @dataclass(frozen=True, eq=False)
