@@ -4,8 +4,8 @@
 >>> tr.rounds.shape                                       # doctest: +SKIP
 
 Whole tables (:func:`write_table`, :func:`write_trace`) are single Parquet files. The tracing
-harness writes each table as a directory of *parts* instead (:func:`write_part`), one per batch
-of finished generations, and two JSON-lines logs beside them (:func:`append_lines`,
+harness writes each table as a directory of *parts* instead (:func:`write_part`), one per group
+of finished generations (``rounds``, ``tokens`` and, for batch traces, ``steps``), and two JSON-lines logs beside them (:func:`append_lines`,
 :func:`read_generations`, :func:`read_parts_log`); a distributed sweep writes each job's log
 lines as one atomic file under ``shards/`` (:func:`write_shard_log`). Every file is written
 atomically (dot-prefixed temp file, then ``os.replace``) and readers skip dot/underscore files,
@@ -90,8 +90,9 @@ def target_top_k(meta: dict[str, Any]) -> int | None:
 class Trace:
     """A trace directory: ``meta`` plus lazily loaded tables (pandas DataFrames).
 
-    ``rounds`` has the columns of :data:`speclimits.trace.schema.ROUNDS_COLUMNS`; ``oracle`` and
-    ``tokens`` are ``None`` when the trace has no such table.
+    ``rounds`` has the columns of :data:`speclimits.trace.schema.ROUNDS_COLUMNS`; ``oracle``,
+    ``tokens`` and ``steps`` (:data:`~speclimits.trace.schema.STEPS_COLUMNS`, batch traces only)
+    are ``None`` when the trace has no such table.
     """
 
     path: Path
@@ -111,6 +112,19 @@ class Trace:
     @cached_property
     def tokens(self) -> pd.DataFrame | None:
         return read_table(self.path, "tokens")
+
+    @cached_property
+    def steps(self) -> pd.DataFrame | None:
+        """One row per engine step of a batch trace (``speclimits trace --batch``); None when absent
+        (every batch-1 trace)."""
+        return read_table(self.path, "steps")
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes the trace ran: ``meta.json``'s ``batch_sizes``, else ``[batch_size]``
+        (a batch-1 trace records ``batch_size`` = 1 only)."""
+        sizes = self.meta.get("batch_sizes")
+        return [int(b) for b in sizes] if sizes else [int(self.meta.get("batch_size", 1))]
 
     @property
     def top_k(self) -> int | None:
@@ -200,7 +214,8 @@ def write_table(path: str | Path, name: str, df: pd.DataFrame | pa.Table) -> Pat
 
 
 def write_trace(path: str | Path, meta: dict[str, Any], **tables: pd.DataFrame | pa.Table | None) -> Path:
-    """Write a whole trace: ``meta.json`` and each table given (``rounds=``, ``oracle=``, ``tokens=``)."""
+    """Write a whole trace: ``meta.json`` and each table given (``rounds=``, ``oracle=``, ``tokens=``,
+    ``steps=``)."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -254,13 +269,14 @@ def done_generations(root: str | Path) -> set[int]:
 
 
 def remove_orphan_parts(root: str | Path) -> list[Path]:
-    """Delete token parts and shard logs without their rounds part (a writer killed mid-part).
+    """Delete token and step parts and shard logs without their rounds part (a writer killed mid-part).
 
     Returns the deleted paths. The rounds part is written last, so its presence is what marks a
     part's generations done; everything written before it is re-written by the retry.
     """
     rounds = list_parts(root, "rounds")
-    orphans = [p for name, p in list_parts(root, "tokens").items() if name not in rounds]
+    orphans = [p for table in ("tokens", "steps") for name, p in list_parts(root, table).items()
+               if name not in rounds]
     orphans += [p for name, p in _shard_logs(Path(root)).items() if name not in rounds]
     for p in orphans:
         p.unlink()

@@ -5,6 +5,7 @@ A trace is a directory holding ``meta.json`` and Parquet tables:
 ``rounds.parquet``  one row per speculative round (prefill rounds included, marked by ``phase``)
 ``oracle.parquet``  one row per (reference sequence, position) for the Oracle (optional)
 ``tokens.parquet``  one row per reference token, for routing / linguistic studies (optional)
+``steps.parquet``   one row per engine step of a batch trace (``speclimits trace --batch``; optional)
 
 Each table may be a single Parquet file or a directory of Parquet part files with that
 name (the tracing harness writes parts as it goes, so an interrupted sweep stays readable).
@@ -57,6 +58,9 @@ ROUNDS_COLUMNS: tuple[Column, ...] = (
     Column("n_accepted", "int", "draft tokens accepted"),
     Column("n_emitted", "int", "tokens emitted (accepted + bonus, fewer at the end)"),
     Column("category", "str", "prompt category, when the prompt set has one", required=False),
+    Column("b", "int", "batch size of the run (batch traces only: requests submitted together)", required=False),
+    Column("batch_id", "int", "the batch: generation id of its first generation (batch traces only)",
+           required=False),
 )
 
 #: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``),
@@ -86,10 +90,34 @@ TOKENS_COLUMNS: tuple[Column, ...] = (
            missing_ok=True),
 )
 
+#: Phases of an engine step of a batch trace: every request prefilling, every one decoding, or both kinds.
+STEP_PHASES = ("prefill", "decode", "mixed")
+
+STEPS_COLUMNS: tuple[Column, ...] = (
+    Column("batch_id", "int", "the batch (generation id of its first generation; rounds.batch_id)"),
+    Column("b", "int", "batch size of the run"),
+    Column("K", "int", "speculation budget of the run"),
+    Column("step", "int", "engine step number (rounds.step); (batch_id, step) is unique"),
+    Column("n_reqs", "int", "requests in the step"),
+    Column("n_decode", "int", "requests verifying drafts or decoding (at least one output token before the step)"),
+    Column("n_tokens", "int", "rows of the target forward: the sum of the requests' m"),
+    Column("m_max", "int", "rows of the widest request of the step (prompt rows count for prefill requests)"),
+    Column("u_bar", "float", "unique experts per MoE layer over ALL rows of the step, averaged over layers"),
+    Column("e_max", "float", "largest per-layer unique-expert count over the step's rows"),
+    Column("context_total", "int", "sum of the requests' context_len"),
+    Column("t_target_ms", "float", "target forward time of the step in ms (shared by its requests)"),
+    Column("t_draft_ms", "float", "drafter time of the step in ms (all requests' proposals)"),
+    Column("graph_bucket", "int", "padded token count of the forward"),
+    Column("kv_usage", "float", "KV-cache occupancy in [0, 1]"),
+    Column("phase", "str", "'prefill' (all requests prefilling), 'decode' (all decoding) or 'mixed'"),
+    Column("n_drafted_next", "int", "drafts proposed in the step, all requests"),
+)
+
 TABLES: dict[str, tuple[Column, ...]] = {
     "rounds": ROUNDS_COLUMNS,
     "oracle": ORACLE_COLUMNS,
     "tokens": TOKENS_COLUMNS,
+    "steps": STEPS_COLUMNS,
 }
 
 #: Keys every meta.json must have.
@@ -97,7 +125,7 @@ META_REQUIRED = ("schema_version", "source", "models", "method", "hardware", "dt
 
 
 def column_names(table: str, required_only: bool = False) -> list[str]:
-    """Names of the columns of ``table`` (``rounds``, ``oracle`` or ``tokens``)."""
+    """Names of the columns of ``table`` (``rounds``, ``oracle``, ``tokens`` or ``steps``)."""
     return [c.name for c in TABLES[table] if c.required or not required_only]
 
 

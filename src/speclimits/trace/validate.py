@@ -4,6 +4,10 @@ Every defect is collected, not just the first, and reported in one message that 
 file, the column and the first offending rows. Zero timings and prefill rounds are *not*
 defects: fits exclude them through :func:`speclimits.trace.decode_rounds`, which counts them.
 
+``steps.parquet`` (batch traces) is checked on its own (:func:`check_steps`) and against the
+rounds of the same steps (:func:`check_steps_against_rounds`: every (batch_id, step) of the
+rounds has a step row, whose ``n_tokens`` is the sum of their ``m`` and ``n_reqs`` their count).
+
 ``oracle.parquet`` has one checker, :func:`check_oracle_frame`, used by :func:`validate_trace`
 (``speclimits validate``) and by the Oracle's loader
 (:meth:`speclimits.oracle.inputs.OracleInputs.from_frame`) alike; it also hands back the
@@ -25,7 +29,7 @@ import pandas as pd
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.trace.filters import list_lengths, stack_lists
 from speclimits.trace.io import read_meta, read_table, target_top_k
-from speclimits.trace.schema import META_REQUIRED, REFERENCE_KINDS, SOURCES, TABLES, Column
+from speclimits.trace.schema import META_REQUIRED, REFERENCE_KINDS, SOURCES, STEP_PHASES, TABLES, Column
 
 MAX_ROWS_SHOWN = 5
 
@@ -104,6 +108,13 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
         c.file("meta.json", f"'k_values' must be a list of non-negative integers, got {ks!r}")
     if meta.get("source") == "simulator" and meta.get("simulated") is not True:
         c.file("meta.json", "a simulator trace must say \"simulated\": true")
+    sizes = meta.get("batch_sizes")
+    if sizes is not None:
+        if not (isinstance(sizes, list) and sizes and all(isinstance(b, int) and b >= 1 for b in sizes)):
+            c.file("meta.json", f"'batch_sizes' must be a non-empty list of integers >= 1, got {sizes!r}")
+        elif meta.get("batch_size") != max(sizes):
+            c.file("meta.json", f"'batch_size' must be the largest of 'batch_sizes' {sizes}, got "
+                                f"{meta.get('batch_size')!r}")
 
 
 def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
@@ -120,6 +131,7 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     _rounds_routing(c, f, df, ok, *_experts_range(meta))
     _rounds_ranges(c, f, df, ok, decode)
     _rounds_order(c, f, df, ok)
+    _rounds_batches(c, f, df, ok, meta.get("batch_sizes"))
 
 
 def _rounds_timings_and_phase(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> np.ndarray:
@@ -210,6 +222,133 @@ def _rounds_order(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None
     if {"generation_id", "K"} <= ok and n:
         nk = df.groupby("generation_id", sort=False)["K"].transform("nunique").to_numpy()
         c.rows(f, "K", nk > 1, "one generation must have a single K")
+
+
+def _rounds_batches(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], sizes: Any) -> None:
+    """Batch traces (``b`` / ``batch_id`` present): b >= 1 and listed in meta's ``batch_sizes``,
+    0 <= batch_id <= generation_id, and one b and one batch_id per generation."""
+    if "b" in ok:
+        b = df["b"].to_numpy()
+        c.rows(f, "b", b < 1, "must be >= 1")
+        if isinstance(sizes, list) and sizes:
+            c.rows(f, "b", ~np.isin(b, sizes), f"value not listed in meta.json 'batch_sizes' {sizes}")
+    if "batch_id" in ok:
+        bid = df["batch_id"].to_numpy()
+        c.rows(f, "batch_id", bid < 0, "must be >= 0")
+        if "generation_id" in ok:
+            c.rows(f, "batch_id", bid > df["generation_id"].to_numpy(),
+                   "must not exceed generation_id (it is the batch's first generation)")
+    for col in ("b", "batch_id"):
+        if {"generation_id", col} <= ok and len(df):
+            n = df.groupby("generation_id", sort=False)[col].transform("nunique").to_numpy()
+            c.rows(f, col, n > 1, f"one generation must have a single {col}")
+
+
+STEPS_FILE = "steps.parquet"
+
+
+def check_steps(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
+    """Every rule on ``steps.parquet`` (one row per engine step of a batch trace) whose columns
+    are present and well typed: counts (n_reqs >= 1, 0 <= n_decode <= n_reqs <= b,
+    n_tokens >= n_reqs, 1 <= m_max <= n_tokens), routing (top_k, or 1 when meta.json gives
+    no top_k, <= u_bar <= e_max <= n_experts), the phase (a known value that agrees with
+    n_decode), non-negative times, counts and context, KV usage in [0, 1], graph bucket >=
+    n_tokens, K and b listed in meta.json, and (batch_id, step) unique."""
+    f = STEPS_FILE
+    ok = set(_check_columns(c, f, df, TABLES["steps"]))
+    if not ok:
+        return
+    col = {name: df[name].to_numpy() for name in ok}
+    if "n_reqs" in ok:
+        c.rows(f, "n_reqs", col["n_reqs"] < 1, "must be >= 1 (a step has at least one request)")
+        if "b" in ok:
+            c.rows(f, "n_reqs", col["n_reqs"] > col["b"], "must not exceed b (the batch size)")
+        if "n_decode" in ok:
+            c.rows(f, "n_decode", (col["n_decode"] < 0) | (col["n_decode"] > col["n_reqs"]),
+                   "must lie in [0, n_reqs]")
+        if "n_tokens" in ok:
+            c.rows(f, "n_tokens", col["n_tokens"] < col["n_reqs"], "must be >= n_reqs (each request has a row)")
+    if {"m_max", "n_tokens"} <= ok:
+        c.rows(f, "m_max", (col["m_max"] < 1) | (col["m_max"] > col["n_tokens"]), "must lie in [1, n_tokens]")
+    top_k, hi = _experts_range(meta)
+    lo = top_k if top_k is not None else 1.0
+    if "u_bar" in ok:
+        u = col["u_bar"].astype(float)
+        where = f"top_k = {lo:g} (meta.json models.target.top_k)" if top_k is not None else "1"
+        c.rows(f, "u_bar", u < lo - 1e-9, f"must be >= {where}")
+        if hi is not None:
+            c.rows(f, "u_bar", u > hi + 1e-9, f"must be <= n_experts = {hi:g} (meta.json models.target.n_experts)")
+        if "e_max" in ok:
+            c.rows(f, "e_max", col["e_max"].astype(float) < u - 1e-6, "must be >= u_bar (a maximum over layers)")
+    if "e_max" in ok and hi is not None:
+        c.rows(f, "e_max", col["e_max"].astype(float) > hi + 1e-9, f"must be <= n_experts = {hi:g}")
+    if "phase" in ok:
+        phase = df["phase"].astype(str).to_numpy()
+        if not c.rows(f, "phase", ~np.isin(phase, STEP_PHASES), "must be 'prefill', 'decode' or 'mixed'") \
+                and {"n_decode", "n_reqs"} <= ok:
+            nd, nr = col["n_decode"], col["n_reqs"]
+            want = np.where(nd == 0, "prefill", np.where(nd == nr, "decode", "mixed"))
+            c.rows(f, "phase", phase != want,
+                   "must agree with n_decode ('prefill': 0 decoding, 'decode': all n_reqs, else 'mixed')")
+    for name in ("t_target_ms", "t_draft_ms"):
+        if name in ok:
+            c.rows(f, name, col[name].astype(float) < 0, "timings must not be negative")
+    for name in ("context_total", "n_drafted_next"):
+        if name in ok:
+            c.rows(f, name, col[name] < 0, "must be >= 0")
+    if "kv_usage" in ok:
+        kv = col["kv_usage"].astype(float)
+        c.rows(f, "kv_usage", (kv < 0) | (kv > 1), "must lie in [0, 1]")
+    if {"graph_bucket", "n_tokens"} <= ok:
+        c.rows(f, "graph_bucket", col["graph_bucket"] < col["n_tokens"], "padded token count must be >= n_tokens")
+    if "K" in ok:
+        c.rows(f, "K", col["K"] < 0, "must be >= 0")
+        ks = meta.get("k_values")
+        if isinstance(ks, list) and ks:
+            c.rows(f, "K", ~np.isin(col["K"], ks), f"value not listed in meta.json 'k_values' {ks}")
+    if "b" in ok:
+        c.rows(f, "b", col["b"] < 1, "must be >= 1")
+        sizes = meta.get("batch_sizes")
+        if isinstance(sizes, list) and sizes:
+            c.rows(f, "b", ~np.isin(col["b"], sizes), f"value not listed in meta.json 'batch_sizes' {sizes}")
+    if {"batch_id", "step"} <= ok:
+        c.rows(f, "step", df.duplicated(["batch_id", "step"]).to_numpy(), "duplicate (batch_id, step)")
+
+
+def check_steps_against_rounds(c: _Collector, steps: pd.DataFrame, rounds: pd.DataFrame) -> None:
+    """The rounds of a batch trace and its steps describe the same engine steps: every
+    (batch_id, step) of ``rounds`` has a row in ``steps``, and each step's ``n_tokens`` is the
+    sum of those rounds' ``m`` and its ``n_reqs`` their count (b and K agree too). Steps of a
+    batch without any rounds (parts a killed writer left before their rounds part) are skipped."""
+    need_r, need_s = {"batch_id", "step", "m", "b", "K"}, {"batch_id", "step", "n_tokens", "n_reqs", "b", "K"}
+    if not (need_r <= set(rounds.columns) and need_s <= set(steps.columns)) or not len(rounds):
+        return
+    if not all(pd.api.types.is_integer_dtype(df[col].dtype) for df, cols in ((rounds, need_r), (steps, need_s))
+               for col in cols):
+        return  # type problems are named by the table checks
+    if steps.duplicated(["batch_id", "step"]).any():
+        return  # named by check_steps; the matching below needs unique keys
+    key = ["batch_id", "step"]
+    r = rounds[key + ["m", "b", "K"]].reset_index(drop=True)
+    s = steps[key + ["n_tokens", "n_reqs", "b", "K"]].reset_index(drop=True)
+    s["_row"] = np.arange(len(s))
+    found = r.merge(s[key], on=key, how="left", indicator=True)["_merge"].to_numpy() == "both"
+    c.rows("rounds.parquet", "step", ~found, "no row in steps.parquet for this (batch_id, step)")
+    agg = r.groupby(key, sort=False).agg(m_sum=("m", "sum"), n_rows=("m", "size"), rb=("b", "first"),
+                                          rk=("K", "first")).reset_index()
+    both = s.merge(agg, on=key, how="left")
+    both = both[both["batch_id"].isin(r["batch_id"].unique())]
+    has = both["m_sum"].notna().to_numpy()
+    rows = both["_row"].to_numpy()
+    c.rows(STEPS_FILE, "step", ~has, "no rows in rounds.parquet for this step of a traced batch", index=rows)
+    both, rows = both[has], rows[has]
+    c.rows(STEPS_FILE, "n_tokens", both["n_tokens"].to_numpy() != both["m_sum"].to_numpy(),
+           "must equal the sum of m over the step's rows in rounds.parquet", index=rows)
+    c.rows(STEPS_FILE, "n_reqs", both["n_reqs"].to_numpy() != both["n_rows"].to_numpy(),
+           "must equal the number of the step's rows in rounds.parquet (one per request)", index=rows)
+    for col, other in (("b", "rb"), ("K", "rk")):
+        c.rows(STEPS_FILE, col, both[col].to_numpy() != both[other].to_numpy(),
+               f"must equal rounds.parquet's {col} of the same step", index=rows)
 
 
 ORACLE_FILE = "oracle.parquet"
@@ -408,9 +547,11 @@ def find_problems(path: str | Path) -> list[Problem]:
     except TraceFormatError as exc:
         return exc.problems
     check_meta(c, meta)
-    for name, check in (("rounds", check_rounds), ("oracle", check_oracle), ("tokens", check_tokens)):
+    tables: dict[str, pd.DataFrame | None] = {}
+    for name, check in (("rounds", check_rounds), ("oracle", check_oracle), ("tokens", check_tokens),
+                        ("steps", check_steps)):
         try:
-            df = read_table(root, name)
+            df = tables[name] = read_table(root, name)
         except TraceFormatError as exc:
             c.problems.extend(exc.problems)
             continue
@@ -419,7 +560,22 @@ def find_problems(path: str | Path) -> list[Problem]:
                 c.file("rounds.parquet", "is missing (a trace needs rounds.parquet or oracle.parquet)")
             continue
         check(c, df, meta)
+    _check_batch_tables(c, root, tables.get("rounds"), tables.get("steps"))
     return c.problems
+
+
+def _check_batch_tables(c: _Collector, root: Path, rounds: pd.DataFrame | None, steps: pd.DataFrame | None) -> None:
+    """A batch trace has both its batch columns in rounds and a steps table, and they agree."""
+    if rounds is None:
+        return
+    if steps is None:
+        if "batch_id" in rounds.columns and not (root / "steps.parquet").exists():
+            c.file(STEPS_FILE, "is missing (rounds.parquet has batch_id: a batch trace needs its steps table)")
+        return
+    for col in ("b", "batch_id", "step"):
+        if col not in rounds.columns:
+            c.file("rounds.parquet", "column is missing (the trace has steps.parquet: a batch trace)", col)
+    check_steps_against_rounds(c, steps, rounds)
 
 
 def validate_trace(path: str | Path) -> None:

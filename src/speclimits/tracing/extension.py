@@ -261,7 +261,9 @@ class TracingWorkerExtension:
         """Step records since the last drain (and forget them). See :data:`REQUEST_KEYS`.
 
         Each record: ``step``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket`` (padded token
-        count), ``num_tokens`` (unpadded), ``kv_usage`` and ``reqs``, a list (in forward row
+        count), ``num_tokens`` (unpadded), ``kv_usage``, ``u_layers_step`` (unique experts per
+        MoE layer over all ``num_tokens`` rows of the step, every request together: the batch
+        trace's ``steps`` table; empty without routing) and ``reqs``, a list (in forward row
         order) of dicts with: ``req_id`` (internal id: the external id plus ``-`` and 8
         characters), ``n_sched`` (rows of the forward), ``n_spec`` (drafts verified),
         ``context_len`` (tokens already in the KV cache), ``n_prompt``, ``n_out_before``
@@ -430,6 +432,9 @@ class TracingWorkerExtension:
             "graph_bucket": step.graph_bucket,
             "num_tokens": step.num_tokens,
             "kv_usage": step.kv_usage,
+            # the batch-level count: every row of the forward, all requests together
+            "u_layers_step": (unique_per_layer(routing, n_experts) if routing is not None and len(routing)
+                              else np.zeros(0, dtype=np.int64)),
             "reqs": step.reqs,
         })
 

@@ -170,10 +170,11 @@ def run_oracle(llm: Any, refs: Sequence[Reference], k_max: int, n_experts: int, 
 
 def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
                           held_out: dict[str, list[int]] | None = None) -> list[Reference]:
-    """References: per prompt, the sweep generation with K = ``k_ref`` (its output), or the
-    prompt's held-out reference continuation when given in ``held_out``."""
+    """References: per prompt, the sweep generation with K = ``k_ref`` (its output; in a batch
+    sweep the one at the smallest batch size, i.e. the smallest generation id), or the prompt's
+    held-out reference continuation when given in ``held_out``."""
     gens = read_generations(root)
-    by_prompt = {g["prompt_id"]: g for g in gens.values() if int(g["K"]) == k_ref}
+    by_prompt = {g["prompt_id"]: g for _, g in sorted(gens.items(), reverse=True) if int(g["K"]) == k_ref}
     refs = []
     for p in prompts:
         g = by_prompt.get(p.id)

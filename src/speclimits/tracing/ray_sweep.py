@@ -1,6 +1,7 @@
 """Distributed K sweeps on Ray: ``speclimits trace ... --workers N`` (or ``--ray-address ADDR``).
 
-The sweep's work is cut into **jobs**, ``(K, prompt shard)`` pairs (:func:`plan_jobs`). Each Ray
+The sweep's work is cut into **jobs**, ``(K, prompt shard)`` pairs (:func:`plan_jobs`; in a batch
+sweep, ``--batch``, whole batches of one ``(b, K)``: a batch is never split between jobs). Each Ray
 worker is an actor that owns one traced engine (:class:`~speclimits.tracing.sweep.EngineHolder`;
 ``num_gpus=1`` on a GPU cluster), keeps it across the shards of one K and rebuilds it only when
 its next job has another K. The driver hands out jobs itself (:class:`JobQueue`): a worker gets
@@ -48,13 +49,14 @@ from speclimits.trace.io import list_parts, read_meta, read_shard_logs, write_me
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt
 from speclimits.tracing.sweep import (
+    Batch,
     EngineHolder,
     SweepConfig,
     SweepPlan,
-    run_generations,
     finalize_meta,
     initial_meta,
     plan_sweep,
+    run_batches,
     sweep_config_dict,
 )
 
@@ -80,32 +82,69 @@ def require_ray() -> Any:
 class Job:
     """One unit of distributed work: the generations of ``prompts`` (indices) at one K.
 
-    ``gids`` are the generations' fixed ids (``k_index * n_prompts + prompt_index``); ``name``
-    is the shard's part name, ``part-k{K:03d}-g{first gid:06d}-{hash}``, the hash covering K, the
-    generation ids, the prompt ids and the sweep settings, so the same job always writes the
-    same files and a different one never does."""
+    ``gids`` are the generations' fixed ids (:meth:`~speclimits.tracing.sweep.SweepPlan.gid`);
+    ``name`` is the shard's part name, ``part-k{K:03d}-g{first gid:06d}-{hash}``
+    (``part-b{b:03d}-k{K:03d}-g…`` in a batch sweep), the hash covering K (and b), the generation
+    ids, the prompt ids and the sweep settings, so the same job always writes the same files and
+    a different one never does. In a batch sweep ``sizes`` holds the sizes of the job's batches
+    (whole batches of batch size ``b``, in order); empty in a batch-1 sweep, whose generations
+    run one at a time."""
 
     k_index: int
     K: int
     prompts: tuple[int, ...]
     gids: tuple[int, ...]
     name: str
+    b: int = 1
+    b_index: int = 0
+    sizes: tuple[int, ...] = ()
+
+    def batches(self) -> list[Batch]:
+        """The job's batches (batches of one without ``sizes``)."""
+        sizes = self.sizes or (1,) * len(self.prompts)
+        out, start = [], 0
+        for n in sizes:
+            out.append(Batch(self.b_index, self.b, self.k_index, self.K, self.prompts[start: start + n],
+                             self.gids[start: start + n]))
+            start += n
+        return out
 
 
-def job_name(K: int, gids: tuple[int, ...], prompt_ids: list[str], settings: dict[str, Any]) -> str:
-    spec = json.dumps({"K": K, "gids": list(gids), "prompts": prompt_ids, "settings": settings}, sort_keys=True,
-                      default=str)
-    digest = hashlib.sha256(spec.encode()).hexdigest()[:12]
-    return f"part-k{K:03d}-g{gids[0]:06d}-{digest}"
+def job_name(K: int, gids: tuple[int, ...], prompt_ids: list[str], settings: dict[str, Any],
+             b: int | None = None) -> str:
+    """A job's part name (see :class:`Job`); ``b`` None: a batch-1 sweep's job."""
+    spec: dict[str, Any] = {"K": K, "gids": list(gids), "prompts": prompt_ids, "settings": settings}
+    if b is not None:
+        spec["b"] = b
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    prefix = "part-" if b is None else f"part-b{b:03d}-"
+    return f"{prefix}k{K:03d}-g{gids[0]:06d}-{digest}"
 
 
 def plan_jobs(plan: SweepPlan, shard_size: int) -> list[Job]:
-    """The jobs of ``plan.todo``: per K, its prompts left in shards of ``shard_size``, in sweep order."""
+    """The jobs of ``plan.todo``: per K, its prompts left in shards of ``shard_size``, in sweep order.
+
+    In a batch sweep, per K and batch size b, its batches left in jobs of ``shard_size // b``
+    whole batches (at least one), so that a batch runs in one engine, in one job."""
     if shard_size < 1:
         raise SpeclimitsError(f"--shard-size must be >= 1, got {shard_size}")
     jobs = []
+    if plan.batched:
+        batches = plan.batches()
+        for ki, K in enumerate(plan.k_values):
+            for bi, b in enumerate(plan.batch_sizes):
+                mine = [bt for bt in batches if bt.k_index == ki and bt.b_index == bi]
+                per_job = max(1, shard_size // b)
+                for start in range(0, len(mine), per_job):
+                    group = mine[start: start + per_job]
+                    prompts = tuple(pi for bt in group for pi in bt.prompts)
+                    gids = tuple(g for bt in group for g in bt.gids)
+                    name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings, b=b)
+                    jobs.append(Job(ki, K, prompts, gids, name, b=b, b_index=bi,
+                                    sizes=tuple(len(bt.gids) for bt in group)))
+        return jobs
     for ki, K in enumerate(plan.k_values):
-        mine = [pi for (kj, _, pi) in plan.todo if kj == ki]
+        mine = [t[2] for t in plan.todo if t[0] == ki]
         for start in range(0, len(mine), shard_size):
             prompts = tuple(mine[start: start + shard_size])
             gids = tuple(plan.gid(ki, pi) for pi in prompts)
@@ -167,7 +206,8 @@ class SweepWorker:
         tempfile.tempdir = None
         eng.apply_env_defaults()
         self.cfg = SweepConfig(**cfg)
-        self.plan = SweepPlan(self.cfg, prompts, Path(self.cfg.out), {}, k_values, None, [])
+        self.plan = SweepPlan(self.cfg, prompts, Path(self.cfg.out), {}, k_values, None, [],
+                              sorted(set(int(b) for b in self.cfg.batch_sizes)))
         self.holder = EngineHolder(self.cfg, prompts, k_values)
         self.where = {"host": socket.gethostname(), "pid": os.getpid()}
         self.jobs_run = 0
@@ -187,8 +227,8 @@ class SweepWorker:
         done = (self.plan.root / "rounds.parquet" / f"{job.name}.parquet").exists()
         if not done:
             llm = self.holder.ensure(job.K, job.prompts[0])
-            run_generations(self.plan, self.holder, llm, job.K, list(zip(job.gids, job.prompts)), top_k=top_k,
-                             shard=job.name, worker=dict(self.where))
+            run_batches(self.plan, self.holder, llm, job.K, job.batches(), top_k=top_k, shard=job.name,
+                        worker=dict(self.where))
             self.jobs_run += 1
         return {"name": job.name, "skipped": done, "seconds": time.perf_counter() - t0,
                 "engine_builds": self.holder.builds - builds, "where": dict(self.where)}
@@ -333,6 +373,8 @@ class _Driver:
         self.record[job.name] = {"K": job.K, "generation_ids": list(job.gids), "where": result["where"],
                                  "attempts": self.attempts[job.name], "seconds": round(result["seconds"], 3),
                                  "skipped": result["skipped"], "engine_builds": result["engine_builds"]}
+        if self.plan.batched:
+            self.bar.set_postfix_str(f"b={job.b} K={job.K} done: {job.name}")
         self.bar.update(len(job.gids))
         self._event("done", worker=slot.index, job=job.name, pid=result["where"].get("pid"))
         self._dispatch(slot)
@@ -438,6 +480,8 @@ def _distributed_meta(root: Path, old: dict[str, Any] | None, driver: _Driver | 
     for name, log in read_shard_logs(root).items():
         part = log["part"]
         shards[name] = {"K": part["K"], "generation_ids": part["generation_ids"], "where": part.get("worker")}
+        if "b" in part:
+            shards[name]["b"] = part["b"]
         if driver is not None and name in driver.record:
             shards[name].update({k: driver.record[name][k] for k in ("attempts", "seconds", "skipped")})
     runs = list((old or {}).get("runs", []))

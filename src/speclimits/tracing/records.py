@@ -13,6 +13,11 @@ Arrow types they are written with: :mod:`speclimits.trace.schema`):
   after vLLM's stop checks (the last round can emit fewer than it sampled).
 * ``u_bar`` / ``e_max``: mean / max over MoE layers of the unique experts routed over the
   request's rows of the pass, junk rows of rejected drafts included.
+* **Steps** (batch traces, :func:`step_columns`): one row per engine step, all its requests
+  together: ``n_tokens`` rows = the sum of the requests' ``m``; ``u_bar`` / ``e_max`` over
+  *all* rows of the step (the extension counts them from its routing snapshot,
+  ``u_layers_step``); ``context_total`` the sum of the requests' ``context_len``; the
+  step's times, which each request's round rows repeat.
 * Token rows use the **producing-row** convention: ``experts`` of token ``pos`` is the
   routing of the forward row that produced it (whose input is the previous token; the last
   prompt token for ``pos`` 0). The round that emitted ``e`` tokens produced them from its
@@ -40,6 +45,64 @@ def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[t
             if external_request_id(r["req_id"]) == external_id:
                 out.append((rec, r))
     return out
+
+
+def steps_by_request(records: Sequence[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """:func:`request_steps` of every request in ``records`` at once, by external request id
+    (one pass over the records: a batch's requests share them)."""
+    out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for rec in records:
+        for r in rec["reqs"]:
+            out.setdefault(external_request_id(r["req_id"]), []).append((rec, r))
+    return out
+
+
+#: Step columns built by :func:`step_columns`, in order (the ``steps`` table of a batch trace).
+STEP_COLUMNS = ("batch_id", "b", "K", "step", "n_reqs", "n_decode", "n_tokens", "m_max", "u_bar", "e_max",
+                "context_total", "t_target_ms", "t_draft_ms", "graph_bucket", "kv_usage", "phase", "n_drafted_next")
+
+
+def step_columns(records: Sequence[dict[str, Any]], *, batch_id: int, b: int, K: int,
+                 top_k: int) -> dict[str, np.ndarray]:
+    """The :data:`STEP_COLUMNS` of one batch: one row per step record (the records drained
+    after the batch's ``generate``), each an (n_steps,) array.
+
+    ``u_bar`` / ``e_max`` come from the record's ``u_layers_step`` (unique experts per layer
+    over every row of the step); a step without routing keeps ``top_k``. ``phase`` is
+    ``prefill`` when no request had an output token before the step, ``decode`` when all had,
+    else ``mixed``. ``t_draft_ms`` and ``n_drafted_next`` are 0 at K = 0, as in the rounds."""
+    n = len(records)
+    reqs = [rec["reqs"] for rec in records]
+    n_reqs = _ints((len(rs) for rs in reqs), n)
+    n_decode = _ints((sum(1 for r in rs if r["n_out_before"] >= 1) for rs in reqs), n)
+    u_bar = np.full(n, float(top_k))
+    e_max = np.full(n, float(top_k))
+    for i, rec in enumerate(records):
+        u = rec.get("u_layers_step")
+        if u is not None and len(u):
+            u_bar[i] = float(np.mean(u))
+            e_max[i] = float(np.max(u))
+    phase = np.where(n_decode == 0, "prefill", np.where(n_decode == n_reqs, "decode", "mixed")).astype(object)
+    return {
+        "batch_id": np.full(n, batch_id, dtype=np.int64),
+        "b": np.full(n, b, dtype=np.int64),
+        "K": np.full(n, K, dtype=np.int64),
+        "step": _ints((rec["step"] for rec in records), n),
+        "n_reqs": n_reqs,
+        "n_decode": n_decode,
+        "n_tokens": _ints((sum(int(r["n_sched"]) for r in rs) for rs in reqs), n),
+        "m_max": _ints((max((int(r["n_sched"]) for r in rs), default=0) for rs in reqs), n),
+        "u_bar": u_bar,
+        "e_max": e_max,
+        "context_total": _ints((sum(int(r["context_len"]) for r in rs) for rs in reqs), n),
+        "t_target_ms": _floats((rec["t_target_ms"] for rec in records), n),
+        "t_draft_ms": _floats((rec["t_draft_ms"] for rec in records), n) if K > 0 else np.zeros(n),
+        "graph_bucket": _ints((rec["graph_bucket"] for rec in records), n),
+        "kv_usage": _floats((rec["kv_usage"] for rec in records), n),
+        "phase": phase,
+        "n_drafted_next": (_ints((sum(int(r.get("n_drafted", 0)) for r in rs) for rs in reqs), n) if K > 0
+                           else np.zeros(n, dtype=np.int64)),
+    }
 
 
 #: Round columns built here, in order (``category`` is added by the caller when known).

@@ -4,13 +4,14 @@ The files are owned by :mod:`speclimits.trace.io` (part files, logs, meta); this
 the engines and decides what to write when. :mod:`speclimits.tracing.ray_sweep` runs the same
 jobs on a Ray cluster.
 
-One engine configuration per K (K = 0: plain decoding, no speculative config), batch size
-1, greedy. Finished generations are buffered (as numpy columns) and written together, every
-``flush_every`` generations or ``flush_seconds`` seconds and at the end of each K, as one
-*part* named after its first generation id ``gid`` (each file atomic: dot-temp file, then
-``os.replace``), in this order:
+One engine configuration per K (K = 0: plain decoding, no speculative config), greedy,
+batch size 1 by default. Finished generations are buffered (as numpy columns) and written
+together, every ``flush_every`` generations or ``flush_seconds`` seconds and at the end of each
+K (and batch size), as one *part* named after its first generation id ``gid`` (each file
+atomic: dot-temp file, then ``os.replace``), in this order:
 
 ``tokens.parquet/part-g{gid:06d}.parquet``   token rows (see below), when tokens are kept
+``steps.parquet/part-g{gid:06d}.parquet``    step rows (batch sweeps only, see below)
 ``generations.jsonl``                        one line per generation: output ids, checks, wall time
 ``parts.jsonl``                              one line per part: its generation ids and vLLM's
                                              spec-decode counter deltas over them
@@ -26,18 +27,45 @@ none lost; the unflushed ones of the killed run are simply run again, and token 
 without their rounds part are deleted first). Generation ids are fixed by position:
 ``gid = k_index * n_prompts + prompt_index``.
 
+Batch sweeps (``batch_sizes``, ``speclimits trace --batch 1,2,4,8``): for each batch size b the
+prompts are grouped in file order, batch j = prompts ``j*b .. (j+1)*b - 1`` (the last one may
+be smaller), and all prompts of a batch are submitted together in one ``generate()`` to the
+K's engine, built once per K with ``max_num_seqs`` = the largest b and reused for every b
+(warmed up as before, on one prompt). Generation ids become
+``gid = (b_index * n_K + k_index) * n_prompts + prompt_index`` (b_index 0 with one b: the
+formula above) and a batch's ``batch_id`` is the gid of its first generation. Parts are written
+only at batch boundaries (a part holds whole batches of one (b, K)), so a batch is either fully
+on disk or run again by a resume. With ``batch_sizes = [1]`` (the default) the trace is exactly
+the batch-1 trace described here: no ``b`` / ``batch_id`` columns, no ``steps`` table, no
+``batch_sizes`` in meta.json.
+
 Cross-check against vLLM: its cumulative counters (``get_metrics()``, ~5 ms a read) are read
 once per engine after the warm-up and at every flush, so each part's drafted / accepted totals
 are checked exactly against the counter deltas over the same generations (hence per K too).
 ``check_counters="generation"`` reads them after every generation instead and also records the
-per-generation deltas (``vllm`` in ``generations.jsonl``).
+per-generation deltas (``vllm`` in ``generations.jsonl``). The counters are engine-wide, so in a
+batch sweep they are read at batch boundaries only: a part's totals equal the deltas over its
+batches, and ``check_counters="generation"`` records each batch's delta on every generation of
+the batch (``vllm_batch``; checked per batch, ``checks.counters_mismatch_batches``).
 
 Tables (beyond the contract columns of :mod:`speclimits.trace.schema`):
 
 ``rounds``  ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
             ``step`` (engine step number), ``n_drafted_next`` (drafts proposed in this step),
-            ``category`` (when the prompt file has one). See :mod:`speclimits.tracing.records`
-            for what a round, ``m``, ``t_draft_ms`` and Ū mean here.
+            ``category`` (when the prompt file has one); in batch sweeps also ``b`` (batch size
+            of the run) and ``batch_id``. Each request's rows are what batch 1 records; in a batch
+            its ``t_target_ms`` / ``t_draft_ms`` are the shared step's times. See
+            :mod:`speclimits.tracing.records` for what a round, ``m``, ``t_draft_ms`` and Ū mean here.
+``steps``   (batch sweeps only) one row per engine step of a traced batch, all its requests
+            together: ``batch_id``, ``b``, ``K``, ``step`` (as in rounds; (batch_id, step) is
+            unique), ``n_reqs``, ``n_decode`` (requests with an output token before the step),
+            ``n_tokens`` (rows of the forward = the sum of the rounds' m), ``m_max``, ``u_bar`` /
+            ``e_max`` (unique experts per layer over ALL rows of the step, counted in the worker
+            extension), ``context_total``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket``,
+            ``kv_usage``, ``phase`` (prefill / decode / mixed) and ``n_drafted_next``
+            (:func:`speclimits.tracing.records.step_columns`). ``step`` is the engine's own step
+            counter (it restarts with each engine, e.g. after a resume): only its order and
+            differences within a batch mean anything.
 ``tokens``  ``seq_id`` (= prompt id), ``pos`` (0 = first generated token), ``token_id``,
             ``text`` (``""`` without a tokenizer), ``new_experts`` (experts per layer not
             used by the previous token's producing row), ``experts`` (list of
@@ -45,11 +73,14 @@ Tables (beyond the contract columns of :mod:`speclimits.trace.schema`):
             is layer l; producing-row convention), ``generation_id``, ``K``, ``round``,
             ``row`` (row of that round's pass), ``context_len`` (= prompt_len + pos).
             By default only the reference generation of each prompt (the smallest K of the
-            sweep) is kept; ``tokens="all"`` keeps every K, ``"none"`` none.
+            sweep, at the smallest batch size) is kept; ``tokens="all"`` keeps every K (and b),
+            ``"none"`` none. Batch sweeps add ``b`` and ``batch_id`` here too.
 
 ``meta.json`` records the engine version, method, models (target with ``n_layers``,
-``n_experts``, ``top_k``), hardware, dtype, seed, the sweep settings and, when complete, the
-cross-checks against vLLM's own spec-decode counters.
+``n_experts``, ``top_k``), hardware, dtype, seed, ``batch_size`` (the largest batch size, 1
+for a batch-1 trace), ``batch_sizes`` (batch sweeps only), the sweep settings and, when
+complete, the cross-checks against vLLM's own spec-decode counters (by K, and for batch sweeps
+also ``by_b_K``).
 """
 
 from __future__ import annotations
@@ -62,6 +93,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
@@ -85,11 +117,11 @@ from speclimits.trace.io import (
 )
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
-from speclimits.tracing.records import generation_columns, request_steps
+from speclimits.tracing.records import generation_columns, step_columns, steps_by_request
 
 #: Settings that must match for ``resume`` to continue a trace.
 RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
-               "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra")
+               "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra", "batch_sizes")
 
 
 @dataclass
@@ -121,20 +153,40 @@ class SweepConfig:
     #: ... or once the oldest buffered generation is this many seconds old (and at the end of each K)
     flush_seconds: float = 5.0
     #: "part": read vLLM's counters once per part (exact per part); "generation": after every generation
+    #: (after every batch in a batch sweep)
     check_counters: str = "part"
+    #: batch sizes of the sweep (``--batch``); [1]: the batch-1 trace
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+
+    @property
+    def batched(self) -> bool:
+        """True for a batch sweep (any batch size other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table."""
+        return sorted(set(int(b) for b in self.batch_sizes)) != [1]
 
     def settings(self, prompts_sha: str) -> dict[str, Any]:
-        return {
+        out = {
             "target": str(self.target), "draft": None if self.draft is None else str(self.draft),
             "method": self.method, "k_values": list(self.k_values), "prompts": str(self.prompts),
             "prompts_sha256": prompts_sha, "max_tokens": self.max_tokens, "seed": self.seed, "dtype": self.dtype,
             "load_format": self.load_format, "tokens": self.tokens, "ignore_eos": self.ignore_eos,
             "chat_template": self.chat_template, "limit": self.limit, "spec_extra": dict(self.spec_extra),
         }
+        if self.batched:  # a batch-1 sweep records exactly the settings it always did
+            out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
+        return out
 
 
 def parse_k(spec: str) -> list[int]:
     """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> sorted unique list of K >= 0."""
+    return _parse_int_list(spec, "--k", "'1-10' or '0,1,2,4'", "K", 0)
+
+
+def parse_batch(spec: str) -> list[int]:
+    """``"1,2,4,8"`` or ``"1-4"`` -> sorted unique list of batch sizes >= 1 (``--batch``)."""
+    return _parse_int_list(spec, "--batch", "'1,2,4,8' or '1-4'", "batch size", 1)
+
+
+def _parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) -> list[int]:
     out: set[int] = set()
     try:
         for part in str(spec).split(","):
@@ -149,9 +201,9 @@ def parse_k(spec: str) -> list[int]:
             else:
                 out.add(int(part))
     except ValueError:
-        raise SpeclimitsError(f"--k expects e.g. '1-10' or '0,1,2,4', got {spec!r}") from None
-    if not out or min(out) < 0:
-        raise SpeclimitsError(f"--k needs at least one K >= 0, got {spec!r}")
+        raise SpeclimitsError(f"{flag} expects e.g. {example}, got {spec!r}") from None
+    if not out or min(out) < minimum:
+        raise SpeclimitsError(f"{flag} needs at least one {noun} >= {minimum}, got {spec!r}")
     return sorted(out)
 
 
@@ -184,14 +236,34 @@ def _check_resume(root: Path, settings: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Generations submitted together in one ``generate()``: prompts ``prompts`` (indices, in
+    file order) at batch size ``b`` (the ``b_index``-th of the sweep) and K (the ``k_index``-th).
+
+    A batch-1 sweep's batches are its single generations. ``batch_id`` is the gid of the first."""
+
+    b_index: int
+    b: int
+    k_index: int
+    K: int
+    prompts: tuple[int, ...]
+    gids: tuple[int, ...]
+
+    @property
+    def batch_id(self) -> int:
+        return self.gids[0]
+
+
 @dataclass
 class SweepPlan:
     """What a sweep (serial or distributed) still has to do.
 
-    ``todo`` lists ``(k_index, K, prompt_index)`` of the generations without rounds on disk, K
-    by K; generation ids are fixed by position, ``gid = k_index * n_prompts + prompt_index``.
+    ``todo`` lists the generations without rounds on disk, K by K: ``(k_index, K, prompt_index)``
+    in a batch-1 sweep, ``(k_index, K, prompt_index, b_index)`` in a batch sweep; generation ids
+    are fixed by position (:meth:`gid`). :meth:`batches` groups them into the batches to run.
     ``meta`` is the trace's meta.json when resuming, else None (written once the first engine
-    reports the model's shape)."""
+    reports the model's shape). ``batch_sizes``: sorted, [1] for a batch-1 sweep."""
 
     cfg: SweepConfig
     prompts: list[Prompt]
@@ -199,24 +271,53 @@ class SweepPlan:
     settings: dict[str, Any]
     k_values: list[int]
     meta: dict[str, Any] | None
-    todo: list[tuple[int, int, int]]
+    todo: list[tuple[int, ...]]
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+
+    @property
+    def batched(self) -> bool:
+        return self.batch_sizes != [1]
 
     @property
     def n_total(self) -> int:
-        return len(self.k_values) * len(self.prompts)
+        return len(self.batch_sizes) * len(self.k_values) * len(self.prompts)
 
-    def gid(self, k_index: int, prompt_index: int) -> int:
-        return k_index * len(self.prompts) + prompt_index
+    def gid(self, k_index: int, prompt_index: int, b_index: int = 0) -> int:
+        """``(b_index * n_K + k_index) * n_prompts + prompt_index`` (batch-1: ``k_index * n_prompts + prompt_index``)."""
+        return (b_index * len(self.k_values) + k_index) * len(self.prompts) + prompt_index
 
-    def keep_tokens(self, K: int) -> bool:
-        return self.cfg.tokens == "all" or (self.cfg.tokens == "ref" and K == self.k_values[0])
+    def keep_tokens(self, K: int, b_index: int = 0) -> bool:
+        return self.cfg.tokens == "all" or (self.cfg.tokens == "ref" and K == self.k_values[0] and b_index == 0)
+
+    def batches(self) -> list[Batch]:
+        """The batches of ``todo`` in run order: K by K, then batch size by batch size, then in
+        file order (batch j of size b = prompts ``j*b .. (j+1)*b - 1``). A batch with some but not
+        all of its generations on disk cannot come from the sweep (parts hold whole batches): it
+        is refused rather than run again in part."""
+        left = {(t[3] if len(t) > 3 else 0, t[0], t[2]) for t in self.todo}
+        n_p = len(self.prompts)
+        out = []
+        for ki, K in enumerate(self.k_values):
+            for bi, b in enumerate(self.batch_sizes):
+                for start in range(0, n_p, b):
+                    members = tuple(range(start, min(start + b, n_p)))
+                    here = [pi for pi in members if (bi, ki, pi) in left]
+                    if not here:
+                        continue
+                    if len(here) != len(members):
+                        raise SpeclimitsError(
+                            f"batch {self.gid(ki, start, bi)} (b={b}, K={K}) has {len(members) - len(here)} of its "
+                            f"{len(members)} generations on disk; a sweep writes whole batches: remove its parts "
+                            f"from {self.root} or trace into a new --out")
+                    out.append(Batch(bi, b, ki, K, members, tuple(self.gid(ki, pi, bi) for pi in members)))
+        return out
 
     @property
     def with_category(self) -> bool:
         return any(p.category is not None for p in self.prompts)
 
 
-def _check_config(cfg: SweepConfig, k_values: list[int]) -> None:
+def _check_config(cfg: SweepConfig, k_values: list[int], batch_sizes: list[int]) -> None:
     if cfg.tokens not in ("ref", "all", "none"):
         raise SpeclimitsError(f"tokens must be 'ref', 'all' or 'none', got {cfg.tokens!r}")
     if cfg.max_tokens < 1:
@@ -225,6 +326,8 @@ def _check_config(cfg: SweepConfig, k_values: list[int]) -> None:
         raise SpeclimitsError(f"--method {cfg.method} needs --draft DIR")
     if cfg.check_counters not in ("part", "generation"):
         raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise SpeclimitsError(f"--batch needs batch sizes >= 1, got {cfg.batch_sizes!r}")
     if cfg.flush_every < 1 or cfg.flush_seconds < 0:
         raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
                               f"{cfg.flush_seconds}")
@@ -235,7 +338,8 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
 
     Deletes what a killed writer left without its rounds part (:func:`~speclimits.trace.io.remove_orphan_parts`)."""
     k_values = sorted(set(int(k) for k in cfg.k_values))
-    _check_config(cfg, k_values)
+    batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
+    _check_config(cfg, k_values, batch_sizes)
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     root = Path(cfg.out)
     settings = cfg.settings(file_sha256(cfg.prompts))
@@ -249,16 +353,22 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
     if root.is_dir():
         remove_orphan_parts(root)
     done = done_generations(root)
+    plan = SweepPlan(cfg, prompts, root, settings, k_values, meta, [], batch_sizes)
     n_p = len(prompts)
-    todo = [(ki, K, pi) for ki, K in enumerate(k_values) for pi in range(n_p) if ki * n_p + pi not in done]
-    return SweepPlan(cfg, prompts, root, settings, k_values, meta, todo)
+    if plan.batched:
+        plan.todo = [(ki, K, pi, bi) for bi in range(len(batch_sizes)) for ki, K in enumerate(k_values)
+                     for pi in range(n_p) if plan.gid(ki, pi, bi) not in done]
+    else:
+        plan.todo = [(ki, K, pi) for ki, K in enumerate(k_values) for pi in range(n_p) if plan.gid(ki, pi) not in done]
+    return plan
 
 
 class EngineHolder:
     """One traced engine at a time, for one K: built on first use, kept while K stays the same,
     rebuilt when it changes (vLLM fixes ``num_speculative_tokens`` per engine).
 
-    ``ensure(K)`` returns the engine (warmed up on the first prompt it is asked for);
+    ``ensure(K)`` returns the engine (warmed up on the first prompt it is asked for), with
+    ``max_num_seqs`` = the largest of ``cfg.batch_sizes`` (1 for a batch-1 sweep);
     ``prompt_ids(i)`` tokenizes prompt ``i`` (with the engine's tokenizer when the model has one).
     """
 
@@ -276,7 +386,8 @@ class EngineHolder:
         if self.llm is not None and self.K == K:
             return self.llm
         self.close()
-        self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values)
+        self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values,
+                                          batch=max(int(b) for b in self.cfg.batch_sizes))
         self.llm, self.info = eng.make_llm(self.kwargs)
         self.K = K
         self.builds += 1
@@ -309,18 +420,22 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
     """Run (or finish, with ``cfg.resume``) the sweep in this process; returns the final meta dict."""
     plan = plan_sweep(cfg)
     vllm = eng.require_vllm()
+    batches = plan.batches()
     bar = tqdm(total=plan.n_total, initial=plan.n_total - len(plan.todo), desc="trace", unit="gen",
                disable=not cfg.progress)
     holder = EngineHolder(cfg, plan.prompts, plan.k_values)
     try:
         for ki, K in enumerate(plan.k_values):
-            mine = [pi for (kj, _, pi) in plan.todo if kj == ki]
-            if mine:
-                bar.set_postfix_str(f"K={K}: building engine")
-                llm = holder.ensure(K, warmup_prompt=mine[0])
-                meta = ensure_meta(plan, holder, getattr(vllm, "__version__", "?"))
-                run_generations(plan, holder, llm, K, [(plan.gid(ki, pi), pi) for pi in mine],
-                                 top_k=int(meta["models"]["target"]["top_k"]), bar=bar)
+            mine = [bt for bt in batches if bt.k_index == ki]
+            if not mine:
+                continue
+            bar.set_postfix_str(f"K={K}: building engine")
+            llm = holder.ensure(K, warmup_prompt=mine[0].prompts[0])  # one engine per K, for every b
+            meta = ensure_meta(plan, holder, getattr(vllm, "__version__", "?"))
+            for bi in range(len(plan.batch_sizes)):
+                group = [bt for bt in mine if bt.b_index == bi]
+                if group:  # one writer per (b, K): a part holds whole batches of one batch size
+                    run_batches(plan, holder, llm, K, group, top_k=int(meta["models"]["target"]["top_k"]), bar=bar)
     finally:
         holder.close()
         bar.close()
@@ -331,18 +446,32 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
 def run_generations(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, jobs: list[tuple[int, int]], *,
                      top_k: int, bar: Any = None, shard: str | None = None,
                      worker: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Run ``jobs`` ((gid, prompt index) pairs) on ``llm`` (K) and write them: in buffered parts,
-    or, with ``shard``, as that one shard (see :class:`GenerationWriter`). Returns the part entry
-    of the shard (None in buffered mode)."""
+    """Run ``jobs`` ((gid, prompt index) pairs) of a batch-1 sweep one at a time on ``llm`` (K);
+    :func:`run_batches` with batches of one."""
+    batches = [Batch(0, 1, -1, K, (pi,), (gid,)) for gid, pi in jobs]
+    return run_batches(plan, holder, llm, K, batches, top_k=top_k, bar=bar, shard=shard, worker=worker)
+
+
+def run_batches(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, batches: list[Batch], *,
+                top_k: int, bar: Any = None, shard: str | None = None,
+                worker: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Run ``batches`` (all of one batch size) on ``llm`` (K), each in one ``generate()``, and
+    write them: in buffered parts, or, with ``shard``, as that one shard (see
+    :class:`GenerationWriter`). Returns the part entry of the shard (None in buffered mode)."""
+    if len({bt.b for bt in batches}) > 1:
+        raise SpeclimitsError("internal: run_batches got batches of several batch sizes")
+    b = batches[0].b if (batches and plan.batched) else None
     writer = GenerationWriter(llm, plan.root, plan.cfg, K, top_k=top_k, tokenizer=holder.tokenizer,
-                              with_category=plan.with_category, shard=shard, worker=worker)
+                              with_category=plan.with_category, shard=shard, worker=worker, b=b)
     try:
-        for gid, pi in jobs:
+        for bt in batches:
             if bar is not None:
-                bar.set_postfix_str(f"K={K} prompt {plan.prompts[pi].id}, {writer.pending} unwritten")
-            writer.run(plan.prompts[pi], holder.prompt_ids(pi), gid, keep_tokens=plan.keep_tokens(K))
+                bar.set_postfix_str(f"b={bt.b} K={K} batch {bt.batch_id}, {writer.pending} unwritten" if b is not None
+                                    else f"K={K} prompt {plan.prompts[bt.prompts[0]].id}, {writer.pending} unwritten")
+            writer.run_batch([plan.prompts[pi] for pi in bt.prompts], [holder.prompt_ids(pi) for pi in bt.prompts],
+                             list(bt.gids), keep_tokens=plan.keep_tokens(K, bt.b_index))
             if bar is not None:
-                bar.update(1)
+                bar.update(len(bt.gids))
         writer.flush()
     finally:
         writer.close()
@@ -377,6 +506,14 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
     elif cfg.draft is not None:
         draft_cfg = read_model_config(cfg.draft)
         models["draft"] = {"path": str(cfg.draft), "architecture": (draft_cfg.get("architectures") or ["?"])[0]}
+    batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
+    conventions = ("round = engine step (target pass + drafter call of that step); tokens.experts = "
+                   "routing of the producing row; see speclimits.tracing.records")
+    extra: dict[str, Any] = {}
+    if cfg.batched:  # a batch-1 trace's meta.json stays as it always was
+        extra["batch_sizes"] = batch_sizes
+        conventions += ("; steps = one row per engine step of a batch (all its requests), rounds of a batch "
+                        "repeat the step's times")
     return new_meta(
         source="vllm",
         simulated=False,
@@ -391,12 +528,12 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
                 "device": info.get("device"), "runner": "V1",
                 "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")}},
         sweep=settings,
-        batch_size=1,
+        batch_size=max(batch_sizes),
         greedy=True,
         complete=False,
         env={k: os.environ.get(k) for k in eng.CPU_ENV_DEFAULTS},
-        conventions="round = engine step (target pass + drafter call of that step); tokens.experts = "
-                    "routing of the producing row; see speclimits.tracing.records",
+        conventions=conventions,
+        **extra,
     )
 
 
@@ -414,7 +551,9 @@ class GenerationWriter:
     """Runs traced generations on one engine (one K) and writes them in buffered parts.
 
     Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run` does
-    one generation and keeps its columns; :meth:`flush` writes the buffered generations as one
+    one generation and keeps its columns, :meth:`run_batch` one batch (its prompts submitted
+    together; with ``b`` given, a batch sweep's: ``b`` / ``batch_id`` columns and step rows);
+    the buffers are only ever flushed between batches. :meth:`flush` writes the buffered generations as one
     part (see the module docstring for the files and their order) and runs whenever
     ``cfg.flush_every`` generations are buffered or the oldest is ``cfg.flush_seconds`` old.
     :meth:`close` (always call it) flushes when that is exact, i.e. unless a generation was
@@ -429,7 +568,7 @@ class GenerationWriter:
 
     def __init__(self, llm: Any, root: Path, cfg: SweepConfig, K: int, *, top_k: int, tokenizer: Any = None,
                  with_category: bool = False, shard: str | None = None,
-                 worker: dict[str, Any] | None = None) -> None:
+                 worker: dict[str, Any] | None = None, b: int | None = None) -> None:
         from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
 
         self.llm, self.root, self.cfg, self.K, self.top_k = llm, Path(root), cfg, K, top_k
@@ -438,7 +577,9 @@ class GenerationWriter:
         self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos,
                                      detokenize=tokenizer is not None, seed=cfg.seed)
         self.per_generation = cfg.check_counters == "generation"
+        self.b = b  # batch size of a batch sweep's run; None: the batch-1 trace (no batch columns, no steps)
         self._pending: list[dict[str, Any]] = []
+        self._steps: list[dict[str, np.ndarray]] = []  # step columns of the buffered batches
         self._since: float | None = None  # when the oldest buffered generation finished
         self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
         self._interrupted = False
@@ -459,32 +600,61 @@ class GenerationWriter:
 
     def run(self, prompt: Prompt, prompt_ids: list[int], gid: int, *, keep_tokens: bool) -> None:
         """Generate for one prompt, check it against vLLM's output and buffer its rows."""
+        self.run_batch([prompt], [prompt_ids], [gid], keep_tokens=keep_tokens)
+
+    def run_batch(self, prompts: list[Prompt], prompt_ids: list[list[int]], gids: list[int], *,
+                  keep_tokens: bool) -> None:
+        """Generate for the prompts of one batch, submitted together; check each request against
+        vLLM's output and buffer its rows (and, in a batch sweep, the batch's step rows).
+
+        In a batch sweep every generation's ``wall_s`` is the batch's wall time and
+        ``tokens_per_s`` its own output tokens over it."""
         from vllm.inputs import TokensPrompt  # vllm is heavy and optional
 
         llm = self.llm
         llm.collective_rpc("speclimits_drain")  # drop anything left over
-        self._interrupted = True  # until this generation is buffered (see close)
+        self._interrupted = True  # until this batch is buffered (see close)
         t0 = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], self.params, use_tqdm=False)[0]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], self.params,
+                            use_tqdm=False)
         wall = time.perf_counter() - t0
         records = llm.collective_rpc("speclimits_drain")[0]
-        output_ids = list(out.outputs[0].token_ids)
+        by_request = steps_by_request(records)
         tok = self.tokenizer
         decode = (lambda t: tok.decode([t])) if tok is not None else None
-        rounds, tokens, check = generation_columns(
-            request_steps(records, out.request_id), output_ids=output_ids, generation_id=gid, prompt_id=prompt.id,
-            K=self.K, top_k=self.top_k, decode=decode, with_tokens=keep_tokens)
-        entry = {
-            "generation_id": gid, "prompt_id": prompt.id, "K": self.K, "category": prompt.category,
-            "prompt_len": len(prompt_ids), "prompt_token_ids": list(prompt_ids), "output_token_ids": output_ids,
-            "finish_reason": out.outputs[0].finish_reason, "n_rounds": int(len(rounds["round"])), "wall_s": wall,
-            "tokens_per_s": len(output_ids) / wall if wall > 0 else None,
-            "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
-            "tokens_match": check["tokens_match"],
-        }
-        if self.per_generation:
-            entry["vllm"] = self.sync_counters()
-        self._pending.append({"entry": entry, "rounds": rounds, "tokens": tokens, "category": prompt.category})
+        batch_id = gids[0]
+        if self.b is not None and set(by_request) != {out.request_id for out in outs}:
+            raise SpeclimitsError(f"batch {batch_id}: the tracer saw requests {sorted(by_request)} but vLLM returned "
+                                  f"{sorted(out.request_id for out in outs)}")
+        done = []
+        for prompt, ids, gid, out in zip(prompts, prompt_ids, gids, outs):
+            output_ids = list(out.outputs[0].token_ids)
+            rounds, tokens, check = generation_columns(
+                by_request.get(out.request_id, []), output_ids=output_ids, generation_id=gid, prompt_id=prompt.id,
+                K=self.K, top_k=self.top_k, decode=decode, with_tokens=keep_tokens)
+            entry = {
+                "generation_id": gid, "prompt_id": prompt.id, "K": self.K, "category": prompt.category,
+                "prompt_len": len(ids), "prompt_token_ids": list(ids), "output_token_ids": output_ids,
+                "finish_reason": out.outputs[0].finish_reason, "n_rounds": int(len(rounds["round"])), "wall_s": wall,
+                "tokens_per_s": len(output_ids) / wall if wall > 0 else None,
+                "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
+                "tokens_match": check["tokens_match"],
+            }
+            if self.b is not None:
+                entry.update(b=self.b, batch_id=batch_id)
+                for cols in (rounds, tokens):
+                    if cols is not None:
+                        n = len(cols["generation_id"])
+                        cols["b"] = np.full(n, self.b, dtype=np.int64)
+                        cols["batch_id"] = np.full(n, batch_id, dtype=np.int64)
+            done.append({"entry": entry, "rounds": rounds, "tokens": tokens, "category": prompt.category})
+        if self.per_generation:  # vLLM's counters are engine-wide: per batch is what they can tell
+            delta = self.sync_counters()
+            for p in done:
+                p["entry"]["vllm" if self.b is None else "vllm_batch"] = delta
+        self._pending.extend(done)
+        if self.b is not None:
+            self._steps.append(step_columns(records, batch_id=batch_id, b=self.b, K=self.K, top_k=self.top_k))
         self._interrupted = False  # vLLM's counters again cover exactly the buffered generations
         now = time.monotonic()
         if self._since is None:
@@ -510,11 +680,15 @@ class GenerationWriter:
             write_part(self.root, "tokens", name,
                        columns_table([p["tokens"] for p in with_tokens],
                                      [p["category"] for p in with_tokens] if cats is not None else None))
+        if self._steps:
+            write_part(self.root, "steps", name, columns_table(self._steps, None))
         part = {
             "part": name, "K": self.K, "generation_ids": [p["entry"]["generation_id"] for p in pending],
             "trace": {k: sum(p["entry"]["trace"][k] for p in pending) for k in ("drafted", "accepted")},
             "vllm": dict(self._vllm), "check": self.cfg.check_counters,
         }
+        if self.b is not None:
+            part["b"] = self.b
         if self.shard is None:
             append_lines(self.root / GENERATIONS_LOG, [p["entry"] for p in pending])
             append_lines(self.root / PARTS_LOG, [part])
@@ -524,6 +698,7 @@ class GenerationWriter:
         write_part(self.root, "rounds", name, columns_table([p["rounds"] for p in pending], cats))
         self.last_part = part
         self._pending = []
+        self._steps = []
         self._since = None
         self._vllm = {"drafted": 0, "accepted": 0}
         return name
@@ -537,6 +712,7 @@ class GenerationWriter:
         """Flush what is buffered when that is exact; otherwise drop it (a resume runs it again)."""
         if self._interrupted:
             self._pending = []
+            self._steps = []
             return
         self.flush()
 
@@ -544,35 +720,51 @@ class GenerationWriter:
 def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     """Summarise ``generations.jsonl`` and ``parts.jsonl`` into meta.json: completeness and the
     cross-checks by K (trace totals over the done generations; vLLM's counter deltas over the
-    parts on disk, which hold exactly those generations)."""
+    parts on disk, which hold exactly those generations); for a batch sweep (meta.json has
+    ``batch_sizes``) also by batch size and K (``by_b_K``, keyed b then K) and, where the
+    counters were read after every batch, per batch (``counters_mismatch_batches``)."""
     gens = read_generations(root)
     done = done_generations(root)
     on_disk = set(list_parts(root, "rounds"))
     parts = {name: p for name, p in read_parts_log(root).items() if name in on_disk}
-    n_expected = len(meta.get("k_values", [])) * _n_prompts(meta)
+    batched = bool(meta.get("batch_sizes"))
+    n_b = len(meta.get("batch_sizes") or [1])
+    n_expected = n_b * len(meta.get("k_values", [])) * _n_prompts(meta)
     by_k: dict[str, dict[str, int]] = {}
+    by_b_k: dict[str, dict[str, dict[str, int]]] = {}
 
-    def stats(K: Any) -> dict[str, int]:
-        return by_k.setdefault(str(K), {"generations": 0, "drafted": 0, "accepted": 0, "vllm_drafted": 0,
-                                        "vllm_accepted": 0, "emitted": 0, "output_tokens": 0})
+    def new_stats() -> dict[str, int]:
+        return {"generations": 0, "drafted": 0, "accepted": 0, "vllm_drafted": 0, "vllm_accepted": 0, "emitted": 0,
+                "output_tokens": 0}
+
+    def stats(K: Any, b: Any = None) -> list[dict[str, int]]:
+        out = [by_k.setdefault(str(K), new_stats())]
+        if batched:
+            out.append(by_b_k.setdefault(str(b), {}).setdefault(str(K), new_stats()))
+        return out
 
     mismatched, unchecked, per_gen_mismatch = [], [], []
     covered: set[int] = set()
     for part in parts.values():
-        s = stats(part["K"])
-        s["vllm_drafted"] += int(part["vllm"]["drafted"])
-        s["vllm_accepted"] += int(part["vllm"]["accepted"])
+        for s in stats(part["K"], part.get("b")):
+            s["vllm_drafted"] += int(part["vllm"]["drafted"])
+            s["vllm_accepted"] += int(part["vllm"]["accepted"])
         covered.update(int(g) for g in part["generation_ids"])
+    per_batch: dict[int, dict[str, Any]] = {}  # batch sweeps checked after every batch
     for gid in sorted(done):
         g = gens.get(gid)
         if g is None:
             continue
-        s = stats(g["K"])
-        s["generations"] += 1
-        s["drafted"] += g["trace"]["drafted"]
-        s["accepted"] += g["trace"]["accepted"]
-        s["emitted"] += g["trace"]["emitted"]
-        s["output_tokens"] += g["trace"]["output_len"]
+        for s in stats(g["K"], g.get("b")):
+            s["generations"] += 1
+            s["drafted"] += g["trace"]["drafted"]
+            s["accepted"] += g["trace"]["accepted"]
+            s["emitted"] += g["trace"]["emitted"]
+            s["output_tokens"] += g["trace"]["output_len"]
+        if "vllm_batch" in g:
+            pb = per_batch.setdefault(int(g["batch_id"]), {"vllm": g["vllm_batch"], "drafted": 0, "accepted": 0})
+            pb["drafted"] += g["trace"]["drafted"]
+            pb["accepted"] += g["trace"]["accepted"]
         if "vllm" in g and (g["vllm"]["drafted"] != g["trace"]["drafted"]
                             or g["vllm"]["accepted"] != g["trace"]["accepted"]):
             per_gen_mismatch.append(gid)
@@ -585,8 +777,13 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
         if not g.get("tokens_match", False):
             mismatched.append(gid)
     meta = dict(meta)
-    meta["checks"] = {"by_K": by_k, "token_mismatch_generations": mismatched,
-                      "counters_match": not unchecked and all(
+    batch_checks: dict[str, Any] = {}
+    if batched:
+        batch_checks = {"by_b_K": by_b_k, "counters_mismatch_batches": sorted(
+            bid for bid, pb in per_batch.items()
+            if (pb["drafted"], pb["accepted"]) != (pb["vllm"]["drafted"], pb["vllm"]["accepted"]))}
+    meta["checks"] = {"by_K": by_k, **batch_checks, "token_mismatch_generations": mismatched,
+                      "counters_match": not unchecked and not batch_checks.get("counters_mismatch_batches") and all(
                           s["drafted"] == s["vllm_drafted"] and s["accepted"] == s["vllm_accepted"]
                           for s in by_k.values()),
                       "counters_unchecked_generations": unchecked,
