@@ -564,8 +564,8 @@ def _evaluate_pairs_exact(ctx: _Context, grps: list[np.ndarray], tables: np.ndar
         totals = np.zeros(len(joint))
         for idx in _pair_chunks(ctx, pairs, len(joint)):
             sub = pairs[idx]
-            ta = np.broadcast_to(_tails(inp, sub[:, 0], vals), (len(joint),) + (len(sub), int(inp.n_tokens[sub[:, 0]].max()) + 1))
-            tb = np.broadcast_to(_tails(inp, sub[:, 1], vals), (len(joint),) + (len(sub), int(inp.n_tokens[sub[:, 1]].max()) + 1))
+            ta, tb = (_tails(inp, sub[:, i], vals) for i in (0, 1))  # (1, G, P + 1): the same tail for every channel
+            ta, tb = (np.broadcast_to(t, (len(joint),) + t.shape[1:]) for t in (ta, tb))
             v0, _, _ = _pair_sweep(ctx, sub, ta, tb, joint)
             totals += v0.sum(axis=1)
         for p in which:
