@@ -34,6 +34,14 @@ Tables written: ``rounds.parquet`` (the K sweep, prefill rounds included), ``ora
 context and new experts per layer, for the routing and linguistic studies; one row more per
 sequence than the Oracle has states: row ``pos`` is the token the context ends with at state
 ``pos``, as in the vLLM harness, see :func:`_token_rows`).
+
+Batch mode (:func:`simulate_batch`, ``speclimits simulate --batch 1,2,4,8,16``): the same
+references served in closed batches of b prompts that share engine steps; each request's expert
+ids are drawn per layer independently of the others and a step's Ū is their counted union; step
+times come from a planted :class:`~speclimits.costmodel.BatchCostModel` whose batch-1 part is the
+paper's (:func:`paper_cost_model`) and whose per-request terms are the simulator's
+(:data:`BATCH_GAMMA_BASE`, :data:`BATCH_GAMMA_PER_ROW`, :data:`BATCH_A_REQ`, :data:`BATCH_B_REQ`).
+It also writes ``steps.parquet``.
 """
 
 from __future__ import annotations

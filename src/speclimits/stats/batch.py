@@ -493,9 +493,9 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
     (``n_emitted``, the prefill's token included).
 
     **Predicted**: the same sum with each uniform decode step with non-zero timings priced by a
-    model; every other step (prefill, mixed, decode steps with different m per request, and
-    steps with a zero timing, a failed measurement) is counted as measured on both sides: the
-    model does not price it. ``unmodelled_share`` is the share of the measured time in those
+    model; every other step (prefill, mixed, decode steps with different m per request, steps
+    with a zero timing, a failed measurement, and steps at K > 0 whose drafter proposed nothing)
+    is counted as measured on both sides: the model does not price it. ``unmodelled_share`` is the share of the measured time in those
     steps, so the errors below are the modelled steps' error diluted by that share.
 
     * ``pred_cross`` / ``err_cross_pct``: each batch priced by the model fitted
@@ -519,7 +519,8 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
         if col not in rounds.columns:
             raise SpeclimitsError(f"trace {tr.path}: rounds table lacks column {col!r} (a batch trace's rounds have b)")
     uni = uniform_decode_steps(steps, use_rounds)
-    priced = (uni["t_target_ms"] > 0) & ((uni["K"] == 0) | (uni["t_draft_ms"] > 0))
+    # priced by a model: non-zero timings, and at K > 0 a drafter that ran (k > 0, which the fit covers)
+    priced = (uni["t_target_ms"] > 0) & ((uni["K"] == 0) | ((uni["t_draft_ms"] > 0) & (uni["k"] > 0)))
     uni = uni.loc[priced].reset_index(drop=True)
     if model is None:
         model = fit_batch_steps(steps, use_rounds, n_experts=n_experts, top_k=top_k)
