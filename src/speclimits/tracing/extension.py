@@ -424,6 +424,12 @@ class TracingWorkerExtension:
             else:
                 r["routing"] = rows.copy()
                 r["routing_from"] = 0
+        if routing is None or not len(routing):
+            step_u = np.zeros(0, dtype=np.int64)
+        elif len(step.reqs) == 1 and "u_layers" in step.reqs[0]:  # one prefill request: its count is the step's
+            step_u = step.reqs[0]["u_layers"]
+        else:
+            step_u = unique_per_layer(routing, n_experts)
         self._speclimits_step_no += 1
         self._speclimits_records.append({
             "step": self._speclimits_step_no,
@@ -433,8 +439,7 @@ class TracingWorkerExtension:
             "num_tokens": step.num_tokens,
             "kv_usage": step.kv_usage,
             # the batch-level count: every row of the forward, all requests together
-            "u_layers_step": (unique_per_layer(routing, n_experts) if routing is not None and len(routing)
-                              else np.zeros(0, dtype=np.int64)),
+            "u_layers_step": step_u,
             "reqs": step.reqs,
         })
 
