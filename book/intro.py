@@ -59,7 +59,7 @@ if tr.meta.get("description"):
 
 # %% tags=["remove-input"]
 sections = ["sec-tracing", "sec-factors", "sec-final-model", "sec-draft-model", "sec-robustness", "sec-oracle",
-            "sec-linguistic", "sec-online-control"]
+            "sec-linguistic", "sec-online-control", "sec-beyond-batch"]
 gathered = bs.gathered_results(results, sections)
 if gathered is None:
     print("The key results are gathered when the whole book is built (speclimits book).")
@@ -125,6 +125,8 @@ else:
 # 7. {ref}`sec-linguistic`: how the text context relates to the Oracle's $K$ and to routing.
 # 8. {ref}`sec-online-control`: adaptive-$K$ policies run inside vLLM, measured against the Oracle's bound
 #    and against every static $K$ (beyond the paper).
+# 9. {ref}`sec-beyond-batch`: the step cost and the bound when $b$ requests share a verification pass:
+#    measured per batch size and $K$, at paper scale on the simulator, and a bound no policy can beat (beyond the paper).
 #
 # The {ref}`sec-methods` page defines the cost model, the Oracle, the conventions every section shares
 # and the trace format.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measure the batch sweep data/traces/measured-batch with the tracing harness (speclimits trace --batch):
-# the committed Qwen3-MoE target + EAGLE-3 head (data/models), greedy, float32, --ignore-eos, 64 tokens per
+# the committed Qwen3-MoE target + EAGLE-3 head (data/models), greedy, float32, --ignore-eos, 128 tokens per
 # generation, K = 0..6 (K = 0: plain decoding) x batch sizes 1, 2, 4, 8, 16 (batch j of size b = prompts
 # j*b .. (j+1)*b-1 of the file, submitted together; one engine per K with max_num_seqs = 16, reused across b),
 # on the 32 project prompts of the measured trace (data/prompts/speclimits.jsonl, 8 per category, in file
@@ -30,8 +30,8 @@ open(sys.argv[1], "w", encoding="utf-8").writelines(rows)
 PY
 rm -rf "$out"
 .venv/bin/speclimits trace --target data/models/target --draft data/models/eagle3 --method eagle3 \
-  --k 0-6 --batch 1,2,4,8,16 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 64 --ignore-eos \
+  --k 0-6 --batch 1,2,4,8,16 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos \
   --dtype float32 --seed 0 --tokens none "$@"
 cp "$tmp/prompts.jsonl" "$out/prompts.jsonl"
 .venv/bin/python -m speclimits.models.trace_provenance "$out" --command "scripts/make_batch_trace.sh $*"
-.venv/bin/speclimits validate "$out" || true
+.venv/bin/speclimits validate "$out"

@@ -23,6 +23,10 @@ MODELS_DIR = DATA_DIR / "models"
 #: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
 DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"
 
+#: The measured batch sweep (batch sizes x K on the same pair and prompts as the default trace),
+#: read by the "Beyond batch 1" section; ``speclimits trace --batch`` writes one.
+BATCH_TRACE = TRACES_DIR / "measured-batch"
+
 #: Build outputs (never committed).
 BUILD_DIR = REPO_ROOT / "_build"
 

@@ -1,0 +1,250 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-beyond-batch)=
+# # Beyond batch 1: a shared verification pass
+#
+# Everything so far ran one request at a time, as the paper does. A server verifies many requests in
+# one pass, and on a Mixture-of-Experts target they share the experts that pass loads: the unique
+# experts of a step grow with the *union* of the batch's routed tokens and saturate at the expert
+# count $E$, so the price of one more draft token depends on everyone else in the batch. Reported
+# elsewhere (not measured here; `../shared/notes/anchors.md`): vLLM's adaptive verification gains
+# 5–10% over the best fixed $K$ up to concurrency 64 and every fixed $K$ falls below no speculation at
+# 256 on DeepSeek-V4-Pro; SGLang's best step count falls from 4 at batch 1 to 2 at batch 64 on
+# Qwen3-235B-A22B; vLLM's `num_speculative_tokens_per_batch_size` takes a hand-made batch-size→$K$ table.
+# Nobody reports a measured expert-aware cost model at batch $b > 1$ or a bound there.
+#
+# This section measures it on the bundled pair (a batch sweep traced in vLLM: $b \in \{1, 2, 4, 8,
+# 16\}$ × $K \in \{0..6\}$, closed batches of $b$ prompts submitted together), fits the step cost
+#
+# $$T_T(n, m, \bar U, L) = \beta_0(m) + \gamma(m)\,(n-1) + \alpha(m)\,\bar U_{\text{step}} + c\,L_{\text{total}},
+# \qquad T_D(n, k) = a k + b + (n-1)(a_{\text{req}} k + b_{\text{req}}),$$
+#
+# ($n$ requests of $m = k+1$ rows each, $\bar U_{\text{step}}$ the unique experts per layer over the whole
+# step, $L_{\text{total}}$ the summed context; at $n = 1$ it is the batch-1 model of {ref}`sec-final-model`),
+# validates it per $(b, K)$, repeats the analysis at paper scale on the simulator (**simulated**,
+# 48 layers × 128 experts, top-8), and bounds what any choice of $k$ could gain at batch $b$: an exact
+# Oracle over the joint state of two requests at $b = 2$, and for larger $b$ a relaxation that no policy
+# can beat (argued on the {ref}`sec-methods` page, "The bound at batch > 1").
+
+# %% tags=["remove-cell"]
+from pathlib import Path
+
+from IPython.display import Markdown, display
+
+import speclimits.book_support as bs
+from speclimits.book.views import batch as view
+from speclimits.costmodel import BatchCostModel
+from speclimits.figures import batch as batch_figures
+
+# %% tags=["parameters", "remove-cell"]
+trace = None
+batch_trace = None
+smoke = False
+seed = 0
+k_max = 6
+batch_sizes = "1,2,4,8,16"
+n_samples = 64
+cost_model = None
+results = None
+
+# %% tags=["remove-input"]
+bs.setup(results)
+key = bs.KeyResults("sec-beyond-batch", "beyond batch 1")
+
+# %% tags=["hide-input"]
+tr = bs.load(trace)
+sizes = [int(b) for b in str(batch_sizes).split(",")]
+measured = view.measured_batch_trace(tr, batch_trace)
+print(tr.source_label)
+print(view.describe_batch_trace(measured))
+
+# %% [markdown]
+# ## Measured: time per token by batch size and $K$
+#
+# The batch trace runs closed batches: $b$ prompts submitted together, each generating the same number
+# of tokens (`--ignore-eos`), so the batch shrinks only when requests reach their end together and a step
+# holds $b$ requests nearly throughout. Time per token is the sum of target and drafter time over all steps
+# of a $(b, K)$ (prefill included) over the tokens the requests emitted. The cost model is fitted on the
+# *uniform decode steps* (every request decoding with the same $m$), one OLS with $\beta_0, \gamma, \alpha$
+# per $m$ and a shared $c$, 95% intervals from a leave-one-batch-out jackknife; its prediction of each
+# $(b, K)$ is **cross-fitted** (batches alternate between two folds; each fold is priced by the model
+# fitted on the other), and the steps it does not price (prefill, mixed) count as measured on both sides.
+
+# %% tags=["hide-input"]
+from speclimits.stats.batch import (coefficient_table, fit_batch_cost_model, speedup_frontier, step_union_table,
+                                    validate_by_batch_k, worst_error)
+
+val = worst = front = union = None
+if measured is not None:
+    bmodel = fit_batch_cost_model(measured)
+    val = validate_by_batch_k(measured, bmodel)
+    worst = worst_error(val)
+    front = speedup_frontier(val)
+    union = step_union_table(measured)
+    bs.table(view.time_grid(val), "tbl-batch-grid",
+             f"Measured time per token (ms, target + drafter over all steps, per emitted token) by batch size b and "
+             f"K; {bs.data_label_for(measured)}.", decimals=3)
+else:
+    display(Markdown("*No measured batch trace belongs to this trace's model pair; the measured tables are "
+                     "not shown. The simulated part and the bound below still apply.*"))
+
+# %% tags=["hide-input"]
+if val is not None:
+    bs.figure(batch_figures.batch_time_per_token(view.time_frame(val)), "fig-batch-time",
+              "Measured ms per token against batch size per K (solid) and the batch cost model's cross-fitted "
+              "prediction (dashed). Where a coloured line crosses above the black one, K stops paying.")
+
+# %% tags=["hide-input"]
+if val is not None:
+    bs.table(view.validation(val), "tbl-batch-validation",
+             f"The batch cost model against the measurement per (b, K): cross-fitted by batch (and in-sample). "
+             f"{worst['text']}.", decimals=3)
+    bs.table(view.frontier(front), "tbl-batch-frontier",
+             "Where speculation stops paying, measured: the first batch size at which K is no faster than plain "
+             "decoding, and each K's speedup over plain decoding at the same b.", decimals=3)
+    bs.table(view.coefficients(coefficient_table(bmodel)), "tbl-batch-coefficients",
+             "The batch cost model fitted on the measured uniform decode steps (95% jackknife intervals over "
+             "batches).")
+    display(Markdown(f"**Measured verdict.** {view.frontier_phrase(front).capitalize()}; the cost model's worst "
+                     f"cross-fitted (b, K) error is {worst['error_pct']:+.1f}% (b = {worst['b']}, K = {worst['K']}); "
+                     f"{int((val['err_cross_pct'].abs() <= 5).sum())} of {len(val)} cells are within 5%."))
+
+# %% [markdown]
+# ## Unique experts of a step against the saturation curve
+#
+# The experts a step touches are the union over its requests. If the requests routed independently, the
+# step's $\bar U$ would be $E\,(1 - \prod_i (1 - u_i/E))$ from each request's own $u_i$; if every token
+# routed uniformly, $E\,(1 - (1 - k/E)^n)$ for $n$ tokens of top-$k$. The first is what the Oracle
+# below assumes; the second the analytic curve quoted by others (knee near $E/k$ tokens).
+
+# %% tags=["hide-input"]
+if union is not None:
+    E, top_k = union.n_experts, union.top_k
+    bs.figure(batch_figures.batch_step_union(view.union_points(union), E, top_k, seed=seed), "fig-batch-union",
+              f"Measured unique experts per layer of each uniform decode step against the tokens it verifies "
+              f"(E = {E}, top-{top_k}), with the uniform saturation curve (black) and E (dashed).")
+
+# %% tags=["hide-input"]
+if union is not None:
+    bs.table(view.union_summary(union), "tbl-batch-union",
+             "Mean Ū of a step per (b, K): measured, the independent-routing union of its requests' own Ū, and "
+             "the uniform saturation curve; ratios (measured over each; 95% interval over batches for the first).",
+             decimals=3)
+
+# %% [markdown]
+# ## At paper scale (SIMULATED)
+#
+# The bundled pair has 32 experts top-4 and runs on a CPU. The simulator's batch mode draws a **SIMULATED**
+# batch sweep at the paper's scale (48 layers × 128 experts, top-8): requests route independently, a step's
+# $\bar U$ is the counted union of their sampled expert ids, step times come from a planted batch cost
+# model whose batch-1 part is the paper's appendix and whose per-request terms $\gamma, a_{\text{req}},
+# b_{\text{req}}$ are simulator choices (not the paper's). The same fit must recover the planted truth.
+
+# %% tags=["hide-input"]
+import tempfile
+
+from speclimits.simulate import BatchSim, simulate_batch
+from speclimits.simulate.twin import preset
+
+sim_cfg = preset("paper", n_prompts=16 if smoke else 48, response_median=120 if smoke else 200,
+                 response_max=240 if smoke else 400, k_values=tuple(range(0, k_max + 1)))
+sim_dir = Path(tempfile.mkdtemp(prefix="speclimits-batch-sim-"))
+simulate_batch(sim_cfg, BatchSim(batch_sizes=tuple(sizes)), seed=seed, out=sim_dir, progress=False)
+sim = bs.load(sim_dir)
+sim_truth = BatchCostModel.from_dict(sim.meta["truth"], origin="planted truth")
+sim_model = fit_batch_cost_model(sim)
+sim_val = validate_by_batch_k(sim, sim_model)
+sim_worst = worst_error(sim_val)
+sim_front = speedup_frontier(sim_val)
+sim_coef = coefficient_table(sim_model)
+sim_cov = view.coverage(sim_coef, sim_truth)
+print(sim.source_label)
+
+# %% tags=["hide-input"]
+bs.table(view.coefficients(sim_coef, truth=sim_truth), "tbl-batch-sim-coef",
+         f"SIMULATED: the batch cost model fitted on the simulator's batch sweep against the planted truth "
+         f"({sim_cov[0]} of {sim_cov[1]} planted values inside the 95% intervals). {sim_worst['text']}.")
+
+# %% tags=["hide-input"]
+bs.figure(batch_figures.batch_time_per_token(view.time_frame(sim_val)), "fig-batch-sim-time",
+          "SIMULATED (paper scale, planted per-request terms): ms per token against batch size per K, with the "
+          "fitted model's cross-fitted prediction (dashed).")
+
+# %% tags=["hide-input"]
+bs.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
+         "SIMULATED: each K's speedup over plain decoding at the same b, and the b at which it stops paying.",
+         decimals=3)
+
+# %% [markdown]
+# ## The bound at batch $b$
+#
+# The Oracle's reference sequences (the **greedy** references, as the headline of {ref}`sec-oracle`) are
+# grouped into closed batches of $b$ in the order the batch trace ran them; every request of a round drafts
+# the same $k$ (as vLLM does) and the round costs the batch step above, with the step's $\bar U$ the
+# independent union of the requests' counterfactual windows. Beside the bound: every static $K$, the best
+# static $K$ per $b$, and the best **batch-size→$K$ table** in hindsight ($K$ as a function of the number of
+# requests still active: what vLLM's `num_speculative_tokens_per_batch_size` would hold if it were chosen
+# knowing the outcome; a coordinate-wise optimum). At $b = 2$ the exact Oracle over the joint state of the
+# two requests is solved too, which measures how loose the relaxation is.
+
+# %% tags=["hide-input"]
+from speclimits.oracle.batch import batch_bounds, trace_order
+from speclimits.oracle.prepare import prepare_oracle
+from speclimits.vocabulary import HEADLINE_KIND
+
+bound_model = bmodel if measured is not None else sim_model
+setup = prepare_oracle(tr, bound_model.base)
+refs = setup.for_kind(HEADLINE_KIND) if HEADLINE_KIND in setup.kind_counts() else setup
+order = trace_order(measured) if measured is not None else None
+if order is not None:
+    kept = set(map(str, refs.inputs.seq_ids))
+    order = [s for s in order if s in kept] + [s for s in map(str, refs.inputs.seq_ids) if s not in set(order)]
+bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else n_samples, seed=seed,
+                  order=order)
+frame = bb.frame()
+src = "the batch cost model fitted on the measured batch trace" if measured is not None else \
+    "the batch cost model fitted on the SIMULATED batch sweep"
+bs.table(view.bounds(frame), "tbl-batch-bounds",
+         f"The bound at batch b on {refs.inputs.n_sequences} {HEADLINE_KIND} references of {bs.data_label_for(tr)} "
+         f"({refs.surrogate_label}), priced by {src}: plain decoding, the best static K, the best batch→K table, "
+         "the exact Oracle (b ≤ 2), the relaxation bound (no policy is faster), and its gains. Static K and tables "
+         f"at b > 2 are Monte Carlo estimates ({bb.n_samples} samples).", decimals=3)
+
+# %% tags=["hide-input"]
+bs.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds",
+          "Speedup over plain decoding at the same batch size: the relaxation bound, the exact Oracle (b = 2), the "
+          "best batch→K table and the best static K.")
+
+# %% [markdown]
+# **Checking the world.** The bound is only as good as its world: priced by the batch cost model, every
+# static $K$ at every $b$ on these references should reproduce what the batch sweep measured on the same
+# prompts.
+
+# %% tags=["hide-input"]
+world = None
+if measured is not None:
+    world = view.oracle_world(frame, val)
+    bs.table(world, "tbl-batch-world",
+             "Static K at each b: the Oracle's world (batch cost model on the greedy references) against the "
+             "measured batch sweep on the same prompts.", decimals=3)
+
+# %% tags=["remove-input"]
+key.fill(view.key_rows(val=val, worst=worst, front=front, frame=frame, world=world, sim_cov=sim_cov,
+                       sim_worst=sim_worst, sim_front=sim_front, measured=measured is not None))
+
+# %% [markdown]
+# ## Versions
+
+# %% tags=["remove-input"]
+bs.version_report(tr)

@@ -1,0 +1,245 @@
+"""Reader tables of the "Beyond batch 1" section, from :mod:`speclimits.stats.batch` and
+:mod:`speclimits.oracle.batch` results.
+
+Nothing here fits or solves: the functions find the batch trace that belongs to a trace, select,
+rename and format the frames the analysis returns, and phrase the key results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.book.present import Result, fmt_ci, fmt_num
+from speclimits.costmodel import BatchCostModel
+from speclimits.paths import BATCH_TRACE, REPO_ROOT
+from speclimits.trace import Trace, read_trace
+
+
+def _target_path(meta: dict[str, Any]) -> str | None:
+    return ((meta.get("models") or {}).get("target") or {}).get("path")
+
+
+def measured_batch_trace(trace: Trace, batch_trace: str | Path | None = None) -> Trace | None:
+    """The measured batch trace to show beside ``trace``: ``batch_trace`` when given; else the bundled
+    :data:`~speclimits.paths.BATCH_TRACE` when ``trace`` is measured and both ran the same target and
+    drafter; else None (a simulated trace has no measured batch sweep)."""
+    if batch_trace is not None:
+        return read_trace(batch_trace)
+    if trace.simulated or not (BATCH_TRACE / "meta.json").exists():
+        return None
+    bt = read_trace(BATCH_TRACE)
+    same = (_target_path(bt.meta) == _target_path(trace.meta)
+            and ((bt.meta.get("models") or {}).get("draft") or {}).get("path")
+            == ((trace.meta.get("models") or {}).get("draft") or {}).get("path"))
+    return bt if same else None
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return Path(path).name
+
+
+def describe_batch_trace(bt: Trace | None) -> str:
+    if bt is None:
+        return ("no measured batch trace for this trace's model pair: the measured part of this section is skipped "
+                "(trace one with `speclimits trace --batch 1,2,4,8,16`, see scripts/make_batch_trace.sh)")
+    sweep = bt.meta.get("sweep") or {}
+    return (f"batch trace `{_rel(bt.path)}`: {bt.source_label}; batch sizes {bt.batch_sizes}, K = "
+            f"{bt.meta.get('k_values')}, {sweep.get('max_tokens', '?')} tokens per request, "
+            f"{len(bt.steps) if bt.steps is not None else 0:,} engine steps, {len(bt.rounds):,} request rounds")
+
+
+# -- the cost model --------------------------------------------------------------------------------------
+
+_NAMES = {"beta0": "β0(m), ms", "gamma": "γ(m), ms per extra request", "alpha": "α(m), ms per unique expert",
+          "c": "c, ms per context token", "a": "a, ms per draft step", "b": "b, ms per drafter call",
+          "a_req": "a_req, ms per draft step per extra request", "b_req": "b_req, ms per call per extra request"}
+
+
+def coefficients(table: pd.DataFrame, truth: BatchCostModel | None = None) -> pd.DataFrame:
+    """Fitted coefficients with their 95% intervals (``coefficient_table``), one row per coefficient;
+    with ``truth`` (a simulator's planted model) the planted value and whether the interval covers it."""
+    rows = []
+    for r in table.itertuples(index=False):
+        row = {"coefficient": _NAMES.get(r.name, r.name), "m": "" if pd.isna(r.m) else int(r.m),
+               "estimate [95% CI]": fmt_ci(r.estimate, r.lower, r.upper)}
+        if truth is not None:
+            v = _planted(truth, r.name, None if pd.isna(r.m) else int(r.m))
+            row["planted"] = fmt_num(v)
+            row["covered"] = "yes" if r.lower <= v <= r.upper else "no"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _planted(truth: BatchCostModel, name: str, m: int | None) -> float:
+    base = truth.base
+    return {"beta0": lambda: base.beta0[m], "alpha": lambda: base.alpha[m], "gamma": lambda: truth.gamma[m],
+            "c": lambda: base.c, "a": lambda: base.a, "b": lambda: base.b, "a_req": lambda: truth.a_req,
+            "b_req": lambda: truth.b_req}[name]()
+
+
+def coverage(table: pd.DataFrame, truth: BatchCostModel) -> tuple[int, int]:
+    """(covered, total): planted coefficients inside their fitted 95% intervals."""
+    hits = [r.lower <= _planted(truth, r.name, None if pd.isna(r.m) else int(r.m)) <= r.upper
+            for r in table.itertuples(index=False)]
+    return int(sum(hits)), len(hits)
+
+
+# -- validation per (b, K) -----------------------------------------------------------------------------
+
+
+def validation(val: pd.DataFrame) -> pd.DataFrame:
+    """The (b, K) validation table: measured ms per token, cross-fitted prediction and its error, the
+    in-sample error, and the share of time in steps the model does not price."""
+    return pd.DataFrame({
+        "b": val["b"].astype(int), "K": val["K"].astype(int), "batches": val["n_batches"].astype(int),
+        "measured ms/token": val["ms_per_token"], "predicted (cross-fitted)": val["pred_cross"],
+        "error, %": val["err_cross_pct"], "in-sample error, %": val["err_model_pct"],
+        "time not modelled, %": 100 * val["unmodelled_share"],
+    })
+
+
+def time_grid(val: pd.DataFrame) -> pd.DataFrame:
+    """Measured ms per token as a b × K grid (rows b, columns K)."""
+    grid = val.pivot(index="b", columns="K", values="ms_per_token")
+    grid.columns = [f"K = {k}" for k in grid.columns]
+    return grid.reset_index()
+
+
+def time_frame(val: pd.DataFrame) -> pd.DataFrame:
+    """Long frame for :func:`speclimits.figures.batch.batch_time_per_token`."""
+    return pd.DataFrame({"b": val["b"].astype(int), "K": val["K"].astype(int),
+                         "measured_ms_per_token": val["ms_per_token"], "predicted_ms_per_token": val["pred_cross"]})
+
+
+def frontier(front: pd.DataFrame) -> pd.DataFrame:
+    """Where each K stops paying: the first b at which it no longer beats plain decoding, and its
+    speedup over plain at each b."""
+    out = pd.DataFrame({"K": front["K"].astype(int),
+                        "stops paying at b": [("never (up to the largest b)" if pd.isna(v) else str(int(v)))
+                                              for v in front["b_stop"]]})
+    for col in [c for c in front.columns if c.startswith("speedup_b")]:
+        out[f"speedup, b = {col.removeprefix('speedup_b')}"] = front[col]
+    return out
+
+
+def frontier_phrase(front: pd.DataFrame) -> str:
+    stops = front.dropna(subset=["b_stop"])
+    if stops.empty:
+        return "every K ≥ 1 beats plain decoding at every batch size measured"
+    parts = [f"K = {int(r.K)} at b = {int(r.b_stop)}" for r in stops.itertuples()]
+    never = front.loc[front["b_stop"].isna(), "K"].astype(int).tolist()
+    tail = f"; K = {', '.join(map(str, never))} pay at every b" if never else ""
+    return "speculation stops paying for " + ", ".join(parts) + tail
+
+
+# -- unique experts of a step ----------------------------------------------------------------------------
+
+
+def union_points(union: Any) -> pd.DataFrame:
+    """Per uniform decode step: tokens, measured Ū of the step and batch size (for the chart)."""
+    s = union.steps
+    return pd.DataFrame({"n_tokens": s["n_tokens"], "u_step": s["u_measured"], "b": s["b"]})
+
+
+def union_summary(union: Any) -> pd.DataFrame:
+    t = union.by_batch_k
+    return pd.DataFrame({
+        "b": t["b"].astype(int), "K": t["K"].astype(int), "steps": t["n_steps"].astype(int),
+        "Ū measured": t["u_measured"], "Ū independent union": t["u_independent"],
+        "Ū uniform saturation": t["u_saturation"],
+        "measured / independent": [fmt_ci(r, r - 1.96 * s, r + 1.96 * s) if np.isfinite(s) else fmt_num(r)
+                                   for r, s in zip(t["ratio_independent"], t["ratio_independent_se"])],
+        "measured / saturation": t["ratio_saturation"],
+    })
+
+
+# -- the bound ---------------------------------------------------------------------------------------------
+
+
+def bounds(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per b: plain, best static K, best table, the bound, the exact Oracle (b ≤ 2), gains."""
+    return pd.DataFrame({
+        "b": frame["b"].astype(int),
+        "plain ms/token": frame["plain_ms_per_token"],
+        "best static K": frame["best_static_k"].astype(int),
+        "best static ms/token": frame["best_static_ms_per_token"],
+        "best table (K for n = 1..b active)": frame["table"],
+        "table ms/token": frame["table_ms_per_token"],
+        "exact Oracle ms/token": frame["exact_ms_per_token"],
+        "bound ms/token": frame["bound_ms_per_token"],
+        "bound gain over best static": frame["gain_static"],
+        "bound gain over table": frame["gain_table"],
+        "slack of the bound vs exact": [("" if v is None or pd.isna(v) else f"{100 * v:+.1f}%") for v in frame["slack"]],
+        "evaluation": frame["evaluation"],
+    })
+
+
+def bounds_long(frame: pd.DataFrame) -> pd.DataFrame:
+    """Speedups over plain decoding per b, long, for :func:`speclimits.figures.batch.batch_bounds`."""
+    rows = []
+    for r in frame.itertuples(index=False):
+        plain = r.plain_ms_per_token
+        for what, v in (("bound (relaxation)", r.bound_ms_per_token), ("best static K", r.best_static_ms_per_token),
+                        ("best batch→K table", r.table_ms_per_token), ("exact Oracle (b = 2)",
+                                                                       r.exact_ms_per_token if r.b == 2 else None)):
+            if v is not None and pd.notna(v) and plain is not None and pd.notna(plain):
+                rows.append({"b": int(r.b), "what": what, "speedup": plain / v})
+    return pd.DataFrame(rows)
+
+
+def oracle_world(frame: pd.DataFrame, val: pd.DataFrame) -> pd.DataFrame:
+    """Each static K at each b in the Oracle's world (the batch cost model on the greedy references)
+    beside the measured batch sweep on the same prompts, and the difference in %."""
+    rows = []
+    for r in val.itertuples(index=False):
+        col = f"static_{int(r.K)}_ms_per_token"
+        hit = frame.loc[frame["b"] == r.b]
+        if hit.empty or col not in hit:
+            continue
+        model = float(hit[col].iloc[0])
+        rows.append({"b": int(r.b), "K": int(r.K), "measured ms/token": r.ms_per_token,
+                     "Oracle's world ms/token": model, "difference, %": 100 * (model / r.ms_per_token - 1)})
+    return pd.DataFrame(rows)
+
+
+# -- key results -----------------------------------------------------------------------------------------
+
+
+def key_rows(*, val: pd.DataFrame | None, worst: dict[str, Any] | None, front: pd.DataFrame | None,
+             frame: pd.DataFrame, world: pd.DataFrame | None, sim_cov: tuple[int, int],
+             sim_worst: dict[str, Any], sim_front: pd.DataFrame, measured: bool) -> list[Result]:
+    rows: list[Result] = []
+    if val is not None and worst is not None:
+        rows.append(Result("Batch cost model, worst (b, K) error in time per token (cross-fitted, measured)",
+                           f"{worst['error_pct']:+.1f}% at b = {worst['b']}, K = {worst['K']}",
+                           ref="tbl-batch-validation"))
+        within = int((val["err_cross_pct"].abs() <= 5).sum())
+        rows.append(Result("(b, K) cells within 5% (measured)", f"{within} of {len(val)}", ref="tbl-batch-validation"))
+    if front is not None:
+        rows.append(Result("Where speculation stops paying (measured)", frontier_phrase(front), ref="tbl-batch-frontier"))
+    if world is not None and len(world):
+        w = world["difference, %"].abs()
+        rows.append(Result("Oracle's world against the measured batch sweep, static K", f"within ±{w.max():.1f}%",
+                           ref="tbl-batch-world"))
+    for r in frame.itertuples(index=False):
+        if int(r.b) in (2, int(frame["b"].max())):
+            rows.append(Result(f"Bound's gain over the best static K / the best table, b = {int(r.b)}"
+                               + ("" if measured else " (SIMULATED)"),
+                               f"{r.gain_static:.3f}× / {r.gain_table:.3f}×", ref="tbl-batch-bounds"))
+    pair = frame.loc[frame["b"] == 2]
+    if len(pair) and pd.notna(pair["slack"].iloc[0]):
+        rows.append(Result("Slack of the relaxation against the exact b = 2 Oracle", f"{100 * pair['slack'].iloc[0]:.1f}%",
+                           ref="tbl-batch-bounds"))
+    rows.append(Result("Planted batch truth recovered (SIMULATED, paper scale)",
+                       f"{sim_cov[0]} of {sim_cov[1]} coefficients inside their 95% intervals", ref="tbl-batch-sim-coef"))
+    rows.append(Result("Batch cost model, worst (b, K) error (SIMULATED)", f"{sim_worst['error_pct']:+.2f}%"))
+    rows.append(Result("Where speculation stops paying (SIMULATED, planted per-request terms)",
+                       frontier_phrase(sim_front)))
+    return rows
