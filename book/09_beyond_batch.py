@@ -54,7 +54,7 @@ smoke = False
 seed = 0
 k_max = 6
 batch_sizes = "1,2,4,8,16"
-n_samples = 64
+n_samples = None  # Monte Carlo runs per group at b > 2; None: the CLI's default
 cost_model = None
 results = None
 
@@ -222,19 +222,15 @@ bs.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
 # two requests is solved too, which measures how loose the relaxation is.
 
 # %% tags=["hide-input"]
-from speclimits.oracle.batch import batch_bounds, trace_order
+from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_references
 from speclimits.oracle.prepare import prepare_oracle
 from speclimits.vocabulary import HEADLINE_KIND
 
 bs.set_data_label(bs.data_label_for(tr))  # the bound runs on this page's trace's references
 bound_model = bmodel if measured is not None else sim_model
 setup = prepare_oracle(tr, bound_model.base)
-refs = setup.for_kind(HEADLINE_KIND) if HEADLINE_KIND in setup.kind_counts() else setup
-order = trace_order(measured) if measured is not None else None
-if order is not None:
-    kept = set(map(str, refs.inputs.seq_ids))
-    order = [s for s in order if s in kept] + [s for s in map(str, refs.inputs.seq_ids) if s not in set(order)]
-bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else n_samples, seed=seed,
+refs, order = headline_references(setup, measured)
+bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES), seed=seed,
                   order=order)
 frame = bb.frame()
 src = "the batch cost model fitted on the measured batch trace" if measured is not None else \

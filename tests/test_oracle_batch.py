@@ -371,8 +371,9 @@ def test_cli_batch_json_matches_the_library(measured_batch_model, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["b"] for r in out["batch"]] == [1, 2, 3] and out["deterministic"] and out["allow_k0"]
     setup = prepare_oracle(MEASURED, cost_model=model.base, surrogate="exact")
-    ref = B.batch_bounds(setup.inputs, model, [1, 2, 3], k_max=2, deterministic=True,
-                         order=B.trace_order(setup.trace))
+    refs, order = B.headline_references(setup)  # the greedy references, as the batch-1 headline
+    assert refs.inputs.n_sequences < setup.inputs.n_sequences
+    ref = B.batch_bounds(refs.inputs, model, [1, 2, 3], k_max=2, deterministic=True, order=order)
     for row, (b, bb) in zip(out["batch"], ref.by_b.items()):
         assert row["bound_ms"] == pytest.approx(bb.bound.total_ms) and row["best_static_k"] == bb.best_static_k
         assert row["static_ms"] == {str(k): pytest.approx(v) for k, v in bb.static_ms.items()}

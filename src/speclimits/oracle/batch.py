@@ -96,6 +96,24 @@ def trace_order(trace: Any) -> list[str] | None:
     return [p.id for p in read_prompts(path)] if path.exists() else None
 
 
+def headline_references(setup: Any, batch_trace: Any = None) -> tuple[Any, list[str] | None]:
+    """The references the bound at batch b is reported on, and their batch order: the headline kind
+    (greedy references, as the batch-1 headline) of an :class:`~speclimits.oracle.prepare.OracleSetup`
+    (all of them when the trace has no such kind), grouped in the order ``batch_trace`` ran its
+    prompts (default: the setup's own trace's prompt order); references the batch trace did not run
+    come last, in their own order. One function for ``speclimits oracle --batch`` and the book."""
+    from speclimits.vocabulary import HEADLINE_KIND
+
+    refs = setup.for_kind(HEADLINE_KIND) if HEADLINE_KIND in setup.kind_counts() else setup
+    order = trace_order(batch_trace if batch_trace is not None else setup.trace)
+    if order is None:
+        return refs, None
+    ids = [str(s) for s in refs.inputs.seq_ids]
+    kept = set(ids)
+    listed = [s for s in order if s in kept]
+    return refs, listed + [s for s in ids if s not in set(listed)]
+
+
 def _group_matrix(grps: list[np.ndarray]) -> np.ndarray:
     """(G, b) sequence indices, -1 where a (last) group is smaller."""
     width = max(len(g) for g in grps)
@@ -135,7 +153,8 @@ class _Context:
         if not isinstance(model, BatchCostModel):
             raise CostModelError("the batch Oracle needs a BatchCostModel (a batch-1 CostModel has no per-request "
                                  "terms; BatchCostModel.from_batch1 makes one for a what-if)")
-        k_max = inputs.k_list if k_max is None else int(k_max)
+        # default: the largest K both the references and the cost model cover
+        k_max = min(inputs.k_list, max(model.ms) - 1) if k_max is None else int(k_max)
         if not 1 <= k_max <= inputs.k_list:
             raise SpeclimitsError(f"k_max must be in 1..{inputs.k_list} (the length of the match_prob lists in "
                                   f"{inputs.origin}), got {k_max}")

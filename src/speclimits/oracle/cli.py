@@ -98,7 +98,7 @@ def _batch_cost_model(args: argparse.Namespace):
 def _batch_cli(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, trace_order
+    from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_references
     from speclimits.oracle.prepare import prepare_oracle
 
     if args.cost_model is not None:
@@ -111,8 +111,10 @@ def _batch_cli(args: argparse.Namespace) -> int:
     if args.alpha_scale != 1.0:
         model = replace(model, base=model.base.with_alpha_scale(args.alpha_scale))
     setup = prepare_oracle(args.trace, cost_model=model.base, surrogate="exact" if args.deterministic else args.surrogate)
+    batch_trace = args.batch_cost_model if args.batch_cost_model is not None and args.batch_cost_model.is_dir() else None
+    setup, order = headline_references(setup, batch_trace)
     result = batch_bounds(setup.inputs, model, args.batch, k_max=args.k_max, deterministic=setup.deterministic,
-                          n_samples=n_samples, seed=args.seed, order=trace_order(setup.trace))
+                          n_samples=n_samples, seed=args.seed, order=order)
     notes = [f"batch cost model {args.batch_cost_model or args.trace} ({model.base.source or 'no source recorded'}); "
              f"E = {model.n_experts} experts, top-{model.top_k}", *setup.notes[1:]]
     if args.json:
