@@ -38,3 +38,20 @@ def smoke_book(smoke_trace, tmp_path_factory):
 def executed_notebook_text(smoke_book, name: str) -> str:
     """The executed notebook ``book/<name>`` of the smoke build, as JSON text."""
     return (smoke_book / "source" / "book" / f"{name}.ipynb").read_text()
+
+
+@pytest.fixture(scope="module")
+def vllm_mod():
+    """vLLM, imported after the harness's CPU defaults (skips the module where vLLM is missing)."""
+    from speclimits.tracing.engine import apply_env_defaults
+
+    apply_env_defaults()
+    return pytest.importorskip("vllm")
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(vllm_mod, tmp_path_factory):
+    """A tiny random-weight Qwen3-MoE folder (one per test module) for the engine tests."""
+    from speclimits.tracing.tinymodel import write_tiny_moe
+
+    return write_tiny_moe(tmp_path_factory.mktemp("tiny"))

@@ -282,18 +282,9 @@ SWEEP = dict(method="draft_model", prompts=str(PROMPTS), k_values=[0, 3], batch_
 
 
 @pytest.fixture(scope="module")
-def vllm_mod():
-    from speclimits.tracing.engine import apply_env_defaults
-
-    apply_env_defaults()
-    return pytest.importorskip("vllm")
-
-
-@pytest.fixture(scope="module")
-def tiny(vllm_mod, tmp_path_factory):
-    from speclimits.tracing.tinymodel import write_tiny_moe
-
-    return write_tiny_moe(tmp_path_factory.mktemp("tiny"))
+def tiny(tiny_moe):
+    """The tiny random-weight MoE of :func:`conftest.tiny_moe`, as ``tiny`` in this module."""
+    return tiny_moe
 
 
 def _cfg(tiny, out, **kw):

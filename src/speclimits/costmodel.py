@@ -22,6 +22,17 @@ from speclimits.errors import CostModelError
 from speclimits.jsonutil import dumps, read_json
 
 
+def _finite(value: Any, where: str, origin: str) -> float:
+    """``value`` as a finite float, or a :class:`CostModelError` naming the file (``origin``) and field."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise CostModelError(f"{origin}: '{where}' must be a number, got {value!r}") from None
+    if not np.isfinite(out):
+        raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
+    return out
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Round-cost model.
@@ -54,13 +65,7 @@ class CostModel:
             return obj[key]
 
         def num(value: Any, where: str) -> float:
-            try:
-                out = float(value)
-            except (TypeError, ValueError):
-                raise CostModelError(f"{origin}: '{where}' must be a number, got {value!r}") from None
-            if not np.isfinite(out):
-                raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
-            return out
+            return _finite(value, where, origin)
 
         target = need(data, "target", "")
         draft = need(data, "draft", "")
@@ -241,13 +246,7 @@ class BatchCostModel:
         base = CostModel.from_dict({k: v for k, v in data.items() if k != "batch"}, origin=origin)
 
         def num(value: Any, where: str) -> float:
-            try:
-                out = float(value)
-            except (TypeError, ValueError):
-                raise CostModelError(f"{origin}: '{where}' must be a number, got {value!r}") from None
-            if not np.isfinite(out):
-                raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
-            return out
+            return _finite(value, where, origin)
 
         for key in ("n_experts", "top_k", "by_m", "draft"):
             if key not in batch:
