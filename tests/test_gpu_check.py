@@ -225,7 +225,11 @@ def test_dry_run_end_to_end(tmp_path):
     result = json.loads((out / "gpu_check.json").read_text())
     assert result["dry_run"] is True and result["environment"]["cuda"] is False
     names = [c["name"] for c in result["checks"]]
-    assert len(names) == 21 and all(c["status"] == "PASS" for c in result["checks"])
+    # CPU timing orders (T_T grows with m, overhead) are reported, not enforced, in the dry run: a shared
+    # 2-core machine can reverse them; every other check must pass
+    not_passed = [c for c in result["checks"] if c["status"] != "PASS"]
+    assert len(names) == 21 and all(c["status"] == "SKIP" and "not enforced in the dry run" in c["detail"]
+                                    for c in not_passed), not_passed
     assert "routing under graphs = eager (draft_model)" in names and "overhead vs untraced" in names
     assert any(n.startswith("U-bar from expert ids = round table (draft_model") for n in names)
     assert sum("dry run: eager on CPU" in n for n in names) == 8  # the graphs runs say what they really were
