@@ -144,9 +144,11 @@
 #   `pos − 1`: the same rows whose experts make up a verification window's $\bar U$. The Oracle's
 #   own windows therefore check it: where `accept_len` ≥ 1 at state `pos`, the window's first two
 #   rows read rows `pos` and `pos + 1`, and $\bar U$ over them minus $\bar U$ over the first is the
-#   `new_experts` of row `pos + 1`. The harness stores the *producing* row (the pass that emitted
-#   the token, which reads the row before); `scripts/migrate_tokens_reference.py` moves a measured
-#   trace onto the reading rows, telling the two apart by that identity. Routing is missing (NaN)
+#   `new_experts` of row `pos + 1`. The harness writes the reading rows itself
+#   (`speclimits.tracing.records`; `round` and `row` still name the pass that produced the token);
+#   traces written before it did stored the *producing* row (the pass that emitted the token, which
+#   reads the row before), and `scripts/migrate_tokens_reference.py` moves such a trace onto the
+#   reading rows, telling the two apart by that identity. Routing is missing (NaN)
 #   where no pass read the token: a generation's last token, and a teacher-forced reference, on
 #   which the target's per-token routing was not recorded. The simulator draws it from the row's own
 #   planted context.
@@ -163,7 +165,9 @@
 # For a teacher-forced reference `tokens.parquet` holds the text the Oracle walks, with
 # `reference_kind`, and the target's own greedy choice given the reference prefix where known:
 # `target_agrees` (from `oracle.parquet`'s `forced`) and `target_token_id`. On a greedy reference
-# the target's choice is the token itself.
+# the target's choice is the token itself. `speclimits trace --oracle` writes this layout at the end
+# of its Oracle pass (`speclimits.trace.reference_tokens`); the project's tests check a trace the
+# harness writes on the tiny model by the same rules as the bundled one.
 #
 # (methods-bootstrap)=
 # ## Intervals

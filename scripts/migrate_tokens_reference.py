@@ -1,4 +1,11 @@
-"""Rewrite a measured trace's tokens.parquet so that every sequence holds the reference the Oracle walks.
+"""Rewrite an OLD measured trace's tokens.parquet so that every sequence holds the reference the Oracle walks.
+
+Only for traces written before the harness wrote this layout itself: ``speclimits trace --oracle``
+now records routing on the reading rows and rewrites tokens.parquet at the end of its Oracle pass
+(:func:`speclimits.tracing.oracle_mode.write_reference_tokens`, on
+:mod:`speclimits.trace.reference_tokens`, whose functions this script uses). The bundled
+``data/traces/measured-eagle3`` was written before and migrated by this script; ``--check``
+verifies it is up to date.
 
 Usage: python scripts/migrate_tokens_reference.py [TRACE] [--tokenizer DIR] [--check]
 (defaults: data/traces/measured-eagle3, data/models/target). Re-runnable: the teacher-forced rows
@@ -49,8 +56,9 @@ import pandas as pd
 from speclimits.linguistic.align import alignment_check, window_routing_check
 from speclimits.models.tokenizer import load_tokenizer
 from speclimits.trace import read_meta, write_meta
-
-KIND_GREEDY, KIND_FORCED = "greedy", "teacher-forced"
+from speclimits.trace.reference_tokens import CHOICE_COLUMNS, add_target_choice, forced_rows, to_reading_rows
+from speclimits.vocabulary import GREEDY as KIND_GREEDY
+from speclimits.vocabulary import TEACHER_FORCED as KIND_FORCED
 #: What meta.json's ``conventions`` says about the tokens after the migration.
 TOKENS_CONVENTION = ("tokens: row pos = the token the context ends with at Oracle state pos (state pos drafts row "
                      "pos + 1 first); tokens.experts/new_experts = routing of the pass that reads the token (moved "
@@ -75,21 +83,10 @@ def routing_convention(tokens: pd.DataFrame, oracle: pd.DataFrame) -> str:
     return found[0]
 
 
-def to_reading_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Producing-row routing moved onto the reading rows: row r takes row r + 1's ``new_experts``
-    and ``experts`` within its sequence; each sequence's last row gets none."""
-    out = rows.sort_values(["seq_id", "pos"], kind="stable").copy()
-    nxt = out.groupby("seq_id", sort=False)
-    out["new_experts"] = nxt["new_experts"].shift(-1)
-    out["experts"] = nxt["experts"].shift(-1)
-    out["experts"] = [None if (not isinstance(v, np.ndarray) and pd.isna(v)) else v for v in out["experts"]]
-    return out.loc[rows.index]
-
-
 def greedy_rows(tokens: pd.DataFrame, forced_ids: set[str], convention: str) -> pd.DataFrame:
     """The rows of the greedy references, routing on the reading rows (a previous run's extra
     columns dropped)."""
-    keep = [c for c in tokens.columns if c not in ("reference_kind", "target_agrees", "target_token_id")]
+    keep = [c for c in tokens.columns if c not in ("reference_kind", *CHOICE_COLUMNS)]
     out = tokens.loc[~tokens["seq_id"].astype(str).isin(forced_ids), keep].copy()
     if convention == "producing":
         out = to_reading_rows(out)
@@ -97,42 +94,14 @@ def greedy_rows(tokens: pd.DataFrame, forced_ids: set[str], convention: str) -> 
     return out
 
 
-def forced_rows(prompt: dict, old: pd.DataFrame, decode) -> pd.DataFrame:
+def forced_sequence(prompt: dict, old: pd.DataFrame, decode) -> pd.DataFrame:
     """The rows of one teacher-forced reference, from its prompt record and its old rows (for the
-    prompt length and the columns' order)."""
+    prompt length and the category)."""
     ref = [int(x) for x in prompt["reference_token_ids"]]
     if len(ref) != len(old):
         raise SystemExit(f"{prompt['id']}: {len(ref)} reference tokens but {len(old)} token rows")
     n_prompt = int(old["context_len"].iloc[0] - old["pos"].iloc[0])
-    return pd.DataFrame({
-        "seq_id": prompt["id"], "pos": np.arange(len(ref), dtype=np.int64), "token_id": np.asarray(ref, np.int64),
-        "text": [decode(t) for t in ref], "new_experts": np.nan, "experts": [None] * len(ref),
-        "generation_id": pd.array([pd.NA] * len(ref), dtype="Int64"), "K": pd.array([pd.NA] * len(ref), dtype="Int64"),
-        "round": pd.array([pd.NA] * len(ref), dtype="Int64"), "row": pd.array([pd.NA] * len(ref), dtype="Int64"),
-        "context_len": n_prompt + np.arange(len(ref), dtype=np.int64), "category": old["category"].iloc[0],
-        "reference_kind": KIND_FORCED})
-
-
-def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: dict[str, int]) -> pd.DataFrame:
-    """``target_agrees`` and ``target_token_id`` (see the module docstring)."""
-    forced = oracle.set_index([oracle["seq_id"].astype(str), "pos"])["forced"]
-    keys = pd.MultiIndex.from_arrays([tokens["seq_id"].astype(str), tokens["pos"]])
-    f = forced.reindex(keys)
-    agrees = pd.array([pd.NA if pd.isna(x) else not bool(x) for x in f], dtype="boolean")
-    target = pd.array([t if (not pd.isna(a) and bool(a)) else pd.NA for t, a in zip(tokens["token_id"], agrees)],
-                      dtype="Int64")
-    row0 = (tokens["pos"] == 0).to_numpy()
-    target[row0] = [first_greedy[s] for s in tokens["seq_id"].astype(str)[row0]]
-    # a greedy reference is the target's own output: its choice given that prefix is the token itself,
-    # also at the last row, which no Oracle state forces
-    greedy = (tokens["reference_kind"] == KIND_GREEDY).to_numpy()
-    last = greedy & np.asarray(pd.isna(agrees))
-    agrees[last] = True
-    target[last] = tokens["token_id"].to_numpy()[last]
-    out = tokens.copy()
-    out["target_agrees"] = agrees
-    out["target_token_id"] = target
-    return out
+    return forced_rows(prompt["id"], ref, n_prompt, decode, old["category"].iloc[0] if "category" in old else None)
 
 
 def check(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: dict[str, int], decode) -> list[str]:
@@ -178,7 +147,7 @@ def migrate(trace: Path, tokenizer: Path) -> pd.DataFrame:
     convention = routing_convention(tokens[~tokens["seq_id"].astype(str).isin(forced_ids)], oracle)
     parts = [greedy_rows(tokens, forced_ids, convention)]
     for s in sorted(forced_ids):
-        parts.append(forced_rows(prompts[s], tokens[tokens["seq_id"].astype(str) == s], decode))
+        parts.append(forced_sequence(prompts[s], tokens[tokens["seq_id"].astype(str) == s], decode))
     out = pd.concat(parts, ignore_index=True)
     for col in ("generation_id", "K", "round", "row"):
         out[col] = out[col].astype("Int64")

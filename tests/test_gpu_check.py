@@ -28,8 +28,9 @@ N_LAYERS, N_EXPERTS, TOP_K = 2, 16, 4
 def _trace(root: Path, seed: int = 0, m: int = 3, n_rounds: int = 6) -> Path:
     """A trace of one generation: a prefill round, then fully accepted decode rounds of m rows.
 
-    Tokens follow the producing-row convention: decode round r emits m tokens, one per row; the
-    round's u_bar is the mean over layers of the distinct experts over those rows (by hand)."""
+    Decode round r emits m tokens, one per row; the round's u_bar is the mean over layers of the
+    distinct experts over those rows (by hand). The token table holds each row's routing on the
+    token it reads (the token before the one it produced); the last token has none."""
     rng = np.random.default_rng(seed)
     rounds, tokens = [], []
     pos = 0
@@ -47,6 +48,9 @@ def _trace(root: Path, seed: int = 0, m: int = 3, n_rounds: int = 6) -> Path:
             tokens.append(dict(seq_id="p0", pos=pos, token_id=int(rng.integers(512)), generation_id=0, K=m - 1,
                                round=r, row=j, experts=routing[j].reshape(-1).astype(np.int16)))
             pos += 1
+    for a, b in zip(tokens, tokens[1:]):  # reading rows: token r's routing is that of the row producing r + 1
+        a["experts"] = b["experts"]
+    tokens[-1]["experts"] = None
     meta = {"models": {"target": {"n_layers": N_LAYERS, "n_experts": N_EXPERTS, "top_k": TOP_K}}, "complete": True,
             "checks": {"counters_match": True, "emitted_match": True, "token_mismatch_generations": [],
                        "by_K": {str(m - 1): {"drafted": 10, "vllm_drafted": 10, "accepted": 10, "vllm_accepted": 10}}}}
@@ -96,21 +100,21 @@ def test_routing_check_compares_up_to_the_first_divergence(tmp_path):
     graphs = tmp_path / "graphs"
     shutil.copytree(eager, graphs)
     c = gc.check_routing_equal(graphs, eager, "x")
-    assert c.passed and c.detail.startswith("16/16 token rows")
+    assert c.passed and c.detail.startswith("15/15 token rows")  # the last token has no reading row
 
     def junk_row(df):
         df.at[7, "experts"] = np.full(N_LAYERS * TOP_K, 15, dtype=np.int16)  # stale rows, as a broken capture gives
 
     _rewrite(graphs, "tokens", junk_row)
     c = gc.check_routing_equal(graphs, eager, "x")
-    assert not c.passed and c.detail.startswith("15/16 token rows")
+    assert not c.passed and c.detail.startswith("14/15 token rows")
 
     def diverge(df):
-        df.loc[df["pos"] == 5, "token_id"] = -7  # outputs differ from token 5 on: rows after it are not compared
+        df.loc[df["pos"] == 5, "token_id"] = -7  # outputs differ from token 5 on: its row and later are not compared
 
     _rewrite(graphs, "tokens", diverge)
     c = gc.check_routing_equal(graphs, eager, "x")
-    assert c.passed and c.detail.startswith("6/6 token rows") and "diverge: 1" in c.detail
+    assert c.passed and c.detail.startswith("5/5 token rows") and "diverge: 1" in c.detail
 
 
 def test_routing_check_ignores_the_order_of_the_top_k_ids(tmp_path):
@@ -119,7 +123,8 @@ def test_routing_check_ignores_the_order_of_the_top_k_ids(tmp_path):
     shutil.copytree(eager, graphs)
 
     def reverse(df):
-        df["experts"] = [e.reshape(N_LAYERS, TOP_K)[:, ::-1].reshape(-1).copy() for e in df["experts"]]
+        df["experts"] = [None if e is None else e.reshape(N_LAYERS, TOP_K)[:, ::-1].reshape(-1).copy()
+                         for e in df["experts"]]
 
     _rewrite(graphs, "tokens", reverse)
     assert gc.check_routing_equal(graphs, eager, "x").passed

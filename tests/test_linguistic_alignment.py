@@ -154,3 +154,20 @@ def test_paper_comparison_verdicts_by_hand():
     assert got["k* >= 4 at prose vocabulary"] == "no data"
     assert got["new experts: script change - step before"] == "differs"  # [-0.8, -0.2] vs [0.26, 0.66]
     assert got["new experts: first mismatch - step before"] == "no data"
+
+
+def test_bundled_tokens_follow_the_layout_rules(measured):
+    # the same rules a trace written by the harness is checked against (tests/test_tracing_vllm.py)
+    from tokens_layout import layout_failures
+
+    tr = measured["tr"]
+    held_out = {p.id: list(p.reference_token_ids) for p in read_prompts(MEASURED / PROMPTS_FILE)
+                if p.reference_token_ids is not None}
+    assert layout_failures(tr.oracle, tr.tokens, held_out, min_states=200) == []
+    # and they can fail: routing one row off, or a teacher-forced sequence holding the greedy output
+    shifted = tr.tokens.assign(new_experts=tr.tokens.groupby("seq_id")["new_experts"].shift(-1))
+    assert any("window routing" in f for f in layout_failures(tr.oracle, shifted, held_out))
+    s = next(iter(held_out))
+    wrong = tr.tokens.copy()
+    wrong.loc[wrong["seq_id"].astype(str) == s, "token_id"] += 1
+    assert any(f.startswith(f"{s}: teacher-forced rows are not") for f in layout_failures(tr.oracle, wrong, held_out))

@@ -369,15 +369,16 @@ def test_batched_requests_decode_as_at_batch_one_and_steps_match_rounds(batch_sw
     assert agg.index.equals(s.index)
     assert (agg["m"] == s["n_tokens"]).all() and (agg["n"] == s["n_reqs"]).all() and (agg["L"] == s["context_total"]).all()
     # Ū of a step is over ALL its rows: recount it from the tokens' routing where every row produced a token
-    # (K = 0 decode steps: one row per request, producing-row convention)
+    # (K = 0 decode steps: one row per request; the row that produced token r is token r - 1's reading row)
     t = tr.tokens
+    reading = t.set_index(["generation_id", "pos"])["experts"]
     dec = r[(r["K"] == 0) & (r["b"] == 2) & (r["phase"] == "decode")]
     n_checked = 0
     for (bid, step), rows in dec.groupby(["batch_id", "step"]):
         if len(rows) < 2 or (rows["n_emitted"] != 1).any():
             continue
-        ex = np.concatenate([np.stack(t[(t["generation_id"] == g) & (t["round"] == rd)]["experts"].to_list())
-                             for g, rd in zip(rows["generation_id"], rows["round"])]).reshape(-1, 2, 4)
+        ex = np.stack([reading.loc[(g, int(t.loc[(t["generation_id"] == g) & (t["round"] == rd), "pos"].iloc[0]) - 1)]
+                       for g, rd in zip(rows["generation_id"], rows["round"])]).reshape(-1, 2, 4)
         per_layer = [len(set(ex[:, la].ravel().tolist())) for la in range(2)]
         assert s.loc[(bid, step), "u_bar"] == pytest.approx(np.mean(per_layer))
         assert s.loc[(bid, step), "e_max"] == max(per_layer)
@@ -407,7 +408,8 @@ def test_batch_one_writes_the_batch_one_trace(tiny, batch_sweep, tmp_path, capsy
         "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted", "n_sampled", "prompt_len",
         "step", "n_drafted_next", "category"]
     assert list(tr.tokens.columns) == ["seq_id", "pos", "token_id", "text", "new_experts", "experts",
-                                       "generation_id", "K", "round", "row", "context_len", "category"]
+                                       "generation_id", "K", "round", "row", "context_len", "reference_kind",
+                                       "category"]
     assert tr.steps is None and tr.batch_sizes == [1]
     assert tr.meta["batch_size"] == 1 and "batch_sizes" not in tr.meta and "by_b_K" not in tr.meta["checks"]
     assert sorted(tr.meta["sweep"]) == sorted(measured.meta["sweep"])

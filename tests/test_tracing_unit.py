@@ -122,7 +122,7 @@ def _req(n_sched, n_spec, ctx, n_out, sampled, routing, routing_from=0, n_prompt
             "u_layers": u, "routing": routing, "routing_from": routing_from}
 
 
-def test_generation_tables_truncation_and_producing_rows():
+def test_generation_tables_truncation_and_reading_rows():
     # 1 layer, top-1, experts chosen so each row is identifiable
     prefill_rows = np.array([[[5]], [[6]]])  # the last 2 of 4 prompt rows
     dec1 = np.array([[[1]], [[2]], [[3]]])  # K=2, all accepted: 3 tokens
@@ -144,15 +144,22 @@ def test_generation_tables_truncation_and_producing_rows():
     assert rounds["n_sampled"].tolist() == [1, 3, 2]
     assert check == {"drafted": 4, "accepted": 3, "emitted": 5, "output_len": 5, "tokens_match": True}
     assert tokens["token_id"].tolist() == [10, 11, 12, 13, 14]
-    # producing rows: prefill's last row, then rows 0..2 of round 1, then row 0 of round 2
-    assert [int(e[0]) for e in tokens["experts"]] == [6, 1, 2, 3, 1]
+    # the tokens were produced by the prefill's last row, rows 0..2 of round 1 and row 0 of round 2
     assert tokens["round"].tolist() == [0, 1, 1, 1, 2] and tokens["row"].tolist() == [3, 0, 1, 2, 0]
-    assert tokens["new_experts"].tolist() == [1.0, 1.0, 1.0, 1.0, 1.0]
+    # routing on the reading rows: token r is read by the row that produced token r + 1 (10 is read by row 0
+    # of round 1, ..., 13 by row 0 of round 2); the last token's reading row emitted nothing: no routing
+    assert [None if e is None else int(e[0]) for e in tokens["experts"]] == [1, 2, 3, 1, None]
+    # new experts of a reading row against the previous token's reading row (token 10's: the prefill's last row)
+    np.testing.assert_array_equal(tokens["new_experts"], [1.0, 1.0, 1.0, 1.0, np.nan])
     assert tokens["context_len"].tolist() == [4, 5, 6, 7, 8]
-    # a fully accepted round's u_bar equals the unique experts over its tokens
+    assert set(tokens["reference_kind"]) == {"greedy"}
+    # a fully accepted round's u_bar equals the unique experts over the tokens its rows read: the token
+    # before its first one and all but its last one
     full = rounds.index[(rounds["phase"] == "decode") & (rounds["n_emitted"] == rounds["m"])]
+    assert len(full) == 1
     for i in full:
-        ex = np.stack(tokens.loc[tokens["round"] == i, "experts"].to_list())
+        pos = tokens.loc[tokens["round"] == i, "pos"].to_numpy() - 1
+        ex = np.stack(tokens.set_index("pos").loc[pos, "experts"].to_list())
         assert rounds.loc[i, "u_bar"] == len(set(ex.ravel()))
     with pytest.raises(SpeclimitsError, match="saw 6 sampled tokens but vLLM returned 7"):
         generation_tables(steps, output_ids=list(range(7)), generation_id=7, prompt_id="p", K=2, top_k=1)
@@ -192,12 +199,15 @@ def test_worker_counts_or_driver_counts_give_the_same_rows():
     for i, (_, r) in enumerate(steps[1:], start=1):
         per_layer = [len(set(r["routing"][:, layer].ravel().tolist())) for layer in range(2)]
         assert b[0].loc[i, "u_bar"] == np.mean(per_layer) and b[0].loc[i, "e_max"] == max(per_layer)
-    # new_experts by brute force over consecutive producing rows
-    ex = np.stack(b[1]["experts"].to_list()).reshape(-1, 2, 2)
-    first_prev = steps[0][1]["routing"][0]  # prompt row n-2 precedes the prefill's producing row
-    prev = np.concatenate([first_prev[None], ex[:-1]])
+    # new_experts by brute force over consecutive reading rows; the reading row before token 0's is the
+    # prefill's last row (which reads the last prompt token); the last token has no reading row
+    ex = b[1]["experts"].to_list()
+    assert ex[-1] is None and all(e is not None for e in ex[:-1])
+    ex = np.stack(ex[:-1]).reshape(-1, 2, 2)
+    prev = np.concatenate([steps[0][1]["routing"][-1][None], ex[:-1]])
     brute = [np.mean([len(set(ex[j, la]) - set(prev[j, la])) for la in range(2)]) for j in range(len(ex))]
-    np.testing.assert_allclose(b[1]["new_experts"], brute)
+    np.testing.assert_allclose(b[1]["new_experts"][:-1], brute)
+    assert np.isnan(b[1]["new_experts"].iloc[-1])
 
 
 def test_buffered_parts_bookkeeping(tmp_path):
@@ -242,8 +252,9 @@ def test_buffered_parts_bookkeeping(tmp_path):
         got, want = read_table(root, table), read_table(ref, table)
         assert list(got.columns) == list(want.columns) and (got.dtypes == want.dtypes).all()
         if table == "tokens":
-            assert all(np.array_equal(a, b) and a.dtype == np.int16 for a, b in zip(got.pop("experts"),
-                                                                                    want.pop("experts")))
+            pairs = list(zip(got.pop("experts"), want.pop("experts")))
+            assert sum(a is None for a, _ in pairs) == 2  # each generation's last token: no reading row
+            assert all((a is None and b is None) or (np.array_equal(a, b) and a.dtype == np.int16) for a, b in pairs)
         pd.testing.assert_frame_equal(got, want)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt_token_ids": [1, 2]}) for i in range(3)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from speclimits.paths import DATA_DIR
@@ -125,9 +126,12 @@ def test_u_bar_recomputed_from_token_experts(selfdraft):
     top_k, n_layers = 4, 2
     full = r[(r["phase"] == "decode") & (r["n_emitted"] == r["m"])]
     assert len(full) > 10
+    reading = t.set_index(["generation_id", "pos"])["experts"]
     for _, row in full.iterrows():
+        # the round's rows read the token before its first one and all but its last (reading rows)
         toks = t[(t["generation_id"] == row["generation_id"]) & (t["round"] == row["round"])]
-        ex = np.stack(toks["experts"].to_list()).reshape(len(toks), n_layers, top_k)
+        ex = np.stack([reading.loc[(row["generation_id"], p - 1)] for p in toks["pos"]]).reshape(len(toks), n_layers,
+                                                                                                top_k)
         per_layer = [len(set(ex[:, layer].ravel().tolist())) for layer in range(n_layers)]
         assert row["u_bar"] == pytest.approx(np.mean(per_layer))
         assert row["e_max"] == max(per_layer)
@@ -153,18 +157,64 @@ def test_oracle_on_selfdraft(selfdraft):
     mp, mpc = np.stack(o["match_prob"]), np.stack(o["match_prob_chain"])
     ok = left >= 3
     np.testing.assert_allclose(mp[ok], mpc[ok], rtol=1e-5)
-    # window routing equals the sweep's routing of the same tokens: window [y_{p+1}, d_1..d_k] produces
-    # tokens pos p+1..p+1+k of the K=0 generation (producing-row convention)
+    # window routing equals the sweep's routing of the same tokens: window [y_{p+1}, d_1..d_k] reads
+    # tokens pos p..p+k of the K=0 generation (reading rows; the last token has none)
     t0 = t[t["K"] == 0]
     for seq, g in o.groupby("seq_id"):
-        ex = np.stack(t0[t0["seq_id"] == seq].sort_values("pos")["experts"].to_list()).reshape(-1, 2, 4)
+        ex = t0[t0["seq_id"] == seq].sort_values("pos")["experts"].to_list()
+        assert ex[-1] is None
+        ex = np.stack(ex[:-1]).reshape(-1, 2, 4)
         for _, row in g.iterrows():
             p = int(row["pos"])
             for k in range(4):
-                if p + 1 + k < len(ex):
-                    win = ex[p + 1: p + 2 + k]
+                if p + k < len(ex):
+                    win = ex[p: p + 1 + k]
                     u = np.mean([len(set(win[:, layer].ravel().tolist())) for layer in range(2)])
                     assert row["u_bar_window"][k] == pytest.approx(u), (seq, p, k)
+
+
+def test_harness_writes_the_documented_tokens_layout(tiny, selfdraft, tmp_path):
+    """``speclimits trace --oracle`` on a greedy and a teacher-forced prompt writes tokens.parquet in the
+    layout the book documents, checked by the same rules as the bundled trace (tests/tokens_layout.py)."""
+    from tokens_layout import layout_failures
+
+    from speclimits.cli import main
+    from speclimits.trace import read_generations
+    from speclimits.tracing.oracle_mode import write_reference_tokens
+
+    # a held-out reference for rand0: the target's own greedy output with row 8 changed, so that the
+    # Oracle walks text the target agrees with up to row 7 and is forced from row 8 on
+    ref = next(g["output_token_ids"] for g in read_generations(selfdraft).values()
+               if g["prompt_id"] == "rand0" and g["K"] == 0)
+    ref = [int(t) for t in ref]
+    ref[8] = (ref[8] + 1) % 512
+    lines = [json.loads(x) for x in PROMPTS.read_text().splitlines() if x.strip() and not x.startswith("#")][:3]
+    for obj in lines:
+        if obj["id"] == "rand0":
+            obj["reference_token_ids"] = ref
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "trace"
+    rc = main(["trace", "--target", str(tiny), "--draft", str(tiny), "--method", "draft_model", "--k", "2",
+               "--prompts", str(prompts), "--max-tokens", "20", "--load-format", "dummy", "--out", str(out),
+               "--quiet", "--oracle"])
+    assert rc == 0 and main(["validate", str(out)]) == 0
+    tr = read_trace(out)
+    o, t = tr.oracle, tr.tokens
+    assert sorted(set(o["reference_kind"])) == ["greedy", "teacher-forced"]
+    assert layout_failures(o, t, {"rand0": ref}, min_states=5) == []
+    # the target's choice on the held-out text: its own until row 7, overridden at row 8
+    forced = o[o["seq_id"] == "rand0"].set_index("pos")["forced"]
+    assert not forced.loc[:7].any() and forced.loc[8]
+    rows = t[t["seq_id"] == "rand0"].set_index("pos")
+    assert rows.loc[:7, "target_agrees"].all() and not rows.loc[8, "target_agrees"]
+    assert rows.loc[0, "target_token_id"] == ref[0]
+    # the rewrite is idempotent: running it again leaves the same table
+    write_reference_tokens(out, {"rand0": ref}, 2, None)
+    again = read_trace(out).tokens
+    pd.testing.assert_frame_equal(again.drop(columns=["experts", "text"]), t.drop(columns=["experts", "text"]))
+    assert [None if e is None else e.tolist() for e in again["experts"]] == \
+        [None if e is None else e.tolist() for e in t["experts"]]
 
 
 def test_ngram_accepts_some(ngram):

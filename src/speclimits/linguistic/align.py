@@ -23,11 +23,11 @@ token (the forward row whose input it is), against the pass that reads row r −
 rows whose experts make up the verification window's ``Ū``. The Oracle's windows therefore check
 it: where ``accept_len >= 1`` at state ``pos`` the window's first two rows read rows ``pos`` and
 ``pos + 1``, so ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s ``new_experts``
-(:func:`window_routing_check`). The harness records the *producing* row instead (the pass that
-emitted the token, which reads the row before); ``scripts/migrate_tokens_reference.py`` moves a
-measured trace's routing onto the reading rows (the last token of a generation is never read: its
-routing is missing). The simulator draws row r's count from row r's own planted context, the same
-reading-row meaning.
+(:func:`window_routing_check`). The harness writes it so (:mod:`speclimits.tracing.records`;
+the last token of a generation is never read: its routing is missing); traces written before it
+did, which stored the *producing* row (the pass that emitted the token, which reads the row
+before), are moved onto the reading rows by ``scripts/migrate_tokens_reference.py``. The
+simulator draws row r's count from row r's own planted context, the same reading-row meaning.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset:
     Where ``accept_len >= 1`` at state ``pos`` the window's first two rows read the reference
     pair (row pos, row pos + 1), so ``u_bar_window[1] − u_bar_window[0]`` is the new experts of
     the pass that reads row pos + 1. Returns one row per such state with a finite ``new_experts``
-    at row ``pos + row_offset`` (1 under the convention; 2 finds the harness's producing-row
-    tables): ``seq_id``, ``pos``, ``window_new``, ``token_new`` and ``abs_diff``.
+    at row ``pos + row_offset`` (1 under the convention; 2 finds the producing-row tables of
+    traces written before the harness recorded reading rows): ``seq_id``, ``pos``, ``window_new``, ``token_new`` and ``abs_diff``.
     """
     if "u_bar_window" not in oracle.columns:
         raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window",

@@ -296,7 +296,10 @@ def columns_table(chunks: list[dict[str, np.ndarray]], categories: list[str | No
         if name == "experts":
             width = values.shape[1] if values.ndim == 2 else 0
             offsets = np.arange(len(values) + 1, dtype=np.int32) * width
-            arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.int16()))
+            # a row of -1 ids: routing not recorded (a generation's last token), written as null
+            missing = (values < 0).all(axis=1) if width else np.zeros(len(values), dtype=bool)
+            arrays[name] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), pa.int16()),
+                                                    mask=pa.array(missing) if missing.any() else None)
         elif name in STRING_COLUMNS:
             arrays[name] = pa.array(values.tolist(), pa.large_string())
         elif name in FLOAT_COLUMNS:

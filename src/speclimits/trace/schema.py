@@ -85,9 +85,12 @@ TOKENS_COLUMNS: tuple[Column, ...] = (
     Column("pos", "int", "position in the reference sequence"),
     Column("token_id", "int", "token id"),
     Column("text", "str", "decoded token text"),
-    Column("new_experts", "float", "experts per layer used here but not at the previous position (NaN where the "
-                                   "target's routing on the token was not recorded, e.g. a teacher-forced reference)",
+    Column("new_experts", "float", "experts per layer of the pass that reads this token, absent from the pass that "
+                                   "reads the previous one (NaN where not recorded: a generation's last token, a "
+                                   "teacher-forced reference)",
            missing_ok=True),
+    Column("reference_kind", "str", "'greedy' (the target's own output) or 'teacher-forced' (held-out text)",
+           required=False),
 )
 
 #: Phases of an engine step of a batch trace: every request prefilling, every one decoding, or both kinds.
@@ -132,5 +135,5 @@ def column_names(table: str, required_only: bool = False) -> list[str]:
 #: Arrow types of the harness's per-generation columns (:func:`speclimits.trace.io.columns_table`):
 #: these hold strings (``large_string``), these floats (float64); every other column is int64,
 #: and ``experts`` is a list of int16.
-STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category")
+STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category", "reference_kind")
 FLOAT_COLUMNS = ("t_target_ms", "t_draft_ms", "u_bar", "e_max", "kv_usage", "new_experts")

@@ -536,6 +536,9 @@ def check_tokens(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
         c.rows(f, "new_experts", ne < 0, "must be >= 0")
         if hi is not None:
             c.rows(f, "new_experts", ne > hi, f"must be <= n_experts = {hi:g}")
+    if "reference_kind" in ok:
+        c.rows(f, "reference_kind", ~df["reference_kind"].astype(str).isin(REFERENCE_KINDS).to_numpy(),
+               f"must be one of {', '.join(REFERENCE_KINDS)}")
 
 
 def find_problems(path: str | Path) -> list[Problem]:

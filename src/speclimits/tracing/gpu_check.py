@@ -279,10 +279,27 @@ def check_self_draft(root: Path, label: str, min_rate: float = 0.99) -> Check:
 
 
 def experts_array(tokens: Any, n_layers: int, top_k: int) -> np.ndarray:
-    """The token table's ``experts`` column as int [tokens, n_layers, top_k]."""
-    flat = np.stack([np.asarray(e, dtype=np.int64) for e in tokens["experts"]]) if len(tokens) else \
-        np.zeros((0, n_layers * top_k), dtype=np.int64)
+    """The token table's ``experts`` column as int [tokens, n_layers, top_k]; -1 where missing."""
+    width = n_layers * top_k
+    flat = np.stack([np.full(width, -1, dtype=np.int64) if e is None else np.asarray(e, dtype=np.int64)
+                     for e in tokens["experts"]]) if len(tokens) else np.zeros((0, width), dtype=np.int64)
     return flat.reshape(len(tokens), n_layers, top_k)
+
+
+def producing_experts(tokens: Any, n_layers: int, top_k: int) -> np.ndarray:
+    """Routing of the row that *produced* each token, [tokens, n_layers, top_k] in the table's row
+    order; -1 where unknown. The table stores the reading row (row r: the pass whose input is
+    token r, which produced token r + 1), so token r's producing row is token r − 1's reading row
+    within its generation; the first token's (the prefill's last row) is not in the table."""
+    reading = experts_array(tokens, n_layers, top_k)
+    out = np.full_like(reading, -1)
+    keys = list(zip(tokens["generation_id"], tokens["pos"]))
+    where = {k: i for i, k in enumerate(keys)}
+    for i, (g, p) in enumerate(keys):
+        j = where.get((g, p - 1))
+        if j is not None:
+            out[i] = reading[j]
+    return out
 
 
 def target_shape(root: Path) -> tuple[int, int, int]:
@@ -303,13 +320,14 @@ def check_routing_equal(graph_root: Path, eager_root: Path, label: str) -> Check
         return Check(f"routing under graphs = eager ({label})", False,
                      f"token tables differ in rows: graphs {len(g)}, eager {len(e)}, common {len(merged)}")
     same_token = (merged["token_id_g"] == merged["token_id_e"]).to_numpy()
-    # compare only up to (and including) the first differing token of each generation: its producing row
-    # saw the same inputs
+    # compare only before the first differing token of each generation: the row that reads token r saw
+    # the tokens up to r, the same under both only while they agree; rows without routing (each
+    # generation's last token) are not compared
     first_diff = (~same_token).astype(int)
-    before = merged.assign(d=first_diff).groupby(["K", "seq_id"])["d"].cumsum().to_numpy() - first_diff
-    keep = before == 0
-    eg = experts_array(g, n_layers, top_k)[keep]
-    ee = experts_array(e, n_layers, top_k)[keep]
+    before = merged.assign(d=first_diff).groupby(["K", "seq_id"])["d"].cumsum().to_numpy()
+    eg, ee = experts_array(g, n_layers, top_k), experts_array(e, n_layers, top_k)
+    keep = (before == 0) & (eg >= 0).all(axis=(1, 2)) & (ee >= 0).all(axis=(1, 2))
+    eg, ee = eg[keep], ee[keep]
     rows_equal = (np.sort(eg, axis=2) == np.sort(ee, axis=2)).all(axis=(1, 2))
     n_div = int(merged.assign(d=~same_token).groupby(["K", "seq_id"])["d"].any().sum())
     ok = bool(rows_equal.all()) and len(rows_equal) > 0
@@ -327,14 +345,15 @@ def check_u_bar(root: Path, label: str) -> Check:
     """Ū from the token table's expert ids equals ``rounds.u_bar`` on fully accepted decode rounds.
 
     A decode round that emitted all of its m rows' tokens has every row's routing in the token
-    table (producing-row convention), so Ū over its tokens is Ū of the pass. Rounds that
+    table (its rows read the token before its first and all but its last: :func:`producing_experts`),
+    so Ū over its tokens' producing rows is Ū of the pass. Rounds that
     emitted fewer tokens hold a subset of the rows: their Ū over tokens may not exceed u_bar.
     Without any fully accepted round (a random EAGLE-3 head accepts nothing) only that bound
     can be checked, and the detail says so."""
     n_layers, _, top_k = target_shape(root)
     rounds = read_table(root, "rounds")
     tokens = read_table(root, "tokens")
-    experts = experts_array(tokens, n_layers, top_k)
+    experts = producing_experts(tokens, n_layers, top_k)
     groups = tokens.groupby(["generation_id", "round"]).indices
     dec = rounds[rounds["phase"] == "decode"]
     full = exact = over = compared = 0

@@ -45,9 +45,13 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+import pyarrow as pa
+
 from speclimits.errors import SpeclimitsError
-from speclimits.trace.io import read_generations, read_meta, write_meta, write_part
+from speclimits.trace.io import list_parts, read_generations, read_meta, read_table, write_meta, write_part
+from speclimits.trace.reference_tokens import first_greedy_tokens, reference_tokens
 from speclimits.tracing import engine as eng
+from speclimits.vocabulary import GREEDY, TEACHER_FORCED
 from speclimits.tracing.prompts import read_prompts, reference_ids
 from speclimits.tracing.sweep import sweep_engine_kwargs
 
@@ -231,10 +235,14 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
 
             got = run_oracle(llm, [r for _, r in todo], k_max, int(info["n_experts"]), batch=batch,
                              on_sequence=save, progress=cfg.progress)
+            decode = _decoder(llm)
         finally:
             eng.close_llm(llm)
         counter["states"] += got["states"]
         counter["forced_flips"] += got["forced_flips"]
+    else:
+        decode = _decoder_for(cfg.target)
+    write_reference_tokens(root, held_out, k_ref, decode)
     meta = read_meta(root)
     meta["oracle"] = {"k_max": k_max, "k_ref": k_ref, "batch": batch,
                       "reference": "held-out continuations (teacher-forced) where given, else the target's greedy "
@@ -243,3 +251,78 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
                       "sequences": len(refs), **counter}
     write_meta(root, meta)
     return meta
+
+
+def _decoder(llm: Any) -> Any:
+    """Token id -> text with the engine's tokenizer, as the sweep decodes (None without one)."""
+    try:
+        tok = llm.get_tokenizer()
+    except Exception:  # noqa: BLE001 - an engine built with skip_tokenizer_init has none
+        return None
+    return None if tok is None else (lambda t: tok.decode([t]))
+
+
+def _decoder_for(model: str | Path) -> Any:
+    """The target's tokenizer as a decoder, without an engine (a resumed pass with nothing left to run)."""
+    if not eng.has_tokenizer(model):
+        return None
+    from transformers import AutoTokenizer  # only when a tokenizer exists
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    return lambda t: tok.decode([t])
+
+
+#: Arrow type of ``tokens.experts`` (a column that is all null in a part would otherwise be typed null).
+EXPERTS_TYPE = pa.list_(pa.int16())
+
+
+def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_ref: int, decode: Any) -> int:
+    """Rewrite each ``tokens.parquet`` part in the documented layout
+    (:func:`speclimits.trace.reference_tokens.reference_tokens`): the reference generation's rows
+    (the K = ``k_ref`` generation at the smallest generation id per prompt) get ``reference_kind``
+    and the target's choice; a teacher-forced prompt's rows are replaced by its held-out tokens;
+    other generations' rows (``tokens="all"``) are kept as they are. Each part is rewritten under
+    its own name (atomic), so the sweep's resume logic is unchanged; re-running gives the same
+    files. Returns the number of parts rewritten."""
+    root = Path(root)
+    parts = list_parts(root, "tokens")
+    if not parts:
+        return 0
+    oracle = read_table(root, "oracle")
+    if oracle is None:
+        raise SpeclimitsError(f"{root}: no oracle.parquet to take the target's choices from")
+    oracle = oracle[["seq_id", "pos", "forced"]]
+    gens = read_generations(root)
+    first = first_greedy_tokens(gens, k_ref)
+    ref_gid: dict[str, int] = {}
+    for gid in sorted(gens, key=int, reverse=True):
+        if int(gens[gid]["K"]) == k_ref:
+            ref_gid[str(gens[gid]["prompt_id"])] = int(gid)
+    for name, path in sorted(parts.items()):
+        df = pd.read_parquet(path)
+        gid = pd.to_numeric(df["generation_id"], errors="coerce")
+        seq = df["seq_id"].astype(str)
+        is_ref = (gid == seq.map(ref_gid)).fillna(False)
+        if "reference_kind" in df.columns:  # a teacher-forced sequence rewritten before: no generation any more
+            is_ref |= (df["reference_kind"] == TEACHER_FORCED).fillna(False)
+        is_ref = is_ref.to_numpy(dtype=bool)
+        ref = df.loc[is_ref]
+        here = set(ref["seq_id"].astype(str))
+        new = reference_tokens(ref, oracle, {s: v for s, v in held_out.items() if s in here}, first, decode) \
+            if len(ref) else ref
+        rest = df.loc[~is_ref]
+        if len(rest) and "reference_kind" not in rest.columns:
+            rest = rest.assign(reference_kind=GREEDY)
+        out = pd.concat([new, rest], ignore_index=True) if len(rest) else new
+        for col in ("generation_id", "K", "round", "row"):
+            out[col] = out[col].astype("Int64")
+        for col in ("target_agrees",):
+            out[col] = out[col].astype("boolean") if col in out.columns else pd.array([pd.NA] * len(out), "boolean")
+        out["target_token_id"] = (out["target_token_id"] if "target_token_id" in out.columns
+                                  else pd.Series(pd.NA, index=out.index)).astype("Int64")
+        table = pa.Table.from_pandas(out.drop(columns="experts"), preserve_index=False)
+        experts = pa.array([None if v is None or (not isinstance(v, np.ndarray) and pd.isna(v)) else v
+                            for v in out["experts"]], type=EXPERTS_TYPE)
+        table = table.add_column(list(out.columns).index("experts"), "experts", experts)
+        write_part(root, "tokens", name, table)
+    return len(parts)

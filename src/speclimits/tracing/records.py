@@ -18,11 +18,15 @@ Arrow types they are written with: :mod:`speclimits.trace.schema`):
   *all* rows of the step (the extension counts them from its routing snapshot,
   ``u_layers_step``); ``context_total`` the sum of the requests' ``context_len``; the
   step's times, which each request's round rows repeat.
-* Token rows use the **producing-row** convention: ``experts`` of token ``pos`` is the
-  routing of the forward row that produced it (whose input is the previous token; the last
-  prompt token for ``pos`` 0). The round that emitted ``e`` tokens produced them from its
-  rows ``0..e-1``, so a fully accepted round's Ū is exactly Ū over its tokens. The routing
-  of token ``pos`` *as an input* is the ``experts`` of ``pos + 1``.
+* Token rows put the routing on the **reading row** (the data contract of
+  :mod:`speclimits.trace.reference_tokens`): ``experts`` of token ``pos`` is the routing of the
+  forward row whose *input* is that token, i.e. the row that produced token ``pos + 1``;
+  ``new_experts`` counts its experts absent from the row that read token ``pos − 1``. These are
+  the rows a verification window's Ū is made of. A generation's last token has none (the row
+  that reads it produced no emitted token): ``new_experts`` NaN, ``experts`` null. ``round`` and
+  ``row`` name the pass that *produced* the token: the round that emitted ``e`` tokens produced
+  them from its rows ``0..e-1`` (the last row on prefill rounds). ``reference_kind`` is
+  ``"greedy"``: a sweep generation is the target's own output.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pandas as pd
 from speclimits.errors import SpeclimitsError
 from speclimits.trace.schema import STRING_COLUMNS
 from speclimits.tracing.extension import external_request_id
+from speclimits.vocabulary import GREEDY
 
 
 def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -109,9 +114,10 @@ def step_columns(records: Sequence[dict[str, Any]], *, batch_id: int, b: int, K:
 ROUND_COLUMNS = ("generation_id", "prompt_id", "K", "m", "round", "phase", "t_target_ms", "t_draft_ms", "u_bar",
                  "e_max", "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted",
                  "n_sampled", "prompt_len", "step", "n_drafted_next")
-#: Token columns built here, in order. ``experts`` is a 2-D int16 array [tokens, n_layers * top_k].
+#: Token columns built here, in order. ``experts`` is a 2-D int16 array [tokens, n_layers * top_k]
+#: (a row of -1: routing not recorded, written as null by :func:`speclimits.trace.io.columns_table`).
 TOKEN_COLUMNS = ("seq_id", "pos", "token_id", "text", "new_experts", "experts", "generation_id", "K", "round", "row",
-                 "context_len")
+                 "context_len", "reference_kind")
 
 
 def _unique_by_round(routing: list[np.ndarray], round_of_row: np.ndarray, n_rounds: int) -> np.ndarray:
@@ -261,12 +267,11 @@ def _check_summary(rounds: dict[str, np.ndarray], sampled: np.ndarray, output_id
 def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.ndarray, sampled: np.ndarray,
                    cum: np.ndarray, *, generation_id: int, prompt_id: str, K: int, top_k: int,
                    decode: Any) -> dict[str, np.ndarray]:
-    """Token columns (producing-row convention; see the module docstring)."""
-    experts: list[np.ndarray] = []
+    """Token columns (routing on the reading rows; see the module docstring)."""
+    produced: list[np.ndarray] = []
     round_idx: list[np.ndarray] = []
     row_idx: list[np.ndarray] = []
     token_at: list[np.ndarray] = []
-    first_prev: np.ndarray | None = None
     starts = np.concatenate([[0], cum[:-1]])
     for i, r in enumerate(reqs):
         e = int(emitted[i])
@@ -278,23 +283,23 @@ def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.
         # row of the pass that produced emitted token j: j on decode rounds, the last row on prefill
         rows = np.array([n_rows - 1]) if prefill[i] else np.arange(e)
         rows = rows[:e]
-        if prefill[i] and not experts and first_prev is None and n_rows - 2 >= start:
-            first_prev = routing[n_rows - 2 - start]
-        experts.append(routing[rows - start])
+        produced.append(routing[rows - start])
         round_idx.append(np.full(len(rows), i, dtype=np.int64))
         row_idx.append(rows.astype(np.int64))
         token_at.append(starts[i] + np.arange(len(rows)))
-    if not experts:
-        return {c: np.zeros(0, dtype=object if c in STRING_COLUMNS else np.int64) for c in TOKEN_COLUMNS} | {
-            "new_experts": np.zeros(0), "experts": np.zeros((0, 0), dtype=np.int16)}
-    ex = np.concatenate(experts).astype(np.int16)  # [T, n_layers, top_k]
-    t = len(ex)
+    if not produced:
+        return {c: np.zeros(0, dtype=object if c in STRING_COLUMNS else np.int64)
+                for c in TOKEN_COLUMNS} | {"new_experts": np.zeros(0), "experts": np.zeros((0, 0), dtype=np.int16)}
+    prod = np.concatenate(produced).astype(np.int16)  # [T, n_layers, top_k]: routing of each token's producing row
+    t = len(prod)
     token_ids = sampled[np.concatenate(token_at)]
-    # new experts: ids of a token's producing row absent from the previous token's, averaged over layers
-    prev = np.concatenate([ex[:1] if first_prev is None else first_prev[None].astype(np.int16), ex[:-1]])
-    fresh = (ex[:, :, :, None] != prev[:, :, None, :]).all(axis=3).sum(axis=2).mean(axis=1)
-    if first_prev is None:
-        fresh[0] = float(top_k)
+    # the row that reads token r produced token r + 1; the last token's reading row produced nothing emitted
+    reading = np.concatenate([prod[1:], np.full((1, *prod.shape[1:]), -1, dtype=np.int16)])
+    fresh = np.full(t, np.nan)
+    # ids of token r's reading row (token r + 1's producing row) absent from token r - 1's reading row (token
+    # r's producing row; for r = 0 the prefill's last row, which reads the last prompt token), averaged over layers
+    cur, prev = prod[1:], prod[:-1]
+    fresh[:-1] = (cur[:, :, :, None] != prev[:, :, None, :]).all(axis=3).sum(axis=2).mean(axis=1)
     pos = np.arange(t, dtype=np.int64)
     n_prompt = int(reqs[0]["n_prompt"])
     return {
@@ -302,19 +307,21 @@ def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.
         "pos": pos,
         "token_id": token_ids,
         "text": np.array([decode(int(x)) for x in token_ids] if decode is not None else [""] * t, dtype=object),
-        "new_experts": fresh.astype(np.float64),
-        "experts": ex.reshape(t, -1),
+        "new_experts": fresh,
+        "experts": reading.reshape(t, -1),
         "generation_id": np.full(t, generation_id, dtype=np.int64),
         "K": np.full(t, K, dtype=np.int64),
         "round": np.concatenate(round_idx),
         "row": np.concatenate(row_idx),
         "context_len": n_prompt + pos,
+        "reference_kind": np.full(t, GREEDY, dtype=object),
     }
 
 
 def columns_frame(cols: dict[str, np.ndarray], category: str | None = None) -> pd.DataFrame:
     """A DataFrame of :func:`generation_columns` output (``experts`` as a column of int16 arrays)."""
-    data = {k: (list(v) if k == "experts" else v) for k, v in cols.items()}
+    data = {k: ([None if (row < 0).all() else row for row in v] if k == "experts" and v.shape[1] else
+                list(v) if k == "experts" else v) for k, v in cols.items()}
     df = pd.DataFrame(data)
     if category is not None:
         df["category"] = category

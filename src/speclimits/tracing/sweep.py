@@ -67,14 +67,18 @@ Tables (beyond the contract columns of :mod:`speclimits.trace.schema`):
             counter (it restarts with each engine, e.g. after a resume): only its order and
             differences within a batch mean anything.
 ``tokens``  ``seq_id`` (= prompt id), ``pos`` (0 = first generated token), ``token_id``,
-            ``text`` (``""`` without a tokenizer), ``new_experts`` (experts per layer not
-            used by the previous token's producing row), ``experts`` (list of
+            ``text`` (``""`` without a tokenizer), ``new_experts`` and ``experts`` (list of
             n_layers × top_k int16 expert ids, layer-major: ``experts[l*top_k:(l+1)*top_k]``
-            is layer l; producing-row convention), ``generation_id``, ``K``, ``round``,
-            ``row`` (row of that round's pass), ``context_len`` (= prompt_len + pos).
-            By default only the reference generation of each prompt (the smallest K of the
-            sweep, at the smallest batch size) is kept; ``tokens="all"`` keeps every K (and b),
-            ``"none"`` none. Batch sweeps add ``b`` and ``batch_id`` here too.
+            is layer l) of the pass that *reads* the token (missing on a generation's last
+            token), ``generation_id``, ``K``, ``round``, ``row`` (the round and row of the pass
+            that *produced* it), ``context_len`` (= prompt_len + pos), ``reference_kind``
+            (``"greedy"``). By default only the reference generation of each prompt (the
+            smallest K of the sweep, at the smallest batch size) is kept; ``tokens="all"``
+            keeps every K (and b), ``"none"`` none. Batch sweeps add ``b`` and ``batch_id``
+            here too. The Oracle pass (:mod:`speclimits.tracing.oracle_mode`) then rewrites the
+            reference rows in the layout of :mod:`speclimits.trace.reference_tokens`
+            (teacher-forced sequences hold their held-out text; ``target_agrees``,
+            ``target_token_id``).
 
 ``meta.json`` records the engine version, method, models (target with ``n_layers``,
 ``n_experts``, ``top_k``), hardware, dtype, seed, ``batch_size`` (the largest batch size, 1
@@ -507,8 +511,9 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         draft_cfg = read_model_config(cfg.draft)
         models["draft"] = {"path": str(cfg.draft), "architecture": (draft_cfg.get("architectures") or ["?"])[0]}
     batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
-    conventions = ("round = engine step (target pass + drafter call of that step); tokens.experts = "
-                   "routing of the producing row; see speclimits.tracing.records")
+    conventions = ("round = engine step (target pass + drafter call of that step); tokens.experts/new_experts = "
+                   "routing of the pass that reads the token (round/row: the pass that produced it); see "
+                   "speclimits.tracing.records and speclimits.trace.reference_tokens")
     extra: dict[str, Any] = {}
     if cfg.batched:  # a batch-1 trace's meta.json stays as it always was
         extra["batch_sizes"] = batch_sizes
