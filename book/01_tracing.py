@@ -77,7 +77,7 @@ print(report)
 
 # %% tags=["hide-input"]
 summary = describe.per_k_summary(rounds)
-rates = views.per_k_rates(rounds, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
+rates = describe.per_k_rates(rounds, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 bs.table(views.per_k_table(summary, rates), "tbl-tracing-per-k",
          "Decode rounds, generations and tokens per round by draft budget $K$, with 95% cluster-bootstrap "
          "intervals (generations resampled within each $K$).",

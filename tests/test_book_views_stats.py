@@ -32,7 +32,7 @@ def _rounds(seed: int = 0) -> pd.DataFrame:
 def test_per_k_rates_match_the_summary_and_bracket_it():
     rounds = _rounds()
     summary = describe.per_k_summary(rounds)
-    rates = vt.per_k_rates(rounds, n_boot=200, seed=3).set_index("K")
+    rates = describe.per_k_rates(rounds, n_boot=200, seed=3).set_index("K")
     for name in ("accepted_per_round", "emitted_per_round", "acceptance"):
         pd.testing.assert_series_equal(rates[name], summary[name], check_names=False)
     drafted = rates.loc[[1, 3]]
@@ -53,7 +53,7 @@ def test_per_k_rates_match_the_summary_and_bracket_it():
 def test_tracing_key_results_name_the_k_range_and_the_largest_k():
     rounds = _rounds()
     summary = describe.per_k_summary(rounds)
-    rates = vt.per_k_rates(rounds, n_boot=50)
+    rates = describe.per_k_rates(rounds, n_boot=50)
     rows = {r.quantity: r for r in vt.key_results(rounds, summary, rates)}
     assert rows["draft budgets K"].ours == "0–3"
     assert rows["generations"].ours == "18 (6 prompts)"

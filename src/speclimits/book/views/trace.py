@@ -1,8 +1,8 @@
 """Reader-facing tables of the tracing section (book section 1).
 
-:func:`per_k_rates` adds cluster-bootstrap intervals (generations resampled within each K) to the
-per-K means a reader compares across budgets; :func:`per_k_table` and :func:`timing_table` turn
-them into narrow tables with one interval cell per quantity.
+:func:`per_k_table` and :func:`timing_table` turn :func:`speclimits.describe.per_k_summary` and
+:func:`speclimits.describe.per_k_rates` (the per-K means with cluster-bootstrap intervals) into
+narrow tables with one interval cell per quantity.
 """
 
 from __future__ import annotations
@@ -10,44 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from speclimits.bootstrap import ratio_bootstrap
 from speclimits.book.present import Result, fmt_ci, fmt_num
-from speclimits.trace import decode_rounds
-
-#: Per-K ratios with an interval: name -> (numerator column, denominator column or None for rounds).
-_RATES = {
-    "accepted_per_round": ("n_accepted", None),
-    "emitted_per_round": ("n_emitted", None),
-    "acceptance": ("n_accepted", "n_draft"),
-}
-
-
-def per_k_rates(rounds: pd.DataFrame, n_boot: int = 999, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
-    """One row per K: the decode-round ratios of :data:`_RATES` with percentile intervals.
-
-    Each ratio is ``sum(numerator) / sum(denominator)`` over the decode rounds (non-zero target
-    time, as :func:`speclimits.describe.per_k_summary`), so the point estimates equal that summary's.
-    Generations are the resampling unit; every K is resampled on its own (each K is its own sweep).
-    Columns: ``K``, then ``<name>``, ``<name>_lo``, ``<name>_hi`` for every name (NaN where the
-    denominator is zero, e.g. acceptance at K = 0).
-    """
-    dec, _ = decode_rounds(rounds, timing="target")
-    dec = dec.assign(_one=1.0)
-    rows = []
-    for i, (k, d) in enumerate(dec.groupby("K", sort=True)):
-        sums = d.groupby("generation_id", sort=True, observed=True)[
-            ["n_accepted", "n_emitted", "n_draft", "_one"]].sum()
-        row: dict[str, float] = {"K": int(k)}
-        for name, (num, den) in _RATES.items():
-            den_v = sums[den or "_one"].to_numpy(dtype=float)
-            if den_v.sum() <= 0:
-                row.update({name: np.nan, f"{name}_lo": np.nan, f"{name}_hi": np.nan})
-                continue
-            est, lo, hi = ratio_bootstrap(sums[num].to_numpy(dtype=float), den_v, n_boot, seed + i, level)
-            row.update({name: est, f"{name}_lo": lo, f"{name}_hi": hi})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
 
 def per_k_table(summary: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
     """Rounds, generations and the per-round token counts by K (intervals in one cell)."""
