@@ -12,7 +12,7 @@ from speclimits.book.views import oracle as view
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.control.policies import compare_policies
-from speclimits.oracle.report import oracle_report
+from speclimits.oracle.report import best_online, oracle_report, policy_kind
 from speclimits.oracle.validation import validation_by_surrogate
 
 
@@ -102,21 +102,24 @@ def test_policies_keep_online_rules_and_the_reference_static_k(comparison):
     assert oracle["Gain captured (%)"] == pytest.approx(100.0)
     hindsight = shown[shown["Policy"].str.contains("best in hindsight")].iloc[0]
     assert hindsight["Gain captured (%)"] == 0.0 and hindsight["vs best static K (×)"] == pytest.approx(1.0)
-    name, gain = view.best_online(comparison)
+    name, gain = best_online(t)
     assert name != "Oracle (bound)" and not name.startswith("static K")
     rules = online[online["policy"] != "Oracle (bound)"]
     assert gain == pytest.approx(rules["gain_captured"].max())
+    assert set(t["policy"].map(policy_kind)) == {"static", "online", "oracle"}
+    assert (t["policy"].map(policy_kind) == "oracle").sum() == 1
 
 
 def test_key_results_are_the_computed_numbers(report, comparison):
-    rows = view.key_results(report, comparison)
+    rows = view.key_results(report, best_online(comparison.table))
     iv = report.interval
     assert rows[0].ours == fmt_ci(iv.estimate["speedup"], *iv.interval["speedup"])
     assert rows[1].ours == fmt_ci(iv.estimate["gain_over_best_static"], *iv.interval["gain_over_best_static"])
     assert rows[2].ours == str(report.headline.bounds.best_static_k)
-    _, gain = view.best_online(comparison)
+    _, gain = best_online(comparison.table)
     assert rows[-1].ours == f"{100 * gain:.0f} %"
     assert all(r.ref and r.ref.startswith("tbl-oracle-") for r in rows)
+    assert len(view.key_results(report)) == len(rows) - 1  # no comparison: no gain-captured row
 
 
 def test_wrap_keeps_printed_lines_within_the_column():

@@ -22,6 +22,38 @@ from speclimits.trace import Trace
 from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
 
 
+#: The label :func:`speclimits.control.policies.compare_policies` gives the bound's row of its table.
+ORACLE_POLICY = "Oracle (bound)"
+#: How that table labels its static-K rows (``StaticK.name``: ``static K = <k>``).
+STATIC_POLICY_PREFIX = "static K = "
+
+
+def policy_kind(label: str) -> str:
+    """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table``.
+
+    The table carries no kind column (it is built in :mod:`speclimits.control.policies`), so the
+    kind is read off the two labels that module gives: the bound's and the static-K rules'.
+    """
+    label = str(label)
+    if label == ORACLE_POLICY:
+        return "oracle"
+    return "static" if label.startswith(STATIC_POLICY_PREFIX) else "online"
+
+
+def best_online(table: pd.DataFrame) -> tuple[str, float]:
+    """The online rule (not a static K, not the Oracle) that captures the largest share of the
+    Oracle's gain over the best static K on the held-out sequences.
+
+    ``table``: ``PolicyComparison.table`` (columns ``policy``, ``gain_captured``). Returns
+    ``(policy label, gain_captured)``; the first such row wins a tie.
+    """
+    online = table[table["policy"].map(policy_kind) == "online"]
+    if online.empty:
+        raise SpeclimitsError("the policy comparison has no online rule (only static K and the Oracle)")
+    row = online.loc[online["gain_captured"].idxmax()]
+    return str(row["policy"]), float(row["gain_captured"])
+
+
 @dataclass(frozen=True, eq=False)
 class OracleReport:
     """The Oracle on one trace, as reported.

@@ -19,6 +19,7 @@ import pandas as pd
 
 from speclimits import paper
 from speclimits.book.present import Result, fmt_ci, fmt_num
+from speclimits.oracle.report import policy_kind
 
 #: The appendix reports no Oracle speedup, gain or best static K: what the "Paper" cell says.
 NOT_IN_APPENDIX = "not in the appendix"
@@ -337,18 +338,6 @@ def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
     })
 
 
-def _is_static(name: str) -> bool:
-    return name.startswith("static K = ")
-
-
-def best_online(pc) -> tuple[str, float]:
-    """The online rule (not a static K, not the Oracle) that captures the largest share of the gap."""
-    t = pc.table
-    online = t[~t["policy"].map(_is_static) & (t["policy"] != "Oracle (bound)")]
-    row = online.loc[online["gain_captured"].idxmax()]
-    return str(row["policy"]), float(row["gain_captured"])
-
-
 def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Policies on the held-out sequences against the bound: ``(shown, full)``.
 
@@ -357,7 +346,7 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     t = pc.table.copy()
     keep_static = {f"static K = {pc.best_static_k_train}", f"static K = {pc.best_static_k_test}"}
-    t = t[~t["policy"].map(_is_static) | t["policy"].isin(keep_static)]
+    t = t[(t["policy"].map(policy_kind) != "static") | t["policy"].isin(keep_static)]
 
     def name(p: str) -> str:
         marks = []
@@ -382,8 +371,12 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
 # ---------------------------------------------------------------------------
 
 
-def key_results(report, pc=None) -> list[Result]:
-    """The section's headline rows: bound, gain, best static K, accepted drafts, gap captured."""
+def key_results(report, online: tuple[str, float] | None = None) -> list[Result]:
+    """The section's headline rows: bound, gain, best static K, accepted drafts, gap captured.
+
+    ``online``: ``(policy, gain captured)`` of the best online rule on the held-out sequences
+    (:func:`speclimits.oracle.report.best_online`); without it the last row is left out.
+    """
     bd, iv = report.headline.bounds, report.interval
 
     def ci(q: str, fallback: float | None):
@@ -405,8 +398,8 @@ def key_results(report, pc=None) -> list[Result]:
         Result.of("Oracle's accepted drafts per round", bd.mean_accepted, decimals=2,
                   paper=_third_party("mean_accepted_plateau"), ref="tbl-oracle-bound"),
     ]
-    if pc is not None:
-        name, gain = best_online(pc)
+    if online is not None:
+        name, gain = online
         rows.append(Result.of(f"gain captured online, held-out ({name})",
                               100 * gain, decimals=0, unit="%", paper=BEYOND_PAPER, ref="tbl-oracle-policies"))
     return rows
