@@ -6,7 +6,10 @@ loopback-only network namespace (the caller wraps this script with
 line per scenario (wall and CPU seconds, events) prefixed with ``RESULT``:
 
 ``serial``   the serial sweep (:func:`speclimits.tracing.sweep.run_sweep`) -> WORK/serial
+             (with ``--oracle-k-max``: then the serial Oracle pass)
 ``dist``     the same sweep on Ray: ``speclimits trace ... --workers 2`` (the CLI) -> WORK/dist
+             (with ``--oracle-k-max``: ``--oracle`` too, on the Ray workers, then once more, with
+             nothing left to run)
 ``kill``     on Ray, worker 1 SIGKILLed mid-job once some shard is on disk -> WORK/kill
 ``resume``   as ``kill`` but without retries (the sweep fails), then ``resume=True`` -> WORK/resume
 """
@@ -44,6 +47,8 @@ def main() -> int:
                         "moment it is given a job once some shard is on disk (deterministic: the job is in "
                         "flight, and the failed first run of `resume` leaves work done to skip)")
     p.add_argument("--prompts", default=None)
+    p.add_argument("--oracle-k-max", type=int, default=None,
+                   help="serial and dist: also run the Oracle pass with this K_max (dist: on the Ray workers)")
     args = p.parse_args()
 
     from speclimits.errors import SpeclimitsError
@@ -90,6 +95,10 @@ def main() -> int:
     result: dict = {"scenario": args.scenario}
     if args.scenario == "serial":
         run_sweep(cfg)
+        if args.oracle_k_max:
+            from speclimits.tracing.oracle_mode import trace_oracle
+
+            trace_oracle(cfg, k_max=args.oracle_k_max, batch=16)
     elif args.scenario == "resume":
         try:
             run_sweep_ray(cfg, rs)
@@ -104,9 +113,19 @@ def main() -> int:
         rc = cli(["trace", "--target", cfg.target, "--draft", cfg.draft, "--method", cfg.method, "--k", args.k,
                   "--prompts", cfg.prompts, "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
                   "--load-format", "dummy", "--tokens", "all", "--out", cfg.out, "--quiet",
-                  "--workers", str(args.workers), "--shard-size", str(args.shard_size)])
+                  "--workers", str(args.workers), "--shard-size", str(args.shard_size),
+                  *(["--oracle", "--oracle-k-max", str(args.oracle_k_max), "--oracle-batch", "16"]
+                    if args.oracle_k_max else [])])
         if rc != 0:
             return rc
+        if args.oracle_k_max:  # run again: every shard is on disk, so no job (and no Ray session) is needed
+            from speclimits.tracing.ray_sweep import trace_oracle_ray
+
+            dispatched = []
+            rerun = RaySettings(workers=args.workers, shard_size=args.shard_size,
+                                on_event=lambda kind, info: dispatched.append(kind))
+            meta = trace_oracle_ray(cfg, args.oracle_k_max, 16, rerun)
+            result["oracle_rerun"] = {"jobs": meta["oracle"]["distributed"]["runs"][-1]["jobs"], "events": dispatched}
     else:
         run_sweep_ray(cfg, rs)
     result.update(wall_s=round(time.perf_counter() - t0, 2), driver_cpu_s=round(_cpu_children_and_self() - cpu0, 2),

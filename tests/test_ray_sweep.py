@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -143,7 +144,8 @@ def ray_runs(tmp_path_factory):
     (work / "home").mkdir()
     results = {}
     for scenario in ("serial", "dist", "kill", "resume"):
-        proc = subprocess.run(loopback_command([sys.executable, str(SCENARIOS), str(work), scenario]),
+        extra = ["--oracle-k-max", "3"] if scenario in ("serial", "dist") else []
+        proc = subprocess.run(loopback_command([sys.executable, str(SCENARIOS), str(work), scenario, *extra]),
                               capture_output=True, text=True, env=env, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
@@ -166,7 +168,7 @@ def _by_generation(root: Path) -> dict[int, dict]:
 
 def _token_table(root: Path) -> pd.DataFrame:
     t = read_trace(root).tokens.sort_values(["generation_id", "pos"]).reset_index(drop=True)
-    t["experts"] = [tuple(e) for e in t["experts"]]
+    t["experts"] = [None if e is None else tuple(e) for e in t["experts"]]
     return t
 
 
@@ -184,7 +186,9 @@ def test_two_workers_equal_the_serial_sweep(ray_runs):
         assert not meta["checks"]["token_mismatch_generations"]
         # same tokens, same accepted counts, same rounds per generation
         assert _by_generation(root) == serial, scenario
-        pd.testing.assert_frame_equal(_token_table(root), _token_table(work / "serial"))
+        # (the serial and dist traces also ran the Oracle pass, which adds the target's choice to the tokens)
+        mine = _token_table(root)
+        pd.testing.assert_frame_equal(mine, _token_table(work / "serial")[list(mine.columns)], check_dtype=False)
         r = read_trace(root).rounds
         assert not r.duplicated(["generation_id", "round"]).any()
         assert sorted(r["generation_id"].unique()) == list(range(6))
@@ -201,6 +205,42 @@ def test_two_workers_equal_the_serial_sweep(ray_runs):
     assert len(builds) == 2 and min(builds) == 1 and sum(builds) <= 3
     started = [e[2]["K"] for e in results["kill"]["events"] if e[1] == "started"]
     assert sorted(started[:2]) == [0, 3]
+
+
+@pytest.mark.vllm
+@pytest.mark.ray
+def test_oracle_pass_on_the_workers_equals_the_serial_pass(ray_runs):
+    from tokens_layout import layout_failures
+
+    work, results = ray_runs
+    serial, dist = read_trace(work / "serial"), read_trace(work / "dist")
+    keys = ["seq_id", "pos"]
+    a = serial.oracle.sort_values(keys).reset_index(drop=True)
+    b = dist.oracle.sort_values(keys).reset_index(drop=True)
+    assert len(a) == 3 * 19 and list(a.columns) == list(b.columns)
+    for col in a.columns:  # ints and ids exactly, the draft's probabilities to float rounding
+        if a[col].dtype == object and col != "seq_id":
+            np.testing.assert_allclose(np.stack(a[col]).astype(float), np.stack(b[col]).astype(float), rtol=1e-5,
+                                       err_msg=col)
+        elif pd.api.types.is_float_dtype(a[col]):
+            np.testing.assert_allclose(a[col], b[col], rtol=1e-5, err_msg=col)
+        else:
+            assert a[col].tolist() == b[col].tolist(), col
+    # the same meta, apart from where it ran; the parts are those of the serial pass
+    od, os_ = dist.meta["oracle"], serial.meta["oracle"]
+    assert {k: v for k, v in od.items() if k != "distributed"} == os_
+    assert sorted(p.name for p in (work / "dist" / "oracle.parquet").iterdir()) == \
+        sorted(p.name for p in (work / "serial" / "oracle.parquet").iterdir())
+    # shards of one reference on two workers, each with one Oracle engine
+    d = od["distributed"]
+    assert d["workers"] == 2 and [r["jobs"] for r in d["runs"]] == [3, 0] and len(d["shards"]) == 3
+    assert len({s["where"]["pid"] for s in d["shards"].values()}) == 2 and len(d["runs"][0]["usage"]) == 2
+    # run again with every part on disk: nothing is dispatched
+    assert results["dist"]["oracle_rerun"] == {"jobs": 0, "events": []}
+    # and the tokens are rewritten in the documented layout by the driver, as by the serial pass
+    pd.testing.assert_frame_equal(_token_table(work / "dist"), _token_table(work / "serial"))
+    ref = serial.tokens[serial.tokens["K"] == 0]
+    assert layout_failures(serial.oracle, ref, {}, min_states=5) == []
 
 
 @pytest.mark.vllm

@@ -11,6 +11,30 @@ from speclimits.errors import SpeclimitsError
 from speclimits.vocabulary import SURROGATES
 
 
+def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) -> list[int]:
+    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> the sorted unique integers, each >= ``minimum``; a
+    bad spec raises one line naming ``flag`` and an ``example`` (the K and batch-size lists of
+    every command: ``speclimits trace --k/--batch``, ``speclimits control bench --static``)."""
+    out: set[int] = set()
+    try:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+    except ValueError:
+        raise SpeclimitsError(f"{flag} expects e.g. {example}, got {spec!r}") from None
+    if not out or min(out) < minimum:
+        raise SpeclimitsError(f"{flag} needs at least one {noun} >= {minimum}, got {spec!r}")
+    return sorted(out)
+
+
 def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:
     """``["n=3", "ks=[1,2]", "name=abc"]`` -> ``{"n": 3, "ks": [1, 2], "name": "abc"}``.
 

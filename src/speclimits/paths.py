@@ -19,6 +19,9 @@ DATA_DIR = REPO_ROOT / "data"
 TRACES_DIR = DATA_DIR / "traces"
 #: The models trained here (tokenizer, Qwen3-MoE target, EAGLE-3 head, dense draft): ``speclimits train-models``.
 MODELS_DIR = DATA_DIR / "models"
+#: The bundled pair: the target and its EAGLE-3 head (the defaults of ``speclimits control bench``).
+TARGET_MODEL = MODELS_DIR / "target"
+EAGLE3_MODEL = MODELS_DIR / "eagle3"
 
 #: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
 DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"

@@ -42,9 +42,11 @@ from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import offline_table
 from speclimits.control.profile import PROFILE_ROUNDS
+from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
 from speclimits.machine import cpu_info
+from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
 from speclimits.tracing.prompts import read_prompts, tokenize
 
 #: vLLM's spec-decode counters, by the names ``vllm bench serve --save-result`` gives them.
@@ -60,8 +62,8 @@ class BenchConfig:
     policy: str
     out: str
     trace: str | None = None
-    target: str = "data/models/target"
-    draft: str = "data/models/eagle3"
+    target: str = str(TARGET_MODEL)
+    draft: str = str(EAGLE3_MODEL)
     method: str = "eagle3"
     load_format: str = "auto"
     prompts: str | None = None
@@ -90,19 +92,7 @@ class BenchConfig:
 
 def parse_static(spec: str) -> list[int]:
     """``"1-6"`` or ``"1,2,4"`` -> sorted K values (>= 1)."""
-    out: set[int] = set()
-    try:
-        for part in spec.split(","):
-            if "-" in part:
-                lo, hi = part.split("-")
-                out.update(range(int(lo), int(hi) + 1))
-            elif part:
-                out.add(int(part))
-    except ValueError:
-        raise SpeclimitsError(f"--static: expected e.g. 1-6 or 1,2,4, got {spec!r}") from None
-    if not out or min(out) < 1:
-        raise SpeclimitsError(f"--static: K values must be >= 1, got {spec!r}")
-    return sorted(out)
+    return parse_int_list(spec, "--static", "'1-6' or '1,2,4'", "K", 1)
 
 
 def vllm_counters(llm: Any) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from speclimits.control.profile import PROFILE_ROUNDS
+from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_bench_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`")
     b.add_argument("--trace", default=None, help="trace whose Oracle data covers the prompts (default: the fit's)")
-    b.add_argument("--target", default="data/models/target")
-    b.add_argument("--draft", default="data/models/eagle3")
+    b.add_argument("--target", default=str(TARGET_MODEL), help="target model folder (default: the bundled one)")
+    b.add_argument("--draft", default=str(EAGLE3_MODEL), help="EAGLE-3 head folder (default: the bundled one)")
     b.add_argument("--method", default="eagle3")
     b.add_argument("--load-format", default="auto")
     b.add_argument("--prompts", default=None, help="prompt JSONL (default: the trace's prompts.jsonl)")

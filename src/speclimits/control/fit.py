@@ -33,6 +33,7 @@ from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
+from speclimits.vocabulary import HEADLINE_KIND
 
 #: λ grid of the fit, as multiples of the train Oracle's time per token.
 LAMBDA_GRID = np.geomspace(0.25, 4.0, 17)
@@ -45,7 +46,7 @@ LAMBDA_GRID = np.geomspace(0.25, 4.0, 17)
 
 def greedy_setup(trace: Any, cost_model: CostModel | str | Path | None = None) -> OracleSetup:
     """:func:`speclimits.oracle.prepare_oracle` restricted to the greedy references."""
-    return prepare_oracle(trace, cost_model).for_kind("greedy")
+    return prepare_oracle(trace, cost_model).for_kind(HEADLINE_KIND)
 
 
 def tune_lambda(train: OracleInputs, table: CostTable, fit_args: dict[str, Any], lambda_oracle: float
@@ -84,7 +85,7 @@ def fit_policy(trace: Any, k_max: int = 10, test_share: float = 0.5, seed: int =
     meta = setup.trace.meta
     data = {"trace": str(setup.trace.path), "simulated": bool(setup.trace.simulated),
             "trace_created": meta.get("created"), "method": meta.get("method"), "models": meta.get("models"),
-            "reference_kind": "greedy", "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
+            "reference_kind": HEADLINE_KIND, "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
             "test_share": test_share, "train_states": int(train.n_states), "notes": list(setup.notes),
             "fitted_on": "train split only: calibration (reached draft steps), Ū per m (train prompts' decode "
                          "rounds), τ and λ (replayed greedy outcomes, priced by the cost model)"}

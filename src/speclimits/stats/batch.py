@@ -80,11 +80,11 @@ def trace_steps(trace: Trace | str | Path) -> pd.DataFrame:
 
 
 def _experts(tr: Trace) -> tuple[int, int]:
-    target = (tr.meta.get("models") or {}).get("target") or {}
-    if target.get("n_experts") is None or target.get("top_k") is None:
+    n_experts = ((tr.meta.get("models") or {}).get("target") or {}).get("n_experts")
+    if n_experts is None or tr.top_k is None:
         raise SpeclimitsError(f"trace {tr.path}: meta.json lacks models.target.n_experts / top_k "
                               "(the union of a step's experts needs both)")
-    return int(target["n_experts"]), int(target["top_k"])
+    return int(n_experts), int(tr.top_k)
 
 
 def uniform_decode_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:

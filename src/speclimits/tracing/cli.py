@@ -93,7 +93,8 @@ def _writing_arguments(p: argparse.ArgumentParser) -> None:
 
 def _oracle_arguments(p: argparse.ArgumentParser) -> None:
     """The dense Oracle pass (oracle.parquet)."""
-    p.add_argument("--oracle", action="store_true", help="also write dense Oracle data (oracle.parquet)")
+    p.add_argument("--oracle", action="store_true",
+                   help="also write dense Oracle data (oracle.parquet); with --workers on the Ray workers")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
     p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
 
@@ -106,7 +107,8 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="join an existing Ray cluster (ray.init(address=ADDR)); one worker per GPU there")
     p.add_argument("--shard-size", type=int, default=None, metavar="N",
-                   help="prompts per distributed job (default: about four jobs per worker and K, at most 16)")
+                   help="prompts per distributed job, references per Oracle shard (default: about four jobs "
+                        "per worker and K, at most 16)")
     p.add_argument("--ray-runtime-env", default=None, metavar="JSON",
                    help="Ray runtime_env for the workers, e.g. '{\"py_modules\": [\"src/speclimits\"]}' on a cluster")
 
@@ -136,24 +138,31 @@ def _cli(args: argparse.Namespace) -> int:
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
         batch_sizes=batch_sizes,
     )
-    meta = _run_distributed(args, cfg) if distributed else run_sweep(cfg)
+    rs = _ray_settings(args) if distributed else None
+    meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
     checks = meta.get("checks", {})
     sizes = f", batch sizes {meta['batch_sizes']}" if meta.get("batch_sizes") else ""
     print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}{sizes}, "
           f"counters match vLLM: {checks.get('counters_match')}, emitted = output lengths: {checks.get('emitted_match')}")
     if args.oracle:
-        from speclimits.tracing.oracle_mode import trace_oracle  # imports the harness; only with --oracle
-
         k_max = args.oracle_k_max or (max(k_values) if max(k_values) > 0 else 10)
-        meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
+        if rs is not None:  # a distributed sweep's Oracle pass runs on Ray workers too: shards of references
+            from speclimits.tracing.ray_sweep import trace_oracle_ray  # see _cli: imported when used
+
+            meta = trace_oracle_ray(cfg, k_max, args.oracle_batch, rs)
+        else:
+            from speclimits.tracing.oracle_mode import trace_oracle  # imports the harness; only with --oracle
+
+            meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
         o = meta["oracle"]
+        where = f", on {o['distributed']['workers']} Ray workers" if "distributed" in o else ""
         print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "
-              f"forced flips {o['forced_flips']}")
+              f"forced flips {o['forced_flips']}{where}")
     return 0
 
 
-def _run_distributed(args: argparse.Namespace, cfg: object) -> dict:
-    from speclimits.tracing.ray_sweep import RaySettings, run_sweep_ray  # see _cli: imported when used
+def _ray_settings(args: argparse.Namespace) -> object:
+    from speclimits.tracing.ray_sweep import RaySettings  # see _cli: imported when used
 
     runtime_env = None
     if args.ray_runtime_env:
@@ -164,7 +173,12 @@ def _run_distributed(args: argparse.Namespace, cfg: object) -> dict:
     workers = args.workers
     if workers is None:
         raise SpeclimitsError("--ray-address: give --workers N as well (e.g. the cluster's GPU count)")
-    rs = RaySettings(workers=workers, address=args.ray_address, shard_size=args.shard_size, runtime_env=runtime_env)
+    return RaySettings(workers=workers, address=args.ray_address, shard_size=args.shard_size, runtime_env=runtime_env)
+
+
+def _run_distributed(rs: object, cfg: object) -> dict:
+    from speclimits.tracing.ray_sweep import run_sweep_ray  # see _cli: imported when used
+
     meta = run_sweep_ray(cfg, rs)
     run = meta["distributed"]["runs"][-1]
     print(f"distributed on Ray ({run['address']}): {run['workers']} workers, {run['jobs']} jobs, "

@@ -123,7 +123,7 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
     if ref.category is not None:
         df["category"] = ref.category
     # the Oracle reports the two kinds of reference apart (speclimits.oracle.prepare.REFERENCE_KINDS)
-    df["reference_kind"] = "teacher-forced" if ref.source == "held-out" else "greedy"
+    df["reference_kind"] = TEACHER_FORCED if ref.source == "held-out" else GREEDY
     return df
 
 
@@ -191,13 +191,24 @@ def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
     return refs
 
 
-def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
-    """The Oracle pass of ``speclimits trace --oracle`` on the sweep trace at ``cfg.out``.
+@dataclass
+class OraclePlan:
+    """What an Oracle pass over a sweep trace has to do (:func:`plan_oracle`): every reference,
+    and those without their ``oracle.parquet`` part yet (``todo``: (index, reference) pairs;
+    sequence ``index`` writes ``part-s{index:05d}``)."""
 
-    Writes ``oracle.parquet/part-s{index:05d}.parquet`` per reference (resumable: sequences
-    with a part are skipped) and ``meta["oracle"]`` (``k_max``, reference source, states,
-    forced flips). ``cfg`` is the :class:`~speclimits.tracing.sweep.SweepConfig` of the sweep.
-    """
+    root: Path
+    prompts: list[Any]
+    k_max: int
+    k_ref: int
+    batch: int
+    held_out: dict[str, list[int]]
+    refs: list[Reference]
+    todo: list[tuple[int, Reference]]
+
+
+def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
+    """The Oracle pass's work on the sweep trace at ``cfg.out`` (see :func:`trace_oracle`)."""
     if k_max < 1:
         raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {k_max}")
     if cfg.method == "ngram":
@@ -215,51 +226,86 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
                                       "'reference_token_ids' (tokenizer-backed references are not wired yet)")
             held_out[p.id] = reference_ids(p, None)
     refs = references_from_sweep(root, prompts, k_ref, held_out)
-    folder = root / "oracle.parquet"
-    done = {int(p.stem[len("part-s"):]) for p in folder.glob("part-s*.parquet")} if folder.is_dir() else set()
-    todo = [(i, r) for i, r in enumerate(refs) if i not in done]
     old = meta.get("oracle") or {}
     if old and int(old.get("k_max", k_max)) != k_max:
         raise SpeclimitsError(f"--resume: the trace's Oracle data use k_max = {old['k_max']}, not {k_max}")
-    counter = {"states": int(old.get("states", 0)), "forced_flips": int(old.get("forced_flips", 0))}
-    if todo:
-        longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in todo)
-        kwargs = sweep_engine_kwargs(cfg, k_max, prompts, [k_max], batch=batch, prefix_caching=True,
-                                extra_len=max(0, longest - cfg.max_tokens))
-        kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
-        llm, info = eng.make_llm(kwargs)
-        index = {id(r): i for i, r in todo}
-        try:
-            def save(ref: Reference, df: pd.DataFrame) -> None:
-                write_part(root, "oracle", f"part-s{index[id(ref)]:05d}", df)
+    done = {int(name[len(ORACLE_PART):]) for name in oracle_parts(root)}
+    todo = [(i, r) for i, r in enumerate(refs) if i not in done]
+    return OraclePlan(root, prompts, k_max, k_ref, batch, held_out, refs, todo)
 
-            got = run_oracle(llm, [r for _, r in todo], k_max, int(info["n_experts"]), batch=batch,
-                             on_sequence=save, progress=cfg.progress)
-            decode = _decoder(llm)
-        finally:
-            eng.close_llm(llm)
-        counter["states"] += got["states"]
-        counter["forced_flips"] += got["forced_flips"]
-    else:
-        decode = _decoder_for(cfg.target)
-    write_reference_tokens(root, held_out, k_ref, decode)
-    meta = read_meta(root)
-    meta["oracle"] = {"k_max": k_max, "k_ref": k_ref, "batch": batch,
+
+#: Name prefix of the Oracle pass's part files: ``part-s{sequence index:05d}``.
+ORACLE_PART = "part-s"
+
+
+def oracle_parts(root: str | Path) -> dict[str, Path]:
+    """The Oracle pass's part files on disk, by name."""
+    folder = Path(root) / "oracle.parquet"
+    return {p.stem: p for p in folder.glob(f"{ORACLE_PART}*.parquet")} if folder.is_dir() else {}
+
+
+def oracle_engine(cfg: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]]) -> tuple[Any, dict[str, Any]]:
+    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``todo``."""
+    longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in todo)
+    kwargs = sweep_engine_kwargs(cfg, plan.k_max, plan.prompts, [plan.k_max], batch=plan.batch, prefix_caching=True,
+                                 extra_len=max(0, longest - cfg.max_tokens))
+    kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
+    return eng.make_llm(kwargs)
+
+
+def run_oracle_parts(llm: Any, info: dict[str, Any], plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
+                     progress: bool = True) -> dict[str, Any]:
+    """Run the references of ``todo`` on ``llm`` and write each one's part as it finishes (a
+    sequence whose part is on disk is skipped, so a retried shard repeats nothing done)."""
+    left = [(i, r) for i, r in todo if f"{ORACLE_PART}{i:05d}" not in oracle_parts(plan.root)]
+    index = {id(r): i for i, r in left}
+
+    def save(ref: Reference, df: pd.DataFrame) -> None:
+        write_part(plan.root, "oracle", f"{ORACLE_PART}{index[id(ref)]:05d}", df)
+
+    return run_oracle(llm, [r for _, r in left], plan.k_max, int(info["n_experts"]), batch=plan.batch,
+                      on_sequence=save, progress=progress)
+
+
+def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """After every reference's part is on disk: ``tokens.parquet`` in the documented layout
+    (:func:`write_reference_tokens`) and ``meta["oracle"]``, its counts read from the data on
+    disk (states, and forced flips = states whose reference token overrode the target's choice),
+    so a serial, a distributed and a resumed pass record the same numbers."""
+    missing = [i for i, _ in enumerate(plan.refs) if f"{ORACLE_PART}{i:05d}" not in oracle_parts(plan.root)]
+    if missing:
+        raise SpeclimitsError(f"Oracle: sequences {missing[:5]} ({len(missing)} in all) have no part in "
+                              f"{plan.root / 'oracle.parquet'}; run the pass again (it resumes)")
+    write_reference_tokens(plan.root, plan.held_out, plan.k_ref, _decoder_for(cfg.target))
+    oracle = read_table(plan.root, "oracle")
+    meta = read_meta(plan.root)
+    meta["oracle"] = {"k_max": plan.k_max, "k_ref": plan.k_ref, "batch": plan.batch,
                       "reference": "held-out continuations (teacher-forced) where given, else the target's greedy "
-                                   f"output of the K={k_ref} sweep generation; states pos = 0..N-2 (y_1 comes "
+                                   f"output of the K={plan.k_ref} sweep generation; states pos = 0..N-2 (y_1 comes "
                                    "from the prefill)",
-                      "sequences": len(refs), **counter}
-    write_meta(root, meta)
+                      "sequences": len(plan.refs), "states": int(len(oracle)),
+                      "forced_flips": int(oracle["forced"].sum()), **(extra or {})}
+    write_meta(plan.root, meta)
     return meta
 
 
-def _decoder(llm: Any) -> Any:
-    """Token id -> text with the engine's tokenizer, as the sweep decodes (None without one)."""
-    try:
-        tok = llm.get_tokenizer()
-    except Exception:  # noqa: BLE001 - an engine built with skip_tokenizer_init has none
-        return None
-    return None if tok is None else (lambda t: tok.decode([t]))
+def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
+    """The Oracle pass of ``speclimits trace --oracle`` on the sweep trace at ``cfg.out``, on one engine.
+
+    Writes ``oracle.parquet/part-s{index:05d}.parquet`` per reference (resumable: sequences
+    with a part are skipped), rewrites ``tokens.parquet`` in the documented layout and writes
+    ``meta["oracle"]`` (``k_max``, reference source, states, forced flips). ``cfg`` is the
+    :class:`~speclimits.tracing.sweep.SweepConfig` of the sweep. The distributed pass is
+    :func:`speclimits.tracing.ray_sweep.trace_oracle_ray` (same files).
+    """
+    plan = plan_oracle(cfg, k_max, batch)
+    if plan.todo:
+        llm, info = oracle_engine(cfg, plan, plan.todo)
+        try:
+            run_oracle_parts(llm, info, plan, plan.todo, progress=cfg.progress)
+        finally:
+            eng.close_llm(llm)
+    return finish_oracle(cfg, plan)
 
 
 def _decoder_for(model: str | Path) -> Any:

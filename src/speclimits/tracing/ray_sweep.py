@@ -20,6 +20,11 @@ part exists is skipped; temporary files are dot-prefixed and never read. When a 
 against vLLM's per part), and ``meta.json`` gains ``distributed`` (workers, where each shard
 ran, attempts, engine builds, CPU seconds per worker).
 
+The Oracle pass (``--oracle``) runs on Ray workers as well (:func:`trace_oracle_ray`): shards of
+reference sequences, each worker with one Oracle engine, each sequence's ``oracle.parquet`` part
+written once (``part-s{index}``, skipped when on disk, so a retried shard repeats nothing done);
+the driver finishes exactly as the serial pass (:func:`~speclimits.tracing.oracle_mode.finish_oracle`).
+
 Network: this module never chooses addresses, ports or listening interfaces. Locally it calls
 ``ray.init(num_cpus=..., include_dashboard=False)``, with ``--ray-address`` ``ray.init(address=...)``
 and nothing else; usage statistics are turned off (``RAY_USAGE_STATS_ENABLED=0``) unless the
@@ -45,8 +50,9 @@ from tqdm.auto import tqdm
 
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import jsonable
-from speclimits.trace.io import list_parts, read_meta, read_shard_logs, write_meta
+from speclimits.trace.io import list_parts, read_meta, read_shard_logs, target_top_k, write_meta
 from speclimits.tracing import engine as eng
+from speclimits.tracing.oracle_mode import OraclePlan, finish_oracle, oracle_engine, plan_oracle, run_oracle_parts
 from speclimits.tracing.prompts import Prompt
 from speclimits.tracing.sweep import (
     Batch,
@@ -196,15 +202,7 @@ class SweepWorker:
 
     def __init__(self, cfg: dict[str, Any], prompts: list[Prompt], k_values: list[int],
                  scratch: str | None = None) -> None:
-        # each engine leaves files in TMPDIR (vllm_dist_*): one scratch folder per worker, inside the
-        # driver's ``scratch`` folder when given (the driver removes it, also after a killed worker)
-        if scratch is not None:
-            Path(scratch).mkdir(parents=True, exist_ok=True)
-        self.tmpdir = tempfile.mkdtemp(prefix="speclimits-ray-worker-", dir=scratch)
-        self._old_tmpdir = os.environ.get("TMPDIR")
-        os.environ["TMPDIR"] = self.tmpdir
-        tempfile.tempdir = None
-        eng.apply_env_defaults()
+        self.tmpdir, self._old_tmpdir = _enter_scratch(scratch)
         self.cfg = SweepConfig(**cfg)
         self.plan = SweepPlan(self.cfg, prompts, Path(self.cfg.out), {}, k_values, None, [],
                               sorted(set(int(b) for b in self.cfg.batch_sizes)))
@@ -240,12 +238,62 @@ class SweepWorker:
 
     def close(self) -> None:
         self.holder.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
-        if self._old_tmpdir is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = self._old_tmpdir
-        tempfile.tempdir = None
+        _leave_scratch(self.tmpdir, self._old_tmpdir)
+
+
+def _enter_scratch(scratch: str | None) -> tuple[str, str | None]:
+    """A worker's own TMPDIR (each engine leaves files there, vllm_dist_*), inside the driver's
+    ``scratch`` folder when given (the driver removes it, also after a killed worker), and the CPU
+    engine defaults. Returns (the folder, the TMPDIR it replaced)."""
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(prefix="speclimits-ray-worker-", dir=scratch)
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None
+    eng.apply_env_defaults()
+    return tmpdir, old
+
+
+def _leave_scratch(tmpdir: str, old: str | None) -> None:
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
+class OracleWorker:
+    """One Oracle engine (K = k_max, :func:`~speclimits.tracing.oracle_mode.oracle_engine`), many
+    shards of references. Runs inside a Ray worker process; writes each sequence's
+    ``oracle.parquet`` part as the serial pass does (a part on disk is skipped, so a retried shard
+    repeats nothing done)."""
+
+    def __init__(self, cfg: dict[str, Any], plan: OraclePlan, scratch: str | None = None) -> None:
+        self.tmpdir, self._old_tmpdir = _enter_scratch(scratch)
+        self.cfg, self.plan = SweepConfig(**cfg), plan
+        self.llm: Any = None
+        self.info: dict[str, Any] = {}
+        self.where = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.jobs_run = 0
+
+    def run_job(self, items: list[tuple[int, Any]]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        if self.llm is None:  # long enough for every reference of the pass, so one engine serves all shards
+            self.llm, self.info = oracle_engine(self.cfg, self.plan, self.plan.todo)
+        got = run_oracle_parts(self.llm, self.info, self.plan, items, progress=False)
+        self.jobs_run += 1
+        return {"states": got["states"], "seconds": time.perf_counter() - t0, "where": dict(self.where)}
+
+    def usage(self) -> dict[str, Any]:
+        return {"cpu_s": time.process_time(), "jobs": self.jobs_run, **self.where}
+
+    def close(self) -> None:
+        if self.llm is not None:
+            eng.close_llm(self.llm)
+            self.llm = None
+        _leave_scratch(self.tmpdir, self._old_tmpdir)
 
 
 # ---------------------------------------------------------------------------
@@ -362,7 +410,7 @@ class _Driver:
                                               result["info"], result["kwargs"])
                 self.plan.root.mkdir(parents=True, exist_ok=True)
                 write_meta(self.plan.root, self.plan.meta)
-            self.top_k = int(self.plan.meta["models"]["target"]["top_k"])
+            self.top_k = int(target_top_k(self.plan.meta))
             for s in self.slots:  # jobs that waited for meta.json
                 if s.job is not None and not any(vs is s and kind == "job" for vs, kind in self.inflight.values()):
                     self._submit_job(s)
@@ -493,6 +541,116 @@ def _distributed_meta(root: Path, old: dict[str, Any] | None, driver: _Driver | 
                  "usage": [] if driver is None else driver.usage})
     return jsonable({"backend": "ray", "workers": rs.workers, "runs": runs, "shards": shards,
                      "parts_not_sharded": sorted(on_disk - set(shards))})
+
+
+# ---------------------------------------------------------------------------
+# the Oracle pass on Ray
+# ---------------------------------------------------------------------------
+
+
+def trace_oracle_ray(cfg: SweepConfig, k_max: int, batch: int, rs: RaySettings) -> dict[str, Any]:
+    """The Oracle pass of ``speclimits trace --oracle --workers N``: the serial pass's work
+    (:func:`~speclimits.tracing.oracle_mode.trace_oracle`) cut into shards of references, run by
+    Ray workers (one Oracle engine each), with the same files and the same result.
+
+    A shard is idempotent (each sequence's part is written once, named by its index, and skipped
+    when on disk); a worker that dies is replaced and its shard given back (``rs.max_attempts``
+    tries). The driver then rewrites ``tokens.parquet`` and writes ``meta["oracle"]`` exactly as
+    the serial pass (:func:`~speclimits.tracing.oracle_mode.finish_oracle`), plus
+    ``meta["oracle"]["distributed"]``: where each shard ran (kept across runs) and, per run, its
+    jobs, retried shards, worker restarts and CPU seconds per worker."""
+    if rs.workers < 1:
+        raise SpeclimitsError(f"--workers must be >= 1, got {rs.workers}")
+    plan = plan_oracle(cfg, k_max, batch)
+    size = rs.shard_size or default_shard_size(len(plan.todo), rs.workers)
+    jobs = [plan.todo[i: i + size] for i in range(0, len(plan.todo), size)]
+    old = (read_meta(plan.root).get("oracle") or {}).get("distributed") or {}
+    run: dict[str, Any] = {"address": rs.address or "local", "workers": rs.workers, "shard_size": size,
+                           "jobs": len(jobs), "retried_shards": 0, "worker_restarts": 0, "usage": []}
+    shards: dict[str, Any] = dict(old.get("shards") or {})  # where earlier runs' shards ran stays recorded
+    if jobs:
+        ray = require_ray()
+        owns = _init_ray(ray, rs)
+        try:
+            got = _run_oracle_jobs(ray, cfg, plan, jobs, rs)
+        finally:
+            if owns:
+                ray.shutdown()
+        shards.update(got.pop("shards"))
+        run.update(got)
+    record = {"backend": "ray", "workers": rs.workers, "shards": shards, "runs": [*old.get("runs", []), run]}
+    return finish_oracle(cfg, plan, extra={"distributed": jsonable(record)})
+
+
+def _run_oracle_jobs(ray: Any, cfg: SweepConfig, plan: OraclePlan, jobs: list[list[tuple[int, Any]]],
+                     rs: RaySettings) -> dict[str, Any]:
+    """Hand the shards to workers until all are done; returns where each ran and the retries."""
+    gpus = rs.gpus_per_worker
+    if gpus is None:
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(OracleWorker)
+    scratch = tempfile.mkdtemp(prefix="speclimits-ray-")
+    settings = sweep_config_dict(cfg)
+    actors = [actor_cls.remote(settings, plan, scratch) for _ in range(min(rs.workers, len(jobs)))]
+    pending = list(enumerate(jobs))
+    attempts: dict[int, int] = {}
+    inflight: dict[Any, tuple[int, int]] = {}
+    shards: dict[str, Any] = {}
+    restarts = 0
+    bar = tqdm(total=sum(len(r.output_ids) - 1 for _, r in plan.todo), desc="oracle", unit="state",
+               disable=not cfg.progress)
+
+    def submit(slot: int) -> None:
+        if pending:
+            j, items = pending.pop(0)
+            attempts[j] = attempts.get(j, 0) + 1
+            inflight[actors[slot].run_job.remote(items)] = (slot, j)
+            if rs.on_event is not None:
+                rs.on_event("oracle_dispatch", {"worker": slot, "shard": j, "attempt": attempts[j]})
+
+    try:
+        for slot in range(len(actors)):
+            submit(slot)
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            slot, j = inflight.pop(ready[0])
+            try:
+                res = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # the worker died: a fresh one retries the shard
+                if rs.on_event is not None:
+                    rs.on_event("oracle_died", {"worker": slot, "shard": j})
+                if attempts[j] >= rs.max_attempts:
+                    raise SpeclimitsError(f"distributed Oracle pass: shard {j} (sequences "
+                                          f"{[i for i, _ in jobs[j]]}) failed {attempts[j]} times; last error: "
+                                          f"{exc}") from None
+                pending.insert(0, (j, jobs[j]))
+                actors[slot] = actor_cls.remote(settings, plan, scratch)
+                restarts += 1
+                submit(slot)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # a Python error inside the shard: would repeat
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                raise SpeclimitsError(f"distributed Oracle pass: worker {slot} failed: {cause}") from None
+            first = jobs[j][0][0]
+            shards[f"{first:05d}"] = {"sequences": [i for i, _ in jobs[j]], "where": res["where"],
+                                      "attempts": attempts[j], "seconds": round(res["seconds"], 3)}
+            bar.update(sum(len(r.output_ids) - 1 for _, r in jobs[j]))
+            if rs.on_event is not None:
+                rs.on_event("oracle_done", {"worker": slot, "shard": j, "pid": res["where"]["pid"]})
+            submit(slot)
+    finally:
+        bar.close()
+        usage = []
+        for slot, actor in enumerate(actors):
+            try:
+                usage.append({"worker": slot, **ray.get(actor.usage.remote(), timeout=30)})
+                ray.get(actor.close.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - a dead or stuck worker: kill it below
+                pass
+            ray.kill(actor)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"shards": shards, "retried_shards": sum(1 for a in attempts.values() if a > 1),
+            "worker_restarts": restarts, "usage": usage}
 
 
 # ---------------------------------------------------------------------------

@@ -100,6 +100,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.machine import cpu_info
 from speclimits.trace.io import (
@@ -115,6 +116,7 @@ from speclimits.trace.io import (
     read_meta,
     read_parts_log,
     remove_orphan_parts,
+    target_top_k,
     write_meta,
     write_part,
     write_shard_log,
@@ -182,33 +184,12 @@ class SweepConfig:
 
 def parse_k(spec: str) -> list[int]:
     """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> sorted unique list of K >= 0."""
-    return _parse_int_list(spec, "--k", "'1-10' or '0,1,2,4'", "K", 0)
+    return parse_int_list(spec, "--k", "'1-10' or '0,1,2,4'", "K", 0)
 
 
 def parse_batch(spec: str) -> list[int]:
     """``"1,2,4,8"`` or ``"1-4"`` -> sorted unique list of batch sizes >= 1 (``--batch``)."""
-    return _parse_int_list(spec, "--batch", "'1,2,4,8' or '1-4'", "batch size", 1)
-
-
-def _parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) -> list[int]:
-    out: set[int] = set()
-    try:
-        for part in str(spec).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-    except ValueError:
-        raise SpeclimitsError(f"{flag} expects e.g. {example}, got {spec!r}") from None
-    if not out or min(out) < minimum:
-        raise SpeclimitsError(f"{flag} needs at least one {noun} >= {minimum}, got {spec!r}")
-    return sorted(out)
+    return parse_int_list(spec, "--batch", "'1,2,4,8' or '1-4'", "batch size", 1)
 
 
 def read_model_config(path: str | Path) -> dict[str, Any]:
@@ -439,7 +420,7 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
             for bi in range(len(plan.batch_sizes)):
                 group = [bt for bt in mine if bt.b_index == bi]
                 if group:  # one writer per (b, K): a part holds whole batches of one batch size
-                    run_batches(plan, holder, llm, K, group, top_k=int(meta["models"]["target"]["top_k"]), bar=bar)
+                    run_batches(plan, holder, llm, K, group, top_k=int(target_top_k(meta)), bar=bar)
     finally:
         holder.close()
         bar.close()
