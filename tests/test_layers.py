@@ -1,0 +1,76 @@
+"""The package's layers: no package imports one above it (the import graph between the
+top-level modules and sub-packages of ``speclimits`` has no cycle), and the low layers stay low."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import speclimits
+
+ROOT = Path(speclimits.__file__).parent
+
+#: What the data-contract and harness layers may import (besides themselves and third parties).
+ALLOWED = {
+    "errors": set(),
+    "vocabulary": set(),
+    "jsonutil": {"errors"},
+    "trace": {"errors", "jsonutil", "vocabulary"},
+    "tracing": {"cliutil", "errors", "jsonutil", "machine", "trace", "vocabulary"},
+}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Top-level unit (module or sub-package of speclimits) -> the units it imports."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).parts
+        unit = parts[0].removesuffix(".py")
+        graph[unit]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                bits = name.split(".")
+                if bits[0] == "speclimits" and len(bits) > 1 and bits[1] != unit:
+                    graph[unit].add(bits[1])
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by depth-first search (each reported once, from its first node reached)."""
+    found, state, stack = [], {}, []
+
+    def visit(u: str) -> None:
+        state[u] = "open"
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == "open":
+                found.append(stack[stack.index(v):] + [v])
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = "done"
+
+    for u in sorted(graph):
+        if u not in state:
+            visit(u)
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_package_imports_one_above_it():
+    graph = import_graph()
+    assert {"trace", "tracing", "stats", "oracle", "control", "book", "linguistic"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_the_low_layers_import_only_what_is_below_them():
+    graph = import_graph()
+    bad = {unit: sorted(graph[unit] - allowed) for unit, allowed in ALLOWED.items() if graph[unit] - allowed}
+    assert bad == {}
