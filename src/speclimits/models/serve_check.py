@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speclimits.trace.prompts import read_prompts as read_project_prompts
 from speclimits.tracing.engine import spec_counters
 
 _TIMES: dict[str, list] = {"forward": [], "propose": []}
@@ -86,19 +87,14 @@ def generate(req: dict) -> dict:
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """Rows of the prompts JSONL (``id``, ``category``, ``prompt``); errors name the line."""
+    """Rows of the prompts JSONL (``id``, ``category``, ``prompt``), read by the one prompts reader
+    (:func:`speclimits.trace.prompts.read_prompts`, whose errors name the line); every prompt here
+    needs text and a category."""
     rows = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} line {i}: {exc}") from exc
-        missing = {"id", "category", "prompt"} - set(row)
-        if missing:
-            raise ValueError(f"{path} line {i}: missing fields {sorted(missing)}")
-        rows.append(row)
+    for p in read_project_prompts(path):
+        if p.text is None or p.category is None:
+            raise ValueError(f"{path}: prompt {p.id!r} needs 'prompt' text and a 'category'")
+        rows.append({"id": p.id, "category": p.category, "prompt": p.text})
     return rows
 
 
