@@ -101,6 +101,22 @@ def test_paper_split_rows_and_rule_rows_on_planted_regime_elsewhere():
     # interpolation tables are labelled by their own split
     assert set(res.interpolation.loc[res.interpolation["scheme"] == "transfer", "m"]) == {7, 8}
     assert set(res.interpolation_paper.loc[res.interpolation_paper["scheme"] == "transfer", "m"]) == {4, 5}
+    # the headline and regime rows are numbers; the book's view writes their cells
+    head = res.headline()
+    for col in ("est", "lo", "hi", "est2", "lo2", "hi2", "se", "se_prompt", "half", "paper_est", "paper_se"):
+        assert pd.api.types.is_float_dtype(head[col]), col
+    assert head.loc["regime boundary (last m of the small regime)", "est"] == 7
+    from speclimits.book.views import final_model as view
+
+    shown = view.headline(res).set_index("Quantity")
+    assert shown.loc["regime boundary (last m of the small regime)", "Ours"] == "7"
+    pooled = head.loc["pooled α (SE)"]
+    assert shown.loc["pooled α (SE)", "Ours"] == f"{pooled['est']:.4f} ({pooled['se']:.4f})"
+    assert shown.loc["pooled α (SE)", "Paper"] == "0.2528 (0.0014)"
+    regimes = view.regimes(res).set_index(["Split", "Quantity"])
+    cell = regimes.loc[("rule: m ≤ 7 | m > 7", "α level ratio, large over small regime")]
+    assert cell["Ours"] == f"{ratio['est_min']:.2f}"
+    assert cell["95% interval"] == f"[{ratio['min_lo']:.2f}, {ratio['min_hi']:.2f}]"
 
 
 def test_bundled_traces():

@@ -36,7 +36,7 @@ from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Re
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.draft import fit_draft_line
 from speclimits.stats.factors import select_k
-from speclimits.stats.regimes import regime_rows
+from speclimits.stats.regimes import as_headline, regime_rows
 from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
 
 M1_NOTE = ("m = 1 (K = 0, plain decoding): u_bar is constant (= top_k) so alpha(1) is not identified; "
@@ -264,8 +264,8 @@ class FinalModelResults(ResultsMixin):
                 "paper_comparison": self.headline().reset_index()}
 
     def headline(self) -> pd.DataFrame:
-        """The section's numbers beside the paper's: one row per quantity; ``basis`` says which split a
-        regime-dependent row uses; ``ci`` is its 95% interval (cluster bootstrap unless said)."""
+        """The section's numbers beside the paper's, one row per quantity (numbers; see :func:`headline_table`);
+        ``basis`` says which split a regime-dependent row uses."""
         return headline_table(self)
 
     def summary(self) -> str:
@@ -277,82 +277,114 @@ class FinalModelResults(ResultsMixin):
             self.boundary.summary(),
             "Comparison:\n" + self.comparison.to_string(float_format=lambda v: f"{v:.4g}"),
             "Specification ladder:\n" + self.ladder.to_string(float_format=lambda v: f"{v:.4g}"),
-            "Headline (95% intervals):\n" + self.headline().to_string(),
+            "Headline (95% intervals):\n"
+            + self.headline()[["basis", "est", "lo", "hi", "est2", "se", "paper", "paper_est"]].to_string(
+                float_format=lambda v: f"{v:.4g}", na_rep=""),
         ])
 
 
-def _ci_text(lo_hi: tuple[float, float], digits: int = 3) -> str:
-    lo, hi = lo_hi
-    return "" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+#: Columns of :func:`headline_table` (index: ``quantity``).
+HEADLINE_COLUMNS = ["basis", "key", "shape", "est", "lo", "hi", "est2", "lo2", "hi2", "se", "se_prompt", "half",
+                    "note", "paper", "paper_est", "paper_se", "paper_est2"]
 
 
-def _se_text(res: FinalModelResults, model: str, term: str, scale: float = 1.0, digits: int = 4) -> str:
+def _se_prompt(res: FinalModelResults, model: str, term: str, scale: float = 1.0) -> float:
     cs = res.cluster_se
     row = cs[(cs["model"] == model) & (cs["term"] == term)]
-    return "" if row.empty else f"SE by prompt {row['se_prompt'].iloc[0] * scale:.{digits}f}"
+    return np.nan if row.empty else float(row["se_prompt"].iloc[0]) * scale
 
 
-def _paper_pooled(term: str, digits: int, scale: float = 1.0) -> str:
+def _pooled_row(res: FinalModelResults, key: str, quantity: str, term: str, scale: float = 1.0) -> dict[str, Any]:
     est, se = paper.POOLED[term]
-    return f"{est * scale:.{digits}f} ({se * scale:.{digits}f})"
+    return dict(key=key, quantity=quantity, shape="se", est=res.pooled.params[term] * scale,
+                se=res.pooled.bse[term] * scale, se_prompt=_se_prompt(res, "pooled", term, scale),
+                paper_est=est * scale, paper_se=se * scale)
 
 
 def headline_table(res: FinalModelResults) -> pd.DataFrame:
-    """See :meth:`FinalModelResults.headline`. Columns ``basis``, ``ours``, ``ci``, ``paper``."""
+    """See :meth:`FinalModelResults.headline`: numbers only (the book's view writes the cells).
+
+    Index ``quantity`` (in the quantity's unit, e.g. 1e-3 ms/token for c); columns
+    :data:`HEADLINE_COLUMNS`: ``basis`` (the split a regime-dependent row uses, else "—"), ``key`` (a
+    stable id), ``shape`` (how the numbers read):
+
+    * ``split``: ``est`` the rule's last small m (NaN: no split), ``note`` its reason, ``paper_est`` the paper's;
+    * ``range``: ``est``–``est2`` (min–max), ``lo``/``hi`` the interval of the minimum, ``lo2``/``hi2``
+      of the maximum;
+    * ``value``: ``est`` with ``lo``/``hi``;
+    * ``se``: ``est`` (``se``), and ``se_prompt`` the SE clustered by prompt; the paper's ``paper_est`` (``paper_se``);
+    * ``pair``: two numbers ``est`` and ``est2``, each with its interval (``lo``/``hi``, ``lo2``/``hi2``);
+    * ``reduction``: ``est`` ms (``est2`` %), ``half`` the t half-width over folds.
+
+    ``note``: text that stands in for an interval; ``paper``: the paper's text (from :mod:`speclimits.paper`),
+    else its numbers ``paper_est``, ``paper_se``, ``paper_est2``. Intervals are 95% (cluster bootstrap unless
+    the note says otherwise).
+    """
     pk, b, iv = res.per_k, res.boundary, res.intervals
-    pooled, pse = res.pooled.params, res.pooled.bse
     mk, comp, lad = res.mape_by_k, res.comparison, res.ladder
     d, dh = comp.attrs["pooled_drmse"]
     big = mk[mk["K"] >= 5]
-    at_k = {k: mk.loc[mk["K"] == k, "pooled"] for k in (1, 3)}
-    rows = [("regime boundary (last m of the small regime)", "rule",
-             "none" if b.split is None else str(b.split), b.reason, f"{paper.BOUNDARY_M} (chosen by eye)")]
-    for _, r in res.regimes.iterrows():
-        rows.append((r["quantity"], r["basis"], r["ours"], r["ci"], r["paper"]))
-    rows += [
-        ("c across per-K fits (1e-3 ms/token)", "—", f"{pk['c'].min() * 1e3:.3f}–{pk['c'].max() * 1e3:.3f}",
-         f"min {_ci_text(iv['c_min'], 3)}; max {_ci_text(iv['c_max'], 3)} (×1e-3)", paper.fmt_range(paper.C_RANGE, 1e3)),
-        ("c, joint categorical (1e-3 ms/token)", "—", f"{res.joint.c * 1e3:.4f} ({res.joint.bse['c'] * 1e3:.4f})",
-         _se_text(res, "categorical (Eq. 4)", "c", 1e3), "—"),
-        ("pooled α (SE)", "—", f"{pooled['u_bar']:.4f} ({pse['u_bar']:.4f})",
-         _se_text(res, "pooled", "u_bar"), _paper_pooled("u_bar", 4)),
-        ("pooled c (SE), 1e-3", "—", f"{pooled['context_len'] * 1e3:.3f} ({pse['context_len'] * 1e3:.3f})",
-         _se_text(res, "pooled", "context_len", 1e3, 3), _paper_pooled("context_len", 2, 1e3)),
-        ("pooled γ per K (SE)", "—", f"{pooled['K']:.3f} ({pse['K']:.3f})", _se_text(res, "pooled", "K", 1, 3),
-         _paper_pooled("K", 3)),
-        ("pooled β0 (SE)", "—", f"{pooled['const']:.3f} ({pse['const']:.3f})", _se_text(res, "pooled", "const", 1, 3),
-         _paper_pooled("const", 3)),
-        ("R²: Ū + L → + γK", "—", f"{lad.loc['Ū + L', 'r2']:.3f} → {lad.loc['+ linear m', 'r2']:.3f}",
-         f"{_ci_text((lad.loc['Ū + L', 'r2_lo'], lad.loc['Ū + L', 'r2_hi']))} → "
-         f"{_ci_text((lad.loc['+ linear m', 'r2_lo'], lad.loc['+ linear m', 'r2_hi']))}",
-         f"{paper.POOLED_R2[0]} → {paper.POOLED_R2[1]}"),
-        ("CV RMSE reduction by γK (ms)", "—", f"{d:.4f} ({comp.attrs['pooled_drmse_pct']:.1f}%)",
-         f"± {dh:.4f} (t over folds)", paper.POOLED_DRMSE),
-        ("CV MAPE ratio, Ū + L over categorical", "—", f"{comp.attrs['mape_ratio']:.1f}×",
-         _ci_text(iv["mape_ratio"], 1), f"≈{paper.CATEGORICAL_MAPE_RATIO:g}×"),
-        ("pooled CV MAPE at K ≥ 5 (%)", "—",
-         "—" if big.empty else f"{big['pooled'].min():.1f}–{big['pooled'].max():.1f}",
-         f"min {_ci_text(iv['pooled_mape_k5_min'], 1)}; max {_ci_text(iv['pooled_mape_k5_max'], 1)}",
-         paper.fmt_range(paper.POOLED_MAPE_LARGE, digits=1)),
-        ("pooled CV MAPE at K = 1 / K = 3 (%)", "—",
-         " / ".join(f"{v.iloc[0]:.1f}" if len(v) else "—" for v in at_k.values()),
-         " / ".join(_ci_text(tuple(mk.loc[mk["K"] == k, ["pooled_lo", "pooled_hi"]].iloc[0]), 1)
-                    if (mk["K"] == k).any() else "—" for k in (1, 3)),
-         f"{paper.POOLED_MAPE_BY_K[1]} / {paper.POOLED_MAPE_BY_K[3]}"),
-        ("leave-one-K-out MAPE, mean (%)", "—", f"{res.loko['loko_mape'].mean():.1f}", _ci_text(iv["loko_mean"], 1),
-         f"{paper.LOKO_MEAN}"),
-        ("leave-one-K-out MAPE, other smooth forms in m (%)", "—",
-         f"{res.smooth['loko_mape_mean'].iloc[1:].min():.1f}–{res.smooth['loko_mape_mean'].iloc[1:].max():.1f}",
-         "per form in the smooth-forms table", paper.fmt_range(paper.SMOOTH_PARAMETERIZATIONS_MAPE, digits=1)),
-        ("within-K CV MAPE (%)", "—", f"{pk['cv_mape'].min():.2f}–{pk['cv_mape'].max():.2f}", "t over folds per K",
-         paper.fmt_range(paper.WITHIN_K_MAPE, digits=2)),
-        ("categorical CV MAPE (%) / R²", "—",
-         f"{lad.loc['categorical (Eq. 4)', 'cv_mape']:.2f} / {lad.loc['categorical (Eq. 4)', 'r2']:.3f}",
-         f"{_ci_text((lad.loc['categorical (Eq. 4)', 'cv_mape_lo'], lad.loc['categorical (Eq. 4)', 'cv_mape_hi']), 2)}"
-         f" / {_ci_text((lad.loc['categorical (Eq. 4)', 'r2_lo'], lad.loc['categorical (Eq. 4)', 'r2_hi']))}",
-         " / ".join(paper.LADDER["categorical (Eq. 4)"])),
+
+    def at_k(k: int) -> tuple[float, float, float]:
+        row = mk.loc[mk["K"] == k]
+        cols = ("pooled", "pooled_lo", "pooled_hi")
+        return (np.nan,) * 3 if row.empty else tuple(float(row[c].iloc[0]) for c in cols)
+
+    def ladder(spec: str, col: str) -> tuple[float, float, float]:
+        return lad.loc[spec, col], lad.loc[spec, f"{col}_lo"], lad.loc[spec, f"{col}_hi"]
+
+    def pair(key: str, quantity: str, first: tuple, second: tuple, **kw) -> dict[str, Any]:
+        return dict(key=key, quantity=quantity, shape="pair", est=first[0], lo=first[1], hi=first[2],
+                    est2=second[0], lo2=second[1], hi2=second[2], **kw)
+
+    def rng(key: str, quantity: str, values: pd.Series, lo_hi=None, lo_hi2=None, scale: float = 1.0,
+            **kw) -> dict[str, Any]:
+        row = dict(key=key, quantity=quantity, shape="range", **kw)
+        if len(values):
+            row.update(est=float(values.min()) * scale, est2=float(values.max()) * scale)
+        if lo_hi is not None:
+            row.update(lo=lo_hi[0], hi=lo_hi[1], lo2=lo_hi2[0], hi2=lo_hi2[1])
+        return row
+
+    rows: list[dict[str, Any]] = [
+        dict(key="boundary", quantity="regime boundary (last m of the small regime)", basis="rule", shape="split",
+             est=np.nan if b.split is None else float(b.split), note=b.reason, paper_est=float(paper.BOUNDARY_M)),
     ]
-    return pd.DataFrame(rows, columns=["quantity", "basis", "ours", "ci", "paper"]).set_index("quantity")
+    rows += as_headline(res.regimes).to_dict("records")
+    rows += [
+        rng("c_per_k", "c across per-K fits (1e-3 ms/token)", pk["c"], iv["c_min"], iv["c_max"], scale=1e3,
+            paper=paper.fmt_range(paper.C_RANGE, 1e3)),
+        dict(key="c_joint", quantity="c, joint categorical (1e-3 ms/token)", shape="se", est=res.joint.c * 1e3,
+             se=res.joint.bse["c"] * 1e3, se_prompt=_se_prompt(res, "categorical (Eq. 4)", "c", 1e3), paper="—"),
+        _pooled_row(res, "pooled_u_bar", "pooled α (SE)", "u_bar"),
+        _pooled_row(res, "pooled_context_len", "pooled c (SE), 1e-3", "context_len", 1e3),
+        _pooled_row(res, "pooled_K", "pooled γ per K (SE)", "K"),
+        _pooled_row(res, "pooled_const", "pooled β0 (SE)", "const"),
+        pair("r2_ladder", "R²: Ū + L → + γK", ladder("Ū + L", "r2"), ladder("+ linear m", "r2"),
+             paper_est=paper.POOLED_R2[0], paper_est2=paper.POOLED_R2[1]),
+        dict(key="cv_rmse_reduction", quantity="CV RMSE reduction by γK (ms)", shape="reduction", est=d,
+             est2=comp.attrs["pooled_drmse_pct"], half=dh, note="t over folds", paper=paper.POOLED_DRMSE),
+        dict(key="mape_ratio", quantity="CV MAPE ratio, Ū + L over categorical", shape="value",
+             est=comp.attrs["mape_ratio"], lo=iv["mape_ratio"][0], hi=iv["mape_ratio"][1],
+             paper_est=paper.CATEGORICAL_MAPE_RATIO),
+        rng("pooled_mape_k5", "pooled CV MAPE at K ≥ 5 (%)", big["pooled"], iv["pooled_mape_k5_min"],
+            iv["pooled_mape_k5_max"], paper=paper.fmt_range(paper.POOLED_MAPE_LARGE, digits=1)),
+        pair("pooled_mape_k1_k3", "pooled CV MAPE at K = 1 / K = 3 (%)", at_k(1), at_k(3),
+             paper_est=paper.POOLED_MAPE_BY_K[1], paper_est2=paper.POOLED_MAPE_BY_K[3]),
+        dict(key="loko_mean", quantity="leave-one-K-out MAPE, mean (%)", shape="value",
+             est=res.loko["loko_mape"].mean(), lo=iv["loko_mean"][0], hi=iv["loko_mean"][1],
+             paper_est=paper.LOKO_MEAN),
+        rng("loko_smooth", "leave-one-K-out MAPE, other smooth forms in m (%)", res.smooth["loko_mape_mean"].iloc[1:],
+            note="per form in the smooth-forms table",
+            paper=paper.fmt_range(paper.SMOOTH_PARAMETERIZATIONS_MAPE, digits=1)),
+        rng("within_k_mape", "within-K CV MAPE (%)", pk["cv_mape"], note="t over folds per K",
+            paper=paper.fmt_range(paper.WITHIN_K_MAPE, digits=2)),
+        pair("categorical", "categorical CV MAPE (%) / R²", ladder("categorical (Eq. 4)", "cv_mape"),
+             ladder("categorical (Eq. 4)", "r2"), paper=" / ".join(paper.LADDER["categorical (Eq. 4)"])),
+    ]
+    out = pd.DataFrame(rows, columns=["quantity", *HEADLINE_COLUMNS])
+    out["basis"] = out["basis"].fillna("—")
+    return out.set_index("quantity")
 
 
 # -- steps of fit_final_model ------------------------------------------------

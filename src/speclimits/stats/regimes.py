@@ -19,35 +19,40 @@ import pandas as pd
 from speclimits import paper
 from speclimits.stats.uncertainty import interval
 
-COLUMNS = ["basis", "quantity", "est_min", "est_max", "min_lo", "min_hi", "max_lo", "max_hi", "ours", "ci", "paper"]
+COLUMNS = ["basis", "key", "quantity", "shape", "est_min", "est_max", "min_lo", "min_hi", "max_lo", "max_hi", "paper"]
+
+#: Regime columns -> the headline table's generic ones (:func:`speclimits.stats.final.headline_table`).
+AS_HEADLINE = {"est_min": "est", "min_lo": "lo", "min_hi": "hi", "est_max": "est2", "max_lo": "lo2", "max_hi": "hi2"}
 
 
-def _fmt(v: float, digits: int) -> str:
-    return "—" if not np.isfinite(v) else f"{v:.{digits}f}"
+def as_headline(rows: pd.DataFrame) -> pd.DataFrame:
+    """Regime rows in the headline table's columns (``est``, ``lo``, ``hi``, ``est2``, ``lo2``, ``hi2``);
+    a ``value`` row's ``est2`` is dropped (it repeats ``est``)."""
+    out = rows.rename(columns=AS_HEADLINE)
+    out.loc[out["shape"] == "value", ["est2", "lo2", "hi2"]] = np.nan
+    return out
 
 
-def _range_row(basis: str, quantity: str, est: np.ndarray, reps: np.ndarray | None, paper_text: str,
-               digits: int = 3) -> dict[str, Any]:
+def _range_row(basis: str, key: str, quantity: str, est: np.ndarray, reps: np.ndarray | None,
+               paper_text: str) -> dict[str, Any]:
     """A min–max row over the columns of ``est`` (nM,) with bootstrap replicates ``reps`` (B, nM)."""
+    row = {"basis": basis, "key": key, "quantity": quantity, "shape": "range", "paper": paper_text}
     if est.size == 0:
-        return {"basis": basis, "quantity": quantity, "ours": "—", "ci": "", "paper": paper_text}
-    lo, hi = float(est.min()), float(est.max())
-    row = {"basis": basis, "quantity": quantity, "est_min": lo, "est_max": hi, "paper": paper_text,
-           "ours": f"{_fmt(lo, digits)}–{_fmt(hi, digits)}", "ci": ""}
+        return row
+    row.update(est_min=float(est.min()), est_max=float(est.max()))
     if reps is not None:
         (a, b), (c, d) = interval(reps.min(axis=1)), interval(reps.max(axis=1))
-        row.update(min_lo=a, min_hi=b, max_lo=c, max_hi=d,
-                   ci=f"min [{_fmt(a, digits)}, {_fmt(b, digits)}]; max [{_fmt(c, digits)}, {_fmt(d, digits)}]")
+        row.update(min_lo=a, min_hi=b, max_lo=c, max_hi=d)
     return row
 
 
-def _value_row(basis: str, quantity: str, est: float, reps: np.ndarray | None, paper_text: str,
-               digits: int = 3) -> dict[str, Any]:
-    row = {"basis": basis, "quantity": quantity, "est_min": est, "est_max": est, "paper": paper_text,
-           "ours": _fmt(est, digits), "ci": ""}
+def _value_row(basis: str, key: str, quantity: str, est: float, reps: np.ndarray | None,
+               paper_text: str) -> dict[str, Any]:
+    row = {"basis": basis, "key": key, "quantity": quantity, "shape": "value", "est_min": est, "est_max": est,
+           "paper": paper_text}
     if reps is not None and np.isfinite(est):
         a, b = interval(reps)
-        row.update(min_lo=a, min_hi=b, ci=f"[{_fmt(a, digits)}, {_fmt(b, digits)}]")
+        row.update(min_lo=a, min_hi=b)
     return row
 
 
@@ -57,35 +62,38 @@ def regime_rows(per_k: pd.DataFrame, alpha_reps: pd.DataFrame, beta0_reps: pd.Da
 
     ``per_k``: the per-K table (``m``, ``alpha``, ``beta0``); ``alpha_reps``/``beta0_reps``: (B, nK)
     bootstrap replicates with one column per m (same order as ``per_k``); ``interp``: the
-    interpolation table at this split. Columns: :data:`COLUMNS` (numbers and formatted text).
+    interpolation table at this split. Columns: :data:`COLUMNS`: numbers, a stable ``key`` per
+    quantity, ``shape`` (``range``: min–max, ``value``: one number in ``est_min``) and the paper's
+    text; the book's view formats them.
     """
     m = per_k["m"].to_numpy()
     al, b0 = per_k["alpha"].to_numpy(), per_k["beta0"].to_numpy()
     ar, br = alpha_reps.to_numpy(), beta0_reps.to_numpy()
     if split is None:
-        rows = [_range_row(basis, "α(m), one regime (ms/expert)", al, ar, "—"),
-                _range_row(basis, "β0(m), one regime (ms)", b0, br, "—", 2)]
+        rows = [_range_row(basis, "alpha_one", "α(m), one regime (ms/expert)", al, ar, "—"),
+                _range_row(basis, "beta0_one", "β0(m), one regime (ms)", b0, br, "—")]
     else:
         small, large = m <= split, m > split
         ratio = (al[large].mean() / al[small].mean()) if small.any() and large.any() else np.nan
         ratio_reps = ar[:, large].mean(1) / ar[:, small].mean(1) if small.any() and large.any() else None
         rows = [
-            _range_row(basis, "α(m), small regime (ms/expert)", al[small], ar[:, small],
+            _range_row(basis, "alpha_small", "α(m), small regime (ms/expert)", al[small], ar[:, small],
                        paper.fmt_range(paper.ALPHA_SMALL)),
-            _range_row(basis, "α(m), large regime (ms/expert)", al[large], ar[:, large],
+            _range_row(basis, "alpha_large", "α(m), large regime (ms/expert)", al[large], ar[:, large],
                        paper.fmt_range(paper.ALPHA_LARGE)),
-            _range_row(basis, "β0(m), small regime (ms)", b0[small], br[:, small],
-                       paper.fmt_range(paper.BETA0_SMALL, digits=1), 2),
-            _value_row(basis, "β0 at the first large m (ms)", float(b0[large][0]) if large.any() else np.nan,
+            _range_row(basis, "beta0_small", "β0(m), small regime (ms)", b0[small], br[:, small],
+                       paper.fmt_range(paper.BETA0_SMALL, digits=1)),
+            _value_row(basis, "beta0_first_large", "β0 at the first large m (ms)",
+                       float(b0[large][0]) if large.any() else np.nan,
                        br[:, int(np.flatnonzero(large)[0])] if large.any() else None,
-                       f"{paper.BETA0_LARGE_START}", 2),
-            _value_row(basis, "α level ratio, large over small regime", float(ratio), ratio_reps,
-                       f"≈{paper.ALPHA_LEVEL_RATIO}", 2),
+                       f"{paper.BETA0_LARGE_START}"),
+            _value_row(basis, "alpha_ratio", "α level ratio, large over small regime", float(ratio), ratio_reps,
+                       f"≈{paper.ALPHA_LEVEL_RATIO}"),
         ]
     within = interp.loc[(interp["scheme"] == "interpolate") & (interp["relation"] == "within regime"), "mape"]
     across = interp.loc[interp["relation"] == "across boundary", "mape"]
-    rows.append(_range_row(basis, "interpolation within a regime, MAPE (%)", within.to_numpy(), None,
-                           paper.fmt_range(paper.INTERP_WITHIN, digits=2), 2))
-    rows.append(_range_row(basis, "across the boundary, MAPE (%)", across.to_numpy(), None,
-                           paper.fmt_range(paper.TRANSFER_ACROSS, digits=1), 1))
+    rows.append(_range_row(basis, "interp_within", "interpolation within a regime, MAPE (%)", within.to_numpy(),
+                           None, paper.fmt_range(paper.INTERP_WITHIN, digits=2)))
+    rows.append(_range_row(basis, "across_boundary", "across the boundary, MAPE (%)", across.to_numpy(), None,
+                           paper.fmt_range(paper.TRANSFER_ACROSS, digits=1)))
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -6,9 +6,109 @@ Each function returns a small frame (readable headers, units, an interval in one
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pandas as pd
 
-from speclimits.book.present import ci_cells, fmt_ci, fmt_p, half_cells, with_ci
+from speclimits.book.present import ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
+
+#: What a missing number reads as in the headline and regime tables.
+MISSING = "—"
+
+#: Decimals of each headline and regime quantity, by its ``key`` (:func:`speclimits.stats.final.headline_table`,
+#: :func:`speclimits.stats.regimes.regime_rows`); a pair has one per number. Intervals take the estimate's.
+_DECIMALS: dict[str, int | tuple[int, int]] = {
+    "alpha_one": 3, "alpha_small": 3, "alpha_large": 3, "beta0_one": 2, "beta0_small": 2, "beta0_first_large": 2,
+    "alpha_ratio": 2, "interp_within": 2, "across_boundary": 1,
+    "c_per_k": 3, "c_joint": 4, "pooled_u_bar": 4, "pooled_context_len": 3, "pooled_K": 3, "pooled_const": 3,
+    "r2_ladder": (3, 3), "cv_rmse_reduction": 4, "mape_ratio": 1, "pooled_mape_k5": 1,
+    "pooled_mape_k1_k3": (1, 1), "loko_mean": 1, "loko_smooth": 1, "within_k_mape": 2, "categorical": (2, 3),
+}
+#: Decimals of the paper's estimate (SE) where the paper cell is written from its numbers.
+_PAPER_DECIMALS = {"pooled_u_bar": 4, "pooled_context_len": 2, "pooled_K": 3, "pooled_const": 3}
+#: How the two numbers of a pair are joined.
+_JOIN = {"r2_ladder": " → ", "pooled_mape_k1_k3": " / ", "categorical": " / "}
+#: A unit after the number (and the paper's), and text after the interval cell.
+_UNIT = {"mape_ratio": "×"}
+_CI_SUFFIX = {"c_per_k": " (×1e-3)"}
+
+
+def _ok(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _num(x: Any, decimals: int) -> str:
+    return fmt_num(float(x), decimals) if _ok(x) else MISSING
+
+
+def _bracket(lo: Any, hi: Any, decimals: int) -> str:
+    """``[lo, hi]`` (the section's interval cells), empty without an interval."""
+    return f"[{fmt_num(float(lo), decimals)}, {fmt_num(float(hi), decimals)}]" if _ok(lo) and _ok(hi) else ""
+
+
+def _text(x: Any) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def headline_cells(row: Any) -> tuple[str, str, str]:
+    """``(ours, interval, paper)`` text of one row of the headline (or regime) table, by its ``shape``."""
+    key, shape = row["key"], row["shape"]
+    dec = _DECIMALS.get(key, 3)
+    d1, d2 = dec if isinstance(dec, tuple) else (dec, dec)
+    unit, note = _UNIT.get(key, ""), _text(row.get("note"))
+    if shape == "split":
+        ours, ci = ("none" if not _ok(row["est"]) else str(int(row["est"]))), note or ""
+    elif shape == "range":
+        ours = MISSING if not _ok(row["est"]) else f"{_num(row['est'], d1)}–{_num(row['est2'], d1)}"
+        has_ci = any(_ok(row.get(c)) for c in ("lo", "hi", "lo2", "hi2"))
+        ci = note or (f"min {_bracket(row['lo'], row['hi'], d1)}; max {_bracket(row['lo2'], row['hi2'], d1)}"
+                      + _CI_SUFFIX.get(key, "") if has_ci else "")
+    elif shape == "value":
+        ours = _num(row["est"], d1) + (unit if _ok(row["est"]) else "")
+        ci = note or _bracket(row["lo"], row["hi"], d1)
+    elif shape == "se":
+        ours = f"{_num(row['est'], d1)} ({_num(row['se'], d1)})"
+        ci = f"SE by prompt {_num(row['se_prompt'], d1)}" if _ok(row["se_prompt"]) else ""
+    elif shape == "pair":
+        join = _JOIN.get(key, " / ")
+        ours = f"{_num(row['est'], d1)}{join}{_num(row['est2'], d2)}"
+        ci = join.join(_bracket(row[lo], row[hi], d) if _ok(row[est]) else MISSING
+                       for est, lo, hi, d in (("est", "lo", "hi", d1), ("est2", "lo2", "hi2", d2)))
+    elif shape == "reduction":
+        ours = f"{_num(row['est'], d1)} ({_num(row['est2'], 1)}%)"
+        ci = f"± {_num(row['half'], d1)}" + (f" ({note})" if note else "")
+    else:
+        raise ValueError(f"headline row {key!r}: unknown shape {shape!r}")
+    return ours, ci, _paper_cell(row, shape, unit)
+
+
+def _paper_cell(row: Any, shape: str, unit: str) -> str:
+    text = _text(row.get("paper"))
+    if text is not None:
+        return text
+    est = row.get("paper_est")
+    if not _ok(est):
+        return MISSING
+    if shape == "split":
+        return f"{int(est)} (chosen by eye)"
+    if shape == "se":
+        d = _PAPER_DECIMALS.get(row["key"], 3)
+        return f"{fmt_num(float(est), d)} ({fmt_num(float(row['paper_se']), d)})"
+    if shape == "pair":
+        return f"{float(est):g}{_JOIN.get(row['key'], ' / ')}{float(row['paper_est2']):g}"
+    return (f"≈{float(est):g}{unit}" if unit else f"{float(est):g}")
+
+
+def _cells_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Quantity, split, ours, interval, paper: the text of :func:`headline_cells` for every row."""
+    cells = [headline_cells(r) for r in frame.to_dict("records")]
+    return pd.DataFrame({"Quantity": frame["quantity"].to_numpy(), "Split": frame["basis"].to_numpy(),
+                         "Ours": [c[0] for c in cells], "95% interval": [c[1] for c in cells],
+                         "Paper": [c[2] for c in cells]})
 
 
 def per_k(res) -> pd.DataFrame:
@@ -35,9 +135,10 @@ def outer_folds(res) -> pd.DataFrame:
 
 
 def regimes(res) -> pd.DataFrame:
-    r = res.regimes.copy()
-    return pd.DataFrame({"Quantity": r["quantity"], "Split": r["basis"], "Ours": r["ours"],
-                         "95% interval": r["ci"].fillna(""), "Paper": r["paper"]})
+    """The regime-dependent rows at the rule's split and at the paper's, written as the headline's."""
+    from speclimits.stats.regimes import as_headline
+
+    return _cells_frame(as_headline(res.regimes))
 
 
 def joint_by_m(res) -> pd.DataFrame:
@@ -120,9 +221,9 @@ def ladder(res) -> pd.DataFrame:
 
 
 def headline(res) -> pd.DataFrame:
-    h = res.headline().reset_index()
-    return pd.DataFrame({"Quantity": h["quantity"], "Split": h["basis"], "Ours": h["ours"],
-                         "95% interval": h["ci"].fillna(""), "Paper": h["paper"]})
+    """:meth:`FinalModelResults.headline` (numbers) as the section's table: one text cell each for
+    ours, its interval (or what stands in for one) and the paper's value."""
+    return _cells_frame(res.headline().reset_index())
 
 
 def cost_model_by_m(cost) -> pd.DataFrame:
@@ -149,8 +250,8 @@ def key_results(res) -> list:
     p_mape, p_r2 = paper.LADDER["categorical (Eq. 4)"]
     split = res.boundary.rule_split
     gamma = res.pooled.to_frame().loc["K"]
-    ratio = res.regimes[res.regimes["quantity"].str.startswith("α level ratio")
-                        & res.regimes["basis"].str.startswith("paper")]
+    reg = res.regimes
+    ratio = reg[(reg["key"] == "alpha_ratio") & reg["basis"].str.startswith("paper")]
     rows = [
         Result.of("Categorical model (Eq. 4), CV MAPE", lad["cv_mape"], lad["cv_mape_lo"], lad["cv_mape_hi"],
                   paper=f"{p_mape} %", unit="%", ref="tbl-final-ladder"),
@@ -161,7 +262,10 @@ def key_results(res) -> list:
                   paper=paper.POOLED["K"][0], ref="tbl-final-pooled"),
     ]
     if len(ratio):
-        row = ratio.iloc[0]
+        from speclimits.stats.regimes import as_headline
+
+        ours, ci, _ = headline_cells(as_headline(ratio).iloc[0])
         rows.append(Result("α level ratio, large over small regime (paper split)",
-                           f"{row['ours']} {row['ci'].replace(', ', '; ')}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}", "tbl-final-regimes"))
+                           f"{ours} {ci.replace(', ', '; ')}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}",
+                           "tbl-final-regimes"))
     return rows
