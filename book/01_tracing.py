@@ -35,8 +35,8 @@ n_boot = 999
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-tracing", "tracing")
+page = bs.setup(results)
+key = page.key_results("sec-tracing", "tracing")
 
 # %% [markdown]
 # :::{table} The columns of the rounds table that the analyses read.
@@ -56,7 +56,7 @@ key = bs.KeyResults("sec-tracing", "tracing")
 # :::
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 rounds = tr.rounds
 _, report = decode_rounds(rounds, timing="target")
@@ -78,15 +78,15 @@ print(report)
 # %% tags=["hide-input"]
 summary = describe.per_k_summary(rounds)
 rates = describe.per_k_rates(rounds, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
-bs.table(views.per_k_table(summary, rates), "tbl-tracing-per-k",
-         "Decode rounds, generations and tokens per round by draft budget $K$, with 95% cluster-bootstrap "
-         "intervals (generations resampled within each $K$).",
-         decimals={"Tokens/s (T+D)": 0}, full=summary.reset_index().merge(rates, on="K", suffixes=("", "_boot")))
+page.table(views.per_k_table(summary, rates), "tbl-tracing-per-k",
+           "Decode rounds, generations and tokens per round by draft budget $K$, with 95% cluster-bootstrap "
+           "intervals (generations resampled within each $K$).",
+           decimals={"Tokens/s (T+D)": 0}, full=summary.reset_index().merge(rates, on="K", suffixes=("", "_boot")))
 
 # %% tags=["hide-input"]
-bs.figure(figures.rounds_per_k(summary), "fig-tracing-rounds",
-          "Decode rounds per draft budget $K$. The same prompts run at every $K$, so the drop with $K$ is "
-          "the rounds saved by emitting more tokens per round.")
+page.figure(figures.rounds_per_k(summary), "fig-tracing-rounds",
+            "Decode rounds per draft budget $K$. The same prompts run at every $K$, so the drop with $K$ is "
+            "the rounds saved by emitting more tokens per round.")
 
 # %% [markdown]
 # Larger $K$ emits more tokens per round, so the same prompts need fewer rounds
@@ -98,31 +98,31 @@ bs.figure(figures.rounds_per_k(summary), "fig-tracing-rounds",
 # percentile, whiskers the 5th–95th, the tick is the median.
 
 # %% tags=["hide-input"]
-bs.table(views.timing_table(summary), "tbl-tracing-means",
-         "Mean target time $T_T$, draft time $T_D$ (all $K$ draft steps of a round), unique experts per "
-         "layer $\\bar U_r$ and context length $L$ over the decode rounds of each $K$.",
-         decimals={"$T_T$ (ms)": 2, "$T_D$ (ms)": 2, "$\\bar U_r$ (experts/layer)": 2, "$L$ (tokens)": 0})
+page.table(views.timing_table(summary), "tbl-tracing-means",
+           "Mean target time $T_T$, draft time $T_D$ (all $K$ draft steps of a round), unique experts per "
+           "layer $\\bar U_r$ and context length $L$ over the decode rounds of each $K$.",
+           decimals={"$T_T$ (ms)": 2, "$T_D$ (ms)": 2, "$\\bar U_r$ (experts/layer)": 2, "$L$ (tokens)": 0})
 
 # %% tags=["hide-input"]
 dec, _ = decode_rounds(rounds, timing="both")
-bs.figure(figures.quantile_boxes(dec, "t_target_ms", by="K", title="target time T_T (ms)"), "fig-tracing-target-time",
-          "Target time $T_T$ per verification pass by $K$. Look at how slowly the median rises with $m = K + 1$: "
-          "{ref}`sec-factors` asks which quantity explains it.")
+page.figure(figures.quantile_boxes(dec, "t_target_ms", by="K", title="target time T_T (ms)"), "fig-tracing-target-time",
+            "Target time $T_T$ per verification pass by $K$. Look at how slowly the median rises with $m = K + 1$: "
+            "{ref}`sec-factors` asks which quantity explains it.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.quantile_boxes(dec[dec["K"] > 0], "t_draft_ms", by="K", title="draft time T_D (ms)"),
-          "fig-tracing-draft-time",
-          "Draft time $T_D$ of a round's $K$ draft steps by $K$. A straight rise in $K$ is what the line of "
-          "{ref}`sec-draft-model` assumes.")
+page.figure(figures.quantile_boxes(dec[dec["K"] > 0], "t_draft_ms", by="K", title="draft time T_D (ms)"),
+            "fig-tracing-draft-time",
+            "Draft time $T_D$ of a round's $K$ draft steps by $K$. A straight rise in $K$ is what the line of "
+            "{ref}`sec-draft-model` assumes.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.quantile_boxes(dec, "u_bar", by="m", title="unique experts per layer Ū"), "fig-tracing-experts",
-          "Unique experts per MoE layer $\\bar U_r$ touched by one pass, by rows verified $m$. It grows far "
-          "slower than $m$ times top-$k$.")
+page.figure(figures.quantile_boxes(dec, "u_bar", by="m", title="unique experts per layer Ū"), "fig-tracing-experts",
+            "Unique experts per MoE layer $\\bar U_r$ touched by one pass, by rows verified $m$. It grows far "
+            "slower than $m$ times top-$k$.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.histogram_chart(dec["context_len"], title="context length L (tokens)"), "fig-tracing-context",
-          "Distribution of the context length $L$ (tokens already in the KV cache) over decode rounds.")
+page.figure(figures.histogram_chart(dec["context_len"], title="context length L (tokens)"), "fig-tracing-context",
+            "Distribution of the context length $L$ (tokens already in the KV cache) over decode rounds.")
 
 # %% [markdown]
 # $\bar U_r$ grows with $m$ but far slower than $m \cdot$top-$k$ ({numref}`fig-tracing-experts`):
@@ -138,14 +138,14 @@ bs.figure(figures.histogram_chart(dec["context_len"], title="context length L (t
 # for these tokens is the question of {ref}`sec-oracle`.
 
 # %% tags=["hide-input"]
-bs.figure(figures.acceptance_positions(rounds), "fig-tracing-acceptance",
-          "Share of rounds whose draft position $i$ was accepted, for each $K$. Look at how fast it decays "
-          "along the draft.")
+page.figure(figures.acceptance_positions(rounds), "fig-tracing-acceptance",
+            "Share of rounds whose draft position $i$ was accepted, for each $K$. Look at how fast it decays "
+            "along the draft.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.emitted_per_k(summary), "fig-tracing-emitted",
-          "Mean tokens emitted per round by $K$ (accepted drafts plus the target's bonus token). "
-          "Look for where the curve flattens.")
+page.figure(figures.emitted_per_k(summary), "fig-tracing-emitted",
+            "Mean tokens emitted per round by $K$ (accepted drafts plus the target's bonus token). "
+            "Look for where the curve flattens.")
 
 # %% tags=["remove-input"]
 key.fill(views.key_results(rounds, summary, rates))

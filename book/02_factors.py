@@ -48,11 +48,11 @@ n_splits = 5
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-factors", "factor analysis")
+page = bs.setup(results)
+key = page.key_results("sec-factors", "factor analysis")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 res = stats.analyze_factors(tr.rounds, n_splits=n_splits)
 print(res.report)
@@ -67,15 +67,15 @@ print(f"{res.n_rows:,} rounds, {res.n_generations:,} generations, K = {list(res.
 # appendix (it prints no full Table A2, only these values).
 
 # %% tags=["hide-input"]
-bs.table(views.factor_table(res), "tbl-factors-a2",
-         "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
-         "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
-         "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
+page.table(views.factor_table(res), "tbl-factors-a2",
+           "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
+           "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
+           "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
 
 # %% tags=["hide-input"]
-bs.figure(figures.factor_cv_chart(res), "fig-factors-cv",
-          "Out-of-sample $R^2$ of each factor alone (left) and the RMSE it removes on top of $\\bar U_r$ "
-          "(right), with 95% fold intervals. Look for the factor that is strong alone and the one that adds most.")
+page.figure(figures.factor_cv_chart(res), "fig-factors-cv",
+            "Out-of-sample $R^2$ of each factor alone (left) and the RMSE it removes on top of $\\bar U_r$ "
+            "(right), with 95% fold intervals. Look for the factor that is strong alone and the one that adds most.")
 
 # %% [markdown]
 # In the paper the budget predicts moderately on its own but adds little on top of $\bar U_r$:
@@ -96,15 +96,15 @@ bs.figure(figures.factor_cv_chart(res), "fig-factors-cv",
 # (squares in {numref}`fig-factors-standardized`).
 
 # %% tags=["hide-input"]
-bs.table(views.standardized_table(res), "tbl-factors-standardized",
-         "Standardized coefficients $\\beta^*$ of $\\bar U_r$ and $L$ in the within-$K$ regression of $T_T$ "
-         "on both, with 95% intervals from generation-clustered standard errors; the paper quotes $K = 1$ and "
-         "$K = 10$ only.", full=res.by_k)
+page.table(views.standardized_table(res), "tbl-factors-standardized",
+           "Standardized coefficients $\\beta^*$ of $\\bar U_r$ and $L$ in the within-$K$ regression of $T_T$ "
+           "on both, with 95% intervals from generation-clustered standard errors; the paper quotes $K = 1$ and "
+           "$K = 10$ only.", full=res.by_k)
 
 # %% tags=["hide-input"]
-bs.figure(figures.standardized_by_k_chart(res), "fig-factors-standardized",
-          "Standardized associations $\\beta^*$ of $\\bar U_r$ and $L$ with $T_T$ by $K$ (95% intervals; "
-          "squares: the paper). H3 predicts the $\\bar U_r$ line rising and the $L$ line falling with $K$.")
+page.figure(figures.standardized_by_k_chart(res), "fig-factors-standardized",
+            "Standardized associations $\\beta^*$ of $\\bar U_r$ and $L$ with $T_T$ by $K$ (95% intervals; "
+            "squares: the paper). H3 predicts the $\\bar U_r$ line rising and the $L$ line falling with $K$.")
 
 # %% tags=["hide-input"]
 print(f"widest 95% CI half-width: {((res.by_k['upper'] - res.by_k['lower']) / 2).max():.4f} (paper ≤ 0.004)")
@@ -118,9 +118,9 @@ print(f"widest 95% CI half-width: {((res.by_k['upper'] - res.by_k['lower']) / 2)
 # usage are nearly the same quantity. {ref}`sec-robustness` repeats the check on one $K$.
 
 # %% tags=["hide-input"]
-bs.figure(figures.factor_corr_chart(res), "fig-factors-correlations",
-          "Pearson correlations between $T_T$ and the six factors over the pooled decode rounds. Look at "
-          "corr($\\bar U_r$, $L$): near zero means the final model's two covariates carry separate information.")
+page.figure(figures.factor_corr_chart(res), "fig-factors-correlations",
+            "Pearson correlations between $T_T$ and the six factors over the pooled decode rounds. Look at "
+            "corr($\\bar U_r$, $L$): near zero means the final model's two covariates carry separate information.")
 
 # %% tags=["hide-input"]
 print(f"corr(Ū, L) = {res.corr.loc['u_bar', 'context_len']:.3f} (paper 0.03); "

@@ -46,11 +46,11 @@ cost_model = None
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-final-model", "the final target-time model")
+page = bs.setup(results)
+key = page.key_results("sec-final-model", "the final target-time model")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 res = stats.fit_final_model(tr.rounds, n_splits=n_splits, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 print(res.report)
@@ -81,15 +81,15 @@ print(f"bootstrap resamples: {res.n_boot}")
 # truth.
 
 # %% tags=["hide-input"]
-bs.table(view.per_k(res), "tbl-final-per-k",
-         "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
-         "(generation-clustered) and the held-out error.", full=res.per_k)
+page.table(view.per_k(res), "tbl-final-per-k",
+           "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
+           "(generation-clustered) and the held-out error.", full=res.per_k)
 
 # %% tags=["hide-input"]
-bs.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
-          "Per-$K$ coefficients $\\alpha(m)$ and $\\beta_0(m)$ against $m = K + 1$ with 95% intervals "
-          "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is; "
-          "the paper's jump is at $m = 4 \\to 5$.")
+page.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
+            "Per-$K$ coefficients $\\alpha(m)$ and $\\beta_0(m)$ against $m = K + 1$ with 95% intervals "
+            "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is; "
+            "the paper's jump is at $m = 4 \\to 5$.")
 
 # %% [markdown]
 # ## Is there a regime boundary, and where?
@@ -116,19 +116,19 @@ print(res.boundary.summary().split("\n")[0])
 print(f"plain argmin of the curve: {res.boundary.argmin_split}; rule on all data: {res.boundary.rule_split}")
 
 # %% tags=["hide-input"]
-bs.table(view.outer_folds(res), "tbl-final-outer-folds",
-         "Stability of the boundary rule (nested CV): the split the one-standard-error rule selects inside "
-         "each outer training set, the plain argmin, and the selected model's held-out error. A split is "
-         "reported only if every fold agrees with the rule on all the data.", decimals=3)
+page.table(view.outer_folds(res), "tbl-final-outer-folds",
+           "Stability of the boundary rule (nested CV): the split the one-standard-error rule selects inside "
+           "each outer training set, the plain argmin, and the selected model's held-out error. A split is "
+           "reported only if every fold agrees with the rule on all the data.", decimals=3)
 
 # %% [markdown]
 # {numref}`fig-final-boundary` shows the curve the rule reads.
 
 # %% tags=["hide-input"]
-bs.figure(figures.boundary_chart(res), "fig-final-boundary",
-          "Mean held-out RMSE of each candidate split (last $m$ of the small regime) with ±1 SE over the "
-          "GroupKFold folds; the grey band is \"no split\" ±1 SE, the red point the reported choice. A split "
-          "is declared only where its point sits below the band.")
+page.figure(figures.boundary_chart(res), "fig-final-boundary",
+            "Mean held-out RMSE of each candidate split (last $m$ of the small regime) with ±1 SE over the "
+            "GroupKFold folds; the grey band is \"no split\" ±1 SE, the red point the reported choice. A split "
+            "is declared only where its point sits below the band.")
 
 # %% [markdown]
 # ## Regime-dependent rows: the rule's split and the paper's
@@ -139,9 +139,9 @@ bs.figure(figures.boundary_chart(res), "fig-final-boundary",
 # regime's $m$ over the mean over the small regime's (paper: about 3.2).
 
 # %% tags=["hide-input"]
-bs.table(view.regimes(res), "tbl-final-regimes",
-         "Regime-dependent quantities at the rule's split and at the paper's fixed split "
-         "$m \\le 4 \\mid m \\ge 5$, beside the paper's values.")
+page.table(view.regimes(res), "tbl-final-regimes",
+           "Regime-dependent quantities at the rule's split and at the paper's fixed split "
+           "$m \\le 4 \\mid m \\ge 5$, beside the paper's values.")
 
 # %% [markdown]
 # ## The joint categorical model
@@ -150,9 +150,9 @@ bs.table(view.regimes(res), "tbl-final-regimes",
 # ({numref}`tbl-final-joint`).
 
 # %% tags=["hide-input"]
-bs.table(view.joint_by_m(res), "tbl-final-joint",
-         f"The joint categorical model (the paper's Eq. 4): $\\beta_0(m)$ and $\\alpha(m)$ with 95% intervals "
-         f"(generation-clustered); the shared context coefficient is $c$ = {view.joint_c_cell(res)} ms per 1000 tokens.")
+page.table(view.joint_by_m(res), "tbl-final-joint",
+           f"The joint categorical model (the paper's Eq. 4): $\\beta_0(m)$ and $\\alpha(m)$ with 95% intervals "
+           f"(generation-clustered); the shared context coefficient is $c$ = {view.joint_c_cell(res)} ms per 1000 tokens.")
 
 # %% [markdown]
 # ## Pooled linear model and the comparison
@@ -163,23 +163,23 @@ bs.table(view.joint_by_m(res), "tbl-final-joint",
 # trend in $m$ the intercepts have.
 
 # %% tags=["hide-input"]
-bs.table(view.pooled(res), "tbl-final-pooled",
-         "The pooled linear model $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L + \\gamma K$ on all rounds: "
-         "estimates with 95% intervals (generation-clustered).", decimals={"SE": 5})
+page.table(view.pooled(res), "tbl-final-pooled",
+           "The pooled linear model $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L + \\gamma K$ on all rounds: "
+           "estimates with 95% intervals (generation-clustered).", decimals={"SE": 5})
 
 # %% [markdown]
 # {numref}`tbl-final-comparison` sets the three models side by side, and
 # {numref}`tbl-final-standardized` gives the pooled model's standardized coefficients.
 
 # %% tags=["hide-input"]
-bs.table(view.comparison(res), "tbl-final-comparison",
-         "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
-         "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
+page.table(view.comparison(res), "tbl-final-comparison",
+           "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
+           "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
 
 # %% tags=["hide-input"]
-bs.table(view.standardized(res), "tbl-final-standardized",
-         "Standardized coefficients of the pooled model (coefficient × SD of the factor / SD of $T_T$), "
-         "beside the paper's.", decimals=2)
+page.table(view.standardized(res), "tbl-final-standardized",
+           "Standardized coefficients of the pooled model (coefficient × SD of the factor / SD of $T_T$), "
+           "beside the paper's.", decimals=2)
 
 # %% [markdown]
 # **Cluster sensitivity.** The same questions recur at every $K$, so rounds of one prompt at
@@ -191,11 +191,11 @@ bs.table(view.standardized(res), "tbl-final-standardized",
 
 # %% tags=["hide-input"]
 cs = res.cluster_se
-bs.table(view.cluster_se(res), "tbl-final-cluster-se",
-         f"Standard errors of the headline coefficients clustered by generation (as reported) and by prompt "
-         f"({cs['n_generations'].iloc[0]} generations, {cs['n_prompts'].iloc[0]} prompts); the ratio is prompt over "
-         f"generation, {cs['ratio'].min():.2f}–{cs['ratio'].max():.2f} here.",
-         decimals={"Coefficient": 4, "SE by generation": 4, "SE by prompt": 4, "Ratio": 2})
+page.table(view.cluster_se(res), "tbl-final-cluster-se",
+           f"Standard errors of the headline coefficients clustered by generation (as reported) and by prompt "
+           f"({cs['n_generations'].iloc[0]} generations, {cs['n_prompts'].iloc[0]} prompts); the ratio is prompt over "
+           f"generation, {cs['ratio'].min():.2f}–{cs['ratio'].max():.2f} here.",
+           decimals={"Coefficient": 4, "SE by generation": 4, "SE by prompt": 4, "Ratio": 2})
 
 # %% [markdown]
 # ## MAPE by $K$, leave-one-$K$-out, interpolation
@@ -206,15 +206,15 @@ bs.table(view.cluster_se(res), "tbl-final-cluster-se",
 # ({numref}`tbl-final-mape-by-k`, {numref}`fig-final-mape-by-k`).
 
 # %% tags=["hide-input"]
-bs.table(view.mape_by_k(res), "tbl-final-mape-by-k",
-         "Held-out MAPE by $K$ of the pooled and the categorical model, and of the pooled form fitted "
-         "without that $K$ (leave-one-$K$-out); 95% bootstrap intervals over held-out generations.",
-         full=res.mape_by_k.merge(res.loko, on="K"))
+page.table(view.mape_by_k(res), "tbl-final-mape-by-k",
+           "Held-out MAPE by $K$ of the pooled and the categorical model, and of the pooled form fitted "
+           "without that $K$ (leave-one-$K$-out); 95% bootstrap intervals over held-out generations.",
+           full=res.mape_by_k.merge(res.loko, on="K"))
 
 # %% tags=["hide-input"]
-bs.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
-          "Held-out MAPE by $K$ of the pooled and the categorical model, with the paper's pooled values. "
-          "In the paper the pooled error concentrates at small $K$ (the small regime).")
+page.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
+            "Held-out MAPE by $K$ of the pooled and the categorical model, with the paper's pooled values. "
+            "In the paper the pooled error concentrates at small $K$ (the small regime).")
 
 # %% [markdown]
 # **Other smooth parameterizations** of $m$ (the appendix: 6.5–7.4%, exploratory): $\beta_0(m)$
@@ -224,9 +224,9 @@ bs.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
 # worst $K$; {numref}`tbl-final-smooth`).
 
 # %% tags=["hide-input"]
-bs.table(view.smooth(res), "tbl-final-smooth",
-         "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
-         "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
+page.table(view.smooth(res), "tbl-final-smooth",
+           "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
+           "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
 
 # %% [markdown]
 # Interpolation predicts each $K$ from the mean of its neighbours' per-$K$ coefficients: within a
@@ -235,14 +235,14 @@ bs.table(view.smooth(res), "tbl-final-smooth",
 # and at the paper's ({numref}`tbl-final-interpolation-paper`).
 
 # %% tags=["hide-input"]
-bs.table(view.interpolation(res.interpolation), "tbl-final-interpolation",
-         "Predicting each $K$ from its neighbours' per-$K$ coefficients, labelled at the rule's split "
-         "(paper: 0.26–0.65% within a regime, 8.8–15.5% across).", decimals={"MAPE (%)": 2})
+page.table(view.interpolation(res.interpolation), "tbl-final-interpolation",
+           "Predicting each $K$ from its neighbours' per-$K$ coefficients, labelled at the rule's split "
+           "(paper: 0.26–0.65% within a regime, 8.8–15.5% across).", decimals={"MAPE (%)": 2})
 
 # %% tags=["hide-input"]
-bs.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-paper",
-         "The same interpolation labelled at the paper's split $m \\le 4 \\mid m \\ge 5$.",
-         decimals={"MAPE (%)": 2})
+page.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-paper",
+           "The same interpolation labelled at the paper's split $m \\le 4 \\mid m \\ge 5$.",
+           decimals={"MAPE (%)": 2})
 
 # %% [markdown]
 # ## Specification ladder
@@ -253,14 +253,14 @@ bs.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-p
 # better than 4.3%; categorical 0.37% / 0.999.
 
 # %% tags=["hide-input"]
-bs.table(view.ladder(res), "tbl-final-ladder",
-         "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
-         "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
+page.table(view.ladder(res), "tbl-final-ladder",
+           "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
+           "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
 
 # %% tags=["hide-input"]
-bs.figure(figures.ladder_chart(res), "fig-final-ladder",
-          "Held-out MAPE of each specification on the ladder with its 95% interval, and the paper's value. "
-          "Look at where the error stops falling: that is as much structure as the data support.")
+page.figure(figures.ladder_chart(res), "fig-final-ladder",
+            "Held-out MAPE of each specification on the ladder with its 95% interval, and the paper's value. "
+            "Look at where the error stops falling: that is as much structure as the data support.")
 
 # %% [markdown]
 # ## The numbers beside the paper's
@@ -269,8 +269,8 @@ bs.figure(figures.ladder_chart(res), "fig-final-ladder",
 # regime-dependent row; the interval is 95% (cluster bootstrap unless the cell says otherwise).
 
 # %% tags=["hide-input"]
-bs.table(view.headline(res), "tbl-final-headline",
-         "The final model's numbers beside the paper's (Sec. 4 and Appendix B).")
+page.table(view.headline(res), "tbl-final-headline",
+           "The final model's numbers beside the paper's (Sec. 4 and Appendix B).")
 
 # %% [markdown]
 # ## The cost model the Oracle reads
@@ -291,11 +291,11 @@ if cost_model:
     print(f"written for the Oracle sections ({{ref}}`sec-oracle`, {{ref}}`sec-linguistic`): {Path(cost_model).name}")
 
 # %% tags=["hide-input"]
-bs.table(view.cost_model_by_m(cost), "tbl-final-cost-model",
-         f"The cost model the Oracle reads ({{ref}}`sec-oracle`): per $m$ the intercept and expert slope of "
-         f"the target pass and the draft time of $K = m - 1$ tokens; the shared context coefficient is "
-         f"$c$ = {cost.c * 1e3:.3f} ms per 1000 tokens.", decimals={"β₀(m) (ms)": 3, "α(m) (ms/expert)": 4,
-                                                                 "Draft time (ms)": 3})
+page.table(view.cost_model_by_m(cost), "tbl-final-cost-model",
+           f"The cost model the Oracle reads ({{ref}}`sec-oracle`): per $m$ the intercept and expert slope of "
+           f"the target pass and the draft time of $K = m - 1$ tokens; the shared context coefficient is "
+           f"$c$ = {cost.c * 1e3:.3f} ms per 1000 tokens.", decimals={"β₀(m) (ms)": 3, "α(m) (ms/expert)": 4,
+                                                                   "Draft time (ms)": 3})
 
 # %% tags=["remove-input"]
 key.fill(view.key_results(res))

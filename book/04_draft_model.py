@@ -38,11 +38,11 @@ n_splits = 5
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-draft-model", "the draft-time model")
+page = bs.setup(results)
+key = page.key_results("sec-draft-model", "the draft-time model")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 res = stats.fit_draft_model(tr.rounds, n_splits=n_splits)
 print(res.report)
@@ -56,10 +56,10 @@ print(res.report)
 # held-out folds.
 
 # %% tags=["hide-input"]
-bs.table(views.draft_table(res), "tbl-draft-fit",
-         "The draft line $T_D = aK + b$ and its errors beside the paper's: OLS with generation-clustered 95% "
-         "intervals, CV MedAPE over GroupKFold(5) by generation.",
-         full=res.table().reset_index())
+page.table(views.draft_table(res), "tbl-draft-fit",
+           "The draft line $T_D = aK + b$ and its errors beside the paper's: OLS with generation-clustered 95% "
+           "intervals, CV MedAPE over GroupKFold(5) by generation.",
+           full=res.table().reset_index())
 
 # %% [markdown]
 # ## Mean draft time by $K$ against the line
@@ -69,14 +69,14 @@ bs.table(views.draft_table(res), "tbl-draft-fit",
 # are in {numref}`fig-tracing-draft-time` ({ref}`sec-tracing`).
 
 # %% tags=["hide-input"]
-bs.figure(figures.draft_line_chart(res), "fig-draft-line",
-          "Mean draft time $T_D$ per $K$ (points) against the fitted line $aK + b$. Look for means that "
-          "leave the line: a dense draft should cost the same per step at every $K$.")
+page.figure(figures.draft_line_chart(res), "fig-draft-line",
+            "Mean draft time $T_D$ per $K$ (points) against the fitted line $aK + b$. Look for means that "
+            "leave the line: a dense draft should cost the same per step at every $K$.")
 
 # %% tags=["hide-input"]
-bs.table(views.draft_by_k_table(res), "tbl-draft-by-k",
-         "Mean draft time by $K$, the line's value there, and the deviation of the mean from the line.",
-         decimals={"Mean $T_D$ (ms)": 3, "Line $aK + b$ (ms)": 3, "Deviation (%)": 2})
+page.table(views.draft_by_k_table(res), "tbl-draft-by-k",
+           "Mean draft time by $K$, the line's value there, and the deviation of the mean from the line.",
+           decimals={"Mean $T_D$ (ms)": 3, "Line $aK + b$ (ms)": 3, "Deviation (%)": 2})
 
 # %% [markdown]
 # OLS estimates the conditional mean, so the rare large spikes in single rounds lift the
@@ -94,9 +94,9 @@ if tr.simulated and "truth" in tr.meta:
 # judging the line.
 
 # %% tags=["hide-input"]
-bs.table(views.residual_quantile_table(res), "tbl-draft-residuals",
-         "Quantiles of the per-round residual $T_D - (aK + b)$ (ms). Compare the 99.9% quantile with the "
-         "median: that is the spike tail.", decimals=3)
+page.table(views.residual_quantile_table(res), "tbl-draft-residuals",
+           "Quantiles of the per-round residual $T_D - (aK + b)$ (ms). Compare the 99.9% quantile with the "
+           "median: that is the spike tail.", decimals=3)
 
 # %% [markdown]
 # ## Zero draft timings
@@ -107,9 +107,9 @@ bs.table(views.residual_quantile_table(res), "tbl-draft-residuals",
 # both fits are shown in {numref}`tbl-draft-zero`, so the effect of the choice is visible.
 
 # %% tags=["hide-input"]
-bs.table(views.zero_comparison_table(res), "tbl-draft-zero",
-         "The draft line fitted without and with the rounds whose draft time is zero; estimates with "
-         "their generation-clustered standard errors.", decimals={"$R^2$": 3}, full=res.zero_comparison.reset_index())
+page.table(views.zero_comparison_table(res), "tbl-draft-zero",
+           "The draft line fitted without and with the rounds whose draft time is zero; estimates with "
+           "their generation-clustered standard errors.", decimals={"$R^2$": 3}, full=res.zero_comparison.reset_index())
 
 # %% tags=["remove-input"]
 key.fill(views.key_results_draft(res))

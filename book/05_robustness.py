@@ -42,11 +42,11 @@ n_boot = 999
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-robustness", "robustness")
+page = bs.setup(results)
+key = page.key_results("sec-robustness", "robustness")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 res = stats.robustness_checks(tr.rounds, k=k_robust, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 print(res.report)
@@ -67,9 +67,9 @@ print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generatio
 # otherwise one of 14 consecutive blocks of generations.
 
 # %% tags=["hide-input"]
-bs.table(views.robustness_table(res), "tbl-robust-estimates",
-         f"Every re-estimate of $\\alpha$ and $c$ on $K = {res.k}$, each with its 95% interval and how "
-         "the interval was made.", full=res.estimates)
+page.table(views.robustness_table(res), "tbl-robust-estimates",
+           f"Every re-estimate of $\\alpha$ and $c$ on $K = {res.k}$, each with its 95% interval and how "
+           "the interval was made.", full=res.estimates)
 
 # %% tags=["hide-input"]
 h = res.halves
@@ -84,29 +84,29 @@ if "categories_first_half" in h:
 # content, and the leave-one-category-out rows are the check on content.
 
 # %% tags=["hide-input"]
-bs.figure(figures.robustness_chart(res, "alpha"), "fig-robust-alpha",
-          f"$\\alpha$ (ms/expert) on $K = {res.k}$ under every check, with 95% intervals. Look for a check "
-          "whose interval leaves the others': that is where the estimate is fragile.")
+page.figure(figures.robustness_chart(res, "alpha"), "fig-robust-alpha",
+            f"$\\alpha$ (ms/expert) on $K = {res.k}$ under every check, with 95% intervals. Look for a check "
+            "whose interval leaves the others': that is where the estimate is fragile.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.robustness_chart(res, "c"), "fig-robust-c",
-          f"$c$ (ms/token) on $K = {res.k}$ under every check, with 95% intervals.")
+page.figure(figures.robustness_chart(res, "c"), "fig-robust-c",
+            f"$c$ (ms/token) on $K = {res.k}$ under every check, with 95% intervals.")
 
 # %% [markdown]
 # {numref}`tbl-robust-ranges` gives the range over all checks beside the paper's.
 
 # %% tags=["hide-input"]
-bs.table(views.ranges_table(res), "tbl-robust-ranges",
-         "Smallest and largest estimate over all checks on one $K$, and over the per-$K$ fits, beside the "
-         "paper's ranges.")
+page.table(views.ranges_table(res), "tbl-robust-ranges",
+           "Smallest and largest estimate over all checks on one $K$, and over the per-$K$ fits, beside the "
+           "paper's ranges.")
 
 # %% [markdown]
 # The bootstrap distribution of $\alpha$ ({numref}`fig-robust-bootstrap`):
 
 # %% tags=["hide-input"]
-bs.figure(figures.bootstrap_chart(res, "u_bar"), "fig-robust-bootstrap",
-          f"Cluster-bootstrap distribution of $\\alpha$ on $K = {res.k}$ (generations resampled). Look at its "
-          "shape: a skewed or two-humped histogram would make the percentile interval the one to trust.")
+page.figure(figures.bootstrap_chart(res, "u_bar"), "fig-robust-bootstrap",
+            f"Cluster-bootstrap distribution of $\\alpha$ on $K = {res.k}$ (generations resampled). Look at its "
+            "shape: a skewed or two-humped histogram would make the percentile interval the one to trust.")
 
 # %% [markdown]
 # ## $c$ across the per-$K$ fits
@@ -118,9 +118,9 @@ bs.figure(figures.bootstrap_chart(res, "u_bar"), "fig-robust-bootstrap",
 cbk = res.c_by_k
 print(f"c from {cbk['c'].min() * 1e3:.3f} to {cbk['c'].max() * 1e3:.3f} e-3 ms/token across K "
       f"(spread {100 * (cbk['c'].max() - cbk['c'].min()) / cbk['c'].mean():.1f}% of the mean; paper 1.098–1.107, < 0.9%)")
-bs.table(views.c_by_k_table(res), "tbl-robust-c-by-k",
-         "Context coefficient $c$ of each per-$K$ fit with its generation-clustered standard error.",
-         full=res.c_by_k)
+page.table(views.c_by_k_table(res), "tbl-robust-c-by-k",
+           "Context coefficient $c$ of each per-$K$ fit with its generation-clustered standard error.",
+           full=res.c_by_k)
 
 # %% [markdown]
 # ## Residual diagnostics
@@ -129,9 +129,9 @@ bs.table(views.c_by_k_table(res), "tbl-robust-c-by-k",
 # position within the generation (`round`), in {numref}`fig-robust-residuals`.
 
 # %% tags=["hide-input"]
-bs.figure(figures.binned_residuals_chart(res), "fig-robust-residuals",
-          f"Mean residual of the $K = {res.k}$ fit per decile of context length, KV usage and position in the "
-          "generation, ± 2 generation-clustered SE. Look for a trend or a curve away from zero.")
+page.figure(figures.binned_residuals_chart(res), "fig-robust-residuals",
+            f"Mean residual of the $K = {res.k}$ fit per decile of context length, KV usage and position in the "
+            "generation, ± 2 generation-clustered SE. Look for a trend or a curve away from zero.")
 
 # %% [markdown]
 # {numref}`tbl-robust-trends` gives two tests per variable, both clustered by generation: the
@@ -141,9 +141,9 @@ bs.figure(figures.binned_residuals_chart(res), "fig-robust-residuals",
 # residuals are orthogonal to the regressors), so only the bin test speaks.
 
 # %% tags=["hide-input"]
-bs.table(views.trends_table(res), "tbl-robust-trends",
-         "Trend tests of the residuals: slope on each variable and the Wald test of the binned means, "
-         "both with generation-clustered standard errors.", decimals={"Slope per SD (ms)": 4}, full=res.trends)
+page.table(views.trends_table(res), "tbl-robust-trends",
+           "Trend tests of the residuals: slope on each variable and the Wald test of the binned means, "
+           "both with generation-clustered standard errors.", decimals={"Slope per SD (ms)": 4}, full=res.trends)
 
 # %% [markdown]
 # ## Heteroscedasticity: both Breusch–Pagan tests
@@ -160,9 +160,9 @@ bs.table(views.trends_table(res), "tbl-robust-trends",
 # standard errors.
 
 # %% tags=["hide-input"]
-bs.table(views.breusch_pagan_table(res), "tbl-robust-bp",
-         "Breusch–Pagan tests, classic and studentized, on one $K$ and pooled over $K$ (categorical Eq. 4 "
-         "residuals); the paper states one pooled $p$ without its version.", full=res.breusch_pagan)
+page.table(views.breusch_pagan_table(res), "tbl-robust-bp",
+           "Breusch–Pagan tests, classic and studentized, on one $K$ and pooled over $K$ (categorical Eq. 4 "
+           "residuals); the paper states one pooled $p$ without its version.", full=res.breusch_pagan)
 
 # %% tags=["hide-input"]
 cr = res.corr_u_l

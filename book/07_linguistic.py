@@ -54,11 +54,11 @@ cost_model = None
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-linguistic", "linguistic study")
+page = bs.setup(results)
+key = page.key_results("sec-linguistic", "linguistic study")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 boot = bs.smoke_sizes(smoke, n_boot=n_boot)
 setup = prepare_oracle(tr, cost_model, surrogate)
@@ -76,9 +76,9 @@ kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
 # %% tags=["hide-input"]
 has_drafts = tr.oracle is not None and "draft_tokens" in tr.oracle.columns
 if has_drafts:
-    bs.table(view.alignment(ling.alignment_check(tr.oracle, tr.tokens, kind_of)), "tbl-ling-alignment",
-             "The join check: share of states whose matched first draft token equals token row `pos + 1` "
-             "(the convention) and row `pos` (the other rule), per kind of reference.", decimals=3)
+    page.table(view.alignment(ling.alignment_check(tr.oracle, tr.tokens, kind_of)), "tbl-ling-alignment",
+               "The join check: share of states whose matched first draft token equals token row `pos + 1` "
+               "(the convention) and row `pos` (the other rule), per kind of reference.", decimals=3)
 
 # %% [markdown]
 # ## Context labels
@@ -97,8 +97,8 @@ if has_drafts:
 
 # %% tags=["hide-input"]
 lab = ling.label_trace_tokens(tr.tokens)
-bs.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (rule-based labeller), all references.",
-         decimals={"Share of tokens": 3})
+page.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (rule-based labeller), all references.",
+           decimals={"Share of tokens": 3})
 
 # %% [markdown]
 # On a simulated trace every token also carries the context the simulator planted, so the
@@ -107,16 +107,16 @@ bs.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (r
 # %% tags=["hide-input"]
 agree = ling.label_agreement(lab) if "context" in lab.columns else None
 if agree is not None:
-    bs.table(view.agreement(agree.by_context), "tbl-ling-agreement",
-             f"The labeller against the planted contexts, per planted context: over {agree.n_tokens:,} tokens "
-             f"agreement {agree.accuracy:.3f}, Cohen's $\\kappa$ {agree.kappa:.3f}, script of tokens with letters "
-             f"{agree.script_accuracy:.3f}.", decimals=3)
+    page.table(view.agreement(agree.by_context), "tbl-ling-agreement",
+               f"The labeller against the planted contexts, per planted context: over {agree.n_tokens:,} tokens "
+               f"agreement {agree.accuracy:.3f}, Cohen's $\\kappa$ {agree.kappa:.3f}, script of tokens with letters "
+               f"{agree.script_accuracy:.3f}.", decimals=3)
 
 # %% tags=["hide-input"]
 if agree is not None:
-    bs.figure(figures.label_confusion_chart(agree.confusion), "fig-ling-label-confusion",
-              "Planted context (rows) against the rule-based label (columns), as shares of each planted context. "
-              "Mass off the diagonal is the labeller's error; mode changes are where it is largest.")
+    page.figure(figures.label_confusion_chart(agree.confusion), "fig-ling-label-confusion",
+                "Planted context (rows) against the rule-based label (columns), as shares of each planted context. "
+                "Mass off the diagonal is the labeller's error; mode changes are where it is largest.")
 
 # %% [markdown]
 # ## $k^\star$ by context
@@ -134,24 +134,24 @@ head = ling.headline(studies)
 dec, kctx = head.decisions, head.k_by_context
 print(f"headline: {head.kind} references, {len(dec):,} decisions over {head.n_responses} responses; "
       f"kinds: {', '.join(f'{k} ({len(v.decisions):,})' for k, v in studies.items())}")
-bs.table(view.k_by_context(kctx), "tbl-ling-k-by-context",
-         f"Oracle decisions by context on the headline ({head.kind}) references: share of $k^\\star \\ge 4$ and "
-         "of $k^\\star = 1$ with 95% intervals (bootstrap over responses), beside the paper's.", full=kctx)
+page.table(view.k_by_context(kctx), "tbl-ling-k-by-context",
+           f"Oracle decisions by context on the headline ({head.kind}) references: share of $k^\\star \\ge 4$ and "
+           "of $k^\\star = 1$ with 95% intervals (bootstrap over responses), beside the paper's.", full=kctx)
 
 # %% tags=["hide-input"]
-bs.figure(figures.k_by_context_chart(kctx), "fig-ling-k-long",
-          "Share of decisions with $k^\\star \\ge 4$ per context with 95% intervals; open diamonds are the paper's. "
-          "Look for long drafts in regular code and short ones at boundaries.")
+page.figure(figures.k_by_context_chart(kctx), "fig-ling-k-long",
+            "Share of decisions with $k^\\star \\ge 4$ per context with 95% intervals; open diamonds are the paper's. "
+            "Look for long drafts in regular code and short ones at boundaries.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.k_by_context_chart(kctx, measure="k1"), "fig-ling-k1",
-          "Share of decisions with $k^\\star = 1$ per context with 95% intervals; open diamonds are the paper's. "
-          "A boundary that stops drafts shows as a high share.")
+page.figure(figures.k_by_context_chart(kctx, measure="k1"), "fig-ling-k1",
+            "Share of decisions with $k^\\star = 1$ per context with 95% intervals; open diamonds are the paper's. "
+            "A boundary that stops drafts shows as a high share.")
 
 # %% tags=["hide-input"]
-bs.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"])),
-          "fig-ling-k-distribution",
-          "Distribution of $k^\\star$ per context (stacked shares of the headline references' decisions).")
+page.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"])),
+            "fig-ling-k-distribution",
+            "Distribution of $k^\\star$ per context (stacked shares of the headline references' decisions).")
 
 # %% [markdown]
 # The same table on the teacher-forced references, apart (on a trace with greedy references only
@@ -161,18 +161,18 @@ bs.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=li
 # %% tags=["hide-input"]
 forced = studies.get(TEACHER_FORCED)
 if forced is not None:
-    bs.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
-             "Oracle decisions by context on the teacher-forced references (a different process, never pooled "
-             "with the greedy ones), beside the paper's.", full=forced.k_by_context)
+    page.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
+               "Oracle decisions by context on the teacher-forced references (a different process, never pooled "
+               "with the greedy ones), beside the paper's.", full=forced.k_by_context)
 
 # %% [markdown]
 # Finer labels ({numref}`tbl-ling-k-by-fine-label`): the appendix notes that return and
 # control-flow keywords go with a longer, not a shorter, continuation.
 
 # %% tags=["hide-input"]
-bs.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
-         "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
-         "no shares for these).", full=head.k_by_fine_label)
+page.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
+           "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
+           "no shares for these).", full=head.k_by_fine_label)
 
 # %% [markdown]
 # On a simulated trace the same table by the *planted* context shows what the labeller's
@@ -181,9 +181,9 @@ bs.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-
 # %% tags=["hide-input"]
 if "context" in dec.columns:
     planted_k = ling.k_by_context(dec, by="context", n_boot=boot, seed=seed)
-    bs.table(view.k_by_context(planted_k, first="Planted context"), "tbl-ling-k-by-planted-context",
-             "Oracle decisions by the context the simulator planted (not the labeller's), beside the paper's.",
-             full=planted_k)
+    page.table(view.k_by_context(planted_k, first="Planted context"), "tbl-ling-k-by-planted-context",
+               "Oracle decisions by the context the simulator planted (not the labeller's), beside the paper's.",
+               full=planted_k)
 
 # %% [markdown]
 # ## Routing at script changes and at the first mismatch
@@ -201,20 +201,20 @@ if "context" in dec.columns:
 # %% tags=["hide-input"]
 contrasts, rtab = head.contrasts, head.routing
 planted = [ling.planted_contrast(c, tr.meta) for c in contrasts[:2]] if tr.simulated else None
-bs.table(view.routing(rtab, planted), "tbl-ling-routing",
-         f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
-         "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
-         + ("; *Planted*: the planted difference, what the simulator put in." if planted else "."), full=rtab)
+page.table(view.routing(rtab, planted), "tbl-ling-routing",
+           f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
+           "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
+           + ("; *Planted*: the planted difference, what the simulator put in." if planted else "."), full=rtab)
 
 # %% tags=["hide-input"]
-bs.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
-          "Difference in new experts per layer (event step − step before) with 95% intervals, ours and the paper's. "
-          "Look for a jump at script changes and none at the first mismatch.")
+page.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
+            "Difference in new experts per layer (event step − step before) with 95% intervals, ours and the paper's. "
+            "Look for a jump at script changes and none at the first mismatch.")
 
 # %% tags=["hide-input"]
 if forced is not None:
-    bs.table(view.routing(forced.routing), "tbl-ling-routing-forced",
-             f"The routing contrasts on the teacher-forced references, apart: {forced.note}.", full=forced.routing)
+    page.table(view.routing(forced.routing), "tbl-ling-routing-forced",
+               f"The routing contrasts on the teacher-forced references, apart: {forced.note}.", full=forced.routing)
 
 # %% [markdown]
 # ## Where this pair differs from the paper
@@ -225,15 +225,15 @@ if forced is not None:
 
 # %% tags=["hide-input"]
 cmp_head = ling.paper_comparison(head)
-bs.table(view.comparison(cmp_head), "tbl-ling-paper",
-         f"The appendix's linguistic headline quantities beside ours on the headline ({head.kind}) references, "
-         "with 95% intervals; *consistent* when the intervals overlap.", full=cmp_head)
+page.table(view.comparison(cmp_head), "tbl-ling-paper",
+           f"The appendix's linguistic headline quantities beside ours on the headline ({head.kind}) references, "
+           "with 95% intervals; *consistent* when the intervals overlap.", full=cmp_head)
 
 # %% tags=["hide-input"]
 if forced is not None:
     cmp_forced = ling.paper_comparison(forced)
-    bs.table(view.comparison(cmp_forced), "tbl-ling-paper-forced",
-             "The same quantities on the teacher-forced references, apart.", full=cmp_forced)
+    page.table(view.comparison(cmp_forced), "tbl-ling-paper-forced",
+               "The same quantities on the teacher-forced references, apart.", full=cmp_forced)
 
 # %% tags=["hide-input"]
 for name, st in studies.items():
@@ -272,19 +272,19 @@ for name, st in studies.items():
 abl = alpha_ablation(res, draft_prob=setup.raw_inputs.match_prob)  # the draft's own probability, as in the paper
 head_seqs = set(dec["seq_id"].astype(str))
 cases = gallery.select_ablation_cases(abl.cases[abl.cases["seq_id"].astype(str).isin(head_seqs)], n=n_ablation)
-bs.table(view.ablation_cases(cases), "tbl-ling-ablation",
-         f"Decisions where the expert term sets the boundary: {len(abl.cases):,} of {res.inputs.n_states:,} states "
-         "have $Q^0(k^\\star+1) - Q^0(k^\\star) < 0$; shown, one per response, those whose added token has the "
-         f"highest match probability (paper: four cases, {paper.CASE_MATCH_RANGE[0]:.2%}–{paper.CASE_MATCH_RANGE[1]:.2%}). "
-         "$\\Delta Q^0$, $\\Delta Q$: $Q(k^\\star+1) - Q(k^\\star)$ at $\\alpha = 0$ and as fitted.",
-         decimals={"Match prob. of added token": 4, "$\\Delta Q^0$": 4, "$\\Delta Q$": 4})
+page.table(view.ablation_cases(cases), "tbl-ling-ablation",
+           f"Decisions where the expert term sets the boundary: {len(abl.cases):,} of {res.inputs.n_states:,} states "
+           "have $Q^0(k^\\star+1) - Q^0(k^\\star) < 0$; shown, one per response, those whose added token has the "
+           f"highest match probability (paper: four cases, {paper.CASE_MATCH_RANGE[0]:.2%}–{paper.CASE_MATCH_RANGE[1]:.2%}). "
+           "$\\Delta Q^0$, $\\Delta Q$: $Q(k^\\star+1) - Q(k^\\star)$ at $\\alpha = 0$ and as fitted.",
+           decimals={"Match prob. of added token": 4, "$\\Delta Q^0$": 4, "$\\Delta Q$": 4})
 
 # %% tags=["hide-input"]
 if len(cases):
-    bs.figure(figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)), "fig-ling-ablation",
-              "The $\\alpha = 0$ cases: target continuation on top, draft below (green match, red first mismatch, "
-              "grey after it, faded past $k^\\star$). Look at where the dotted orange line ($k^\\star$ at "
-              "$\\alpha = 0$) passes the solid one.")
+    page.figure(figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)), "fig-ling-ablation",
+                "The $\\alpha = 0$ cases: target continuation on top, draft below (green match, red first mismatch, "
+                "grey after it, faded past $k^\\star$). Look at where the dotted orange line ($k^\\star$ at "
+                "$\\alpha = 0$) passes the solid one.")
 
 # %% [markdown]
 # ## A stratified gallery of twelve decisions
@@ -299,16 +299,16 @@ if len(cases):
 
 # %% tags=["hide-input"]
 gal = gallery.select_gallery(dec, n_per_group=per_group, exclude=list(zip(cases["seq_id"], cases["pos"])), seed=seed)
-bs.table(view.gallery(gal), "tbl-ling-gallery",
-         f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
-         f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
-         f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
+page.table(view.gallery(gal), "tbl-ling-gallery",
+           f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
+           f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
+           f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
 
 # %% tags=["hide-input"]
-bs.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
-          "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
-          "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "
-          "$a_{\\mathrm{mode}}$).")
+page.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
+            "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
+            "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "
+            "$a_{\\mathrm{mode}}$).")
 
 # %% [markdown]
 # ## Limits

@@ -76,11 +76,11 @@ cost_model = None
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-online-control", "online control")
+page = bs.setup(results)
+key = page.key_results("sec-online-control", "online control")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print(tr.source_label)
 n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
 fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
@@ -102,12 +102,12 @@ print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(
 names = [f"static:{k}" for k in range(1, k_max + 1)] + list(POLICY_NAMES)
 offline, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=n_rollouts, seed=seed,
                                 n_boot=n_boot)
-bs.table(view.offline(offline), "tbl-control-offline",
-         f"Offline prediction on the {len(fit.test_seq_ids)} held-out greedy references: time per token replayed and "
-         "under the surrogate, and the share of each Oracle's gain over the best static K captured (95% bootstrap "
-         f"intervals over references). The Oracle's gain over the best static K (K = {bounds['best_static_k_replay']}): "
-         f"exact greedy {bounds['oracle_exact_gain_over_best_static']:.3f}×, surrogate ({bounds['surrogate']}) "
-         f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
+page.table(view.offline(offline), "tbl-control-offline",
+           f"Offline prediction on the {len(fit.test_seq_ids)} held-out greedy references: time per token replayed and "
+           "under the surrogate, and the share of each Oracle's gain over the best static K captured (95% bootstrap "
+           f"intervals over references). The Oracle's gain over the best static K (K = {bounds['best_static_k_replay']}): "
+           f"exact greedy {bounds['oracle_exact_gain_over_best_static']:.3f}×, surrogate ({bounds['surrogate']}) "
+           f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
 
 # %% [markdown]
 # ## Measured in the engine, against stock vLLM
@@ -133,15 +133,15 @@ for batch, table in tables.items():
     res = runs[batch]
     cpu = describe(res["engine"]["cpu"])
     loads = pd.DataFrame(res["blocks"])["load1"]
-    bs.table(view.engine(table), f"tbl-control-engine-batch{batch}",
-             f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
-             f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
-             f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
-             f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
-             f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
-             f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the offline "
-             "prediction of the same arm priced with the costs profiled in this run, and its error; time spent "
-             "deciding as a share of the round.", decimals=3, full=table)
+    page.table(view.engine(table), f"tbl-control-engine-batch{batch}",
+               f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
+               f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
+               f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
+               f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
+               f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
+               f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the offline "
+               "prediction of the same arm priced with the costs profiled in this run, and its error; time spent "
+               "deciding as a share of the round.", decimals=3, full=table)
 
 # %% tags=["remove-input"]
 display(Markdown(view.verdict(runs, tables, offline, bounds)))
@@ -150,13 +150,13 @@ display(Markdown(view.verdict(runs, tables, offline, bounds)))
 if tables:
     # one facet chart per batch, stacked: share_captured's layers carry their own data, so one faceted chart
     # of all batches would show every batch's points in every panel
-    bs.figure(alt.vconcat(*[control_figures.share_captured(view.share_frame(tables, b)) for b in tables])
-              .resolve_scale(x="shared").configure_legend(orient="bottom"),
-              "fig-control-share",
-              "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
-              "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
-              "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
-              "the best static K; 1 would be the Oracle.")
+    page.figure(alt.vconcat(*[control_figures.share_captured(view.share_frame(tables, b)) for b in tables])
+                .resolve_scale(x="shared").configure_legend(orient="bottom"),
+                "fig-control-share",
+                "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
+                "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
+                "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
+                "the best static K; 1 would be the Oracle.")
 
 # %% [markdown]
 # Where the time goes and how far the prediction is from the engine, per batch size (measured): the
@@ -180,10 +180,10 @@ for batch, res in sorted(runs.items()):
 # %% tags=["hide-input"]
 seq = fit.test_seq_ids[0]
 along = k_chosen_along(fit, setup, seq, ["delta", "threshold"])
-bs.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold"]), "fig-control-k-along",
-          f"Draft length chosen by the Delta rule and the confidence threshold along held-out reference `{seq}` "
-          "(first 80 states, replayed), against the exact-greedy and surrogate Oracles' $k^*$. Look for where the "
-          "rules draft long and the Oracle does not.")
+page.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold"]), "fig-control-k-along",
+            f"Draft length chosen by the Delta rule and the confidence threshold along held-out reference `{seq}` "
+            "(first 80 states, replayed), against the exact-greedy and surrogate Oracles' $k^*$. Look for where the "
+            "rules draft long and the Oracle does not.")
 
 # %% tags=["remove-input"]
 key.fill(view.key_rows(runs, tables, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},

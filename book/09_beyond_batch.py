@@ -59,11 +59,11 @@ cost_model = None
 results = None
 
 # %% tags=["remove-input"]
-bs.setup(results)
-key = bs.KeyResults("sec-beyond-batch", "beyond batch 1")
+page = bs.setup(results)
+key = page.key_results("sec-beyond-batch", "beyond batch 1")
 
 # %% tags=["hide-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 sizes = [int(b) for b in str(batch_sizes).split(",")]
 measured = view.measured_batch_trace(tr, batch_trace)
 print(tr.source_label)
@@ -87,36 +87,36 @@ from speclimits.stats.batch import (coefficient_table, fit_batch_cost_model, spe
 
 val = worst = front = union = None
 if measured is not None:
-    bs.set_data_label(bs.data_label_for(measured))  # the measured tables below are the batch trace's
+    page.use(measured)  # the measured tables below are the batch trace's
     bmodel = fit_batch_cost_model(measured)
     val = validate_by_batch_k(measured, bmodel)
     worst = worst_error(val)
     front = speedup_frontier(val)
     union = step_union_table(measured)
-    bs.table(view.time_grid(val), "tbl-batch-grid",
-             "Measured time per token (ms, target + drafter over all steps, per emitted token) by batch size b and "
-             "K.", decimals=3)
+    page.table(view.time_grid(val), "tbl-batch-grid",
+               "Measured time per token (ms, target + drafter over all steps, per emitted token) by batch size b and "
+               "K.", decimals=3)
 else:
     display(Markdown("*No measured batch trace belongs to this trace's model pair; the measured tables are "
                      "not shown. The simulated part and the bound below still apply.*"))
 
 # %% tags=["hide-input"]
 if val is not None:
-    bs.figure(batch_figures.batch_time_per_token(view.time_frame(val)), "fig-batch-time",
-              "Measured ms per token against batch size per K (solid) and the batch cost model's cross-fitted "
-              "prediction (dashed). Where a coloured line crosses above the black one, K stops paying.")
+    page.figure(batch_figures.batch_time_per_token(view.time_frame(val)), "fig-batch-time",
+                "Measured ms per token against batch size per K (solid) and the batch cost model's cross-fitted "
+                "prediction (dashed). Where a coloured line crosses above the black one, K stops paying.")
 
 # %% tags=["hide-input"]
 if val is not None:
-    bs.table(view.validation(val), "tbl-batch-validation",
-             f"The batch cost model against the measurement per (b, K): cross-fitted by batch (and in-sample). "
-             f"{worst['text']}.", decimals=3)
-    bs.table(view.frontier(front), "tbl-batch-frontier",
-             "Where speculation stops paying, measured: the first batch size at which K is no faster than plain "
-             "decoding, and each K's speedup over plain decoding at the same b.", decimals=3)
-    bs.table(view.coefficients(coefficient_table(bmodel)), "tbl-batch-coefficients",
-             "The batch cost model fitted on the measured uniform decode steps (95% jackknife intervals over "
-             "batches).")
+    page.table(view.validation(val), "tbl-batch-validation",
+               f"The batch cost model against the measurement per (b, K): cross-fitted by batch (and in-sample). "
+               f"{worst['text']}.", decimals=3)
+    page.table(view.frontier(front), "tbl-batch-frontier",
+               "Where speculation stops paying, measured: the first batch size at which K is no faster than plain "
+               "decoding, and each K's speedup over plain decoding at the same b.", decimals=3)
+    page.table(view.coefficients(coefficient_table(bmodel)), "tbl-batch-coefficients",
+               "The batch cost model fitted on the measured uniform decode steps (95% jackknife intervals over "
+               "batches).")
 
 # %% [markdown]
 # **Run to run.** A second pass of the same sweep on the same machine, right after this one (summarised
@@ -130,10 +130,10 @@ repeat = view.read_repeat(measured)
 rep = None
 if val is not None and repeat is not None:
     rep = view.repeat_table(val, repeat)
-    bs.table(rep, "tbl-batch-repeat",
-             f"Time per token of every (b, K) in this trace and in a second pass of the same sweep "
-             f"({repeat['what']}); the model's cross-fitted error in each pass. Over the grid, "
-             f"{view.repeat_phrase(rep)}.", decimals=3)
+    page.table(rep, "tbl-batch-repeat",
+               f"Time per token of every (b, K) in this trace and in a second pass of the same sweep "
+               f"({repeat['what']}); the model's cross-fitted error in each pass. Over the grid, "
+               f"{view.repeat_phrase(rep)}.", decimals=3)
 elif val is not None:
     print("no repeat pass recorded beside this batch trace")
 if val is not None:
@@ -150,19 +150,19 @@ if val is not None:
 # %% tags=["hide-input"]
 if union is not None:
     E, top_k = union.n_experts, union.top_k
-    bs.figure(batch_figures.batch_step_union(view.union_points(union), E, top_k, seed=seed), "fig-batch-union",
-              f"Measured unique experts per layer of each uniform decode step against the tokens it verifies "
-              f"(E = {E}, top-{top_k}), with the uniform saturation curve (black) and E (dashed).")
+    page.figure(batch_figures.batch_step_union(view.union_points(union), E, top_k, seed=seed), "fig-batch-union",
+                f"Measured unique experts per layer of each uniform decode step against the tokens it verifies "
+                f"(E = {E}, top-{top_k}), with the uniform saturation curve (black) and E (dashed).")
 
 # %% tags=["hide-input"]
 if union is not None:
     shown_union, full_union = view.union_summary(union)
-    bs.table(shown_union, "tbl-batch-union",
-             "Mean Ū of a step per (b, K): measured, the independent-routing union of its requests' own Ū, and "
-             "the uniform saturation curve; ratios (measured over each; 95% interval over batches for the first). "
-             "Shown: b > 1 at K = 0, 2, 4, 6 (every cell in the download; at b = 1 the union is the request itself). "
-             "Below 1: the requests of a step share experts more than independent routing would.",
-             decimals=3, full=full_union)
+    page.table(shown_union, "tbl-batch-union",
+               "Mean Ū of a step per (b, K): measured, the independent-routing union of its requests' own Ū, and "
+               "the uniform saturation curve; ratios (measured over each; 95% interval over batches for the first). "
+               "Shown: b > 1 at K = 0, 2, 4, 6 (every cell in the download; at b = 1 the union is the request itself). "
+               "Below 1: the requests of a step share experts more than independent routing would.",
+               decimals=3, full=full_union)
     display(Markdown(view.union_phrase(union)))
 
 # %% [markdown]
@@ -184,7 +184,7 @@ sim_cfg = preset("paper", n_prompts=16 if smoke else 48, response_median=120 if 
                  response_max=240 if smoke else 400, k_values=tuple(range(0, k_max + 1)))
 sim_dir = Path(tempfile.mkdtemp(prefix="speclimits-")) / "sim-batch-paper-scale"
 simulate_batch(sim_cfg, BatchSim(batch_sizes=tuple(sizes)), seed=seed, out=sim_dir, progress=False)
-sim = bs.load(sim_dir)
+sim = page.load(sim_dir)
 sim_truth = BatchCostModel.from_dict(sim.meta["truth"], origin="planted truth")
 sim_model = fit_batch_cost_model(sim)
 sim_val = validate_by_batch_k(sim, sim_model)
@@ -195,19 +195,19 @@ sim_cov = view.coverage(sim_coef, sim_truth)
 print(sim.source_label)
 
 # %% tags=["hide-input"]
-bs.table(view.coefficients(sim_coef, truth=sim_truth), "tbl-batch-sim-coef",
-         f"SIMULATED: the batch cost model fitted on the simulator's batch sweep against the planted truth "
-         f"({sim_cov[0]} of {sim_cov[1]} planted values inside the 95% intervals). {sim_worst['text']}.")
+page.table(view.coefficients(sim_coef, truth=sim_truth), "tbl-batch-sim-coef",
+           f"SIMULATED: the batch cost model fitted on the simulator's batch sweep against the planted truth "
+           f"({sim_cov[0]} of {sim_cov[1]} planted values inside the 95% intervals). {sim_worst['text']}.")
 
 # %% tags=["hide-input"]
-bs.figure(batch_figures.batch_time_per_token(view.time_frame(sim_val)), "fig-batch-sim-time",
-          "SIMULATED (paper scale, planted per-request terms): ms per token against batch size per K, with the "
-          "fitted model's cross-fitted prediction (dashed).")
+page.figure(batch_figures.batch_time_per_token(view.time_frame(sim_val)), "fig-batch-sim-time",
+            "SIMULATED (paper scale, planted per-request terms): ms per token against batch size per K, with the "
+            "fitted model's cross-fitted prediction (dashed).")
 
 # %% tags=["hide-input"]
-bs.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
-         "SIMULATED: each K's speedup over plain decoding at the same b, and the b at which it stops paying.",
-         decimals=3)
+page.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
+           "SIMULATED: each K's speedup over plain decoding at the same b, and the b at which it stops paying.",
+           decimals=3)
 
 # %% [markdown]
 # ## The bound at batch $b$
@@ -226,7 +226,7 @@ from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_refe
 from speclimits.oracle.prepare import prepare_oracle
 from speclimits.vocabulary import HEADLINE_KIND
 
-bs.set_data_label(bs.data_label_for(tr))  # the bound runs on this page's trace's references
+page.use(tr)  # the bound runs on this page's trace's references
 bound_model = bmodel if measured is not None else sim_model
 setup = prepare_oracle(tr, bound_model.base)
 refs, order = headline_references(setup, measured)
@@ -236,22 +236,22 @@ frame = bb.frame()
 src = "the batch cost model fitted on the measured batch trace" if measured is not None else \
     "the batch cost model fitted on the SIMULATED batch sweep"
 shown, full = view.bounds(frame)
-bs.table(shown, "tbl-batch-bounds",
-         f"The bound at batch b on {refs.inputs.n_sequences} {HEADLINE_KIND} references of {bs.data_label_for(tr)} "
-         f"({refs.surrogate_label}), priced by {src}: plain decoding, the best static K, the best batch→K table, "
-         "the exact Oracle (b ≤ 2), the relaxation bound (no policy is faster), and its gains. Static K and tables "
-         f"at b > 2 are Monte Carlo estimates ({bb.n_samples} samples). Columns: ms per token of plain decoding, the "
-         "best static K, the best table, the exact Oracle and the bound; the bound's gain over the best static K "
-         "and over the table; the relaxation's slack against the exact Oracle. The tables themselves (K for n = "
-         "1..b active requests) are in the download.", decimals=3, full=full)
+page.table(shown, "tbl-batch-bounds",
+           f"The bound at batch b on {refs.inputs.n_sequences} {HEADLINE_KIND} references of {bs.data_label_for(tr)} "
+           f"({refs.surrogate_label}), priced by {src}: plain decoding, the best static K, the best batch→K table, "
+           "the exact Oracle (b ≤ 2), the relaxation bound (no policy is faster), and its gains. Static K and tables "
+           f"at b > 2 are Monte Carlo estimates ({bb.n_samples} samples). Columns: ms per token of plain decoding, the "
+           "best static K, the best table, the exact Oracle and the bound; the bound's gain over the best static K "
+           "and over the table; the relaxation's slack against the exact Oracle. The tables themselves (K for n = "
+           "1..b active requests) are in the download.", decimals=3, full=full)
 
 # %% tags=["hide-input"]
 display(Markdown(view.bound_verdict(frame)))
 
 # %% tags=["hide-input"]
-bs.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds",
-          "Speedup over plain decoding at the same batch size: the relaxation bound, the exact Oracle (b = 2), the "
-          "best batch→K table and the best static K.")
+page.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds",
+            "Speedup over plain decoding at the same batch size: the relaxation bound, the exact Oracle (b = 2), the "
+            "best batch→K table and the best static K.")
 
 # %% [markdown]
 # **Checking the world.** The bound is only as good as its world: priced by the batch cost model, every
@@ -262,9 +262,9 @@ bs.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds
 world = None
 if measured is not None:
     world = view.oracle_world(frame, val)
-    bs.table(world, "tbl-batch-world",
-             "Static K at each b: the Oracle's world (batch cost model on the greedy references) against the "
-             "measured batch sweep on the same prompts.", decimals=3)
+    page.table(world, "tbl-batch-world",
+               "Static K at each b: the Oracle's world (batch cost model on the greedy references) against the "
+               "measured batch sweep on the same prompts.", decimals=3)
 
 # %% tags=["remove-input"]
 key.fill(view.key_rows(val=val, worst=worst, front=front, rep=rep, frame=frame, world=world, sim_cov=sim_cov,

@@ -41,10 +41,10 @@ seed = 0
 results = None
 
 # %% tags=["remove-cell"]
-bs.setup(results)
+page = bs.setup(results)
 
 # %% tags=["remove-input"]
-tr = bs.load(trace)
+tr = page.load(trace)
 print("This build ran on:", tr.source_label, sep="\n  ")
 print("Trace directory:", tr.path.name, sep="\n  ")
 if tr.meta.get("description"):
@@ -64,9 +64,9 @@ gathered = bs.gathered_results(results, sections)
 if gathered is None:
     print("The key results are gathered when the whole book is built (speclimits book).")
 else:
-    bs.table(gathered, "tbl-intro-key-results",
-             "Key results of every section, ours beside the paper's. Brackets: the 95% interval, unless the "
-             "quantity names another range; a dash: the paper reports no such number.")
+    page.table(gathered, "tbl-intro-key-results",
+               "Key results of every section, ours beside the paper's. Brackets: the 95% interval, unless the "
+               "quantity names another range; a dash: the paper reports no such number.")
 
 # %% [markdown]
 # ## Simulated or measured?

@@ -288,7 +288,7 @@ import textwrap
 
 import speclimits.book_support as bs
 
-bs.setup()
+page = bs.setup()
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -296,20 +296,20 @@ smoke = False
 seed = 0
 
 # %% tags=["remove-input"]
-bs.table(bs.schema_table("rounds"), "tbl-methods-rounds",
-         "Columns of the `rounds` table: one row per speculative round (the harness's record); from `speclimits.trace.schema`.")
+page.table(bs.schema_table("rounds"), "tbl-methods-rounds",
+           "Columns of the `rounds` table: one row per speculative round (the harness's record); from `speclimits.trace.schema`.")
 
 # %% tags=["remove-input"]
-bs.table(bs.schema_table("oracle"), "tbl-methods-oracle",
-         "Columns of the `oracle` table: dense per-position data of the reference sequences (what the Oracle reads); from `speclimits.trace.schema`.")
+page.table(bs.schema_table("oracle"), "tbl-methods-oracle",
+           "Columns of the `oracle` table: dense per-position data of the reference sequences (what the Oracle reads); from `speclimits.trace.schema`.")
 
 # %% tags=["remove-input"]
-bs.table(bs.schema_table("tokens"), "tbl-methods-tokens",
-         "Columns of the `tokens` table: token text and routing per position (what the linguistic study reads); from `speclimits.trace.schema`.")
+page.table(bs.schema_table("tokens"), "tbl-methods-tokens",
+           "Columns of the `tokens` table: token text and routing per position (what the linguistic study reads); from `speclimits.trace.schema`.")
 
 # %% tags=["remove-input"]
-bs.table(bs.schema_table("steps"), "tbl-methods-steps",
-         "Columns of the `steps` table (batch traces only, `speclimits trace --batch`): one row per engine step of a traced batch; rounds then also carry `b` and `batch_id`, joined to steps on (`batch_id`, `step`); from `speclimits.trace.schema`.")
+page.table(bs.schema_table("steps"), "tbl-methods-steps",
+           "Columns of the `steps` table (batch traces only, `speclimits trace --batch`): one row per engine step of a traced batch; rounds then also carry `b` and `batch_id`, joined to steps on (`batch_id`, `step`); from `speclimits.trace.schema`.")
 
 # %% [markdown]
 # `meta.json` must name the keys below. `source` is `vllm` for a measurement or `simulator` for a
@@ -328,12 +328,12 @@ print(textwrap.fill(", ".join(bs.META_REQUIRED), 88))
 # are in `speclimits.linguistic.labels`; section {ref}`sec-linguistic` describes them.
 
 # %% tags=["remove-input"]
-bs.table(bs.vocabulary_table(), "tbl-methods-vocabulary",
-         "The shared vocabulary: context labels with the mode each belongs to, and the finer labels "
-         "(`speclimits.vocabulary`).")
+page.table(bs.vocabulary_table(), "tbl-methods-vocabulary",
+           "The shared vocabulary: context labels with the mode each belongs to, and the finer labels "
+           "(`speclimits.vocabulary`).")
 
 # %% [markdown]
 # ## Versions
 
 # %% tags=["remove-input"]
-bs.version_report(bs.load(trace))
+bs.version_report(page.load(trace))

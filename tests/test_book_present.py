@@ -39,14 +39,14 @@ def test_with_ci_puts_estimate_and_bounds_in_one_cell_in_place():
 
 def test_table_markdown_is_a_numbered_myst_table_without_index(tmp_path):
     frame = pd.DataFrame({"Model": ["a|b", "c"], "R2": [0.61234, 0.5]}, index=[7, 8])
-    present.set_data_label("Data: measured trace `t`.")
-    try:
-        md = present.table_markdown(frame, "tbl-x-fit", "Two fits.", decimals={"R2": 2},
-                                    download="tables/tbl-x-fit.csv")
-    finally:
-        present.set_data_label(None)
+    md = present.table_markdown(frame, "tbl-x-fit", "Two fits.", decimals={"R2": 2},
+                                download="tables/tbl-x-fit.csv", data_label="Data: measured trace `t`.")
     lines = md.splitlines()
     assert lines[0].startswith(":::{table} Two fits. Data: measured trace `t`. Full table: {download}")
+    # no label: the caption as written; a caption that names its data keeps it instead of the label
+    assert present.table_markdown(frame, "tbl-x-fit", "Two fits.").splitlines()[0] == ":::{table} Two fits."
+    assert present.table_markdown(frame, "tbl-x-fit", "Two fits. Data: other.",
+                                  data_label="Data: t.").splitlines()[0] == ":::{table} Two fits. Data: other."
     assert lines[1] == ":name: tbl-x-fit"
     assert "| Model | R2 |" in lines
     assert "| a\\|b | 0.61 |" in lines  # pipes escaped, numbers rounded, index 7/8 gone
@@ -97,13 +97,10 @@ def test_marked_outputs_become_numbered_figures_and_a_crowded_cell_is_refused():
 
 
 def test_key_results_are_written_and_gathered_with_section_links(tmp_path):
-    present.set_results_dir(tmp_path)
-    try:
-        box = present.KeyResults("sec-demo", "demo")
-        box.fill([present.Result.of("speedup", 1.234, 1.1, 1.4, paper=1.5, unit="×", ref="fig-demo-x"),
-                  present.Result("regime", "none", "m ≤ 4")])
-    finally:
-        present.set_results_dir(None)
+    box = present.Page(results_dir=tmp_path).key_results("sec-demo", "demo")
+    assert box.results_dir == tmp_path
+    box.fill([present.Result.of("speedup", 1.234, 1.1, 1.4, paper=1.5, unit="×", ref="fig-demo-x"),
+              present.Result("regime", "none", "m ≤ 4")])
     doc = json.loads((tmp_path / "sec-demo.json").read_text())
     assert doc["rows"][0]["ours"] == "1.23 [1.10; 1.40] ×" and doc["rows"][0]["paper"] == "1.5 ×"
     gathered = present.gathered_results(tmp_path, ["sec-missing", "sec-demo"])
@@ -112,6 +109,23 @@ def test_key_results_are_written_and_gathered_with_section_links(tmp_path):
     assert present.gathered_results(None, ["sec-demo"]) is None
     with pytest.raises(ValueError):
         present.KeyResults("sec-demo", "demo").fill([])
+    # without a results folder the box only displays: nothing is written anywhere
+    present.KeyResults("sec-other", "other").fill([present.Result("x", "1")])
+    assert not (tmp_path / "sec-other.json").exists()
+
+
+def test_a_page_names_its_trace_in_every_caption_and_pages_do_not_share_it(smoke_trace, monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append(obj))
+    page, other = present.Page(), present.Page()
+    tr = page.load(smoke_trace)
+    assert page.data_label == present.data_label_for(tr) and "SIMULATED" in page.data_label
+    assert other.data_label is None  # a second page keeps its own (no module state)
+    page.table(pd.DataFrame({"a": [1]}), "tbl-x-a", "One row.")
+    other.table(pd.DataFrame({"a": [1]}), "tbl-x-b", "One row.")
+    assert shown[0].text.startswith(f":::{{table}} One row. {page.data_label}\n")
+    assert shown[1].text.startswith(":::{table} One row.\n")
+    assert page.use(tr) is tr
 
 
 VISIBILITY = {"remove-cell", "remove-input", "hide-input"}

@@ -1,5 +1,6 @@
-"""Small helpers the book's notebooks call: chart rendering that works offline, trace
-loading with the default, and the closing version record.
+"""Small helpers the book's notebooks call: the page set-up (offline chart rendering and the
+:class:`~speclimits.book.present.Page` that loads the trace and shows figures, tables and key
+results), and the closing version record.
 
 Charts are emitted as a ``<div>`` plus a call to the page's own ``vegaEmbed`` (served from
 ``_static/vega-offline.js`` by the book build), so the built site needs no CDN.
@@ -19,11 +20,10 @@ import altair as alt
 import pandas as pd
 
 from speclimits import vocabulary
-from speclimits.book.present import (KeyResults, Result, figure, fmt_ci, fmt_num, gathered_results,  # noqa: F401
-                                     set_data_label, data_label_for, set_results_dir, table, with_ci)
-from speclimits.paths import default_trace
+from speclimits.book.present import (KeyResults, Page, Result, data_label_for, fmt_ci, fmt_num,  # noqa: F401
+                                     gathered_results, with_ci)
 from speclimits.trace.schema import META_REQUIRED, TABLES  # META_REQUIRED: read by the methods page
-from speclimits.trace import Trace, read_trace
+from speclimits.trace import Trace
 
 # Notebooks import this module first. Progress bars are off in the book (TQDM_DISABLE), but
 # tqdm.auto still warns at import that ipywidgets is missing; the warning would print a URL.
@@ -71,28 +71,19 @@ def _offline_html(spec: dict[str, Any], **kwargs: Any) -> dict[str, str]:
     return {"text/html": html, "text/plain": "<altair chart>"}
 
 
-def setup(results: str | Path | None = None) -> None:
-    """Call once at the top of a notebook: offline chart renderer and table display options.
+def setup(results: str | Path | None = None) -> Page:
+    """Call once at the top of a notebook: offline chart renderer and table display options; returns
+    the notebook's :class:`~speclimits.book.present.Page` (``page = setup(results)``).
 
     ``results``: the folder the key-results boxes write their rows to (the build passes it).
     """
-    set_results_dir(results)
     if RENDERER not in alt.renderers.names():
         alt.renderers.register(RENDERER, _offline_html)
     alt.renderers.enable(RENDERER)
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_columns", 30)
     pd.set_option("display.width", 160)
-
-
-def load(trace: str | Path | None) -> Trace:
-    """Open the notebook's trace parameter (``None`` -> the bundled default trace).
-
-    Every caption on the page then ends with the sentence naming this trace (measured, or SIMULATED).
-    """
-    tr = read_trace(trace if trace else default_trace())
-    set_data_label(data_label_for(tr))
-    return tr
+    return Page(results_dir=results)
 
 
 def versions() -> dict[str, str]:

@@ -2,17 +2,19 @@
 
 Every figure and table on a page goes through one of three calls, so each has a label that the
 prose (and other pages) can cross-reference with ``{numref}`` and a caption that ends by naming
-the data it was computed on (measured, or SIMULATED):
+the data it was computed on (measured, or SIMULATED). A notebook holds them on its :class:`Page`
+(``page = book_support.setup(results)``; ``page.load(trace)`` names the trace every later caption
+ends with), which passes the page's data label and results folder to the plain functions below:
 
-``figure(chart, name, caption)``
+``figure(chart, name, caption, data_label=...)``
     Displays the chart and records ``name`` and the caption in the output's metadata. The book
     build (:func:`speclimits.book.build.promote_figures`) moves them to the cell's ``mystnb.figure``
     options, and myst-nb wraps the output in a numbered figure ("Fig. 3.2").
-``table(frame, name, caption)``
+``table(frame, name, caption, data_label=...)``
     Renders the frame as a MyST ``{table}`` directive (a ``text/markdown`` output; the book sets
     ``nb_render_markdown_format: myst``): no pandas index, numbers rounded, optionally the full
     frame written as a CSV download beside the page.
-``KeyResults``
+``KeyResults(section, title, results_dir=...)``
     The box of headline numbers at the top of a section: shown as a placeholder where the page
     opens and filled in (IPython display update) once the section has computed them; the rows are
     also written as JSON for the intro's table of all sections.
@@ -39,9 +41,6 @@ FIGURE_KEY = "speclimits"
 
 #: Label shapes: figures ``fig-…``, tables ``tbl-…`` (lower case, digits, dashes).
 _LABEL = re.compile(r"^(fig|tbl)-[a-z0-9][a-z0-9-]*$")
-
-_state: dict[str, Any] = {"data_label": None, "results_dir": None}
-
 
 # ---------------------------------------------------------------------------
 # numbers
@@ -155,24 +154,19 @@ def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None =
 # ---------------------------------------------------------------------------
 
 
-def set_data_label(label: str | None) -> None:
-    """The sentence every caption ends with (set by ``book_support.load``)."""
-    _state["data_label"] = label
-
-
 def data_label_for(trace: Any) -> str:
+    """The sentence every caption of a page on ``trace`` ends with (measured, or SIMULATED)."""
     name = Path(str(trace.path)).name
     if trace.simulated:
         return f"Data: **SIMULATED** trace `{name}` (planted truth, not a measurement)."
     return f"Data: measured trace `{name}`."
 
 
-def _caption(caption: str) -> str:
+def _caption(caption: str, data_label: str | None = None) -> str:
     caption = caption.strip()
     if not caption:
         raise ValueError("a figure or table needs a caption that says what it shows")
-    label = _state["data_label"]
-    return f"{caption} {label}" if label and "Data:" not in caption else caption
+    return f"{caption} {data_label}" if data_label and "Data:" not in caption else caption
 
 
 def _check_label(name: str, kind: str) -> None:
@@ -195,8 +189,9 @@ def _bundle(obj: Any) -> tuple[dict, dict]:
     return dict(rep), {}
 
 
-def figure(chart: Any, name: str, caption: str) -> None:
-    """Show ``chart`` as numbered figure ``name`` with ``caption`` (MyST; the data label is appended).
+def figure(chart: Any, name: str, caption: str, *, data_label: str | None = None) -> None:
+    """Show ``chart`` as numbered figure ``name`` with ``caption`` (MyST; ``data_label``, the
+    sentence naming the page's data, is appended unless the caption names its data itself).
 
     One figure per cell: the build wraps the cell's rich output in the figure.
     """
@@ -204,7 +199,7 @@ def figure(chart: Any, name: str, caption: str) -> None:
 
     _check_label(name, "fig")
     data, meta = _bundle(chart)
-    meta[FIGURE_KEY] = {"figure": {"name": name, "caption": _caption(caption)}}
+    meta[FIGURE_KEY] = {"figure": {"name": name, "caption": _caption(caption, data_label)}}
     display(data, raw=True, metadata=meta)
 
 
@@ -258,10 +253,11 @@ def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = 
 
 
 def table_markdown(frame: pd.DataFrame, name: str, caption: str, decimals: dict[str, int] | int | None = None,
-                   download: str | None = None, align: dict[str, str] | None = None) -> str:
+                   download: str | None = None, align: dict[str, str] | None = None,
+                   data_label: str | None = None) -> str:
     """The MyST ``{table}`` directive for ``frame`` (what :func:`table` displays)."""
     _check_label(name, "tbl")
-    cap = _caption(caption)
+    cap = _caption(caption, data_label)
     if download:
         cap = cap + f" Full table: {{download}}`{Path(download).name} <{download}>`."
     body = markdown_table(frame, decimals, align)
@@ -279,11 +275,12 @@ class _Markdown:
 
 
 def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, int] | int | None = None,
-          full: pd.DataFrame | None = None, align: dict[str, str] | None = None) -> None:
+          full: pd.DataFrame | None = None, align: dict[str, str] | None = None,
+          data_label: str | None = None) -> None:
     """Show ``frame`` as numbered table ``name`` (its index is dropped; reset it first to keep it).
 
     ``full``: a wider or longer version written as ``tables/<name>.csv`` beside the page and linked
-    from the caption as a download.
+    from the caption as a download. ``data_label``: as for :func:`figure`.
     """
     from IPython.display import display
 
@@ -295,7 +292,7 @@ def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, i
         path.parent.mkdir(exist_ok=True)
         full.to_csv(path, index=False)
         download = path.as_posix()
-    md = table_markdown(frame, name, caption, decimals, download, align)
+    md = table_markdown(frame, name, caption, decimals, download, align, data_label)
     display(_Markdown(md, frame.to_string(index=False)))
 
 
@@ -326,10 +323,6 @@ class Result:
         return cls(quantity, ours, ptext, ref)
 
 
-def set_results_dir(path: str | Path | None) -> None:
-    _state["results_dir"] = Path(path) if path else None
-
-
 def _results_frame(rows: Sequence[Result]) -> pd.DataFrame:
     return pd.DataFrame({
         "Quantity": [r.quantity + (f" ({{numref}}`{r.ref}`)" if r.ref and not r.ref.startswith("sec-")
@@ -340,17 +333,19 @@ def _results_frame(rows: Sequence[Result]) -> pd.DataFrame:
 
 
 class KeyResults:
-    """The key-results box of a section: ``box = KeyResults("sec-oracle", "Oracle")`` where the page
-    opens, ``box.fill([...])`` once the numbers exist.
+    """The key-results box of a section: ``box = KeyResults("sec-oracle", "Oracle", results_dir=...)``
+    where the page opens (or ``page.key_results(...)``), ``box.fill([...])`` once the numbers exist.
 
     The box is a numbered table inside a tip admonition. ``fill`` also writes the rows to
-    ``<results_dir>/<section>.json`` (the build's ``results`` parameter), which the intro gathers.
+    ``<results_dir>/<section>.json`` (the build's ``results`` parameter), which the intro gathers;
+    without ``results_dir`` nothing is written.
     """
 
-    def __init__(self, section: str, title: str) -> None:
+    def __init__(self, section: str, title: str, results_dir: str | Path | None = None) -> None:
         from IPython.display import DisplayHandle
 
         self.section, self.title = section, title
+        self.results_dir = Path(results_dir) if results_dir else None
         self._handle = DisplayHandle(f"key-results-{uuid.uuid4().hex[:8]}")
         self._handle.display(_Markdown(
             "```{note}\nKey results: computed further down this page (run the whole notebook).\n```\n",
@@ -370,11 +365,52 @@ class KeyResults:
             raise ValueError(f"{self.section}: a key-results box needs at least one row")
         md = self.markdown(rows)
         self._handle.update(_Markdown(md, _results_frame(rows).to_string(index=False)))
-        out = _state["results_dir"]
+        out = self.results_dir
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             (out / f"{self.section}.json").write_text(json.dumps(
                 {"section": self.section, "title": self.title, "rows": [asdict(r) for r in rows]}, indent=1))
+
+
+@dataclass
+class Page:
+    """One notebook's presentation context: the folder its key results go to and the sentence its
+    captions end with. ``book_support.setup(results)`` makes it; ``load`` (or ``use``) sets the label.
+
+    >>> page = Page()                                          # doctest: +SKIP
+    >>> tr = page.load(None)  # the bundled default trace      # doctest: +SKIP
+    >>> page.table(frame, "tbl-x-y", "What it shows.")         # doctest: +SKIP
+    """
+
+    results_dir: Path | None = None
+    data_label: str | None = None
+
+    def __post_init__(self) -> None:
+        self.results_dir = Path(self.results_dir) if self.results_dir else None
+
+    def use(self, trace: Any) -> Any:
+        """Captions from here on name ``trace`` (measured, or SIMULATED); returns it."""
+        self.data_label = data_label_for(trace)
+        return trace
+
+    def load(self, trace: str | Path | None) -> Any:
+        """Open the notebook's trace parameter (``None`` -> the bundled default trace) and :meth:`use` it."""
+        from speclimits.paths import default_trace
+        from speclimits.trace import read_trace
+
+        return self.use(read_trace(trace if trace else default_trace()))
+
+    def figure(self, chart: Any, name: str, caption: str) -> None:
+        """:func:`figure` with this page's data label."""
+        figure(chart, name, caption, data_label=self.data_label)
+
+    def table(self, frame: pd.DataFrame, name: str, caption: str, **kwargs: Any) -> None:
+        """:func:`table` (``decimals``, ``full``, ``align``) with this page's data label."""
+        table(frame, name, caption, data_label=self.data_label, **kwargs)
+
+    def key_results(self, section: str, title: str) -> KeyResults:
+        """The section's :class:`KeyResults` box, writing to this page's results folder."""
+        return KeyResults(section, title, results_dir=self.results_dir)
 
 
 def gathered_results(results_dir: str | Path | None, sections: Sequence[str]) -> pd.DataFrame | None:
