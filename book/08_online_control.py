@@ -51,17 +51,16 @@
 # Oracle (it knows the outcomes) and against the surrogate Oracle (it knows the match probabilities).
 
 # %% tags=["remove-cell"]
-import altair as alt
 import pandas as pd
 from IPython.display import Markdown, display
 
 import speclimits.book_support as bs
 from speclimits.book.views import control as view
-from speclimits.control import figures as control_figures
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
 from speclimits.control.report import engine_table, gap_lines, load_bench_runs
+from speclimits.figures import control as control_figures
 from speclimits.machine import describe
 
 # %% tags=["parameters", "remove-cell"]
@@ -148,10 +147,7 @@ display(Markdown(view.verdict(runs, tables, offline, bounds)))
 
 # %% tags=["hide-input"]
 if tables:
-    # one facet chart per batch, stacked: share_captured's layers carry their own data, so one faceted chart
-    # of all batches would show every batch's points in every panel
-    page.figure(alt.vconcat(*[control_figures.share_captured(view.share_frame(tables, b)) for b in tables])
-                .resolve_scale(x="shared").configure_legend(orient="bottom"),
+    page.figure(control_figures.share_captured_by_batch({b: view.share_frame(tables, b) for b in tables}),
                 "fig-control-share",
                 "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
                 "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
