@@ -8,7 +8,10 @@ Calibration: over ``--seeds`` simulated traces of the ``default`` preset (K = 1 
 often the 95% response-clustered percentile interval of the script-change contrast covers the
 planted difference (few responses per trace carry script changes, so under-coverage is expected).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_linguistic.py [--seeds 20] [--n-boot 999]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_linguistic.py [--seeds 20] [--n-boot 999] [--json PATH]
+
+``--json PATH``: also write the timings and the coverage as figures (no targets; ``benchmarks/_figures.py``,
+read by ``benchmarks/run_all.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from speclimits import linguistic as ling
 from speclimits.bootstrap import draw_counts
 from speclimits.oracle import OracleInputs, solve
 from speclimits.simulate import make_meta, preset, simulate
+
+from _figures import Figure, write_figures
 
 
 def _loop_bootstrap(dec: pd.DataFrame, n_boot: int, seed: int) -> dict[str, tuple[float, float]]:
@@ -45,6 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--n-boot", type=int, default=999)
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the headline figures as JSON")
     args = ap.parse_args()
 
     cfg = preset("default", k_values=[1])
@@ -67,7 +73,8 @@ def main() -> None:
     cs = [ling.script_change_contrast(lab), ling.first_mismatch_contrast(res, lab, source="reference"),
           ling.first_mismatch_contrast(res, source="window")]
     ling.routing_table(cs, n_boot=args.n_boot)
-    print(f"routing contrasts (3, {args.n_boot} replicates): {time.perf_counter() - t0:.2f} s")
+    t_routing = time.perf_counter() - t0
+    print(f"routing contrasts (3, {args.n_boot} replicates): {t_routing:.2f} s")
 
     hits, resp = [], []
     t0 = time.perf_counter()
@@ -83,6 +90,20 @@ def main() -> None:
     print(f"calibration: the 95% interval of the script-change contrast covers the planted difference in "
           f"{np.mean(hits):.2f} of {len(hits)} traces (median {np.median(resp):.0f} responses with script "
           f"changes; {time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        write_figures(args.json, [
+            Figure("labeller throughput", len(lab) / t_label, "tokens/s", better="higher",
+                   note=f"{len(lab):,} tokens, default preset (K = 1)"),
+            Figure(f"k_by_context bootstrap, {args.n_boot} replicates x {len(tab)} contexts", t_mat, "s",
+                   note="matrix product"),
+            Figure(f"resampling loop, same {args.n_boot} replicates", t_loop, "s"),
+            Figure("speed-up, resampling loop / matrix product", t_loop / t_mat, "x", better="higher"),
+            Figure(f"routing contrasts (3, {args.n_boot} replicates)", t_routing, "s"),
+            Figure("script-change interval coverage of the planted difference", np.mean(hits) if hits else None, "",
+                   better="higher", note=f"{len(hits)} of {args.seeds} simulated traces with >= 5 events; nominal "
+                                         "0.95, under-coverage expected (few responses per trace)"),
+        ], extra={"seeds": args.seeds, "n_boot": args.n_boot, "traces_used": len(hits),
+                  "median_responses": float(np.median(resp)) if resp else None})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ of its 100 MB Q table); the load average is printed beside them.
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_oracle.py [--sequences 2000] [--length 500]
         [--k-max 12] [--python-sequences N]   # N < sequences: the Python loop runs on the first N and is
                                               # extrapolated linearly (said so in the output)
-        [--trace data/traces/measured-eagle3] [--direct-boot 20] [--skip-cli]
+        [--trace data/traces/measured-eagle3] [--direct-boot 20] [--skip-cli] [--json PATH]
+
+``--json PATH``: also write the figures of the final table (``benchmarks/_figures.py``; read by
+``benchmarks/run_all.py``); the "before" rows, the procedures replaced, go there without a target.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from speclimits.oracle.inputs import CostTable
 from speclimits.oracle.solver import (PART_NAMES, _Layout, accepted_at, backward_induction, evaluate_arrays,
                                       survival)
 from speclimits.oracle.uncertainty import bootstrap_bound, direct_replicates
+
+from _figures import Figure, write_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Targets (seconds): issue 21 for the full solve and the command line; the original ones for the core.
@@ -118,7 +123,7 @@ def loadavg() -> str:
 
 def figure(rows: list, name: str, value: float, target: float, note: str = "", higher_is_better: bool = False) -> None:
     ratio = target / value if higher_is_better else value / target
-    rows.append((name, value, target, ratio, note))
+    rows.append((name, value, target, ratio, note, higher_is_better))
     print(f"  -> {name}: {value:.3f} (target {'>=' if higher_is_better else '<='} {target:g}; "
           f"ratio to target {ratio:.2f}{', met' if ratio <= 1 else ', NOT met'}) {note}")
 
@@ -230,6 +235,7 @@ def main() -> None:
                     help=f"direct replicates to time (extrapolated to {HEADLINE_N_BOOT}; default 20)")
     ap.add_argument("--skip-cli", action="store_true", help="do not time the command line")
     ap.add_argument("--skip-interval", action="store_true", help="only the 1M-state solve")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the table's figures as JSON")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs; numpy {np.__version__}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     rows: list = []
@@ -237,10 +243,40 @@ def main() -> None:
     if not args.skip_interval:
         bench_interval(args, rows)
     print(f"\n{'figure':<62} {'value':>9} {'target':>8} {'ratio':>6}")
-    for name, value, target, ratio, _ in rows:
+    for name, value, target, ratio, *_ in rows:
         print(f"{name:<62} {value:>9.3f} {target:>8g} {ratio:>6.2f}")
     print(f"(ratio = value / target for times, target / value for the speed ratio: <= 1 is met); "
           f"load average {loadavg()}")
+    if args.json:
+        write_figures(args.json, json_figures(rows, args), extra={
+            "sequences": args.sequences, "length": args.length, "k_max": args.k_max, "repeat": args.repeat,
+            "python_sequences": args.python_sequences, "direct_boot": args.direct_boot, "trace": str(args.trace),
+            "load_average_end": loadavg()})
+
+
+def json_figures(rows: list, args) -> list[Figure]:
+    """The table's rows as figures; a "before" row (the procedure replaced) keeps no target."""
+    states = f"{args.sequences * args.length:,} states ({args.sequences} x {args.length}), K_max {args.k_max}"
+    out = []
+    for name, value, target, _, note, higher in rows:
+        before = "(before" in name
+        unit = "x" if higher else "s"
+        extra = [note] if note else []
+        if "solve" in name or "backward" in name:
+            extra.append(states)
+        if "pure-Python" in name and args.python_sequences:
+            extra.append(f"Python loop on {args.python_sequences} sequences, extrapolated linearly")
+        if "(before: direct)" in name and args.direct_boot < HEADLINE_N_BOOT:
+            extra.append(f"{args.direct_boot} direct replicates, extrapolated to {HEADLINE_N_BOOT}")
+        if name.startswith("speclimits oracle"):
+            extra.append("end to end (a fresh process, imports included)")
+        if before:
+            extra.append(f"replaced procedure, for comparison (printed against the target {target:g})")
+        extra.append(f"best of {args.repeat}" if unit == "s" and "(before: direct)" not in name else "")
+        label = name.replace(", s (", " (").removesuffix(", s")
+        out.append(Figure(label, value, unit, None if before else target, "higher" if higher else "lower",
+                          "; ".join(e for e in extra if e)))
+    return out
 
 
 if __name__ == "__main__":

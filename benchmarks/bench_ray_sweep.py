@@ -16,7 +16,10 @@ distributed (> 1: distributed is faster). After the runs, the traces are compare
 accepted counts and rounds per generation must be equal.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_ray_sweep.py [--prompts 8] [--k 0-3] [--max-tokens 48] \
-        [--repeat 1]
+        [--repeat 1] [--json PATH]
+
+``--json PATH``: also write the wall times, the ratios and the fault run's retries as figures (no
+targets; ``benchmarks/_figures.py``, read by ``benchmarks/run_all.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _figures import Figure, write_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "ray_scenarios.py"
@@ -75,6 +80,7 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=2)
     ap.add_argument("--kill-delay", type=float, default=1.0, help="seconds after worker 1's engine is up")
     ap.add_argument("--repeat", type=int, default=1, help="serial/distributed pairs (alternating order)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the headline figures as JSON")
     args = ap.parse_args()
     load0 = os.getloadavg()
 
@@ -108,7 +114,7 @@ def main() -> None:
           f"{args.shard_size}; work folder {work}; load average before/after: {load0} / {os.getloadavg()}")
     print(f"{'run':12s} {'wall s':>8s} {'tree CPU s':>11s} {'worker CPU s':>13s} {'CPU s':>8s} {'builds':>7s} "
           f"{'retried':>8s} {'restarts':>9s} {'equal serial':>13s}")
-    cpu = {}
+    cpu, figures, runs = {}, [], {}
     for (rep, name), res in results.items():
         meta = read_trace(work / rep / name).meta
         run = (meta.get("distributed") or {}).get("runs", [{}])[-1]
@@ -121,10 +127,27 @@ def main() -> None:
         print(f"{rep + ' ' + name:12s} {res['wall_s']:8.1f} {res['tree_cpu_s']:11.1f} {worker_cpu:13.1f} "
               f"{cpu[rep, name]:8.1f} {builds:7d} {run.get('retried_jobs', 0):8d} {run.get('worker_restarts', 0):9d} "
               f"{str(same):>13s}")
+        runs[f"{rep} {name}"] = dict(wall_s=res["wall_s"], tree_cpu_s=res["tree_cpu_s"], worker_cpu_s=worker_cpu,
+                                     cpu_s=cpu[rep, name], builds=builds, retried=run.get("retried_jobs", 0),
+                                     restarts=run.get("worker_restarts", 0), equal_serial=bool(same))
+        figures.append(Figure(f"ray sweep, {rep} {name}: wall time", res["wall_s"], "s",
+                              note=f"CPU {cpu[rep, name]:.1f} s, {builds} engine builds"
+                                   + (f", {run.get('retried_jobs', 0)} retried jobs, {run.get('worker_restarts', 0)} "
+                                      "worker restarts" if name == "kill" else "")
+                                   + f"; trace equal to serial: {same}"))
     for i in range(args.repeat):
         ser, dist = results[f"rep{i}", "serial"], results[f"rep{i}", "dist"]
         print(f"rep{i}: wall-time ratio serial / 2 workers: {ser['wall_s'] / dist['wall_s']:.2f}x; "
               f"CPU time 2 workers / serial: {cpu[f'rep{i}', 'dist'] / cpu[f'rep{i}', 'serial']:.2f}x")
+        figures += [Figure(f"ray sweep, rep{i}: wall-time ratio serial / 2 workers", ser["wall_s"] / dist["wall_s"],
+                           "x", better="higher"),
+                    Figure(f"ray sweep, rep{i}: CPU time 2 workers / serial",
+                           cpu[f"rep{i}", "dist"] / cpu[f"rep{i}", "serial"], "x")]
+    if args.json:
+        write_figures(args.json, figures, extra={
+            "prompts": args.prompts, "k": args.k, "max_tokens": args.max_tokens, "shard_size": args.shard_size,
+            "kill_delay": args.kill_delay, "repeat": args.repeat, "runs": runs,
+            "all_equal_serial": all(r["equal_serial"] for r in runs.values())})
 
 
 if __name__ == "__main__":

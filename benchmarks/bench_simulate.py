@@ -3,7 +3,10 @@
 Runs `speclimits simulate --preset paper` in a child process and reports wall time, peak
 resident memory of that process, and the table sizes.
 
-    .venv/bin/python benchmarks/bench_simulate.py [--seed 0]
+    .venv/bin/python benchmarks/bench_simulate.py [--seed 0] [--json PATH]
+
+``--json PATH``: also write the wall time, peak memory and trace size as figures
+(``benchmarks/_figures.py``; read by ``benchmarks/run_all.py``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from _figures import Figure, write_figures
+
+#: Targets on the 2-core machine.
+TARGET_WALL_S = 60.0
+TARGET_PEAK_GIB = 4.0
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", default="paper")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the headline figures as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace"
@@ -39,6 +49,15 @@ def main() -> None:
     print(f"wall time:   {wall:6.1f} s   (target <= 60 s; ratio {wall / 60:.2f})")
     print(f"peak memory: {peak_kb / 2**20:6.2f} GiB (target <= 4 GiB; ratio {peak_kb / 2**20 / 4:.2f})")
     print(f"trace size:  {size_mb:6.1f} MiB")
+    if args.json:
+        run = f"preset {args.preset}, seed {args.seed}, child process"
+        write_figures(args.json, [
+            Figure(f"simulate --preset {args.preset}: wall time", wall, "s", TARGET_WALL_S, note=run),
+            Figure(f"simulate --preset {args.preset}: peak memory", peak_kb / 2**20, "GiB", TARGET_PEAK_GIB,
+                   note="peak RSS of the child (RUSAGE_CHILDREN)"),
+            Figure(f"simulate --preset {args.preset}: trace size", size_mb, "MiB"),
+        ], extra={"preset": args.preset, "seed": args.seed, "decode_rounds_k_ge_1": int((dec["K"] > 0).sum()),
+                  "decode_rounds_k0": int((dec["K"] == 0).sum())})
 
 
 if __name__ == "__main__":

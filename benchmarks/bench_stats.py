@@ -8,6 +8,8 @@
 
 Usage: OMP_NUM_THREADS=1 python benchmarks/bench_stats.py TRACE [--k 8] [--n-boot 999] [--n-loop N]
 (--n-loop: how many of the resamples the statsmodels loop refits; default all).
+``--json PATH``: also write the timings, the speed-up and the largest difference as figures (no
+targets; ``benchmarks/_figures.py``, read by ``benchmarks/run_all.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from speclimits import stats
 from speclimits.stats import CellMoments, Design
 from speclimits.trace import decode_rounds, read_trace
 
+from _figures import Figure, write_figures
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -30,6 +34,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--n-boot", type=int, default=999)
     ap.add_argument("--n-loop", type=int, default=None)
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the headline figures as JSON")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -68,6 +73,14 @@ def main() -> None:
           + (f" (x{args.n_boot / n_loop:.1f} -> {t_loop_all:.1f} s for {args.n_boot})" if n_loop < args.n_boot else ""))
     print(f"speed-up: {t_loop_all / t_fast:.0f}x; largest |difference| of estimates: {max_diff:.2e}")
 
+    figures = [
+        Figure(f"sufficient-statistics bootstrap, K = {args.k}, {args.n_boot} resamples", t_fast, "s",
+               note=f"{len(dk):,} rounds, {mom.n_clusters} generations; moments included"),
+        Figure(f"statsmodels OLS refit loop, {args.n_boot} resamples", t_loop_all, "s",
+               note=f"{n_loop} refitted, extrapolated" if n_loop < args.n_boot else ""),
+        Figure("speed-up, refit loop / sufficient statistics", t_loop_all / t_fast, "x", better="higher"),
+        Figure("largest |difference| of the estimates", max_diff, ""),
+    ]
     final_mom = CellMoments.from_rounds(dec[dec["K"] >= 1].reset_index(drop=True))
     for name, fn in (("factors", lambda: stats.analyze_factors(rounds)),
                      ("regime rule (one-SE + nested folds)", lambda: stats.detect_boundary(final_mom)),
@@ -79,7 +92,12 @@ def main() -> None:
                      ("fit_cost_model", lambda: stats.fit_cost_model(rounds))):
         t0 = time.perf_counter()
         fn()
-        print(f"{name:38s} {time.perf_counter() - t0:6.2f} s")
+        dt = time.perf_counter() - t0
+        print(f"{name:38s} {dt:6.2f} s")
+        figures.append(Figure(f"section fit: {name}", dt, "s"))
+    if args.json:
+        write_figures(args.json, figures, extra={"trace": args.trace, "k": args.k, "n_boot": args.n_boot,
+                                                 "n_loop": n_loop, "rows": len(rounds)})
 
 
 if __name__ == "__main__":
