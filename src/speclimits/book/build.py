@@ -23,13 +23,16 @@ Steps (``speclimits book``):
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import yaml
 from tqdm.auto import tqdm
@@ -202,7 +205,7 @@ def promote_figures(nb, page: str = "notebook") -> int:
     return count
 
 
-def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
+def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None) -> float:
     # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
     import nbformat
@@ -235,7 +238,8 @@ def _execute(src: Path, stage: Path, parameters: dict, log) -> float:
             tags.append("remove-cell")
     promote_figures(executed, str(src.relative_to(REPO_ROOT)))
     nbformat.write(executed, out)
-    log.write(f"executed {src.name} in {dt:.1f} s\n")
+    with lock if lock is not None else contextlib.nullcontext():
+        log.write(f"executed {src.name} in {dt:.1f} s\n")
     return dt
 
 
@@ -266,14 +270,89 @@ def _check_offline(html_dir: Path) -> None:
                               + ", ".join(offenders[:10]))
 
 
+def default_jobs() -> int:
+    """Notebooks executed at once by default: one per core, at most 2 (each kernel runs one thread
+    of Python; more than the cores only makes every page slower)."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+#: The page that writes the build's cost-model JSON (the ``cost_model`` parameter); every other page
+#: that declares ``cost_model`` reads it and runs after it.
+COST_MODEL_WRITER = "03_final_model"
+
+
+def dependencies(notebooks: list[Path], root: str) -> dict[str, set[str]]:
+    """Per page (file stem), the pages that must finish first: readers of the cost model wait for
+    :data:`COST_MODEL_WRITER`; the root page (the intro, which gathers every section's key
+    results) waits for all others. Pages not being executed (``--pages``) are not waited for."""
+    import jupytext  # the notebook toolchain is only needed for book builds
+
+    stems = {p.stem for p in notebooks}
+    root_stem = Path(root).stem
+    deps: dict[str, set[str]] = {}
+    for p in notebooks:
+        d: set[str] = set()
+        if p.stem == root_stem:
+            d = stems - {root_stem}
+        elif p.stem != COST_MODEL_WRITER and "cost_model" in declared_parameters(jupytext.read(p)):
+            d = {COST_MODEL_WRITER} & stems
+        deps[p.stem] = d
+    return deps
+
+
+def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs: int, root: str,
+                 progress: bool) -> dict[str, float]:
+    """Execute the notebooks, up to ``jobs`` at once (threads; each notebook runs in its own kernel
+    process), each as soon as the pages it depends on (:func:`dependencies`) are done; among the
+    ready ones, those others wait for go first, then book order. Returns seconds per page."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    deps = dependencies(notebooks, root)
+    waiting_on_me = {s: sum(s in d for d in deps.values()) for s in deps}
+    order = {p.stem: i for i, p in enumerate(notebooks)}
+    todo = sorted(notebooks, key=lambda p: (-waiting_on_me[p.stem], order[p.stem]))
+    done: set[str] = set()
+    times: dict[str, float] = {}
+    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb", disable=not progress)
+    lock = threading.Lock()
+
+    def run(src: Path) -> float:
+        dt = _execute(src, stage, params, log, lock)
+        if progress:
+            tqdm.write(f"  {src.name}: {dt:.1f} s")
+        return dt
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        running: dict[Any, Path] = {}
+        while todo or running:
+            ready = [p for p in todo if deps[p.stem] <= done]
+            for src in ready[: max(1, jobs) - len(running)]:
+                todo.remove(src)
+                running[pool.submit(run, src)] = src
+            if not running:  # nothing ready and nothing running: a dependency is missing
+                raise SpeclimitsError(f"book: pages {[p.name for p in todo]} wait for pages that are not built")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                src = running.pop(fut)
+                times[src.stem] = fut.result()  # a failed notebook raises here, naming itself
+                done.add(src.stem)
+                bar.update(1)
+                bar.set_postfix_str(src.name)
+    bar.close()
+    return {p.stem: times[p.stem] for p in notebooks}
+
+
 def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
-               seed: int = 0, progress: bool = True, pages: list[str] | None = None) -> Path:
+               seed: int = 0, progress: bool = True, pages: list[str] | None = None,
+               jobs: int | None = None) -> Path:
     """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site.
 
     ``pages`` (names such as ``03_final_model``): execute only these again and keep the other
     pages' executed notebooks from the last build in ``out`` (for editing one section quickly).
-    Returns the path of the site's ``index.html``.
+    ``jobs``: notebooks executed at once (default :func:`default_jobs`; 1 = one after another),
+    respecting :func:`dependencies`. Returns the path of the site's ``index.html``.
     """
+    jobs = default_jobs() if jobs is None else int(jobs)
     trace_path = Path(trace) if trace else default_trace()
     if not trace_path.exists():
         hint = " (generate it with `speclimits simulate --preset default --out data/traces/sim-default`)" \
@@ -298,12 +377,8 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         # kernels inherit the environment: no progress bars on the pages (they render as stderr noise)
         os.environ["TQDM_DISABLE"] = "1"
         log.write(f"parameters: {params}\n")
-        bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress)
-        for src in bar:
-            bar.set_postfix_str(src.name)
-            dt = _execute(src, stage, params, log)
-            if progress:
-                tqdm.write(f"  {src.name}: {dt:.1f} s")
+        times = _execute_all(notebooks, stage, params, log, jobs=jobs, root=toc[0], progress=progress)
+        log.write("execution times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()) + "\n")
         jb = Path(sys.executable).with_name("jupyter-book")
         cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output", str(out_dir),
                "-W", "--keep-going"]

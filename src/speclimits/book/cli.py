@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true",
                    help="after the build, open every page in headless Chromium (Debian's chromium, network off) and "
                         "check charts, numbered captions, table widths and the console; screenshots to OUT/screenshots")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="notebooks executed at once (default: one per core, at most 2; 1 = one after another); "
+                        "a page waits for the pages it reads (the cost model of section 3; the intro for all)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=_cli)
 
@@ -40,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     index = build_book(args.trace, smoke=args.smoke, out=args.out, seed=args.seed, progress=not args.quiet,
-                       pages=args.pages)
+                       pages=args.pages, jobs=args.jobs)
     print(f"book built in {time.perf_counter() - t0:.0f} s: {index}")
     if args.check:
         from speclimits.book.browser import check_site, summary

@@ -1,0 +1,78 @@
+"""The book build executes notebooks two at a time, each after the pages it reads
+(:func:`speclimits.book.build.dependencies`): no notebook is run here, ``_execute`` is replaced."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+
+from speclimits.book import build
+from speclimits.errors import SpeclimitsError
+from speclimits.paths import REPO_ROOT
+
+
+def _pages():
+    toc = build.toc_files()
+    return toc, [REPO_ROOT / f"{t}.py" for t in toc]
+
+
+def test_dependencies_of_the_book():
+    toc, notebooks = _pages()
+    deps = build.dependencies(notebooks, toc[0])
+    # the Oracle, linguistic, control and batch sections read section 3's cost model; the intro gathers all
+    for page in ("06_oracle", "07_linguistic", "08_online_control", "09_beyond_batch"):
+        assert deps[page] == {"03_final_model"}, page
+    assert deps["03_final_model"] == set() and deps["01_tracing"] == set()
+    assert deps["intro"] == {p.stem for p in notebooks} - {"intro"}
+    # --pages: a page not executed again is not waited for
+    some = [p for p in notebooks if p.stem in ("06_oracle", "intro")]
+    assert build.dependencies(some, toc[0]) == {"06_oracle": set(), "intro": {"06_oracle"}}
+
+
+def test_two_at_a_time_each_after_what_it_reads(monkeypatch):
+    toc, notebooks = _pages()
+    log: list[tuple[str, str, float]] = []
+    running, peak, guard = set(), [0], threading.Lock()
+
+    def fake_execute(src, stage, params, log_file, lock=None):
+        with guard:
+            running.add(src.stem)
+            peak[0] = max(peak[0], len(running))
+            log.append(("start", src.stem, time.perf_counter()))
+        time.sleep(0.05 if src.stem != "03_final_model" else 0.15)
+        with guard:
+            running.discard(src.stem)
+            log.append(("end", src.stem, time.perf_counter()))
+        return 0.05
+
+    monkeypatch.setattr(build, "_execute", fake_execute)
+    times = build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
+    assert list(times) == [p.stem for p in notebooks]
+    at = {(kind, page): t for kind, page, t in log}
+    assert peak[0] == 2
+    for page in ("06_oracle", "07_linguistic", "08_online_control", "09_beyond_batch"):
+        assert at[("start", page)] >= at[("end", "03_final_model")], page
+    assert at[("start", "intro")] >= max(t for (kind, _), t in at.items() if kind == "end" and _ != "intro")
+    # the page others wait for goes first
+    assert log[0][1] == "03_final_model"
+    # one at a time with jobs = 1
+    log.clear(), running.clear()
+    peak[0] = 0
+    build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=1, root=toc[0], progress=False)
+    assert peak[0] == 1
+
+
+def test_a_failing_notebook_stops_the_build(monkeypatch):
+    toc, notebooks = _pages()
+
+    def fake_execute(src, stage, params, log_file, lock=None):
+        if src.stem == "02_factors":
+            raise SpeclimitsError("notebook book/02_factors.py failed in cell 3: ValueError: x")
+        return 0.0
+
+    monkeypatch.setattr(build, "_execute", fake_execute)
+    with pytest.raises(SpeclimitsError, match="02_factors"):
+        build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
