@@ -108,6 +108,9 @@ def test_policies_keep_online_rules_and_the_reference_static_k(comparison):
     assert gain == pytest.approx(rules["gain_captured"].max())
     assert set(t["policy"].map(policy_kind)) == {"static", "online", "oracle"}
     assert (t["policy"].map(policy_kind) == "oracle").sum() == 1
+    # compare_policies writes the kind itself; the label rule agrees with it on every row
+    assert t["kind"].tolist() == t["policy"].map(policy_kind).tolist()
+    assert best_online(t.drop(columns="kind")) == (name, gain)
 
 
 def test_key_results_are_the_computed_numbers(report, comparison):

@@ -5,8 +5,8 @@ Modules: :mod:`~speclimits.control.policies` (the rules and the offline harness)
 into a JSON), :mod:`~speclimits.control.offline` (offline prediction beside the Oracle's two bounds),
 :mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per
 round), :mod:`~speclimits.control.engine` (building the engines), :mod:`~speclimits.control.bench`
-(``speclimits control bench``), :mod:`~speclimits.control.report` and :mod:`~speclimits.control.figures`
-(the book's section 8), :mod:`~speclimits.control.cli`.
+(``speclimits control bench``), :mod:`~speclimits.control.report` (the book's section 8; its charts
+are in :mod:`speclimits.figures.control`), :mod:`~speclimits.control.cli`.
 
 Command line::
 

@@ -170,7 +170,8 @@ def tune_threshold(inputs: OracleInputs, table: CostTable, grid: np.ndarray | No
 class PolicyComparison:
     """Policies on the held-out sequences, against the Oracle bound.
 
-    ``table`` columns: ``policy``, ``detail``, ``evaluation`` (exact / rollouts), ``time_ms`` (total
+    ``table`` columns: ``policy``, ``kind`` (``static``, ``online`` or ``oracle``), ``detail``,
+    ``evaluation`` (exact / rollouts), ``time_ms`` (total
     expected over held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact),
     ``tokens_per_round``, ``speedup`` (vs autoregressive; NaN when m = 1 is missing),
     ``vs_best_static`` (best static K time / time), ``gain_captured`` (share of the Oracle's gain
@@ -244,11 +245,12 @@ def compare_policies(inputs: OracleInputs, cost_model: CostModel, k_max: int | N
         label = pol.name + (" (rollouts)" if how == "rollouts" and pol.markov else "")
         per_seq[label] = ev["time_ms"].to_numpy()
         se = 0.0 if how == "exact" else float(np.sqrt((ev["time_se"] ** 2).sum()))
-        rows.append(dict(policy=label, detail=pol.describe(), evaluation=how, time_ms=float(ev["time_ms"].sum()),
+        rows.append(dict(policy=label, kind="static" if isinstance(pol, StaticK) else "online",
+                         detail=pol.describe(), evaluation=how, time_ms=float(ev["time_ms"].sum()),
                          time_se=se, tokens_per_round=float(test.n_tokens.sum() / ev["rounds"].sum())))
     per_seq["Oracle"] = oracle_test.per_sequence["value_ms"].to_numpy()
     bd = oracle_test.bounds
-    rows.append(dict(policy="Oracle (bound)", detail=f"K_max = {k_max}, knows match_prob and counterfactual Ū",
+    rows.append(dict(policy="Oracle (bound)", kind="oracle", detail=f"K_max = {k_max}, knows match_prob and counterfactual Ū",
                      evaluation="exact", time_ms=bd.oracle_ms, time_se=0.0, tokens_per_round=bd.tokens_per_round))
     table = pd.DataFrame(rows)
     best_static = bd.best_static_ms

@@ -31,8 +31,8 @@ STATIC_POLICY_PREFIX = "static K = "
 def policy_kind(label: str) -> str:
     """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table``.
 
-    The table carries no kind column (it is built in :mod:`speclimits.control.policies`), so the
-    kind is read off the two labels that module gives: the bound's and the static-K rules'.
+    :func:`speclimits.control.policies.compare_policies` writes the kind as a column (``kind``);
+    this reads it off the two labels that function gives, for tables written before it did.
     """
     label = str(label)
     if label == ORACLE_POLICY:
@@ -47,7 +47,8 @@ def best_online(table: pd.DataFrame) -> tuple[str, float]:
     ``table``: ``PolicyComparison.table`` (columns ``policy``, ``gain_captured``). Returns
     ``(policy label, gain_captured)``; the first such row wins a tie.
     """
-    online = table[table["policy"].map(policy_kind) == "online"]
+    kind = table["kind"] if "kind" in table.columns else table["policy"].map(policy_kind)
+    online = table[kind == "online"]
     if online.empty:
         raise SpeclimitsError("the policy comparison has no online rule (only static K and the Oracle)")
     row = online.loc[online["gain_captured"].idxmax()]

@@ -346,7 +346,8 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     t = pc.table.copy()
     keep_static = {f"static K = {pc.best_static_k_train}", f"static K = {pc.best_static_k_test}"}
-    t = t[(t["policy"].map(policy_kind) != "static") | t["policy"].isin(keep_static)]
+    kind = t["kind"] if "kind" in t.columns else t["policy"].map(policy_kind)
+    t = t[(kind != "static") | t["policy"].isin(keep_static)]
 
     def name(p: str) -> str:
         marks = []
