@@ -55,7 +55,6 @@ seed = 0
 k_max = 6
 batch_sizes = "1,2,4,8,16"
 n_samples = None  # Monte Carlo runs per group at b > 2; None: the CLI's default
-cost_model = None
 results = None
 
 # %% tags=["remove-input"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 
@@ -22,9 +23,10 @@ def _pages():
 def test_dependencies_of_the_book():
     toc, notebooks = _pages()
     deps = build.dependencies(notebooks, toc[0])
-    # the Oracle, linguistic, control and batch sections read section 3's cost model; the intro gathers all
-    for page in ("06_oracle", "07_linguistic", "08_online_control", "09_beyond_batch"):
+    # the Oracle, linguistic and control sections read section 3's cost model; the intro gathers all
+    for page in ("06_oracle", "07_linguistic", "08_online_control"):
         assert deps[page] == {"03_final_model"}, page
+    assert deps["09_beyond_batch"] == set()  # it fits its own batch cost model
     assert deps["03_final_model"] == set() and deps["01_tracing"] == set()
     assert deps["intro"] == {p.stem for p in notebooks} - {"intro"}
     # --pages: a page not executed again is not waited for
@@ -32,13 +34,14 @@ def test_dependencies_of_the_book():
     assert build.dependencies(some, toc[0]) == {"06_oracle": set(), "intro": {"06_oracle"}}
 
 
-def test_two_at_a_time_each_after_what_it_reads(monkeypatch):
+def test_two_at_a_time_each_after_what_it_reads(monkeypatch, tmp_path):
     toc, notebooks = _pages()
     log: list[tuple[str, str, float]] = []
-    running, peak, guard = set(), [0], threading.Lock()
+    running, peak, guard, cwds = set(), [0], threading.Lock(), set()
 
-    def fake_execute(src, stage, params, log_file, lock=None):
+    def fake_execute(src, stage, params, log_file, lock=None, chdir=True):
         with guard:
+            cwds.add((os.getcwd(), chdir))
             running.add(src.stem)
             peak[0] = max(peak[0], len(running))
             log.append(("start", src.stem, time.perf_counter()))
@@ -49,26 +52,32 @@ def test_two_at_a_time_each_after_what_it_reads(monkeypatch):
         return 0.05
 
     monkeypatch.setattr(build, "_execute", fake_execute)
-    times = build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
+    here = os.getcwd()
+    (tmp_path / "book").mkdir()
+    times = build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
     assert list(times) == [p.stem for p in notebooks]
     at = {(kind, page): t for kind, page, t in log}
     assert peak[0] == 2
-    for page in ("06_oracle", "07_linguistic", "08_online_control", "09_beyond_batch"):
+    for page in ("06_oracle", "07_linguistic", "08_online_control"):
         assert at[("start", page)] >= at[("end", "03_final_model")], page
     assert at[("start", "intro")] >= max(t for (kind, _), t in at.items() if kind == "end" and _ != "intro")
-    # the page others wait for goes first
-    assert log[0][1] == "03_final_model"
+    # the page others wait for goes first, then (no earlier build) the later sections
+    assert [x[1] for x in log if x[0] == "start"][:2] == ["03_final_model", "09_beyond_batch"]
+    # every kernel starts in the executed copies' folder: set once for the threads (papermill's own
+    # chdir is process-wide), and given back afterwards
+    assert cwds == {(str(tmp_path / "book"), False)} and os.getcwd() == here
     # one at a time with jobs = 1
     log.clear(), running.clear()
     peak[0] = 0
-    build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=1, root=toc[0], progress=False)
-    assert peak[0] == 1
+    cwds.clear()
+    build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=1, root=toc[0], progress=False)
+    assert peak[0] == 1 and cwds == {(here, True)}  # one at a time: papermill changes the folder itself
 
 
 def test_a_failing_notebook_stops_the_build(monkeypatch):
     toc, notebooks = _pages()
 
-    def fake_execute(src, stage, params, log_file, lock=None):
+    def fake_execute(src, stage, params, log_file, lock=None, chdir=True):
         if src.stem == "02_factors":
             raise SpeclimitsError("notebook book/02_factors.py failed in cell 3: ValueError: x")
         return 0.0
@@ -76,3 +85,16 @@ def test_a_failing_notebook_stops_the_build(monkeypatch):
     monkeypatch.setattr(build, "_execute", fake_execute)
     with pytest.raises(SpeclimitsError, match="02_factors"):
         build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
+
+
+def test_the_last_builds_times_order_the_pages(tmp_path, monkeypatch):
+    log = tmp_path / "build.log"
+    log.write_text("executed x\nexecution times (s): methods 2.5, 01_tracing 30.0, intro 1.9\n")
+    assert build.previous_times(log) == {"methods": 2.5, "01_tracing": 30.0, "intro": 1.9}
+    assert build.previous_times(tmp_path / "none.log") == {}
+    toc, notebooks = _pages()
+    started = []
+    monkeypatch.setattr(build, "_execute", lambda src, *a, **k: started.append(src.stem) or 0.0)
+    build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=1, root=toc[0], progress=False,
+                       expected=build.previous_times(log))
+    assert started[:2] == ["03_final_model", "01_tracing"] and started[-1] == "intro"

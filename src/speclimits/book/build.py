@@ -205,7 +205,7 @@ def promote_figures(nb, page: str = "notebook") -> int:
     return count
 
 
-def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None) -> float:
+def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, chdir: bool = True) -> float:
     # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
     import nbformat
@@ -221,8 +221,10 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None) ->
     nbformat.write(nb, raw)
     t0 = time.perf_counter()
     try:
+        # papermill's cwd= changes the working directory of this whole process around the run (the
+        # kernel inherits it when it starts): with notebooks run in threads the caller sets it once
         papermill.execute_notebook(str(raw), str(out), parameters=parameters, kernel_name="python3",
-                                   cwd=str(out.parent), progress_bar=False, log_output=False)
+                                   cwd=str(out.parent) if chdir else None, progress_bar=False, log_output=False)
     except papermill.PapermillExecutionError as exc:
         raise SpeclimitsError(
             f"notebook {src.relative_to(REPO_ROOT)} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
@@ -300,28 +302,67 @@ def dependencies(notebooks: list[Path], root: str) -> dict[str, set[str]]:
     return deps
 
 
-def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs: int, root: str,
-                 progress: bool) -> dict[str, float]:
-    """Execute the notebooks, up to ``jobs`` at once (threads; each notebook runs in its own kernel
-    process), each as soon as the pages it depends on (:func:`dependencies`) are done; among the
-    ready ones, those others wait for go first, then book order. Returns seconds per page."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+def previous_times(log_path: Path) -> dict[str, float]:
+    """Seconds per page of the last build in the same output folder (its ``build.log``), if any."""
+    try:
+        lines = [x for x in log_path.read_text().splitlines() if x.startswith("execution times (s): ")]
+    except OSError:
+        return {}
+    out = {}
+    for item in lines[-1].split(": ", 1)[1].split(", ") if lines else []:
+        name, _, sec = item.rpartition(" ")
+        try:
+            out[name] = float(sec)
+        except ValueError:
+            continue
+    return out
 
+
+def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs: int, root: str,
+                 progress: bool, expected: dict[str, float] | None = None) -> dict[str, float]:
+    """Execute the notebooks, up to ``jobs`` at once (threads; each notebook runs in its own kernel
+    process), each as soon as the pages it depends on (:func:`dependencies`) are done. Among the
+    ready ones, pages others wait for go first, then the longest (``expected`` seconds per page,
+    from the last build; without them later sections first, which build on the earlier ones and
+    are the heavier). Returns seconds per page."""
     deps = dependencies(notebooks, root)
     waiting_on_me = {s: sum(s in d for d in deps.values()) for s in deps}
     order = {p.stem: i for i, p in enumerate(notebooks)}
-    todo = sorted(notebooks, key=lambda p: (-waiting_on_me[p.stem], order[p.stem]))
-    done: set[str] = set()
-    times: dict[str, float] = {}
-    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb", disable=not progress)
+    expected = expected or {}
+    todo = sorted(notebooks, key=lambda p: (-waiting_on_me[p.stem], -expected.get(p.stem, 0.0), -order[p.stem]))
     lock = threading.Lock()
 
+    # every page's kernel must start in its executed copy's folder (pages write their CSV downloads
+    # there); papermill sets it by changing this process's directory, which threads share, so the
+    # folder is set once here, and pages in different folders run one at a time
+    folders = {(stage / p.relative_to(REPO_ROOT)).parent for p in notebooks}
+    if len(folders) != 1:
+        jobs = 1
+    shared = jobs > 1
+
     def run(src: Path) -> float:
-        dt = _execute(src, stage, params, log, lock)
+        dt = _execute(src, stage, params, log, lock, chdir=not shared)
         if progress:
             tqdm.write(f"  {src.name}: {dt:.1f} s")
         return dt
 
+    cwd = os.getcwd()
+    if shared:
+        os.chdir(next(iter(folders)))
+    try:
+        return _run_pool(notebooks, todo, deps, run, jobs, progress)
+    finally:
+        os.chdir(cwd)
+
+
+def _run_pool(notebooks: list[Path], todo: list[Path], deps: dict[str, set[str]], run: Any, jobs: int,
+              progress: bool) -> dict[str, float]:
+    """Run ``run(page)`` for every page of ``todo``, up to ``jobs`` at once, each after its ``deps``."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    done: set[str] = set()
+    times: dict[str, float] = {}
+    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb", disable=not progress)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running: dict[Any, Path] = {}
         while todo or running:
@@ -363,6 +404,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     stage = out_dir / "source"
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "build.log"
+    expected = previous_times(log_path)
     toc = toc_files()
     with log_path.open("w") as log:
         notebooks = _stage(stage, toc, keep=bool(pages))
@@ -377,7 +419,8 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         # kernels inherit the environment: no progress bars on the pages (they render as stderr noise)
         os.environ["TQDM_DISABLE"] = "1"
         log.write(f"parameters: {params}\n")
-        times = _execute_all(notebooks, stage, params, log, jobs=jobs, root=toc[0], progress=progress)
+        times = _execute_all(notebooks, stage, params, log, jobs=jobs, root=toc[0], progress=progress,
+                             expected=expected)
         log.write("execution times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()) + "\n")
         jb = Path(sys.executable).with_name("jupyter-book")
         cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output", str(out_dir),
