@@ -230,6 +230,32 @@ def test_best_table_is_a_coordinate_wise_optimum(seed):
         assert vals.min() >= best.total_ms * (1 - 1e-12)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_runs_continued_from_a_snapshot_equal_runs_from_the_start(deterministic):
+    # the best-table search simulates candidates that differ in entry n from the current table's state
+    # once n requests are left; their totals must be those of a whole simulation, to the bit
+    inputs, model, _ = instance(21, 9, 9)
+    b = 4
+    ctx = B._Context.build(inputs, model, 3, deterministic, None)
+    grps = B.groups(inputs, b)
+    grp = B._group_matrix(grps)
+    cur = ctx.tables(b, [{1: 2, 2: 1, 3: 3, 4: 2}])[0]
+    whole, snaps = B._simulate(ctx, grp, cur[None], 32, 5, snapshots=range(1, b))
+    np.testing.assert_array_equal(whole, B._simulate(ctx, grp, cur[None], 32, 5))
+    for n in range(1, b):
+        cand = np.repeat(cur[None], len(ctx.actions), axis=0)
+        cand[:, n] = ctx.actions
+        cand[:, 0] = cand[:, 1]
+        start = (snaps[n][0][0], snaps[n][1][0])
+        np.testing.assert_array_equal(B._simulate(ctx, grp, cand, 32, 5, start=start),
+                                      B._simulate(ctx, grp, cand, 32, 5))
+        # and a snapshot taken at the wrong n does not give them (the test can fail)
+        if n > 1:
+            wrong = (snaps[n - 1][0][0], snaps[n - 1][1][0])
+            assert not np.array_equal(B._simulate(ctx, grp, cand, 32, 5, start=wrong),
+                                      B._simulate(ctx, grp, cand, 32, 5))
+
+
 def test_best_table_monte_carlo_reports_fresh_draws():
     inputs, model, _ = instance(9, 6, 6)
     best = B.best_table(inputs, model, 3, k_max=2, n_samples=64, seed=3)

@@ -523,14 +523,21 @@ def _draws(ctx: _Context, n_samples: int, seed: int) -> np.ndarray:
     return cache[key]
 
 
-def _simulate(ctx: _Context, grp: np.ndarray, tables: np.ndarray, n_samples: int, seed: int
-              ) -> np.ndarray:
+def _simulate(ctx: _Context, grp: np.ndarray, tables: np.ndarray, n_samples: int, seed: int,
+              start: tuple[np.ndarray, np.ndarray] | None = None,
+              snapshots: Sequence[int] = ()) -> Any:
     """(P, S, G) total ms of closed-batch runs of every group under every table.
 
     Each round: n = active requests, k = table[n], cost ``step_ms(n, k, union(u_i), sum L_i)``; request i
     at state s_i accepts ``a_i = min(k, A(s_i))`` (:func:`_draws`) and moves ``min(a_i + 1, remaining)``.
     A request visits each state at most once, so the draws along a run are independent with the right
     law; all tables see the same draws at the same states (common random numbers).
+
+    Shared prefixes (the best-table search, whose candidates differ in one entry n, which acts only once
+    n requests are left): with ``snapshots`` the totals come back with, for each m listed, every run's
+    state ``(pos, total)`` just before its first round with at most m active requests; ``start`` runs
+    from such a state (broadcast over the tables). A run's rounds are added to its total in the same
+    order either way, so the totals are the same to the bit as one simulation from the start.
     """
     inp = ctx.inputs
     n_e = float(ctx.model.n_experts)
@@ -540,26 +547,40 @@ def _simulate(ctx: _Context, grp: np.ndarray, tables: np.ndarray, n_samples: int
     off = inp.offsets[seq]
     draws = _draws(ctx, n_samples, seed)
     n_p, n_s = len(tables), len(draws)
-    pos = np.zeros((n_p, n_s) + grp.shape, dtype=np.int64)
-    total = np.zeros((n_p, n_s, len(grp)))
+    if start is None:
+        pos = np.zeros((n_p, n_s) + grp.shape, dtype=np.int64)
+        total = np.zeros((n_p, n_s, len(grp)))
+    else:
+        pos = np.broadcast_to(start[0], (n_p, n_s) + grp.shape).copy()
+        total = np.broadcast_to(start[1], (n_p, n_s, len(grp))).copy()
+    snaps = {int(m): (np.zeros_like(pos), np.zeros_like(total), np.zeros(total.shape, dtype=bool))
+             for m in snapshots}
     pidx = np.arange(n_p)[:, None, None]
     sidx = np.arange(n_s)[None, :, None, None]
     lens = inp.context_len.astype(float)
     last = np.maximum(n_tok - 1, 0)
     while True:
         active = pos < n_tok
-        if not active.any():
-            break
         n = active.sum(axis=-1)  # (P, S, G)
+        for m, (s_pos, s_tot, seen) in snaps.items():
+            new = (n <= m) & ~seen
+            if new.any():
+                s_pos[new], s_tot[new] = pos[new], total[new]
+                seen |= new
+        go = n > 0
+        if not go.any():
+            break
         k = tables[pidx, n]
         kb = k[..., None]
         rows = off + np.minimum(pos, last)
         u = np.where(active, ctx.u[rows, kb], 0.0)
         u_step = n_e * (1.0 - np.prod(1.0 - u / n_e, axis=-1))
         ctx_tot = np.where(active, lens[rows], 0.0).sum(axis=-1)
-        total += np.where(n > 0, ctx.step(n, k, u_step, ctx_tot), 0.0)
+        total += np.where(go, ctx.step(n, k, u_step, ctx_tot), 0.0)
         acc = np.minimum(kb, draws[sidx, rows])
         pos += np.where(active, np.minimum(acc + 1, n_tok - pos), 0)
+    if snaps:
+        return total, {m: (v[0], v[1]) for m, v in snaps.items()}
     return total
 
 
@@ -593,7 +614,9 @@ def _evaluate_pairs_exact(ctx: _Context, grps: list[np.ndarray], tables: np.ndar
 
 
 def _evaluate(ctx: _Context, grps: list[np.ndarray], b: int, tables: np.ndarray, n_samples: int, seed: int,
-              method: str = "auto") -> TableValues:
+              method: str = "auto", start: tuple[np.ndarray, np.ndarray] | None = None) -> TableValues:
+    """Values of ``tables`` (see :func:`evaluate_tables`). ``start``: the simulated runs continue from
+    this state (:func:`_simulate`'s snapshots of a table the given ones agree with up to that point)."""
     n_tokens = int(ctx.inputs.n_tokens.sum())
     if method == "auto":
         method = EXACT_SIMULATION if ctx.deterministic else (EXACT_DP if b <= 2 else MONTE_CARLO)
@@ -607,7 +630,7 @@ def _evaluate(ctx: _Context, grps: list[np.ndarray], b: int, tables: np.ndarray,
     if method not in (EXACT_SIMULATION, MONTE_CARLO):
         raise SpeclimitsError(f"unknown evaluation method {method!r}")
     grp = _group_matrix(grps)
-    runs = _simulate(ctx, grp, tables, n_samples, seed).sum(axis=2)  # (P, S)
+    runs = _simulate(ctx, grp, tables, n_samples, seed, start=start).sum(axis=2)  # (P, S)
     mean = runs.mean(axis=1)
     if ctx.deterministic:
         return TableValues(tables, mean, mean, mean, n_tokens, EXACT_SIMULATION)
@@ -678,19 +701,32 @@ def _best_table(ctx: _Context, grps: list[np.ndarray], b: int, n_samples: int, s
     cur = static.tables[i0].copy()
     cur_val, cur_lo, cur_hi = float(static.total_ms[i0]), float(static.lo[i0]), float(static.hi[i0])
     width = max(len(g) for g in grps)  # entries n > the largest group never act
+    top = min(b, width)
+    # candidates for entry n agree with the current table until n requests are left: the simulated
+    # methods run the current table once per change, keep each run's state at every n (snapshots), and
+    # simulate the candidates from there only (the same numbers as from the start)
+    simulated = static.method != EXACT_DP
+    grp = _group_matrix(grps)
     evaluations, sweeps = len(ctx.actions), 0
     for sweeps in range(1, max_sweeps + 1):
         changed = False
-        for n in range(min(b, width), 0, -1):
+        snaps = None
+        for n in range(top, 0, -1):
             cand = np.repeat(cur[None], len(ctx.actions), axis=0)
             cand[:, n] = ctx.actions
             cand[:, 0] = cand[:, 1]
-            res = _evaluate(ctx, grps, b, cand, n_samples, seed)
+            start = None
+            if simulated and n < top:
+                if snaps is None:
+                    snaps = _simulate(ctx, grp, cur[None], n_samples, seed, snapshots=range(1, top))[1]
+                start = (snaps[n][0][0], snaps[n][1][0])
+            res = _evaluate(ctx, grps, b, cand, n_samples, seed, start=start)
             evaluations += len(cand)
             j = int(np.argmin(res.total_ms))
             if res.total_ms[j] < cur_val * (1.0 - 1e-12):
                 cur, cur_val, cur_lo, cur_hi = cand[j].copy(), float(res.total_ms[j]), float(res.lo[j]), float(res.hi[j])
                 changed = True
+                snaps = None  # the snapshots below n depended on the entry just changed
         if not changed:
             break
     search = cur_val
