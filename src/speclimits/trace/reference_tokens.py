@@ -143,12 +143,20 @@ def reference_tokens(tokens: pd.DataFrame, oracle: pd.DataFrame, held_out: Mappi
     return add_target_choice(out, oracle, first_greedy)
 
 
-def first_greedy_tokens(generations: Mapping[Any, Mapping[str, Any]], k_ref: int) -> dict[str, int]:
-    """Per prompt id, the first output token of its K = ``k_ref`` generation at the smallest
-    generation id (the sweep's reference generation; ``generations.jsonl`` entries)."""
-    out: dict[str, int] = {}
-    for gid in sorted(generations, key=int, reverse=True):
+def reference_generations(generations: Mapping[Any, Mapping[str, Any]], k_ref: int
+                          ) -> dict[str, tuple[int, Mapping[str, Any]]]:
+    """Per prompt id, its reference generation ``(generation id, entry)``: the one with K = ``k_ref``
+    at the smallest generation id (in a batch sweep, the smallest batch size). ``generations``:
+    ``generations.jsonl`` entries by generation id."""
+    out: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for gid in sorted(generations, key=int, reverse=True):  # the smallest id is written last and wins
         g = generations[gid]
-        if int(g["K"]) == k_ref and g.get("output_token_ids"):
-            out[str(g["prompt_id"])] = int(g["output_token_ids"][0])
+        if int(g["K"]) == k_ref:
+            out[str(g["prompt_id"])] = (int(gid), g)
     return out
+
+
+def first_greedy_tokens(generations: Mapping[Any, Mapping[str, Any]], k_ref: int) -> dict[str, int]:
+    """Per prompt id, the first output token of its reference generation (:func:`reference_generations`)."""
+    return {p: int(g["output_token_ids"][0]) for p, (_, g) in reference_generations(generations, k_ref).items()
+            if g.get("output_token_ids")}

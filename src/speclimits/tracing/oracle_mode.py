@@ -49,7 +49,8 @@ import pyarrow as pa
 
 from speclimits.errors import SpeclimitsError
 from speclimits.trace.io import list_parts, read_generations, read_meta, read_table, write_meta, write_part
-from speclimits.trace.reference_tokens import first_greedy_tokens, reference_tokens
+from speclimits.trace.reference_tokens import (CHOICE_COLUMNS, GENERATION_COLUMNS, first_greedy_tokens,
+                                               reference_generations, reference_tokens)
 from speclimits.tracing import engine as eng
 from speclimits.vocabulary import GREEDY, TEACHER_FORCED
 from speclimits.tracing.prompts import read_prompts, reference_ids
@@ -178,7 +179,7 @@ def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
     sweep the one at the smallest batch size, i.e. the smallest generation id), or the prompt's
     held-out reference continuation when given in ``held_out``."""
     gens = read_generations(root)
-    by_prompt = {g["prompt_id"]: g for _, g in sorted(gens.items(), reverse=True) if int(g["K"]) == k_ref}
+    by_prompt = {p: g for p, (_, g) in reference_generations(gens, k_ref).items()}
     refs = []
     for p in prompts:
         g = by_prompt.get(p.id)
@@ -340,10 +341,7 @@ def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_r
     oracle = oracle[["seq_id", "pos", "forced"]]
     gens = read_generations(root)
     first = first_greedy_tokens(gens, k_ref)
-    ref_gid: dict[str, int] = {}
-    for gid in sorted(gens, key=int, reverse=True):
-        if int(gens[gid]["K"]) == k_ref:
-            ref_gid[str(gens[gid]["prompt_id"])] = int(gid)
+    ref_gid = {p: gid for p, (gid, _) in reference_generations(gens, k_ref).items()}
     for name, path in sorted(parts.items()):
         df = pd.read_parquet(path)
         gid = pd.to_numeric(df["generation_id"], errors="coerce")
@@ -360,12 +358,11 @@ def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_r
         if len(rest) and "reference_kind" not in rest.columns:
             rest = rest.assign(reference_kind=GREEDY)
         out = pd.concat([new, rest], ignore_index=True) if len(rest) else new
-        for col in ("generation_id", "K", "round", "row"):
+        for col in GENERATION_COLUMNS:
             out[col] = out[col].astype("Int64")
-        for col in ("target_agrees",):
-            out[col] = out[col].astype("boolean") if col in out.columns else pd.array([pd.NA] * len(out), "boolean")
-        out["target_token_id"] = (out["target_token_id"] if "target_token_id" in out.columns
-                                  else pd.Series(pd.NA, index=out.index)).astype("Int64")
+        # rows of non-reference generations have no target choice: missing, in the same types as the rest
+        for col, dtype in zip(CHOICE_COLUMNS, ("boolean", "Int64")):
+            out[col] = (out[col] if col in out.columns else pd.Series(pd.NA, index=out.index)).astype(dtype)
         table = pa.Table.from_pandas(out.drop(columns="experts"), preserve_index=False)
         experts = pa.array([None if v is None or (not isinstance(v, np.ndarray) and pd.isna(v)) else v
                             for v in out["experts"]], type=EXPERTS_TYPE)
