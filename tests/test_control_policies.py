@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from speclimits.cli import main
-from speclimits.control.extension import ControlWorkerExtension, DraftRound, PolicyMemory, top1_probability
+from speclimits.control.extension import RoundDriver, top1_probability
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import CalibrationMap, PolicyFit
 from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
                                         u_prediction_error)
+from speclimits.control.rules import DeltaRule
 from speclimits.control.policies import (ConfidenceThreshold, EmaAcceptedLength, UtilityTestAndSet, fit_calibration,
                                          rollout)
 from speclimits.costmodel import CostModel
@@ -68,12 +69,15 @@ def logits_with_top1(conf: np.ndarray, vocab: int = 64):
     return torch.tensor(x, dtype=torch.float32)
 
 
-def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
-    """The engine's per-step driver (ControlWorkerExtension._sl_step, its PolicyMemory) on a batch of all
-    sequences, replaying the recorded greedy outcomes: the k of each round, in the order of the offline rollout."""
-    ext = ControlWorkerExtension.__new__(ControlWorkerExtension)
-    pol = ext._sl_policy = fit.make(name)
-    memory = PolicyMemory(pol)
+def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: bool = False) -> list[dict[int, int]]:
+    """The engine's round driver (RoundDriver: the rules' scalar form, one request at a time) on a batch of
+    all sequences, replaying the recorded greedy outcomes: the k of each round, in the order of the offline
+    rollout. ``batch_keep=False`` leaves out the batch-level keep rule, which the one-sequence offline walk
+    does not have."""
+    pol = fit.make(name)
+    driver = RoundDriver(pol)
+    if not batch_keep:
+        driver.batch_keep = False
     rids = [str(s) for s in inputs.seq_ids]
     pos = np.zeros(len(rids), dtype=np.int64)
     table = CostTable.build(inputs, fit.cost_model, fit.k_max).total()
@@ -82,26 +86,18 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs) -> np.ndarray:
         live = [i for i in range(len(rids)) if pos[i] < inputs.n_tokens[i]]
         rows = inputs.offsets[live] + pos[live]
         lr = [rids[i] for i in live]
-        idx = memory.slots(lr)
-        mem = memory.gather(idx)
-        cap = np.clip(np.asarray(pol.plan(mem)), 1, fit.k_max)
-        memory.scatter(idx, mem)
-        rnd = DraftRound(lr, idx, {**mem, **pol.round_context(mem, len(lr))}, cap, fit.k_max)
+        rnd = driver.begin(lr, fit.k_max)
         for j in range(1, fit.k_max + 1):
-            rnd.tokens.append(None)
-            ext._sl_logits = logits_with_top1(inputs.draft_conf[rows, j - 1])
-            ext._sl_step(rnd)
-            if (rnd.keep >= 0).all():
+            top1 = inputs.draft_conf[rows, j - 1].tolist() if driver.wants_confidence(rnd) else None
+            if driver.step(rnd, top1):
                 break
-        drafted = len(rnd.tokens)
-        k = np.where(rnd.keep < 0, drafted, rnd.keep)
+        k = np.array(driver.finish(rnd))
         acc = np.minimum(k, inputs.accept_len[rows])
         emitted = np.minimum(acc + 1, inputs.n_tokens[live] - pos[live])
-        cost = table[rows, k] + (drafted - k) * fit.cost_model.a
-        mem = memory.gather(idx)
-        pol.observe(mem, k, cost, emitted.astype(float), inputs.u_bar_window[rows, k])
-        memory.scatter(idx, mem)
-        ks.append(dict(zip(live, k)))
+        cost = table[rows, k] + (rnd.j - k) * fit.cost_model.a
+        for i, rid in enumerate(lr):  # the offline walk prices each request's own round
+            driver.observe([rid], [int(k[i])], float(cost[i]), [float(emitted[i])])
+        ks.append(dict(zip(live, k.tolist())))
         pos[live] += emitted
     return ks
 
@@ -134,9 +130,52 @@ def test_top1_probability_matches_softmax():
     import torch
 
     x = torch.randn(3, 50)
-    np.testing.assert_allclose(top1_probability(x, 3), torch.softmax(x, -1).max(-1).values.numpy(), rtol=1e-6)
+    x64 = x.double().numpy()
+    expected = 1.0 / np.exp(x64 - x64.max(axis=1, keepdims=True)).sum(axis=1)
+    got = top1_probability(x, 3)
+    assert isinstance(got, list) and isinstance(got[0], float)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(top1_probability(logits_with_top1(np.array([0.3, 0.9])), 2), [0.3, 0.9], rtol=1e-5)
     with pytest.raises(SpeclimitsError, match="rows for 4 requests"):
         top1_probability(x, 4)
+
+
+def test_scalar_forms_compute_the_array_forms_numbers():
+    """The engine's scalar form of each decision gives the array form's result on every row: the
+    calibration map (np.interp, to the bit), the look-ahead and greedy Delta stops, the threshold, and
+    the batch-level keep rule, at a price scale other than 1."""
+    rng = np.random.default_rng(3)
+    fit = hand_fit()
+    calib = fit.calibration
+    xs = np.concatenate([rng.uniform(-0.1, 1.1, 200), np.asarray(calib.x)])
+    assert [calib.predict_one(float(v)) for v in xs] == calib.predict(xs).tolist()
+    b = 300
+    conf = rng.uniform(0.01, 0.999, size=(b, K))
+    for pol in (fit.make("delta"), fit.make("delta-fixed"), fit.make("threshold"),
+                DeltaRule(fit.lambda_, np.asarray(fit.u_bar_mean), calib, stop="greedy",
+                          running_lambda=False).setup(K, fit.cost_model)):
+        pol.price_scale = 1.37
+        mem = {"elapsed": rng.uniform(0, 400, b), "emitted": rng.uniform(0, 60, b).round(), "u_prev": np.full(b, np.nan),
+               "m_prev": np.zeros(b, dtype=np.int64)} if isinstance(pol, DeltaRule) else {"_n": np.zeros(b)}
+        ctx = {**mem, **pol.round_context(mem, b)}
+        lam = ctx.get("_lam", np.zeros(b))
+        stops = []
+        for j in range(1, K + 1):
+            arr = np.asarray(pol.more(j, conf[:, :j], ctx))
+            one = []
+            for i in range(b):
+                prod = 1.0
+                for c in conf[i, :j]:
+                    prod *= float(c)
+                one.append(pol.engine_more(j, float(conf[i, j - 1]), prod, float(lam[i])))
+            assert one == arr.tolist(), (pol.name, j)
+            stops.append((arr >= 0).mean())
+        assert 0.02 < np.mean(stops[:-1]) < 0.98, (pol.name, stops)  # both outcomes occur
+        if isinstance(pol, DeltaRule) and pol.stop == "lookahead":
+            keep = rng.integers(0, K + 1, size=b)
+            arr = pol.final_keep(conf, keep, ctx)
+            one = [pol.engine_final_keep(conf[i].tolist(), int(keep[i]), float(lam[i])) for i in range(b)]
+            assert one == arr.tolist() and (arr > keep).any()
 
 
 def drive(pol, rounds, emitted_of_k, ms_of_k):

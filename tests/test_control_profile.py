@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from speclimits.control.extension import PolicyMemory
+from speclimits.control.extension import RoundDriver
 from speclimits.control.profile import EngineProfile, PriceClock, StepSample, fit_profile, increasing
 from speclimits.control.rules import DeltaRule, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
@@ -105,19 +105,25 @@ def test_the_worker_reads_a_policy_without_the_statistics_stack(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
-def test_policy_memory_reuses_released_slots():
+def test_round_driver_keeps_memory_per_request_and_forgets_released_ones():
     pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
                                                                  alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
-    mem = PolicyMemory(pol)
-    idx = mem.slots(["a", "b"])
-    got = mem.gather(idx)
-    got["elapsed"] += [3.0, 4.0]
-    mem.scatter(idx, got)
-    assert mem.gather(mem.slots(["b"]))["elapsed"].tolist() == [4.0]
-    mem.release(["a"])
-    new = mem.slots(["c"])
-    assert new[0] == idx[0] and mem.gather(new)["elapsed"].tolist() == [0.0]  # a fresh request starts clean
+    driver = RoundDriver(pol)
+    driver.observe(["a", "b"], [2, 3], 6.0, [3.0, 1.0])
+    driver.observe(["b"], [1], 2.0, [2.0])
+    assert driver.state["a"] == [6.0, 3.0] and driver.state["b"] == [8.0, 3.0]
+    rnd = driver.begin(["a", "b", "c"], 6)
+    lam = [(32 * 4.0 + e) / (32 + n) for e, n in ([6.0, 3.0], [8.0, 3.0], [0.0, 0.0])]
+    assert rnd.ctx == pytest.approx(lam) and rnd.cap == [6, 6, 6]
+    driver.release(["a"])
+    assert "a" not in driver.state
+    assert driver.begin(["a"], 6).ctx == [pytest.approx(4.0)]  # a request id seen again starts clean
     assert StaticK(3).setup(6, pol.model).plan_only and not pol.plan_only
+    static = RoundDriver(StaticK(3).setup(6, pol.model))
+    rnd = static.begin(["x", "y"], 6)
+    assert not static.wants_confidence(rnd)
+    assert [static.step(rnd, None) for _ in range(3)] == [False, False, True] and static.finish(rnd) == [3, 3]
+    assert RoundDriver(StaticK(5).setup(6, pol.model)).begin(["x"], 2).cap == [2]  # capped by the drafter's K
 
 
 def test_engine_lambda_is_the_fit_lambda_under_the_fit_cost_model(tmp_path):

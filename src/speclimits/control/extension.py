@@ -30,6 +30,7 @@ On GPU this path is untested (CUDA graphs with ragged k, host syncs per draft st
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -88,83 +89,150 @@ def check_control_runner(runner: Any) -> Any:
     return drafter
 
 
-def top1_probability(logits: Any, n_rows: int) -> np.ndarray:
-    """(b,) top-1 probability of each row of a draft step's logits, ``1 / sum(exp(x - max))``, in numpy
-    on the (shared, on CPU) logits buffer: 13 µs for 8,192 logits here, against 28–43 µs for the same in
-    torch (per-call overhead at these sizes)."""
+def top1_probability(logits: Any, n_rows: int) -> list[float]:
+    """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and
+    one max in torch (float32). Measured inside the engine right after the drafter's forward (batch 1,
+    8,192 logits, medians): 26 µs, against 44 µs with ``detach()`` and a ``dtype=`` argument, 60 µs for
+    ``max(-1)``, 69–77 µs in numpy (``1 / sum(exp(x - max))``: more calls, each cold there), 101–111 µs
+    for ``exp(max - logsumexp)`` forms."""
+    import torch  # vLLM's own dependency (already loaded wherever this runs)
+
     if logits is None or logits.shape[0] != n_rows:
         raise SpeclimitsError(f"speclimits control: the drafter's compute_logits gave "
                               f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
-    x = logits.detach().float().cpu().numpy()
-    return 1.0 / np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1, dtype=np.float64)
+    x = logits if logits.dtype == torch.float32 else logits.float()  # the drafter runs without autograd
+    return x.softmax(-1).amax(-1).tolist()
 
 
-class DraftRound:
-    """One drafting round of the batch: request slots, the round's memory and context, caps,
-    transformed confidences per step, kept k."""
+class EngineRound:
+    """One drafting round of the batch, as the :class:`RoundDriver` keeps it: request ids, caps, each
+    request's round context, kept k (-1: still drafting), running confidence products, the drafted
+    confidences (only where a batch-level keep rule reads them), steps drafted."""
 
-    __slots__ = ("rids", "idx", "mem", "cap", "cap_max", "conf", "keep", "tokens", "k_call", "early")
+    __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early")
 
-    def __init__(self, rids: list[str], idx: np.ndarray, mem: dict[str, np.ndarray], cap: np.ndarray,
-                 k_call: int) -> None:
-        self.rids, self.idx, self.mem, self.cap, self.k_call = rids, idx, mem, cap, k_call
-        self.cap_max = int(cap.max()) if len(cap) else 0
-        self.conf: list[np.ndarray] = []
-        self.keep = np.full(len(rids), -1)
+    def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool) -> None:
+        self.rids, self.cap, self.ctx, self.k_call = rids, cap, ctx, k_call
+        self.cap_max = max(cap) if cap else 0
+        self.keep = [-1] * len(rids)
+        self.prod = [1.0] * len(rids)
+        self.confs: list[list[float]] | None = [[] for _ in rids] if keep_confs else None
+        self.live = len(rids)
+        self.j = 0
         self.tokens: list[Any] = []
         self.early = False
 
 
-class PolicyMemory:
-    """Per-request policy memory as arrays indexed by a slot per request id (no per-request dicts):
-    :meth:`gather` / :meth:`scatter` move a batch's rows in one fancy-index per key; slots of finished
-    requests are reused."""
+class RoundDriver:
+    """The policy's side of the engine's rounds, one request at a time in Python scalars (the rules'
+    ``engine_*`` form; see :mod:`speclimits.control.rules` for why): per-request memory by request id,
+    :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft step,
+    :meth:`finish` when the drafter stopped (kept k), :meth:`observe` after verification. Free of vLLM,
+    so the tests drive it with recorded confidences."""
 
-    def __init__(self, policy: Any) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.slot: dict[str, int] = {}
-        self.free: list[int] = []
-        self.store: dict[str, np.ndarray] = {}
-        self.capacity = 0
+        self.state: dict[str, Any] = {}
+        self.plan_only = policy.plan_only
+        self.has_state = policy.engine_state() is not None
+        self.observes = type(policy).engine_observe is not Policy.engine_observe
+        self.batch_keep = type(policy).engine_final_keep is not Policy.engine_final_keep
 
-    def _grow(self, need: int) -> None:
-        cap = max(8, 2 * self.capacity, need)
-        fresh = self.policy.init_memory(cap - self.capacity)
-        if not self.store:
-            self.store = {k: v.copy() for k, v in fresh.items()}
+    def _state(self, rid: str) -> Any:
+        st = self.state.get(rid)
+        if st is None:
+            st = self.state[rid] = self.policy.engine_state()
+        return st
+
+    def begin(self, rids: list[str], k_call: int) -> EngineRound:
+        """The round's caps (1..k_call) and contexts, before drafting."""
+        pol, hi = self.policy, max(k_call, 1)
+        pol.engine_round()
+        if self.has_state:
+            sts = [self._state(r) for r in rids]
+            cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts]
+            ctx = [pol.engine_context(st) for st in sts] if not self.plan_only else []
         else:
-            self.store = {k: np.concatenate([self.store[k], fresh[k]]) for k in self.store}
-        self.free.extend(range(self.capacity, cap))
-        self.capacity = cap
+            cap = [min(max(pol.engine_plan(None), 1), hi) for _ in rids]
+            ctx = [pol.engine_context(None)] * len(rids) if not self.plan_only else []
+        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1)
 
-    def slots(self, rids: list[str]) -> np.ndarray:
-        out = np.empty(len(rids), dtype=np.int64)
-        for i, rid in enumerate(rids):
-            s = self.slot.get(rid)
-            if s is None:
-                if not self.free:
-                    self._grow(len(self.slot) + 1)
-                s = self.free.pop()
-                self.slot[rid] = s
-                for key, val in self.policy.init_memory(1).items():
-                    self.store[key][s] = val[0]
-            out[i] = s
-        return out
+    def wants_confidence(self, rnd: EngineRound) -> bool:
+        """Whether the draft step about to be booked needs the confidences: a request may still
+        stop there (or a batch-level keep rule reads every step's)."""
+        if self.plan_only:
+            return False
+        if rnd.confs is not None:
+            return True
+        j = rnd.j + 1
+        if j >= rnd.k_call:
+            return False
+        for k, c in zip(rnd.keep, rnd.cap):
+            if k < 0 and c > j:
+                return True
+        return False
 
-    def gather(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        mem = {key: val[idx] for key, val in self.store.items()}
-        mem["_n"] = np.zeros(len(idx))
-        return mem
+    def step(self, rnd: EngineRound, top1: list[float] | None) -> bool:
+        """Book draft step j = ``rnd.j + 1`` (``top1``: its top-1 probabilities, or None when
+        :meth:`wants_confidence` said no); True when every request has stopped."""
+        rnd.j = j = rnd.j + 1
+        keep, cap = rnd.keep, rnd.cap
+        if self.plan_only:
+            if j >= rnd.cap_max or j >= rnd.k_call:
+                for i, c in enumerate(cap):
+                    keep[i] = min(c, j)
+                rnd.live = 0
+            return rnd.live == 0
+        prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
+        calibrate, more = self.policy.engine_calibrate, self.policy.engine_more
+        for i in range(len(keep)):
+            if keep[i] >= 0 or cap[i] <= j:
+                if keep[i] < 0:
+                    keep[i] = cap[i]
+                    rnd.live -= 1
+                if confs is not None:
+                    confs[i].append(calibrate(top1[i]))
+                continue
+            if top1 is None:  # no request can stop here (wants_confidence): the cap or k_call ends them
+                continue
+            c = calibrate(top1[i])
+            if confs is not None:
+                confs[i].append(c)
+            prod[i] *= c
+            out = more(j, c, prod[i], ctx[i])
+            if out >= 0:
+                keep[i] = out
+                rnd.live -= 1
+        if j >= rnd.k_call and rnd.live:
+            for i in range(len(keep)):
+                if keep[i] < 0:
+                    keep[i] = j
+            rnd.live = 0
+        return rnd.live == 0
 
-    def scatter(self, idx: np.ndarray, mem: dict[str, np.ndarray]) -> None:
-        for key, val in self.store.items():
-            val[idx] = mem[key]
+    def finish(self, rnd: EngineRound) -> list[int]:
+        """The k each request keeps once the drafter stopped after ``rnd.j`` steps (a request that
+        stopped before the last one may keep more of the paid steps: the rule's batch-level keep)."""
+        drafted = rnd.j
+        keep = [drafted if k < 0 else k for k in rnd.keep]
+        if rnd.confs is not None:
+            pol = self.policy
+            keep = [pol.engine_final_keep(rnd.confs[i], k, rnd.ctx[i]) if k < drafted else k
+                    for i, k in enumerate(keep)]
+        return keep
+
+    def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
+        """After verification: request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and
+        each paid ``cost_ms`` of the step."""
+        if not self.observes:
+            return
+        pol = self.policy
+        for rid, k, e in zip(rids, ks, emitted):
+            pol.engine_observe(self._state(rid), k, cost_ms, e)
 
     def release(self, rids: Any) -> None:
         for rid in rids:
-            s = self.slot.pop(rid, None)
-            if s is not None:
-                self.free.append(s)
+            self.state.pop(rid, None)
 
 
 class ControlWorkerExtension(TracingWorkerExtension):
@@ -212,7 +280,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_profile, self._sl_samples, self._sl_clock = None, [], PriceClock()
         self._sl_profile_left = int(profile_rounds) if self._sl_profile is None else 0
         self._sl_records: list[dict[str, Any]] = []
-        self._sl_round: DraftRound | None = None
+        self._sl_round: EngineRound | None = None
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
         self._sl_pending: StepSample | None = None
         self._sl_logits: Any = None
@@ -246,12 +314,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
             pol.setup(self._sl_k, model)
         pol.price_scale = self._sl_clock.scale
         self._sl_policy = pol
-        self._sl_memory = PolicyMemory(pol)
-        self._sl_stateless = not pol.init_memory(1)
-        self._sl_observes = type(pol).observe is not Policy.observe
+        self._sl_driver = RoundDriver(pol)
         fixed, slope = pol.model.action_terms(self._sl_k)
         u = np.asarray(fit.u_bar_mean, dtype=float)
-        self._sl_price = np.nan_to_num(fixed + slope * u[np.arange(1, self._sl_k + 2)])  # (k_max + 1,) per k
+        #: price of a request's round by its k (0..k_max), a list: the refresh reads it per request per round
+        self._sl_price = np.nan_to_num(fixed + slope * u[np.arange(1, self._sl_k + 2)]).tolist()
 
     def speclimits_control_profile(self) -> dict[str, Any]:
         """Fit the costs from the steps timed so far (at this engine's batch size) and price the
@@ -277,7 +344,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()}}
         self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
         self._sl_hook_s = {}
-        self._sl_memory, self._sl_keep = PolicyMemory(self._sl_policy), {}
+        self._sl_driver, self._sl_keep = RoundDriver(self._sl_policy), {}
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -318,7 +385,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 pending.other_ms = (t - self._sl_t_prop_end) * 1e3
             finished = getattr(scheduler_output, "finished_req_ids", None)
             if finished:
-                self._sl_memory.release(finished)
+                self._sl_driver.release(finished)
                 for rid in finished:
                     self._sl_keep.pop(rid, None)
             self._sl_spent("execute_model", t)
@@ -355,16 +422,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             k_call = int(kwargs.get("num_speculative_tokens", args[0] if args else 0))
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            pol = self._sl_policy
-            if self._sl_stateless:  # no memory to move (static K, the profile cycle)
-                idx, mem = None, {"_n": np.zeros(len(rids))}
-            else:
-                idx = self._sl_memory.slots(rids)
-                mem = self._sl_memory.gather(idx)
-            cap = np.minimum(np.maximum(np.asarray(pol.plan(mem), dtype=np.int64), 1), max(k_call, 1))
-            if idx is not None:
-                self._sl_memory.scatter(idx, mem)  # plan may advance memory (test-and-set)
-            self._sl_round = DraftRound(rids, idx, {**mem, **pol.round_context(mem, len(rids))}, cap, k_call)
+            self._sl_round = self._sl_driver.begin(rids, k_call)
             self._sl_spent("plan", t0)
             try:
                 return orig(*args, **kwargs)
@@ -386,10 +444,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
                                       "probabilities: probabilistic draft sampling is on)")
             t0 = time.perf_counter()
             rnd.tokens.append(ids)
-            self._sl_step(rnd)
+            driver = self._sl_driver
+            top1 = top1_probability(self._sl_logits, len(rnd.rids)) if driver.wants_confidence(rnd) else None
+            done = driver.step(rnd, top1)
             self._sl_spent("draft_step", t0)
-            j = len(rnd.tokens)
-            if (rnd.keep >= 0).all() and j < rnd.k_call:
+            if done and rnd.j < rnd.k_call:
                 raise _EarlyExit(rnd.tokens)
             return ids, probs
         return wrapped
@@ -416,86 +475,60 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_hook_s[hook] = self._sl_hook_s.get(hook, 0.0) + now - t0
         return now
 
-    # -- decisions --------------------------------------------------------------------------
-    def _sl_step(self, rnd: DraftRound) -> None:
-        """After draft step j: confidences, then stop decisions for the requests still drafting."""
-        j = len(rnd.tokens)
-        pol = self._sl_policy
-        if pol.plan_only:  # the round's k was decided before drafting: no per-step work
-            if j >= rnd.cap_max or j >= rnd.k_call:
-                rnd.keep[:] = np.minimum(rnd.cap, j)
-            return
-        if pol.uses_confidence:
-            rnd.conf.append(pol.transform_conf(top1_probability(self._sl_logits, len(rnd.rids))))
-        live = rnd.keep < 0
-        at_cap = live & (rnd.cap <= j)
-        rnd.keep[at_cap] = rnd.cap[at_cap]
-        ask = live & ~at_cap
-        if ask.any():
-            conf = np.stack(rnd.conf, axis=1) if rnd.conf else np.zeros((len(rnd.rids), j))
-            if ask.all():
-                out = np.asarray(pol.more(j, conf, rnd.mem))
-                rnd.keep[out >= 0] = out[out >= 0]
-            else:
-                sub = {key: val[ask] for key, val in rnd.mem.items()}
-                out = np.asarray(pol.more(j, conf[ask], sub))
-                idx = np.flatnonzero(ask)
-                rnd.keep[idx[out >= 0]] = out[out >= 0]
-        if j >= rnd.k_call:
-            rnd.keep[rnd.keep < 0] = j
-
-    def _sl_finish_round(self, rnd: DraftRound, m: int | None, verify_ms: float, draft_ms: float) -> None:
-        drafted = len(rnd.tokens)
-        keep = np.where(rnd.keep < 0, drafted, rnd.keep)
-        if len(rnd.rids) > 1 and rnd.conf and (keep < drafted).any():
-            keep = np.asarray(self._sl_policy.final_keep(np.stack(rnd.conf, axis=1), keep, rnd.mem))
+    # -- rounds ---------------------------------------------------------------------------
+    def _sl_finish_round(self, rnd: EngineRound, m: int | None, verify_ms: float, draft_ms: float) -> None:
+        keep = self._sl_driver.finish(rnd)
         self._sl_rounds += 1
-        self._sl_early_exits += int(rnd.early)
-        self._sl_keep.update(zip(rnd.rids, keep.tolist()))
-        sample = StepSample(m=m, verify_ms=verify_ms, drafted=drafted, draft_ms=draft_ms, n_batch=len(rnd.rids))
-        self._sl_pending = sample
-        if self._sl_profile_left > 0:
+        self._sl_early_exits += rnd.early
+        self._sl_keep.update(zip(rnd.rids, keep))
+        if self._sl_profile_left > 0:  # the time outside is booked at the next step's start
+            sample = StepSample(m=m, verify_ms=verify_ms, drafted=rnd.j, draft_ms=draft_ms, n_batch=len(rnd.rids))
+            self._sl_pending = sample
             self._sl_samples.append(sample)
             self._sl_profile_left -= 1
             if self._sl_profile_left == 0:
                 self.speclimits_control_profile()
-        self._sl_records.append({"k": keep.tolist(), "cap": rnd.cap.tolist(), "drafted": drafted,
-                                 "early": rnd.early, "n_batch": len(rnd.rids)})
+        self._sl_records.append({"k": keep, "cap": rnd.cap, "drafted": rnd.j, "early": rnd.early,
+                                 "n_batch": len(rnd.rids)})
 
     @staticmethod
-    def _sl_emitted(sampled: Any, idx: list[int]) -> np.ndarray:
+    def _sl_emitted(sampled: Any, idx: list[int]) -> list[float]:
         """Tokens each request of ``idx`` emitted in this step (accepted drafts + the bonus token)."""
-        if isinstance(sampled, list):
-            return np.array([len(sampled[i]) for i in idx], dtype=float)
-        # one host copy, then numpy (a tensor indexed by a Python list costs ~100 µs)
-        return (sampled.cpu().numpy()[idx] != -1).sum(axis=1).astype(float)
+        if not isinstance(sampled, list):
+            sampled = sampled.tolist()  # one host copy of a small tensor, then Python
+        return [float(len(row) - row.count(-1)) for row in (sampled[i] for i in idx)]
 
     def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
         drafts: tokens emitted, the measured round (drafter start to drafter start, shared by the
         requests of the step), the price refresh. Returns m when every request verified the same m."""
+        # the refresh learns only from steps at the profiled batch size: the price of a request is the
+        # profiled step's cost shared by that many requests, so a step of fewer (a batch's tail, where
+        # requests have finished) costs each of them more, which is no change of the machine's speed
+        prof = self._sl_profile
+        refresh = prof is not None and self._sl_policy.reads_prices and len(rids) == prof.batch
+        if not (refresh or self._sl_profile_left > 0 or self._sl_driver.observes):
+            return None  # nothing reads the outcome (static K, the threshold after profiling)
         spec = sched.scheduled_spec_decode_tokens
         if not spec:
             return None
-        idx = [i for i, r in enumerate(rids) if len(spec.get(r, ())) > 0]
+        idx = [i for i, r in enumerate(rids) if spec.get(r)]
         if not idx:
             return None
         vr = [rids[i] for i in idx]
-        k = np.array([len(spec[r]) for r in vr], dtype=np.int64)
+        ks = [len(spec[r]) for r in vr]
         n_step = len(rids)
         round_ms = (now - self._sl_t_prop) * 1e3
-        share = np.full(len(vr), round_ms / n_step)
-        priced = float(self._sl_price[np.minimum(k, self._sl_k)].sum()) * n_step / len(vr)
-        if self._sl_profile is not None and np.isfinite(round_ms):
+        if refresh and math.isfinite(round_ms):
+            price, top = self._sl_price, self._sl_k
+            priced = sum(price[min(k, top)] for k in ks) * n_step / len(vr)
             self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
         if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
             lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
             if lens is not None:
                 self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
                 self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
-        if self._sl_observes:
-            slots = self._sl_memory.slots(vr)
-            mem = self._sl_memory.gather(slots)
-            self._sl_policy.observe(mem, k, share, self._sl_emitted(sampled, idx), np.full(len(vr), np.nan))
-            self._sl_memory.scatter(slots, mem)
-        return int(k[0]) + 1 if len(vr) == n_step and (k == k[0]).all() else None
+        if self._sl_driver.observes:
+            self._sl_driver.observe(vr, ks, round_ms / n_step, self._sl_emitted(sampled, idx))
+        k0 = ks[0]
+        return k0 + 1 if len(vr) == n_step and all(k == k0 for k in ks) else None

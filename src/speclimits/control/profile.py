@@ -16,16 +16,19 @@ recorded, and only its target forward and draft steps. A policy inside the engin
   measured pass at width m, the draft line from the drafter's, the outside time added to the draft
   intercept. From the offline fit only what timing cannot give: the expert slope α(m) and the Ū
   predictor (at batch 1; at batch > 1 the step's Ū is not priced), the context slope c.
-* **Refresh** (:class:`PriceClock`): every later round's measured interval (drafter start to the
-  next drafter start) against the price of the k each request drafted, an exponentially weighted
-  ratio (weight ``w`` on the newest round, clipped to [1/3, 3] against outliers) that scales every
-  price: a machine that slows down mid-run is followed.
+* **Refresh** (:class:`PriceClock`): every later round at the profiled batch size, its measured
+  interval (drafter start to the next drafter start) against the price of the k each request drafted,
+  an exponentially weighted ratio (weight ``w`` on the newest round, clipped to [1/3, 3] against
+  outliers) that scales every price: a machine that slows down mid-run is followed. Steps with fewer
+  requests (a batch's tail) are left out: each of their requests pays a larger share of the step, which
+  is not a change of the machine's speed (counted in, they tripled the scale at batch 4).
 
 numpy alone (the worker imports it).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +56,13 @@ class ProfileCycle(Policy):
         k = 1 + self.step % self.k_max
         self.step += 1
         return np.full(n, k)
+
+    def engine_round(self):
+        self.k_now = 1 + self.step % self.k_max
+        self.step += 1
+
+    def engine_plan(self, st):
+        return self.k_now
 
 
 @dataclass
@@ -172,7 +182,7 @@ class PriceClock:
         self.n = 0
 
     def update(self, measured_ms: float, priced_ms: float) -> float:
-        if not (np.isfinite(measured_ms) and priced_ms > 0):
+        if not (math.isfinite(measured_ms) and priced_ms > 0):
             return self.scale
         ratio = min(max(measured_ms / priced_ms, 1.0 / self.clip), self.clip)
         self.scale += self.weight * (ratio - self.scale)

@@ -11,6 +11,14 @@ inputs (exact policy evaluation, rollouts, fitting) is :mod:`speclimits.control.
 * :class:`PolicyFit`: the one configuration of every policy (the policy JSON written by
   ``speclimits control fit``); :meth:`PolicyFit.make` builds a rule by name (:data:`POLICY_NAMES`).
 
+Each rule has two forms of one decision: arrays over states (``plan``, ``more``, ``observe``: the
+offline harness, thousands of states at once) and Python scalars, one request at a time (``engine_*``:
+what the worker runs, driven by :class:`speclimits.control.extension.RoundDriver`). Inside vLLM a
+numpy call right after a forward pass costs 10–20 µs (its code and data are out of the caches; the
+same call in isolation takes 1–3 µs), a float operation well under 1 µs, so at the batch sizes a CPU
+engine runs the scalar form decides several times faster from tables precomputed at ``setup``; the
+two forms compute the same expressions in the same order, and the tests check they take the same k.
+
 Every rule sees only what a running system sees: the draft's own confidence (top-1 probability)
 instead of the reference match probability, a predicted Ū instead of the counterfactual one, a
 running estimate of the time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel`:
@@ -20,6 +28,8 @@ the trace's fit offline, or the costs profiled on the serving machine inside the
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +79,7 @@ class Policy:
     name = "policy"
     markov = True  # True: the action depends only on the state (no memory)
     uses_confidence = False  # True: more() reads the draft's confidences (the engine computes them only then)
+    reads_prices = False  # True: decisions read the round costs (the engine refreshes them only then)
     price_scale = 1.0
 
     @property
@@ -118,6 +129,40 @@ class Policy:
                 u_bar: np.ndarray) -> None:
         """After verification: drafted ``k`` (b,), round ``cost_ms`` (b,), tokens ``emitted`` (b,) and
         the observed Ū of the pass (b,; NaN where not measured)."""
+        return None
+
+    # -- the engine's form: one request at a time, Python scalars ------------------------------
+    def engine_state(self) -> list[Any] | None:
+        """A fresh request's memory in the engine (a small list; None: the rule keeps none)."""
+        return None
+
+    def engine_round(self) -> None:
+        """Once per drafting round of the batch, before :meth:`engine_plan` (e.g. the profile's cycle)."""
+        return None
+
+    def engine_plan(self, st: Any) -> int:
+        """The most tokens one request drafts this round (what :meth:`plan` gives it)."""
+        return self.k_max
+
+    def engine_context(self, st: Any) -> float:
+        """What one request's decisions in this round share (the Delta rule's λ); computed once per round."""
+        return 0.0
+
+    def engine_calibrate(self, p: float) -> float:
+        """:meth:`transform_conf` of one top-1 probability."""
+        return p
+
+    def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
+        """:meth:`more` for one request after draft step j: ``c`` the step's transformed confidence,
+        ``prod`` the running product of steps 1..j, ``ctx`` its :meth:`engine_context`."""
+        return -1
+
+    def engine_final_keep(self, confs: list[float], keep: int, ctx: float) -> int:
+        """:meth:`final_keep` for one request (``confs``: its transformed confidences of every drafted step)."""
+        return keep
+
+    def engine_observe(self, st: Any, k: int, cost_ms: float, emitted: float) -> None:
+        """:meth:`observe` for one request (the engine does not measure Ū: it is never passed)."""
         return None
 
     # -- the offline driver of plan/more ----------------------------------------------------
@@ -172,6 +217,9 @@ class StaticK(Policy):
     def plan(self, mem):
         return np.full(len(next(iter(mem.values()))), min(self.k, self.k_max))
 
+    def engine_plan(self, st):
+        return min(self.k, self.k_max)
+
 
 class FixedActions(Policy):
     """A given action per state (e.g. the Oracle's k*); offline only."""
@@ -196,6 +244,9 @@ class RandomK(Policy):
     def plan(self, mem):
         return self.rng.integers(1, self.k_max + 1, size=len(next(iter(mem.values()))))
 
+    def engine_plan(self, st):
+        return int(self.rng.integers(1, self.k_max + 1))
+
 
 class ConfidenceThreshold(Policy):
     """Draft while the cumulative draft confidence ``prod_{i<=j} conf_i`` stays >= τ (SpecDec++ /
@@ -208,7 +259,10 @@ class ConfidenceThreshold(Policy):
         self.name = "confidence threshold"
 
     def more(self, j, conf, mem):
-        return np.where(np.prod(conf, axis=1) >= self.tau, -1, j)
+        return np.where(running_product(conf) >= self.tau, -1, j)
+
+    def engine_more(self, j, c, prod, ctx):
+        return -1 if prod >= self.tau else j
 
     def describe(self) -> str:
         return f"τ = {self.tau:.3g}"
@@ -234,6 +288,7 @@ class DeltaRule(Policy):
     """
 
     uses_confidence = True
+    reads_prices = True
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
                  u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
@@ -258,6 +313,9 @@ class DeltaRule(Policy):
         super().setup(k_max, model)
         if len(self.u_bar_mean) < self.k_max + 2:
             raise SpeclimitsError(f"u_bar_mean needs entries for m = 1..{self.k_max + 1}")
+        #: Ĉ(k) without c·L at the mean Ū per m, k = 0..k_max, before :attr:`price_scale` (a list: the engine's table)
+        self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
+        self.row = self._row.tolist()
         return self
 
     def transform_conf(self, conf: np.ndarray) -> np.ndarray:
@@ -278,18 +336,19 @@ class DeltaRule(Policy):
         return {"elapsed": np.zeros(n), "emitted": np.zeros(n), "u_prev": np.full(n, np.nan),
                 "m_prev": np.zeros(n, dtype=np.int64)}
 
-    def c_hat(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
-        """(b, k_max + 1) predicted round cost without c·L, for k = 0..k_max (times :attr:`price_scale`)."""
+    def c_hat(self, mem: dict[str, np.ndarray], b: int, scaled: bool = True) -> np.ndarray:
+        """(b, k_max + 1) predicted round cost without c·L, for k = 0..k_max (times :attr:`price_scale`
+        unless ``scaled=False``)."""
         ms = np.arange(1, self.k_max + 2)
         if self.u_pred == "mean":
             row = self.fixed_ms + self.slope_ms * self.u_bar_mean[ms]
-            return np.broadcast_to(row * self.price_scale if self.price_scale != 1.0 else row, (b, len(ms)))
+            return np.broadcast_to(row * self.price_scale if scaled and self.price_scale != 1.0 else row, (b, len(ms)))
         u_hat = np.broadcast_to(self.u_bar_mean[ms], (b, len(ms))).copy()
         seen = np.isfinite(mem["u_prev"]) & (mem["m_prev"] >= 1)
         scale = mem["u_prev"][seen] / self.u_bar_mean[mem["m_prev"][seen]]
         u_hat[seen] = self.u_bar_mean[ms][None, :] * scale[:, None]
         out = self.fixed_ms[None, :] + self.slope_ms[None, :] * u_hat
-        return out * self.price_scale if self.price_scale != 1.0 else out
+        return out * self.price_scale if scaled and self.price_scale != 1.0 else out
 
     def lam(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
         """(b,) the value of one token of progress, ms."""
@@ -298,21 +357,30 @@ class DeltaRule(Policy):
         return (self.prior_tokens * self.lambda0 + mem["elapsed"]) / (self.prior_tokens + mem["emitted"])
 
     def round_context(self, mem, b):
-        return {"_c": self.c_hat(mem, b), "_lam": self.lam(mem, b)}
+        if self.u_pred == "mean":  # one row for the batch (self.row), scaled at the decision
+            return {"_lam": self.lam(mem, b)}
+        return {"_c": self.c_hat(mem, b, scaled=False), "_lam": self.lam(mem, b)}
 
     def more(self, j, conf, mem):
+        """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when
+        ``Ĉ(k) - Ĉ(j) - λ·P_j·(c + c² + ... + c^(k-j)) >= 0`` (P_j the product of the confidences of
+        steps 1..j, c step j's, extrapolated to the steps not drafted yet). With the mean Ū the row Ĉ is
+        shared by the batch; with the previous round's Ū it is per request."""
         b, kk = conf.shape[0], self.k_max
-        c_hat, lam = mem["_c"], mem["_lam"]
+        lam, s = mem["_lam"], self.price_scale
+        row = mem["_c"] if "_c" in mem else np.broadcast_to(self._row, (b, kk + 1))
+        prod = running_product(conf)
         if self.stop == "greedy":
             if j == 1:
                 return np.full(b, -1)
-            ok = c_hat[:, j] - c_hat[:, j - 1] <= lam * np.prod(conf, axis=1)
+            ok = (row[:, j] - row[:, j - 1]) * s <= lam * prod
             return np.where(ok, -1, j - 1)
-        # confidences known for steps 1..j; later ones extrapolated from step j
-        full = np.concatenate([conf, np.repeat(conf[:, -1:], kk - j, axis=1)], axis=1)
-        e_a = np.concatenate([np.zeros((b, 1)), np.cumsum(np.cumprod(full, axis=1), axis=1)], axis=1)
-        q_hat = c_hat - lam[:, None] * e_a
-        return np.where(np.argmin(q_hat[:, j:], axis=1) == 0, j, -1)
+        if j >= kk:
+            return np.full(b, j)
+        powers = np.cumprod(np.repeat(conf[:, -1:], kk - j, axis=1), axis=1)
+        gain = (lam * prod)[:, None] * np.cumsum(powers, axis=1)
+        ok = (row[:, j + 1:] - row[:, j: j + 1]) * s - gain >= 0
+        return np.where(ok.all(axis=1), j, -1)
 
     def final_keep(self, conf, keep, mem):
         """Past its own stop a request's extra draft steps are paid: keep token t when the verification
@@ -321,12 +389,57 @@ class DeltaRule(Policy):
         drafted = conf.shape[1]
         if drafted == 0 or (keep >= drafted).all():
             return keep
+        b, s = len(keep), self.price_scale
+        row = mem["_c"] if "_c" in mem else np.broadcast_to(self._row, (b, self.k_max + 1))
         ks = np.arange(drafted + 1)
-        c_v = mem["_c"][:, : drafted + 1] - self.model.a * self.price_scale * ks[None, :]
-        e_a = np.concatenate([np.zeros((len(keep), 1)), np.cumsum(np.cumprod(conf, axis=1), axis=1)], axis=1)
-        q = c_v - mem["_lam"][:, None] * e_a
+        e_a = np.concatenate([np.zeros((b, 1)), np.cumsum(np.cumprod(conf, axis=1), axis=1)], axis=1)
+        q = row[:, : drafted + 1] * s - (self.model.a * s) * ks[None, :] - mem["_lam"][:, None] * e_a
         q = np.where(ks[None, :] >= keep[:, None], q, np.inf)
         return np.argmin(q, axis=1)
+
+    # the engine's form (the mean Ū: the engine does not measure a round's Ū, so "previous" is the mean there)
+    def engine_state(self):
+        return [0.0, 0.0]  # elapsed ms, tokens emitted
+
+    def engine_context(self, st):
+        if not self.running_lambda:
+            return self.lambda0
+        return (self.prior_tokens * self.lambda0 + st[0]) / (self.prior_tokens + st[1])
+
+    def engine_calibrate(self, p):
+        return p if self.calibration is None else self.calibration.predict_one(p)
+
+    def engine_more(self, j, c, prod, lam):
+        row, s = self.row, self.price_scale
+        if self.stop == "greedy":
+            if j == 1:
+                return -1
+            return -1 if (row[j] - row[j - 1]) * s <= lam * prod else j - 1
+        lp, power, total, base = lam * prod, 1.0, 0.0, row[j]
+        for k in range(j + 1, self.k_max + 1):
+            power *= c
+            total += power
+            if (row[k] - base) * s - lp * total < 0:
+                return -1
+        return j
+
+    def engine_final_keep(self, confs, keep, lam):
+        row, s = self.row, self.price_scale
+        a_s = self.model.a * s
+        power, e_a, best, best_k = 1.0, 0.0, math.inf, keep
+        for k in range(len(confs) + 1):
+            if k:
+                power *= confs[k - 1]
+                e_a += power
+            if k >= keep:
+                q = row[k] * s - a_s * k - lam * e_a
+                if q < best:
+                    best, best_k = q, k
+        return best_k
+
+    def engine_observe(self, st, k, cost_ms, emitted):
+        st[0] += cost_ms
+        st[1] += emitted
 
     def observe(self, mem, k, cost_ms, emitted, u_bar):
         mem["elapsed"] += cost_ms
@@ -384,6 +497,30 @@ class EmaAcceptedLength(Policy):
         cur = mem["k"][due]
         new = np.where(up > cur, up, np.where(target < cur - 0.5 - self.hysteresis, up, cur))
         mem["k"][due] = new
+
+    def engine_state(self):
+        mem = self.init_memory(1)
+        return [math.nan, 0.0, float(mem["k"][0])]  # ema, rounds, k
+
+    def engine_plan(self, st):
+        return int(st[2])
+
+    def engine_observe(self, st, k, cost_ms, emitted):
+        acc = float(emitted)
+        st[0] = acc if math.isnan(st[0]) else (1 - self.alpha) * st[0] + self.alpha * acc
+        st[1] += 1
+        if not (st[1] >= self.warmup and (st[1] - self.warmup) % self.every == 0):
+            return
+        target, tiers = st[0] + 1, self._tier_list
+        up = tiers[max(bisect_right(self._tier_edges, target) - 1, 0)]
+        cur = st[2]
+        st[2] = float(up if up > cur else (up if target < cur - 0.5 - self.hysteresis else cur))
+
+    def setup(self, k_max, model):
+        super().setup(k_max, model)
+        self._tier_list = [int(t) for t in self.tiers]
+        self._tier_edges = [t - 0.5 for t in self._tier_list]
+        return self
 
 
 class UtilityTestAndSet(Policy):
@@ -443,7 +580,46 @@ class UtilityTestAndSet(Policy):
                 mem[f"tok{i}"][ended] = 0.0
                 mem[f"ms{i}"][ended] = 0.0
 
+    def setup(self, k_max, model):
+        super().setup(k_max, model)
+        self._ks = [int(k) for k in self.ks]
+        return self
 
+    def engine_state(self):
+        c = len(self._ks)
+        return [0, self._ks[0], [0.0] * c, [0.0] * c]  # round, best k, tokens and ms per candidate
+
+    def _engine_phase(self, t: int) -> tuple[bool, int]:
+        n_test = len(self._ks) * self.test_rounds
+        cyc = t % (n_test + self.set_rounds)
+        return cyc < n_test, min(cyc // self.test_rounds, len(self._ks) - 1)
+
+    def engine_plan(self, st):
+        testing, i = self._engine_phase(st[0])
+        return self._ks[i] if testing else st[1]
+
+    def engine_observe(self, st, k, cost_ms, emitted):
+        testing, i = self._engine_phase(st[0])
+        if testing:
+            st[2][i] += emitted
+            st[3][i] += cost_ms
+        st[0] += 1
+        n_test = len(self._ks) * self.test_rounds
+        if st[0] % (n_test + self.set_rounds) == n_test:
+            util = [tok / max(ms, 1e-9) for tok, ms in zip(st[2], st[3])]
+            st[1] = self._ks[max(range(len(util)), key=util.__getitem__)]
+            st[2], st[3] = [0.0] * len(util), [0.0] * len(util)
+
+
+
+
+def running_product(conf: np.ndarray) -> np.ndarray:
+    """(b,) product of each row of ``conf`` (b, j), multiplied left to right as the engine's running
+    product is (so both forms compare the same float with a threshold)."""
+    prod = conf[:, 0].astype(float, copy=True)
+    for i in range(1, conf.shape[1]):
+        prod *= conf[:, i]
+    return prod
 
 
 # ---------------------------------------------------------------------------
@@ -468,6 +644,16 @@ class CalibrationMap:
 
     def predict(self, conf: Any) -> np.ndarray:
         return np.interp(np.asarray(conf, dtype=float), self.x, self.y)
+
+    def predict_one(self, v: float) -> float:
+        """:meth:`predict` of one float, computed as ``np.interp`` does (the same float)."""
+        x, y = self.x, self.y
+        j = bisect_right(x, v) - 1
+        if j < 0:
+            return y[0]
+        if j == len(x) - 1 or x[j] == v:
+            return y[j]
+        return (y[j + 1] - y[j]) / (x[j + 1] - x[j]) * (v - x[j]) + y[j]
 
 
 @dataclass(frozen=True)
