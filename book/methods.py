@@ -197,10 +197,18 @@
 #   the measured step. At batch 1 the expert slope $\alpha(m)$ and the context slope $c$ come from the
 #   trace's fit (timing alone cannot separate them from the intercept); at batch > 1 the step's
 #   $\bar U$ is not priced ($\alpha = 0$).
-# * **Refresh.** Every later round's measured interval (the drafter's start to the next drafter's start)
-#   is compared with the price of the $k$ each request drafted; an exponentially weighted ratio (weight
-#   0.05, each observation clipped to $[1/3, 3]$) scales every price, so a machine that slows down is
-#   followed.
+# * **Refresh.** Every later round at the profiled batch size (the drafter's start to the next drafter's
+#   start) is compared with the price of the $k$ each request drafted; an exponentially weighted ratio
+#   (weight 0.05, each observation clipped to $[1/3, 3]$) scales every price, so a machine that slows
+#   down is followed. Steps with fewer requests (a batch's tail, once some requests have finished) are
+#   left out: each of their requests pays a larger share of the step, which is not a change of speed.
+#   Only rules that read prices (the Delta rule) refresh.
+# * **Deciding.** Each rule has an array form (the offline harness, thousands of states at once) and a
+#   scalar form, one request at a time in Python floats from tables made at setup, which the engine runs:
+#   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
+#   caches), a float operation well under 1 µs. The two forms compute the same expressions in the same
+#   order; the tests check that they take the same $k$. The confidence of a draft step is one softmax and
+#   one max over its logits in torch, computed only where a request could stop at that step.
 # * **From the offline fit**, only what timing cannot give: the confidence calibration map, the
 #   threshold $\tau$, $\lambda$ as a dimensionless ratio to the best static $K$'s time per token on the
 #   training references (in the engine $\lambda_0$ is that ratio times
