@@ -148,13 +148,9 @@ class RoundDriver:
         """The round's caps (1..k_call) and contexts, before drafting."""
         pol, hi = self.policy, max(k_call, 1)
         pol.engine_round()
-        if self.has_state:
-            sts = [self._state(r) for r in rids]
-            cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts]
-            ctx = [pol.engine_context(st) for st in sts] if not self.plan_only else []
-        else:
-            cap = [min(max(pol.engine_plan(None), 1), hi) for _ in rids]
-            ctx = [pol.engine_context(None)] * len(rids) if not self.plan_only else []
+        sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
+        cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts]
+        ctx = [] if self.plan_only else [pol.engine_context(st) for st in sts]
         return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1)
 
     def wants_confidence(self, rnd: EngineRound) -> bool:
