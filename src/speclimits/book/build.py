@@ -222,9 +222,13 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
     t0 = time.perf_counter()
     try:
         # papermill's cwd= changes the working directory of this whole process around the run (the
-        # kernel inherits it when it starts): with notebooks run in threads the caller sets it once
+        # kernel inherits it when it starts): with notebooks run in threads the caller sets it once.
+        # The kernel's folder is also named to nbclient (resources' metadata path, its cwd at start), so a
+        # page writes its downloads beside its executed copy whatever the process's directory is then
+        # (once, in the full test run, some kernels started in the repository's book/ folder)
         papermill.execute_notebook(str(raw), str(out), parameters=parameters, kernel_name="python3",
-                                   cwd=str(out.parent) if chdir else None, progress_bar=False, log_output=False)
+                                   cwd=str(out.parent) if chdir else None, progress_bar=False, log_output=False,
+                                   resources={"metadata": {"path": str(out.parent)}})
     except papermill.PapermillExecutionError as exc:
         raise SpeclimitsError(
             f"notebook {src.relative_to(REPO_ROOT)} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
