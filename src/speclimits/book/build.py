@@ -99,14 +99,21 @@ def mathjax_dir() -> Path:
         raise SpeclimitsError(f"{MATHJAX_DIST} {version} has no es5/tex-chtml.js; install "
                               f"{MATHJAX_DIST}=={MATHJAX_DIST_VERSION}")
     es5 = Path(entry.locate()).parent
-    staging = target.with_name(target.name + ".tmp")
+    # a staging folder of this process's own, renamed into place: two builds at once (parallel
+    # test workers) never see a half-copied folder
+    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     for part in MATHJAX_PARTS:
         src = es5 / part
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / part)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:  # another build put it there first (or a stale incomplete copy is in the way)
+        if not (target / "tex-chtml.js").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+    shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -124,7 +131,9 @@ def vega_bundle() -> Path:
             code = vl_convert.javascript_bundle(vl_version=major_minor)
         except ValueError:
             code = vl_convert.javascript_bundle()
-        target.write_text("(function(){\n" + code + "\n})();\n")
+        partial = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        partial.write_text("(function(){\n" + code + "\n})();\n")
+        os.replace(partial, target)  # atomic: a concurrent build reads the whole file or none
     return target
 
 
