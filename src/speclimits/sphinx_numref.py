@@ -1,0 +1,55 @@
+"""Sphinx extension used by the book build: resolve numbered references without re-reading pages.
+
+Sphinx 7.4's standard domain resolves every ``{numref}`` by unpickling the whole doctree of the
+page its target is on (``env.get_doctree``), only to look up one node's type and id. The book has
+about 180 numbered references to figures and tables, and its pages embed Vega specs, so those
+reloads took 6.1 s of a 14.6 s Sphinx pass (profiled with cProfile on the default build: 191
+``pickle.loads`` under ``_resolve_numref_xref``).
+
+This extension registers a subclass of the standard domain (``app.add_domain(..., override=True)``,
+Sphinx's documented way to replace a domain) whose numref resolution reads each page's doctree
+once per build and serves later lookups from that copy. The copy is private to numref resolution
+and never changed or written: every other caller of ``env.get_doctree`` still gets a fresh
+doctree, as before. The built HTML is byte-for-byte the same (checked on the default build).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sphinx.domains.std import StandardDomain
+
+
+class NumrefOnceDomain(StandardDomain):
+    """The standard domain; numbered references look their target pages up in a per-build copy."""
+
+    def _resolve_numref_xref(self, env: Any, *args: Any, **kwargs: Any) -> Any:
+        copies: dict[str, Any] = self.__dict__.setdefault("_numref_doctrees", {})
+        load = env.get_doctree
+
+        def read_once(docname: str) -> Any:
+            if docname not in copies:
+                copies[docname] = load(docname)
+            return copies[docname]
+
+        # shadow the method for this call only (the parent class reads the target's doctree
+        # through env.get_doctree and only inspects it); the class method is back afterwards
+        env.get_doctree = read_once
+        try:
+            return super()._resolve_numref_xref(env, *args, **kwargs)
+        finally:
+            del env.get_doctree
+
+
+def _forget(app: Any, *args: Any) -> None:
+    """Drop the copies when the pages are read again (a rebuild in the same process) or at the end."""
+    domain = app.env.domains.get("std") if app.env is not None else None
+    if domain is not None:
+        domain.__dict__.pop("_numref_doctrees", None)
+
+
+def setup(app: Any) -> dict[str, Any]:
+    app.add_domain(NumrefOnceDomain, override=True)
+    app.connect("env-updated", _forget)
+    app.connect("build-finished", _forget)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
