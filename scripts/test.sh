@@ -10,9 +10,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export SPECLIMITS_REQUIRE_RAY_TESTS=${SPECLIMITS_REQUIRE_RAY_TESTS:-1}
 # likewise the browser tests (headless Chromium, installed by setup.sh test)
 export SPECLIMITS_REQUIRE_BROWSER_TESTS=${SPECLIMITS_REQUIRE_BROWSER_TESTS:-1}
-# one pytest worker per core (at most 4: an engine test's worker peaks near 6.5 GB); each test file
-# runs whole on one worker, so a module's engine and a session's smoke book are built once there.
-# Pass `-n 0` to run in this process (pytest's last -n wins).
+# one pytest worker per core (at most 4: an engine test's worker peaks near 6.5 GB). Each test file
+# runs whole on one worker (the files that read the smoke book together), heaviest first: see
+# tests/conftest.py (pytest_collection_modifyitems). Pass `-n 0` to run in this process.
 workers=${SPECLIMITS_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
 [ "$workers" -gt 4 ] && workers=4
-.venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

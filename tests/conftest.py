@@ -55,3 +55,52 @@ def tiny_moe(vllm_mod, tmp_path_factory):
     from speclimits.tracing.tinymodel import write_tiny_moe
 
     return write_tiny_moe(tmp_path_factory.mktemp("tiny"))
+
+
+# ---------------------------------------------------------------------------
+# Parallel runs (scripts/test.sh: pytest-xdist, -n N --dist loadfile --no-loadscope-reorder)
+# ---------------------------------------------------------------------------
+
+#: Test files that read the session's smoke book: one work unit, so it is built on one worker only.
+SMOKE_BOOK_FILES = ("test_book.py", "test_book_browser.py", "test_linguistic_cli_book.py",
+                    "test_oracle_analysis.py", "test_stats_cli_book.py")
+#: How much a marked test weighs when ordering the work units (Ray sessions and engines are the slow ones).
+MARK_WEIGHT = {"ray": 3, "vllm": 2, "book": 2, "browser": 2}
+
+
+def work_unit(nodeid: str) -> str:
+    """The work unit of a test: its file, or one unit for the files that read the smoke book."""
+    path = nodeid.split("::", 1)[0]
+    return "smoke-book" if path.rsplit("/", 1)[-1] in SMOKE_BOOK_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the smoke-book files as one unit (a test file runs whole on one
+    worker, so a module's engine is built once; the smoke book too). pytest-xdist's own
+    ``xdist_group`` marks do not group under pytest 9.2 (they set a node id attribute pytest no
+    longer reads), so the grouping is the scheduler's."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SmokeBookFileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SmokeBookFileScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: put the heavy work units first (stable), so that the two workers are not
+    left with one long unit at the end (longest first; with ``--no-loadscope-reorder`` the units
+    are handed out in collection order). Every worker collects and sorts the same items alike."""
+    if not hasattr(config, "workerinput"):
+        return
+    weight: dict[str, int] = {}
+    for item in items:
+        unit = work_unit(item.nodeid)
+        w = max((MARK_WEIGHT.get(m.name, 0) for m in item.iter_markers()), default=0)
+        weight[unit] = weight.get(unit, 0) + w
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight[work_unit(item.nodeid)], order[id(item)]))
