@@ -12,7 +12,7 @@ export SPECLIMITS_REQUIRE_RAY_TESTS=${SPECLIMITS_REQUIRE_RAY_TESTS:-1}
 export SPECLIMITS_REQUIRE_BROWSER_TESTS=${SPECLIMITS_REQUIRE_BROWSER_TESTS:-1}
 # one pytest worker per core (at most 4: an engine test's worker peaks near 6.5 GB). Each test file
 # runs whole on one worker (the files that read the smoke book together), heaviest first: see
-# tests/conftest.py (pytest_collection_modifyitems). Pass `-n 0` to run in this process.
+# tests/conftest.py (pytest_xdist_make_scheduler, pytest_collection_modifyitems). `-n 0`: one process.
 # (counted without OMP_NUM_THREADS, which GNU nproc would report instead of the cores)
 workers=${SPECLIMITS_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)}
 [ "$workers" -gt 4 ] && workers=4

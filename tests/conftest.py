@@ -94,7 +94,15 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """On an xdist worker: put the heavy work units first (stable), so that the two workers are not
     left with one long unit at the end (longest first; with ``--no-loadscope-reorder`` the units
-    are handed out in collection order). Every worker collects and sorts the same items alike."""
+    are handed out in collection order). Every worker collects and sorts the same items alike.
+
+    Everywhere: a test file that uses ``smoke_book`` must be listed in :data:`SMOKE_BOOK_FILES`
+    (the scheduler sees node ids only, not fixtures), else the book would be built on two workers."""
+    unlisted = sorted({item.path.name for item in items if "smoke_book" in getattr(item, "fixturenames", ())}
+                      - set(SMOKE_BOOK_FILES))
+    if unlisted:
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to SMOKE_BOOK_FILES "
+                                "(files that use the smoke_book fixture share one xdist work unit)")
     if not hasattr(config, "workerinput"):
         return
     weight: dict[str, int] = {}
