@@ -76,8 +76,8 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
     does not have."""
     pol = fit.make(name)
     driver = RoundDriver(pol)
-    if not batch_keep:
-        driver.batch_keep = False
+    if not batch_keep:  # nor the batch-level decision of the Delta rules (batch_select)
+        driver.batch_keep = driver.shared = False
     rids = [str(s) for s in inputs.seq_ids]
     pos = np.zeros(len(rids), dtype=np.int64)
     table = CostTable.build(inputs, fit.cost_model, fit.k_max).total()
@@ -176,6 +176,88 @@ def test_scalar_forms_compute_the_array_forms_numbers():
             arr = pol.final_keep(conf, keep, ctx)
             one = [pol.engine_final_keep(conf[i].tolist(), int(keep[i]), float(lam[i])) for i in range(b)]
             assert one == arr.tolist() and (arr > keep).any()
+
+
+def brute_force_batch(pol, prods, lams, j, last):
+    """The best (J, keep) of a batch round by enumerating every J in j..last and every keep vector
+    k_i in 1..J: step cost ``s·(b·a·J + b·v(mean k))`` with v(k) = Ĉ(k) - a·k linear between integer
+    k, gain ``λ_i·P_i,t`` per kept token t >= 2 (P extrapolated past step j with step j's confidence)."""
+    import itertools
+
+    b, s, a = len(prods), pol.price_scale, pol.model.a
+    v = [pol.row[k] - a * k for k in range(1, pol.k_max + 1)]
+    ext = []
+    for prod in prods:
+        c = prod[j - 1] / prod[j - 2] if j >= 2 else prod[0]
+        ext.append(list(prod[:j]) + [prod[j - 1] * c ** (t - j) for t in range(j + 1, last + 1)])
+    best = (np.inf, None, None)
+    for big_j in range(j, last + 1):
+        for keep in itertools.product(range(1, big_j + 1), repeat=b):
+            cost = s * (b * a * big_j + b * np.interp(sum(keep) / b, np.arange(1, pol.k_max + 1), v))
+            gain = sum(lams[i] * sum(ext[i][1:keep[i]]) for i in range(b))
+            q = cost - gain
+            if q < best[0] - 1e-12:
+                best = (q, big_j, list(keep))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batch_decision_is_the_brute_force_optimum(seed):
+    """The Delta rule's one decision for a batch (how many draft steps, how many tokens each request
+    keeps) attains the minimum of its objective over every J and keep vector, and the driver stops
+    the drafter where the batch rule says and keeps what it says."""
+    rng = np.random.default_rng(seed)
+    b, k_max = 3, 4
+    fit = hand_fit(k_max=k_max, lam=float(rng.uniform(1.0, 12.0)))
+    pol = fit.make("delta-fixed")
+    assert pol.shared and not fit.make("delta-fixed:alone").shared
+    pol.price_scale = float(rng.uniform(0.5, 2.0))
+    conf = rng.uniform(0.3, 1.0, size=(b, k_max))
+    prods = np.cumprod(conf, axis=1)
+    lams = rng.uniform(2.0, 12.0, size=b).tolist()
+    for j in range(1, k_max + 1):
+        pj = [row[:j].tolist() for row in prods]
+        _, j_best, _ = brute_force_batch(pol, pj, lams, j, k_max)
+        got_j, got_keep = pol.batch_select(pj, lams, k_max, j)
+        assert got_j == j_best, (seed, j)
+        assert pol.engine_batch_more(j, pj, lams, k_max) == (j_best > j)
+        # the keep when stopping now is the optimum over keep vectors with J = j
+        _, _, keep_now = brute_force_batch(pol, pj, lams, j, j)
+        assert pol.engine_batch_keep(pj, lams) == keep_now, (seed, j)
+    # the driver: every request drafts until the batch stops, then keeps the batch rule's choice
+    driver = RoundDriver(pol)
+    rnd = driver.begin(["x", "y", "z"], k_max)
+    assert rnd.prods is not None
+    for j in range(1, k_max + 1):
+        assert driver.wants_confidence(rnd)
+        if driver.step(rnd, conf[:, j - 1].tolist()):
+            break
+    pj = [np.cumprod([fit.calibration.predict_one(float(c)) for c in row[: rnd.j]]).tolist() for row in conf]
+    for j in range(1, rnd.j):
+        assert pol.engine_batch_more(j, [p[:j] for p in pj], [pol.lambda0] * b, k_max)
+    assert rnd.j == k_max or not pol.engine_batch_more(rnd.j, pj, [pol.lambda0] * b, k_max)
+    assert driver.finish(rnd) == pol.engine_batch_keep(pj, [pol.lambda0] * b)
+    # batch 1: the request is priced alone (the per-request rule's stop)
+    one = driver.begin(["x"], k_max)
+    assert one.prods is None
+
+
+def test_batch_decision_drafts_less_when_steps_are_dear():
+    """A dearer draft step (shared by the batch) shortens the batch's rounds; a cheaper one lengthens them."""
+    fit = hand_fit(k_max=5, lam=6.0)
+    conf = np.full((4, 5), 0.8)
+    prods = [np.cumprod(r).tolist() for r in conf]
+    lams = [6.0] * 4
+    steps = []
+    for a in (0.05, 0.5, 1.0, 2.0, 4.0):
+        cm = CostModel(c=1e-3, beta0={m: 8.0 + 0.3 * m for m in range(1, 7)}, alpha={m: 0.0 for m in range(1, 7)},
+                       a=a, b=0.8)
+        pol = DeltaRule(6.0, np.asarray(fit.u_bar_mean), None, running_lambda=False, shared=True).setup(5, cm)
+        j = 1
+        while pol.engine_batch_more(j, [p[:j] for p in prods], lams, 5):
+            j += 1
+        steps.append(j)
+    assert all(x >= y for x, y in zip(steps, steps[1:])) and steps[0] == 5 and steps[-1] == 1, steps
 
 
 def drive(pol, rounds, emitted_of_k, ms_of_k):

@@ -64,7 +64,8 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
     for method, draft in (("draft_model", target), ("eagle3", head)):
         llm = ce.build_llm(str(target), str(draft), method, 4, batch=batch, load_format="dummy", max_model_len=256)
         try:
-            arms = run_arms(ce, llm, PROMPTS, ["random:1", "static:2", "threshold", "delta", "cascade"], 4)
+            arms = run_arms(ce, llm, PROMPTS, ["random:1", "static:2", "threshold", "delta", "delta-fixed:alone",
+                                               "cascade"], 4)
         finally:
             ce.close(llm)
         for name, (outputs, drained) in arms.items():

@@ -109,14 +109,18 @@ class EngineRound:
     request's round context, kept k (-1: still drafting), running confidence products, the drafted
     confidences (only where a batch-level keep rule reads them), steps drafted."""
 
-    __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early")
+    __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
+                 "prods")
 
-    def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool) -> None:
+    def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool,
+                 shared: bool = False) -> None:
         self.rids, self.cap, self.ctx, self.k_call = rids, cap, ctx, k_call
         self.cap_max = max(cap) if cap else 0
         self.keep = [-1] * len(rids)
         self.prod = [1.0] * len(rids)
         self.confs: list[list[float]] | None = [[] for _ in rids] if keep_confs else None
+        #: one decision for the batch: each request's running products P_1..P_j (else None)
+        self.prods: list[list[float]] | None = [[] for _ in rids] if shared else None
         self.live = len(rids)
         self.j = 0
         self.tokens: list[Any] = []
@@ -137,6 +141,7 @@ class RoundDriver:
         self.has_state = policy.engine_state() is not None
         self.observes = type(policy).engine_observe is not Policy.engine_observe
         self.batch_keep = type(policy).engine_final_keep is not Policy.engine_final_keep
+        self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
 
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
@@ -151,14 +156,15 @@ class RoundDriver:
         sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
         cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts]
         ctx = [] if self.plan_only else [pol.engine_context(st) for st in sts]
-        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1)
+        shared = self.shared and len(rids) > 1
+        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1 and not shared, shared)
 
     def wants_confidence(self, rnd: EngineRound) -> bool:
         """Whether the draft step about to be booked needs the confidences: a request may still
         stop there (or a batch-level keep rule reads every step's)."""
         if self.plan_only:
             return False
-        if rnd.confs is not None:
+        if rnd.confs is not None or rnd.prods is not None:
             return True
         j = rnd.j + 1
         if j >= rnd.k_call:
@@ -181,6 +187,15 @@ class RoundDriver:
             return rnd.live == 0
         prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
         calibrate, more = self.policy.engine_calibrate, self.policy.engine_more
+        prods = rnd.prods
+        if prods is not None:  # one decision for the batch: every request drafts until it stops
+            for i in range(len(keep)):
+                prod[i] *= calibrate(top1[i])
+                prods[i].append(prod[i])
+            last = min(rnd.k_call, rnd.cap_max)
+            if j >= last or not self.policy.engine_batch_more(j, prods, ctx, last):
+                rnd.live = 0
+            return rnd.live == 0
         for i in range(len(keep)):
             if keep[i] >= 0 or cap[i] <= j:
                 if keep[i] < 0:
@@ -210,6 +225,8 @@ class RoundDriver:
         """The k each request keeps once the drafter stopped after ``rnd.j`` steps (a request that
         stopped before the last one may keep more of the paid steps: the rule's batch-level keep)."""
         drafted = rnd.j
+        if rnd.prods is not None:
+            return self.policy.engine_batch_keep(rnd.prods, rnd.ctx) if drafted else [0] * len(rnd.rids)
         keep = [drafted if k < 0 else k for k in rnd.keep]
         if rnd.confs is not None:
             pol = self.policy

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control.offline import gain_share
-from speclimits.control.rules import POLICY_LABELS
+from speclimits.control.rules import is_policy_name, policy_label
 from speclimits.jsonutil import read_json
 from speclimits.paths import DATA_DIR
 
@@ -43,7 +43,7 @@ def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tup
 
 
 def is_policy(arm: str) -> bool:
-    return str(arm) in POLICY_LABELS
+    return is_policy_name(arm)
 
 
 def engine_table(result: dict[str, Any]) -> pd.DataFrame:
@@ -71,7 +71,7 @@ def engine_table(result: dict[str, Any]) -> pd.DataFrame:
 
 def share_long(table: pd.DataFrame, batch: int, label: Any = None) -> pd.DataFrame:
     """Long form for the figure: ``policy``, ``where`` (offline / engine), ``share``, ``lo``, ``hi``, ``batch``."""
-    label = label or (lambda a: POLICY_LABELS.get(a, a))
+    label = label or policy_label
     pol = table[table["arm"].map(is_policy)]
     names = pol["arm"].map(label)
     frames = [pd.DataFrame({"policy": names, "where": "engine (measured)", "share": pol["engine_share_exact"],

@@ -48,6 +48,22 @@ FORMAT = "speclimits-policy/1"
 POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
                  "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style"}
 POLICY_NAMES = tuple(POLICY_LABELS)
+#: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).
+ALONE = ":alone"
+
+
+def is_policy_name(name: str) -> bool:
+    """A policy's key (one of :data:`POLICY_NAMES`, or a Delta rule with :data:`ALONE`), not a static arm."""
+    name = str(name)
+    return name in POLICY_LABELS or (name.endswith(ALONE) and name[: -len(ALONE)] in ("delta", "delta-fixed"))
+
+
+def policy_label(name: str) -> str:
+    """The short label of a policy's key (the key itself when unknown)."""
+    name = str(name)
+    if name.endswith(ALONE) and is_policy_name(name):
+        return f"{POLICY_LABELS[name[: -len(ALONE)]]}, each request alone"
+    return POLICY_LABELS.get(name, name)
 
 # ---------------------------------------------------------------------------
 # Policies: one implementation, two harnesses
@@ -292,7 +308,7 @@ class DeltaRule(Policy):
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
                  u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
-                 stop: str = "lookahead", name: str = ""):
+                 stop: str = "lookahead", name: str = "", shared: bool = False):
         if u_pred not in ("mean", "previous"):
             raise ValueError("u_pred must be 'mean' or 'previous'")
         if stop not in ("lookahead", "greedy"):
@@ -302,12 +318,15 @@ class DeltaRule(Policy):
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
         self.markov = not running_lambda and u_pred == "mean"
         self.name = name or "Delta rule"
+        #: at batch > 1 in the engine, one decision for the batch (:meth:`batch_select`) instead of one per request
+        self.shared = bool(shared)
 
     def describe(self) -> str:
         return (f"{self.stop} stop, λ0 = {self.lambda0:.3f} ms/token"
                 f"{' (running)' if self.running_lambda else ' (fixed)'}, "
                 f"Ū: {'mean per m' if self.u_pred == 'mean' else 'previous round'}, "
-                f"confidence {'calibrated' if self.calibration is not None else 'raw'}")
+                f"confidence {'calibrated' if self.calibration is not None else 'raw'}"
+                f"{', one decision per batch' if self.shared else ''}")
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
@@ -316,6 +335,7 @@ class DeltaRule(Policy):
         #: Ĉ(k) without c·L at the mean Ū per m, k = 0..k_max, before :attr:`price_scale` (a list: the engine's table)
         self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
         self.row = self._row.tolist()
+        self._vtab: dict[int, list[float]] = {}
         return self
 
     def transform_conf(self, conf: np.ndarray) -> np.ndarray:
@@ -440,6 +460,78 @@ class DeltaRule(Policy):
     def engine_observe(self, st, k, cost_ms, emitted):
         st[0] += cost_ms
         st[1] += emitted
+
+    # the engine's batch form (``shared``, batch > 1): one decision for the whole batch
+    def batch_table(self, b: int) -> list[float]:
+        """The verification part of a step of ``b`` requests that keep ``b + n`` draft tokens in all
+        (each at least one), for n = 0..b·(K_max - 1), in the per-request units of :attr:`row` times
+        ``b`` and before :attr:`price_scale`: ``b · v(1 + n / b)`` with ``v(k) = Ĉ(k) - a·k`` (the
+        round without its draft steps) linear between integer k. Cached per b."""
+        cache = self.__dict__.setdefault("_vtab", {})
+        tab = cache.get(b)
+        if tab is None:
+            a, kk = self.model.a, self.k_max
+            v = np.array([self.row[k] - a * k for k in range(1, kk + 1)])
+            x = 1.0 + np.arange(b * (kk - 1) + 1) / b
+            tab = cache[b] = (b * np.interp(x, np.arange(1, kk + 1), v)).tolist()
+        return tab
+
+    def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
+        """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
+        (``j``..``last``) and the tokens each request keeps (1..J).
+
+        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request
+        (until the last one stops), and the pass verifies ``n`` draft tokens in all, priced by
+        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the
+        running product of the calibrated confidences; steps after j extrapolated from step j's
+        confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
+        values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
+        b, inv_s, a_b = len(prods), 1.0 / self.price_scale, len(prods) * self.model.a
+        tab = self.batch_table(b)
+        items: list[tuple[float, int, int]] = []
+        for i, (prod, lam) in enumerate(zip(prods, lams)):
+            w = lam * inv_s
+            for t in range(2, j + 1):
+                items.append((w * prod[t - 1], t, i))
+            if last > j:
+                p, c = w * prod[j - 1], prod[j - 1] / prod[j - 2] if j >= 2 else prod[0]
+                for t in range(j + 1, last + 1):
+                    p *= c
+                    items.append((p, t, i))
+        items.sort(reverse=True)
+        best_q, best_j, best_n = math.inf, j, 0
+        for big_j in range(j, last + 1):
+            cum, n, q, q_n = 0.0, 0, tab[0], 0
+            for v, t, _ in items:
+                if t <= big_j:
+                    n += 1
+                    cum += v
+                    x = tab[n] - cum
+                    if x < q:
+                        q, q_n = x, n
+            q += a_b * big_j
+            if q < best_q:
+                best_q, best_j, best_n = q, big_j, q_n
+        keep = [1] * b
+        for v, t, i in items:
+            if best_n <= 0:
+                break
+            if t <= best_j:
+                keep[i] += 1
+                best_n -= 1
+        return best_j, keep
+
+    def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
+        """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
+        is better than stopping now)."""
+        if j >= last:
+            return False
+        return self.batch_select(prods, lams, last, j)[0] > j
+
+    def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
+        """When the batch's drafter stopped after ``len(prods[0])`` steps: the tokens each request keeps."""
+        j = len(prods[0])
+        return self.batch_select(prods, lams, j, j)[1]
 
     def observe(self, mem, k, cost_ms, emitted, u_bar):
         mem["elapsed"] += cost_ms
@@ -694,7 +786,9 @@ class PolicyFit:
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
         """The policy called ``name``: ``static:K``, or one of :data:`POLICY_NAMES`; already
-        :meth:`~speclimits.control.policies.Policy.setup` with K_max and the cost model."""
+        :meth:`~speclimits.control.policies.Policy.setup` with K_max and the cost model. The Delta
+        rules decide for the whole batch at batch > 1 in the engine (:meth:`DeltaRule.batch_select`);
+        ``delta:alone`` and ``delta-fixed:alone`` price each request alone there (the earlier form)."""
         u = np.asarray(self.u_bar_mean)
         if name.startswith("static:"):
             try:
@@ -703,11 +797,12 @@ class PolicyFit:
                 raise SpeclimitsError(f"policy {name!r}: expected static:K with an integer K") from None
         elif name == "threshold":
             pol = ConfidenceThreshold(self.tau)
-        elif name == "delta":
+        elif name in ("delta", "delta:alone"):
             pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=True,
-                            prior_tokens=self.prior_tokens, name="Delta rule, running λ")
-        elif name == "delta-fixed":
-            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=False, name="Delta rule, fixed λ")
+                            prior_tokens=self.prior_tokens, name="Delta rule, running λ", shared=name == "delta")
+        elif name in ("delta-fixed", "delta-fixed:alone"):
+            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=False, name="Delta rule, fixed λ",
+                            shared=name == "delta-fixed")
         elif name == "ema":
             pol = EmaAcceptedLength()
         elif name == "cascade":
@@ -715,7 +810,8 @@ class PolicyFit:
         elif name.startswith("random"):
             pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
         else:
-            raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)}")
+            raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)} "
+                                  "(delta and delta-fixed with ':alone': each request priced alone at batch > 1)")
         return pol.setup(self.k_max, self.cost_model)
 
     # -- JSON -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
 from speclimits.control.report import is_policy, share_long
-from speclimits.control.rules import POLICY_LABELS
+from speclimits.control.rules import POLICY_LABELS, policy_label
 
 
 def arm_name(arm: str) -> str:
@@ -34,7 +34,7 @@ def arm_name(arm: str) -> str:
         return f"static K = {arm.split(':', 1)[1]}"
     if arm == "plain":
         return "plain decoding"
-    return POLICY_LABELS.get(arm, arm)
+    return policy_label(arm)
 
 
 def offline(table: pd.DataFrame) -> pd.DataFrame:
