@@ -180,20 +180,22 @@ def test_scalar_forms_compute_the_array_forms_numbers():
 
 def brute_force_batch(pol, prods, lams, j, last):
     """The best (J, keep) of a batch round by enumerating every J in j..last and every keep vector
-    k_i in 1..J: step cost ``s·(b·a·J + b·v(mean k))`` with v(k) = Ĉ(k) - a·k linear between integer
-    k, gain ``λ_i·P_i,t`` per kept token t >= 2 (P extrapolated past step j with step j's confidence)."""
+    k_i in 1..J: step cost ``s·(b·a·J + b·v(⌈mean k⌉))`` with v(k) = Ĉ(k) - a·k (a ragged pass priced
+    as the next width the profile times), gain ``λ_i·P_i,t`` per kept token t >= 2 (P extrapolated past
+    step j with step j's confidence)."""
     import itertools
 
     b, s, a = len(prods), pol.price_scale, pol.model.a
-    v = [pol.row[k] - a * k for k in range(1, pol.k_max + 1)]
+    v = [pol.row[k] - a * k for k in range(pol.k_max + 1)]
     ext = []
     for prod in prods:
-        c = prod[j - 1] / prod[j - 2] if j >= 2 else prod[0]
+        prev = prod[j - 2] if j >= 2 else 1.0
+        c = prod[j - 1] / prev if prev > 0 else 0.0
         ext.append(list(prod[:j]) + [prod[j - 1] * c ** (t - j) for t in range(j + 1, last + 1)])
     best = (np.inf, None, None)
     for big_j in range(j, last + 1):
         for keep in itertools.product(range(1, big_j + 1), repeat=b):
-            cost = s * (b * a * big_j + b * np.interp(sum(keep) / b, np.arange(1, pol.k_max + 1), v))
+            cost = s * (b * a * big_j + b * v[int(np.ceil(sum(keep) / b - 1e-12))])
             gain = sum(lams[i] * sum(ext[i][1:keep[i]]) for i in range(b))
             q = cost - gain
             if q < best[0] - 1e-12:
@@ -213,6 +215,8 @@ def test_batch_decision_is_the_brute_force_optimum(seed):
     assert pol.shared and not fit.make("delta-fixed:alone").shared
     pol.price_scale = float(rng.uniform(0.5, 2.0))
     conf = rng.uniform(0.3, 1.0, size=(b, k_max))
+    if seed == 0:
+        conf[1, 1] = 0.0  # a calibrated confidence of 0: the products after it are 0
     prods = np.cumprod(conf, axis=1)
     lams = rng.uniform(2.0, 12.0, size=b).tolist()
     for j in range(1, k_max + 1):

@@ -40,7 +40,7 @@ import pandas as pd
 from speclimits.control import engine as ce
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
-from speclimits.control.offline import offline_table
+from speclimits.control.offline import batch_replay, offline_table, select
 from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
@@ -340,9 +340,14 @@ def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any]
 
 
 def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[str], arms: list[str],
-            max_tokens: int, seed: int) -> tuple[pd.DataFrame | None, dict[str, Any] | None, str]:
+            max_tokens: int, seed: int, groups: list[list[str]] | None = None
+            ) -> tuple[pd.DataFrame | None, dict[str, Any] | None, str]:
     """Offline prediction of every arm on the references ``seq_ids``, priced with the costs profiled in
-    this run (:meth:`EngineProfile.cost_model`), and the Oracle's bounds; ``(table, bounds, note)``."""
+    this run (:meth:`EngineProfile.cost_model`), and the Oracle's bounds; ``(table, bounds, note)``.
+
+    At batch > 1, ``groups`` (the reference ids of each block whose references all reproduced) are
+    also replayed as the engine batches them (:func:`~speclimits.control.offline.batch_replay`: the
+    step's cost by its shape); the table's ``batch_*`` columns, and the prediction beside each arm."""
     from speclimits.control.profile import EngineProfile
 
     if not seq_ids:
@@ -362,15 +367,24 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
         return None, None, f"no offline prediction / Oracle bounds: {exc}"
     bounds = {k: v for k, v in bounds.items() if k != "k_star_exact"}
     bounds["cost_model"] = model.to_dict()
+    if prof.batch > 1 and groups:
+        raw, _ = select(setup, seq_ids, n_states=max_tokens - 1)
+        index = {str(sid): i for i, sid in enumerate(raw.seq_ids)}
+        rep = batch_replay(priced, raw, [[index[s] for s in g] for g in groups], names, prof)
+        for col in ("ms_per_token", "tokens_per_round", "mean_k", "wasted_draft_steps"):
+            table[f"batch_{col}"] = table["policy"].map(lambda n, c=col: rep[n][c])
+        bounds["batch_replay_blocks"] = len(groups)
     return table, bounds, ""
 
 
 def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.DataFrame:
-    """``predicted_ms_per_token`` (the replay priced with the profiled costs) and ``prediction_error``
+    """``predicted_ms_per_token`` (the replay priced with the profiled costs; at batch > 1 the batch
+    replay, when there is one) and ``prediction_error``
     (predicted / measured - 1) beside each arm; stock K and the extension's static K share a prediction."""
     if table is None:
         return summary
-    pred = table.set_index("policy")["replay_ms_per_token"]
+    col = "batch_ms_per_token" if "batch_ms_per_token" in table else "replay_ms_per_token"
+    pred = table.set_index("policy")[col]
     key = summary["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
     summary = summary.copy()
     summary["predicted_ms_per_token"] = key.map(pred)
@@ -403,7 +417,10 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
             parted[p.id] = first
     same = [pid for pid, first in parted.items() if first is None]
     summary, choice = summarize(blocks, cfg.n_boot, cfg.seed)
-    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed)
+    pid = [p.id for p in prompts]
+    groups = [[pid[i] for i in block_prompts(ids, cfg.batch, b)] for b in range(cfg.blocks)]
+    groups = [g for g in groups if all(parted.get(x, 0) is None for x in g)]
+    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed, groups)
     if same and len(same) < len(prompts):
         note = (f"plain decoding reproduced the trace's greedy reference on {len(same)} of {len(prompts)} prompts; "
                 "the prediction covers those only. " + note).strip()
