@@ -26,6 +26,19 @@
 # has stopped and each request's draft is then cut to its own $k$ (so $k$ is ragged within a batch; a
 # request may keep draft steps that were run for the others anyway, when verifying them pays).
 #
+# **At batch > 1 the Delta rules decide once for the batch.** A step of $b$ requests runs the drafter
+# $J$ times for all of them (until the last one stops) and verifies all their rows in one pass, so a
+# request that stops early saves no draft step, and a pass is priced by its total width. After each
+# draft step the rule searches every $J$ from the steps drafted to $K_{\max}$ and every number $n$ of
+# draft tokens kept in all: the step costs $b\,a\,J + V(n)$, with $V$ the profiled pass at the next
+# width the profile timed (the CPU kernels run rows in tiles: at batch 8, 24 and 32 rows took the same
+# 19.9 ms), and gains $\lambda_i P_{i,t}$ for each kept token $t$ of request $i$ ($P$ the running
+# product of calibrated confidences, extrapolated past the last drafted step); it drafts on while some
+# longer round is better, then keeps the $n$ most probable tokens. Each request priced alone (the
+# earlier form) is kept as `delta:alone` and `delta-fixed:alone`. The other rules are reproduced as
+# published (per request). At batch > 1 the offline prediction replays the greedy references through
+# the engine's own round driver, a batch of them at a time, with each step priced by its shape.
+#
 # **Where each quantity comes from.** In the engine the round costs are *measured on the serving
 # machine*: for its first 120 rounds the controller drafts $k = 1, \dots, K_{\max}$ in turn
 # and times the verification pass per width $m$, the drafter per step and the time outside both

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -124,3 +125,25 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
     assert res["engine"]["cpu"]["model"] and isinstance(res["engine"]["cpu"]["flags"], list)
     assert all(b["load1"] >= 0 for b in res["blocks"])
     assert "does not apply" in res["note"]  # the smoke prompts have no greedy reference in the trace
+
+
+def test_batch_replay_sweep_reproduces_the_committed_prediction():
+    """The sweep over λ (benchmarks/batch_replay_sweep.py) replays the committed batch-4 run as its own
+    prediction did: the same predicted ms/token for every static K, and, at λ as fitted, for the Delta rules."""
+    import importlib.util
+
+    path = DATA_DIR / "control" / "bench-batch4.json"
+    res = json.loads(path.read_text())
+    spec = importlib.util.spec_from_file_location("batch_replay_sweep", Path(__file__).parents[1] / "benchmarks" /
+                                                  "batch_replay_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.sweep(path, [1.0, 0.5])
+    pred = {r["arm"]: r["predicted_ms_per_token"] for r in res["summary"]}
+    got = table[table["lambda_scale"].isna() | (table["lambda_scale"] == 1.0)].set_index("arm")["ms_per_token"]
+    for k in range(1, 7):
+        assert got[f"static:{k}"] == pytest.approx(pred[f"stock:{k}"], rel=1e-9)
+    for name in ("delta-fixed", "delta", "delta-fixed:alone"):
+        assert got[name] == pytest.approx(pred[name], rel=1e-9)
+    at = table[table["lambda_scale"] == 1.0].set_index("arm")
+    assert at.loc["delta-fixed", "wasted_draft_steps"] < at.loc["delta-fixed:alone", "wasted_draft_steps"]

@@ -359,6 +359,58 @@ def test_fit_on_a_trace_and_predict_offline(smoke_trace, tmp_path):
     assert set(along["static:2"].dropna()) == {2.0} and along["k_star_exact"].between(1, 4).all()
 
 
+def flat_profile(batch: int, k_max: int = K):
+    """A profile whose verification pass grows by 0.4 ms per width m (no Ū or context terms)."""
+    from speclimits.control.profile import EngineProfile
+
+    return EngineProfile(batch=batch, verify_ms={m: 6.0 + 0.4 * m for m in range(2, k_max + 2)}, draft_ms0=0.5,
+                         draft_ms1=0.9, other_ms=0.7, n_steps=10)
+
+
+@pytest.mark.parametrize("name", ["static:2", "threshold", "delta-fixed", "delta", "ema", "cascade"])
+def test_batch_replay_of_one_request_is_the_offline_replay(random_inputs, name):
+    """Groups of one request: the batch replay (the engine's round driver, steps priced by the profile)
+    gives the time of the offline replay (the array harness priced with the profile's cost model)."""
+    from dataclasses import replace
+
+    from speclimits.control.offline import batch_replay
+
+    prof = flat_profile(1)
+    base = replace(cost_model(), c=0.0, alpha={m: 0.0 for m in range(1, K + 2)})
+    fit = replace(hand_fit(), cost_model=prof.cost_model(base, hand_fit().u_bar_mean, K))
+    got = batch_replay(fit, random_inputs, [[s] for s in range(random_inputs.n_sequences)], [name], prof)[name]
+    table = CostTable.build(random_inputs, fit.cost_model, fit.k_max)
+    ev = rollout(fit.make(name).bind(random_inputs, table), random_inputs.accept_len[None, :].astype(np.int16))
+    assert got["ms_per_token"] == pytest.approx(ev["time_ms"].sum() / random_inputs.n_tokens.sum(), rel=1e-9)
+
+
+def test_batch_replay_of_static_k_counts_the_shared_steps(random_inputs):
+    """One group of three requests at static K: each request's rounds are its own greedy walk, and a
+    step costs the pass of all live requests' rows (K + 1 each), the drafter's K steps and the rest."""
+    from speclimits.control.offline import batch_replay, verify_line
+
+    prof = flat_profile(3)
+    for k in (1, 3, 5):
+        rounds = []
+        for s in range(3):
+            pos, n, r = 0, int(random_inputs.n_tokens[s]), 0
+            while pos < n:
+                pos += min(min(k, int(random_inputs.accept_len[random_inputs.offsets[s] + pos])) + 1, n - pos)
+                r += 1
+            rounds.append(r)
+        total = sum(verify_line(prof, sum(r > i for r in rounds) * (k + 1)) + 0.5 + 0.9 * k + 0.7
+                    for i in range(max(rounds)))
+        got = batch_replay(hand_fit(), random_inputs, [[0, 1, 2]], [f"static:{k}"], prof)[f"static:{k}"]
+        assert got["ms_per_token"] == pytest.approx(total / random_inputs.n_tokens.sum())
+        assert got["mean_k"] == k and got["wasted_draft_steps"] == 0
+    # a pass between two profiled widths costs the wider one; below the narrowest, the line through two
+    assert verify_line(prof, 7) == verify_line(prof, 9) == pytest.approx(6.0 + 0.4 * 3)
+    assert verify_line(prof, 3) == pytest.approx(6.8 - 0.4 / 3 * 3)
+    # the shared Delta rule drafts once for the group: its requests waste fewer draft steps than alone
+    shared = batch_replay(hand_fit(), random_inputs, [[0, 1, 2]], ["delta-fixed", "delta-fixed:alone"], prof)
+    assert shared["delta-fixed"]["wasted_draft_steps"] < shared["delta-fixed:alone"]["wasted_draft_steps"]
+
+
 def test_rollout_of_a_memory_policy_is_seeded(random_inputs):
     table = CostTable.build(random_inputs, cost_model(), K)
     pol = UtilityTestAndSet().bind(random_inputs, table)

@@ -57,6 +57,32 @@ def test_profile_cost_model_prices_the_measured_round():
     assert float(m4.round_ms(2, 0.0, 150.0)) == pytest.approx(prof4.round_ms(2) / 4, rel=1e-9)
 
 
+def test_profile_keeps_the_measured_passes_and_the_batch_rule_prices_with_them():
+    """Passes of 8 requests whose 3-row width is slower than the 4-row one (tiles of 16 rows): the
+    per-request price is made non-decreasing, the measured medians are kept beside it, and the Delta
+    rule's batch decision, priced with them, never runs the slow width when the fast one is drafted."""
+    tile = {2: 16.0, 3: 21.0, 4: 19.0, 5: 24.0}
+    steps = [StepSample(m=m, verify_ms=v + 0.01 * (i % 3), drafted=m - 1, draft_ms=1.0 + 1.2 * (m - 1), other_ms=1.0,
+                        n_batch=8) for i in range(5) for m, v in tile.items()]
+    prof = fit_profile(steps, k_max=4, batch=8)
+    assert prof.verify_raw_ms[3] == pytest.approx(21.01) and prof.verify_raw_ms[4] == pytest.approx(19.01)
+    assert prof.verify_ms[3] == prof.verify_ms[4] == pytest.approx(20.01)  # pooled: never decreasing
+    assert EngineProfile.from_dict(prof.to_dict()) == prof
+    assert prof.pass_prices(4) == pytest.approx([v / 8 for v in (16.01, 16.01, 21.01, 19.01, 24.01)])
+    model = prof.cost_model(CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 6)}, alpha={m: 0.0 for m in range(1, 6)},
+                                      a=0.1, b=0.1), np.full(6, 4.0), 4)
+    pol = DeltaRule(2.0, np.full(6, 4.0), None, running_lambda=False, shared=True).setup(4, model)
+    pol.pass_ms = prof.pass_prices(4)
+    rng = np.random.default_rng(0)
+    kept_means = set()
+    for _ in range(200):
+        prods = np.cumprod(rng.uniform(0.2, 1.0, size=(8, 4)), axis=1)
+        j_stop, keep = pol.batch_select([r.tolist() for r in prods], [2.0] * 8, 4, 4)
+        kept_means.add(sum(keep) / 8)
+    # mean k kept 3 (32 rows: the fast width) is chosen; 1 < k <= 2 (17-24 rows: the slow width) never
+    assert 3.0 in kept_means and not any(1.0 < k <= 2.0 for k in kept_means), kept_means
+
+
 def test_increasing_is_the_best_monotone_fit():
     """Pool adjacent violators against brute force over monotone candidates built from the data."""
     rng = np.random.default_rng(3)

@@ -352,10 +352,7 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
 
     if not seq_ids:
         return None, None, "no prompt reproduced its greedy reference: the offline prediction does not apply"
-    prof = EngineProfile(batch=int(profile["batch"]), verify_ms={int(m): float(v) for m, v in profile["verify_ms"].items()},
-                         draft_ms0=float(profile["draft_ms0"]), draft_ms1=float(profile["draft_ms1"]),
-                         other_ms=float(profile["other_ms"]), n_steps=int(profile["n_steps"]),
-                         context_len=float(profile.get("context_len", 0.0)))
+    prof = EngineProfile.from_dict(profile)
     model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
     priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
     names = [("static:" + a.split(":")[1]) if a.startswith("stock:") else a for a in arms if a != "plain"]

@@ -325,6 +325,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 if hasattr(pol, "lambda0"):
                     pol.lambda0 = fit.engine_lambda(model)
             pol.setup(self._sl_k, model)
+            if self._sl_profile is not None and getattr(pol, "shared", False):
+                pol.pass_ms = self._sl_profile.pass_prices(self._sl_k)
         pol.price_scale = self._sl_clock.scale
         self._sl_policy = pol
         self._sl_driver = RoundDriver(pol)

@@ -188,12 +188,13 @@ def u_prediction_error(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], n
 
 
 def verify_line(profile: Any, rows: float) -> float:
-    """Verification pass of ``rows`` rows in all, from the profile's passes at ``batch · m`` rows: the
-    next profiled width's (as the Delta rules price it, :meth:`~speclimits.control.rules.DeltaRule.batch_table`);
+    """Verification pass of ``rows`` rows in all, from the profile's passes at ``batch · m`` rows (as
+    measured, :attr:`~speclimits.control.profile.EngineProfile.pass_ms`): the next profiled width's (as the Delta rules price it, :meth:`~speclimits.control.rules.DeltaRule.batch_table`);
     below the narrowest, the line through the two narrowest (a batch's tail verifies fewer rows)."""
-    ms = sorted(profile.verify_ms)
+    passes = profile.pass_ms  # as measured (a wider pass may cost less)
+    ms = sorted(passes)
     xs = np.array(ms, dtype=float) * profile.batch
-    ys = np.array([profile.verify_ms[m] for m in ms], dtype=float)
+    ys = np.array([passes[m] for m in ms], dtype=float)
     if len(xs) >= 2 and rows < xs[0]:
         return float(max(ys[0] + (ys[1] - ys[0]) / (xs[1] - xs[0]) * (rows - xs[0]), 0.0))
     i = int(np.searchsorted(xs, rows - 1e-9))
@@ -212,7 +213,8 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     rows (:func:`verify_line`), the drafter's line in the steps it ran (until the last request
     stopped) and the time outside both. The price refresh is replayed too (against these step costs).
 
-    ``fit`` is priced with the profile (its cost model in the engine's units, λ in them). Returns per
+    ``fit`` is priced with the profile (its cost model in the engine's units, λ in them; the shared
+    Delta rules price a pass with the measured ones, as in the engine). Returns per
     name ``ms_per_token`` (all groups), ``tokens_per_round`` per request, ``mean_k``, and
     ``wasted_draft_steps`` per request per round."""
     from speclimits.control.extension import RoundDriver  # free of vLLM (the driver's module imports it lazily)
@@ -224,6 +226,8 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
         total_ms = tokens = rounds = ks_sum = wasted = 0.0
         for group in groups:
             pol = fit.make(name)
+            if getattr(pol, "shared", False):
+                pol.pass_ms = profile.pass_prices(pol.k_max)
             driver, clock = RoundDriver(pol), PriceClock()
             fixed, slope = pol.model.action_terms(pol.k_max)
             u = np.asarray(fit.u_bar_mean, dtype=float)

@@ -83,9 +83,14 @@ class StepSample:
 class EngineProfile:
     """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests).
 
-    verify_ms : {m: median verification pass with m rows per request}.
+    verify_ms : {m: median verification pass with m rows per request}, made non-decreasing in m (the
+        per-request price of every rule).
     draft_ms0, draft_ms1 : the drafter call of j steps ≈ ``draft_ms0 + draft_ms1 · j`` (least squares
         over the per-j medians). other_ms : median time outside the pass and the drafter.
+    verify_raw_ms : {m: the medians as measured}; a wider pass may cost less (the CPU kernels run rows
+        in tiles: at batch 8, passes of 16, 32 and 48 rows ran 8–12% faster than the non-decreasing
+        fit through 24, 40 and 56 said). What the Delta rules' batch decision prices a pass with
+        (None: ``verify_ms``).
     """
 
     batch: int
@@ -96,11 +101,36 @@ class EngineProfile:
     n_steps: int
     context_len: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    verify_raw_ms: dict[int, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        raw = {} if self.verify_raw_ms is None else {"verify_raw_ms": {str(m): v for m, v in self.verify_raw_ms.items()}}
         return {"batch": self.batch, "verify_ms": {str(m): v for m, v in self.verify_ms.items()},
                 "draft_ms0": self.draft_ms0, "draft_ms1": self.draft_ms1, "other_ms": self.other_ms,
-                "n_steps": self.n_steps, "context_len": self.context_len, **self.extra}
+                "n_steps": self.n_steps, "context_len": self.context_len, **raw, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineProfile":
+        """The profile of :meth:`to_dict` (a benchmark result's ``profile``)."""
+        raw = d.get("verify_raw_ms")
+        known = {"batch", "verify_ms", "draft_ms0", "draft_ms1", "other_ms", "n_steps", "context_len", "verify_raw_ms"}
+        return cls(batch=int(d["batch"]), verify_ms={int(m): float(v) for m, v in d["verify_ms"].items()},
+                   draft_ms0=float(d["draft_ms0"]), draft_ms1=float(d["draft_ms1"]), other_ms=float(d["other_ms"]),
+                   n_steps=int(d["n_steps"]), context_len=float(d.get("context_len", 0.0)),
+                   extra={k: v for k, v in d.items() if k not in known},
+                   verify_raw_ms=None if raw is None else {int(m): float(v) for m, v in raw.items()})
+
+    @property
+    def pass_ms(self) -> dict[int, float]:
+        """{m: the pass as measured} (:attr:`verify_raw_ms`, else :attr:`verify_ms`)."""
+        return self.verify_ms if self.verify_raw_ms is None else self.verify_raw_ms
+
+    def pass_prices(self, k_max: int) -> list[float]:
+        """Per request, the measured pass with k + 1 rows each, for k = 0..k_max (k = 0 priced as k = 1:
+        m = 1 is not profiled), in ms per request: what :meth:`DeltaRule.batch_table
+        <speclimits.control.rules.DeltaRule.batch_table>` prices a batch's pass with."""
+        raw = self.pass_ms
+        return [raw[max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
 
     def round_ms(self, k: int) -> float:
         """Measured wall ms of a whole step in which every request drafted ``k`` (k >= 1)."""
@@ -140,21 +170,24 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
     if not by_m or not by_j:
         raise SpeclimitsError("speclimits control: the profiled steps verified no drafts")
     ms = np.array(sorted(by_m))
-    med = increasing(np.array([np.median(by_m[m]) for m in ms]), np.array([len(by_m[m]) for m in ms], dtype=float))
+    raw_med = np.array([np.median(by_m[m]) for m in ms])
+    med = increasing(raw_med, np.array([len(by_m[m]) for m in ms], dtype=float))
     if len(ms) >= 2:
         slope, icpt = np.polyfit(ms, med, 1)
     else:
         slope, icpt = 0.0, float(med[0])
     verify = {int(m): float(v) for m, v in zip(ms, med)}
+    raw = {int(m): float(v) for m, v in zip(ms, raw_med)}
     for m in range(2, k_max + 2):
         verify.setdefault(m, float(icpt + slope * m))
+        raw.setdefault(m, verify[m])
     js = np.array(sorted(by_j))
     dmed = np.array([np.median(by_j[j]) for j in js])
     d1, d0 = np.polyfit(js, dmed, 1) if len(js) >= 2 else (float(dmed[0]), 0.0)
     other = np.array([s.other_ms for s in full if np.isfinite(s.other_ms)])
     return EngineProfile(batch=int(batch), verify_ms=verify, draft_ms0=float(d0), draft_ms1=float(d1),
                          other_ms=float(np.median(other)) if other.size else 0.0, n_steps=len(full),
-                         context_len=float(context_len),
+                         context_len=float(context_len), verify_raw_ms=raw,
                          extra={"verify_samples": {str(m): len(v) for m, v in by_m.items()},
                                 "draft_median_ms": {str(int(j)): float(v) for j, v in zip(js, dmed)}})
 

@@ -336,6 +336,9 @@ class DeltaRule(Policy):
         self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
+        #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
+        #: profile; None: priced from the cost model)
+        self.pass_ms: list[float] | None = None
         return self
 
     def transform_conf(self, conf: np.ndarray) -> np.ndarray:
@@ -466,15 +469,16 @@ class DeltaRule(Policy):
         """The verification part of a step of ``b`` requests that keep ``b + n`` draft tokens in all
         (each at least one), for n = 0..b·(K_max - 1), in the per-request units of :attr:`row` times
         ``b`` and before :attr:`price_scale`: ``b · v(⌈1 + n / b⌉)`` with ``v(k) = Ĉ(k) - a·k`` (the
-        round without its draft steps). A pass of a width between two profiled ones is priced as the
-        wider: the profile times passes of b·m rows only, and the CPU kernels run rows in tiles (16
-        rows with AMX), so that 8 requests verifying 3 tokens each cost what 4 each do (measured at
-        batch 8: 19.9 ms both). Cached per b."""
+        round without its draft steps), or, when the engine has profiled its passes, ``v(k)`` the
+        measured pass of k + 1 rows per request (:attr:`pass_ms`, not forced to grow with k). A pass of
+        a width between two profiled ones is priced as the wider: the profile times passes of b·m rows
+        only, and the CPU kernels run rows in tiles (16 rows with AMX): at batch 8 passes of 16, 32
+        and 48 rows ran faster for their width than 24, 40 and 56. Cached per b."""
         cache = self.__dict__.setdefault("_vtab", {})
         tab = cache.get(b)
         if tab is None:
             a, kk = self.model.a, self.k_max
-            v = [self.row[k] - a * k for k in range(kk + 1)]
+            v = list(self.pass_ms) if self.pass_ms is not None else [self.row[k] - a * k for k in range(kk + 1)]
             tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
