@@ -4,9 +4,11 @@ Fits the policies on the train split of the bundled trace's greedy references (u
 given), then runs the command on the held-out references at the batch size asked. The committed figures
 (``data/control/bench-batch{1,4,8}.json``) came from, with the machine otherwise idle::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 1 --out data/control/bench-batch1.json -- --blocks 32
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 4 --out data/control/bench-batch4.json -- --blocks 16
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 8 --out data/control/bench-batch8.json -- --blocks 12
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 1 --out data/control/bench-batch1.json -- --blocks 48
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 4 --out data/control/bench-batch4.json -- --blocks 24 \
+        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 8 --out data/control/bench-batch8.json -- --blocks 16 \
+        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade
 
 (their ``produced_by`` and ``config`` fields record the exact options). Any option of the command can be
 passed through after ``--``, e.g. ``-- --blocks 8 --static 1-4``. The tiny setting runs in the test suite

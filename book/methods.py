@@ -189,7 +189,8 @@
 #   engine step: the verification pass (the runner's `execute_model` to the drafter's start; $m = k+1$
 #   rows per request), the drafter call ($j$ steps) and the time outside both (the drafter's end to
 #   the next step: scheduler, input preparation, sampling, output processing). Per width $m$ the median
-#   pass (made non-decreasing in $m$ by pooling adjacent violators), a least-squares line
+#   pass (made non-decreasing in $m$ by pooling adjacent violators for the per-request price; the
+#   medians as measured are kept beside it), a least-squares line
 #   $d_0 + d_1 j$ through the drafter's medians, the median outside time $o$.
 # * **The price**, in wall-clock ms per request (the step's cost over the $b$ requests in it):
 #   $\beta_0(m) = V(m)/b - \alpha(m)\,\bar U(m) - c\,\bar L$, draft line $a = d_1/b$,
@@ -203,6 +204,16 @@
 #   down is followed. Steps with fewer requests (a batch's tail, once some requests have finished) are
 #   left out: each of their requests pays a larger share of the step, which is not a change of speed.
 #   Only rules that read prices (the Delta rule) refresh.
+# * **At batch > 1** the Delta rules decide once for the batch: after draft step $j$ they search every
+#   $J \in \{j, \dots, K_{\max}\}$ and every total $n$ of draft tokens kept, pricing a step at
+#   $s\,(d_1 J + V(\lceil (b+n)/b \rceil))$ with $V$ the **pass medians as measured** (not pooled: at
+#   batch 8 on this machine passes of 32 and 48 rows were faster than passes of 24 and 40, the kernels
+#   run rows in tiles of 16), a width between two profiled ones priced as the wider; each kept token
+#   $t$ of request $i$ gains $\lambda_i P_{i,t}$, with the steps not drafted yet extrapolated from the
+#   last confidence. They draft on while some longer round has a lower cost less gain, then keep
+#   the $n$ most probable tokens. The offline prediction at batch > 1 replays the greedy references a
+#   batch at a time through the engine's own round driver, each step priced by its shape in the same way
+#   (`speclimits.control.offline.batch_replay`).
 # * **Deciding.** Each rule has an array form (the offline harness, thousands of states at once) and a
 #   scalar form, one request at a time in Python floats from tables made at setup, which the engine runs:
 #   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
