@@ -86,15 +86,11 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
         live = [i for i in range(len(rids)) if pos[i] < inputs.n_tokens[i]]
         rows = inputs.offsets[live] + pos[live]
         lr = [rids[i] for i in live]
-        rnd = driver.begin(lr, fit.k_max)
-        for j in range(1, fit.k_max + 1):
-            top1 = inputs.draft_conf[rows, j - 1].tolist() if driver.wants_confidence(rnd) else None
-            if driver.step(rnd, top1):
-                break
-        k = np.array(driver.finish(rnd))
+        keep, drafted = driver.run_round(lr, inputs.draft_conf[rows], fit.k_max)
+        k = np.array(keep)
         acc = np.minimum(k, inputs.accept_len[rows])
         emitted = np.minimum(acc + 1, inputs.n_tokens[live] - pos[live])
-        cost = table[rows, k] + (rnd.j - k) * fit.cost_model.a
+        cost = table[rows, k] + (drafted - k) * fit.cost_model.a
         for i, rid in enumerate(lr):  # the offline walk prices each request's own round
             driver.observe([rid], [int(k[i])], float(cost[i]), [float(emitted[i])])
         ks.append(dict(zip(live, k.tolist())))

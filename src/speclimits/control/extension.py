@@ -234,6 +234,17 @@ class RoundDriver:
                     for i, k in enumerate(keep)]
         return keep
 
+    def run_round(self, rids: list[str], conf: Any, k_call: int) -> tuple[list[int], int]:
+        """One whole round from recorded top-1 probabilities ``conf`` ((len(rids), >= k_call), row i for
+        request i), as the engine's hooks drive it: :meth:`begin`, :meth:`step` per draft step (reading
+        a column only where :meth:`wants_confidence` says), :meth:`finish`. Returns (kept k, steps drafted)."""
+        rnd = self.begin(rids, k_call)
+        for j in range(1, k_call + 1):
+            top1 = conf[:, j - 1].tolist() if self.wants_confidence(rnd) else None
+            if self.step(rnd, top1):
+                break
+        return self.finish(rnd), rnd.j
+
     def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
         """After verification: request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and
         each paid ``cost_ms`` of the step."""

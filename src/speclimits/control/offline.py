@@ -240,14 +240,10 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                 live = np.flatnonzero(pos < n)
                 rows = raw.offsets[seq[live]] + pos[live]
                 lr = [rids[i] for i in live]
-                rnd = driver.begin(lr, pol.k_max)
-                for j in range(1, pol.k_max + 1):
-                    top1 = raw.draft_conf[rows, j - 1].tolist() if driver.wants_confidence(rnd) else None
-                    if driver.step(rnd, top1):
-                        break
-                k = np.asarray(driver.finish(rnd), dtype=np.int64)
+                keep, drafted = driver.run_round(lr, raw.draft_conf[rows], pol.k_max)
+                k = np.asarray(keep, dtype=np.int64)
                 emitted = np.minimum(np.minimum(k, raw.accept_len[rows]) + 1, n[live] - pos[live])
-                step = verify_line(profile, float((k + 1).sum())) + (d0 + d1 * rnd.j if rnd.j else 0.0) + other
+                step = verify_line(profile, float((k + 1).sum())) + (d0 + d1 * drafted if drafted else 0.0) + other
                 if pol.reads_prices and len(live) == profile.batch:
                     pol.price_scale = clock.update(step, sum(price[min(int(x), pol.k_max)] for x in k))
                 driver.observe(lr, k.tolist(), step / len(live), emitted.astype(float).tolist())
@@ -256,7 +252,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                 tokens += float(emitted.sum())
                 rounds += len(live)
                 ks_sum += float(k.sum())
-                wasted += float((rnd.j - k).sum())
+                wasted += float((drafted - k).sum())
         out[name] = {"ms_per_token": total_ms / tokens, "tokens_per_round": tokens / rounds, "mean_k": ks_sum / rounds,
                      "wasted_draft_steps": wasted / rounds}
     return out
