@@ -49,7 +49,7 @@ from speclimits.oracle import prepare_oracle, sweep_k_max
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
-from speclimits.control.policies import compare_policies
+from speclimits.control.offline import compare_policies
 from speclimits.oracle.report import best_online, oracle_report
 from speclimits.oracle.validation import validation_by_surrogate
 from speclimits.vocabulary import HEADLINE_KIND, TEACHER_FORCED
@@ -59,6 +59,7 @@ trace = None
 smoke = False
 seed = 0
 k_max = 10
+policy_k_max = 6
 n_boot = HEADLINE_N_BOOT
 n_rollouts = 64
 test_share = 0.5
@@ -305,17 +306,23 @@ page.table(shown, "tbl-oracle-cases-top",
 # ## Online policies against the bound
 #
 # The Oracle knows $q$ and the counterfactual $\bar U$. Online rules see the draft's own confidence,
-# a predicted $\bar U$ and a running time per token. They are tuned on a seeded half of the sequences
-# and measured on the other half with the same simulator (exact policy evaluation for rules that
-# depend only on the state, Monte Carlo rollouts with common random numbers for rules with memory),
-# separately for each kind of reference ({numref}`tbl-oracle-policy-setup`):
+# a predicted $\bar U$ and a running time per token. They are fitted on a seeded half of the sequences
+# (`speclimits control fit`, the configuration the engine loads in {ref}`sec-online-control`) and measured
+# on the other half with the same simulator (exact policy evaluation for rules that depend only on the
+# state, Monte Carlo rollouts with common random numbers for rules with memory), separately for each kind
+# of reference ({numref}`tbl-oracle-policy-setup`). They draft at most $K_{\max} = 6$ tokens, as in the
+# engine, so the Oracle row of these tables is the bound at that $K_{\max}$; on the greedy references every
+# policy's expected time is the "surrogate" column of section 8's offline table (the same fit and the
+# same evaluation):
 #
 # * **static K**, every K; the one best in hindsight on the held-out half is the reference;
 # * **confidence threshold** (SpecDec++/DISCO-style): draft while the cumulative draft confidence stays
-#   above $\tau$, with $\tau$ tuned on the training half;
+#   above $\tau$, with $\tau$ tuned on the training half's replayed greedy outcomes;
 # * **Delta rule**: $\hat Q(k) = \hat C(k) - \lambda\,\hat E[a](k)$ with calibrated confidence, $\hat U$ from the
-#   mean $\bar U$ per $m$ (or the previous round's), and $\lambda$ fixed or running; the *greedy* variant
-#   stops at the first extension above the Delta-Space line.
+#   mean $\bar U$ per $m$, and $\lambda$ (tuned like $\tau$) fixed or running; the variants use the previous
+#   round's $\bar U$ (offline only: the engine does not count experts), the raw confidence, or the *greedy*
+#   stop at the first extension above the Delta-Space line;
+# * **EMA of accepted length** (SGLang-style) and **utility test-and-set** (Cascade-style), as in section 8.
 #
 # "Gain captured" is the share of the Oracle's gain over the best static K that a policy recovers
 # (negative: slower than the best static K); {numref}`tbl-oracle-policies` and
@@ -329,15 +336,15 @@ for kind in kinds:
     if sub.inputs.n_sequences < 4:
         print(f"{kind}: {sub.inputs.n_sequences} sequences, too few to split into training and held-out halves")
         continue
-    policies[kind] = compare_policies(sub.inputs, setup.model, k_max=k_max, test_share=test_share, seed=seed,
-                                      n_rollouts=n_rollouts, rounds=tr.rounds)
+    policies[kind] = compare_policies(sub, k_max=min(policy_k_max, k_max), test_share=test_share, seed=seed,
+                                      n_rollouts=n_rollouts)
     for line in policies[kind].notes:
         print(view.wrap(f"{kind}: {line}"))
 pc_kind = HEADLINE_KIND if HEADLINE_KIND in policies else next(iter(policies))
 pc = policies[pc_kind]
 page.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
            "The split of each kind of reference into training and held-out sequences, the tuned confidence "
-           "threshold τ, the Delta rule's fixed λ₀ (the training Oracle's time per token) and the best static "
+           "threshold τ, the Delta rule's λ (tuned on the training half, ms per token) and the best static "
            "$K$ on each half.", decimals=3)
 
 # %% tags=["hide-input"]

@@ -11,7 +11,7 @@ from speclimits.book.present import fmt_ci
 from speclimits.book.views import oracle as view
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
-from speclimits.control.policies import compare_policies
+from speclimits.control.offline import compare_policies
 from speclimits.oracle.report import best_online, oracle_report, policy_kind
 from speclimits.oracle.validation import validation_by_surrogate
 
@@ -29,7 +29,7 @@ def report(smoke_trace, setup):
 @pytest.fixture(scope="module")
 def comparison(setup):
     sub = setup.for_kind("greedy")
-    return compare_policies(sub.inputs, setup.model, k_max=4, seed=0, n_rollouts=4, rounds=setup.trace.rounds)
+    return compare_policies(sub, k_max=4, seed=0, n_rollouts=4)
 
 
 def test_bound_cells_carry_the_bootstrap_interval(report):

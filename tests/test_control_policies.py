@@ -10,8 +10,9 @@ import pytest
 
 from speclimits.cli import main
 from speclimits.control.extension import RoundDriver, top1_probability
-from speclimits.control.fit import greedy_setup
-from speclimits.control.rules import CalibrationMap, PolicyFit
+from speclimits.control.fit import fit_policy, greedy_setup
+from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, CalibrationMap, PolicyFit, is_policy_name,
+                                      policy_label)
 from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
                                         u_prediction_error)
 from speclimits.control.rules import DeltaRule
@@ -355,6 +356,50 @@ def test_fit_on_a_trace_and_predict_offline(smoke_trace, tmp_path):
     assert set(along["static:2"].dropna()) == {2.0} and along["k_star_exact"].between(1, 4).all()
 
 
+def test_sections_6_and_8_give_a_policy_the_same_number(smoke_trace):
+    """Section 6's comparison (fit, then evaluate) and section 8's offline table, given the same fit and
+    seed, give every policy the same expected time under the surrogate; fitting inside compare_policies
+    gives the same fit as fitting the trace."""
+    from speclimits.control.offline import compare_policies
+
+    fit = fit_policy(smoke_trace, k_max=4, seed=2)
+    setup = greedy_setup(smoke_trace)
+    names = [f"static:{k}" for k in range(1, 5)] + ["threshold", "delta", "delta-fixed", "delta:alone", "ema",
+                                                   "cascade", "delta-fixed:greedy-stop", "delta:previous-u"]
+    tab, _ = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=8, n_boot=9, seed=3)
+    pc = compare_policies(setup, fit=fit, names=names, n_rollouts=8, seed=3)
+    n_tok = setup.inputs.subset([list(map(str, setup.inputs.seq_ids)).index(s) for s in fit.test_seq_ids]).n_tokens.sum()
+    rows = pc.table[(pc.table["kind"] != "oracle") & ~pc.table["policy"].str.endswith("(rollouts)")]
+    sec6 = rows.set_index("name")["time_ms"] / n_tok
+    np.testing.assert_allclose(sec6.loc[names].to_numpy(), tab.set_index("policy").loc[names, "surrogate_ms_per_token"])
+    again = compare_policies(setup, k_max=4, seed=2, names=names, n_rollouts=8)
+    for field in ("tau", "lambda_", "calibration", "u_bar_mean", "train_seq_ids", "test_seq_ids", "tokens_per_round"):
+        assert getattr(again.fit, field) == getattr(fit, field), field
+    with pytest.raises(SpeclimitsError, match="disagrees"):
+        compare_policies(setup, fit=fit, k_max=3)
+
+
+def test_policy_names_and_labels():
+    fit = hand_fit()
+    labels = {}
+    for name in ["static:2", *POLICY_NAMES, *OFFLINE_POLICY_NAMES, "delta:alone", "delta-fixed:alone",
+                 "delta:previous-u:raw-confidence"]:
+        pol = fit.make(name)
+        assert pol.name == policy_label(name)
+        labels.setdefault(policy_label(name), set()).add(name)
+    assert all(len(v) == 1 for v in labels.values())  # one label, one configuration
+    d = fit.make("delta-fixed:greedy-stop:raw-confidence")
+    assert (d.stop, d.calibration, d.running_lambda, d.shared) == ("greedy", None, False, True)
+    d = fit.make("delta:previous-u:alone")
+    assert (d.u_pred, d.running_lambda, d.shared, d.markov) == ("previous", True, False, False)
+    assert fit.make("delta-fixed").markov and fit.make("delta-fixed").calibration is fit.calibration
+    assert policy_label("delta-fixed:greedy-stop") == "Delta rule, fixed λ, greedy stop"
+    for bad in ("delta:nope", "delta:alone:alone", "ema:alone", "threshold:raw-confidence"):
+        assert not is_policy_name(bad)
+        with pytest.raises(SpeclimitsError, match="unknown policy|variants"):
+            fit.make(bad)
+
+
 def flat_profile(batch: int, k_max: int = K):
     """A profile whose verification pass grows by 0.4 ms per width m (no Ū or context terms)."""
     from speclimits.control.profile import EngineProfile
@@ -413,3 +458,15 @@ def test_rollout_of_a_memory_policy_is_seeded(random_inputs):
     a = rollout(pol, random_inputs.accept_len[None, :].astype(np.int16))
     b = rollout(UtilityTestAndSet().bind(random_inputs, table), random_inputs.accept_len[None, :].astype(np.int16))
     np.testing.assert_array_equal(a["time_ms"], b["time_ms"])
+
+
+def test_the_engine_refuses_offline_only_variants_before_it_runs():
+    """The engine has no previous round's Ū (it does not count experts): such a variant, or an unknown
+    name, fails when the policy is set, not silently inside a round."""
+    from speclimits.control.extension import ControlWorkerExtension
+
+    ext = ControlWorkerExtension.__new__(ControlWorkerExtension)  # no runner: the name check comes first
+    with pytest.raises(SpeclimitsError, match="offline only"):
+        ext.speclimits_control_set(hand_fit().to_dict(), "delta:previous-u")
+    with pytest.raises(SpeclimitsError, match="unknown policy"):
+        ext.speclimits_control_set(hand_fit().to_dict(), "nope")

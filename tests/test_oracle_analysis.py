@@ -15,9 +15,9 @@ from speclimits.oracle import evaluate_policy, load_inputs, solve
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
-from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, StaticK, compare_policies,
-                                        draw_accept_lengths, evaluate_exact, mean_u_bar, rollout,
-                                        split_sequences)
+from speclimits.control.offline import compare_policies
+from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, StaticK, draw_accept_lengths,
+                                        evaluate_exact, mean_u_bar, rollout, split_sequences)
 from speclimits.trace import read_trace
 
 
@@ -170,22 +170,58 @@ def test_policy_edge_cases(smoke):
 
 
 def test_compare_policies(smoke):
+    from speclimits.oracle import prepare_oracle
+
     tr, inputs, model = smoke
-    pc = compare_policies(inputs, model, k_max=6, seed=1, n_rollouts=24, rounds=tr.rounds)
+    setup = prepare_oracle(tr, model).for_kind("greedy")
+    pc = compare_policies(setup, k_max=6, seed=1, n_rollouts=24)
     t = pc.table.set_index("policy")
     oracle = t.loc["Oracle (bound)", "time_ms"]
     assert ((t["time_ms"] + 4 * t["time_se"]) >= oracle - 1e-9).all()
     assert t.loc["Oracle (bound)", "gain_captured"] == pytest.approx(1.0)
     assert t.loc[f"static K = {pc.best_static_k_test}", "gain_captured"] == pytest.approx(0.0, abs=1e-12)
+    # the best static K in hindsight is the fastest static row: the solver and the policy evaluation agree
+    static = t[t["kind"] == "static"]
+    assert static["time_ms"].idxmin() == f"static K = {pc.best_static_k_test}"
     assert (t["speedup"] > 1).all()
     assert set(pc.train_seq_ids).isdisjoint(pc.test_seq_ids)
-    assert pc.tau_curve["train_time_ms"].min() == pytest.approx(
-        pc.tau_curve.set_index("tau").loc[pc.tau, "train_time_ms"])
+    assert pc.fit.k_max == 6 and pc.tau == pc.fit.tau
+    curve = pd.DataFrame(pc.fit.curves["tau"])
+    assert curve["train_time_ms"].min() == pytest.approx(curve.set_index("tau").loc[pc.tau, "train_time_ms"])
+    # the rollout harness agrees with the exact evaluation of the same state-only rule
+    exact, mc = t.loc["confidence threshold"], t.loc["confidence threshold (rollouts)"]
+    assert abs(exact["time_ms"] - mc["time_ms"]) < 4 * mc["time_se"] + 1e-9
+    # every row is a PolicyFit.make name with its own label
+    assert t.index.is_unique and (t["name"][t["kind"] != "oracle"] != "").all()
     # no m = 1: policies are still compared, speedups unavailable
     data = model.to_dict()
     del data["target"]["by_m"]["1"]
-    pc2 = compare_policies(inputs, CostModel.from_dict(data), k_max=4, n_rollouts=4)
+    setup2 = prepare_oracle(tr, CostModel.from_dict(data)).for_kind("greedy")
+    pc2 = compare_policies(setup2, k_max=4, n_rollouts=4)
     assert pc2.table["speedup"].isna().all() and "unavailable" in pc2.notes[0]
+
+
+def test_compare_policies_needs_one_kind_and_honours_the_exact_surrogate(smoke):
+    """A setup of several kinds is refused; under the exact surrogate every rule is evaluated on the
+    observed outcomes (static K as the deterministic policy evaluation, the running rules by replay)."""
+    from speclimits.errors import SpeclimitsError
+    from speclimits.oracle import prepare_oracle
+
+    tr, inputs, model = smoke
+    full = prepare_oracle(tr, model, "exact")
+    if len(full.kind_counts()) > 1:
+        with pytest.raises(SpeclimitsError, match="several reference kinds"):
+            compare_policies(full, k_max=3)
+    setup = full.for_kind("greedy")
+    assert setup.deterministic
+    pc = compare_policies(setup, k_max=3, names=["static:2", "delta", "ema"], n_rollouts=4)
+    t = pc.table.set_index("name")
+    assert t.loc["delta", "evaluation"] == "replay" and t.loc["delta", "time_se"] == 0.0
+    test = setup.inputs.subset([list(map(str, setup.inputs.seq_ids)).index(s) for s in pc.test_seq_ids])
+    det = evaluate_policy(test, model, actions=np.full(test.n_states, 2), k_max=3, deterministic=True)
+    assert t.loc["static:2", "time_ms"] == pytest.approx(det["time_ms"].sum())
+    prob = evaluate_policy(test, model, actions=np.full(test.n_states, 2), k_max=3, deterministic=False)
+    assert det["time_ms"].sum() != pytest.approx(prob["time_ms"].sum())  # the flag matters on this trace
 
 
 # -- recovery: the fitted cost model gives the planted Oracle --------------------

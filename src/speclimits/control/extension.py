@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
-from speclimits.control.rules import Policy, PolicyFit
+from speclimits.control.rules import OFFLINE_ONLY, Policy, PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import TracingWorkerExtension
 from speclimits.tracing.vllm_api import runner_kind
@@ -295,9 +295,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
         :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted
         (:meth:`speclimits_control_profile`) and ``name`` applies. A profile, once measured, is kept
         across policy switches, and so is the refreshed price scale."""
+        fit = PolicyFit.from_dict(policy)
+        offline_only = OFFLINE_ONLY.intersection(str(name).split(":")[1:])
+        if offline_only:
+            raise SpeclimitsError(f"policy {name!r}: the variant {sorted(offline_only)[0]!r} runs offline only "
+                                  "(the engine does not count the experts a round touches)")
+        fit.make(name)  # an unknown name fails here, before the engine runs a round
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
-        fit = PolicyFit.from_dict(policy)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
         self._sl_fit, self._sl_name, self._sl_k = fit, name, min(fit.k_max, k_engine)
         if not hasattr(self, "_sl_profile"):

@@ -13,6 +13,9 @@
 * τ of the confidence threshold and λ of the Delta rule: each minimizing the time of the replayed
   real greedy outcomes (``accept_len``) on the train references, priced by the cost model.
 
+Section 6 fits each reference kind the same way (an :class:`~speclimits.oracle.OracleSetup` of that
+kind), through :func:`speclimits.control.offline.compare_policies`.
+
 The JSON records the split (train/test ``seq_id``), the trace and its meta, the cost model, K_max
 and the fitted numbers; :class:`PolicyFit` reads it back and builds the policy objects that both the
 offline evaluation (:func:`offline_table`) and the engine extension run.
@@ -60,10 +63,23 @@ def tune_lambda(train: OracleInputs, table: CostTable, fit_args: dict[str, Any],
     return float(curve.loc[curve["train_time_ms"].idxmin(), "lambda"]), curve
 
 
-def fit_policy(trace: Any, k_max: int = 10, test_share: float = 0.5, seed: int = 0,
+def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int = 0,
                cost_model: CostModel | str | Path | None = None) -> PolicyFit:
-    """Fit τ, λ, the calibration map and the Ū predictor on a seeded train split of the greedy references."""
-    setup = greedy_setup(trace, cost_model)
+    """Fit τ, λ, the calibration map and the Ū predictor on a seeded train split of the references.
+
+    ``source``: a trace (its greedy references, with ``cost_model`` or the trace's fit), or an
+    :class:`~speclimits.oracle.OracleSetup` of one reference kind (section 6 fits each kind so).
+    """
+    if isinstance(source, OracleSetup):
+        if cost_model is not None:
+            raise SpeclimitsError("fit_policy: an OracleSetup brings its own cost model; do not pass cost_model too")
+        if len(source.kind_counts()) != 1:
+            raise SpeclimitsError(f"fit_policy: the setup holds several reference kinds {source.kind_counts()}; "
+                                  "fit one at a time (OracleSetup.for_kind)")
+        setup = source
+    else:
+        setup = greedy_setup(source, cost_model)
+    kind = next(iter(setup.kind_counts()))
     raw, model = setup.raw_inputs, setup.model
     if not 1 <= k_max <= raw.k_list:
         raise SpeclimitsError(f"--k-max must be in 1..{raw.k_list} (the trace's Oracle lists), got {k_max}")
@@ -85,7 +101,7 @@ def fit_policy(trace: Any, k_max: int = 10, test_share: float = 0.5, seed: int =
     meta = setup.trace.meta
     data = {"trace": str(setup.trace.path), "simulated": bool(setup.trace.simulated),
             "trace_created": meta.get("created"), "method": meta.get("method"), "models": meta.get("models"),
-            "reference_kind": HEADLINE_KIND, "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
+            "reference_kind": kind, "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
             "test_share": test_share, "train_states": int(train.n_states), "notes": list(setup.notes),
             "fitted_on": "train split only: calibration (reached draft steps), Ū per m (train prompts' decode "
                          "rounds), τ and λ (replayed greedy outcomes, priced by the cost model)"}

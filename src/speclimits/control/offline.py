@@ -13,22 +13,29 @@ Each harness has its own Oracle (exact greedy: knows the outcomes; surrogate: kn
 probabilities) and its own best static K in hindsight, and the share of the Oracle's gain over
 that best static K a policy captures is ``(1 - T/T_static) / (1 - T_oracle/T_static)``
 (:func:`gain_share`).
+
+Section 6's policy table is :func:`compare_policies`: the same fit (:func:`~speclimits.control.fit.fit_policy`)
+and the same surrogate evaluation (:func:`surrogate_evaluations`) as section 8's offline table, so a policy
+shows the same expected time in both.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.control.rules import PolicyFit
+from speclimits.control.rules import OFFLINE_POLICY_NAMES, PolicyFit, policy_label
 from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
+from speclimits.oracle.report import ORACLE_POLICY
 
 
 def gain_share(t_policy: Any, t_static: Any, t_oracle: Any) -> Any:
@@ -63,24 +70,42 @@ def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) 
     return raw, sur
 
 
+def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInputs, deterministic: bool,
+                          n_rollouts: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
+    """Per policy name: its per-sequence evaluation on ``sur`` under the surrogate (the frame of
+    :func:`~speclimits.control.policies.evaluate_exact` or :func:`~speclimits.control.policies.rollout`:
+    ``seq_id``, ``time_ms``, ``rounds``, ...) and how it was evaluated: ``exact`` (a rule without memory,
+    exact policy evaluation), ``rollouts`` (a rule with memory: ``n_rollouts`` seeded draws of the match
+    lengths, shared by every rule) or ``replay`` (a rule with memory under the exact surrogate: the one
+    deterministic walk of the observed outcomes). Sections 6 and 8 both read their numbers from here."""
+    table = CostTable.build(sur, fit.cost_model, fit.k_max)
+    draws = None
+    out = {}
+    for name in names:
+        pol = fit.make(name).bind(sur, table)
+        if pol.markov:
+            out[name] = (evaluate_exact(pol, deterministic=deterministic), "exact")
+        elif deterministic:
+            out[name] = (rollout(pol, sur.accept_len[None, :].astype(np.int16)), "replay")
+        else:
+            if draws is None:
+                draws = draw_accept_lengths(sur, fit.k_max, n_rollouts, seed=seed)
+            out[name] = (rollout(pol, draws), "rollouts")
+    return out
+
+
 def per_sequence_times(fit: PolicyFit, names: list[str], raw: OracleInputs, sur: OracleInputs, surrogate_det: bool,
                        n_rollouts: int, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
                                                              dict[str, float]]:
     """Per policy name: (S,) replayed times, (S,) surrogate times, and replayed tokens per round."""
-    t_raw, t_sur = CostTable.build(raw, fit.cost_model, fit.k_max), CostTable.build(sur, fit.cost_model, fit.k_max)
+    t_raw = CostTable.build(raw, fit.cost_model, fit.k_max)
     replay_accept = raw.accept_len[None, :].astype(np.int16)
-    draws = draw_accept_lengths(sur, fit.k_max, n_rollouts, seed=seed)
-    rep, exp, tpr = {}, {}, {}
+    rep, tpr = {}, {}
     for name in names:
-        pol = fit.make(name).bind(raw, t_raw)
-        ev = rollout(pol, replay_accept)
+        ev = rollout(fit.make(name).bind(raw, t_raw), replay_accept)
         rep[name], tpr[name] = ev["time_ms"].to_numpy(), float(raw.n_tokens.sum() / ev["rounds"].sum())
-        pol = fit.make(name).bind(sur, t_sur)
-        if pol.markov or surrogate_det:
-            exp[name] = evaluate_exact(pol, deterministic=surrogate_det)["time_ms"].to_numpy()
-        else:
-            exp[name] = rollout(pol, draws)["time_ms"].to_numpy()
-    return rep, exp, tpr
+    sur_ev = surrogate_evaluations(fit, names, sur, surrogate_det, n_rollouts, seed)
+    return rep, {name: ev["time_ms"].to_numpy() for name, (ev, _) in sur_ev.items()}, tpr
 
 
 def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names: list[str],
@@ -256,3 +281,112 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
         out[name] = {"ms_per_token": total_ms / tokens, "tokens_per_round": tokens / rounds, "mean_k": ks_sum / rounds,
                      "wasted_draft_steps": wasted / rounds}
     return out
+
+
+# ---------------------------------------------------------------------------
+# Section 6's comparison: fit, then evaluate
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyComparison:
+    """Policies fitted on a seeded half of the references and evaluated on the other half, against the Oracle.
+
+    ``table`` columns: ``policy`` (the label, :func:`~speclimits.control.rules.policy_label`), ``name`` (the
+    key :meth:`PolicyFit.make` builds it from; empty for the Oracle), ``kind`` (``static``, ``online`` or
+    ``oracle``), ``detail``, ``evaluation`` (exact / rollouts / replay), ``time_ms`` (total expected over
+    the held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact), ``tokens_per_round``,
+    ``speedup`` (vs autoregressive; NaN when m = 1 is missing), ``vs_best_static`` (best static K time /
+    time), ``gain_captured`` (share of the Oracle's gain over the best static K in hindsight:
+    (T_static - T) / (T_static - T_oracle)).
+    """
+
+    table: pd.DataFrame
+    fit: PolicyFit = field(repr=False)
+    train_seq_ids: list[str]
+    test_seq_ids: list[str]
+    best_static_k_test: int
+    best_static_k_train: int
+    autoregressive_ms: float | None
+    n_rollouts: int
+    per_sequence: pd.DataFrame = field(repr=False)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return self.fit.tau
+
+    @property
+    def lambda0(self) -> float:
+        """The fitted λ of the Delta rules (ms per token)."""
+        return self.fit.lambda_
+
+    @property
+    def u_bar_mean(self) -> np.ndarray:
+        return np.asarray(self.fit.u_bar_mean)
+
+
+def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Sequence[str] | None = None,
+                     k_max: int | None = None, test_share: float = 0.5, seed: int = 0, n_rollouts: int = 64,
+                     progress: bool = False) -> PolicyComparison:
+    """Fit the policies on a seeded half of the references, then evaluate them on the other half.
+
+    Parameters
+    ----------
+    setup : the Oracle setup of **one** reference kind (:meth:`OracleSetup.for_kind`); its surrogate (and
+        its ``deterministic`` flag, under the exact surrogate) is what the held-out half is evaluated under.
+    fit : the policies' configuration; by default :func:`~speclimits.control.fit.fit_policy` on ``setup``
+        with ``k_max``, ``test_share`` and ``seed`` (section 8 fits the same way, so both sections give the
+        same number for the same policy). Given, its split and K_max are used.
+    names : keys of :meth:`PolicyFit.make`; by default every static K and
+        :data:`~speclimits.control.rules.OFFLINE_POLICY_NAMES`. The confidence threshold is also evaluated by
+        rollouts (a check of the rollout harness against the exact evaluation).
+    n_rollouts, seed : the Monte Carlo rollouts of the rules with memory (common random numbers).
+    """
+    from speclimits.control.fit import fit_policy  # the fit needs this module's neighbours, not the reverse
+
+    if fit is None:
+        fit = fit_policy(setup, k_max=setup.inputs.k_list if k_max is None else int(k_max), test_share=test_share,
+                         seed=seed)
+    elif k_max is not None and int(k_max) != fit.k_max:
+        raise SpeclimitsError(f"k_max = {k_max} disagrees with the given fit's K_max = {fit.k_max}")
+    kk = fit.k_max
+    names = [f"static:{k}" for k in range(1, kk + 1)] + list(OFFLINE_POLICY_NAMES) if names is None else list(names)
+    _, test = select(setup, list(fit.test_seq_ids))
+    _, train = select(setup, list(fit.train_seq_ids))
+    det = setup.deterministic
+    evals = surrogate_evaluations(fit, tqdm(names, desc="policies", disable=not progress), test, det, n_rollouts, seed)
+    if "threshold" in names and not det:
+        pol = fit.make("threshold").bind(test, CostTable.build(test, fit.cost_model, kk))
+        evals["threshold (rollouts)"] = (rollout(pol, draw_accept_lengths(test, kk, n_rollouts, seed=seed)), "rollouts")
+    oracle_test = solve(test, fit.cost_model, k_max=kk, deterministic=det)
+    k_train = solve(train, fit.cost_model, k_max=kk, deterministic=det).bounds.best_static_k
+    per_seq = pd.DataFrame({"seq_id": test.seq_ids})
+    rows = []
+    for name, (ev, how) in evals.items():
+        key = name.removesuffix(" (rollouts)")
+        label = policy_label(key) + (" (rollouts)" if key != name else "")
+        per_seq[label] = ev["time_ms"].to_numpy()
+        se = float(np.sqrt((ev["time_se"] ** 2).sum())) if how == "rollouts" else 0.0
+        detail = fit.make(key).describe()
+        if key == f"static:{k_train}":
+            detail = "best static K on the training sequences"
+        rows.append(dict(policy=label, name=key, kind="static" if key.startswith("static:") else "online",
+                         detail=detail, evaluation=how, time_ms=float(ev["time_ms"].sum()), time_se=se,
+                         tokens_per_round=float(test.n_tokens.sum() / ev["rounds"].sum())))
+    per_seq[ORACLE_POLICY] = oracle_test.per_sequence["value_ms"].to_numpy()
+    bd = oracle_test.bounds
+    rows.append(dict(policy=ORACLE_POLICY, name="", kind="oracle",
+                     detail=f"K_max = {kk}, knows match_prob and counterfactual Ū", evaluation="exact",
+                     time_ms=bd.oracle_ms, time_se=0.0, tokens_per_round=bd.tokens_per_round))
+    table = pd.DataFrame(rows)
+    ar = bd.autoregressive_ms
+    table["speedup"] = np.nan if ar is None else ar / table["time_ms"]
+    table["vs_best_static"] = bd.best_static_ms / table["time_ms"]
+    gap = bd.best_static_ms - bd.oracle_ms
+    table["gain_captured"] = (bd.best_static_ms - table["time_ms"]) / gap if gap > 0 else np.nan
+    notes = [] if ar is not None else [f"speedup vs autoregressive unavailable: {bd.autoregressive_note}"]
+    return PolicyComparison(table=table, fit=fit, train_seq_ids=list(fit.train_seq_ids),
+                            test_seq_ids=list(fit.test_seq_ids), best_static_k_test=bd.best_static_k,
+                            best_static_k_train=k_train, autoregressive_ms=ar, n_rollouts=n_rollouts,
+                            per_sequence=per_seq, notes=notes)

@@ -27,12 +27,9 @@ look-ahead Delta rule decides before drafting each next step, so neither wastes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
-from tqdm.auto import tqdm
 
 from speclimits.control.rules import (ConfidenceThreshold, DeltaRule, EmaAcceptedLength, FixedActions, Policy,
                                       StaticK, UtilityTestAndSet)
@@ -40,7 +37,7 @@ from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
-from speclimits.oracle.solver import evaluate_policy, solve
+from speclimits.oracle.solver import evaluate_policy
 
 
 def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -159,113 +156,3 @@ def tune_threshold(inputs: OracleInputs, table: CostTable, grid: np.ndarray | No
         rows.append((float(tau), float(evaluate_exact(pol, deterministic)["time_ms"].sum())))
     curve = pd.DataFrame(rows, columns=["tau", "train_time_ms"])
     return float(curve.loc[curve["train_time_ms"].idxmin(), "tau"]), curve
-
-
-# ---------------------------------------------------------------------------
-# The comparison
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicyComparison:
-    """Policies on the held-out sequences, against the Oracle bound.
-
-    ``table`` columns: ``policy``, ``kind`` (``static``, ``online`` or ``oracle``), ``detail``,
-    ``evaluation`` (exact / rollouts), ``time_ms`` (total
-    expected over held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact),
-    ``tokens_per_round``, ``speedup`` (vs autoregressive; NaN when m = 1 is missing),
-    ``vs_best_static`` (best static K time / time), ``gain_captured`` (share of the Oracle's gain
-    over the best static K in hindsight: (T_static - T) / (T_static - T_oracle)).
-    """
-
-    table: pd.DataFrame
-    train_seq_ids: list[str]
-    test_seq_ids: list[str]
-    tau: float
-    tau_curve: pd.DataFrame
-    lambda0: float
-    u_bar_mean: np.ndarray
-    best_static_k_test: int
-    best_static_k_train: int
-    autoregressive_ms: float | None
-    n_rollouts: int
-    per_sequence: pd.DataFrame = field(repr=False)
-    notes: list[str] = field(default_factory=list)
-
-
-def compare_policies(inputs: OracleInputs, cost_model: CostModel, k_max: int | None = None,
-                     test_share: float = 0.5, seed: int = 0, n_rollouts: int = 64,
-                     rounds: pd.DataFrame | None = None, prior_tokens: float = 32.0,
-                     progress: bool = False) -> PolicyComparison:
-    """Tune the online rules on training sequences and measure everything on held-out ones.
-
-    Parameters
-    ----------
-    inputs, cost_model : the Oracle inputs and cost model (m = 2..k_max + 1 needed; m = 1 for speedups).
-    test_share, seed : the split by ``seq_id``.
-    n_rollouts : Monte Carlo rollouts per held-out sequence for the policies with memory.
-    rounds : the trace's rounds table, for Û = mean Ū per m (else the training windows' means).
-    """
-    k_max = inputs.k_list if k_max is None else int(k_max)
-    train_idx, test_idx = split_sequences(inputs, test_share, seed)
-    train, test = inputs.subset(train_idx), inputs.subset(test_idx)
-    t_train, t_test = CostTable.build(train, cost_model, k_max), CostTable.build(test, cost_model, k_max)
-    oracle_train = solve(train, cost_model, k_max=k_max)
-    oracle_test = solve(test, cost_model, k_max=k_max)
-    lambda0 = oracle_train.ms_per_token
-    u_mean = mean_u_bar(train, k_max, rounds)
-    calib = fit_calibration(train, k_max)
-    tau, tau_curve = tune_threshold(train, t_train)
-    k_train = oracle_train.bounds.best_static_k
-
-    policies: list[tuple[Policy, str]] = [(StaticK(k), "exact") for k in range(1, k_max + 1)]
-    policies += [
-        (ConfidenceThreshold(tau), "exact"),
-        (DeltaRule(lambda0, u_mean, calib, "mean", running_lambda=False, prior_tokens=prior_tokens,
-                   name="Delta rule, fixed λ"), "exact"),
-        (DeltaRule(lambda0, u_mean, calib, "mean", running_lambda=False, prior_tokens=prior_tokens,
-                   stop="greedy", name="Delta rule, greedy stop, fixed λ"), "exact"),
-        (DeltaRule(lambda0, u_mean, calib, "mean", running_lambda=True, prior_tokens=prior_tokens,
-                   name="Delta rule, running λ"), "rollouts"),
-        (DeltaRule(lambda0, u_mean, calib, "previous", running_lambda=True, prior_tokens=prior_tokens,
-                   name="Delta rule, running λ, Ū of previous round"), "rollouts"),
-        (DeltaRule(lambda0, u_mean, None, "mean", running_lambda=True, prior_tokens=prior_tokens,
-                   name="Delta rule, running λ, raw confidence"), "rollouts"),
-        (ConfidenceThreshold(tau), "rollouts"),
-        (EmaAcceptedLength(), "rollouts"),
-        (UtilityTestAndSet(), "rollouts"),
-    ]
-    accept = draw_accept_lengths(test, k_max, n_rollouts, seed=seed + 1)
-    per_seq = pd.DataFrame({"seq_id": test.seq_ids})
-    rows = []
-    it = tqdm(policies, desc="policies", disable=not progress)
-    for pol, how in it:
-        pol.bind(test, t_test)
-        ev = evaluate_exact(pol) if how == "exact" else rollout(pol, accept)
-        label = pol.name + (" (rollouts)" if how == "rollouts" and pol.markov else "")
-        per_seq[label] = ev["time_ms"].to_numpy()
-        se = 0.0 if how == "exact" else float(np.sqrt((ev["time_se"] ** 2).sum()))
-        rows.append(dict(policy=label, kind="static" if isinstance(pol, StaticK) else "online",
-                         detail=pol.describe(), evaluation=how, time_ms=float(ev["time_ms"].sum()),
-                         time_se=se, tokens_per_round=float(test.n_tokens.sum() / ev["rounds"].sum())))
-    per_seq["Oracle"] = oracle_test.per_sequence["value_ms"].to_numpy()
-    bd = oracle_test.bounds
-    rows.append(dict(policy="Oracle (bound)", kind="oracle", detail=f"K_max = {k_max}, knows match_prob and counterfactual Ū",
-                     evaluation="exact", time_ms=bd.oracle_ms, time_se=0.0, tokens_per_round=bd.tokens_per_round))
-    table = pd.DataFrame(rows)
-    best_static = bd.best_static_ms
-    static_train_label = f"static K = {k_train}"
-    table.loc[table["policy"] == static_train_label, "detail"] = "best static K on the training sequences"
-    ar = bd.autoregressive_ms
-    table["speedup"] = np.nan if ar is None else ar / table["time_ms"]
-    table["vs_best_static"] = best_static / table["time_ms"]
-    gap = best_static - bd.oracle_ms
-    table["gain_captured"] = (best_static - table["time_ms"]) / gap if gap > 0 else np.nan
-    notes = []
-    if ar is None:
-        notes.append(f"speedup vs autoregressive unavailable: {bd.autoregressive_note}")
-    return PolicyComparison(
-        table=table, train_seq_ids=[str(s) for s in train.seq_ids], test_seq_ids=[str(s) for s in test.seq_ids],
-        tau=tau, tau_curve=tau_curve, lambda0=lambda0, u_bar_mean=u_mean, best_static_k_test=bd.best_static_k,
-        best_static_k_train=k_train, autoregressive_ms=ar, n_rollouts=n_rollouts, per_sequence=per_seq,
-        notes=notes)

@@ -48,22 +48,48 @@ FORMAT = "speclimits-policy/1"
 POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
                  "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style"}
 POLICY_NAMES = tuple(POLICY_LABELS)
+#: The variants of the Delta rules (``delta:MOD``, ``delta-fixed:MOD``, modifiers combined in any order, e.g.
+#: ``delta:previous-u:raw-confidence``) and what each adds to the label. ``alone``: each request priced alone at
+#: batch > 1 (the default decides once for the batch); the others are section 6's offline variants.
+DELTA_VARIANTS = {"alone": "each request alone", "greedy-stop": "greedy stop",
+                  "previous-u": "Ū of previous round", "raw-confidence": "raw confidence"}
+#: Variants the engine cannot run: it does not count the experts a round touched, so it has no previous Ū.
+OFFLINE_ONLY = frozenset({"previous-u"})
 #: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).
 ALONE = ":alone"
+#: Section 6's offline comparison: every policy and Delta variant it shows, after the static arms.
+OFFLINE_POLICY_NAMES = ("threshold", "delta-fixed", "delta-fixed:greedy-stop", "delta", "delta:previous-u",
+                        "delta:raw-confidence", "ema", "cascade")
+
+
+def parse_policy_name(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(base, modifiers)`` of a policy's key (``delta-fixed:greedy-stop`` -> ``("delta-fixed",
+    ("greedy-stop",))``), None when it is not one (static arms, unknown names)."""
+    base, *mods = str(name).split(":")
+    if base not in POLICY_LABELS:
+        return None
+    if mods and (base not in ("delta", "delta-fixed") or len(set(mods)) != len(mods)
+                 or any(m not in DELTA_VARIANTS for m in mods)):
+        return None
+    return base, tuple(mods)
 
 
 def is_policy_name(name: str) -> bool:
-    """A policy's key (one of :data:`POLICY_NAMES`, or a Delta rule with :data:`ALONE`), not a static arm."""
-    name = str(name)
-    return name in POLICY_LABELS or (name.endswith(ALONE) and name[: -len(ALONE)] in ("delta", "delta-fixed"))
+    """A policy's key (one of :data:`POLICY_NAMES`, or a Delta rule with :data:`DELTA_VARIANTS`), not a static arm."""
+    return parse_policy_name(name) is not None
 
 
 def policy_label(name: str) -> str:
-    """The short label of a policy's key (the key itself when unknown)."""
+    """The short label of a policy's key (``static:K`` -> ``static K = K``; the key itself when unknown).
+    Every table and figure, offline (sections 6 and 8) and measured, labels a policy with it."""
     name = str(name)
-    if name.endswith(ALONE) and is_policy_name(name):
-        return f"{POLICY_LABELS[name[: -len(ALONE)]]}, each request alone"
-    return POLICY_LABELS.get(name, name)
+    if name.startswith("static:"):
+        return f"static K = {name.split(':', 1)[1]}"
+    parsed = parse_policy_name(name)
+    if parsed is None:
+        return name
+    base, mods = parsed
+    return ", ".join([POLICY_LABELS[base], *(DELTA_VARIANTS[m] for m in mods)])
 
 # ---------------------------------------------------------------------------
 # Policies: one implementation, two harnesses
@@ -792,10 +818,12 @@ class PolicyFit:
 
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
-        """The policy called ``name``: ``static:K``, or one of :data:`POLICY_NAMES`; already
-        :meth:`~speclimits.control.policies.Policy.setup` with K_max and the cost model. The Delta
-        rules decide for the whole batch at batch > 1 in the engine (:meth:`DeltaRule.batch_select`);
-        ``delta:alone`` and ``delta-fixed:alone`` price each request alone there (the earlier form)."""
+        """The policy called ``name``: ``static:K``, one of :data:`POLICY_NAMES`, or a Delta rule with
+        :data:`DELTA_VARIANTS`; already :meth:`~speclimits.control.policies.Policy.setup` with K_max and
+        the cost model, and named with :func:`policy_label`. The Delta rules decide for the whole batch at
+        batch > 1 in the engine (:meth:`DeltaRule.batch_select`); ``delta:alone`` and ``delta-fixed:alone``
+        price each request alone there (the earlier form). This is the one way a policy is configured:
+        sections 6 and 8 and the engine all build their rules here."""
         u = np.asarray(self.u_bar_mean)
         if name.startswith("static:"):
             try:
@@ -804,12 +832,16 @@ class PolicyFit:
                 raise SpeclimitsError(f"policy {name!r}: expected static:K with an integer K") from None
         elif name == "threshold":
             pol = ConfidenceThreshold(self.tau)
-        elif name in ("delta", "delta:alone"):
-            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=True,
-                            prior_tokens=self.prior_tokens, name="Delta rule, running λ", shared=name == "delta")
-        elif name in ("delta-fixed", "delta-fixed:alone"):
-            pol = DeltaRule(self.lambda_, u, self.calibration, "mean", running_lambda=False, name="Delta rule, fixed λ",
-                            shared=name == "delta-fixed")
+        elif name.split(":")[0] in ("delta", "delta-fixed"):
+            parsed = parse_policy_name(name)
+            if parsed is None:
+                raise SpeclimitsError(f"policy {name!r}: Delta rule variants are {', '.join(DELTA_VARIANTS)}, each at "
+                                      "most once (for example delta-fixed:greedy-stop)")
+            base, mods = parsed
+            pol = DeltaRule(self.lambda_, u, None if "raw-confidence" in mods else self.calibration,
+                            "previous" if "previous-u" in mods else "mean", running_lambda=base == "delta",
+                            prior_tokens=self.prior_tokens, stop="greedy" if "greedy-stop" in mods else "lookahead",
+                            shared="alone" not in mods)
         elif name == "ema":
             pol = EmaAcceptedLength()
         elif name == "cascade":
@@ -818,7 +850,9 @@ class PolicyFit:
             pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
         else:
             raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)} "
-                                  "(delta and delta-fixed with ':alone': each request priced alone at batch > 1)")
+                                  f"(delta and delta-fixed with variants :{', :'.join(DELTA_VARIANTS)})")
+        if not name.startswith("random"):
+            pol.name = policy_label(name)
         return pol.setup(self.k_max, self.cost_model)
 
     # -- JSON -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from speclimits.trace import Trace
 from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
 
 
-#: The label :func:`speclimits.control.policies.compare_policies` gives the bound's row of its table.
+#: The label :func:`speclimits.control.offline.compare_policies` gives the bound's row of its table.
 ORACLE_POLICY = "Oracle (bound)"
 #: How that table labels its static-K rows (``StaticK.name``: ``static K = <k>``).
 STATIC_POLICY_PREFIX = "static K = "
@@ -31,7 +31,7 @@ STATIC_POLICY_PREFIX = "static K = "
 def policy_kind(label: str) -> str:
     """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table``.
 
-    :func:`speclimits.control.policies.compare_policies` writes the kind as a column (``kind``);
+    :func:`speclimits.control.offline.compare_policies` writes the kind as a column (``kind``);
     this reads it off the two labels that function gives, for tables written before it did.
     """
     label = str(label)
