@@ -108,7 +108,8 @@ print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(
 # engine reproduces token for token), priced by the cost model. *Surrogate*: expected time under the
 # Oracle's match probabilities (exact policy evaluation for rules without memory, seeded rollouts for
 # the others). Intervals: 95% bootstrap over references. {numref}`tbl-control-offline` gives each
-# policy's predicted time and the share of each Oracle's gain it captures.
+# policy's predicted time and the share of each Oracle's gain it captures. The surrogate column is
+# {numref}`tbl-oracle-policies` of {ref}`sec-oracle` per token: one fit, one evaluation, one number per policy.
 
 # %% tags=["hide-input"]
 names = [f"static:{k}" for k in range(1, k_max + 1)] + list(POLICY_NAMES)
