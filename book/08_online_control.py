@@ -152,9 +152,11 @@ for batch, table in tables.items():
                f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
                f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
                f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
-               f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the offline "
-               "prediction of the same arm priced with the costs profiled in this run, and its error; time spent "
-               "deciding as a share of the round.", decimals=3, full=table)
+               f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the pooled "
+               "time per token (every block's time over every block's tokens) and the offline prediction of the same "
+               "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
+               "predicts total time over total tokens, not a median of blocks); time spent deciding as a share of the "
+               "round.", decimals=3, full=table)
 
 # %% tags=["remove-input"]
 display(Markdown(view.verdict(runs, tables, offline, bounds)))

@@ -232,6 +232,9 @@
 # arm's in the same block, with a 95% percentile bootstrap interval over blocks. The best stock $K$ is
 # chosen on the even blocks and the comparison is made on the odd ones, so the reference is not the
 # arm that happened to be lucky on the blocks it is judged on.
+# The offline prediction of an arm (its replay priced with the run's profiled costs) is total time over
+# total tokens, so its error is taken against the same ratio measured (all blocks' time over all their
+# tokens), not against the median of the blocks' own ratios, which differs where blocks differ.
 #
 # (methods-batch)=
 # ## The bound at batch > 1

@@ -69,11 +69,54 @@ def test_prediction_beside_the_measurement():
     s, _ = summarize(hand_blocks(6), n_boot=0)
     table = pd.DataFrame({"policy": ["static:2", "delta"], "replay_ms_per_token": [6.6, 5.0]})
     out = with_prediction(s, table).set_index("arm")
-    med = out.loc["stock:2", "ms_per_token"]
+    pooled = out.loc["stock:2", "ms_per_token_pooled"]
     assert out.loc["stock:2", "predicted_ms_per_token"] == 6.6  # stock K and static K share a prediction
     assert out.loc["static:2", "predicted_ms_per_token"] == 6.6
-    assert out.loc["stock:2", "prediction_error"] == pytest.approx(6.6 / med - 1)
+    assert out.loc["stock:2", "prediction_error"] == pytest.approx(6.6 / pooled - 1)
     assert np.isnan(out.loc["plain", "predicted_ms_per_token"])
+
+
+def test_prediction_is_compared_with_the_pooled_time_per_token():
+    """The replay predicts total time over total tokens. Blocks of different lengths (prompts) make the
+    median of the blocks' own ratios a different number; the error is taken against the pooled one."""
+    rows = []
+    for block, (dur, tok) in enumerate([(1.0, 100), (1.0, 100), (4.0, 200)]):  # 10, 10, 20 ms/token
+        rows.append(dict(block=block, arm="static:2", duration_s=dur, total_output_tokens=tok, cpu_s=dur,
+                         ms_per_token=dur * 1e3 / tok, load1=0.5, lossless=True, spec_decode_num_drafts=None,
+                         spec_decode_draft_tokens=None, spec_decode_accepted_tokens=None))
+    s, _ = summarize(pd.DataFrame(rows), n_boot=0)
+    r = s.set_index("arm").loc["static:2"]
+    assert r["ms_per_token"] == pytest.approx(10.0) and r["ms_per_token_pooled"] == pytest.approx(6e3 / 400)
+    out = with_prediction(s, pd.DataFrame({"policy": ["static:2"], "replay_ms_per_token": [15.0]})).set_index("arm")
+    assert out.loc["static:2", "prediction_error"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_committed_summaries_are_what_summarize_computes_from_their_blocks(batch, tmp_path):
+    """`speclimits control summarize` recomputes a stored run's summary from its blocks: on the committed
+    files it reproduces every stored number (so they follow the current definitions)."""
+    from speclimits.cli import main
+
+    src = DATA_DIR / "control" / f"bench-batch{batch}.json"
+    out = tmp_path / "again.json"
+    assert main(["control", "summarize", str(src), "--out", str(out)]) == 0
+    old, new = json.loads(src.read_text()), json.loads(out.read_text())
+    assert new["choice"] == old["choice"] and new["blocks"] == old["blocks"]
+    a, b = pd.DataFrame(old["summary"]).set_index("arm"), pd.DataFrame(new["summary"]).set_index("arm")
+    assert list(a.columns) == list(b.columns)
+    num = [c for c in a.columns if c != "lossless"]
+    np.testing.assert_allclose(b.loc[a.index, num].astype(float), a[num].astype(float), rtol=1e-12, equal_nan=True)
+
+
+def test_summarize_refuses_what_it_cannot_recompute(tmp_path, capsys):
+    from speclimits.cli import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"config": {}}')
+    for args, msg in ((["x.json", "y.json", "--out", str(tmp_path / "o.json")], "one input file"),
+                      ([str(bad)], "not a `speclimits control bench` result (no 'blocks')")):
+        assert main(["control", "summarize", *args]) == 2
+        assert msg in capsys.readouterr().err
 
 
 def test_blocks_cycle_through_the_prompts():

@@ -30,7 +30,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +280,7 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     """One row per arm (see the module docstring) and the choice of the best stock K.
 
     Columns: ``ms_per_token`` (median over blocks), ``ms_per_token_lo/hi`` (interquartile range),
+    ``ms_per_token_pooled`` (all blocks' time over all their tokens: what the offline prediction predicts),
     ``cpu_ms_per_token``, ``vs_plain`` and ``vs_stock_K`` (paired ratios; ``_lo``/``_hi`` their 95% interval),
     ``vs_best_stock`` (best stock K chosen on even blocks, ratio on odd blocks) with its interval,
     ``vs_best_stock_all`` (chosen and compared on all blocks), acceptance length, decision time per
@@ -289,6 +290,7 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     g = blocks.groupby("arm", sort=False)
     out = pd.DataFrame({"ms_per_token": pb.median(), "ms_per_token_lo": pb.quantile(0.25),
                         "ms_per_token_hi": pb.quantile(0.75),
+                        "ms_per_token_pooled": g["duration_s"].sum() * 1e3 / g["total_output_tokens"].sum(),
                         "cpu_ms_per_token": (g["cpu_s"].sum() * 1e3 / g["total_output_tokens"].sum()),
                         "blocks": pb.notna().sum()})
     sums = g[["spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens"]].sum(min_count=1)
@@ -376,8 +378,13 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
 
 def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.DataFrame:
     """``predicted_ms_per_token`` (the replay priced with the profiled costs; at batch > 1 the batch
-    replay, when there is one) and ``prediction_error``
-    (predicted / measured - 1) beside each arm; stock K and the extension's static K share a prediction."""
+    replay, when there is one) and ``prediction_error`` (predicted / measured - 1) beside each arm; stock
+    K and the extension's static K share a prediction.
+
+    The replay predicts the total time of the references over their total tokens, so it is compared with
+    the same ratio measured, ``ms_per_token_pooled`` (every block's time over every block's tokens), not
+    with the median of the blocks' own ratios: the two differ where blocks differ (at batch 1 a block is one
+    prompt, and the policies' per-prompt times are skewed: up to 9% apart in the committed batch-1 run)."""
     if table is None:
         return summary
     col = "batch_ms_per_token" if "batch_ms_per_token" in table else "replay_ms_per_token"
@@ -385,8 +392,27 @@ def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.Dat
     key = summary["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
     summary = summary.copy()
     summary["predicted_ms_per_token"] = key.map(pred)
-    summary["prediction_error"] = summary["predicted_ms_per_token"] / summary["ms_per_token"] - 1
+    measured = summary["ms_per_token_pooled"] if "ms_per_token_pooled" in summary else summary["ms_per_token"]
+    summary["prediction_error"] = summary["predicted_ms_per_token"] / measured - 1
     return summary
+
+
+def resummarize(result: dict[str, Any], by: str = "") -> dict[str, Any]:
+    """A stored benchmark result with its summary recomputed from its blocks and its offline table (the
+    same bootstrap seed and size as the run), for when the summary's definitions change: nothing is
+    measured again. ``by`` is recorded as ``resummarized_by``."""
+    cfg = result["config"]
+    blocks = pd.DataFrame(result["blocks"])
+    summary, choice = summarize(blocks, int(cfg.get("n_boot", 2000)), int(cfg.get("seed", 0)))
+    offline = pd.DataFrame(result["offline"]) if result.get("offline") else None
+    summary = with_prediction(summary, offline)
+    out = {**result, "summary": summary, "choice": choice}
+    if by:
+        out["resummarized_by"] = by
+    known = {f.name for f in fields(BenchConfig)}
+    out["summary_text"] = summary_text(summary, BenchConfig(**{k: v for k, v in cfg.items() if k in known}), choice,
+                                       bool(result["lossless"]))
+    return out
 
 
 def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``speclimits control fit`` and ``speclimits control bench`` (see :mod:`speclimits.control`)."""
+"""``speclimits control fit``, ``bench`` and ``summarize`` (see :mod:`speclimits.control`)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, paired ratios")
     add_bench_arguments(b)
     b.set_defaults(func=run_bench)
+    r = sub.add_parser("summarize", help="recompute benchmark files' summaries from their stored blocks (nothing is run)",
+                       description="Recompute the summary of each benchmark JSON from the blocks and the offline "
+                                   "table it stores, with the run's bootstrap seed and size, and write it back (or to "
+                                   "--out). For when the summary's definitions change; no engine runs.")
+    r.add_argument("files", nargs="+", help="benchmark JSON files written by `speclimits control bench`")
+    r.add_argument("--out", default=None, help="write here instead of over the file (one input file only)")
+    r.set_defaults(func=run_summarize)
 
 
 def add_bench_arguments(b: argparse.ArgumentParser) -> None:
@@ -69,4 +76,27 @@ def run_bench(args: argparse.Namespace) -> int:
     result = run_benchmark(BenchConfig.from_args(args))
     print(result["summary_text"])
     print(f"wrote {args.out}")
+    return 0
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from speclimits.control.bench import resummarize
+    from speclimits.errors import SpeclimitsError
+    from speclimits.jsonutil import dumps, read_json
+
+    if args.out and len(args.files) != 1:
+        raise SpeclimitsError("--out takes one input file; without it every file is rewritten in place")
+    for name in args.files:
+        result = read_json(name, "benchmark file", SpeclimitsError)
+        for key in ("config", "blocks", "lossless"):
+            if key not in result:
+                raise SpeclimitsError(f"{name}: not a `speclimits control bench` result (no {key!r})")
+        out = resummarize(result, by=" ".join(["speclimits", *sys.argv[1:]]) if sys.argv else "")
+        dest = Path(args.out or name)
+        dest.write_text(dumps(out, indent=1) + "\n")
+        print(out["summary_text"])
+        print(f"wrote {dest}")
     return 0

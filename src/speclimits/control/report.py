@@ -98,11 +98,13 @@ def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def prediction_errors(table: pd.DataFrame) -> pd.DataFrame:
-    """Arms with an offline prediction: measured and predicted ms/token and the relative error."""
+    """Arms with an offline prediction: measured (median over blocks, and pooled: what the prediction is
+    compared with) and predicted ms/token and the relative error."""
+    cols = ["arm", "ms_per_token", "ms_per_token_pooled", "predicted_ms_per_token", "prediction_error"]
     if "predicted_ms_per_token" not in table:
-        return pd.DataFrame(columns=["arm", "ms_per_token", "predicted_ms_per_token", "prediction_error"])
+        return pd.DataFrame(columns=cols)
     t = table[np.isfinite(table["predicted_ms_per_token"].astype(float))]
-    return t[["arm", "ms_per_token", "predicted_ms_per_token", "prediction_error"]].reset_index(drop=True)
+    return t[[c for c in cols if c in t]].reset_index(drop=True)
 
 
 def gap_lines(result: dict[str, Any]) -> list[str]:

@@ -59,11 +59,14 @@ def _ci(est: Any, lo: Any, hi: Any, decimals: int = 3) -> str:
 def engine(table: pd.DataFrame) -> pd.DataFrame:
     """One benchmark result (:func:`~speclimits.control.report.engine_table`) for the reader: measured
     ms/token [interquartile range over blocks], the paired speed ratio to the best stock static K [95% CI,
-    held-out blocks], the offline prediction priced with the run's profiled costs and its error, the
+    held-out blocks], the pooled ms/token (all blocks' time over all their tokens), the offline prediction
+    priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts), the
     decision time as a share of a round, and the mean k drafted."""
-    pred = [("–" if not np.isfinite(p) else f"{p:.2f} ({100 * e:+.0f}%)")
-            for p, e in zip(table.get("predicted_ms_per_token", pd.Series(np.nan, index=table.index)).astype(float),
-                            table.get("prediction_error", pd.Series(np.nan, index=table.index)).astype(float))]
+    nan = pd.Series(np.nan, index=table.index)
+    pooled = table.get("ms_per_token_pooled", nan).astype(float)
+    pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%)")
+            for m, p, e in zip(pooled, table.get("predicted_ms_per_token", nan).astype(float),
+                               table.get("prediction_error", nan).astype(float))]
     dec = ["–" if not np.isfinite(v) else f"{100 * v:.2f}%"
            for v in table.get("decision_share", pd.Series(np.nan, index=table.index)).astype(float)]
     return pd.DataFrame({
@@ -72,7 +75,7 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
             table["ms_per_token"], table["ms_per_token_lo"], table["ms_per_token_hi"])],
         "Speed vs best stock K [95% CI]": [_ci(e, lo, hi) for e, lo, hi in zip(
             table["vs_best_stock"], table["vs_best_stock_lo"], table["vs_best_stock_hi"])],
-        "Predicted ms/token (error)": pred,
+        "Pooled / predicted ms/token (error)": pred,
         "Deciding (% of round)": dec,
         "Mean k": table.get("mean_k", pd.Series(np.nan, index=table.index)).to_numpy(),
     })
