@@ -35,7 +35,8 @@ def hand_fit(k_max: int = K, tau: float = 0.3, lam: float = 4.0) -> PolicyFit:
     calib = CalibrationMap((0.0, 0.2, 1.0), (0.1, 0.6, 0.95))
     return PolicyFit(k_max=k_max, tau=tau, lambda_=lam, lambda_oracle=lam, u_bar_mean=tuple([4.0 + m for m in
                                                                                               range(k_max + 2)]),
-                     calibration=calib, cost_model=cost_model(k_max), train_seq_ids=("a",), test_seq_ids=("b",))
+                     calibration=calib, cost_model=cost_model(k_max), train_seq_ids=("a",), test_seq_ids=("b",),
+                     tokens_per_round=tuple(1 + sum(0.8 ** t for t in range(1, k + 1)) for k in range(1, k_max + 1)))
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,8 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
     does not have."""
     pol = fit.make(name)
     driver = RoundDriver(pol)
-    if not batch_keep:  # nor the batch-level decision of the Delta rules (batch_select)
-        driver.batch_keep = driver.shared = False
+    if not batch_keep:  # nor the batch-level decisions (the Delta rules' batch_select, one k for the batch)
+        driver.batch_keep = driver.shared = driver.batch_plan = False
     rids = [str(s) for s in inputs.seq_ids]
     pos = np.zeros(len(rids), dtype=np.int64)
     table = CostTable.build(inputs, fit.cost_model, fit.k_max).total()
@@ -99,7 +100,7 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
     return ks
 
 
-@pytest.mark.parametrize("name", ["static:3", "threshold", "delta", "delta-fixed", "ema", "cascade"])
+@pytest.mark.parametrize("name", ["static:3", "threshold", "delta", "delta-fixed", "ema", "cascade", "throughput"])
 def test_engine_driver_and_offline_harness_choose_the_same_k(random_inputs, name):
     """One implementation: the engine's step-by-step driver (confidences from logits, one draft step
     at a time) takes the same k in every round as the offline harness on the recorded draft_conf."""
@@ -470,3 +471,44 @@ def test_the_engine_refuses_offline_only_variants_before_it_runs():
         ext.speclimits_control_set(hand_fit().to_dict(), "delta:previous-u")
     with pytest.raises(SpeclimitsError, match="unknown policy"):
         ext.speclimits_control_set(hand_fit().to_dict(), "nope")
+
+
+def test_throughput_rule_learns_the_planted_acceptance_and_picks_the_best_rate():
+    """Outcomes drawn with a planted per-position acceptance (falling with the position): after enough
+    rounds the rule drafts the k that maximizes expected tokens over price, found by brute force, whatever
+    its prior; at batch > 1 every request drafts the same k, the choice from the pooled counts."""
+    fit = hand_fit()
+    pol = fit.make("throughput")
+    truth = np.array([0.9, 0.85, 0.6, 0.3, 0.2])
+    prices = np.asarray(pol.prices())
+    surv = np.cumprod(truth)
+    best = int(np.argmax((1 + np.cumsum(surv)) / prices)) + 1
+    rng = np.random.default_rng(4)
+    st = pol.engine_state()
+    mem = pol.init_memory(1)
+    for _ in range(400):
+        k = pol.engine_plan(st)
+        assert k == int(pol.plan(mem)[0])  # the two forms agree round by round
+        hit = rng.random(k) < truth[:k]
+        a = k if hit.all() else int(np.argmin(hit))
+        pol.engine_observe(st, k, 1.0, a + 1)
+        pol.observe(mem, np.array([k]), np.array([1.0]), np.array([a + 1.0]), np.array([np.nan]))
+    # it keeps drafting the best k (positions past it keep the prior, which here says "stop earlier")
+    ks = []
+    for _ in range(50):
+        k = pol.engine_plan(st)
+        ks.append(k)
+        hit = rng.random(k) < truth[:k]
+        pol.engine_observe(st, k, 1.0, (k if hit.all() else int(np.argmin(hit))) + 1)
+    assert np.mean(np.array(ks) == best) > 0.8, (best, ks)
+    # pooled: one k for the batch, the choice from the summed counts
+    sts = [pol.engine_state() for _ in range(3)]
+    for i, s_ in enumerate(sts):
+        pol.engine_observe(s_, 3, 1.0, 1 + i)
+    batch = pol.engine_batch_plan(sts)
+    summed = [[sum(c) for c in zip(*(s_[j] for s_ in sts))] for j in (0, 1)]
+    assert batch == [pol.choose(*summed)] * 3
+    driver = RoundDriver(pol)
+    rnd = driver.begin(["x", "y"], fit.k_max)
+    assert len(set(rnd.cap)) == 1
+    assert fit.make("throughput").engine_batch_plan([pol.engine_state()]) is None  # batch 1: its own counts

@@ -21,7 +21,7 @@ def policy_dict(k_max: int) -> dict:
                    alpha={m: 0.1 for m in range(1, k_max + 2)}, a=0.7, b=0.8)
     return PolicyFit(k_max=k_max, tau=0.05, lambda_=4.0, lambda_oracle=4.0, u_bar_mean=tuple([4.0] * (k_max + 2)),
                      calibration=CalibrationMap((0.0, 1.0), (0.0, 1.0)), cost_model=cm, train_seq_ids=(),
-                     test_seq_ids=()).to_dict()
+                     test_seq_ids=(), tokens_per_round=tuple(1.0 + 0.6 * k for k in range(1, k_max + 1))).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
         llm = ce.build_llm(str(target), str(draft), method, 4, batch=batch, load_format="dummy", max_model_len=256)
         try:
             arms = run_arms(ce, llm, PROMPTS, ["random:1", "static:2", "threshold", "delta", "delta-fixed:alone",
-                                               "cascade"], 4)
+                                               "cascade", "throughput"], 4)
         finally:
             ce.close(llm)
         for name, (outputs, drained) in arms.items():
@@ -80,6 +80,8 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
             rounds = arms["random:1"][1]["rounds"]
             assert any(len(set(r["k"])) > 1 for r in rounds if r["n_batch"] == 4), \
                 "batch 4 should have rounds with different k per request"
+            # the throughput-aware rule drafts one k for the batch
+            assert all(len(set(r["k"])) == 1 for r in arms["throughput"][1]["rounds"]), "one k per batch"
 
 
 def test_profile_then_policy_lossless(ce, tiny):

@@ -74,7 +74,7 @@ class BenchConfig:
     blocks: int = 16
     static: list[int] = field(default_factory=lambda: list(range(1, 7)))
     ext_static: list[int] = field(default_factory=lambda: [2, 3, 4])
-    policies: list[str] = field(default_factory=lambda: ["threshold", "delta", "delta-fixed", "ema", "cascade"])
+    policies: list[str] = field(default_factory=lambda: ["threshold", "delta", "delta-fixed", "ema", "cascade", "throughput"])
     profile_rounds: int = PROFILE_ROUNDS
     n_boot: int = 2000
     seed: int = 0

@@ -51,7 +51,7 @@ def add_bench_arguments(b: argparse.ArgumentParser) -> None:
                    help="static K run inside the control extension (its overhead against stock), '' for none")
     b.add_argument("--profile-rounds", type=int, default=PROFILE_ROUNDS,
                    help=f"rounds the controller profiles this machine's costs before the arms run, default {PROFILE_ROUNDS}")
-    b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade")
+    b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade,throughput")
     b.add_argument("--out", required=True, help="JSON to write")
     b.add_argument("--seed", type=int, default=0)
 

@@ -142,6 +142,8 @@ class RoundDriver:
         self.observes = type(policy).engine_observe is not Policy.engine_observe
         self.batch_keep = type(policy).engine_final_keep is not Policy.engine_final_keep
         self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
+        #: one plan for the batch from all live requests' states (a plan-only rule that pools them)
+        self.batch_plan = type(policy).engine_batch_plan is not Policy.engine_batch_plan
 
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
@@ -154,7 +156,9 @@ class RoundDriver:
         pol, hi = self.policy, max(k_call, 1)
         pol.engine_round()
         sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
-        cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts]
+        batch = pol.engine_batch_plan(sts) if self.batch_plan and len(rids) > 1 else None
+        cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts] if batch is None else \
+            [min(max(k, 1), hi) for k in batch]
         ctx = [] if self.plan_only else [pol.engine_context(st) for st in sts]
         shared = self.shared and len(rids) > 1
         return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1 and not shared, shared)
@@ -341,7 +345,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 if hasattr(pol, "lambda0"):
                     pol.lambda0 = fit.engine_lambda(model)
             pol.setup(self._sl_k, model)
-            if self._sl_profile is not None and getattr(pol, "shared", False):
+            if self._sl_profile is not None and getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = self._sl_profile.pass_prices(self._sl_k)
         pol.price_scale = self._sl_clock.scale
         self._sl_policy = pol

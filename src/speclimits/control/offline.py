@@ -251,7 +251,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
         total_ms = tokens = rounds = ks_sum = wasted = 0.0
         for group in groups:
             pol = fit.make(name)
-            if getattr(pol, "shared", False):
+            if getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = profile.pass_prices(pol.k_max)
             driver, clock = RoundDriver(pol), PriceClock()
             fixed, slope = pol.model.action_terms(pol.k_max)

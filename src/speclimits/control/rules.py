@@ -46,7 +46,8 @@ FORMAT = "speclimits-policy/1"
 #: The policies by name (what :meth:`PolicyFit.make` understands besides ``static:K`` and ``random:SEED``)
 #: and the short label every table and figure gives them.
 POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
-                 "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style"}
+                 "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style",
+                 "throughput": "SGLang-style throughput-aware"}
 POLICY_NAMES = tuple(POLICY_LABELS)
 #: The variants of the Delta rules (``delta:MOD``, ``delta-fixed:MOD``, modifiers combined in any order, e.g.
 #: ``delta:previous-u:raw-confidence``) and what each adds to the label. ``alone``: each request priced alone at
@@ -59,7 +60,7 @@ OFFLINE_ONLY = frozenset({"previous-u"})
 ALONE = ":alone"
 #: Section 6's offline comparison: every policy and Delta variant it shows, after the static arms.
 OFFLINE_POLICY_NAMES = ("threshold", "delta-fixed", "delta-fixed:greedy-stop", "delta", "delta:previous-u",
-                        "delta:raw-confidence", "ema", "cascade")
+                        "delta:raw-confidence", "ema", "cascade", "throughput")
 
 
 def parse_policy_name(name: str) -> tuple[str, tuple[str, ...]] | None:
@@ -185,6 +186,10 @@ class Policy:
     def engine_plan(self, st: Any) -> int:
         """The most tokens one request drafts this round (what :meth:`plan` gives it)."""
         return self.k_max
+
+    def engine_batch_plan(self, sts: list[Any]) -> list[int] | None:
+        """One plan for the batch from every live request's state (None: each request's own :meth:`engine_plan`)."""
+        return None
 
     def engine_context(self, st: Any) -> float:
         """What one request's decisions in this round share (the Delta rule's λ); computed once per round."""
@@ -346,6 +351,11 @@ class DeltaRule(Policy):
         self.name = name or "Delta rule"
         #: at batch > 1 in the engine, one decision for the batch (:meth:`batch_select`) instead of one per request
         self.shared = bool(shared)
+
+    @property
+    def uses_pass_prices(self) -> bool:
+        """Whether the engine gives it the measured passes (:attr:`pass_ms`): the batch decision prices them."""
+        return self.shared
 
     def describe(self) -> str:
         return (f"{self.stop} stop, λ0 = {self.lambda0:.3f} ms/token"
@@ -738,6 +748,130 @@ class UtilityTestAndSet(Policy):
 
 
 
+class ThroughputAware(Policy):
+    """SGLang-style throughput-aware draft length (sglang PR #28045, from its description), one k for the batch.
+
+    Each round the rule drafts ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max: ``E[tokens | k]
+    = 1 + sum_{t<=k} prod_{s<=t} α_s`` with ``α_t`` the acceptance of draft position t given position t - 1
+    was accepted, and ``C(k)`` the price of a round of k (in the engine the profiled pass as measured, the
+    drafter's line and the time outside both; offline the cost model at the mean Ū per m). ``α_t`` comes
+    from the rounds the rule ran: per position, exponentially decayed counts of the rounds that reached it
+    and of those that accepted it (weight ``1/window`` on the newest; SGLang keeps a sliding window of 20),
+    plus ``prior_weight`` pseudo-rounds at the fit's per-position acceptance (from the static-K tokens per
+    round of the train references). A position no round tests fades back towards the prior over
+    ``forget_rounds`` rounds, so a position given up on is tried again (without it a rule that once chose a
+    short k could never see the longer positions again). It reads no confidences. The defaults (window 20
+    as SGLang, prior weight 4, forget over 100 rounds) were chosen on the batch replay of the *train*
+    references at batch 1, 4 and 8 (all settings tried were within 2% of one another there).
+
+    ``shared`` (default): in the engine at batch > 1 the live requests' counts are pooled and every request
+    drafts the same k (the pass then has b·(k + 1) rows, a width the profile priced); per request otherwise,
+    and always offline (each sequence its own counts, as at batch 1).
+    """
+
+    markov = False
+
+    def __init__(self, prior_survival: Any, u_bar_mean: Any = None, window: float = 20.0, prior_weight: float = 4.0,
+                 shared: bool = True, forget_rounds: float | None = 100.0):
+        s = np.asarray(prior_survival, dtype=float)
+        prev = np.concatenate([[1.0], s[:-1]])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            self.prior_alpha = np.clip(np.nan_to_num(s / prev, nan=0.5), 0.01, 0.99)
+        self.u_bar_mean = None if u_bar_mean is None else np.asarray(u_bar_mean, dtype=float)
+        self.window, self.prior_weight, self.shared = float(window), float(prior_weight), bool(shared)
+        self.decay = 1.0 - 1.0 / self.window
+        self.forget = 1.0 - 1.0 / (forget_rounds if forget_rounds else math.inf)
+        self.name = "throughput-aware"
+
+    def describe(self) -> str:
+        return (f"argmax E[tokens]/C(k), per-position acceptance decayed over {self.window:g} rounds, prior "
+                f"{self.prior_weight:g} rounds{', one k for the batch' if self.shared else ''}")
+
+    def setup(self, k_max, model):
+        super().setup(k_max, model)
+        kk = self.k_max
+        if len(self.prior_alpha) < kk:
+            raise SpeclimitsError(f"throughput-aware: prior acceptance for positions 1..{kk} needed, got "
+                                  f"{len(self.prior_alpha)}")
+        u = np.zeros(kk + 2) if self.u_bar_mean is None else self.u_bar_mean
+        self._price = (self.fixed_ms + self.slope_ms * u[np.arange(1, kk + 2)])[1:]  # k = 1..K_max
+        self._prior_acc = (self.prior_weight * self.prior_alpha[:kk]).tolist()
+        self.pass_ms: list[float] | None = None  # the engine's measured passes (per request), when profiled
+        self._engine_price = self._price.tolist()
+        return self
+
+    @property
+    def uses_pass_prices(self) -> bool:
+        return True
+
+    def prices(self) -> list[float]:
+        """Per request, the price of a round of k = 1..K_max (the measured passes when the engine set them)."""
+        if self.pass_ms is None:
+            return self._engine_price
+        a, b = self.model.a, self.model.b
+        return [self.pass_ms[k] + a * k + b for k in range(1, self.k_max + 1)]
+
+    # -- offline (arrays; per sequence) -------------------------------------------------------
+    def init_memory(self, n):
+        kk = self.k_max
+        return {"reached": np.zeros((n, kk)), "acc": np.zeros((n, kk))}
+
+    def plan(self, mem):
+        w = self.prior_weight
+        alpha = (mem["acc"] + np.asarray(self._prior_acc)) / (mem["reached"] + w)
+        surv = np.cumprod(alpha, axis=1)  # left to right, as the engine's running product
+        tokens = np.cumsum(np.concatenate([np.ones((len(surv), 1)), surv], axis=1), axis=1)[:, 1:]
+        return np.argmax(tokens / np.asarray(self.prices())[None, :], axis=1) + 1
+
+    def observe(self, mem, k, cost_ms, emitted, u_bar):
+        k = np.asarray(k, dtype=np.int64)
+        a = np.clip(np.asarray(emitted).astype(np.int64) - 1, 0, k)
+        t = np.arange(self.k_max)[None, :]
+        seen = t < np.minimum(a + 1, k)[:, None]  # the positions this round tested; the others fade slowly
+        mem["reached"] = np.where(seen, self.decay * mem["reached"] + 1.0, self.forget * mem["reached"])
+        mem["acc"] = np.where(seen, self.decay * mem["acc"] + (t < a[:, None]), self.forget * mem["acc"])
+
+    # -- the engine (scalars; pooled over the batch when shared) ------------------------------
+    def engine_state(self):
+        return [[0.0] * self.k_max, [0.0] * self.k_max]  # positions reached, accepted (decayed counts)
+
+    def choose(self, reached: list[float], acc: list[float]) -> int:
+        """k* from counts of positions reached and accepted (one request's, or the batch's summed)."""
+        w, best, best_k = self.prior_weight, -1.0, 1
+        surv, tokens = 1.0, 1.0
+        for t, (r, c, c0, price) in enumerate(zip(reached, acc, self._prior_acc, self.prices())):
+            surv *= (c + c0) / (r + w)
+            tokens += surv
+            score = tokens / price
+            if score > best:
+                best, best_k = score, t + 1
+        return best_k
+
+    def engine_plan(self, st):
+        return self.choose(st[0], st[1])
+
+    def engine_batch_plan(self, sts):
+        if not self.shared or len(sts) < 2:
+            return None
+        reached = [sum(col) for col in zip(*(st[0] for st in sts))]
+        acc = [sum(col) for col in zip(*(st[1] for st in sts))]
+        # pooled counts with the prior once: as many pseudo-rounds as one request has
+        k = self.choose(reached, acc)
+        return [k] * len(sts)
+
+    def engine_observe(self, st, k, cost_ms, emitted):
+        a = min(max(int(emitted) - 1, 0), k)
+        reached, acc, d = st[0], st[1], self.decay
+        hi, f = min(a + 1, k), self.forget
+        for t in range(self.k_max):  # the positions this round tested; the others fade slowly
+            if t < hi:
+                reached[t] = d * reached[t] + 1.0
+                acc[t] = d * acc[t] + (1.0 if t < a else 0.0)
+            else:
+                reached[t] *= f
+                acc[t] *= f
+
+
 def running_product(conf: np.ndarray) -> np.ndarray:
     """(b,) product of each row of ``conf`` (b, j), multiplied left to right as the engine's running
     product is (so both forms compare the same float with a threshold)."""
@@ -846,6 +980,12 @@ class PolicyFit:
             pol = EmaAcceptedLength()
         elif name == "cascade":
             pol = UtilityTestAndSet()
+        elif name == "throughput":
+            if self.tokens_per_round is None:
+                raise SpeclimitsError("policy 'throughput' needs the fit's static tokens per round (refit the policy "
+                                      "file with `speclimits control fit`)")
+            tpr = np.asarray(self.tokens_per_round, dtype=float)
+            pol = ThroughputAware(np.diff(np.concatenate([[1.0], tpr])), u)
         elif name.startswith("random"):
             pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
         else:

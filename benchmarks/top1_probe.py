@@ -1,0 +1,120 @@
+"""Probe: what a draft step's top-1 probability costs inside vLLM, for several ways of computing it.
+
+The rules that read confidences (threshold, Delta) need, after every draft step, each request's top-1
+probability ``1 / sum_v exp(x_v - max x)`` over the drafter's logits. Right after the drafter's forward
+the code and data of a small torch or numpy call are out of the caches, so a call costs several times
+what it costs in a loop (the benchmark's hook times show it). This probe runs the controlled engine
+(the bundled pair, the threshold rule, greedy) and, at every draft step, times **one** variant chosen at
+random as the first thing done after the forward (the position the controller's call has), then
+computes the production form (:func:`speclimits.control.extension.top1_probability`) whose values the
+rule uses, and checks the variant's values against it. Prints per batch size and variant the median
+and mean µs per call and the largest difference from the production values.
+
+Run alone on the machine (it times things), one OpenMP thread::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/top1_probe.py --batch 1 4 8 --prompts 8 --max-tokens 64
+
+Prints the 1-minute load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def variants():
+    import torch
+
+    def softmax_amax(x):  # the production form
+        return x.softmax(-1).amax(-1).tolist()
+
+    def shifted_exp_sum(x):
+        return (1.0 / (x - x.amax(-1, keepdim=True)).exp_().sum(-1)).tolist()
+
+    def logsumexp(x):
+        return (x.amax(-1) - torch.logsumexp(x, -1)).exp().tolist()
+
+    def numpy_form(x):
+        a = x.numpy()
+        m = a.max(axis=1, keepdims=True)
+        return (1.0 / np.exp(a - m).sum(axis=1)).tolist()
+
+    def aten_softmax(x):
+        return torch.ops.aten.amax(torch.ops.aten._softmax(x, -1, False), [-1]).tolist()
+
+    return {f.__name__: f for f in (softmax_amax, shifted_exp_sum, logsumexp, numpy_form, aten_softmax)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per batch size (the fit's held-out ones)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--policy", default=str(ROOT / "data" / "control" / "policy.json"))
+    ap.add_argument("--trace", default=str(ROOT / "data" / "traces" / "measured-eagle3"))
+    ap.add_argument("--out", default=None, help="also write the per-call samples as JSON")
+    args = ap.parse_args()
+
+    import speclimits.control.extension as ext
+    from speclimits.control import engine as ce
+    from speclimits.control.bench import trace_generations
+    from speclimits.control.rules import PolicyFit
+
+    fit = PolicyFit.read(args.policy)
+    recorded = trace_generations(Path(args.trace))
+    ids = [recorded[s][0] for s in fit.test_seq_ids if s in recorded][: args.prompts]
+    forms = variants()
+    production = ext.top1_probability
+    samples: dict[str, list[float]] = {}
+    worst: dict[str, float] = {}
+    rng = random.Random(0)
+
+    def probe(logits, n_rows):
+        name = rng.choice(list(forms))
+        x = logits if logits.dtype.is_floating_point and logits.dtype.itemsize == 4 else logits.float()
+        t0 = time.perf_counter()
+        got = forms[name](x)
+        dt = time.perf_counter() - t0
+        out = production(logits, n_rows)
+        key = f"{n_rows}:{name}"
+        samples.setdefault(key, []).append(dt * 1e6)
+        worst[key] = max(worst.get(key, 0.0), float(np.max(np.abs(np.asarray(got) - np.asarray(out)))))
+        return out
+
+    print(f"load average before: {os.getloadavg()}")
+    target, draft = str(ROOT / "data" / "models" / "target"), str(ROOT / "data" / "models" / "eagle3")
+    for b in args.batch:
+        llm = ce.build_llm(target, draft, "eagle3", fit.k_max, batch=b)
+        try:
+            llm.collective_rpc("speclimits_control_set", args=(fit.to_dict(), "threshold", 0))
+            ce.generate(llm, ids[:b], 16)  # warm-up, not probed
+            ext.top1_probability = probe
+            try:
+                ce.generate(llm, ids, args.max_tokens)
+            finally:
+                ext.top1_probability = production
+        finally:
+            ce.close(llm)
+    print(f"load average after: {os.getloadavg()}")
+    print(f"{'rows':>4} {'variant':18} {'calls':>6} {'median µs':>10} {'mean µs':>8} {'max |diff|':>10}")
+    for key in sorted(samples, key=lambda k: (int(k.split(':')[0]), k)):
+        rows, name = key.split(":")
+        v = np.asarray(samples[key])
+        print(f"{rows:>4} {name:18} {len(v):6d} {np.median(v):10.1f} {v.mean():8.1f} {worst[key]:10.2e}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"samples": samples, "max_abs_diff": worst,
+                                              "load": os.getloadavg()}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
