@@ -6,9 +6,9 @@ given), then runs the command on the held-out references at the batch size asked
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 1 --out data/control/bench-batch1.json -- --blocks 48
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 4 --out data/control/bench-batch4.json -- --blocks 24 \
-        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade
+        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade,throughput
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 8 --out data/control/bench-batch8.json -- --blocks 16 \
-        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade
+        --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade,throughput
 
 (their ``produced_by`` and ``config`` fields record the exact options). Any option of the command can be
 passed through after ``--``, e.g. ``-- --blocks 8 --static 1-4``. The tiny setting runs in the test suite

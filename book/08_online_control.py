@@ -55,7 +55,12 @@
 # * **Delta rule** (the paper's boundary, online): extend while the predicted marginal cost is below
 #   $\lambda$ times the marginal expected progress, with calibrated confidence; $\lambda$ fixed or running;
 # * **EMA of accepted length** (SGLang-style, reimplemented from its description) and **utility
-#   test-and-set** (Cascade-style): published baselines that choose $k$ per request from observed rounds.
+#   test-and-set** (Cascade-style): published baselines that choose $k$ per request from observed rounds;
+# * **throughput-aware** (SGLang's proposed controller, reimplemented from its description): each round
+#   $k^\star = \arg\max_k E[\text{tokens}\mid k]/\hat C(k)$, with the acceptance of each draft position
+#   counted over the recent rounds (decayed; a prior from the fit) and $\hat C$ the profiled round; at
+#   batch > 1 the batch's counts are pooled and every request drafts the same $k$. It reads no
+#   confidences, so it decides as cheaply as the EMA rule.
 #
 # $\tau$, $\lambda$, the calibration map and the $\bar U$ predictor are fitted (`speclimits control fit`)
 # on a seeded half of the **greedy** references; everything below is on the other half. "Share

@@ -214,6 +214,14 @@
 #   the $n$ most probable tokens. The offline prediction at batch > 1 replays the greedy references a
 #   batch at a time through the engine's own round driver, each step priced by its shape in the same way
 #   (`speclimits.control.offline.batch_replay`).
+# * **The throughput-aware rule** keeps, per draft position $t$, decayed counts of the rounds that reached
+#   it and of those that accepted it (weight 1/20 on the newest, as SGLang's window of 20; a position no
+#   round tests fades back towards the prior over 100 rounds), plus 4 pseudo-rounds at the fit's
+#   per-position acceptance (from the static-$K$ tokens per round of the train references). Each round it
+#   drafts $\arg\max_k (1 + \sum_{t \le k} \prod_{s \le t} \hat\alpha_s)/\hat C(k)$; in the engine
+#   $\hat C(k)$ is the profiled pass as measured plus the drafter's line and the time outside, per request;
+#   at batch > 1 the live requests' counts are pooled and the batch drafts one $k$, so the pass has a width
+#   the profile timed. The prior weight and fade were chosen on the batch replay of the train references.
 # * **Deciding.** Each rule has an array form (the offline harness, thousands of states at once) and a
 #   scalar form, one request at a time in Python floats from tables made at setup, which the engine runs:
 #   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
