@@ -172,6 +172,19 @@ def test_verdict_names_the_outcome_per_batch():
     assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, {}, slow, bounds)
 
 
+def test_verdict_names_the_best_stock_k_over_all_blocks_where_the_split_chose_another():
+    res = _bench(1)
+    res["choice"]["best_stock_all_blocks"] = "stock:2"
+    res["summary"][3].update(vs_stock_2=1.03, vs_stock_2_lo=1.01, vs_stock_2_hi=1.05)  # the Delta rule
+    b = cview.engine_best(engine_table(res), res)
+    assert (b.all_static, b.all_speed, b.all_speed_lo, b.all_speed_hi) == ("stock:2", 1.03, 1.01, 1.05)
+    text = cview.verdict({1: res}, _tables(res), _offline(), {"oracle_exact_gain_over_best_static": 1.266})
+    assert "against stock vLLM, K = 2, the best stock K over all blocks: 1.03" in text
+    same = _bench(1)
+    same["choice"]["best_stock_all_blocks"] = "stock:3"
+    assert cview.engine_best(engine_table(same), same).all_static is None
+
+
 def test_key_rows_with_and_without_a_benchmark():
     bounds = {"oracle_exact_gain_over_best_static": 1.266}
     res = _bench(1)

@@ -103,6 +103,12 @@ class EngineBest:
     n_policies: int
     n_faster: int  # policies whose interval lies above 1
     n_slower: int  # policies whose interval lies below 1
+    #: the best stock arm over all blocks where it differs from ``best_static`` (the half-split's choice),
+    #: with the policy's paired ratio to it over all blocks and its interval; else None
+    all_static: str | None = None
+    all_speed: float = np.nan
+    all_speed_lo: float = np.nan
+    all_speed_hi: float = np.nan
 
     @property
     def beat(self) -> bool:
@@ -125,7 +131,13 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
         raise ValueError(f"{result.get('file', 'benchmark')}: no policy arms")
     best = s.loc[pols, "vs_best_stock"].astype(float).idxmax()
     r = s.loc[best]
-    return EngineBest(
+    chosen, overall = str(result["choice"]["best_stock"]), result["choice"].get("best_stock_all_blocks")
+    col = f"vs_stock_{str(overall).split(':')[-1]}"
+    other = {}
+    if overall and overall != chosen and col in s:
+        other = {"all_static": str(overall), "all_speed": float(r[col]), "all_speed_lo": float(r[f"{col}_lo"]),
+                 "all_speed_hi": float(r[f"{col}_hi"])}
+    return EngineBest(**other,
         batch=int(result["config"]["batch"]), policy=best, best_static=str(result["choice"]["best_stock"]),
         speed=float(r["vs_best_stock"]), speed_lo=float(r["vs_best_stock_lo"]), speed_hi=float(r["vs_best_stock_hi"]),
         share=float(r["engine_share_exact"]), share_lo=float(r["engine_share_exact_lo"]),
@@ -165,7 +177,9 @@ def verdict(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], of
         parts.append(f"**batch {b.batch}**: the best policy, {arm_name(b.policy)}, was {b.verdict} "
                      f"{arm_name(b.best_static)} ({fmt_ci(b.speed, b.speed_lo, b.speed_hi)}× its speed; "
                      f"{b.n_faster} of {b.n_policies} policies faster and {b.n_slower} slower with the interval "
-                     f"clear of 1)")
+                     f"clear of 1"
+                     + (f"; against {arm_name(b.all_static)}, the best stock K over all blocks: "
+                        f"{fmt_ci(b.all_speed, b.all_speed_lo, b.all_speed_hi)}×" if b.all_static else "") + ")")
     return text + "**In the engine**, against stock vLLM: " + "; ".join(parts) + "."
 
 
