@@ -7,8 +7,10 @@ what it costs in a loop (the benchmark's hook times show it). This probe runs th
 (the bundled pair, the threshold rule, greedy) and, at every draft step, times **one** variant chosen at
 random as the first thing done after the forward (the position the controller's call has), then
 computes the production form (:func:`speclimits.control.extension.top1_probability`) whose values the
-rule uses, and checks the variant's values against it. Prints per batch size and variant the median
-and mean µs per call and the largest difference from the production values.
+rule uses, and checks the variant's values against it. Some variants also make the drafter's token
+choice (vLLM's ``argmax(-1)``, alone or fused with the top-1), to show what the top-1 costs net of it; every
+step also counts whether the probabilities' max index equals the logits' argmax. Prints per batch size
+and variant the median and mean µs per call and the largest difference from the production values.
 
 Run alone on the machine (it times things), one OpenMP thread::
 
@@ -51,7 +53,26 @@ def variants():
     def aten_softmax(x):
         return torch.ops.aten.amax(torch.ops.aten._softmax(x, -1, False), [-1]).tolist()
 
-    return {f.__name__: f for f in (softmax_amax, shifted_exp_sum, logsumexp, numpy_form, aten_softmax)}
+    # with the drafter's token choice, which vLLM makes right after (``logits.argmax(-1)``): what the step
+    # costs now (vLLM's argmax, then the top-1), the argmax alone, and two forms that make both at once
+    def argmax_only(x):
+        x.argmax(-1)
+        return None
+
+    def argmax_then_softmax_amax(x):
+        x.argmax(-1)
+        return x.softmax(-1).amax(-1).tolist()
+
+    def softmax_max_ids(x):  # ids and top-1 from the probabilities (ids may differ at float32 ties)
+        top, _ids = x.softmax(-1).max(-1)
+        return top.tolist()
+
+    def max_indices_softmax_amax(x):  # ids from the logits' max (first maximum, as argmax), top-1 apart
+        x.max(-1)
+        return x.softmax(-1).amax(-1).tolist()
+
+    return {f.__name__: f for f in (softmax_amax, shifted_exp_sum, logsumexp, numpy_form, aten_softmax, argmax_only,
+                                    argmax_then_softmax_amax, softmax_max_ids, max_indices_softmax_amax)}
 
 
 def main() -> int:
@@ -76,6 +97,7 @@ def main() -> int:
     production = ext.top1_probability
     samples: dict[str, list[float]] = {}
     worst: dict[str, float] = {}
+    ties: dict[int, int] = {}  # rows where the probabilities' max index is not the logits' argmax
     rng = random.Random(0)
 
     def probe(logits, n_rows):
@@ -87,7 +109,9 @@ def main() -> int:
         out = production(logits, n_rows)
         key = f"{n_rows}:{name}"
         samples.setdefault(key, []).append(dt * 1e6)
-        worst[key] = max(worst.get(key, 0.0), float(np.max(np.abs(np.asarray(got) - np.asarray(out)))))
+        if got is not None:
+            worst[key] = max(worst.get(key, 0.0), float(np.max(np.abs(np.asarray(got) - np.asarray(out)))))
+        ties[n_rows] = ties.get(n_rows, 0) + int((x.softmax(-1).max(-1).indices != x.argmax(-1)).sum())
         return out
 
     print(f"load average before: {os.getloadavg()}")
@@ -105,13 +129,16 @@ def main() -> int:
         finally:
             ce.close(llm)
     print(f"load average after: {os.getloadavg()}")
-    print(f"{'rows':>4} {'variant':18} {'calls':>6} {'median µs':>10} {'mean µs':>8} {'max |diff|':>10}")
+    print(f"{'rows':>4} {'variant':26} {'calls':>6} {'median µs':>10} {'mean µs':>8} {'max |diff|':>10}")
     for key in sorted(samples, key=lambda k: (int(k.split(':')[0]), k)):
         rows, name = key.split(":")
         v = np.asarray(samples[key])
-        print(f"{rows:>4} {name:18} {len(v):6d} {np.median(v):10.1f} {v.mean():8.1f} {worst[key]:10.2e}")
+        diff = f"{worst[key]:10.2e}" if key in worst else f"{'–':>10}"
+        print(f"{rows:>4} {name:26} {len(v):6d} {np.median(v):10.1f} {v.mean():8.1f} {diff}")
+    print("draft steps where the probabilities' max index differs from the logits' argmax: "
+          + ", ".join(f"{n} at {b} rows" for b, n in sorted(ties.items())))
     if args.out:
-        Path(args.out).write_text(json.dumps({"samples": samples, "max_abs_diff": worst,
+        Path(args.out).write_text(json.dumps({"samples": samples, "max_abs_diff": worst, "id_ties": ties,
                                               "load": os.getloadavg()}) + "\n")
     return 0
 
