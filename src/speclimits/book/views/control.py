@@ -138,7 +138,7 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
         other = {"all_static": str(overall), "all_speed": float(r[col]), "all_speed_lo": float(r[f"{col}_lo"]),
                  "all_speed_hi": float(r[f"{col}_hi"])}
     return EngineBest(**other,
-        batch=int(result["config"]["batch"]), policy=best, best_static=str(result["choice"]["best_stock"]),
+        batch=int(result["config"]["batch"]), policy=best, best_static=chosen,
         speed=float(r["vs_best_stock"]), speed_lo=float(r["vs_best_stock_lo"]), speed_hi=float(r["vs_best_stock_hi"]),
         share=float(r["engine_share_exact"]), share_lo=float(r["engine_share_exact_lo"]),
         share_hi=float(r["engine_share_exact_hi"]),
