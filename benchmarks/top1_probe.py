@@ -34,45 +34,88 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def variants():
-    import torch
+    """Each variant takes (x: the drafter's logits over the target vocabulary, float32; ids: the drafter's
+    token choice (vLLM's argmax, already made); small: the drafter's own logits before they are scattered
+    into the target vocabulary (EAGLE-3 heads with a draft vocabulary; else None))."""
+    import math
 
-    def softmax_amax(x):  # the production form
+    import torch
+    import torch.nn.functional as F
+
+    def softmax_amax(x, ids, small):  # the production form
         return x.softmax(-1).amax(-1).tolist()
 
-    def shifted_exp_sum(x):
+    def shifted_exp_sum(x, ids, small):
         return (1.0 / (x - x.amax(-1, keepdim=True)).exp_().sum(-1)).tolist()
 
-    def logsumexp(x):
+    def logsumexp(x, ids, small):
         return (x.amax(-1) - torch.logsumexp(x, -1)).exp().tolist()
 
-    def numpy_form(x):
+    def numpy_form(x, ids, small):
         a = x.numpy()
         m = a.max(axis=1, keepdims=True)
         return (1.0 / np.exp(a - m).sum(axis=1)).tolist()
 
-    def aten_softmax(x):
+    def aten_softmax(x, ids, small):
         return torch.ops.aten.amax(torch.ops.aten._softmax(x, -1, False), [-1]).tolist()
 
+    # the top-1 from the token already chosen: -log p(argmax) is the cross-entropy at the argmax
+    def cross_entropy_at_ids(x, ids, small):
+        return [math.exp(-v) for v in F.cross_entropy(x, ids, reduction="none").tolist()]
+
+    # on the draft vocabulary itself (the target-vocabulary logits are -inf elsewhere: same softmax)
+    def small_softmax_amax(x, ids, small):
+        return small.softmax(-1).amax(-1).tolist()
+
     # with the drafter's token choice, which vLLM makes right after (``logits.argmax(-1)``): what the step
-    # costs now (vLLM's argmax, then the top-1), the argmax alone, and two forms that make both at once
-    def argmax_only(x):
+    # costs now (vLLM's argmax, then the top-1), the argmax alone, and forms that make both at once
+    def argmax_only(x, ids, small):
         x.argmax(-1)
         return None
 
-    def argmax_then_softmax_amax(x):
+    def max_only(x, ids, small):
+        x.max(-1)
+        return None
+
+    def argmax_then_softmax_amax(x, ids, small):
         x.argmax(-1)
         return x.softmax(-1).amax(-1).tolist()
 
-    def softmax_max_ids(x):  # ids and top-1 from the probabilities (ids may differ at float32 ties)
+    def softmax_max_ids(x, ids, small):  # ids and top-1 from the probabilities (ids may differ at float32 ties)
         top, _ids = x.softmax(-1).max(-1)
         return top.tolist()
 
-    def max_indices_softmax_amax(x):  # ids from the logits' max (first maximum, as argmax), top-1 apart
+    def max_indices_softmax_amax(x, ids, small):  # ids from the logits' max (first maximum, as argmax), top-1 apart
         x.max(-1)
         return x.softmax(-1).amax(-1).tolist()
 
-    return {f.__name__: f for f in (softmax_amax, shifted_exp_sum, logsumexp, numpy_form, aten_softmax, argmax_only,
-                                    argmax_then_softmax_amax, softmax_max_ids, max_indices_softmax_amax)}
+    def max_indices_small_softmax(x, ids, small):  # ids from the logits' max, top-1 on the draft vocabulary
+        x.max(-1)
+        return small.softmax(-1).amax(-1).tolist()
+
+    def max_indices_cross_entropy(x, ids, small):  # ids and the max from the logits, top-1 by the cross-entropy
+        _v, i = x.max(-1)
+        return [math.exp(-v) for v in F.cross_entropy(x, i, reduction="none").tolist()]
+
+    forms = (softmax_amax, shifted_exp_sum, logsumexp, numpy_form, aten_softmax, cross_entropy_at_ids,
+             small_softmax_amax, argmax_only, max_only, argmax_then_softmax_amax, softmax_max_ids,
+             max_indices_softmax_amax, max_indices_small_softmax, max_indices_cross_entropy)
+    return {f.__name__: f for f in forms}
+
+
+def _capture_small(worker, box):
+    """Runs in the (in-process) worker: keep the EAGLE-3 head's own logits (before vLLM scatters them into
+    the target vocabulary) of each draft step in ``box[0]``."""
+    lp = worker.model_runner.drafter.model.logits_processor
+    orig = lp.forward
+
+    def forward(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        box[0] = out
+        return out
+
+    lp.forward = forward
+    return None
 
 
 def main() -> int:
@@ -100,11 +143,14 @@ def main() -> int:
     ties: dict[int, int] = {}  # rows where the probabilities' max index is not the logits' argmax
     rng = random.Random(0)
 
-    def probe(logits, n_rows):
-        name = rng.choice(list(forms))
+    small_box: list = [None]
+
+    def probe(logits, n_rows, ids=None):
+        names = [n for n in forms if small_box[0] is not None or "small" not in n]
+        name = rng.choice(names)
         x = logits if logits.dtype.is_floating_point and logits.dtype.itemsize == 4 else logits.float()
         t0 = time.perf_counter()
-        got = forms[name](x)
+        got = forms[name](x, ids, small_box[0])
         dt = time.perf_counter() - t0
         out = production(logits, n_rows)
         key = f"{n_rows}:{name}"
@@ -121,6 +167,7 @@ def main() -> int:
         try:
             llm.collective_rpc("speclimits_control_set", args=(fit.to_dict(), "threshold", 0))
             ce.generate(llm, ids[:b], 16)  # warm-up, not probed
+            llm.collective_rpc(_capture_small, args=(small_box,))
             ext.top1_probability = probe
             try:
                 ce.generate(llm, ids, args.max_tokens)

@@ -239,6 +239,13 @@ def test_batch_decision_is_the_brute_force_optimum(seed):
         assert pol.engine_batch_more(j, [p[:j] for p in pj], [pol.lambda0] * b, k_max)
     assert rnd.j == k_max or not pol.engine_batch_more(rnd.j, pj, [pol.lambda0] * b, k_max)
     assert driver.finish(rnd) == pol.engine_batch_keep(pj, [pol.lambda0] * b)
+    # a stop found by engine_batch_more hands its keep to engine_batch_keep: the same as searching afresh
+    for j in range(1, k_max):
+        pj = [row[:j].tolist() for row in prods]
+        if not pol.engine_batch_more(j, pj, lams, k_max):
+            assert "_kept" in pol.__dict__
+            assert pol.engine_batch_keep(pj, lams) == pol.batch_select(pj, lams, j, j)[1], (seed, j)
+            assert "_kept" not in pol.__dict__
     # batch 1: the request is priced alone (the per-request rule's stop)
     one = driver.begin(["x"], k_max)
     assert one.prods is None
@@ -512,3 +519,32 @@ def test_throughput_rule_learns_the_planted_acceptance_and_picks_the_best_rate()
     rnd = driver.begin(["x", "y"], fit.k_max)
     assert len(set(rnd.cap)) == 1
     assert fit.make("throughput").engine_batch_plan([pol.engine_state()]) is None  # batch 1: its own counts
+
+
+def test_fixed_lambda_delta_rule_keeps_no_memory_in_the_engine():
+    """A fixed-λ Delta rule reads nothing of past rounds: the driver keeps no per-request state and
+    passes no outcome on (one Python loop less after every verification); a running λ does both."""
+    fit = hand_fit(k_max=4, lam=5.0)
+    fixed, running = RoundDriver(fit.make("delta-fixed")), RoundDriver(fit.make("delta"))
+    assert not fixed.has_state and not fixed.observes
+    assert running.has_state and running.observes
+    running.observe(["a"], [3], 10.0, [2.0])
+    assert running.state["a"] == [10.0, 2.0]
+    fixed.observe(["a"], [3], 10.0, [2.0])
+    assert fixed.state == {}
+
+
+def test_wants_confidence_at_batch_one_matches_the_general_rule():
+    """The batch-1 shortcut of wants_confidence gives what the per-request scan gives."""
+    fit = hand_fit(k_max=5, lam=5.0)
+    driver = RoundDriver(fit.make("threshold"))
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        conf = rng.uniform(0.2, 1.0, size=(1, 5))
+        rnd = driver.begin(["r"], int(rng.integers(1, 6)))
+        while True:
+            j = rnd.j + 1
+            general = j < rnd.k_call and any(k < 0 and c > j for k, c in zip(rnd.keep, rnd.cap))
+            assert driver.wants_confidence(rnd) == general
+            if driver.step(rnd, conf[:, j - 1].tolist() if general else None):
+                break

@@ -164,3 +164,37 @@ def test_engine_lambda_is_the_fit_lambda_under_the_fit_cost_model(tmp_path):
     assert fit.engine_lambda(slower) == pytest.approx(2 * fit.lambda_, rel=1e-9)  # λ follows the units
     back = PolicyFit.from_dict(fit.to_dict())
     assert back.tokens_per_round == fit.tokens_per_round and back.lambda_ratio == fit.lambda_ratio
+
+
+def test_token_choice_gives_the_argmax_ids_and_books_what_it_saves():
+    """The controller's token choice returns exactly vLLM's ``argmax(-1)`` ids over the target vocabulary
+    (ties, -inf rows, NaN; from the target logits or from a head's own logits mapped by increasing
+    target ids), tries every form per row count, keeps the fastest, and books the argmax median for
+    each other form it ran."""
+    import torch
+
+    from speclimits.control.extension import TokenChoice
+
+    tc = TokenChoice(trials=4)
+    rng = np.random.default_rng(0)
+    special = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("-inf")] * 4, [2.0, float("nan"), 5.0, float("nan")],
+                            [0.0, 0.0, 0.0, 0.0]])
+    for _ in range(3):
+        assert torch.equal(tc(special)[0], special.argmax(dim=-1))
+    targets = torch.from_numpy(np.sort(rng.choice(1024, size=256, replace=False)))
+    for _ in range(60):
+        n = int(rng.integers(1, 5))
+        head = torch.from_numpy(rng.normal(size=(n, 256)).round(1).astype(np.float32))  # rounded: many ties
+        full = torch.full((n, 1024), float("-inf"))
+        full[:, targets] = head
+        ids, vllm_s = tc(full, head, targets)
+        assert torch.equal(ids, full.argmax(dim=-1))
+        assert vllm_s >= 0.0
+    for n, st in tc.stats.items():
+        if n in (1, 2, 3):
+            assert st[1] in (0, 1, 2) and all(len(t) >= 4 for t in st[0])
+            assert (n in tc.argmax_rows) == (st[1] == 0)
+            assert st[2] == pytest.approx(float(np.median(st[0][0])))
+    assert tc.saved_s > 0.0  # every trial of another form booked the argmax it replaced
+    d = tc.to_dict()
+    assert set(d) == {str(n) for n in tc.stats} and all(v["argmax_us"] > 0 for v in d.values())

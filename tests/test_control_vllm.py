@@ -127,6 +127,13 @@ def test_lossless_on_the_bundled_pair(ce):
             ce.close(llm)
         for name, (outputs, _) in arms.items():
             assert outputs == plain, f"bundled pair, {name}, batch {batch}"
+        # the confidence readers take the top-1 from the head's own 4,096 logits (checked against the
+        # 8,192 target-vocabulary ones on the first step) and time vLLM's argmax where they take over
+        for name in ("delta", "threshold"):
+            drained = arms[name][1]
+            assert drained["draft_vocab_top1"] is True, name
+            assert drained["token_choice"] and all(v["argmax_us"] > 0 for v in drained["token_choice"].values())
+        assert not arms["random:3"][1]["token_choice"] or arms["random:3"][1]["token_choice_saved_us"] == 0.0
 
 
 def test_refusals():

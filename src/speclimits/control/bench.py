@@ -198,7 +198,11 @@ def run_arm(engines: Engines, arm: str, ids: list[list[int]], max_tokens: int) -
         d = llm.collective_rpc("speclimits_control_drain")[0]
         ks = np.concatenate([np.asarray(r["k"]) for r in d["rounds"]]) if d["rounds"] else np.zeros(0, int)
         wasted = sum(r["drafted"] * len(r["k"]) - sum(r["k"]) for r in d["rounds"])
-        row.update(decide_us=d["decide_us"], drafting_calls=d["n_rounds"], early_exits=d["early_exits"],
+        # decision time net of vLLM's argmax where the controller made the token choice itself (the
+        # argmax's median at that row count, timed in place; see control.extension.TokenChoice)
+        saved = float(d.get("token_choice_saved_us", 0.0))
+        row.update(decide_us=d["decide_us"] - saved, decide_gross_us=d["decide_us"], token_choice_saved_us=saved,
+                   drafting_calls=d["n_rounds"], early_exits=d["early_exits"],
                    mean_k=float(ks.mean()) if ks.size else None, price_scale=d["price_scale"],
                    wasted_draft_steps=wasted / max(len(ks), 1),
                    k_histogram=np.bincount(ks, minlength=2).tolist() if ks.size else [],
@@ -314,10 +318,15 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
         allb = choice["best_stock_all_blocks"]
         out["vs_best_stock_all"] = [paired_ratio(pb[allb].to_numpy(), pb[a].to_numpy(), 0)[0] for a in out.index]
     if "decide_us" in blocks:
-        per = g[["decide_us", "drafting_calls", "duration_s"]].sum(min_count=1)
+        cols = ["decide_us", "drafting_calls", "duration_s"] + (["decide_gross_us"] if "decide_gross_us" in blocks else [])
+        per = g[cols].sum(min_count=1)
         out["decision_us_per_round"] = per["decide_us"] / per["drafting_calls"]
+        if "decide_gross_us" in per:
+            out["decision_gross_us_per_round"] = per["decide_gross_us"] / per["drafting_calls"]
         out["round_ms"] = per["duration_s"] * 1e3 / per["drafting_calls"]
         out["decision_share"] = out["decision_us_per_round"] / (out["round_ms"] * 1e3)
+        if "decision_gross_us_per_round" in out:
+            out["decision_gross_share"] = out["decision_gross_us_per_round"] / (out["round_ms"] * 1e3)
         out["mean_k"] = g["mean_k"].mean()
         out["wasted_draft_steps_per_request_round"] = g["wasted_draft_steps"].mean()
         out["price_scale"] = g["price_scale"].median()

@@ -89,12 +89,16 @@ def check_control_runner(runner: Any) -> Any:
     return drafter
 
 
-def top1_probability(logits: Any, n_rows: int) -> list[float]:
+def top1_probability(logits: Any, n_rows: int, ids: Any = None) -> list[float]:
     """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and
-    one max in torch (float32). Measured inside the engine right after the drafter's forward (batch 1,
-    8,192 logits, medians): 26 µs, against 44 µs with ``detach()`` and a ``dtype=`` argument, 60 µs for
-    ``max(-1)``, 69–77 µs in numpy (``1 / sum(exp(x - max))``: more calls, each cold there), 101–111 µs
-    for ``exp(max - logsumexp)`` forms."""
+    one max in torch (float32). ``logits`` may be the EAGLE-3 head's own logits over its draft
+    vocabulary (the target-vocabulary logits vLLM returns are the same values scattered among -inf:
+    the same softmax, on half the width here). Measured inside the engine right after the drafter's
+    forward (``benchmarks/top1_probe.py``, medians, 1 / 4 / 8 rows): 19.4 / 28.0 / 37.8 µs on the
+    4,096 draft-vocabulary logits, 21.6 / 36.5 / 61.7 µs on the 8,192 target-vocabulary ones; other
+    forms are slower (cross-entropy at the chosen ids 58 / 79 / 102, numpy 68 / 107 / 155, logsumexp
+    131 / 229 / 344). ``ids`` (the step's token choice) is not used: the signature lets a probe try
+    forms that read it."""
     import torch  # vLLM's own dependency (already loaded wherever this runs)
 
     if logits is None or logits.shape[0] != n_rows:
@@ -102,6 +106,78 @@ def top1_probability(logits: Any, n_rows: int) -> list[float]:
                               f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
     x = logits if logits.dtype == torch.float32 else logits.float()  # the drafter runs without autograd
     return x.softmax(-1).amax(-1).tolist()
+
+
+class TokenChoice:
+    """The greedy drafter's token choice, made by the controller where it reads confidences.
+
+    vLLM takes each draft step's token with ``logits.argmax(-1)`` over the target vocabulary. Two
+    forms give the same ids: ``logits.max(-1).indices`` (both return the first maximal index, NaN
+    counting as maximal; the tests check ties, -inf rows and NaN), and, for an EAGLE-3 head with its
+    own vocabulary, the max over the head's logits mapped to target ids (``targets[i] = i + d2t[i]``,
+    the positions vLLM scatters them to; the same first maximum when ``targets`` increases, which is
+    checked before the form is allowed; the rows differ only when every logit of a row is -inf). Draft
+    ids never change the output (the target verifies them), only how many are accepted. On this
+    machine's CPU the argmax and max are unvectorised (``benchmarks/top1_probe.py``: 14 / 50 / 102 µs
+    at 1 / 4 / 8 rows for the argmax) while half the width halves them, so per row count the first
+    ``trials`` steps run the forms in turn, timed where the call sits; then the fastest is used. Time
+    spent in a form other than vLLM's argmax is booked to the controller and the argmax it replaced
+    (that row count's median) to :attr:`saved_s`, so decision time can be reported net of the token
+    choice taken over; an argmax is vLLM's own work, not booked.
+    """
+
+    FORMS = ("argmax", "max", "head")
+
+    def __init__(self, trials: int = 8) -> None:
+        self.trials = int(trials)
+        #: per row count: [seconds per form (argmax, max, head), chosen form or None, argmax median s]
+        self.stats: dict[int, list[Any]] = {}
+        #: row counts where vLLM's argmax was the fastest (its call is then left to vLLM untouched)
+        self.argmax_rows: set[int] = set()
+        self.saved_s = 0.0
+
+    def __call__(self, logits: Any, head: Any = None, targets: Any = None) -> tuple[Any, float]:
+        """(ids, seconds of vLLM's own argmax in this call, 0 when another form ran) for one step's
+        ``logits``; ``head``, ``targets``: the head's own logits and their target ids (or None)."""
+        n = int(logits.shape[0])
+        st = self.stats.get(n)
+        if st is None:
+            st = self.stats[n] = [[[], [], []], None, 0.0]
+        form = st[1]
+        if form is None:  # a trial: the form with the fewest samples (the argmax first)
+            times = st[0]
+            nf = 3 if head is not None else 2
+            form = min(range(nf), key=lambda f: len(times[f]))
+        elif form == 2 and head is None:
+            form = 1
+        t0 = time.perf_counter()
+        if form == 0:
+            ids = logits.argmax(dim=-1)
+        elif form == 1:
+            ids = logits.max(-1).indices
+        else:
+            ids = targets[head.max(-1).indices]
+        dt = time.perf_counter() - t0
+        if st[1] is None:
+            times = st[0]
+            times[form].append(dt)
+            if form == 0:
+                st[2] = float(np.median(times[0]))
+            nf = 3 if head is not None else 2
+            if min(len(times[f]) for f in range(nf)) >= self.trials:
+                med = [float(np.median(times[f])) for f in range(nf)]
+                st[1] = med.index(min(med))
+                if st[1] == 0:
+                    self.argmax_rows.add(n)
+        if form == 0:
+            return ids, dt
+        self.saved_s += st[2]
+        return ids, 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {str(n): {**{f"{f}_us": 1e6 * float(np.median(t)) if t else None for f, t in zip(self.FORMS, st[0])},
+                         "chosen": None if st[1] is None else self.FORMS[st[1]]}
+                for n, st in sorted(self.stats.items())}
 
 
 class EngineRound:
@@ -139,7 +215,8 @@ class RoundDriver:
         self.state: dict[str, Any] = {}
         self.plan_only = policy.plan_only
         self.has_state = policy.engine_state() is not None
-        self.observes = type(policy).engine_observe is not Policy.engine_observe
+        #: whether the outcome of each round is passed on (a rule with no memory has nothing to update)
+        self.observes = self.has_state and type(policy).engine_observe is not Policy.engine_observe
         self.batch_keep = type(policy).engine_final_keep is not Policy.engine_final_keep
         self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
         #: one plan for the batch from all live requests' states (a plan-only rule that pools them)
@@ -171,8 +248,10 @@ class RoundDriver:
         if rnd.confs is not None or rnd.prods is not None:
             return True
         j = rnd.j + 1
-        if j >= rnd.k_call:
+        if j >= rnd.k_call or j >= rnd.cap_max:
             return False
+        if len(rnd.keep) == 1:  # batch 1: a request that stopped has ended the round
+            return rnd.keep[0] < 0
         for k, c in zip(rnd.keep, rnd.cap):
             if k < 0 and c > j:
                 return True
@@ -317,6 +396,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
         self._sl_pending: StepSample | None = None
         self._sl_logits: Any = None
+        self._sl_small: Any = None
+        self._sl_top1: list[float] | None = None
+        if not hasattr(self, "_sl_tokens"):
+            self._sl_tokens = TokenChoice()
+            #: whether the head's own logits give the target-vocabulary logits' top-1 (checked on the first step)
+            self._sl_small_ok: bool | None = None
+            #: target id of each of the head's logits, where they increase (the token choice may then use them)
+            self._sl_targets: Any = None
         self._sl_decide_s = 0.0
         self._sl_hook_s: dict[str, float] = {}
         self._sl_rounds = 0
@@ -376,8 +463,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
         out = {"rounds": self._sl_records, "decide_us": self._sl_decide_s * 1e6, "n_rounds": self._sl_rounds,
                "early_exits": self._sl_early_exits, "policy": self._sl_name, "price_scale": self._sl_clock.scale,
                "profile": None if self._sl_profile is None else self._sl_profile.to_dict(),
-               "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()}}
+               "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()},
+               "token_choice_saved_us": self._sl_tokens.saved_s * 1e6, "token_choice": self._sl_tokens.to_dict(),
+               "draft_vocab_top1": self._sl_small_ok}
         self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
+        self._sl_tokens.saved_s = 0.0
         self._sl_hook_s = {}
         self._sl_driver, self._sl_keep = RoundDriver(self._sl_policy), {}
         return out
@@ -386,7 +476,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         """Restore what :meth:`speclimits_control_set` wrapped."""
         runner = self.model_runner  # type: ignore[attr-defined]
         for (obj, attr), orig in getattr(self, "_sl_originals", {}).items():
-            target = {"runner": runner, "drafter": runner.drafter, "model": runner.drafter.model}[obj]
+            target = {"runner": runner, "drafter": runner.drafter, "model": runner.drafter.model,
+                      "head": getattr(runner.drafter.model, "logits_processor", None)}[obj]
             if orig is None:
                 target.__dict__.pop(attr, None)
             else:
@@ -397,7 +488,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
     # -- wrapping ---------------------------------------------------------------------------
     def _sl_wrap(self, runner: Any, drafter: Any) -> None:
         self._sl_originals = {}
-        objs = {"runner": runner, "drafter": drafter, "model": drafter.model}
+        objs = {"runner": runner, "drafter": drafter, "model": drafter.model,
+                "head": getattr(drafter.model, "logits_processor", None)}
 
         def wrap(obj: str, attr: str, factory: Any) -> None:
             target = objs[obj]
@@ -410,6 +502,12 @@ class ControlWorkerExtension(TracingWorkerExtension):
         wrap("drafter", "propose", self._sl_propose)
         wrap("drafter", "_sample_draft_tokens", self._sl_sample_draft)
         wrap("model", "compute_logits", self._sl_logits_hook)
+        if callable(getattr(drafter, "_greedy_sample", None)):
+            wrap("drafter", "_greedy_sample", self._sl_greedy)
+        # an EAGLE-3 head with its own (smaller) vocabulary: its logits before vLLM scatters them
+        head = objs["head"]
+        if getattr(drafter.model, "draft_id_to_target_id", None) is not None and callable(getattr(head, "forward", None)):
+            wrap("head", "forward", self._sl_head_hook)
 
     def _sl_execute_model(self, orig: Any) -> Any:
         def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -433,6 +531,53 @@ class ControlWorkerExtension(TracingWorkerExtension):
             if self._sl_round is not None:
                 self._sl_logits = logits
             return logits
+        return wrapped
+
+    def _sl_head_hook(self, orig: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            logits = orig(*args, **kwargs)
+            if self._sl_round is not None:
+                self._sl_small = logits
+            return logits
+        return wrapped
+
+    def _sl_greedy(self, orig: Any) -> Any:
+        """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
+        reads confidences. On a step whose top-1 probabilities the policy reads, one softmax and one max
+        give both the top-1 and the ids (the probabilities' first maximum: vLLM's argmax of the logits
+        except where two logits round to the same probability, which changes which draft token is
+        proposed, never the output); on the others :class:`TokenChoice` makes
+        the choice (vLLM's argmax untouched where it is the fastest). Booked net of the argmax it
+        replaces, once that row count's argmax has been timed."""
+        drafter = self.model_runner.drafter  # type: ignore[attr-defined]
+
+        def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+            rnd = self._sl_round
+            if (rnd is None or self._sl_driver.plan_only or args or kwargs
+                    or getattr(drafter, "use_heterogeneous_vocab", False)):
+                return orig(hidden_states, *args, **kwargs)
+            tc = self._sl_tokens
+            n = len(rnd.rids)
+            st = tc.stats.get(n)
+            fused = st is not None and st[1] is not None and self._sl_driver.wants_confidence(rnd)
+            if not fused and n in tc.argmax_rows:
+                return orig(hidden_states, *args, **kwargs)
+            logits = drafter.model.compute_logits(hidden_states)
+            t0 = time.perf_counter()
+            if fused:
+                targets = self._sl_targets
+                if targets is not None:  # on the head's own logits, its ids mapped to the target's
+                    top, idx = self._sl_small.softmax(-1).max(-1)
+                    ids = targets[idx]
+                else:
+                    top, ids = logits.softmax(-1).max(-1)
+                self._sl_top1 = top.tolist()
+                tc.saved_s += st[2]
+                self._sl_spent("token_choice", t0)
+                return ids
+            ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
+            self._sl_spent("token_choice", t0 + vllm_s)  # vLLM's own argmax is not the controller's time
+            return ids
         return wrapped
 
     def _sl_propose_ids(self, orig: Any) -> Any:
@@ -480,7 +625,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
             t0 = time.perf_counter()
             rnd.tokens.append(ids)
             driver = self._sl_driver
-            top1 = top1_probability(self._sl_logits, len(rnd.rids)) if driver.wants_confidence(rnd) else None
+            small, self._sl_small = self._sl_small, None
+            top1, self._sl_top1 = self._sl_top1, None
+            if top1 is not None:  # made with the ids (the fused token choice)
+                pass
+            elif driver.wants_confidence(rnd):
+                n = len(rnd.rids)
+                if small is None or not self._sl_small_ok:
+                    if small is not None and self._sl_small_ok is None:
+                        self._sl_small_ok = self._sl_check_small(small, n)
+                    small = self._sl_logits if not self._sl_small_ok else small
+                top1 = top1_probability(small, n, ids)
+            else:
+                top1 = None
             done = driver.step(rnd, top1)
             self._sl_spent("draft_step", t0)
             if done and rnd.j < rnd.k_call:
@@ -502,6 +659,26 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_spent("take", t0)
             return out
         return wrapped
+
+    def _sl_check_small(self, small: Any, n: int) -> bool:
+        """Once: whether the head's own logits give the same top-1 as the target-vocabulary logits vLLM
+        made of them (same rows, every finite logit of the latter among them)."""
+        full = self._sl_logits
+        if full is None or small.shape[0] != full.shape[0] or small.shape[-1] > full.shape[-1]:
+            return False
+        a, b = top1_probability(small, n), top1_probability(full, n)
+        if not np.allclose(a, b, rtol=1e-5, atol=1e-7):
+            return False
+        model = self.model_runner.drafter.model  # type: ignore[attr-defined]
+        d2t = getattr(model, "draft_id_to_target_id", None)
+        if d2t is not None and d2t.shape[0] == small.shape[-1]:
+            import torch
+
+            targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach()
+            head_ids = small.max(-1).indices
+            if bool((targets[1:] > targets[:-1]).all()) and torch.equal(targets[head_ids], full.argmax(dim=-1)):
+                self._sl_targets = targets
+        return True
 
     def _sl_spent(self, hook: str, t0: float) -> float:
         """Book the time since ``t0`` to the controller (and to ``hook``); returns now."""

@@ -458,7 +458,8 @@ class DeltaRule(Policy):
 
     # the engine's form (the mean Ū: the engine does not measure a round's Ū, so "previous" is the mean there)
     def engine_state(self):
-        return [0.0, 0.0]  # elapsed ms, tokens emitted
+        # elapsed ms, tokens emitted; a fixed λ reads neither (no memory, nothing observed)
+        return [0.0, 0.0] if self.running_lambda else None
 
     def engine_context(self, st):
         if not self.running_lambda:
@@ -518,18 +519,11 @@ class DeltaRule(Policy):
             tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
-    def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
-        """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
-        (``j``..``last``) and the tokens each request keeps (1..J).
-
-        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request
-        (until the last one stops), and the pass verifies ``n`` draft tokens in all, priced by
-        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the
-        running product of the calibrated confidences; steps after j extrapolated from step j's
-        confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
-        values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
-        b, inv_s, a_b = len(prods), 1.0 / self.price_scale, len(prods) * self.model.a
-        tab = self.batch_table(b)
+    def _batch_items(self, prods: list[list[float]], lams: list[float], last: int, j: int
+                     ) -> list[tuple[float, int, int]]:
+        """The tokens a batch could keep beyond each request's first, as ``(gain, t, request)`` sorted by
+        gain, largest first (see :meth:`batch_select`)."""
+        inv_s = 1.0 / self.price_scale
         items: list[tuple[float, int, int]] = []
         for i, (prod, lam) in enumerate(zip(prods, lams)):
             w = lam * inv_s
@@ -542,38 +536,76 @@ class DeltaRule(Policy):
                     p *= c
                     items.append((p, t, i))
         items.sort(reverse=True)
+        return items
+
+    @staticmethod
+    def _batch_q(items: list[tuple[float, int, int]], tab: list[float], big_j: int, a_b: float) -> tuple[float, int]:
+        """The best round of ``big_j`` draft steps: (its score, tokens kept beyond the first ones)."""
+        cum, n, q, q_n = 0.0, 0, tab[0], 0
+        for v, t, _ in items:
+            if t <= big_j:
+                n += 1
+                cum += v
+                x = tab[n] - cum
+                if x < q:
+                    q, q_n = x, n
+        return q + a_b * big_j, q_n
+
+    def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
+        """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
+        (``j``..``last``) and the tokens each request keeps (1..J).
+
+        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request
+        (until the last one stops), and the pass verifies ``n`` draft tokens in all, priced by
+        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the
+        running product of the calibrated confidences; steps after j extrapolated from step j's
+        confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
+        values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
+        b = len(prods)
+        tab, a_b = self.batch_table(b), b * self.model.a
+        items = self._batch_items(prods, lams, last, j)
         best_q, best_j, best_n = math.inf, j, 0
         for big_j in range(j, last + 1):
-            cum, n, q, q_n = 0.0, 0, tab[0], 0
-            for v, t, _ in items:
-                if t <= big_j:
-                    n += 1
-                    cum += v
-                    x = tab[n] - cum
-                    if x < q:
-                        q, q_n = x, n
-            q += a_b * big_j
+            q, q_n = self._batch_q(items, tab, big_j, a_b)
             if q < best_q:
                 best_q, best_j, best_n = q, big_j, q_n
+        return best_j, self._batch_keep_of(items, b, best_j, best_n)
+
+    @staticmethod
+    def _batch_keep_of(items: list[tuple[float, int, int]], b: int, big_j: int, n: int) -> list[int]:
+        """Tokens each request keeps when the batch keeps the ``n`` best items with t <= ``big_j``."""
         keep = [1] * b
-        for v, t, i in items:
-            if best_n <= 0:
+        for _v, t, i in items:
+            if n <= 0:
                 break
-            if t <= best_j:
+            if t <= big_j:
                 keep[i] += 1
-                best_n -= 1
-        return best_j, keep
+                n -= 1
+        return keep
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
         """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
-        is better than stopping now)."""
+        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round)."""
         if j >= last:
             return False
-        return self.batch_select(prods, lams, last, j)[0] > j
+        b = len(prods)
+        tab, a_b = self.batch_table(b), b * self.model.a
+        items = self._batch_items(prods, lams, last, j)
+        q_stop, n_stop = self._batch_q(items, tab, j, a_b)
+        for big_j in range(j + 1, last + 1):
+            if self._batch_q(items, tab, big_j, a_b)[0] < q_stop:
+                return True
+        # the round stops here: what each request keeps is already known (the items with t <= j are
+        # those :meth:`engine_batch_keep` would rank, in the same order)
+        self._kept = (prods, lams, j, self._batch_keep_of(items, b, j, n_stop))
+        return False
 
     def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
         """When the batch's drafter stopped after ``len(prods[0])`` steps: the tokens each request keeps."""
         j = len(prods[0])
+        kept = self.__dict__.pop("_kept", None)
+        if kept is not None and kept[0] is prods and kept[1] is lams and kept[2] == j:
+            return kept[3]
         return self.batch_select(prods, lams, j, j)[1]
 
     def observe(self, mem, k, cost_ms, emitted, u_bar):
