@@ -271,6 +271,20 @@ class RoundDriver:
         prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
         calibrate, more = self.policy.engine_calibrate, self.policy.engine_more
         prods = rnd.prods
+        if len(keep) == 1 and prods is None and confs is None:  # batch 1: the loop below, for one request
+            if keep[0] < 0:
+                if cap[0] <= j or top1 is None:
+                    if cap[0] <= j or j >= rnd.k_call:
+                        keep[0], rnd.live = min(cap[0], j), 0
+                    return rnd.live == 0
+                c = calibrate(top1[0])
+                prod[0] *= c
+                out = more(j, c, prod[0], ctx[0])
+                if out >= 0:
+                    keep[0], rnd.live = out, 0
+                elif j >= rnd.k_call:
+                    keep[0], rnd.live = j, 0
+            return rnd.live == 0
         if prods is not None:  # one decision for the batch: every request drafts until it stops
             for i in range(len(keep)):
                 prod[i] *= calibrate(top1[i])
@@ -406,6 +420,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_targets: Any = None
         self._sl_decide_s = 0.0
         self._sl_hook_s: dict[str, float] = {}
+        self._sl_tc_s = 0.0  # the token choice's time (booked apart: it runs inside vLLM's draft step)
         self._sl_rounds = 0
         self._sl_early_exits = 0
         self._sl_keep: dict[str, int] = {}
@@ -460,7 +475,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
         per request per drafting round), ``decide_us`` (total time in the controller's hooks outside
         vLLM's own calls, µs), ``n_rounds`` (drafting calls), ``early_exits``, ``price_scale`` and the
         ``profile``; and forget them (memory too)."""
-        out = {"rounds": self._sl_records, "decide_us": self._sl_decide_s * 1e6, "n_rounds": self._sl_rounds,
+        if self._sl_tc_s:
+            self._sl_hook_s["token_choice"] = self._sl_hook_s.get("token_choice", 0.0) + self._sl_tc_s
+        out = {"rounds": self._sl_records, "decide_us": (self._sl_decide_s + self._sl_tc_s) * 1e6,
+               "n_rounds": self._sl_rounds,
                "early_exits": self._sl_early_exits, "policy": self._sl_name, "price_scale": self._sl_clock.scale,
                "profile": None if self._sl_profile is None else self._sl_profile.to_dict(),
                "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()},
@@ -468,6 +486,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "draft_vocab_top1": self._sl_small_ok}
         self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
         self._sl_tokens.saved_s = 0.0
+        self._sl_tc_s = 0.0
         self._sl_hook_s = {}
         self._sl_driver, self._sl_keep = RoundDriver(self._sl_policy), {}
         return out
@@ -550,11 +569,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
         the choice (vLLM's argmax untouched where it is the fastest). Booked net of the argmax it
         replaces, once that row count's argmax has been timed."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
+        hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
 
         def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             rnd = self._sl_round
-            if (rnd is None or self._sl_driver.plan_only or args or kwargs
-                    or getattr(drafter, "use_heterogeneous_vocab", False)):
+            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero:
                 return orig(hidden_states, *args, **kwargs)
             tc = self._sl_tokens
             n = len(rnd.rids)
@@ -573,10 +592,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
                     top, ids = logits.softmax(-1).max(-1)
                 self._sl_top1 = top.tolist()
                 tc.saved_s += st[2]
-                self._sl_spent("token_choice", t0)
+                self._sl_tc_s += time.perf_counter() - t0
                 return ids
             ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
-            self._sl_spent("token_choice", t0 + vllm_s)  # vLLM's own argmax is not the controller's time
+            self._sl_tc_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
             return ids
         return wrapped
 
@@ -703,13 +722,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_records.append({"k": keep, "cap": rnd.cap, "drafted": rnd.j, "early": rnd.early,
                                  "n_batch": len(rnd.rids)})
 
-    @staticmethod
-    def _sl_emitted(sampled: Any, idx: list[int]) -> list[float]:
-        """Tokens each request of ``idx`` emitted in this step (accepted drafts + the bonus token)."""
-        if not isinstance(sampled, list):
-            sampled = sampled.tolist()  # one host copy of a small tensor, then Python
-        return [float(len(row) - row.count(-1)) for row in (sampled[i] for i in idx)]
-
     def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
         drafts: tokens emitted, the measured round (drafter start to drafter start, shared by the
@@ -733,14 +745,22 @@ class ControlWorkerExtension(TracingWorkerExtension):
         round_ms = (now - self._sl_t_prop) * 1e3
         if refresh and math.isfinite(round_ms):
             price, top = self._sl_price, self._sl_k
-            priced = sum(price[min(k, top)] for k in ks) * n_step / len(vr)
+            priced = (price[min(ks[0], top)] if len(ks) == 1 else sum([price[min(k, top)] for k in ks])) * n_step / len(vr)
             self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
         if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
             lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
             if lens is not None:
                 self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
                 self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
-        if self._sl_driver.observes:
-            self._sl_driver.observe(vr, ks, round_ms / n_step, self._sl_emitted(sampled, idx))
+        driver = self._sl_driver
+        if driver.observes:  # one request at a time, inline (this runs cold after the target's pass)
+            rows = sampled if isinstance(sampled, list) else sampled.tolist()
+            cost, state, obs = round_ms / n_step, driver.state, driver.policy.engine_observe
+            for i, rid, k in zip(idx, vr, ks):
+                st = state.get(rid)
+                if st is None:
+                    st = driver._state(rid)
+                row = rows[i]
+                obs(st, k, cost, float(len(row) - row.count(-1)))
         k0 = ks[0]
         return k0 + 1 if len(vr) == n_step and all(k == k0 for k in ks) else None
