@@ -11,6 +11,9 @@ rule uses, and checks the variant's values against it. Some variants also make t
 choice (vLLM's ``argmax(-1)``, alone or fused with the top-1), to show what the top-1 costs net of it; every
 step also counts whether the probabilities' max index equals the logits' argmax. Prints per batch size
 and variant the median and mean µs per call and the largest difference from the production values.
+Forms named ``small_*`` read the EAGLE-3 head's own logits (its 4,096-token draft vocabulary, kept by a
+hook on its logits processor) instead of the 8,192 target-vocabulary logits vLLM scatters them into;
+``cross_entropy_*`` take the top-1 as ``exp(-cross_entropy)`` at the chosen token.
 
 Run alone on the machine (it times things), one OpenMP thread::
 
@@ -115,6 +118,7 @@ def _capture_small(worker, box):
         return out
 
     lp.forward = forward
+    worker._sl_own_choice = False  # vLLM makes the token choice: the top-1 is then computed apart, as probed here
     return None
 
 

@@ -47,6 +47,18 @@
 # refresh, so a machine that slows down is followed). The offline fit supplies only what timing cannot:
 # the confidence calibration map, the dimensionless thresholds ($\tau$, and $\lambda$ as a ratio to the
 # best static $K$'s time per token), the $\bar U$ predictor and the expert slope $\alpha(m)$ at batch 1.
+#
+# **Reading the confidence cheaply.** Right after the drafter's forward every torch call runs cold
+# (about 7–20 µs each on this CPU, whatever its size), so the rules that read the draft's top-1
+# probability do as few as they can: the top-1 comes from the EAGLE-3 head's own 4,096 logits (the
+# 8,192 target-vocabulary logits vLLM returns are the same values among $-\infty$; checked once per
+# engine), and on a step whose top-1 the rule reads, one softmax and one max give both the top-1 and the
+# draft token, in place of vLLM's `argmax` (the same token except where two logits round to the same
+# probability; the target verifies every draft, so the output cannot change). On the other steps the
+# controller times, per batch width, vLLM's `argmax` against two exact equivalents (`max` over the
+# target logits, `max` over the head's logits mapped to target ids) and keeps the fastest. Time spent
+# deciding is reported net of the `argmax` it replaces (its median, timed in place), the gross time beside it.
+#
 # Policies:
 #
 # * **static K** — every $K \le K_{\max}$; offline the best one in hindsight is the reference, in the engine
@@ -161,7 +173,8 @@ for batch, table in tables.items():
                "time per token (every block's time over every block's tokens) and the offline prediction of the same "
                "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
                "predicts total time over total tokens, not a median of blocks); time spent deciding as a share of the "
-               "round.", decimals=3, full=table)
+               "round (for the rules that read the draft's confidence: net of vLLM's argmax, whose token choice they "
+               "make themselves, with the gross time in parentheses).", decimals=3, full=table)
 
 # %% tags=["remove-input"]
 display(Markdown(view.verdict(runs, tables, offline, bounds)))

@@ -227,7 +227,14 @@
 #   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
 #   caches), a float operation well under 1 µs. The two forms compute the same expressions in the same
 #   order; the tests check that they take the same $k$. The confidence of a draft step is one softmax and
-#   one max over its logits in torch, computed only where a request could stop at that step.
+#   one max in torch, computed only where a request could stop at that step, over the EAGLE-3 head's own
+#   logits (its draft vocabulary; checked once against the target-vocabulary logits vLLM makes of them);
+#   that max also gives the step's draft token, which the controller then hands to vLLM in place of its
+#   `argmax` (the probabilities' first maximum: the argmax's token except where two logits round to the
+#   same probability, which can change what is drafted, never what is output). On the steps without a
+#   confidence the controller times vLLM's `argmax` against two exact equivalents per batch width (the
+#   first 8 steps of each) and keeps the fastest. Decision time is the controller's time in its hooks
+#   less the `argmax` medians of the steps where it made the token choice (the gross time is kept too).
 # * **From the offline fit**, only what timing cannot give: the confidence calibration map, the
 #   threshold $\tau$, $\lambda$ as a dimensionless ratio to the best static $K$'s time per token on the
 #   training references (in the engine $\lambda_0$ is that ratio times

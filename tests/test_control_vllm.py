@@ -123,8 +123,14 @@ def test_lossless_on_the_bundled_pair(ce):
         llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=batch, max_model_len=512)
         try:
             arms = run_arms(ce, llm, ids, ["random:3", "delta", "threshold"], 4, tokens=20)
+            # a confidence reader run without a drain, then a static K: the static arm's drain carries
+            # none of the other's times (nor its token choice's saving)
+            llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "threshold"))
+            ce.generate(llm, ids, 20)
+            static = run_arms(ce, llm, ids, ["static:2"], 4, tokens=20)["static:2"][1]
         finally:
             ce.close(llm)
+        assert static["token_choice_saved_us"] == 0.0 and "token_choice" not in static["hook_us"]
         for name, (outputs, _) in arms.items():
             assert outputs == plain, f"bundled pair, {name}, batch {batch}"
         # the confidence readers take the top-1 from the head's own 4,096 logits (checked against the

@@ -14,6 +14,11 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
                                     ended (accepted + bonus per request: non ``-1`` entries of the
                                     sampled row) goes to ``policy.observe``; ``policy.plan`` caps k
 ``drafter.model.compute_logits``    keeps the logits of each draft step
+``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
+                                    the cheaper input of the top-1 probability
+``drafter._greedy_sample``          for the rules that read confidences: the token choice
+                                    (:class:`TokenChoice`; on steps that read the top-1, one softmax-max
+                                    gives both); untouched for the others
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
                                     ``policy.more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
@@ -418,9 +423,12 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_small_ok: bool | None = None
             #: target id of each of the head's logits, where they increase (the token choice may then use them)
             self._sl_targets: Any = None
+            #: False: leave the token choice to vLLM (the top-1 is then computed apart; probes set this)
+            self._sl_own_choice = True
         self._sl_decide_s = 0.0
         self._sl_hook_s: dict[str, float] = {}
         self._sl_tc_s = 0.0  # the token choice's time (booked apart: it runs inside vLLM's draft step)
+        self._sl_tokens.saved_s = 0.0  # like the times above: what no drain collected since is dropped
         self._sl_rounds = 0
         self._sl_early_exits = 0
         self._sl_keep: dict[str, int] = {}
@@ -573,7 +581,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
         def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             rnd = self._sl_round
-            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero:
+            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self._sl_own_choice:
                 return orig(hidden_states, *args, **kwargs)
             tc = self._sl_tokens
             n = len(rnd.rids)

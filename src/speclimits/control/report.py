@@ -120,9 +120,14 @@ def gap_lines(result: dict[str, Any]) -> list[str]:
                      f"{prof['draft_ms0']:.2f} + {prof['draft_ms1']:.2f}·j ms; outside both {prof['other_ms']:.2f} ms")
     pol = t[t["arm"].map(is_policy)]
     if "decision_share" in t and len(pol):
-        lines.append(f"decision time: {pol['decision_us_per_round'].min():.0f}-{pol['decision_us_per_round'].max():.0f}"
-                     f" µs per round for the policies, {100 * pol['decision_share'].min():.2f}-"
-                     f"{100 * pol['decision_share'].max():.2f}% of a round")
+        worst = pol.loc[pol["decision_share"].astype(float).idxmax()]
+        line = (f"decision time: {pol['decision_us_per_round'].min():.0f}-{pol['decision_us_per_round'].max():.0f}"
+                f" µs per round for the policies, {100 * pol['decision_share'].min():.2f}-"
+                f"{100 * pol['decision_share'].max():.2f}% of a round (most: {worst['arm']})")
+        if "decision_gross_share" in pol and (pol["decision_gross_share"] - pol["decision_share"]).abs().max() > 1e-6:
+            line += (f"; net of vLLM's argmax where the controller makes the token choice (the confidence rules), "
+                     f"{100 * pol['decision_gross_share'].min():.2f}-{100 * pol['decision_gross_share'].max():.2f}% gross")
+        lines.append(line)
     over = extension_overhead(t)
     if len(over):
         lines.append("extension at static K vs stock vLLM at the same K (speed ratio [95% CI]): " + ", ".join(
