@@ -352,9 +352,10 @@ class RoundDriver:
         each paid ``cost_ms`` of the step."""
         if not self.observes:
             return
-        pol = self.policy
+        state, obs = self.state, self.policy.engine_observe
         for rid, k, e in zip(rids, ks, emitted):
-            pol.engine_observe(self._state(rid), k, cost_ms, e)
+            st = state.get(rid)
+            obs(self._state(rid) if st is None else st, k, cost_ms, e)
 
     def release(self, rids: Any) -> None:
         for rid in rids:
@@ -528,13 +529,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
         wrap("runner", "take_draft_token_ids", self._sl_take)
         wrap("drafter", "propose", self._sl_propose)
         wrap("drafter", "_sample_draft_tokens", self._sl_sample_draft)
-        wrap("model", "compute_logits", self._sl_logits_hook)
+        wrap("model", "compute_logits", self._sl_keep_output("_sl_logits"))
         if callable(getattr(drafter, "_greedy_sample", None)):
             wrap("drafter", "_greedy_sample", self._sl_greedy)
         # an EAGLE-3 head with its own (smaller) vocabulary: its logits before vLLM scatters them
         head = objs["head"]
         if getattr(drafter.model, "draft_id_to_target_id", None) is not None and callable(getattr(head, "forward", None)):
-            wrap("head", "forward", self._sl_head_hook)
+            wrap("head", "forward", self._sl_keep_output("_sl_small"))
 
     def _sl_execute_model(self, orig: Any) -> Any:
         def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -552,21 +553,17 @@ class ControlWorkerExtension(TracingWorkerExtension):
             return orig(scheduler_output, *args, **kwargs)
         return wrapped
 
-    def _sl_logits_hook(self, orig: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            logits = orig(*args, **kwargs)
-            if self._sl_round is not None:
-                self._sl_logits = logits
-            return logits
-        return wrapped
-
-    def _sl_head_hook(self, orig: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            logits = orig(*args, **kwargs)
-            if self._sl_round is not None:
-                self._sl_small = logits
-            return logits
-        return wrapped
+    def _sl_keep_output(self, attr: str) -> Any:
+        """A wrapper factory: during a drafting round, keep what the wrapped call returns in ``attr``
+        (the drafter's target-vocabulary logits, or the head's own)."""
+        def factory(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                if self._sl_round is not None:
+                    setattr(self, attr, out)
+                return out
+            return wrapped
+        return factory
 
     def _sl_greedy(self, orig: Any) -> Any:
         """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
@@ -761,14 +758,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
                 self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
         driver = self._sl_driver
-        if driver.observes:  # one request at a time, inline (this runs cold after the target's pass)
-            rows = sampled if isinstance(sampled, list) else sampled.tolist()
-            cost, state, obs = round_ms / n_step, driver.state, driver.policy.engine_observe
-            for i, rid, k in zip(idx, vr, ks):
-                st = state.get(rid)
-                if st is None:
-                    st = driver._state(rid)
-                row = rows[i]
-                obs(st, k, cost, float(len(row) - row.count(-1)))
+        if driver.observes:
+            rows = sampled if isinstance(sampled, list) else sampled.tolist()  # one host copy, then Python
+            driver.observe(vr, ks, round_ms / n_step, [float(len(rows[i]) - rows[i].count(-1)) for i in idx])
         k0 = ks[0]
         return k0 + 1 if len(vr) == n_step and all(k == k0 for k in ks) else None
