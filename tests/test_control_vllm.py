@@ -73,7 +73,8 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
             assert drained["n_rounds"] > 0 and drained["decide_us"] > 0
         ks = [k for r in arms["random:1"][1]["rounds"] for k in r["k"]]  # one record per drafting call
         assert set(ks) == {1, 2, 3, 4}, ks  # random k covers 1..K_max
-        assert arms["static:2"][1]["early_exits"] == arms["static:2"][1]["n_rounds"]  # drafter stops at step 2
+        # a static K asks vLLM's drafter for K tokens (its per-step draft length): no early exit needed
+        assert arms["static:2"][1]["early_exits"] == 0
         assert {k for r in arms["static:2"][1]["rounds"] for k in r["k"]} == {2}
         assert all(r["drafted"] == 2 for r in arms["static:2"][1]["rounds"])
         if batch == 4:

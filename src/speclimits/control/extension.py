@@ -35,7 +35,6 @@ On GPU this path is untested (CUDA graphs with ragged k, host syncs per draft st
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -161,7 +160,7 @@ class TokenChoice:
         elif form == 1:
             ids = logits.max(-1).indices
         else:
-            ids = targets[head.max(-1).indices]
+            ids = targets.index_select(0, head.max(-1).indices)
         dt = time.perf_counter() - t0
         if st[1] is None:
             times = st[0]
@@ -226,6 +225,9 @@ class RoundDriver:
         self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
         #: one plan for the batch from all live requests' states (a plan-only rule that pools them)
         self.batch_plan = type(policy).engine_batch_plan is not Policy.engine_batch_plan
+        self._round_hook = type(policy).engine_round is not Policy.engine_round
+        # bound once: a draft step calls them per request
+        self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
 
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
@@ -236,7 +238,16 @@ class RoundDriver:
     def begin(self, rids: list[str], k_call: int) -> EngineRound:
         """The round's caps (1..k_call) and contexts, before drafting."""
         pol, hi = self.policy, max(k_call, 1)
-        pol.engine_round()
+        if self._round_hook:
+            pol.engine_round()
+        if len(rids) == 1:  # batch 1: the lists below for one request
+            st = None
+            if self.has_state:
+                st = self.state.get(rids[0])
+                if st is None:
+                    st = self._state(rids[0])
+            ctx = [] if self.plan_only else [pol.engine_context(st)]
+            return EngineRound(rids, [min(max(pol.engine_plan(st), 1), hi)], ctx, k_call, False, False)
         sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
         batch = pol.engine_batch_plan(sts) if self.batch_plan and len(rids) > 1 else None
         cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts] if batch is None else \
@@ -267,6 +278,22 @@ class RoundDriver:
         :meth:`wants_confidence` said no); True when every request has stopped."""
         rnd.j = j = rnd.j + 1
         keep, cap = rnd.keep, rnd.cap
+        if len(keep) == 1 and rnd.prods is None and rnd.confs is None and not self.plan_only:
+            # batch 1: the loop at the end, for one request
+            if keep[0] < 0:
+                if cap[0] <= j or top1 is None:
+                    if cap[0] <= j or j >= rnd.k_call:
+                        keep[0], rnd.live = min(cap[0], j), 0
+                    return rnd.live == 0
+                c = self._calibrate(top1[0])
+                prod = rnd.prod
+                prod[0] *= c
+                out = self._more(j, c, prod[0], rnd.ctx[0])
+                if out >= 0:
+                    keep[0], rnd.live = out, 0
+                elif j >= rnd.k_call:
+                    keep[0], rnd.live = j, 0
+            return rnd.live == 0
         if self.plan_only:
             if j >= rnd.cap_max or j >= rnd.k_call:
                 for i, c in enumerate(cap):
@@ -274,22 +301,8 @@ class RoundDriver:
                 rnd.live = 0
             return rnd.live == 0
         prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
-        calibrate, more = self.policy.engine_calibrate, self.policy.engine_more
+        calibrate, more = self._calibrate, self._more
         prods = rnd.prods
-        if len(keep) == 1 and prods is None and confs is None:  # batch 1: the loop below, for one request
-            if keep[0] < 0:
-                if cap[0] <= j or top1 is None:
-                    if cap[0] <= j or j >= rnd.k_call:
-                        keep[0], rnd.live = min(cap[0], j), 0
-                    return rnd.live == 0
-                c = calibrate(top1[0])
-                prod[0] *= c
-                out = more(j, c, prod[0], ctx[0])
-                if out >= 0:
-                    keep[0], rnd.live = out, 0
-                elif j >= rnd.k_call:
-                    keep[0], rnd.live = j, 0
-            return rnd.live == 0
         if prods is not None:  # one decision for the batch: every request drafts until it stops
             for i in range(len(keep)):
                 prod[i] *= calibrate(top1[i])
@@ -411,7 +424,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if not hasattr(self, "_sl_profile"):
             self._sl_profile, self._sl_samples, self._sl_clock = None, [], PriceClock()
         self._sl_profile_left = int(profile_rounds) if self._sl_profile is None else 0
-        self._sl_records: list[dict[str, Any]] = []
+        self._sl_records: list[tuple[list[int], list[int], int, bool]] = []
         self._sl_round: EngineRound | None = None
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
         self._sl_pending: StepSample | None = None
@@ -486,7 +499,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
         ``profile``; and forget them (memory too)."""
         if self._sl_tc_s:
             self._sl_hook_s["token_choice"] = self._sl_hook_s.get("token_choice", 0.0) + self._sl_tc_s
-        out = {"rounds": self._sl_records, "decide_us": (self._sl_decide_s + self._sl_tc_s) * 1e6,
+        rounds = [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
+                  for k, cap, j, early in self._sl_records]
+        out = {"rounds": rounds, "decide_us": (self._sl_decide_s + self._sl_tc_s) * 1e6,
                "n_rounds": self._sl_rounds,
                "early_exits": self._sl_early_exits, "policy": self._sl_name, "price_scale": self._sl_clock.scale,
                "profile": None if self._sl_profile is None else self._sl_profile.to_dict(),
@@ -580,10 +595,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rnd = self._sl_round
             if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self._sl_own_choice:
                 return orig(hidden_states, *args, **kwargs)
+            t0 = time.perf_counter()
             tc = self._sl_tokens
             n = len(rnd.rids)
             st = tc.stats.get(n)
             fused = st is not None and st[1] is not None and self._sl_driver.wants_confidence(rnd)
+            t1 = time.perf_counter()
+            self._sl_tc_s += t1 - t0  # the choice between forms is the controller's time too
             if not fused and n in tc.argmax_rows:
                 return orig(hidden_states, *args, **kwargs)
             logits = drafter.model.compute_logits(hidden_states)
@@ -592,7 +610,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 targets = self._sl_targets
                 if targets is not None:  # on the head's own logits, its ids mapped to the target's
                     top, idx = self._sl_small.softmax(-1).max(-1)
-                    ids = targets[idx]
+                    ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
                 else:
                     top, ids = logits.softmax(-1).max(-1)
                 self._sl_top1 = top.tolist()
@@ -626,7 +644,16 @@ class ControlWorkerExtension(TracingWorkerExtension):
             k_call = int(kwargs.get("num_speculative_tokens", args[0] if args else 0))
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            self._sl_round = self._sl_driver.begin(rids, k_call)
+            self._sl_round = rnd = self._sl_driver.begin(rids, k_call)
+            if self._sl_driver.plan_only and 0 < rnd.cap_max < k_call:
+                # a rule that plans before drafting: ask the drafter for the longest cap only (vLLM's
+                # own per-step draft length, the argument its dynamic speculative decoding sets), so
+                # that its loop ends by itself instead of through an early exit
+                rnd.k_call = k_call = rnd.cap_max
+                if "num_speculative_tokens" in kwargs or not args:
+                    kwargs["num_speculative_tokens"] = k_call
+                else:
+                    args = (k_call, *args[1:])
             self._sl_spent("plan", t0)
             try:
                 return orig(*args, **kwargs)
@@ -724,8 +751,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_profile_left -= 1
             if self._sl_profile_left == 0:
                 self.speclimits_control_profile()
-        self._sl_records.append({"k": keep, "cap": rnd.cap, "drafted": rnd.j, "early": rnd.early,
-                                 "n_batch": len(rnd.rids)})
+        self._sl_records.append((keep, rnd.cap, rnd.j, rnd.early))  # made dicts when drained
 
     def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
@@ -741,16 +767,22 @@ class ControlWorkerExtension(TracingWorkerExtension):
         spec = sched.scheduled_spec_decode_tokens
         if not spec:
             return None
-        idx = [i for i, r in enumerate(rids) if spec.get(r)]
-        if not idx:
-            return None
-        vr = [rids[i] for i in idx]
-        ks = [len(spec[r]) for r in vr]
         n_step = len(rids)
+        if n_step == 1:  # batch 1: the lists below for one request
+            d = spec.get(rids[0])
+            if not d:
+                return None
+            idx, vr, ks = [0], rids, [len(d)]
+        else:
+            idx = [i for i, r in enumerate(rids) if spec.get(r)]
+            if not idx:
+                return None
+            vr = [rids[i] for i in idx]
+            ks = [len(spec[r]) for r in vr]
         round_ms = (now - self._sl_t_prop) * 1e3
-        if refresh and math.isfinite(round_ms):
+        if refresh and round_ms == round_ms:  # not NaN (no drafting call timed yet)
             price, top = self._sl_price, self._sl_k
-            priced = (price[min(ks[0], top)] if len(ks) == 1 else sum([price[min(k, top)] for k in ks])) * n_step / len(vr)
+            priced = price[min(ks[0], top)] if n_step == 1 else sum([price[min(k, top)] for k in ks]) * n_step / len(vr)
             self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
         if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
             lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
