@@ -22,7 +22,13 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
                                     ``policy.more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
-``drafter.propose``                 catches it and returns the steps drafted so far
+``drafter.propose``                 catches it and returns the steps drafted so far; for a rule that
+                                    plans before drafting (static K, EMA, Cascade, throughput-aware)
+                                    it passes the longest cap as ``num_speculative_tokens`` (the
+                                    per-call draft length vLLM's dynamic speculative decoding sets),
+                                    so the loop ends by itself (measured: the extension's static K = 2
+                                    at batch 1 went from 0.986x stock K = 2 with the early exit to as
+                                    fast as stock)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
 
 K_max is ``num_speculative_tokens`` (the K the runner hands to ``propose``, which the batch-size
