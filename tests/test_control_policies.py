@@ -548,3 +548,26 @@ def test_wants_confidence_at_batch_one_matches_the_general_rule():
             assert driver.wants_confidence(rnd) == general
             if driver.step(rnd, conf[:, j - 1].tolist() if general else None):
                 break
+
+
+@pytest.mark.parametrize("name", ["static:3", "threshold", "delta", "delta-fixed", "ema", "cascade", "throughput"])
+def test_batch_one_paths_match_the_batch_loop(name):
+    """The driver's batch-1 paths (begin, step) choose what its per-request loop chooses for the same
+    request inside a batch, round after round (the batch-level decisions off: they have no batch-1 form;
+    random:SEED left out: its draws follow the order of the requests)."""
+    fit = hand_fit(k_max=5, lam=5.0)
+    multi = RoundDriver(fit.make(name))
+    multi.batch_keep = multi.shared = multi.batch_plan = False
+    singles = {r: RoundDriver(fit.make(name)) for r in "abc"}
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        conf = rng.uniform(0.05, 1.0, size=(3, 5))
+        k_call = int(rng.integers(1, 6))
+        keep, _ = multi.run_round(list("abc"), conf, k_call)
+        for i, r in enumerate("abc"):
+            one, _ = singles[r].run_round([r], conf[i:i + 1], k_call)
+            assert one == [keep[i]], (name, r)
+        emitted = [float(min(k, 2) + 1) for k in keep]
+        multi.observe(list("abc"), keep, 12.0, emitted)
+        for i, r in enumerate("abc"):
+            singles[r].observe([r], [keep[i]], 12.0, [emitted[i]])

@@ -247,11 +247,7 @@ class RoundDriver:
         if self._round_hook:
             pol.engine_round()
         if len(rids) == 1:  # batch 1: the lists below for one request
-            st = None
-            if self.has_state:
-                st = self.state.get(rids[0])
-                if st is None:
-                    st = self._state(rids[0])
+            st = self._state(rids[0]) if self.has_state else None
             ctx = [] if self.plan_only else [pol.engine_context(st)]
             return EngineRound(rids, [min(max(pol.engine_plan(st), 1), hi)], ctx, k_call, False, False)
         sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
