@@ -251,6 +251,41 @@ def test_batch_decision_is_the_brute_force_optimum(seed):
     assert one.prods is None
 
 
+@pytest.mark.parametrize("b", [2, 4, 8])
+def test_batch_stop_kept_across_steps_matches_a_fresh_search(b):
+    """The driver's batch search keeps the drafted tokens' items from step to step (the same ``prods``
+    lists, grown by a step) and builds the longer rounds' items only when needed: at every step it
+    answers as a fresh exhaustive search (:meth:`DeltaRule.batch_select`) on copies, and keeps what it
+    keeps — with zero confidences, measured (non-monotone) pass prices and price scales that change
+    between rounds."""
+    rng = np.random.default_rng(b)
+    k_max = 6
+    fit = hand_fit(k_max=k_max, lam=6.0)
+    for trial in range(60):
+        pol = fit.make("delta-fixed")
+        if trial % 2:
+            pol.pass_ms = (np.sort(rng.uniform(5.0, 9.0, size=k_max + 1)) + rng.normal(0, 0.3, k_max + 1)).tolist()
+        pol.price_scale = float(rng.uniform(0.5, 2.0))
+        conf = rng.beta(rng.uniform(0.5, 6.0), 1.0, size=(b, k_max))
+        conf[rng.random((b, k_max)) < 0.05] = 0.0
+        lams = rng.uniform(1.0, 30.0, size=b).tolist()
+        last = int(rng.integers(2, k_max + 1))
+        prods: list[list[float]] = [[] for _ in range(b)]
+        prod = [1.0] * b
+        for j in range(1, last + 1):
+            for i in range(b):
+                prod[i] *= float(conf[i, j - 1])
+                prods[i].append(prod[i])
+            fresh = [list(p) for p in prods]
+            want_j, want_keep = pol.batch_select(fresh, list(lams), last, j)
+            more = pol.engine_batch_more(j, prods, lams, last)
+            assert more == (want_j > j), (trial, j)
+            if not more:
+                if j < last:
+                    assert pol.engine_batch_keep(prods, lams) == pol.batch_select(fresh, list(lams), j, j)[1]
+                break
+
+
 def test_batch_decision_drafts_less_when_steps_are_dear():
     """A dearer draft step (shared by the batch) shortens the batch's rounds; a cheaper one lengthens them."""
     fit = hand_fit(k_max=5, lam=6.0)

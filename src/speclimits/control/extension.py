@@ -10,9 +10,10 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
 ``speclimits_control_uninstall``; verified on vLLM 0.32.0, CPU, V1 runner):
 
 ``runner.execute_model``            start of a step (round timer)
-``runner.propose_draft_token_ids``  before drafting: the verification outcome of the round that just
-                                    ended (accepted + bonus per request: non ``-1`` entries of the
-                                    sampled row) goes to ``policy.observe``; ``policy.plan`` caps k
+``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (the price
+                                    refresh), and the previous round's outcome (tokens emitted per
+                                    request, read from vLLM's own host copy, see below) goes to
+                                    ``policy.observe``; ``policy.plan`` caps k
 ``drafter.model.compute_logits``    keeps the logits of each draft step
 ``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
                                     the cheaper input of the top-1 probability
@@ -30,6 +31,12 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
                                     at batch 1 went from 0.986x stock K = 2 with the early exit to as
                                     fast as stock)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
+
+The rules with memory (running λ, EMA, Cascade, throughput-aware) see each round's outcome one round
+late: the tokens a round emitted reach the host in vLLM's bookkeeping, which runs after this step's
+drafting, so the controller reads them (the growth of the request's ``output_token_ids``) at the next
+step instead of copying the sampled tensor a second time (a ``tolist`` right after the forward, 10 µs
+at any batch size here). A rule that decides round r + 1 has then seen rounds 1..r - 1.
 
 K_max is ``num_speculative_tokens`` (the K the runner hands to ``propose``, which the batch-size
 table may already have lowered). Greedy drafting only. Refused with a clear error: asynchronous
@@ -234,6 +241,7 @@ class RoundDriver:
         self._round_hook = type(policy).engine_round is not Policy.engine_round
         # bound once: a draft step calls them per request
         self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
+        self._batch_more = getattr(policy, "engine_batch_more", None)
 
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
@@ -250,13 +258,20 @@ class RoundDriver:
             st = self._state(rids[0]) if self.has_state else None
             ctx = [] if self.plan_only else [pol.engine_context(st)]
             return EngineRound(rids, [min(max(pol.engine_plan(st), 1), hi)], ctx, k_call, False, False)
-        sts = [self._state(r) for r in rids] if self.has_state else [None] * len(rids)
-        batch = pol.engine_batch_plan(sts) if self.batch_plan and len(rids) > 1 else None
-        cap = [min(max(pol.engine_plan(st), 1), hi) for st in sts] if batch is None else \
-            [min(max(k, 1), hi) for k in batch]
-        ctx = [] if self.plan_only else [pol.engine_context(st) for st in sts]
-        shared = self.shared and len(rids) > 1
-        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and len(rids) > 1 and not shared, shared)
+        n = len(rids)
+        if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
+            cap = [min(max(pol.engine_plan(None), 1), hi)] * n
+            ctx = [] if self.plan_only else [pol.engine_context(None)] * n
+        else:
+            sts = [self._state(r) for r in rids] if self.has_state else [None] * n
+            batch = pol.engine_batch_plan(sts) if self.batch_plan else None
+            cap, ctx = [], []
+            for i, st in enumerate(sts):
+                cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 1), hi))
+                if not self.plan_only:
+                    ctx.append(pol.engine_context(st))
+        shared = self.shared and n > 1
+        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
 
     def wants_confidence(self, rnd: EngineRound) -> bool:
         """Whether the draft step about to be booked needs the confidences: a request may still
@@ -279,6 +294,16 @@ class RoundDriver:
         """Book draft step j = ``rnd.j + 1`` (``top1``: its top-1 probabilities, or None when
         :meth:`wants_confidence` said no); True when every request has stopped."""
         rnd.j = j = rnd.j + 1
+        prods = rnd.prods
+        if prods is not None:  # one decision for the batch: every request drafts until it stops
+            prod, calibrate = rnd.prod, self._calibrate
+            for i, p in enumerate(top1):
+                prod[i] = c = prod[i] * calibrate(p)
+                prods[i].append(c)
+            last = min(rnd.k_call, rnd.cap_max)
+            if j >= last or not self._batch_more(j, prods, rnd.ctx, last):
+                rnd.live = 0
+            return rnd.live == 0
         keep, cap = rnd.keep, rnd.cap
         if len(keep) == 1 and rnd.prods is None and rnd.confs is None and not self.plan_only:
             # batch 1: the loop at the end, for one request
@@ -304,15 +329,6 @@ class RoundDriver:
             return rnd.live == 0
         prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
         calibrate, more = self._calibrate, self._more
-        prods = rnd.prods
-        if prods is not None:  # one decision for the batch: every request drafts until it stops
-            for i in range(len(keep)):
-                prod[i] *= calibrate(top1[i])
-                prods[i].append(prod[i])
-            last = min(rnd.k_call, rnd.cap_max)
-            if j >= last or not self.policy.engine_batch_more(j, prods, ctx, last):
-                rnd.live = 0
-            return rnd.live == 0
         for i in range(len(keep)):
             if keep[i] >= 0 or cap[i] <= j:
                 if keep[i] < 0:
@@ -371,6 +387,12 @@ class RoundDriver:
         for rid, k, e in zip(rids, ks, emitted):
             st = state.get(rid)
             obs(self._state(rid) if st is None else st, k, cost_ms, e)
+
+    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float) -> None:
+        """:meth:`observe` for one request (batch 1)."""
+        if self.observes:
+            st = self.state.get(rid)
+            self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
 
     def release(self, rids: Any) -> None:
         for rid in rids:
@@ -432,7 +454,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_pending: StepSample | None = None
         self._sl_logits: Any = None
         self._sl_small: Any = None
-        self._sl_top1: list[float] | None = None
+        self._sl_booked = False  # the current draft step was booked by the greedy hook
         if not hasattr(self, "_sl_tokens"):
             self._sl_tokens = TokenChoice()
             #: whether the head's own logits give the target-vocabulary logits' top-1 (checked on the first step)
@@ -448,6 +470,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_rounds = 0
         self._sl_early_exits = 0
         self._sl_keep: dict[str, int] = {}
+        #: per request, the round whose outcome is not read yet: (k, round ms, output tokens before it)
+        self._sl_pend: dict[str, tuple[int, float, int]] = {}
         self._sl_apply(ProfileCycle() if self._sl_profile_left > 0 else None)
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
@@ -514,7 +538,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_tokens.saved_s = 0.0
         self._sl_tc_s = 0.0
         self._sl_hook_s = {}
-        self._sl_driver, self._sl_keep = RoundDriver(self._sl_policy), {}
+        self._sl_driver, self._sl_keep, self._sl_pend = RoundDriver(self._sl_policy), {}, {}
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -566,6 +590,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_driver.release(finished)
                 for rid in finished:
                     self._sl_keep.pop(rid, None)
+                    self._sl_pend.pop(rid, None)
             self._sl_spent("execute_model", t)
             return orig(scheduler_output, *args, **kwargs)
         return wrapped
@@ -615,9 +640,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
                     ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
                 else:
                     top, ids = logits.softmax(-1).max(-1)
-                self._sl_top1 = top.tolist()
+                top1 = top.tolist()
                 tc.saved_s += st[2]
-                self._sl_tc_s += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self._sl_tc_s += t1 - t0
+                # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which
+                # returns these ids as they are): one hook per step instead of two
+                self._sl_small = None
+                rnd.tokens.append(ids)
+                done = self._sl_driver.step(rnd, top1)
+                self._sl_spent("draft_step", t1)
+                if done and rnd.j < rnd.k_call:
+                    raise _EarlyExit(rnd.tokens)
+                self._sl_booked = True
                 return ids
             ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
             self._sl_tc_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
@@ -647,6 +682,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
             self._sl_round = rnd = self._sl_driver.begin(rids, k_call)
+            self._sl_booked = False
             if self._sl_driver.plan_only and 0 < rnd.cap_max < k_call:
                 # a rule that plans before drafting: ask the drafter for the longest cap only (vLLM's
                 # own per-step draft length, the argument its dynamic speculative decoding sets), so
@@ -672,6 +708,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rnd = self._sl_round
             if rnd is None:
                 return ids, probs
+            if self._sl_booked:  # the greedy hook booked this step (it made the token choice)
+                self._sl_booked = False
+                return ids, probs
             if probs is not None:
                 raise SpeclimitsError("speclimits control supports greedy drafting only (the draft returned "
                                       "probabilities: probabilistic draft sampling is on)")
@@ -679,10 +718,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rnd.tokens.append(ids)
             driver = self._sl_driver
             small, self._sl_small = self._sl_small, None
-            top1, self._sl_top1 = self._sl_top1, None
-            if top1 is not None:  # made with the ids (the fused token choice)
-                pass
-            elif driver.wants_confidence(rnd):
+            if driver.wants_confidence(rnd):
                 n = len(rnd.rids)
                 if small is None or not self._sl_small_ok:
                     if small is not None and self._sl_small_ok is None:
@@ -757,8 +793,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
-        drafts: tokens emitted, the measured round (drafter start to drafter start, shared by the
-        requests of the step), the price refresh. Returns m when every request verified the same m."""
+        drafts: the measured round (drafter start to drafter start, shared by the requests of the step),
+        the price refresh, and for the rules with memory the previous round's outcome (its k, its time
+        and the tokens it emitted, which vLLM's bookkeeping has added to the request's output since;
+        ``sampled``, the step's sampled tensor, is not read). Returns m when every request verified the
+        same m."""
         # the refresh learns only from steps at the profiled batch size: the price of a request is the
         # profiled step's cost shared by that many requests, so a step of fewer (a batch's tail, where
         # requests have finished) costs each of them more, which is no change of the machine's speed
@@ -775,16 +814,26 @@ class ControlWorkerExtension(TracingWorkerExtension):
             if not d:
                 return None
             idx, vr, ks = [0], rids, [len(d)]
-        else:
-            idx = [i for i, r in enumerate(rids) if spec.get(r)]
+        else:  # one loop (a comprehension is a call of its own, dear right after a forward)
+            idx, vr, ks = [], [], []
+            for i, r in enumerate(rids):
+                d = spec.get(r)
+                if d:
+                    idx.append(i)
+                    vr.append(r)
+                    ks.append(len(d))
             if not idx:
                 return None
-            vr = [rids[i] for i in idx]
-            ks = [len(spec[r]) for r in vr]
         round_ms = (now - self._sl_t_prop) * 1e3
         if refresh and round_ms == round_ms:  # not NaN (no drafting call timed yet)
             price, top = self._sl_price, self._sl_k
-            priced = price[min(ks[0], top)] if n_step == 1 else sum([price[min(k, top)] for k in ks]) * n_step / len(vr)
+            if n_step == 1:
+                priced = price[min(ks[0], top)]
+            else:
+                priced = 0.0
+                for k in ks:
+                    priced += price[k if k < top else top]
+                priced = priced * n_step / len(vr)
             self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
         if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
             lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
@@ -792,8 +841,18 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
                 self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
         driver = self._sl_driver
-        if driver.observes:
-            rows = sampled if isinstance(sampled, list) else sampled.tolist()  # one host copy, then Python
-            driver.observe(vr, ks, round_ms / n_step, [float(len(rows[i]) - rows[i].count(-1)) for i in idx])
+        if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
+            reqs, pend, ms = self.model_runner.requests, self._sl_pend, round_ms / n_step  # type: ignore[attr-defined]
+            for rid, k in zip(vr, ks):
+                n_now = len(reqs[rid].output_token_ids)
+                prev = pend.get(rid)
+                if prev is not None:
+                    driver.observe_one(rid, prev[0], prev[1], float(n_now - prev[2]))
+                pend[rid] = (k, ms, n_now)
         k0 = ks[0]
-        return k0 + 1 if len(vr) == n_step and all(k == k0 for k in ks) else None
+        if len(vr) != n_step:
+            return None
+        for k in ks:
+            if k != k0:
+                return None
+        return k0 + 1

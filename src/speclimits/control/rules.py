@@ -372,6 +372,8 @@ class DeltaRule(Policy):
         self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
+        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step)
+            self.engine_calibrate = self.calibration.predict_one
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
         #: profile; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
@@ -585,15 +587,42 @@ class DeltaRule(Policy):
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
         """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
-        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round)."""
+        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round).
+
+        :meth:`_batch_items` and :meth:`_batch_q` written out in one function (the same floats in the
+        same order): right after the drafter's forward every Python call and every new object costs
+        several times what it costs warm, and this runs after every draft step of a batch."""
         if j >= last:
             return False
         b = len(prods)
-        tab, a_b = self.batch_table(b), b * self.model.a
-        items = self._batch_items(prods, lams, last, j)
-        q_stop, n_stop = self._batch_q(items, tab, j, a_b)
-        for big_j in range(j + 1, last + 1):
-            if self._batch_q(items, tab, big_j, a_b)[0] < q_stop:
+        tab = self._vtab.get(b) or self.batch_table(b)
+        a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
+        items: list[tuple[float, int, int]] = []
+        add = items.append
+        for i in range(b):
+            prod, w = prods[i], lams[i] * inv_s
+            for t in range(2, j + 1):
+                add((w * prod[t - 1], t, i))
+            prev = prod[j - 2] if j >= 2 else 1.0
+            p, c = w * prod[j - 1], prod[j - 1] / prev if prev > 0.0 else 0.0
+            for t in range(j + 1, last + 1):
+                p *= c
+                add((p, t, i))
+        items.sort(reverse=True)
+        q_stop = n_stop = None
+        for big_j in range(j, last + 1):
+            cum, n, q, q_n = 0.0, 0, tab[0], 0
+            for v, t, _ in items:
+                if t <= big_j:
+                    n += 1
+                    cum += v
+                    x = tab[n] - cum
+                    if x < q:
+                        q, q_n = x, n
+            q += a_b * big_j
+            if q_stop is None:
+                q_stop, n_stop = q, q_n
+            elif q < q_stop:
                 return True
         # the round stops here: what each request keeps is already known (the items with t <= j are
         # those :meth:`engine_batch_keep` would rank, in the same order)
@@ -929,6 +958,14 @@ class CalibrationMap:
     x: tuple[float, ...]
     y: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        x, y = tuple(float(v) for v in self.x), tuple(float(v) for v in self.y)
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "y", y)
+        # each segment's slope, divided as np.interp divides it (a segment of zero width is never used)
+        object.__setattr__(self, "_slope", tuple((y[j + 1] - y[j]) / (x[j + 1] - x[j]) if x[j + 1] > x[j] else 0.0
+                                                 for j in range(len(x) - 1)))
+
     @classmethod
     def from_isotonic(cls, iso: Any) -> "CalibrationMap":
         return cls(tuple(float(v) for v in iso.X_thresholds_), tuple(float(v) for v in iso.y_thresholds_))
@@ -938,13 +975,14 @@ class CalibrationMap:
 
     def predict_one(self, v: float) -> float:
         """:meth:`predict` of one float, computed as ``np.interp`` does (the same float)."""
-        x, y = self.x, self.y
+        x = self.x
         j = bisect_right(x, v) - 1
         if j < 0:
-            return y[0]
-        if j == len(x) - 1 or x[j] == v:
-            return y[j]
-        return (y[j + 1] - y[j]) / (x[j + 1] - x[j]) * (v - x[j]) + y[j]
+            return self.y[0]
+        slope = self._slope
+        if j == len(slope) or x[j] == v:
+            return self.y[j]
+        return slope[j] * (v - x[j]) + self.y[j]
 
 
 @dataclass(frozen=True)
