@@ -235,6 +235,11 @@
 #   confidence the controller times vLLM's `argmax` against two exact equivalents per batch width (the
 #   first 8 steps of each) and keeps the fastest. Decision time is the controller's time in its hooks
 #   less the `argmax` medians of the steps where it made the token choice (the gross time is kept too).
+#   The rules with memory (the running $\lambda$, EMA, Cascade, throughput-aware) see each round's outcome
+#   one round late in the engine: the tokens a round emitted reach the host in vLLM's bookkeeping, after
+#   that step's drafting, and the controller reads them from the requests' output lists at the next step
+#   rather than copying the sampled tensor a second time (a `tolist` right after a forward, 10 µs here);
+#   a rule that decides round $r+1$ has then seen rounds $1..r-1$ (offline it has seen round $r$ too).
 # * **From the offline fit**, only what timing cannot give: the confidence calibration map, the
 #   threshold $\tau$, $\lambda$ as a dimensionless ratio to the best static $K$'s time per token on the
 #   training references (in the engine $\lambda_0$ is that ratio times
