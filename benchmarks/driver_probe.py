@@ -1,4 +1,4 @@
-"""Benchmark: what the controller's decisions cost per round, outside vLLM, with the caches cold.
+"""Probe: what the controller's decisions cost per round, outside vLLM, with the caches cold.
 
 Inside the engine each of the controller's hooks runs right after a forward pass, whose weights and
 kernels push the controller's code and data out of the caches; a hook then costs several times what
@@ -13,7 +13,7 @@ each, alone on the machine); the decision time the book reports is measured in t
 
 Run alone on the machine (it times things)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_driver.py --batch 1 4 8 --rounds 400
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/driver_probe.py --batch 1 4 8 --rounds 400
 
 Prints the 1-minute load average before and after.
 """
