@@ -372,8 +372,9 @@ class DeltaRule(Policy):
         self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
-        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step)
-            self.engine_calibrate = self.calibration.predict_one
+        one = getattr(self.calibration, "predict_one", None)  # a CalibrationMap (offline maps may be sklearn's)
+        if one is not None:  # the engine's calibration, one call deep (it runs per request per step)
+            self.engine_calibrate = one
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
         #: profile; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
