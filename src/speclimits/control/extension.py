@@ -305,7 +305,7 @@ class RoundDriver:
                 rnd.live = 0
             return rnd.live == 0
         keep, cap = rnd.keep, rnd.cap
-        if len(keep) == 1 and rnd.prods is None and rnd.confs is None and not self.plan_only:
+        if len(keep) == 1 and rnd.confs is None and not self.plan_only:
             # batch 1: the loop at the end, for one request
             if keep[0] < 0:
                 if cap[0] <= j or top1 is None:
@@ -383,13 +383,11 @@ class RoundDriver:
         each paid ``cost_ms`` of the step."""
         if not self.observes:
             return
-        state, obs = self.state, self.policy.engine_observe
         for rid, k, e in zip(rids, ks, emitted):
-            st = state.get(rid)
-            obs(self._state(rid) if st is None else st, k, cost_ms, e)
+            self.observe_one(rid, k, cost_ms, e)
 
     def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float) -> None:
-        """:meth:`observe` for one request (batch 1)."""
+        """:meth:`observe` for one request (what the engine calls, request by request)."""
         if self.observes:
             st = self.state.get(rid)
             self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
@@ -647,11 +645,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which
                 # returns these ids as they are): one hook per step instead of two
                 self._sl_small = None
-                rnd.tokens.append(ids)
-                done = self._sl_driver.step(rnd, top1)
-                self._sl_spent("draft_step", t1)
-                if done and rnd.j < rnd.k_call:
-                    raise _EarlyExit(rnd.tokens)
+                self._sl_book_step(rnd, ids, top1, t1)
                 self._sl_booked = True
                 return ids
             ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
@@ -715,10 +709,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 raise SpeclimitsError("speclimits control supports greedy drafting only (the draft returned "
                                       "probabilities: probabilistic draft sampling is on)")
             t0 = time.perf_counter()
-            rnd.tokens.append(ids)
-            driver = self._sl_driver
             small, self._sl_small = self._sl_small, None
-            if driver.wants_confidence(rnd):
+            if self._sl_driver.wants_confidence(rnd):
                 n = len(rnd.rids)
                 if small is None or not self._sl_small_ok:
                     if small is not None and self._sl_small_ok is None:
@@ -727,12 +719,18 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 top1 = top1_probability(small, n, ids)
             else:
                 top1 = None
-            done = driver.step(rnd, top1)
-            self._sl_spent("draft_step", t0)
-            if done and rnd.j < rnd.k_call:
-                raise _EarlyExit(rnd.tokens)
+            self._sl_book_step(rnd, ids, top1, t0)
             return ids, probs
         return wrapped
+
+    def _sl_book_step(self, rnd: EngineRound, ids: Any, top1: list[float] | None, t0: float) -> None:
+        """Book a draft step (its token ids, its top-1 probabilities or None) with the round driver, the
+        time since ``t0`` to the controller; end the drafter's loop early when every request has stopped."""
+        rnd.tokens.append(ids)
+        done = self._sl_driver.step(rnd, top1)
+        self._sl_spent("draft_step", t0)
+        if done and rnd.j < rnd.k_call:
+            raise _EarlyExit(rnd.tokens)
 
     def _sl_take(self, orig: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -522,37 +522,49 @@ class DeltaRule(Policy):
             tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
-    def _batch_items(self, prods: list[list[float]], lams: list[float], last: int, j: int
-                     ) -> list[tuple[float, int, int]]:
-        """The tokens a batch could keep beyond each request's first, as ``(gain, t, request)`` sorted by
-        gain, largest first (see :meth:`batch_select`)."""
-        inv_s = 1.0 / self.price_scale
+    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int, first_better: bool
+                      ) -> tuple[int, int, int, list[tuple[float, int, int]]]:
+        """The search of :meth:`batch_select`: ``(J, n, n_j, items)``, the best round's draft steps and
+        the tokens it keeps beyond each request's first, the tokens kept beyond the first ones when
+        stopping at j, and the items ``(gain, t, request)`` sorted by gain, largest first.
+        ``first_better``: stop at the first J > j that beats stopping at j (what
+        :meth:`engine_batch_more` asks). One function on purpose: right after the drafter's forward
+        every Python call and every new object costs several times what it costs warm, and the engine
+        runs this after every draft step of a batch."""
+        b = len(prods)
+        tab = self._vtab.get(b) or self.batch_table(b)
+        a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
         items: list[tuple[float, int, int]] = []
-        for i, (prod, lam) in enumerate(zip(prods, lams)):
-            w = lam * inv_s
+        add = items.append
+        for i in range(b):
+            prod, w = prods[i], lams[i] * inv_s
             for t in range(2, j + 1):
-                items.append((w * prod[t - 1], t, i))
+                add((w * prod[t - 1], t, i))
             if last > j:
                 prev = prod[j - 2] if j >= 2 else 1.0
                 p, c = w * prod[j - 1], prod[j - 1] / prev if prev > 0.0 else 0.0
                 for t in range(j + 1, last + 1):
                     p *= c
-                    items.append((p, t, i))
+                    add((p, t, i))
         items.sort(reverse=True)
-        return items
-
-    @staticmethod
-    def _batch_q(items: list[tuple[float, int, int]], tab: list[float], big_j: int, a_b: float) -> tuple[float, int]:
-        """The best round of ``big_j`` draft steps: (its score, tokens kept beyond the first ones)."""
-        cum, n, q, q_n = 0.0, 0, tab[0], 0
-        for v, t, _ in items:
-            if t <= big_j:
-                n += 1
-                cum += v
-                x = tab[n] - cum
-                if x < q:
-                    q, q_n = x, n
-        return q + a_b * big_j, q_n
+        best_q, best_j, best_n, n_j = math.inf, j, 0, 0
+        for big_j in range(j, last + 1):  # the best n for J: the n largest gains with t <= J
+            cum, n, q, q_n = 0.0, 0, tab[0], 0
+            for v, t, _ in items:
+                if t <= big_j:
+                    n += 1
+                    cum += v
+                    x = tab[n] - cum
+                    if x < q:
+                        q, q_n = x, n
+            q += a_b * big_j
+            if big_j == j:  # stopping now: the score to beat
+                best_q, best_n, n_j = q, q_n, q_n
+            elif q < best_q:
+                best_q, best_j, best_n = q, big_j, q_n
+                if first_better:
+                    break
+        return best_j, best_n, n_j, items
 
     def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
@@ -564,15 +576,8 @@ class DeltaRule(Policy):
         running product of the calibrated confidences; steps after j extrapolated from step j's
         confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
         values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
-        b = len(prods)
-        tab, a_b = self.batch_table(b), b * self.model.a
-        items = self._batch_items(prods, lams, last, j)
-        best_q, best_j, best_n = math.inf, j, 0
-        for big_j in range(j, last + 1):
-            q, q_n = self._batch_q(items, tab, big_j, a_b)
-            if q < best_q:
-                best_q, best_j, best_n = q, big_j, q_n
-        return best_j, self._batch_keep_of(items, b, best_j, best_n)
+        best_j, best_n, _, items = self._batch_search(prods, lams, last, j, False)
+        return best_j, self._batch_keep_of(items, len(prods), best_j, best_n)
 
     @staticmethod
     def _batch_keep_of(items: list[tuple[float, int, int]], b: int, big_j: int, n: int) -> list[int]:
@@ -588,46 +593,15 @@ class DeltaRule(Policy):
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
         """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
-        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round).
-
-        :meth:`_batch_items` and :meth:`_batch_q` written out in one function (the same floats in the
-        same order): right after the drafter's forward every Python call and every new object costs
-        several times what it costs warm, and this runs after every draft step of a batch."""
+        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round)."""
         if j >= last:
             return False
-        b = len(prods)
-        tab = self._vtab.get(b) or self.batch_table(b)
-        a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
-        items: list[tuple[float, int, int]] = []
-        add = items.append
-        for i in range(b):
-            prod, w = prods[i], lams[i] * inv_s
-            for t in range(2, j + 1):
-                add((w * prod[t - 1], t, i))
-            prev = prod[j - 2] if j >= 2 else 1.0
-            p, c = w * prod[j - 1], prod[j - 1] / prev if prev > 0.0 else 0.0
-            for t in range(j + 1, last + 1):
-                p *= c
-                add((p, t, i))
-        items.sort(reverse=True)
-        q_stop = n_stop = None
-        for big_j in range(j, last + 1):
-            cum, n, q, q_n = 0.0, 0, tab[0], 0
-            for v, t, _ in items:
-                if t <= big_j:
-                    n += 1
-                    cum += v
-                    x = tab[n] - cum
-                    if x < q:
-                        q, q_n = x, n
-            q += a_b * big_j
-            if q_stop is None:
-                q_stop, n_stop = q, q_n
-            elif q < q_stop:
-                return True
+        best_j, _, n_j, items = self._batch_search(prods, lams, last, j, True)
+        if best_j > j:
+            return True
         # the round stops here: what each request keeps is already known (the items with t <= j are
         # those :meth:`engine_batch_keep` would rank, in the same order)
-        self._kept = (prods, lams, j, self._batch_keep_of(items, b, j, n_stop))
+        self._kept = (prods, lams, j, self._batch_keep_of(items, len(prods), j, n_j))
         return False
 
     def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
@@ -969,7 +943,7 @@ class CalibrationMap:
 
     @classmethod
     def from_isotonic(cls, iso: Any) -> "CalibrationMap":
-        return cls(tuple(float(v) for v in iso.X_thresholds_), tuple(float(v) for v in iso.y_thresholds_))
+        return cls(tuple(iso.X_thresholds_), tuple(iso.y_thresholds_))  # made floats by __post_init__
 
     def predict(self, conf: Any) -> np.ndarray:
         return np.interp(np.asarray(conf, dtype=float), self.x, self.y)
