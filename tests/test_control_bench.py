@@ -76,6 +76,31 @@ def test_prediction_beside_the_measurement():
     assert np.isnan(out.loc["plain", "predicted_ms_per_token"])
 
 
+def test_prediction_rescaled_by_the_price_level_the_run_measured():
+    """The machine drifts from block to block and the controller's price scale measures it (here
+    exactly); a prediction priced at the start-of-run profile is then off by the mean drift, and the
+    same prediction at the run's measured price level matches the pooled time of every arm, the stock
+    arms (which have no clock of their own) included."""
+    blocks = hand_blocks(30, seed=4)
+    trend = 1.0 + 0.02 * blocks["block"]  # and the machine slows down through the run
+    for col in ("duration_s", "cpu_s", "ms_per_token"):
+        blocks[col] = blocks[col] * trend
+    drift = blocks["ms_per_token"] / blocks["arm"].map(TRUE_MS)  # the block's drift (and the arm's 1% noise)
+    by_block = drift.groupby(blocks["block"]).median()
+    blocks["price_scale"] = np.where(blocks["price_scale"].notna(), blocks["block"].map(by_block) * 1.0, np.nan)
+    s, _ = summarize(blocks, n_boot=0)
+    table = pd.DataFrame({"policy": ["static:2", "static:1", "delta"],
+                          "replay_ms_per_token": [TRUE_MS["stock:2"], TRUE_MS["stock:1"], TRUE_MS["delta"]]})
+    out = with_prediction(s, table).set_index("arm")
+    level = float(by_block.mean())
+    assert level > 1.2  # the drift does not average out: the prediction at the start's prices is off
+    for arm in ("stock:2", "stock:1", "delta"):
+        assert out.loc[arm, "price_level"] == pytest.approx(level, rel=1e-9)
+        assert out.loc[arm, "prediction_error"] < -0.15
+        assert abs(out.loc[arm, "prediction_error_rescaled"]) < 0.01
+    assert np.isnan(out.loc["plain", "predicted_ms_per_token_rescaled"])
+
+
 def test_prediction_is_compared_with_the_pooled_time_per_token():
     """The replay predicts total time over total tokens. Blocks of different lengths (prompts) make the
     median of the blocks' own ratios a different number; the error is taken against the pooled one."""

@@ -147,6 +147,10 @@ def test_scalar_forms_compute_the_array_forms_numbers():
     calib = fit.calibration
     xs = np.concatenate([rng.uniform(-0.1, 1.1, 200), np.asarray(calib.x)])
     assert [calib.predict_one(float(v)) for v in xs] == calib.predict(xs).tolist()
+    assert calib.predict_many(xs.tolist()) == calib.predict(xs).tolist()  # the batch form of one step
+    pol = fit.make("delta-fixed")
+    assert pol.engine_calibrate_many(xs.tolist()) == calib.predict(xs).tolist()
+    assert fit.make("threshold").engine_calibrate_many([0.25, 0.5]) == [0.25, 0.5]  # no map: the identity
     b = 300
     conf = rng.uniform(0.01, 0.999, size=(b, K))
     for pol in (fit.make("delta"), fit.make("delta-fixed"), fit.make("threshold"),

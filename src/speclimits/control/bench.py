@@ -289,7 +289,11 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     ``cpu_ms_per_token``, ``vs_plain`` and ``vs_stock_K`` (paired ratios; ``_lo``/``_hi`` their 95% interval),
     ``vs_best_stock`` (best stock K chosen on even blocks, ratio on odd blocks) with its interval,
     ``vs_best_stock_all`` (chosen and compared on all blocks), acceptance length, decision time per
-    round and its share of the round (``decision_share``), mean k, wasted draft steps per request round.
+    round and its share of the round (``decision_share``), mean k, wasted draft steps per request round,
+    ``price_scale`` (median over the arm's blocks of the controller's refreshed price scale) and
+    ``price_level``: the machine's speed against the profile over the arm's blocks (per block the median of
+    the price scales the controlled arms ended that block with; weighted by the arm's tokens in the
+    block), the factor :func:`with_prediction` rescales the prediction by.
     """
     pb = per_block(blocks)
     g = blocks.groupby("arm", sort=False)
@@ -331,6 +335,12 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
         out["mean_k"] = g["mean_k"].mean()
         out["wasted_draft_steps_per_request_round"] = g["wasted_draft_steps"].mean()
         out["price_scale"] = g["price_scale"].median()
+        # the machine's price level in each block: the controller's measured/priced round time at the end of
+        # its arms there (median over them; the stock engines share the block's minutes, not its clock)
+        level = blocks["block"].map(blocks.groupby("block")["price_scale"].median())
+        if level.notna().any():
+            w = blocks["total_output_tokens"].where(level.notna())
+            out["price_level"] = (level * w).groupby(blocks["arm"]).sum(min_count=1) / w.groupby(blocks["arm"]).sum()
     out["lossless"] = g["lossless"].all()
     out["load1_max"] = g["load1"].max()
     return out.reset_index(names="arm"), choice
@@ -339,7 +349,7 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
 def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool) -> str:
     cols = ["arm", "ms_per_token", "cpu_ms_per_token", "vs_plain", "vs_best_stock", "vs_best_stock_lo",
             "vs_best_stock_hi", "spec_decode_acceptance_length", "decision_share", "mean_k"]
-    cols += [c for c in ("predicted_ms_per_token", "prediction_error") if c in summary]
+    cols += [c for c in ("predicted_ms_per_token", "prediction_error", "prediction_error_rescaled") if c in summary]
     lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt; lossless: {lossless}; "
              f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
              summary[[c for c in cols if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
@@ -394,7 +404,13 @@ def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.Dat
     The replay predicts the total time of the references over their total tokens, so it is compared with
     the same ratio measured, ``ms_per_token_pooled`` (every block's time over every block's tokens), not
     with the median of the blocks' own ratios: the two differ where blocks differ (at batch 1 a block is one
-    prompt, and the policies' per-prompt times are skewed: up to 9% apart in the committed batch-1 run)."""
+    prompt, and the policies' per-prompt times are skewed: up to 9% apart in the committed batch-1 run).
+
+    The prediction is priced with the costs profiled at the start of the run; where the machine's speed
+    moved during the run (the controller's price refresh measures it), ``predicted_ms_per_token_rescaled``
+    is the same prediction times the arm's ``price_level`` and ``prediction_error_rescaled`` its error:
+    what is left when the drift the controller measured is taken out (the stock arms' own times never
+    enter it)."""
     if table is None:
         return summary
     col = "batch_ms_per_token" if "batch_ms_per_token" in table else "replay_ms_per_token"
@@ -404,6 +420,9 @@ def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.Dat
     summary["predicted_ms_per_token"] = key.map(pred)
     measured = summary["ms_per_token_pooled"] if "ms_per_token_pooled" in summary else summary["ms_per_token"]
     summary["prediction_error"] = summary["predicted_ms_per_token"] / measured - 1
+    if "price_level" in summary:  # the same prediction at the machine's speed as the run measured it
+        summary["predicted_ms_per_token_rescaled"] = summary["predicted_ms_per_token"] * summary["price_level"]
+        summary["prediction_error_rescaled"] = summary["predicted_ms_per_token_rescaled"] / measured - 1
     return summary
 
 

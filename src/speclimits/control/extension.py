@@ -241,6 +241,7 @@ class RoundDriver:
         self._round_hook = type(policy).engine_round is not Policy.engine_round
         # bound once: a draft step calls them per request
         self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
+        self._calibrate_many = policy.engine_calibrate_many
         self._batch_more = getattr(policy, "engine_batch_more", None)
 
     def _state(self, rid: str) -> Any:
@@ -296,10 +297,11 @@ class RoundDriver:
         rnd.j = j = rnd.j + 1
         prods = rnd.prods
         if prods is not None:  # one decision for the batch: every request drafts until it stops
-            prod, calibrate = rnd.prod, self._calibrate
-            for i, p in enumerate(top1):
-                prod[i] = c = prod[i] * calibrate(p)
+            prod, i = rnd.prod, 0
+            for c in self._calibrate_many(top1):
+                prod[i] = c = prod[i] * c
                 prods[i].append(c)
+                i += 1
             last = min(rnd.k_call, rnd.cap_max)
             if j >= last or not self._batch_more(j, prods, rnd.ctx, last):
                 rnd.live = 0
@@ -360,6 +362,9 @@ class RoundDriver:
         drafted = rnd.j
         if rnd.prods is not None:
             return self.policy.engine_batch_keep(rnd.prods, rnd.ctx) if drafted else [0] * len(rnd.rids)
+        if len(rnd.keep) == 1:  # batch 1 (a comprehension is a call of its own)
+            k = rnd.keep[0]
+            return [drafted if k < 0 else k]
         keep = [drafted if k < 0 else k for k in rnd.keep]
         if rnd.confs is not None:
             pol = self.policy
@@ -615,6 +620,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         replaces, once that row count's argmax has been timed."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
+        model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)
 
         def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             rnd = self._sl_round
@@ -629,12 +635,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_tc_s += t1 - t0  # the choice between forms is the controller's time too
             if not fused and n in tc.argmax_rows:
                 return orig(hidden_states, *args, **kwargs)
-            logits = drafter.model.compute_logits(hidden_states)
+            targets = self._sl_targets
+            if fused and targets is not None:
+                # the head's own logits are all this step reads: vLLM's compute_logits would go on to
+                # scatter them into the target vocabulary (a -inf tensor of the target's width and an
+                # indexed copy), work whose only reader is the argmax replaced here
+                model = drafter.model
+                logits = model.logits_processor(model.lm_head, hidden_states)
+            else:
+                logits = model_logits(hidden_states)
             t0 = time.perf_counter()
             if fused:
-                targets = self._sl_targets
                 if targets is not None:  # on the head's own logits, its ids mapped to the target's
-                    top, idx = self._sl_small.softmax(-1).max(-1)
+                    top, idx = logits.softmax(-1).max(-1)
                     ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
                 else:
                     top, ids = logits.softmax(-1).max(-1)
@@ -841,11 +854,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
             reqs, pend, ms = self.model_runner.requests, self._sl_pend, round_ms / n_step  # type: ignore[attr-defined]
+            # RoundDriver.observe_one, one call shallower (a call per request is dear right after a forward)
+            obs, state = driver.policy.engine_observe, driver.state
             for rid, k in zip(vr, ks):
                 n_now = len(reqs[rid].output_token_ids)
                 prev = pend.get(rid)
                 if prev is not None:
-                    driver.observe_one(rid, prev[0], prev[1], float(n_now - prev[2]))
+                    st = state.get(rid)
+                    obs(driver._state(rid) if st is None else st, prev[0], prev[1], float(n_now - prev[2]))
                 pend[rid] = (k, ms, n_now)
         k0 = ks[0]
         if len(vr) != n_step:

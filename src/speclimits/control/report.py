@@ -99,8 +99,10 @@ def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
 
 def prediction_errors(table: pd.DataFrame) -> pd.DataFrame:
     """Arms with an offline prediction: measured (median over blocks, and pooled: what the prediction is
-    compared with) and predicted ms/token and the relative error."""
-    cols = ["arm", "ms_per_token", "ms_per_token_pooled", "predicted_ms_per_token", "prediction_error"]
+    compared with) and predicted ms/token and the relative error; where the run measured the machine's
+    price level, the prediction rescaled by it and that error (:func:`~speclimits.control.bench.with_prediction`)."""
+    cols = ["arm", "ms_per_token", "ms_per_token_pooled", "predicted_ms_per_token", "prediction_error",
+            "price_level", "predicted_ms_per_token_rescaled", "prediction_error_rescaled"]
     if "predicted_ms_per_token" not in table:
         return pd.DataFrame(columns=cols)
     t = table[np.isfinite(table["predicted_ms_per_token"].astype(float))]
@@ -137,7 +139,15 @@ def gap_lines(result: dict[str, Any]) -> list[str]:
         worst = pe.loc[pe["prediction_error"].abs().idxmax()]
         lines.append(f"prediction (replay priced with the profiled costs) vs engine: |error| median "
                      f"{100 * pe['prediction_error'].abs().median():.1f}%, worst {worst['arm']} "
-                     f"{100 * worst['prediction_error']:+.1f}%")
+                     f"{100 * worst['prediction_error']:+.1f}%, {int((pe['prediction_error'].abs() <= 0.05).sum())} of "
+                     f"{len(pe)} within 5%")
+        if "prediction_error_rescaled" in pe and pe["prediction_error_rescaled"].notna().any():
+            err = pe["prediction_error_rescaled"].astype(float)
+            w2 = pe.loc[err.abs().idxmax()]
+            lines.append(f"the same prediction at the run's measured price level ({pe['price_level'].min():.2f}-"
+                         f"{pe['price_level'].max():.2f}): |error| median {100 * err.abs().median():.1f}%, worst "
+                         f"{w2['arm']} {100 * w2['prediction_error_rescaled']:+.1f}%, {int((err.abs() <= 0.05).sum())} "
+                         f"of {len(pe)} within 5%")
     if "price_scale" in t and len(pol):
         lines.append(f"price refresh: measured/priced round time {pol['price_scale'].min():.3f}-"
                      f"{pol['price_scale'].max():.3f} (median per arm)")

@@ -199,6 +199,11 @@ class Policy:
         """:meth:`transform_conf` of one top-1 probability."""
         return p
 
+    def engine_calibrate_many(self, ps: list[float]) -> list[float]:
+        """:meth:`engine_calibrate` of each of a batch's top-1 probabilities, in one call."""
+        calibrate = self.engine_calibrate
+        return [calibrate(p) for p in ps]
+
     def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
         """:meth:`more` for one request after draft step j: ``c`` the step's transformed confidence,
         ``prod`` the running product of steps 1..j, ``ctx`` its :meth:`engine_context`."""
@@ -375,6 +380,7 @@ class DeltaRule(Policy):
         one = getattr(self.calibration, "predict_one", None)  # a CalibrationMap (offline maps may be sklearn's)
         if one is not None:  # the engine's calibration, one call deep (it runs per request per step)
             self.engine_calibrate = one
+            self.engine_calibrate_many = self.calibration.predict_many
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
         #: profile; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
@@ -522,49 +528,44 @@ class DeltaRule(Policy):
             tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
-    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int, first_better: bool
-                      ) -> tuple[int, int, int, list[tuple[float, int, int]]]:
-        """The search of :meth:`batch_select`: ``(J, n, n_j, items)``, the best round's draft steps and
-        the tokens it keeps beyond each request's first, the tokens kept beyond the first ones when
-        stopping at j, and the items ``(gain, t, request)`` sorted by gain, largest first.
-        ``first_better``: stop at the first J > j that beats stopping at j (what
-        :meth:`engine_batch_more` asks). One function on purpose: right after the drafter's forward
-        every Python call and every new object costs several times what it costs warm, and the engine
-        runs this after every draft step of a batch."""
+    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int
+                      ) -> tuple[int, int, list[tuple[float, int, int]]]:
+        """The search of :meth:`batch_select`: ``(J, n, items)``, the best round's draft steps and the
+        tokens it keeps beyond each request's first, and the items ``(gain, t, request)`` with t <= ``last``
+        sorted largest first (ties by t, then request: which request keeps a token of equal gain). The
+        level t = J of every request is added as J grows, so each J's scan reads only its own items."""
         b = len(prods)
         tab = self._vtab.get(b) or self.batch_table(b)
         a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
         items: list[tuple[float, int, int]] = []
         add = items.append
+        ps: list[float] = []  # each request's gain at the last level added (extrapolated beyond j)
+        cs: list[float] = []  # and its step j confidence, the ratio of the levels beyond j
         for i in range(b):
             prod, w = prods[i], lams[i] * inv_s
             for t in range(2, j + 1):
                 add((w * prod[t - 1], t, i))
-            if last > j:
-                prev = prod[j - 2] if j >= 2 else 1.0
-                p, c = w * prod[j - 1], prod[j - 1] / prev if prev > 0.0 else 0.0
-                for t in range(j + 1, last + 1):
-                    p *= c
-                    add((p, t, i))
-        items.sort(reverse=True)
-        best_q, best_j, best_n, n_j = math.inf, j, 0, 0
-        for big_j in range(j, last + 1):  # the best n for J: the n largest gains with t <= J
-            cum, n, q, q_n = 0.0, 0, tab[0], 0
-            for v, t, _ in items:
-                if t <= big_j:
-                    n += 1
-                    cum += v
-                    x = tab[n] - cum
-                    if x < q:
-                        q, q_n = x, n
+            prev = prod[j - 2] if j >= 2 else 1.0
+            ps.append(w * prod[j - 1])
+            cs.append(prod[j - 1] / prev if prev > 0.0 else 0.0)
+        best_q, best_j, best_n = math.inf, j, 0
+        for big_j in range(j, last + 1):
+            if big_j > j:
+                for i in range(b):
+                    ps[i] = p = ps[i] * cs[i]
+                    add((p, big_j, i))
+            items.sort(reverse=True)
+            cum, n, q, q_n = 0.0, 0, tab[0], 0  # the best n for J: the n largest gains (every item has t <= J)
+            for v, _, _ in items:
+                n += 1
+                cum += v
+                x = tab[n] - cum
+                if x < q:
+                    q, q_n = x, n
             q += a_b * big_j
-            if big_j == j:  # stopping now: the score to beat
-                best_q, best_n, n_j = q, q_n, q_n
-            elif q < best_q:
+            if q < best_q:
                 best_q, best_j, best_n = q, big_j, q_n
-                if first_better:
-                    break
-        return best_j, best_n, n_j, items
+        return best_j, best_n, items
 
     def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
@@ -576,7 +577,7 @@ class DeltaRule(Policy):
         running product of the calibrated confidences; steps after j extrapolated from step j's
         confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
         values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
-        best_j, best_n, _, items = self._batch_search(prods, lams, last, j, False)
+        best_j, best_n, items = self._batch_search(prods, lams, last, j)
         return best_j, self._batch_keep_of(items, len(prods), best_j, best_n)
 
     @staticmethod
@@ -593,15 +594,51 @@ class DeltaRule(Policy):
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
         """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
-        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round)."""
+        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round).
+
+        :meth:`_batch_search` on the gains alone (floats, not the ``(gain, t, request)`` items: only their
+        values set a round's score, and floats sort and sum cheaper), a level t = J added as J grows,
+        stopping at the first J that beats stopping now; the same floats in the same order. A stop
+        computes at once what each request keeps (:meth:`batch_select` with J = j) for
+        :meth:`engine_batch_keep`. Written out in one function: it runs after every draft step of a
+        batch, right after the drafter's forward, where every Python call and object is dear."""
         if j >= last:
             return False
-        best_j, _, n_j, items = self._batch_search(prods, lams, last, j, True)
-        if best_j > j:
-            return True
-        # the round stops here: what each request keeps is already known (the items with t <= j are
-        # those :meth:`engine_batch_keep` would rank, in the same order)
-        self._kept = (prods, lams, j, self._batch_keep_of(items, len(prods), j, n_j))
+        b = len(prods)
+        tab = self._vtab.get(b) or self.batch_table(b)
+        inv_s = 1.0 / self.price_scale
+        gains: list[float] = []
+        add = gains.append
+        ps: list[float] = []
+        cs: list[float] = []
+        for i in range(b):
+            prod, w = prods[i], lams[i] * inv_s
+            for t in range(2, j + 1):
+                add(w * prod[t - 1])
+            prev = prod[j - 2] if j >= 2 else 1.0
+            ps.append(w * prod[j - 1])
+            cs.append(prod[j - 1] / prev if prev > 0.0 else 0.0)
+        a_b, q_stop = b * self.model.a, math.inf
+        for big_j in range(j, last + 1):
+            if big_j > j:
+                for i in range(b):
+                    ps[i] = p = ps[i] * cs[i]
+                    add(p)
+            gains.sort(reverse=True)
+            cum, n, q = 0.0, 0, tab[0]
+            for v in gains:
+                n += 1
+                cum += v
+                x = tab[n] - cum
+                if x < q:
+                    q = x
+            q += a_b * big_j
+            if big_j == j:
+                q_stop = q
+            elif q < q_stop:
+                return True
+        # the round stops here: what each request keeps (engine_batch_keep hands it on)
+        self._kept = (prods, lams, j, self.batch_select(prods, lams, j, j)[1])
         return False
 
     def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
@@ -958,6 +995,16 @@ class CalibrationMap:
         if j == len(slope) or x[j] == v:
             return self.y[j]
         return slope[j] * (v - x[j]) + self.y[j]
+
+    def predict_many(self, vs: list[float]) -> list[float]:
+        """:meth:`predict_one` of each float of ``vs`` (a batch's top-1 probabilities), in one call."""
+        x, y, slope = self.x, self.y, self._slope
+        top, out = len(slope), []
+        add = out.append
+        for v in vs:
+            j = bisect_right(x, v) - 1
+            add(y[0] if j < 0 else y[j] if j == top or x[j] == v else slope[j] * (v - x[j]) + y[j])
+        return out
 
 
 @dataclass(frozen=True)

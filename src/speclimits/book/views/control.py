@@ -60,14 +60,18 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     """One benchmark result (:func:`~speclimits.control.report.engine_table`) for the reader: measured
     ms/token [interquartile range over blocks], the paired speed ratio to the best stock static K [95% CI,
     held-out blocks], the pooled ms/token (all blocks' time over all their tokens), the offline prediction
-    priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts), the
+    priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts;
+    "rescaled": the same prediction at the machine's price level the run measured, see
+    :func:`~speclimits.control.bench.with_prediction`), the
     decision time as a share of a round (net of vLLM's argmax where the controller makes the draft's token
     choice itself, the gross time beside it), and the mean k drafted."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
-    pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%)")
-            for m, p, e in zip(pooled, table.get("predicted_ms_per_token", nan).astype(float),
-                               table.get("prediction_error", nan).astype(float))]
+    pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"
+             + (f"; {100 * r:+.0f}% rescaled" if np.isfinite(r) else "") + ")")
+            for m, p, e, r in zip(pooled, table.get("predicted_ms_per_token", nan).astype(float),
+                                  table.get("prediction_error", nan).astype(float),
+                                  table.get("prediction_error_rescaled", nan).astype(float))]
     gross = table.get("decision_gross_share", table.get("decision_share", nan)).astype(float)
     dec = ["–" if not np.isfinite(v) else f"{100 * v:.2f}%" + (f" ({100 * g:.2f}% gross)" if abs(g - v) > 1e-6 else "")
            for v, g in zip(table.get("decision_share", nan).astype(float), gross)]
