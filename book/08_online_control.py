@@ -58,6 +58,8 @@
 # controller times, per batch width, vLLM's `argmax` against two exact equivalents (`max` over the
 # target logits, `max` over the head's logits mapped to target ids) and keeps the fastest. Time spent
 # deciding is reported net of the `argmax` it replaces (its median, timed in place), the gross time beside it.
+# On those steps the controller also skips vLLM's scatter of the head's logits into the target vocabulary
+# (a $-\infty$ tensor of the target's width and an indexed copy), whose only reader was the `argmax`.
 # The rules with memory (running $\lambda$, EMA, Cascade, throughput-aware) learn each round's outcome one
 # round late in the engine: the tokens a round emitted reach the host in vLLM's own bookkeeping, after
 # that step's drafting, and the controller reads them there at the next step instead of copying the
@@ -176,7 +178,9 @@ for batch, table in tables.items():
                f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the pooled "
                "time per token (every block's time over every block's tokens) and the offline prediction of the same "
                "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
-               "predicts total time over total tokens, not a median of blocks); time spent deciding as a share of the "
+               "predicts total time over total tokens, not a median of blocks) and the error of the same prediction "
+               "rescaled by the machine's price level that the controller measured during the run (methods); time "
+               "spent deciding as a share of the "
                "round (for the rules that read the draft's confidence: net of vLLM's argmax, whose token choice they "
                "make themselves, with the gross time in parentheses).", decimals=3, full=table)
 
@@ -195,8 +199,8 @@ if tables:
 # %% [markdown]
 # Where the time goes and how far the prediction is from the engine, per batch size (measured): the
 # profiled costs, the time the controller spends in its hooks, what the extension costs against stock
-# vLLM at the same static $K$, the prediction error of the replay priced with the profiled costs, and
-# the price refresh.
+# vLLM at the same static $K$, the prediction error of the replay priced with the profiled costs (and
+# at the price level the run measured), and the price refresh.
 
 # %% tags=["hide-input"]
 for batch, res in sorted(runs.items()):

@@ -231,7 +231,12 @@
 #   logits (its draft vocabulary; checked once against the target-vocabulary logits vLLM makes of them);
 #   that max also gives the step's draft token, which the controller then hands to vLLM in place of its
 #   `argmax` (the probabilities' first maximum: the argmax's token except where two logits round to the
-#   same probability, which can change what is drafted, never what is output). On the steps without a
+#   same probability, which can change what is drafted, never what is output); on those steps vLLM's
+#   scatter of the head's logits into the target vocabulary, whose only reader was that `argmax`, is not
+#   run. At batch > 1 the batch rule's stop test after each step builds the longer rounds' gains only
+#   as its search reaches them (it usually stops at the first longer round that beats stopping) and sums
+#   plain floats (the request and position of each gain matter only for the final keep, computed once
+#   when the batch stops). On the steps without a
 #   confidence the controller times vLLM's `argmax` against two exact equivalents per batch width (the
 #   first 8 steps of each) and keeps the fastest. Decision time is the controller's time in its hooks
 #   less the `argmax` medians of the steps where it made the token choice (the gross time is kept too).
@@ -255,6 +260,12 @@
 # The offline prediction of an arm (its replay priced with the run's profiled costs) is total time over
 # total tokens, so its error is taken against the same ratio measured (all blocks' time over all their
 # tokens), not against the median of the blocks' own ratios, which differs where blocks differ.
+# It is priced at the speed the machine had when the run started; when that speed moves during the run,
+# the controller's price refresh measures it. The **rescaled** prediction multiplies the same
+# prediction by the run's price level: per block, the median of the price scales the controlled arms
+# ended the block with (measured over priced round time), averaged over the arm's blocks weighted by
+# its tokens in each. The stock arms have no clock of their own; they share the block's minutes, so
+# their rescaled error is a test of the correction, not a fit to it.
 #
 # (methods-batch)=
 # ## The bound at batch > 1

@@ -290,6 +290,43 @@ def test_batch_stop_kept_across_steps_matches_a_fresh_search(b):
                 break
 
 
+@pytest.mark.parametrize("scale", [0.5, 2.0, 4.0])
+def test_delta_decisions_do_not_change_when_every_price_scales(scale):
+    """λ0 is a time per token at the prices the rule was set up with: when the engine's refresh scales
+    every price (the machine runs uniformly slower or faster), λ0 scales with them and no decision of
+    the fixed-λ rule changes, per request (the look-ahead stop, the keep) or for the batch. Powers of
+    two scale every float exactly, so the decisions must be equal, not close. (Before λ0 followed the
+    prices, a scale of 4 made every cost four times a token's value and the rule stopped early.)"""
+    rng = np.random.default_rng(int(scale * 10))
+    fit = hand_fit(k_max=6, lam=6.0)
+    ref, pol = fit.make("delta-fixed"), fit.make("delta-fixed")
+    pol.price_scale = scale
+    assert pol.engine_context(None) == ref.engine_context(None) * scale
+    changed = 0
+    for _ in range(200):
+        conf = rng.beta(rng.uniform(0.5, 6.0), 1.0, size=6)
+        prod = 1.0
+        for j in range(1, 6):
+            c = fit.calibration.predict_one(float(conf[j - 1]))
+            prod *= c
+            want = ref.engine_more(j, c, prod, ref.engine_context(None))
+            assert pol.engine_more(j, c, prod, pol.engine_context(None)) == want
+            changed += pol.engine_more(j, c, prod, ref.engine_context(None)) != want  # λ0 left at the old prices
+        confs = [fit.calibration.predict_one(float(v)) for v in conf]
+        assert pol.engine_final_keep(confs, 2, pol.engine_context(None)) == ref.engine_final_keep(
+            confs, 2, ref.engine_context(None))
+        prods = np.cumprod(rng.uniform(0.2, 1.0, size=(4, 6)), axis=1)
+        for j in range(1, 6):
+            pj = [row[:j].tolist() for row in prods]
+            lam_ref, lam = [ref.engine_context(None)] * 4, [pol.engine_context(None)] * 4
+            assert pol.batch_select(pj, lam, 6, j) == ref.batch_select(pj, lam_ref, 6, j)
+            assert pol.engine_batch_more(j, pj, lam, 6) == ref.engine_batch_more(j, pj, lam_ref, 6)
+    assert changed > 0  # the test can tell: with λ0 at the old prices the stops move
+    # the array form scales λ0 the same way
+    mem = pol.round_context(pol.init_memory(3), 3)
+    assert np.array_equal(mem["_lam"], np.full(3, fit.lambda_ * scale))
+
+
 def test_batch_decision_drafts_less_when_steps_are_dear():
     """A dearer draft step (shared by the batch) shortens the batch's rounds; a cheaper one lengthens them."""
     fit = hand_fit(k_max=5, lam=6.0)

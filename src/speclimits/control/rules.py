@@ -329,7 +329,9 @@ class DeltaRule(Policy):
     ``u_bar_mean[m]`` (``u_pred="mean"``) or the previous round's observed Ū rescaled by
     ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``; falls back to the mean where no Ū was
     observed). λ is fixed at ``lambda0`` or running: ``(w·λ0 + elapsed ms) / (w + emitted tokens)``
-    within a sequence.
+    within a sequence. ``λ0`` is a time per token at the prices the rule was set up with, so it is
+    multiplied by :attr:`price_scale` like every price: a machine that runs uniformly slower (or
+    faster) than profiled changes no decision (the running λ's measured ms already are at its speed).
 
     ``stop="lookahead"`` (default): after drafting j tokens the rule drafts step j + 1 only if
     the best k >= j under Q̂ — the confidences of steps not drafted yet extrapolated from the
@@ -420,9 +422,10 @@ class DeltaRule(Policy):
 
     def lam(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
         """(b,) the value of one token of progress, ms."""
+        lam0 = self.lambda0 * self.price_scale  # a time per token at the prices λ0 was set at: it follows them
         if not self.running_lambda:
-            return np.full(b, self.lambda0)
-        return (self.prior_tokens * self.lambda0 + mem["elapsed"]) / (self.prior_tokens + mem["emitted"])
+            return np.full(b, lam0)
+        return (self.prior_tokens * lam0 + mem["elapsed"]) / (self.prior_tokens + mem["emitted"])
 
     def round_context(self, mem, b):
         if self.u_pred == "mean":  # one row for the batch (self.row), scaled at the decision
@@ -471,9 +474,10 @@ class DeltaRule(Policy):
         return [0.0, 0.0] if self.running_lambda else None
 
     def engine_context(self, st):
+        lam0 = self.lambda0 * self.price_scale  # as in lam()
         if not self.running_lambda:
-            return self.lambda0
-        return (self.prior_tokens * self.lambda0 + st[0]) / (self.prior_tokens + st[1])
+            return lam0
+        return (self.prior_tokens * lam0 + st[0]) / (self.prior_tokens + st[1])
 
     def engine_calibrate(self, p):
         return p if self.calibration is None else self.calibration.predict_one(p)
