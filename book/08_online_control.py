@@ -31,8 +31,8 @@
 # request that stops early saves no draft step, and a pass is priced by its total width. After each
 # draft step the rule searches every $J$ from the steps drafted to $K_{\max}$ and every number $n$ of
 # draft tokens kept in all: the step costs $b\,a\,J + V(n)$, with $V$ the profiled pass at the next
-# width the profile timed (the CPU kernels run rows in tiles of 16: at batch 8 a pass of 32 rows can run
-# faster than one of 24; the profiled medians are printed below), and gains $\lambda_i P_{i,t}$ for each kept token $t$ of request $i$ ($P$ the running
+# width the profile timed (with AMX the CPU kernels run rows in tiles of 16: on an Intel Xeon a pass of 32
+# rows at batch 8 ran faster than one of 24; the profiled medians of each run are printed below), and gains $\lambda_i P_{i,t}$ for each kept token $t$ of request $i$ ($P$ the running
 # product of calibrated confidences, extrapolated past the last drafted step); it drafts on while some
 # longer round is better, then keeps the $n$ most probable tokens. Each request priced alone (the
 # earlier form) is kept as `delta:alone` and `delta-fixed:alone`. The other rules are reproduced as

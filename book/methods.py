@@ -207,8 +207,8 @@
 # * **At batch > 1** the Delta rules decide once for the batch: after draft step $j$ they search every
 #   $J \in \{j, \dots, K_{\max}\}$ and every total $n$ of draft tokens kept, pricing a step at
 #   $s\,(d_1 J + V(\lceil (b+n)/b \rceil))$ with $V$ the **pass medians as measured** (not pooled: at
-#   batch 8 on this machine passes of 32 and 48 rows were faster than passes of 24 and 40, the kernels
-#   run rows in tiles of 16), a width between two profiled ones priced as the wider; each kept token
+#   batch 8 on an Intel Xeon with AMX passes of 32 and 48 rows were faster than passes of 24 and 40, the
+#   kernels run rows in tiles of 16; not on an AMD EPYC without AMX), a width between two profiled ones priced as the wider; each kept token
 #   $t$ of request $i$ gains $\lambda_i P_{i,t}$, with the steps not drafted yet extrapolated from the
 #   last confidence. They draft on while some longer round has a lower cost less gain, then keep
 #   the $n$ most probable tokens. The offline prediction at batch > 1 replays the greedy references a

@@ -522,8 +522,8 @@ class DeltaRule(Policy):
         round without its draft steps), or, when the engine has profiled its passes, ``v(k)`` the
         measured pass of k + 1 rows per request (:attr:`pass_ms`, not forced to grow with k). A pass of
         a width between two profiled ones is priced as the wider: the profile times passes of b·m rows
-        only, and the CPU kernels run rows in tiles (16 rows with AMX): at batch 8 passes of 16, 32
-        and 48 rows ran faster for their width than 24, 40 and 56. Cached per b."""
+        only, and the CPU kernels run rows in tiles (16 rows with AMX): at batch 8 on an Intel Xeon with
+        AMX passes of 16, 32 and 48 rows ran faster for their width than 24, 40 and 56. Cached per b."""
         cache = self.__dict__.setdefault("_vtab", {})
         tab = cache.get(b)
         if tab is None:
