@@ -854,14 +854,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
             reqs, pend, ms = self.model_runner.requests, self._sl_pend, round_ms / n_step  # type: ignore[attr-defined]
-            # RoundDriver.observe_one, one call shallower (a call per request is dear right after a forward)
-            obs, state = driver.policy.engine_observe, driver.state
             for rid, k in zip(vr, ks):
                 n_now = len(reqs[rid].output_token_ids)
                 prev = pend.get(rid)
                 if prev is not None:
-                    st = state.get(rid)
-                    obs(driver._state(rid) if st is None else st, prev[0], prev[1], float(n_now - prev[2]))
+                    driver.observe_one(rid, prev[0], prev[1], float(n_now - prev[2]))
                 pend[rid] = (k, ms, n_now)
         k0 = ks[0]
         if len(vr) != n_step:

@@ -532,44 +532,60 @@ class DeltaRule(Policy):
             tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
-    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int
-                      ) -> tuple[int, int, list[tuple[float, int, int]]]:
-        """The search of :meth:`batch_select`: ``(J, n, items)``, the best round's draft steps and the
-        tokens it keeps beyond each request's first, and the items ``(gain, t, request)`` with t <= ``last``
-        sorted largest first (ties by t, then request: which request keeps a token of equal gain). The
-        level t = J of every request is added as J grows, so each J's scan reads only its own items."""
+    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int, first_better: bool,
+                      items: list[tuple[float, int, int]] | None = None) -> tuple[int, int, int]:
+        """The search of :meth:`batch_select` and :meth:`engine_batch_more`: ``(J, n, n_j)``, the best
+        round's draft steps and the tokens it keeps beyond each request's first, and the tokens kept
+        beyond the first ones when stopping at j. ``first_better``: stop at the first J > j that beats
+        stopping at j (what the engine asks after a draft step).
+
+        The level t = J of every request's gains is added as J grows, so a search that stops at the first
+        better J (the common case) never builds, sorts or scans the longer rounds. The scores are sums of
+        plain floats (equal gains sum alike in any order); where ``items`` is a list, the same gains are
+        appended to it as ``(gain, t, request)`` for the keep (:meth:`_batch_keep_of`). One function on
+        purpose: it runs after every draft step of a batch, right after the drafter's forward, where every
+        Python call and object is dear."""
         b = len(prods)
         tab = self._vtab.get(b) or self.batch_table(b)
         a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
-        items: list[tuple[float, int, int]] = []
-        add = items.append
+        gains: list[float] = []
+        add = gains.append
         ps: list[float] = []  # each request's gain at the last level added (extrapolated beyond j)
         cs: list[float] = []  # and its step j confidence, the ratio of the levels beyond j
         for i in range(b):
             prod, w = prods[i], lams[i] * inv_s
             for t in range(2, j + 1):
-                add((w * prod[t - 1], t, i))
+                g = w * prod[t - 1]
+                add(g)
+                if items is not None:
+                    items.append((g, t, i))
             prev = prod[j - 2] if j >= 2 else 1.0
             ps.append(w * prod[j - 1])
             cs.append(prod[j - 1] / prev if prev > 0.0 else 0.0)
-        best_q, best_j, best_n = math.inf, j, 0
+        best_q, best_j, best_n, n_j = math.inf, j, 0, 0
         for big_j in range(j, last + 1):
             if big_j > j:
                 for i in range(b):
                     ps[i] = p = ps[i] * cs[i]
-                    add((p, big_j, i))
-            items.sort(reverse=True)
-            cum, n, q, q_n = 0.0, 0, tab[0], 0  # the best n for J: the n largest gains (every item has t <= J)
-            for v, _, _ in items:
+                    add(p)
+                    if items is not None:
+                        items.append((p, big_j, i))
+            gains.sort(reverse=True)
+            cum, n, q, q_n = 0.0, 0, tab[0], 0  # the best n for J: the n largest gains (all have t <= J)
+            for v in gains:
                 n += 1
                 cum += v
                 x = tab[n] - cum
                 if x < q:
                     q, q_n = x, n
             q += a_b * big_j
-            if q < best_q:
+            if big_j == j:  # stopping now: the score to beat
+                best_q, best_n, n_j = q, q_n, q_n
+            elif q < best_q:
                 best_q, best_j, best_n = q, big_j, q_n
-        return best_j, best_n, items
+                if first_better:
+                    break
+        return best_j, best_n, n_j
 
     def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
@@ -581,7 +597,9 @@ class DeltaRule(Policy):
         running product of the calibrated confidences; steps after j extrapolated from step j's
         confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
         values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
-        best_j, best_n, items = self._batch_search(prods, lams, last, j)
+        items: list[tuple[float, int, int]] = []
+        best_j, best_n, _ = self._batch_search(prods, lams, last, j, False, items)
+        items.sort(reverse=True)  # ties by t, then request: which request keeps a token of equal gain
         return best_j, self._batch_keep_of(items, len(prods), best_j, best_n)
 
     @staticmethod
@@ -599,49 +617,12 @@ class DeltaRule(Policy):
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
         """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
         is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round).
-
-        :meth:`_batch_search` on the gains alone (floats, not the ``(gain, t, request)`` items: only their
-        values set a round's score, and floats sort and sum cheaper), a level t = J added as J grows,
-        stopping at the first J that beats stopping now; the same floats in the same order. A stop
-        computes at once what each request keeps (:meth:`batch_select` with J = j) for
-        :meth:`engine_batch_keep`. Written out in one function: it runs after every draft step of a
-        batch, right after the drafter's forward, where every Python call and object is dear."""
+        A stop computes at once what each request keeps (:meth:`batch_select` with J = j) for
+        :meth:`engine_batch_keep`."""
         if j >= last:
             return False
-        b = len(prods)
-        tab = self._vtab.get(b) or self.batch_table(b)
-        inv_s = 1.0 / self.price_scale
-        gains: list[float] = []
-        add = gains.append
-        ps: list[float] = []
-        cs: list[float] = []
-        for i in range(b):
-            prod, w = prods[i], lams[i] * inv_s
-            for t in range(2, j + 1):
-                add(w * prod[t - 1])
-            prev = prod[j - 2] if j >= 2 else 1.0
-            ps.append(w * prod[j - 1])
-            cs.append(prod[j - 1] / prev if prev > 0.0 else 0.0)
-        a_b, q_stop = b * self.model.a, math.inf
-        for big_j in range(j, last + 1):
-            if big_j > j:
-                for i in range(b):
-                    ps[i] = p = ps[i] * cs[i]
-                    add(p)
-            gains.sort(reverse=True)
-            cum, n, q = 0.0, 0, tab[0]
-            for v in gains:
-                n += 1
-                cum += v
-                x = tab[n] - cum
-                if x < q:
-                    q = x
-            q += a_b * big_j
-            if big_j == j:
-                q_stop = q
-            elif q < q_stop:
-                return True
-        # the round stops here: what each request keeps (engine_batch_keep hands it on)
+        if self._batch_search(prods, lams, last, j, True)[0] > j:
+            return True
         self._kept = (prods, lams, j, self.batch_select(prods, lams, j, j)[1])
         return False
 
