@@ -207,7 +207,7 @@ def run_arm(engines: Engines, arm: str, ids: list[list[int]], max_tokens: int) -
                    wasted_draft_steps=wasted / max(len(ks), 1),
                    k_histogram=np.bincount(ks, minlength=2).tolist() if ks.size else [],
                    hook_us={k: v / max(d["n_rounds"], 1) for k, v in d["hook_us"].items()},
-                   token_choice=d.get("token_choice") or None)
+                   token_choice=d.get("token_choice") or None, top1_op=d.get("top1_op") or None)
     return row, outs
 
 
