@@ -52,9 +52,12 @@
 # (about 7–20 µs each on this CPU, whatever its size), so the rules that read the draft's top-1
 # probability do as few as they can: the top-1 comes from the EAGLE-3 head's own 4,096 logits (the
 # 8,192 target-vocabulary logits vLLM returns are the same values among $-\infty$; checked once per
-# engine), and on a step whose top-1 the rule reads, one softmax and one max give both the top-1 and the
-# draft token, in place of vLLM's `argmax` (the same token except where two logits round to the same
-# probability; the target verifies every draft, so the output cannot change). On the other steps the
+# engine), and on a step whose top-1 the rule reads, one compiled call (`speclimits.control.top1op`: a
+# C++ function built once per machine through torch's `load_inline`) gives both the top-1 and the draft
+# token in one pass over each row, in place of vLLM's `argmax` (its token exactly: the first maximum).
+# Where it cannot be built (no C++ compiler), one softmax and one max in torch do the same (the same token
+# except where two logits round to the same probability; the target verifies every draft, so the output
+# cannot change either way). On the other steps the
 # controller times, per batch width, vLLM's `argmax` against two exact equivalents (`max` over the
 # target logits, `max` over the head's logits mapped to target ids) and keeps the fastest. Time spent
 # deciding is reported net of the `argmax` it replaces (its median, timed in place), the gross time beside it.

@@ -226,12 +226,16 @@
 #   scalar form, one request at a time in Python floats from tables made at setup, which the engine runs:
 #   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
 #   caches), a float operation well under 1 µs. The two forms compute the same expressions in the same
-#   order; the tests check that they take the same $k$. The confidence of a draft step is one softmax and
-#   one max in torch, computed only where a request could stop at that step, over the EAGLE-3 head's own
-#   logits (its draft vocabulary; checked once against the target-vocabulary logits vLLM makes of them);
-#   that max also gives the step's draft token, which the controller then hands to vLLM in place of its
-#   `argmax` (the probabilities' first maximum: the argmax's token except where two logits round to the
-#   same probability, which can change what is drafted, never what is output); on those steps vLLM's
+#   order; the tests check that they take the same $k$. The confidence of a draft step is computed only
+#   where a request could stop at that step, over the EAGLE-3 head's own logits (its draft vocabulary;
+#   checked once against the target-vocabulary logits vLLM makes of them), by one compiled call
+#   (`speclimits.control.top1op`, C++ built once per machine and checked against torch at load: per row
+#   the first maximum and $1/\sum_v e^{x_v - \max}$, within $10^{-5}$ of torch's softmax; rows that are not
+#   finite are left to torch) or, where no compiler is available, one softmax and one max in torch; the
+#   same call gives the step's draft token, which the controller then hands to vLLM in place of its
+#   `argmax` (the compiled call: the argmax's token exactly; torch's form: the probabilities' first
+#   maximum, the argmax's token except where two logits round to the same probability, which can change
+#   what is drafted, never what is output); on those steps vLLM's
 #   scatter of the head's logits into the target vocabulary, whose only reader was that `argmax`, is not
 #   run. At batch > 1 the batch rule's stop test after each step builds the longer rounds' gains only
 #   as its search reaches them (it usually stops at the first longer round that beats stopping) and sums

@@ -626,7 +626,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
     def _sl_greedy(self, orig: Any) -> Any:
         """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
         reads confidences. On a step whose top-1 probabilities the policy reads, one call gives both the
-        top-1 and the ids: the compiled :func:`speclimits.control.top1op` (the logits' first maximum, as
+        top-1 and the ids: the compiled call of :mod:`speclimits.control.top1op` (the logits' first maximum, as
         vLLM's argmax) where it loaded, else one softmax and one max in torch (the probabilities' first
         maximum: vLLM's argmax except where two logits round to the same probability, which changes
         which draft token is proposed, never the output); on the others :class:`TokenChoice` makes
