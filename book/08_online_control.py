@@ -98,7 +98,7 @@ from speclimits.book.views import control as view
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
-from speclimits.control.report import engine_table, gap_lines, load_bench_runs
+from speclimits.control.report import BENCH_DIR, engine_table, gap_lines, load_bench_runs
 from speclimits.figures import control as control_figures
 from speclimits.machine import describe
 
@@ -189,6 +189,26 @@ for batch, table in tables.items():
 
 # %% tags=["remove-input"]
 display(Markdown(view.verdict(runs, tables, offline, bounds)))
+
+# %% [markdown]
+# **Does it replicate?** A ratio whose interval clears 1 once can still be luck of the day on this
+# machine. Where `data/control/replication/` holds a second run of the same benchmark command (same
+# code, same held-out prompts, another hour), each policy's paired ratio to that run's own best stock
+# $K$ (chosen on its own even blocks) is set beside the first run's.
+
+# %% tags=["hide-input"]
+again, again_note = load_bench_runs(tr.meta, BENCH_DIR / "replication")
+if again:
+    print(again_note.replace("benchmark results", "second run"))
+    rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)
+    if not rep.empty:
+        page.table(rep, "tbl-control-replication",
+                   "Each policy's paired speed ratio to the best stock static K [95% interval over held-out blocks] in "
+                   "the run above and in a second run of the same command (measured; how: "
+                   + "; ".join(f"batch {b}: `{r['produced_by']}`" for b, r in sorted(again.items()))
+                   + "). \"Replicated\": both intervals on the same side of 1, or both holding it.")
+else:
+    print("no second run in data/control/replication: nothing to set beside the first")
 
 # %% tags=["hide-input"]
 if tables:

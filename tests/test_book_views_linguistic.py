@@ -211,9 +211,26 @@ def test_share_frame_is_one_batch_with_policy_labels():
     assert set(long["where"]) == {"engine (measured)"}
 
 
+def test_replication_sets_each_policy_of_two_runs_side_by_side():
+    main, again = _bench(1), _bench(1, (0.99, 0.95, 1.03))
+    again["choice"]["best_stock"] = "stock:4"
+    out = cview.replication(_tables(main), {1: main}, _tables(again), {1: again})
+    rows = out.set_index("Policy")
+    assert list(rows.index) == ["Delta rule, running λ", "SGLang-style EMA"]  # policies only, no stock/static arm
+    delta = rows.loc["Delta rule, running λ"]
+    assert delta["Main run [95% CI] (best stock K)"].replace(NB, " ").endswith("(K = 3)")
+    assert delta["Second run [95% CI] (best stock K)"].replace(NB, " ").startswith("0.990 [0.950; 1.030]")
+    assert delta["Second run [95% CI] (best stock K)"].endswith("(K = 4)")
+    assert (delta["Interval vs 1 (main / second)"], delta["Replicated"]) == ("above / holds 1", "no")
+    assert tuple(rows.loc["SGLang-style EMA", ["Interval vs 1 (main / second)", "Replicated"]]) == ("below / below", "yes")
+    # only the batch sizes both runs measured
+    assert cview.replication(_tables(main), {1: main}, {}, {}).empty
+    assert set(cview.replication(_tables(main, _bench(4)), {1: main, 4: _bench(4)}, _tables(again), {1: again})["Batch"]) == {1}
+
+
 @pytest.mark.skipif(not list(BENCH_DIR.glob("bench-*.json")), reason="no committed benchmark results")
 def test_committed_benchmarks_are_measured_and_lossless():
-    for f in sorted(BENCH_DIR.glob("bench-*.json")):
+    for f in sorted(BENCH_DIR.glob("bench-*.json")) + sorted((BENCH_DIR / "replication").glob("bench-*.json")):
         res = json.loads(f.read_text())
         assert res["label"].startswith("measured") and res["lossless"] is True, f.name
         assert res["engine"]["cpu"]["flags"] and "choice" in res, f.name

@@ -87,6 +87,33 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]],
+                again: dict[int, pd.DataFrame], runs_again: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """Each policy's paired speed ratio to the best stock K [95% CI] in the main run and in a second run of
+    the same command (each against its own best stock K, chosen on its own even blocks), for the batch
+    sizes both have; a policy is "replicated" where both intervals lie on the same side of 1 or both hold
+    it. Empty without a second run."""
+    def ratio(t: pd.DataFrame, arm: str, ref: str) -> str:
+        return f"{_ci(t.loc[arm, 'vs_best_stock'], t.loc[arm, 'vs_best_stock_lo'], t.loc[arm, 'vs_best_stock_hi'])} (K = {ref})"
+
+    def side(t: pd.DataFrame, arm: str) -> str:
+        lo, hi = float(t.loc[arm, "vs_best_stock_lo"]), float(t.loc[arm, "vs_best_stock_hi"])
+        return "above" if lo > 1 else "below" if hi < 1 else "holds 1"
+
+    rows = []
+    for batch in sorted(set(tables) & set(again)):
+        a, b = tables[batch].set_index("arm"), again[batch].set_index("arm")
+        ref_a, ref_b = (r[batch]["choice"]["best_stock"].split(":")[-1] for r in (runs, runs_again))
+        for arm in [x for x in a.index if is_policy(x) and x in b.index]:
+            sides = side(a, arm), side(b, arm)
+            rows.append({"Batch": batch, "Policy": arm_name(arm),
+                         "Main run [95% CI] (best stock K)": ratio(a, arm, ref_a),
+                         "Second run [95% CI] (best stock K)": ratio(b, arm, ref_b),
+                         "Interval vs 1 (main / second)": " / ".join(sides),
+                         "Replicated": "yes" if sides[0] == sides[1] else "no"})
+    return pd.DataFrame(rows)
+
+
 def share_frame(tables: dict[int, pd.DataFrame], batch: int) -> pd.DataFrame:
     """:func:`~speclimits.control.report.share_long` of one batch's table, policies by their labels."""
     return share_long(tables[batch], batch, label=arm_name)
