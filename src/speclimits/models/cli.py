@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from speclimits.paths import MODELS_DIR
 from speclimits.models.pipeline import STAGES, train_models
@@ -31,3 +32,44 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_handler)
+    _register_models(subparsers)
+
+
+def _twin_handler(args: argparse.Namespace) -> int:
+    from speclimits.models.twin import build_twin, default_twin_dir
+
+    out = args.out or default_twin_dir(args.expert_width)
+    command = f"speclimits models twin --source {args.source} --expert-width {args.expert_width} --seed {args.seed}"
+    recipe = build_twin(args.source, out, args.expert_width, args.seed, command=command)
+    print(f"wrote {out}: experts {recipe['expert_width_source']} -> {recipe['expert_width']} units "
+          f"({recipe['expert_bytes_stored'] / 1024:.0f} KiB per expert as stored, {recipe['stored_dtype']}); "
+          f"weights sha256 {recipe['weights_sha256'][:12]}")
+    return 0
+
+
+def _register_models(subparsers) -> None:
+    from speclimits.models.twin import DEFAULT_EXPERT_WIDTH
+    from speclimits.paths import TARGET_MODEL
+
+    p = subparsers.add_parser(
+        "models", help="derived models: the memory-bound twin of the target",
+        description="Models derived from the trained ones.")
+    sub = p.add_subparsers(dest="models_command", metavar="SUBCOMMAND")
+    sub.required = True
+    t = sub.add_parser(
+        "twin", help="widen every expert of an MoE target without changing its function (seconds, deterministic)",
+        description=(
+            "Write a memory-bound twin of an MoE target: every expert's gate and up projections get extra rows "
+            "(random values), its down projection as many zero columns, so each expert's output is unchanged "
+            "while the bytes a pass streams per routed expert grow with the width. Greedy outputs, routing "
+            "and an EAGLE-3 head's acceptance stay those of the source; only the cost of a verification pass "
+            "changes. The recipe (source hash, width, seed, weights hash) is written to twin.json in the output "
+            "folder, and a trace of the twin copies it into its meta.json."))
+    t.add_argument("--source", type=Path, default=TARGET_MODEL, help="the MoE target folder (default data/models/target)")
+    t.add_argument("--expert-width", type=int, default=DEFAULT_EXPERT_WIDTH, metavar="N",
+                   help=f"intermediate units per expert in the twin (default {DEFAULT_EXPERT_WIDTH}, chosen by "
+                        "measurement: see data/regime/README.md)")
+    t.add_argument("--seed", type=int, default=0, help="seeds the values of the extra rows (default 0)")
+    t.add_argument("--out", type=Path, default=None,
+                   help="output folder (default _build/models/target-twin-wN)")
+    t.set_defaults(func=_twin_handler)

@@ -53,6 +53,28 @@ class RoutingCapture:
         # int16 holds expert ids up to 32767; -1 marks rows never written
         self.buffer = torch.full((self.max_tokens, self.n_layers, self.top_k), -1, dtype=torch.int16, device=device)
         self._routers: list[Any] = []
+        #: Planted routing for the next forward (designed experiment), a CPU tensor
+        #: [n_layers, num_tokens, top_k]; None = the router's own choice. See :meth:`plant`.
+        self.plan: Any = None
+
+    def plant(self, ids: Any) -> None:
+        """Make the next forward route by ``ids`` ([n_layers, num_tokens, top_k] ints; None: the router's own).
+
+        Each layer's callback overwrites the router's ``topk_ids`` in place, before the MoE kernel
+        reads them, when the forward has ``num_tokens`` tokens (the routing weights stay the
+        router's: the output is not the model's, only the cost of the pass is measured). CPU
+        only: on a GPU the callback is replayed inside CUDA graphs.
+        """
+        import torch
+
+        if ids is None:
+            self.plan = None
+            return
+        ids = torch.as_tensor(ids)
+        if ids.ndim != 3 or ids.shape[0] != self.n_layers or ids.shape[2] != self.top_k:
+            raise ValueError(f"planted routing must have shape [{self.n_layers}, num_tokens, {self.top_k}], "
+                             f"got {tuple(ids.shape)}")
+        self.plan = ids.to(device=self.buffer.device)
 
     def capture_fn(self, layer: int) -> Callable[[Any], None]:
         """The callback for MoE layer ``layer`` (0-based among the bound layers)."""
@@ -67,6 +89,10 @@ class RoutingCapture:
                 raise SpeclimitsError(
                     f"routing capture: a forward routed {n} tokens but the static buffer holds {max_tokens}; "
                     "raise max_num_batched_tokens consistently or report this as a bug")
+            plan = self.plan
+            if plan is not None and plan.shape[1] == n:
+                # the designed experiment: the kernel reads the planted ids instead of the router's
+                topk_ids.copy_(plan[layer])
             # one fixed-address copy: safe under CUDA graph capture and replay
             buf[:n, layer].copy_(topk_ids)
 

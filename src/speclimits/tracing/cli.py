@@ -93,6 +93,10 @@ def _writing_arguments(p: argparse.ArgumentParser) -> None:
 
 def _oracle_arguments(p: argparse.ArgumentParser) -> None:
     """The dense Oracle pass (oracle.parquet)."""
+    p.add_argument("--plant-routing", type=int, default=None, metavar="SEED",
+                   help="designed experiment (CPU): every target pass routes by a planted routing whose unique "
+                        "experts per layer are drawn per pass from top_k..min(m*top_k, E), so the per-expert cost "
+                        "can be estimated causally at each width m (speclimits.regime); outputs are not the model's")
     p.add_argument("--oracle", action="store_true",
                    help="also write dense Oracle data (oracle.parquet); with --workers on the Ray workers")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
@@ -136,8 +140,10 @@ def _cli(args: argparse.Namespace) -> int:
         spec_extra=parse_assignments(args.spec_arg, "--spec-arg"),
         engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
-        batch_sizes=batch_sizes,
+        batch_sizes=batch_sizes, plant_routing=args.plant_routing,
     )
+    if args.plant_routing is not None and (distributed or args.oracle):
+        raise SpeclimitsError("--plant-routing runs in this process only, without --oracle, --workers or --ray-address")
     rs = _ray_settings(args) if distributed else None
     meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
     checks = meta.get("checks", {})

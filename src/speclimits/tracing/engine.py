@@ -209,8 +209,9 @@ def detach_worker_extensions() -> int:
     return n
 
 
-def make_llm(kwargs: dict[str, Any]) -> Any:
-    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension; returns (llm, model info).
+def make_llm(kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> Any:
+    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension (with ``options``, see
+    ``TracingWorkerExtension.speclimits_install``); returns (llm, model info).
 
     :func:`check_vllm_api` runs first, so an unsupported vLLM fails before an engine is built."""
     vllm = require_vllm()
@@ -218,7 +219,7 @@ def make_llm(kwargs: dict[str, Any]) -> Any:
     _guard_llvmlite()
     detach_worker_extensions()
     llm = vllm.LLM(**kwargs)
-    info = llm.collective_rpc("speclimits_install", args=({},))[0]
+    info = llm.collective_rpc("speclimits_install", args=(dict(options or {}),))[0]
     return llm, info
 
 

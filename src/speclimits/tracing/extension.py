@@ -189,7 +189,11 @@ class TracingWorkerExtension:
         """Wrap the runner and bind the routing capture. Returns the target's MoE shape.
 
         ``options``: ``keep_prefill_rows`` (routing rows kept per prefill request, default 2),
-        ``kv_usage`` (compute KV occupancy per step, default True).
+        ``kv_usage`` (compute KV occupancy per step, default True), ``plant_routing`` (the designed
+        experiment: ``{"seed": int}`` plants, on every target forward of n tokens, a routing whose
+        unique experts per layer Ū are drawn uniformly from top_k..min(n·top_k, E), the same Ū in
+        every layer; the recorded ``u_bar`` is then the planted one. CPU only; outputs are not the
+        model's).
         """
         options = dict(options or {})
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -220,6 +224,13 @@ class TracingWorkerExtension:
         self._speclimits_timer = _Timer(cuda)
         self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
         self._speclimits_kv = bool(options.get("kv_usage", True))
+        self._speclimits_planter = None
+        if options.get("plant_routing") is not None:
+            if cuda:
+                raise SpeclimitsError("planted routing (the designed experiment) runs on CPU only")
+            import numpy as np
+
+            self._speclimits_planter = np.random.default_rng(int(options["plant_routing"].get("seed", 0)))
         self._speclimits_records: list[dict[str, Any]] = []
         self._speclimits_step: _Step | None = None
         self._speclimits_step_no = 0
@@ -348,6 +359,8 @@ class TracingWorkerExtension:
             })
             offset += n
         step.num_tokens = offset
+        if self._speclimits_planter is not None:
+            self._speclimits_plant(offset)
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         shaped = positions if positions is not None else input_ids
@@ -358,6 +371,16 @@ class TracingWorkerExtension:
                 if st.block_ids:
                     blocks.update(st.block_ids[0])
             step.kv_usage = len(blocks) / max(int(runner.kv_cache_config.num_blocks), 1)
+
+    def _speclimits_plant(self, n_tokens: int) -> None:
+        """Designed experiment: plant the routing of the coming forward of ``n_tokens`` tokens."""
+        from speclimits.planted import planted_layers
+
+        capture = self._speclimits_capture
+        rng = self._speclimits_planter
+        n_experts = self._speclimits_n_experts
+        u = int(rng.integers(capture.top_k, min(n_tokens * capture.top_k, n_experts) + 1))
+        capture.plant(planted_layers(capture.n_layers, n_tokens, capture.top_k, n_experts, u, rng))
 
     def _speclimits_force(self, step: _Step, sampler_output: Any) -> None:
         """Oracle mode: at a request's prefill, write the reference token into the sample."""

@@ -127,7 +127,8 @@ from speclimits.tracing.records import generation_columns, step_columns, steps_b
 
 #: Settings that must match for ``resume`` to continue a trace.
 RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
-               "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra", "batch_sizes")
+               "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra", "batch_sizes",
+               "plant_routing")
 
 
 @dataclass
@@ -163,6 +164,15 @@ class SweepConfig:
     check_counters: str = "part"
     #: batch sizes of the sweep (``--batch``); [1]: the batch-1 trace
     batch_sizes: list[int] = field(default_factory=lambda: [1])
+    #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
+    #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
+    plant_routing: int | None = None
+
+    def install_options(self, K: int) -> dict[str, Any]:
+        """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
+        if self.plant_routing is None:
+            return {}
+        return {"plant_routing": {"seed": int(self.plant_routing) * 1000 + int(K)}}
 
     @property
     def batched(self) -> bool:
@@ -177,6 +187,8 @@ class SweepConfig:
             "load_format": self.load_format, "tokens": self.tokens, "ignore_eos": self.ignore_eos,
             "chat_template": self.chat_template, "limit": self.limit, "spec_extra": dict(self.spec_extra),
         }
+        if self.plant_routing is not None:  # likewise: only a designed experiment records it
+            out["plant_routing"] = int(self.plant_routing)
         if self.batched:  # a batch-1 sweep records exactly the settings it always did
             out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
         return out
@@ -258,6 +270,15 @@ class SweepPlan:
     meta: dict[str, Any] | None
     todo: list[tuple[int, ...]]
     batch_sizes: list[int] = field(default_factory=lambda: [1])
+    #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
+    #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
+    plant_routing: int | None = None
+
+    def install_options(self, K: int) -> dict[str, Any]:
+        """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
+        if self.plant_routing is None:
+            return {}
+        return {"plant_routing": {"seed": int(self.plant_routing) * 1000 + int(K)}}
 
     @property
     def batched(self) -> bool:
@@ -373,7 +394,7 @@ class EngineHolder:
         self.close()
         self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values,
                                           batch=max(int(b) for b in self.cfg.batch_sizes))
-        self.llm, self.info = eng.make_llm(self.kwargs)
+        self.llm, self.info = eng.make_llm(self.kwargs, self.cfg.install_options(K))
         self.K = K
         self.builds += 1
         if self.tokenizer is None and not self.kwargs["skip_tokenizer_init"]:
@@ -500,6 +521,14 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         extra["batch_sizes"] = batch_sizes
         conventions += ("; steps = one row per engine step of a batch (all its requests), rounds of a batch "
                         "repeat the step's times")
+    if cfg.plant_routing is not None:
+        extra["planted_routing"] = {
+            "seed": int(cfg.plant_routing),
+            "design": ("designed experiment: on every target pass of n tokens the router's expert ids are replaced "
+                       "by a planted routing with the same number of unique experts U in every MoE layer, U drawn "
+                       "uniformly from top_k..min(n*top_k, E) per pass; u_bar is the planted U; outputs are not "
+                       "the model's (only pass costs are meaningful)"),
+        }
     return new_meta(
         source="vllm",
         simulated=False,
