@@ -5,9 +5,15 @@
 # 8 per category; Oracle reference = the target's own greedy output) plus 12 held-out corpus passages
 # (data/prompts/heldout-corpus.jsonl, Oracle reference = the held-out continuation, teacher-forced).
 #   scripts/make_trace.sh [OUT_DIR]        (~15-25 min on 2 CPU cores)
+# The memory-bound twin's trace (data/traces/twin-eagle3): the same sweep on the twin (speclimits models twin), with
+# the long-context prompts (data/prompts/long-context.jsonl) added:
+#   TARGET=_build/models/target-twin-w256 EXTRA_PROMPTS=data/prompts/long-context.jsonl \
+#     scripts/make_trace.sh data/traces/twin-eagle3        (~30-40 min; run it alone: the times are the measurement)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-data/traces/measured-eagle3}
+target=${TARGET:-data/models/target}
+extra=${EXTRA_PROMPTS:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -24,10 +30,13 @@ for path, cap in (("data/prompts/speclimits.jsonl", 8), ("data/prompts/heldout-c
             rows.append(line)
 open(sys.argv[1], "w", encoding="utf-8").writelines(rows)
 PY
+[ -n "$extra" ] && cat "$extra" >> "$tmp/prompts.jsonl"
 rm -rf "$out"
-.venv/bin/speclimits trace --target data/models/target --draft data/models/eagle3 --method eagle3 \
+.venv/bin/speclimits trace --target "$target" --draft data/models/eagle3 --method eagle3 \
   --k 0-10 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \
   --seed 0 --oracle --oracle-k-max 10
 cp "$tmp/prompts.jsonl" "$out/prompts.jsonl"
-.venv/bin/python -m speclimits.models.trace_provenance "$out" --command "scripts/make_trace.sh $*"
+.venv/bin/python -m speclimits.models.trace_provenance "$out" --command "TARGET=$target EXTRA_PROMPTS=$extra scripts/make_trace.sh $*" \
+  --note "${PROVENANCE_NOTE:-shared 2-core machine: other processes ran during the sweep, so timings carry contention noise; one torch/OpenMP thread}"
+.venv/bin/python -m speclimits.regime record "$out" --target "$target" --command "scripts/make_trace.sh $*"
 .venv/bin/speclimits validate "$out" || true

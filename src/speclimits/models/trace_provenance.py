@@ -50,7 +50,11 @@ def _relative(path: Path) -> str:
         return str(path)
 
 
-def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR) -> dict:
+DEFAULT_NOTE = ("shared 2-core machine: other processes ran during the sweep, so timings carry contention noise; "
+                "one torch/OpenMP thread")
+
+
+def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR, note: str = DEFAULT_NOTE) -> dict:
     files = {}
     for sub in ("target", "eagle3"):
         for f in sorted((models / sub).glob("*")):
@@ -72,8 +76,7 @@ def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR) -> dict
                                          "held-out corpus continuation (teacher-forced)":
                                              sum(p.teacher_forced for p in prompts)}},
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0],
-                    "note": "shared 2-core machine: other processes ran during the sweep, so timings carry "
-                            "contention noise; one torch/OpenMP thread"},
+                    "note": note},
         "simulated": False,
     }
 
@@ -82,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("trace", type=Path)
     ap.add_argument("--command", default="scripts/make_trace.sh")
+    ap.add_argument("--note", default=DEFAULT_NOTE, help="how the machine was used during the sweep")
     args = ap.parse_args(argv)
     meta = read_meta(args.trace)
-    meta["provenance"] = provenance(args.trace, args.command)
+    meta["provenance"] = provenance(args.trace, args.command, note=args.note)
     write_meta(args.trace, meta)
     print(f"provenance written to {args.trace / 'meta.json'}")
     return 0

@@ -58,7 +58,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _relative(path: Path) -> str:
+def relative_path(path: Path) -> str:
     """``path`` relative to the checkout when inside it (so a recipe reads the same on every clone)."""
     try:
         return str(Path(path).resolve().relative_to(REPO_ROOT))
@@ -163,7 +163,7 @@ def build_twin(source: Path = TARGET_MODEL, out: Path | None = None, expert_widt
     recipe = {
         "kind": "memory-bound twin (function-preserving wider experts)",
         "command": command or f"speclimits models twin --expert-width {expert_width} --seed {seed}",
-        "source": _relative(source),
+        "source": relative_path(source),
         "source_sha256": _sha256(weights[0]),
         "expert_width_source": old_width,
         "expert_width": int(expert_width),

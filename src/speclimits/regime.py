@@ -1,0 +1,136 @@
+"""Regimes: when the expert cost binds (cache-resident vs memory-bound), measured.
+
+Two kinds of evidence, both read from traces the tracing harness wrote:
+
+* the **designed experiment** (``speclimits trace --plant-routing``, ``scripts/make_regime.sh``): every
+  target pass routes by a planted routing whose unique experts per layer Ū are drawn per pass, so
+  at a fixed width m, ``T_T = β0(m) + α(m)·Ū`` is a causal line: :func:`designed_alpha`;
+* the **observational trace** of the same target (its own routing): the share of a pass that the
+  expert term explains at each m, :func:`expert_share`, ``α(m)·mean Ū(m) / mean T_T(m)``.
+
+``python -m speclimits.regime record TRACE --target DIR`` adds to a trace's ``meta.json`` how its
+target was made (the twin recipe, or the bundled target's hash) and the machine's load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from speclimits.errors import SpeclimitsError
+
+#: The paper's regression α(m) at K = 8 (m = 9), ms per unit of per-layer Ū (Table A4 reading, DESIGN.md).
+PAPER_ALPHA_LARGE = 0.265
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def target_record(target: Path) -> dict[str, Any]:
+    """How a target folder was made: its twin recipe (``twin.json``) or, for a trained model, the hash
+    of its weights and its expert width."""
+    import json
+
+    from speclimits.models.twin import read_recipe
+
+    target = Path(target)
+    recipe = read_recipe(target)
+    config = json.loads((target / "config.json").read_text())
+    width = config.get("moe_intermediate_size", config.get("intermediate_size"))
+    if recipe is not None:
+        return {"regime_target": "memory-bound twin", "expert_width": width, "twin": recipe}
+    weights = sorted(target.glob("*.safetensors"))
+    return {"regime_target": "trained target", "expert_width": width,
+            "weights_sha256": _sha256(weights[0]) if weights else None}
+
+
+def record(trace: Path, target: Path, command: str) -> dict[str, Any]:
+    """Add ``regime`` (target recipe, command, load average) to ``trace``'s meta.json; returns it."""
+    from speclimits.trace import read_meta, write_meta
+
+    meta = read_meta(trace)
+    meta["regime"] = {**target_record(target), "command": command,
+                      "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    write_meta(trace, meta)
+    return meta["regime"]
+
+
+def decode_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """The rounds every fit uses (:func:`speclimits.trace.decode_rounds`: decode phase, a target time)."""
+    from speclimits.trace import decode_rounds as usable
+
+    return usable(rounds)[0]
+
+
+def designed_alpha(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """α(m), β0(m) with ``level`` intervals from a designed-experiment trace's ``rounds`` table
+    (columns ``m``, ``u_bar``, ``t_target_ms``, ``phase``): per m, OLS of T_T on the planted Ū with
+    HC3 standard errors (:func:`speclimits.planted.fit_expert_cost`). One row per m; m = 1 has a
+    single Ū (= top_k), so its α is not identified (NaN, with a note)."""
+    from speclimits.planted import fit_expert_cost
+
+    d = decode_rounds(rounds)
+    if d.empty:
+        raise SpeclimitsError("designed experiment: no decode rounds with a target time")
+    return fit_expert_cost(pd.DataFrame({"m": d["m"], "u_bar": d["u_bar"], "t_ms": d["t_target_ms"]}), level=level)
+
+
+def pooled_alpha(fit: pd.DataFrame, m_min: int = 5) -> dict[str, float]:
+    """Inverse-variance mean of the identified α(m) at m ≥ ``m_min`` with a normal 95% interval."""
+    f = fit[(fit["m"] >= m_min) & np.isfinite(fit["alpha"]) & (fit["alpha_se"] > 0)]
+    if f.empty:
+        return {"alpha": float("nan"), "lo": float("nan"), "hi": float("nan"), "m_min": m_min}
+    w = 1.0 / f["alpha_se"].to_numpy() ** 2
+    a = float(np.sum(w * f["alpha"].to_numpy()) / w.sum())
+    se = float(np.sqrt(1.0 / w.sum()))
+    return {"alpha": a, "lo": a - 1.96 * se, "hi": a + 1.96 * se, "m_min": m_min}
+
+
+def expert_share(rounds: pd.DataFrame, alpha_by_m: pd.Series) -> pd.DataFrame:
+    """Per m of an observational trace: mean T_T, mean Ū, and the share of T_T that the expert term
+    explains, ``alpha(m) · mean Ū(m) / mean T_T(m)`` (``alpha_by_m``: α indexed by m, e.g. the designed
+    experiment's on the same target; m without an α get NaN)."""
+    d = decode_rounds(rounds)
+    g = d.groupby("m").agg(t_target_ms=("t_target_ms", "mean"), t_target_median=("t_target_ms", "median"),
+                           u_bar=("u_bar", "mean"), rounds=("t_target_ms", "size")).reset_index()
+    g["alpha"] = g["m"].map(alpha_by_m)
+    g["expert_ms"] = g["alpha"] * g["u_bar"]
+    g["expert_share"] = g["expert_ms"] / g["t_target_ms"]
+    return g
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m speclimits.regime", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="add the target's recipe and the load average to a trace's meta.json")
+    r.add_argument("trace", type=Path)
+    r.add_argument("--target", type=Path, required=True)
+    r.add_argument("--command", default="")
+    f = sub.add_parser("alpha", help="print the designed experiment's alpha(m) of a planted trace")
+    f.add_argument("trace", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "record":
+        print(record(args.trace, args.target, args.command))
+    else:
+        from speclimits.trace import read_table
+
+        fit = designed_alpha(read_table(args.trace, "rounds"))
+        print(fit[["m", "n", "u_min", "u_max", "alpha", "alpha_lo", "alpha_hi", "beta0", "t_mean"]]
+              .to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""The memory-bound twin keeps the target's function: unit checks on one expert, a tiny checkpoint
+through Hugging Face, and (marked vllm) greedy outputs and routing in the real engine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from speclimits.errors import SpeclimitsError
+from speclimits.models.twin import build_twin, compare_logits, read_recipe, widen_tensors
+
+
+def _expert(gate, up, down, x):
+    return down @ (torch.nn.functional.silu(gate @ x) * (up @ x))
+
+
+def test_a_widened_expert_computes_the_same_output():
+    g = torch.Generator().manual_seed(1)
+    hidden, inter = 16, 8
+    tensors = {
+        "model.layers.0.mlp.experts.0.gate_proj.weight": torch.randn(inter, hidden, generator=g, dtype=torch.float64),
+        "model.layers.0.mlp.experts.0.up_proj.weight": torch.randn(inter, hidden, generator=g, dtype=torch.float64),
+        "model.layers.0.mlp.experts.0.down_proj.weight": torch.randn(hidden, inter, generator=g, dtype=torch.float64),
+        "model.norm.weight": torch.ones(hidden, dtype=torch.float64),
+    }
+    wide, old = widen_tensors(tensors, 40, seed=3)
+    assert old == inter
+    p = "model.layers.0.mlp.experts.0."
+    assert wide[p + "gate_proj.weight"].shape == (40, hidden) and wide[p + "down_proj.weight"].shape == (hidden, 40)
+    assert torch.equal(wide[p + "gate_proj.weight"][:inter], tensors[p + "gate_proj.weight"])
+    assert torch.count_nonzero(wide[p + "up_proj.weight"][inter:]) > 0  # the extra units do compute something ...
+    assert torch.count_nonzero(wide[p + "down_proj.weight"][:, inter:]) == 0  # ... that never reaches the output
+    assert wide["model.norm.weight"] is tensors["model.norm.weight"]
+    x = torch.randn(hidden, generator=g, dtype=torch.float64)
+    narrow_y = _expert(tensors[p + "gate_proj.weight"], tensors[p + "up_proj.weight"], tensors[p + "down_proj.weight"], x)
+    wide_y = _expert(wide[p + "gate_proj.weight"], wide[p + "up_proj.weight"], wide[p + "down_proj.weight"], x)
+    assert torch.allclose(narrow_y, wide_y, rtol=0, atol=1e-12)
+    with pytest.raises(SpeclimitsError, match="narrower"):
+        widen_tensors(tensors, 4)
+    with pytest.raises(SpeclimitsError, match="no expert weights"):
+        widen_tensors({"model.norm.weight": tensors["model.norm.weight"]}, 40)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny Qwen3-MoE with random weights saved by transformers (per-expert safetensors names)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from speclimits.tracing.tinymodel import tiny_moe_config
+
+    folder = tmp_path_factory.mktemp("tiny-ckpt")
+    cfg = tiny_moe_config()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.float32)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def test_the_twin_of_a_checkpoint_has_the_same_logits_and_a_recipe(tiny_checkpoint, tmp_path):
+    twin = tmp_path / "twin"
+    recipe = build_twin(tiny_checkpoint, twin, expert_width=96, seed=0)
+    cfg = json.loads((twin / "config.json").read_text())
+    assert cfg["moe_intermediate_size"] == 96 and recipe["expert_width_source"] == 32
+    assert read_recipe(twin) == recipe and read_recipe(tiny_checkpoint) is None
+    # deterministic: the same command writes the same weights
+    again = build_twin(tiny_checkpoint, tmp_path / "again", expert_width=96, seed=0)
+    assert again["weights_sha256"] == recipe["weights_sha256"]
+    assert build_twin(tiny_checkpoint, tmp_path / "other", expert_width=96, seed=1)["weights_sha256"] != \
+        recipe["weights_sha256"]
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(1, 512, size=40).tolist() for _ in range(3)]
+    check = compare_logits(tiny_checkpoint, twin, seqs)
+    assert check["positions"] == 120
+    assert check["argmax_agree"] == 1.0
+    assert check["max_rel_diff"] < 1e-5
+
+
+def test_twin_command_refuses_a_folder_without_a_config(tmp_path):
+    from speclimits.cli import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["models", "twin", "--source", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
+
+
+@pytest.mark.vllm
+def test_the_twin_serves_the_same_greedy_tokens_and_routing_in_vllm(vllm_mod, tiny_checkpoint, tmp_path):
+    """Traced in the real engine (K = 0 and ngram K = 2): the twin emits the source's tokens and
+    touches the same experts in every round."""
+    import pandas as pd
+
+    from speclimits.cli import main
+
+    twin = tmp_path / "twin"
+    build_twin(tiny_checkpoint, twin, expert_width=128, seed=0)
+    prompts = tmp_path / "prompts.jsonl"
+    rng = np.random.default_rng(1)
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt_token_ids": rng.integers(1, 512, 24).tolist()})
+                               + "\n" for i in range(2)))
+    out = {}
+    for name, folder in (("source", tiny_checkpoint), ("twin", twin)):
+        assert main(["trace", "--target", str(folder), "--method", "ngram", "--k", "0,2", "--prompts", str(prompts),
+                     "--max-tokens", "16", "--ignore-eos", "--dtype", "float32", "--out", str(tmp_path / name),
+                     "--quiet", "--spec-arg", "prompt_lookup_min=1", "--spec-arg", "prompt_lookup_max=2"]) == 0
+        gens = [json.loads(line) for line in (tmp_path / name / "generations.jsonl").read_text().splitlines()]
+        rounds = pd.read_parquet(tmp_path / name / "rounds.parquet")
+        out[name] = ({(g["prompt_id"], g["K"]): g["output_token_ids"] for g in gens},
+                     rounds.sort_values(["generation_id", "round"])["u_bar"].to_numpy())
+    assert out["source"][0] == out["twin"][0]
+    assert np.array_equal(out["source"][1], out["twin"][1])
+    meta = json.loads((tmp_path / "twin" / "meta.json").read_text())
+    assert meta["dtype"] == "float32"
