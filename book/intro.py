@@ -60,13 +60,15 @@ if tr.meta.get("description"):
 # %% tags=["remove-input"]
 sections = ["sec-tracing", "sec-factors", "sec-final-model", "sec-draft-model", "sec-robustness", "sec-oracle",
             "sec-linguistic", "sec-online-control", "sec-beyond-batch"]
-gathered = bs.gathered_results(results, sections)
+gathered = bs.gathered_results(results, sections, contrast=page.contrast)
 if gathered is None:
     print("The key results are gathered when the whole book is built (speclimits book).")
 else:
+    other = (f" *{page.contrast.column}*: the same quantity on the other regime's trace ({{ref}}`sec-regimes`)."
+             if page.contrast is not None else "")
     page.table(gathered, "tbl-intro-key-results",
                "Key results of every section, ours beside the paper's. Brackets: the 95% interval, unless the "
-               "quantity names another range; a dash: the paper reports no such number.")
+               "quantity names another range; a dash: the paper reports no such number." + other)
 
 # %% [markdown]
 # ## Simulated or measured?

@@ -9,9 +9,12 @@
 # TRACE_ARGS go to `speclimits trace` after the defaults (the last of a repeated flag wins), e.g. a quick check:
 #   scripts/make_batch_trace.sh /tmp/batch-check --limit 4 --k 0,2 --batch 1,2 --max-tokens 8
 # Run it alone on an otherwise idle machine: the step times are the measurement.
+# The memory-bound twin's batch sweep (data/traces/twin-batch):
+#   TARGET=_build/models/target-twin-w1024 scripts/make_batch_trace.sh data/traces/twin-batch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-data/traces/measured-batch}
+target=${TARGET:-data/models/target}
 shift $(( $# > 0 ? 1 : 0 ))
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp=$(mktemp -d)
@@ -29,9 +32,11 @@ for line in open("data/prompts/speclimits.jsonl", encoding="utf-8"):
 open(sys.argv[1], "w", encoding="utf-8").writelines(rows)
 PY
 rm -rf "$out"
-.venv/bin/speclimits trace --target data/models/target --draft data/models/eagle3 --method eagle3 \
+.venv/bin/speclimits trace --target "$target" --draft data/models/eagle3 --method eagle3 \
   --k 0-6 --batch 1,2,4,8,16 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos \
   --dtype float32 --seed 0 --tokens none "$@"
 cp "$tmp/prompts.jsonl" "$out/prompts.jsonl"
-.venv/bin/python -m speclimits.models.trace_provenance "$out" --command "scripts/make_batch_trace.sh $*"
+.venv/bin/python -m speclimits.models.trace_provenance "$out" --command "TARGET=$target scripts/make_batch_trace.sh $*" \
+  --note "${PROVENANCE_NOTE:-run alone on an otherwise idle machine; one torch/OpenMP thread}"
+.venv/bin/python -m speclimits.regime record "$out" --target "$target" --command "scripts/make_batch_trace.sh $*"
 .venv/bin/speclimits validate "$out"

@@ -83,7 +83,9 @@ def setup(results: str | Path | None = None) -> Page:
     pd.set_option("display.precision", 4)
     pd.set_option("display.max_columns", 30)
     pd.set_option("display.width", 160)
-    return Page(results_dir=results)
+    from speclimits.paths import REGIME_CONTRAST
+
+    return Page(results_dir=results, contrast_dir=REGIME_CONTRAST)
 
 
 def versions() -> dict[str, str]:

@@ -26,9 +26,21 @@ EAGLE3_MODEL = MODELS_DIR / "eagle3"
 #: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
 DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"
 
+#: The two regimes (DESIGN.md section 7): the bundled pair as trained is *cache-resident* (a pass costs
+#: mostly framework time); its memory-bound twin (``speclimits models twin``: wider experts, the same
+#: function) streams its routed experts as the paper's GPU does. Both measured with the same prompts.
+BUNDLED_TRACE = TRACES_DIR / "measured-eagle3"
+TWIN_TRACE = TRACES_DIR / "twin-eagle3"
+#: The key results of the book built on the other regime's trace, shown beside this build's
+#: (``speclimits.book.present.Contrast``; written by ``scripts/make_contrast.sh``).
+REGIME_CONTRAST = DATA_DIR / "regime" / "contrast"
+
 #: The measured batch sweep (batch sizes x K on the same pair and prompts as the default trace),
 #: read by the "Beyond batch 1" section; ``speclimits trace --batch`` writes one.
 BATCH_TRACE = TRACES_DIR / "measured-batch"
+#: Every bundled batch sweep: the trained pair's and its memory-bound twin's (section 9 shows the one
+#: whose target and drafter are those of the page's trace).
+BATCH_TRACES = (BATCH_TRACE, TRACES_DIR / "twin-batch")
 
 #: Build outputs (never committed).
 BUILD_DIR = REPO_ROOT / "_build"

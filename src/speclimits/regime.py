@@ -134,3 +134,56 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# -- the designed experiments of every width, and the share of a pass they explain ---------------
+
+def designed_traces(root: Path | None = None) -> dict[int, Path]:
+    """The designed-experiment traces under ``root`` (default ``data/traces``), by expert width:
+    folders named ``designed-w<width>``."""
+    from speclimits.paths import TRACES_DIR
+
+    root = Path(root) if root is not None else TRACES_DIR
+    out = {}
+    for p in sorted(root.glob("designed-w*")):
+        if (p / "rounds.parquet").exists() and p.name[len("designed-w"):].isdigit():
+            out[int(p.name[len("designed-w"):])] = p
+    return dict(sorted(out.items()))
+
+
+def designed_fits(traces: dict[int, Path]) -> pd.DataFrame:
+    """:func:`designed_alpha` of every width's trace, stacked with a ``width`` column."""
+    from speclimits.trace import read_table
+
+    frames = [designed_alpha(read_table(p, "rounds")).assign(width=w) for w, p in traces.items()]
+    if not frames:
+        raise SpeclimitsError("no designed-experiment traces (data/traces/designed-w*): run scripts/make_regime.sh")
+    return pd.concat(frames, ignore_index=True)
+
+
+def share_by_width(fits: pd.DataFrame, natural_u: pd.Series, m_values: tuple[int, ...] = (2, 5, 9, 11)) -> pd.DataFrame:
+    """For every width and m: the designed line's pass time at the *natural* Ū of m and the share of it
+    that the expert term explains, ``α(m)·Ū / (β0(m) + α(m)·Ū)``.
+
+    ``natural_u``: mean Ū by m of the target's own routing (one series serves every width: the twin
+    routes exactly as its source)."""
+    f = fits[fits["m"].isin(m_values) & np.isfinite(fits["alpha"])].copy()
+    f["u_natural"] = f["m"].map(natural_u)
+    f["expert_ms"] = f["alpha"] * f["u_natural"]
+    f["t_pass_ms"] = f["beta0"] + f["expert_ms"]
+    f["expert_share"] = f["expert_ms"] / f["t_pass_ms"]
+    return f[["width", "m", "u_natural", "alpha", "alpha_lo", "alpha_hi", "beta0", "t_pass_ms", "expert_share"]]
+
+
+def regression_alpha(rounds: pd.DataFrame) -> pd.DataFrame:
+    """The observational α(m) of the joint categorical model (Eq. 4 with a shared c), one row per m:
+    ``m``, ``alpha``, ``alpha_lo``, ``alpha_hi`` (95%, generation-clustered) and ``identified``: the
+    regression beside the experiment."""
+    from speclimits.stats import CellMoments, fit_joint
+
+    dec = decode_rounds(rounds)
+    joint = fit_joint(CellMoments.from_rounds(dec, base=("u_bar", "context_len")))
+    b = joint.by_m
+    return pd.DataFrame({"m": b["m"].astype(int), "alpha": b["alpha"],
+                         "alpha_lo": b["alpha"] - 1.96 * b["alpha_se"], "alpha_hi": b["alpha"] + 1.96 * b["alpha_se"],
+                         "identified": b["identified"]}).reset_index(drop=True)

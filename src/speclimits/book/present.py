@@ -29,7 +29,7 @@ import json
 import math
 import re
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -323,13 +323,65 @@ class Result:
         return cls(quantity, ours, ptext, ref)
 
 
-def _results_frame(rows: Sequence[Result]) -> pd.DataFrame:
-    return pd.DataFrame({
+def _results_frame(rows: Sequence[Result], contrast: "Contrast | None" = None,
+                   section: str | None = None) -> pd.DataFrame:
+    frame = pd.DataFrame({
         "Quantity": [r.quantity + (f" ({{numref}}`{r.ref}`)" if r.ref and not r.ref.startswith("sec-")
                                    else (f" ({{ref}}`{r.ref}`)" if r.ref else "")) for r in rows],
         "Ours": [r.ours for r in rows],
         "Paper": [r.paper for r in rows],
     })
+    if contrast is not None and section is not None:
+        frame.insert(2, contrast.column, contrast.values(section, rows))
+    return frame
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _row_key(quantity: str) -> str:
+    """A key results row's quantity without its numbers (``"α at K = 8 ... (% of OLS α = 0.138)"`` and the
+    same row of another trace then match)."""
+    return _NUMBER.sub("#", quantity).strip()
+
+
+@dataclass
+class Contrast:
+    """The key results of the book built on the *other* regime's trace, shown beside this build's.
+
+    ``folder`` holds one ``<section>.json`` per section (what :class:`KeyResults` writes) and a
+    ``contrast.json`` naming the trace it was computed on (``trace``), the column header
+    (``column``), the traces whose pages show it (``applies_to``: folder names) and the command and
+    commit that made it. Rows are matched by quantity with numbers ignored; a row the other build
+    did not have shows "–".
+    """
+
+    folder: Path
+    column: str
+    trace: str
+
+    @classmethod
+    def load(cls, folder: str | Path | None, current_trace: str | Path | None = None) -> "Contrast | None":
+        """The contrast in ``folder`` for a page on ``current_trace`` (None where the folder has none, or
+        where the trace is not one it applies to: no column then)."""
+        if not folder or current_trace is None:
+            return None
+        folder = Path(folder)
+        info_path = folder / "contrast.json"
+        if not info_path.exists():
+            return None
+        info = json.loads(info_path.read_text())
+        if Path(str(current_trace)).name not in info.get("applies_to", []):
+            return None
+        return cls(folder, info["column"], info["trace"])
+
+    def values(self, section: str, rows: Sequence[Result]) -> list[str]:
+        path = self.folder / f"{section}.json"
+        other = {}
+        if path.exists():
+            for r in json.loads(path.read_text())["rows"]:
+                other.setdefault(_row_key(r["quantity"]), r["ours"])
+        return [other.get(_row_key(r.quantity), "–") for r in rows]
 
 
 class KeyResults:
@@ -341,11 +393,13 @@ class KeyResults:
     without ``results_dir`` nothing is written.
     """
 
-    def __init__(self, section: str, title: str, results_dir: str | Path | None = None) -> None:
+    def __init__(self, section: str, title: str, results_dir: str | Path | None = None,
+                 contrast: Contrast | None = None) -> None:
         from IPython.display import DisplayHandle
 
         self.section, self.title = section, title
         self.results_dir = Path(results_dir) if results_dir else None
+        self.contrast = contrast
         self._handle = DisplayHandle(f"key-results-{uuid.uuid4().hex[:8]}")
         self._handle.display(_Markdown(
             "```{note}\nKey results: computed further down this page (run the whole notebook).\n```\n",
@@ -353,10 +407,16 @@ class KeyResults:
 
     def markdown(self, rows: Sequence[Result]) -> str:
         name = f"tbl-{self.section.removeprefix('sec-')}-key-results"
-        inner = table_markdown(_results_frame(rows), name,
+        other = ""
+        align = {"Ours": "right", "Paper": "right"}
+        if self.contrast is not None:
+            other = (f" The column *{self.contrast.column}* gives the same quantity on "
+                     f"`{Path(self.contrast.trace).name}`, the other regime ({{ref}}`sec-regimes`).")
+            align[self.contrast.column] = "right"
+        inner = table_markdown(_results_frame(rows, self.contrast, self.section), name,
                                f"Key results of this section ({self.title}) beside the paper's. Brackets: the "
-                               f"95% interval, unless the quantity names another range.",
-                               align={"Ours": "right", "Paper": "right"})
+                               f"95% interval, unless the quantity names another range.{other}",
+                               align=align)
         return f"::::{{admonition}} Key results\n:class: tip\n\n{inner}::::\n"
 
     def fill(self, rows: Iterable[Result]) -> None:
@@ -364,7 +424,7 @@ class KeyResults:
         if not rows:
             raise ValueError(f"{self.section}: a key-results box needs at least one row")
         md = self.markdown(rows)
-        self._handle.update(_Markdown(md, _results_frame(rows).to_string(index=False)))
+        self._handle.update(_Markdown(md, _results_frame(rows, self.contrast, self.section).to_string(index=False)))
         out = self.results_dir
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
@@ -384,13 +444,22 @@ class Page:
 
     results_dir: Path | None = None
     data_label: str | None = None
+    #: the other regime's key results (:class:`Contrast`), set by :meth:`use` from ``contrast_dir``
+    contrast_dir: Path | None = None
+    contrast: Contrast | None = None
+    _boxes: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.results_dir = Path(self.results_dir) if self.results_dir else None
 
     def use(self, trace: Any) -> Any:
-        """Captions from here on name ``trace`` (measured, or SIMULATED); returns it."""
+        """Captions from here on name ``trace`` (measured, or SIMULATED); returns it. Key-results boxes
+        opened after this show the other regime's values beside this trace's (:class:`Contrast`), unless
+        ``trace`` is the one they were computed on."""
         self.data_label = data_label_for(trace)
+        self.contrast = Contrast.load(self.contrast_dir, getattr(trace, "path", None))
+        for box in self._boxes:  # boxes open before the trace is loaded; they fill later
+            box.contrast = self.contrast
         return trace
 
     def load(self, trace: str | Path | None) -> Any:
@@ -410,11 +479,15 @@ class Page:
 
     def key_results(self, section: str, title: str) -> KeyResults:
         """The section's :class:`KeyResults` box, writing to this page's results folder."""
-        return KeyResults(section, title, results_dir=self.results_dir)
+        box = KeyResults(section, title, results_dir=self.results_dir, contrast=self.contrast)
+        self._boxes.append(box)
+        return box
 
 
-def gathered_results(results_dir: str | Path | None, sections: Sequence[str]) -> pd.DataFrame | None:
-    """The key results of ``sections`` (in that order) as one frame for the intro, or ``None``."""
+def gathered_results(results_dir: str | Path | None, sections: Sequence[str],
+                     contrast: Contrast | None = None) -> pd.DataFrame | None:
+    """The key results of ``sections`` (in that order) as one frame for the intro, or ``None``
+    (``contrast``: the other regime's values in a column beside ours)."""
     if not results_dir:
         return None
     frames = []
@@ -424,7 +497,7 @@ def gathered_results(results_dir: str | Path | None, sections: Sequence[str]) ->
             continue
         doc = json.loads(path.read_text())
         rows = [Result(**r) for r in doc["rows"]]
-        frame = _results_frame(rows)
+        frame = _results_frame(rows, contrast, sec)
         frame.insert(0, "Section", [f"{{ref}}`{sec}`"] + [""] * (len(rows) - 1))
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else None

@@ -68,7 +68,7 @@ def _register_models(subparsers) -> None:
     t.add_argument("--source", type=Path, default=TARGET_MODEL, help="the MoE target folder (default data/models/target)")
     t.add_argument("--expert-width", type=int, default=DEFAULT_EXPERT_WIDTH, metavar="N",
                    help=f"intermediate units per expert in the twin (default {DEFAULT_EXPERT_WIDTH}, chosen by "
-                        "measurement: see data/regime/README.md)")
+                        "measurement: see scripts/make_regime.sh)")
     t.add_argument("--seed", type=int, default=0, help="seeds the values of the extra rows (default 0)")
     t.add_argument("--out", type=Path, default=None,
                    help="output folder (default _build/models/target-twin-wN)")

@@ -29,9 +29,11 @@ from typing import Any
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import BUILD_DIR, REPO_ROOT, TARGET_MODEL
 
-#: The width chosen by measurement (data/regime/README.md): streaming the routed experts is about
-#: two thirds of a verification pass at m >= 5 on this project's 2-core CPU.
-DEFAULT_EXPERT_WIDTH = 256
+#: The width chosen by measurement (scripts/make_regime.sh, data/traces/designed-w*): on this project's 2-core
+#: CPU the designed experiment's alpha grows linearly with the width (0.06 ms per unique expert per layer at
+#: the trained 64, 0.85 at 1024), and at 1024 the expert term is about half of a verification pass at m >= 5
+#: at the target's own routing, as on the paper's A100.
+DEFAULT_EXPERT_WIDTH = 1024
 
 #: ``(name pattern, role)``: ``rows`` = a projection into the intermediate units ([I, H]: extra rows),
 #: ``cols`` = the projection out of them ([H, I]: extra zero columns).

@@ -15,7 +15,7 @@ import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
 from speclimits.costmodel import BatchCostModel
-from speclimits.paths import BATCH_TRACE, REPO_ROOT
+from speclimits.paths import BATCH_TRACES, REPO_ROOT
 from speclimits.trace import Trace, read_trace
 
 
@@ -25,17 +25,22 @@ def _target_path(meta: dict[str, Any]) -> str | None:
 
 def measured_batch_trace(trace: Trace, batch_trace: str | Path | None = None) -> Trace | None:
     """The measured batch trace to show beside ``trace``: ``batch_trace`` when given; else the bundled
-    :data:`~speclimits.paths.BATCH_TRACE` when ``trace`` is measured and both ran the same target and
-    drafter; else None (a simulated trace has no measured batch sweep)."""
+    batch sweep (:data:`~speclimits.paths.BATCH_TRACES`: the trained pair's and its memory-bound twin's)
+    that ran the same target and drafter as ``trace`` when ``trace`` is measured; else None (a simulated
+    trace has no measured batch sweep)."""
     if batch_trace is not None:
         return read_trace(batch_trace)
-    if trace.simulated or not (BATCH_TRACE / "meta.json").exists():
+    if trace.simulated:
         return None
-    bt = read_trace(BATCH_TRACE)
-    same = (_target_path(bt.meta) == _target_path(trace.meta)
-            and ((bt.meta.get("models") or {}).get("draft") or {}).get("path")
-            == ((trace.meta.get("models") or {}).get("draft") or {}).get("path"))
-    return bt if same else None
+    draft = ((trace.meta.get("models") or {}).get("draft") or {}).get("path")
+    for path in BATCH_TRACES:
+        if not (path / "meta.json").exists():
+            continue
+        bt = read_trace(path)
+        if (_target_path(bt.meta) == _target_path(trace.meta)
+                and ((bt.meta.get("models") or {}).get("draft") or {}).get("path") == draft):
+            return bt
+    return None
 
 
 def _rel(path: Path) -> str:

@@ -1,0 +1,62 @@
+"""Tables of the regimes page (``book/regimes.py``): the designed experiment by expert width, the two
+measured targets side by side, and the experiment against the regression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from speclimits import regime
+from speclimits.book.present import fmt_ci
+
+
+def width_table(fits: pd.DataFrame, share: pd.DataFrame) -> pd.DataFrame:
+    """One row per expert width: α pooled over m ≥ 5 with its interval, the pass time at m = 1, and the
+    expert share of a pass at m = 5 and m = 9 (at the target's own Ū)."""
+    rows = []
+    for w, f in fits.groupby("width"):
+        pooled = regime.pooled_alpha(f)
+        sh = share[share["width"] == w].set_index("m")["expert_share"]
+        rows.append({"Expert width": int(w),
+                     "α, m ≥ 5 (ms/expert)": fmt_ci(pooled["alpha"], pooled["lo"], pooled["hi"]),
+                     "T_T at m = 1 (ms)": round(float(f.loc[f["m"] == 1, "t_mean"].iloc[0]), 2),
+                     "Expert share, m = 5": round(float(sh.get(5, np.nan)), 2),
+                     "Expert share, m = 9": round(float(sh.get(9, np.nan)), 2)})
+    return pd.DataFrame(rows)
+
+
+def targets_by_m(traces: dict[str, Path], m_values: tuple[int, ...] = (1, 2, 3, 5, 9, 11)) -> pd.DataFrame:
+    """Mean target time by m (decode rounds) of each measured target, side by side: ``traces`` maps a
+    column label to a trace folder."""
+    from speclimits.trace import read_table
+
+    cols = {}
+    for label, path in traces.items():
+        d = regime.decode_rounds(read_table(path, "rounds"))
+        cols[f"{label}: T_T (ms)"] = d.groupby("m")["t_target_ms"].mean()
+        cols[f"{label}: Ū"] = d.groupby("m")["u_bar"].mean()
+    out = pd.DataFrame(cols)
+    out = out[out.index.isin(m_values)].round(2)
+    out.index.name = "m"
+    return out.reset_index()
+
+
+def experiment_vs_regression(designed: pd.DataFrame, regression: pd.DataFrame) -> pd.DataFrame:
+    """Per m: the designed experiment's α (planted Ū, causal) beside the observational regression's α
+    (Eq. 4 on the target's own rounds), both with 95% intervals, and whether the designed estimate lies
+    inside the regression's interval."""
+    d = designed.set_index("m")
+    r = regression.set_index("m")
+    rows = []
+    for m in sorted(set(d.index) & set(r.index)):
+        if not np.isfinite(d.loc[m, "alpha"]) or not bool(r.loc[m, "identified"]):
+            continue
+        inside = r.loc[m, "alpha_lo"] <= d.loc[m, "alpha"] <= r.loc[m, "alpha_hi"]
+        rows.append({"m": int(m),
+                     "Designed α (ms/expert)": fmt_ci(d.loc[m, "alpha"], d.loc[m, "alpha_lo"], d.loc[m, "alpha_hi"]),
+                     "Regression α (ms/expert)": fmt_ci(r.loc[m, "alpha"], r.loc[m, "alpha_lo"], r.loc[m, "alpha_hi"]),
+                     "Designed inside the regression's interval": "yes" if inside else "no",
+                     "Ratio regression / designed": round(float(r.loc[m, "alpha"] / d.loc[m, "alpha"]), 2)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,53 @@
+"""Charts of the regime page: the designed experiment's per-expert cost by expert width, and the share
+of a verification pass that the expert term explains."""
+
+from __future__ import annotations
+
+import altair as alt
+import pandas as pd
+
+from speclimits import paper
+from speclimits.figures._common import HEIGHT, WIDTH
+
+__all__ = ["designed_alpha_chart", "expert_share_chart"]
+
+
+def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
+    """α(m) of the designed experiment (points, 95% intervals) for every expert width, on a log scale,
+    with the paper's regression α (m ≤ 4 and m ≥ 5, A100) as dashed reference rules.
+
+    ``fits``: :func:`speclimits.regime.designed_fits` (columns width, m, alpha, alpha_lo, alpha_hi)."""
+    f = fits.dropna(subset=["alpha"]).copy()
+    f["width"] = f["width"].astype(str)
+    color = alt.Color("width:N", title="expert width", sort=sorted(f["width"].unique(), key=int))
+    y = alt.Y("alpha:Q", title="α(m), ms per unique expert per layer", scale=alt.Scale(type="log"))
+    pts = alt.Chart(f).mark_line(point=True).encode(
+        x=alt.X("m:O", title="tokens verified per pass, m"), y=y, color=color,
+        tooltip=["width", "m", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("alpha_lo:Q", format=".3f"),
+                 alt.Tooltip("alpha_hi:Q", format=".3f"), "n"])
+    bars = alt.Chart(f).mark_rule().encode(x="m:O", y="alpha_lo:Q", y2="alpha_hi:Q", color=color)
+    ref = pd.DataFrame([
+        {"m": m, "paper": sum(paper.ALPHA_SMALL if m <= paper.BOUNDARY_M else paper.ALPHA_LARGE) / 2,
+         "label": "paper (A100, regression)"} for m in sorted(f["m"].unique())])
+    rule = alt.Chart(ref).mark_line(strokeDash=[4, 3], color="black").encode(
+        x="m:O", y="paper:Q", detail="label:N", tooltip=["label", "paper"])
+    return (bars + pts + rule).properties(width=WIDTH, height=HEIGHT)
+
+
+def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
+    """Share of a verification pass the expert term explains, ``α(m)·Ū/(β0(m) + α(m)·Ū)`` at the natural
+    Ū of m, by expert width (one line per m); the shaded band is the paper's range (one half to three
+    quarters at m ≥ 5).
+
+    ``share``: :func:`speclimits.regime.share_by_width`."""
+    s = share.copy()
+    s["m"] = s["m"].astype(str)
+    band = alt.Chart(pd.DataFrame({"lo": [0.5], "hi": [0.75]})).mark_rect(opacity=0.12, color="gray").encode(
+        y="lo:Q", y2="hi:Q")
+    lines = alt.Chart(s).mark_line(point=True).encode(
+        x=alt.X("width:Q", title="expert width (intermediate units)", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("expert_share:Q", title="expert share of a pass", scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("m:N", title="m", sort=sorted(s["m"].unique(), key=int)),
+        tooltip=["width", "m", alt.Tooltip("u_natural:Q", format=".1f"), alt.Tooltip("alpha:Q", format=".3f"),
+                 alt.Tooltip("t_pass_ms:Q", format=".2f"), alt.Tooltip("expert_share:Q", format=".2f")])
+    return (band + lines).properties(width=WIDTH, height=HEIGHT)
