@@ -96,6 +96,9 @@ BENCHMARKS: tuple[Bench, ...] = (
           600, 100,
           note="the bundled models at the test suite's tiny sizes (2 prompts, 2 blocks, K 1-3, 3 policies): the "
                "ratios are smoke figures; the measured ones are data/control/bench-batch*.json"),
+    Bench("expert_cost", "bench_expert_cost.py", ("--smoke", "--repeats", "3"), 300, 12,
+          note="the CPU small shape (256/128, 32 experts, top-4, 4 layers), 3 repeats; the paper's shape needs a "
+               "GPU (scripts/gpu_expert_cost.sh)"),
     Bench("book", None, (), 600, 45,
           note="`speclimits book --out TMP` on the bundled default trace, whole command"),
     Bench("ray", "bench_ray_sweep.py", ("--prompts", "4", "--k", "0-1", "--max-tokens", "16"), 600, 100, cores=2,

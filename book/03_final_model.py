@@ -33,6 +33,7 @@ from pathlib import Path
 
 import speclimits.book_support as bs
 from speclimits import figures, stats
+from speclimits.book.views import expert_cost
 from speclimits.book.views import final_model as view
 from speclimits.costmodel import CostModel
 
@@ -296,6 +297,33 @@ page.table(view.cost_model_by_m(cost), "tbl-final-cost-model",
            f"the target pass and the draft time of $K = m - 1$ tokens; the shared context coefficient is "
            f"$c$ = {cost.c * 1e3:.3f} ms per 1000 tokens.", decimals={"β₀(m) (ms)": 3, "α(m) (ms/expert)": 4,
                                                                    "Draft time (ms)": 3})
+
+# %% [markdown]
+# ## The per-expert cost by experiment
+#
+# The regression's $\alpha(m)$ cannot say what one more expert *causes*: $\bar U_r$ moves with $m$
+# and with what the text routes to. `benchmarks/bench_expert_cost.py` holds $m$ fixed and plants the
+# routing of stand-alone MoE layers (random weights, the model's shape) so that every layer of a pass
+# touches exactly $\bar U$ experts, from top-$k$ to $\min(m\cdot k, E)$; passes are interleaved and
+# repeated, and $T = \beta_0(m) + \alpha(m)\,\bar U$ is fitted per $m$ (HC3 intervals), in the paper's
+# units (ms per unit of per-layer $\bar U$ over all layers). Beside it: the floor of reading one
+# expert's weights in every layer at the measured copy bandwidth, and the paper's regression values.
+
+# %% tags=["hide-input"]
+cost_runs = expert_cost.load_runs()
+print(expert_cost.summary(cost_runs))
+
+# %% tags=["hide-input"]
+page.table(expert_cost.alpha_table(cost_runs), "tbl-final-expert-cost",
+           "Per-expert cost $\\alpha(m)$ and intercept $\\beta_0(m)$ by experiment (planted routing; 95% HC3 "
+           "intervals; all layers), the bandwidth floor, and the paper's regression $\\alpha$ (A100 80GB, bf16). "
+           "Data: measured benchmark runs in `data/expert_cost/` (the run column names device and shape).")
+
+# %% tags=["hide-input"]
+page.table(expert_cost.step_table(cost_runs), "tbl-final-expert-cost-step",
+           "Does $\\alpha$ step at $m = 4/5$ with the routing held fixed? Regime means, their ratio, and the "
+           "jump $\\alpha(5) - \\alpha(4)$ with its 95% interval. Data: measured benchmark runs in "
+           "`data/expert_cost/`.")
 
 # %% tags=["remove-input"]
 key.fill(view.key_results(res))

@@ -36,6 +36,10 @@ BETA0_LARGE_START = 4.7  # ms at m = 5
 C_RANGE = (1.098e-3, 1.107e-3)  # ms/token across the per-K fits
 BOUNDARY_M = 4  # last m of the small regime (split m = 4 / 5, chosen by eye)
 
+#: The appendix's bandwidth estimate of α at m >= 5 (final model, choice of parameters): 48 layers of a
+#: 9.4 MB expert, about 0.45 GB per unit of Ū, read at 2 TB/s (A100 80GB), gives about 0.23 ms.
+BANDWIDTH_ESTIMATE = {"layers": 48, "expert_mb": 9.4, "gb_per_expert": 0.45, "tb_per_s": 2.0, "alpha_ms": 0.23}
+
 #: Pooled linear model T = β0 + α Ū + c L + γ K: estimate (clustered SE).
 POOLED = {"const": (5.971, 0.035), "u_bar": (0.2528, 0.0014), "context_len": (1.09e-3, 0.02e-3),
           "K": (-0.081, 0.004)}
@@ -140,6 +144,7 @@ SOURCES: dict[str, str] = {
     "C_RANGE": "appendix, final model (Eq. 4), per-K fits",
     "BOUNDARY_M": "appendix, final model (regime split m <= 4 | m >= 5)",
     "ALPHA_LEVEL_RATIO": "appendix, final model ('ratio of characteristic levels is about 3.2')",
+    "BANDWIDTH_ESTIMATE": "appendix, final model (choice of parameters: the bandwidth estimate of α)",
     "POOLED": "appendix, pooled comparison",
     "POOLED_STD": "appendix, pooled comparison",
     "POOLED_R2": "appendix, pooled comparison",

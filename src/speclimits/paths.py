@@ -42,6 +42,10 @@ BATCH_TRACE = TRACES_DIR / "measured-batch"
 #: whose target and drafter are those of the page's trace).
 BATCH_TRACES = (BATCH_TRACE, TRACES_DIR / "twin-batch")
 
+#: Designed experiments on the per-expert cost of MoE layers (``benchmarks/bench_expert_cost.py``), one
+#: JSON per run, read by section 3's panel.
+EXPERT_COST_DIR = DATA_DIR / "expert_cost"
+
 #: Build outputs (never committed).
 BUILD_DIR = REPO_ROOT / "_build"
 

@@ -1,0 +1,122 @@
+"""Section 3's panel on the per-expert cost measured by experiment (``benchmarks/bench_expert_cost.py``).
+
+Each run is one JSON under ``data/expert_cost/`` (planted routing, interleaved repeated passes, α(m)
+fitted per m). These functions read them and return small reader frames: α(m) by experiment beside
+the paper's regression α and the memory-bandwidth floor, and the step test at m = 4/5.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from speclimits import paper, paths
+from speclimits.book.present import fmt_ci, fmt_num
+
+#: An empty cell (the book's tables read it as empty, so number columns stay right-aligned).
+MISSING = "–"
+
+
+def load_runs(folder: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every result file of the benchmark in ``folder`` (default ``data/expert_cost``), by file name;
+    files of another kind and runs without a fit are left out. Each dict gets ``file`` (the name)."""
+    folder = Path(folder) if folder is not None else paths.EXPERT_COST_DIR
+    runs = []
+    for path in sorted(folder.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("kind") == "expert_cost" and doc.get("analysis"):
+            runs.append(doc | {"file": path.name})
+    return runs
+
+
+def is_gpu(run: dict[str, Any]) -> bool:
+    return str(run.get("machine", {}).get("device", "")).startswith("cuda")
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """``"CPU AMD EPYC, small shape, measured (gather)"``: the run's regime and the MoE path that ran."""
+    return f"{run['regime']} ({run['run']['path']})"
+
+
+def _ok(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _ci(est: Any, lo: Any, hi: Any, decimals: int = 3) -> str:
+    return fmt_ci(est, lo, hi, decimals=decimals) if _ok(est) else MISSING
+
+
+def _num(x: Any, decimals: int) -> str:
+    return fmt_num(float(x), decimals) if _ok(x) else MISSING
+
+
+def alpha_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run and m: α(m) and β0(m) by experiment with 95% intervals (HC3), scaled to all
+    the model's MoE layers; the bandwidth floor (one expert's bytes × layers / the measured copy
+    bandwidth) and α over it; the paper's regression α (A100, by regime) and α over its midpoint
+    (only for the paper's shape)."""
+    rows = []
+    for run in runs:
+        floor = run["floor"].get("ms_per_expert_all_layers")
+        for r in run["analysis"]["by_m"]:
+            lo, hi = r.get("paper_alpha_lo"), r.get("paper_alpha_hi")
+            rows.append({
+                "Run": run_label(run), "m": int(r["m"]),
+                "α by experiment (ms/expert)": _ci(r["alpha_all_layers"], r["alpha_lo_all_layers"],
+                                                   r["alpha_hi_all_layers"], 4),
+                "β₀ (ms)": _ci(r["beta0_all_layers"], r["beta0_lo_all_layers"], r["beta0_hi_all_layers"], 3),
+                "Bandwidth floor (ms/expert)": _num(floor, 4),
+                "α / floor": _num(r.get("ratio_to_floor"), 2),
+                "Paper α, regression (ms/expert)": f"{lo:.3f}–{hi:.3f}" if _ok(lo) else MISSING,
+                "α / paper": _num(r.get("ratio_to_paper"), 2),
+            })
+    return pd.DataFrame(rows)
+
+
+def step_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: mean α over m ≤ 4 and m ≥ 5 (all layers), their ratio beside the paper's
+    ≈ 3.2, the jump α(5) − α(4) with its 95% interval, where the largest adjacent jump is, and
+    whether a step at 4/5 appears with the routing held fixed."""
+    rows = []
+    for run in runs:
+        s = run["analysis"]["step"]
+        rows.append({
+            "Run": run_label(run),
+            "Mean α, m ≤ 4 (ms/expert)": _num(s.get("alpha_small_mean"), 4),
+            "Mean α, m ≥ 5 (ms/expert)": _num(s.get("alpha_large_mean"), 4),
+            "Ratio (paper ≈ 3.2)": _num(s.get("ratio_large_to_small"), 2),
+            "α(5) − α(4) (ms)": _ci(s.get("jump"), s.get("jump_lo"), s.get("jump_hi"), 4),
+            "Largest jump at m": s.get("largest_jump_at") or MISSING,
+            "Step at 4/5": MISSING if s.get("step") is None else ("yes" if s["step"] else "no"),
+        })
+    return pd.DataFrame(rows)
+
+
+def summary(runs: list[dict[str, Any]]) -> str:
+    """What the panel rests on, in a few sentences: the runs (device, shape, path, passes, date)
+    and, where no GPU run is committed, that the paper's regime has not been measured here."""
+    if not runs:
+        return ("No run of `benchmarks/bench_expert_cost.py` is committed under `data/expert_cost/`: "
+                "nothing measured by experiment yet.")
+    lines = []
+    for run in runs:
+        sh = run["shape"]
+        copy = run["floor"].get("copy_gb_per_s")
+        lines.append(f"- `{run['file']}`: {run_label(run)}; {sh['hidden']}/{sh['inter']}, {sh['n_experts']} experts, "
+                     f"top-{sh['top_k']}, {run['layers_used']} of {sh['n_layers']} layers, {run['dtype']}; "
+                     f"{len(run['samples'])} passes ({run['run'].get('repeats_done', run['repeats'])} repeats), "
+                     f"{run['date_utc']}; copy bandwidth {_num(copy, 1)} GB/s.")
+    if not any(is_gpu(r) for r in runs):
+        est = paper.BANDWIDTH_ESTIMATE
+        lines.append(f"\nNo GPU run is committed yet (no GPU was available to the session that built the "
+                     f"benchmark), so the paper's memory-bound regime is not measured here: the paper's own "
+                     f"bandwidth estimate is {est['layers']} layers × {est['expert_mb']:g} MB at "
+                     f"{est['tb_per_s']:g} TB/s ≈ {est['alpha_ms']} ms per expert. The prepared GPU command is in `data/expert_cost/README.md`.")
+    return "\n".join(lines)
