@@ -64,6 +64,30 @@
 # one (hand-edited for a what-if, say). In a book build, section 3 writes the fit into the site as
 # `_static/cost_model.json` and the Oracle and linguistic sections read that file: one fit per build.
 #
+# (methods-minimum-sweep)=
+# ### What a sweep must hold
+#
+# The cost model is fitted and written first, on any trace where it is identified: rounds at some
+# $m \ge 2$ whose $\bar U$ varies (K = 0 rounds add $m = 1$), and $\ge 2$ values of $K > 0$ for the
+# draft line (with one, the line goes through the origin, $b := 0$, and the JSON says so).
+# **Sparse cells.** An n-gram or draft-model trace has most rounds at $m = 1$ and a handful at larger
+# $m$. An $m$ with fewer than 20 decode rounds, or rounds from fewer than 3 generations, is pooled
+# with the next larger $m$ until the group meets both minimums (a sparse group at the top joins the
+# one below; $m = 1$ is never pooled): the group shares one $\beta_0$ and one $\alpha$, written for
+# each of its $m$, and is named in the output (`speclimits.stats.final.pool_sparse_m`). An $m$
+# missing between two present ones (a grid such as K = 0, 2, 4) gets $\beta_0$ and $\alpha$
+# interpolated linearly in $m$. Cluster-bootstrap replicates that draw no generation of a cell the
+# design needs are counted, reported and left out of the intervals.
+#
+# Each comparison of section 3 is computed only where the trace identifies it; otherwise it is
+# skipped with one line saying why (`FinalModelResults.skipped`): per-K cross-validation needs
+# $\ge 5$ generations per K; the pooled model with $\gamma K$, the comparison table and MAPE by K
+# need $\ge 2$ values of $K > 0$; leave-one-K-out and the linear and log-$m$ forms need $\ge 3$; the
+# quadratic form $\ge 4$; the hinge after $m = 4$ needs $\ge 2$ values of $K \le 2$ and $\ge 2$ of
+# $K \ge 4$; interpolation within a regime needs three consecutive K. The whole section, as the
+# paper's, needs a contiguous sweep $K = 1..5$ or wider (the paper swept $1..10$); the bundled traces
+# sweep $K = 0..10$.
+#
 # (methods-oracle)=
 # ## The Oracle
 #

@@ -53,3 +53,33 @@ HEADLINE_KIND = GREEDY
 #: other three (:mod:`speclimits.oracle.prepare`).
 SURROGATES = ("auto", "raw", "calibrated", "exact")
 AUTO, RAW, CALIBRATED, EXACT = SURROGATES
+
+# --- what every engine command runs in, and what the fit needs ------------------------------------
+
+#: The model dtype of every command that builds an engine (``speclimits trace --dtype``,
+#: ``speclimits control bench``): float32, so that references traced with the defaults are the
+#: greedy outputs a benchmark with its defaults reproduces (vLLM's CPU build serves ``auto`` as
+#: bfloat16, which parts from a float32 run's greedy output within tens of tokens).
+DEFAULT_DTYPE = "float32"
+
+#: The sparse-cell rule of the cost-model fit (:func:`speclimits.stats.final.pool_sparse_m`): an m
+#: with fewer decode rounds, or rounds from fewer generations, than these is pooled with its neighbour.
+MIN_CELL_ROUNDS = 20
+MIN_CELL_GENERATIONS = 3
+
+#: What ``speclimits fit`` needs of a sweep, in words (``fit --help``, the README, the methods page);
+#: each table's own requirement is :data:`speclimits.stats.final.REQUIREMENTS`.
+MINIMUM_SWEEP = (
+    "The cost model (written by --out first, whatever else fails): Eq. 4 per m present needs rounds at some "
+    "m >= 2 whose Ū varies; K = 0 rounds add m = 1, the plain-decoding cost (without them the Oracle reports no "
+    f"autoregressive baseline); an m with fewer than {MIN_CELL_ROUNDS} rounds or rounds from fewer than "
+    f"{MIN_CELL_GENERATIONS} generations (an n-gram or draft-model trace's larger m) is pooled with its "
+    "neighbour, sharing one beta0 and alpha, and named in the output; an m missing between two present ones "
+    "(a K grid with gaps) is interpolated linearly; the draft line needs >= 2 values of K > 0 (with one, "
+    "it is taken through the origin). Each comparison table runs only where the trace identifies it and is "
+    "otherwise skipped with one line saying why: per-K cross-validation needs >= 5 generations per K; the pooled "
+    "model with γ·K, the comparison table and MAPE by K need >= 2 values of K > 0; leave-one-K-out and the "
+    "linear and log-m forms need >= 3; the quadratic form >= 4; the hinge after m = 4 needs >= 2 values of "
+    "K <= 2 and >= 2 of K >= 4; interpolation within a regime needs three consecutive K. The whole section, as "
+    "in the paper, needs a contiguous sweep K = 1..5 or wider (the paper: 1..10) with >= 5 generations per K."
+)

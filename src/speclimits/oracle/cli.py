@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "the best static K, the best batch-size->K table in hindsight (a coordinate-wise optimum), the "
             "decoupling relaxation's bound that no policy can beat, and at b <= 2 the exact Oracle with the "
             "bound's slack against it (speclimits.oracle.batch). Static K and tables are exact with "
-            "--deterministic and at b <= 2, Monte Carlo with 95%% intervals otherwise."
+            "--deterministic and at b <= 2, Monte Carlo with 95% intervals otherwise."
         ),
         epilog=("example: speclimits oracle data/traces/sim-default --k-max 6 --json\n"
                 "(batch > 1) example: speclimits oracle data/traces/measured-eagle3 --batch 1,2,4,8,16 "
@@ -61,6 +61,42 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "b > 2 (default 256: speclimits.oracle.batch.DEFAULT_SAMPLES)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)
+
+
+def require_oracle_data(trace: Path) -> None:
+    """One line, before anything is loaded, when ``trace`` is a trace directory without Oracle data
+    (``speclimits trace`` without ``--oracle``: rounds and tokens only, which ``validate`` passes)."""
+    if (trace / "meta.json").is_file() and not (trace / "oracle.parquet").exists():
+        raise SpeclimitsError(f"{trace}: this trace has no Oracle data (traced without --oracle): no oracle.parquet; "
+                              "`speclimits fit` still fits its cost model, and `speclimits trace --oracle` on the "
+                              "same models adds the Oracle data")
+
+
+def _default_k_max(args: argparse.Namespace) -> int | None:
+    """K_max when --k-max is not given: the length of the trace's match_prob lists, capped at the
+    longest draft the cost model prices (every m from 2 up; a sweep K = 0..4 prices drafts of up to
+    4 tokens, though the Oracle data may hold 10 positions), with a note on stderr when capped.
+    None: leave it to the Oracle (the lists' length)."""
+    import pyarrow.parquet as pq
+
+    from speclimits.costmodel import CostModel
+
+    lists = pq.read_table(args.trace / "oracle.parquet", columns=["match_prob"]).column("match_prob")
+    k_list = len(lists[0].as_py()) if len(lists) else None
+    if args.cost_model is not None:
+        ms, origin = set(CostModel.read(args.cost_model).ms), f"the cost model {args.cost_model}"
+    else:  # the fit on the trace's rounds covers every m from the smallest to the largest present
+        rounds = pq.read_table(args.trace / "rounds.parquet", columns=["m", "phase"]).to_pandas()
+        dec = rounds.loc[rounds["phase"].astype(str) == "decode", "m"]
+        ms, origin = set(range(int(dec.min()), int(dec.max()) + 1)), "the cost model fitted on its rounds"
+    top = 1
+    while top + 1 in ms:
+        top += 1
+    if k_list is None or top - 1 >= k_list or top < 2:
+        return None
+    print(f"speclimits oracle: note: {origin} prices drafts of up to {top - 1} tokens (m = 2..{top}), so "
+          f"K_max = {top - 1} of the trace's {k_list} draft positions; pass --k-max to choose", file=sys.stderr)
+    return top - 1
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -133,16 +169,22 @@ def _cli(args: argparse.Namespace) -> int:
 
     if args.k_max is not None and args.k_max < 1:
         raise SpeclimitsError(f"--k-max must be >= 1, got {args.k_max}")
+    require_oracle_data(args.trace)
     if args.batch is not None:
         return _batch_cli(args)
     if args.batch_cost_model is not None or args.n_samples is not None:
         raise SpeclimitsError("--batch-cost-model and --n-samples need --batch")
     if args.n_boot < 0:
         raise SpeclimitsError(f"--n-boot must be >= 0, got {args.n_boot}")
+    k_max = args.k_max if args.k_max is not None else _default_k_max(args)
     report = oracle_report(args.trace, args.cost_model, "exact" if args.deterministic else args.surrogate,
-                           k_max=args.k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale,
+                           k_max=k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale,
                            n_boot=args.n_boot, seed=args.seed, progress=sys.stderr.isatty())
-    for warning in report.warnings:
+    warnings = list(report.warnings)
+    if report.interval is not None and report.interval.n_failed:
+        warnings.append(f"{report.interval.n_failed} of {args.n_boot} cost-model bootstrap replicates missed every "
+                        "generation of a cell the fit needs and are left out of the intervals")
+    for warning in warnings:
         print(f"speclimits oracle: warning: {warning}", file=sys.stderr)
     if args.json:
         print(dumps(report.to_json(), indent=2))

@@ -42,7 +42,9 @@ from speclimits.oracle.inputs import CostTable
 from speclimits.oracle.prepare import OracleSetup
 from speclimits.oracle.solver import OracleResult, evaluate_arrays, first_values, require_k0, survival, _Layout
 from speclimits.stats import fit_cost_model
-from speclimits.stats._ols import CellMoments, Design, Term, cross_products, solve_normal
+from speclimits.stats._ols import CellMoments, Design, cross_products, solve_normal
+from speclimits.stats.final import fill_missing_m, pool_sparse_m
+from speclimits.stats.final import joint_design as final_joint_design
 from speclimits.stats.draft import DRAFT_DESIGN
 from speclimits.trace import decode_rounds
 
@@ -65,6 +67,8 @@ class BoundInterval:
         replicates that agree.
     replicates : (n_boot, ...) DataFrame of every replicate's quantities and best static K.
     allow_k0 : whether the Oracle could take plain autoregressive steps.
+    n_failed : replicates whose cost-model refit could not be solved (a resample that missed every
+        generation of a cell the fit needs); left out of ``replicates`` and of the intervals.
     """
 
     estimate: dict[str, float | None]
@@ -73,6 +77,7 @@ class BoundInterval:
     best_static_k_share: float
     replicates: pd.DataFrame
     allow_k0: bool
+    n_failed: int = 0
 
     @property
     def n_boot(self) -> int:
@@ -89,7 +94,7 @@ class BoundInterval:
     def to_dict(self) -> dict[str, Any]:
         return {"estimate": self.estimate, "interval": {k: list(v) for k, v in self.interval.items()},
                 "best_static_k": self.best_static_k, "best_static_k_share": self.best_static_k_share,
-                "n_boot": self.n_boot, "allow_k0": self.allow_k0,
+                "n_boot": self.n_boot, "n_failed": self.n_failed, "allow_k0": self.allow_k0,
                 "what": "percentile intervals over cost-model refits on generations resampled with replacement"}
 
 
@@ -104,17 +109,11 @@ def _quantities(bounds) -> dict[str, float]:
 # ---------------------------------------------------------------------------
 
 
-def joint_design(ms: tuple[int, ...], unidentified: tuple[int, ...]) -> Design:
-    """:func:`~speclimits.stats.final.categorical_design` for given m values: ``beta0[m]`` for
-    each m, ``alpha[m]`` where identified, shared ``c`` (the same terms in the same order)."""
-    terms = []
-    for m in ms:
-        active = (lambda cells, lv=m: cells["m"].to_numpy() == lv)
-        terms.append(Term(f"beta0[{m}]", "const", None, active))
-        if m not in unidentified:
-            terms.append(Term(f"alpha[{m}]", "u_bar", None, active))
-    terms.append(Term("c", "context_len"))
-    return Design(tuple(terms), "categorical: beta0(m) + alpha(m)·Ū + c·L")
+def joint_design(groups: tuple[tuple[int, ...], ...], unidentified: tuple[tuple[int, ...], ...]) -> Design:
+    """:func:`~speclimits.stats.final.categorical_design` for given groups of m (an m alone, or the
+    m values the sparse-cell rule pooled): ``beta0[g]`` for each group, ``alpha[g]`` where
+    identified, shared ``c`` (the same terms in the same order)."""
+    return final_joint_design(groups, unidentified)
 
 
 def _per_generation(values: np.ndarray, gen: np.ndarray, n_gen: int) -> np.ndarray:
@@ -132,7 +131,10 @@ class RefitSums:
     (sorted), the columns of a :func:`~speclimits.bootstrap.draw_counts` matrix. The target fit's
     cell moments (one generation at one m, decode rounds with a non-zero target time) and the draft
     fit's (decode rounds with K >= 1 and a non-zero draft time) are kept with each cell's
-    generation code; per-m row counts and Ū sums (G, M) decide each replicate's design.
+    generation code; per-group row counts and Ū sums (G, M) decide each replicate's design. The
+    groups of m are the full sample's (:func:`~speclimits.stats.final.pool_sparse_m`: an m alone,
+    or sparse m pooled); a replicate whose design cannot be solved (α identified at no group, a
+    singular design) gives None, a failed replicate that :func:`bootstrap_bound` counts.
 
     :meth:`models` gives, for a (B, G) matrix of draw counts, the B cost models that
     ``fit_cost_model`` returns on the resampled rounds (each drawn copy its own generation).
@@ -144,10 +146,11 @@ class RefitSums:
     target_gen: np.ndarray  # (C,) generation code of each target cell
     draft_xtx: np.ndarray  # (G, 2, 2) draft design [const, K]
     draft_xty: np.ndarray  # (G, 2)
-    ms: np.ndarray  # (M,) the m values of the target cells, sorted
-    m_rows: np.ndarray  # (G, M) target rows per generation and m
+    groups: tuple[tuple[int, ...], ...]  # (M,) groups of m of the target cells, ascending (pooled sparse m)
+    m_rows: np.ndarray  # (G, M) target rows per generation and group
     m_u1: np.ndarray  # (G, M) sum of u_bar
     m_u2: np.ndarray  # (G, M) sum of u_bar ** 2
+    draft_origin: bool = False  # one K > 0 only: the draft line through the origin, as fit_cost_model
     _designs: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -162,19 +165,20 @@ class RefitSums:
         dmom = CellMoments.from_rounds(dec_d, response="t_draft_ms", base=())
         dxtx, dxty = cross_products(dmom, DRAFT_DESIGN.matrices(dmom))
         dgen = gen_index.get_indexer(dmom.cells["generation_id"])
-        cell_m = mom.cells["m"].to_numpy()
-        ms = np.unique(cell_m)
-        m_code = np.searchsorted(ms, cell_m)
+        groups = pool_sparse_m(mom).groups
+        code_of = {m: i for i, g in enumerate(groups) for m in g}
+        m_code = np.array([code_of[int(m)] for m in mom.cells["m"].to_numpy()], dtype=np.int64)
         iu = mom.names.index("u_bar")
 
         def by_gen_m(v):
-            out = np.zeros((n_gen, len(ms)))
+            out = np.zeros((n_gen, len(groups)))
             np.add.at(out, (tgen, m_code), v)
             return out
 
         return cls(np.asarray(gen_ids), None if top_k is None else float(top_k), mom, tgen,
-                   _per_generation(dxtx, dgen, n_gen), _per_generation(dxty, dgen, n_gen), ms,
-                   by_gen_m(mom.n), by_gen_m(mom.zz[:, iu, 0]), by_gen_m(mom.zz[:, iu, iu]))
+                   _per_generation(dxtx, dgen, n_gen), _per_generation(dxty, dgen, n_gen), groups,
+                   by_gen_m(mom.n), by_gen_m(mom.zz[:, iu, 0]), by_gen_m(mom.zz[:, iu, iu]),
+                   draft_origin=bool(dmom.cells["K"].nunique() == 1))
 
     @property
     def n_generations(self) -> int:
@@ -190,8 +194,9 @@ class RefitSums:
                                   _per_generation(xty_c, self.target_gen, n_gen))
         return self._designs[key]
 
-    def models(self, counts: np.ndarray, source: str = "bootstrap replicate") -> list[CostModel]:
-        """The refitted cost model of each replicate (``counts`` (B, G) draw counts)."""
+    def models(self, counts: np.ndarray, source: str = "bootstrap replicate") -> list[CostModel | None]:
+        """The refitted cost model of each replicate (``counts`` (B, G) draw counts); None for a
+        replicate whose design cannot be solved (a failed replicate)."""
         counts = np.atleast_2d(np.asarray(counts, dtype=float))
         if counts.shape[1] != self.n_generations:
             raise ValueError(f"counts have {counts.shape[1]} columns for {self.n_generations} generations")
@@ -206,34 +211,41 @@ class RefitSums:
         keys = []
         for b in range(len(counts)):
             present = n[b] > 0
-            keys.append((tuple(int(m) for m in self.ms[present]),
-                         tuple(int(m) for m in self.ms[present & ~identified[b]])))
+            keys.append((tuple(g for g, p in zip(self.groups, present) if p),
+                         tuple(g for g, p, ok in zip(self.groups, present, identified[b]) if p and not ok)))
         out: list[CostModel | None] = [None] * len(counts)
         for key in dict.fromkeys(keys):
+            groups, unident = key
+            ident = [g for g in groups if g not in unident]
+            if not ident:  # α identified at no group of this resample: a failed replicate
+                continue
             design, xtx_g, xty_g = self._design_sums(key)
             cols = design.columns
-            ms, unident = key
-            ident = [m for m in ms if m not in unident]
-            if not ident:
-                raise SpeclimitsError("alpha is not identified at any m (u_bar is constant everywhere)")
             members = [b for b, k in enumerate(keys) if k == key]
             xtx = np.einsum("bg,gij->bij", counts[members], xtx_g)
             xty = counts[members] @ xty_g
             for i, b in enumerate(members):
-                beta = dict(zip(cols, solve_normal(xtx[i], xty[i], cols)))
-                draft = solve_normal(d_xtx[b], d_xty[b], DRAFT_DESIGN.columns)
+                try:
+                    beta = dict(zip(cols, solve_normal(xtx[i], xty[i], cols)))
+                    draft = (np.array([0.0, d_xty[b][0] / d_xtx[b][0, 1]]) if self.draft_origin else
+                             solve_normal(d_xtx[b], d_xty[b], DRAFT_DESIGN.columns))
+                except SpeclimitsError:  # singular in this resample: a failed replicate
+                    continue
                 beta0, alpha = {}, {}
-                for m in ms:
-                    if m in unident:  # fit_joint's m = 1 convention: alpha := alpha(nearest identified m)
-                        donor = min(ident, key=lambda v: (abs(v - m), v))
-                        j = int(np.searchsorted(self.ms, m))
+                for g in groups:
+                    label = ",".join(map(str, g))
+                    if g in unident:  # fit_joint's m = 1 convention: alpha := alpha(nearest identified group)
+                        donor = ",".join(map(str, min(ident, key=lambda v: (abs(v[0] - g[0]), v[0]))))
+                        j = self.groups.index(g)
                         tk = self.top_k if self.top_k is not None else \
                             float(counts[b] @ self.m_u1[:, j] / (counts[b] @ self.m_rows[:, j]))
-                        alpha[m] = float(beta[f"alpha[{donor}]"])
-                        beta0[m] = float(beta[f"beta0[{m}]"] - beta[f"alpha[{donor}]"] * tk)
+                        a_g = float(beta[f"alpha[{donor}]"])
+                        b_g = float(beta[f"beta0[{label}]"] - beta[f"alpha[{donor}]"] * tk)
                     else:
-                        alpha[m] = float(beta[f"alpha[{m}]"])
-                        beta0[m] = float(beta[f"beta0[{m}]"])
+                        a_g, b_g = float(beta[f"alpha[{label}]"]), float(beta[f"beta0[{label}]"])
+                    for m in g:
+                        alpha[m], beta0[m] = a_g, b_g
+                beta0, alpha, _ = fill_missing_m(beta0, alpha)
                 out[b] = CostModel(c=float(beta["c"]), beta0=beta0, alpha=alpha, a=float(draft[1]), b=float(draft[0]),
                                    source=source)
         return out
@@ -317,8 +329,15 @@ def bootstrap_bound(setup: OracleSetup, k_max: int | None = None, n_boot: int = 
     full = _quantities(full_result.bounds)
     sums = RefitSums.of(setup.trace.rounds, top_k=setup.trace.top_k)
     counts = draw_counts(sums.n_generations, n_boot, seed)
+    n_failed = 0
     if n_boot:
-        table = replicate_quantities(setup, sums.models(counts), k_max=k_max, allow_k0=allow_k0, progress=progress)
+        models = sums.models(counts)
+        good = [m for m in models if m is not None]
+        n_failed = len(models) - len(good)
+        if not good:
+            raise SpeclimitsError(f"every one of the {n_boot} cost-model bootstrap replicates failed (each missed "
+                                  "every generation of some m the fit needs); run with --n-boot 0")
+        table = replicate_quantities(setup, good, k_max=k_max, allow_k0=allow_k0, progress=progress)
     else:
         table = pd.DataFrame(columns=[*QUANTITIES, "best_static_k"], dtype=float)
     return BoundInterval(
@@ -326,4 +345,4 @@ def bootstrap_bound(setup: OracleSetup, k_max: int | None = None, n_boot: int = 
         interval={q: percentile_interval(table[q].to_numpy()) for q in QUANTITIES},
         best_static_k=int(full["best_static_k"]),
         best_static_k_share=float((table["best_static_k"] == full["best_static_k"]).mean()) if len(table) else np.nan,
-        replicates=table, allow_k0=allow_k0)
+        replicates=table, allow_k0=allow_k0, n_failed=n_failed)

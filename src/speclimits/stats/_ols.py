@@ -291,10 +291,40 @@ def solve_normal(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np
 
 
 def solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
-    """Batched solve for (B, p, p) and (B, p), equilibrated."""
+    """Batched solve for (B, p, p) and (B, p), equilibrated.
+
+    A system that cannot be solved (a resample that drew no generation with rows in some column's
+    cells, so the column is zero, or a design collinear in that resample: condition number above
+    1e13, as :func:`solve_normal` refuses) gives a row of NaN instead of raising; the callers count
+    those replicates and leave them out of the intervals."""
     d = np.sqrt(np.einsum("bii->bi", xtx))
+    bad = ~(d > 0).all(axis=1)
+    if bad.any():  # keep the well-posed systems exactly as they are; park the others on the identity
+        xtx, xty, d = xtx.copy(), xty.copy(), d.copy()
+        xtx[bad], xty[bad], d[bad] = np.eye(xtx.shape[1]), 0.0, 1.0
     s = xtx / (d[:, :, None] * d[:, None, :])
-    return np.linalg.solve(s, (xty / d)[..., None])[..., 0] / d
+    with np.errstate(invalid="ignore", divide="ignore"):
+        bad |= ~(np.linalg.cond(s) <= 1e13)  # collinear in this resample (as solve_normal refuses)
+    if bad.any():
+        s, xty, d = s.copy(), xty.copy(), d.copy()
+        s[bad], xty[bad], d[bad] = np.eye(s.shape[1]), 0.0, 1.0
+    try:
+        out = np.linalg.solve(s, (xty / d)[..., None])[..., 0] / d
+    except np.linalg.LinAlgError:  # some replicate is singular: solve one at a time
+        out = np.full(xty.shape, np.nan)
+        for b in range(len(s)):
+            try:
+                out[b] = np.linalg.solve(s[b], xty[b] / d[b]) / d[b]
+            except np.linalg.LinAlgError:
+                pass
+    out[bad] = np.nan
+    return out
+
+
+def failed_replicates(beta: np.ndarray) -> int:
+    """How many rows of a (B, p) replicate matrix are unusable (non-finite): resamples that missed
+    every generation of some cell the design needs, or whose design was singular."""
+    return int((~np.isfinite(np.asarray(beta, dtype=float)).all(axis=1)).sum())
 
 
 # ---------------------------------------------------------------------------
@@ -551,7 +581,8 @@ class ClusterSums:
         return cls(tuple(design.columns), xtx_g, xty_g, per(mom.yy), per(mom.zy[:, 0]), per(mom.n))
 
     def replicates(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Estimates (B, p) and in-sample R² (B,) of each resample (``weights`` (B, G) draw counts)."""
+        """Estimates (B, p) and in-sample R² (B,) of each resample (``weights`` (B, G) draw counts); a
+        resample whose design cannot be solved gives NaN (:func:`solve_batch`, :func:`failed_replicates`)."""
         xtx_b = np.einsum("bg,gij->bij", weights, self.xtx)
         xty_b = weights @ self.xty
         beta = solve_batch(xtx_b, xty_b)

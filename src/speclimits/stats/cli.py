@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from speclimits.jsonutil import dumps
+from speclimits.vocabulary import MINIMUM_SWEEP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="factor analysis of target time (Table A2) and standardized associations by K",
         description=(
             "Six candidate factors (Ū, m, L, KV usage, graph bucket, E_max): GroupKFold(5) by generation, "
-            "out-of-sample R² and RMSE (mean, 95%% t-interval over folds), paired RMSE reduction of Ū + factor "
+            "out-of-sample R² and RMSE (mean, 95% t-interval over folds), paired RMSE reduction of Ū + factor "
             "over Ū alone; standardized β* of Ū and L within each K; factor correlations. Decode rounds with "
             "K >= 1 and a non-zero target time."
         ),
@@ -36,13 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Per-K OLS T_T ~ Ū + L with SEs clustered by generation; the joint categorical model (free beta0(m), "
             "alpha(m), shared c; m = 1 from K = 0 rounds with alpha(1) := alpha(2)); pooled model with γK; "
             "regime boundary by the one-SE rule against no split, kept only if every nested outer fold agrees; "
-            "regime rows at that split and at the paper's m <= 4 | m >= 5; specification ladder; 95%% "
+            "regime rows at that split and at the paper's m <= 4 | m >= 5; specification ladder; 95% "
             "cluster-bootstrap intervals on the headline cells; draft line T_D = a·K + b. "
-            "--out writes the cost-model JSON the Oracle reads. "
+            "--out writes the cost-model JSON the Oracle reads, before any comparison runs. "
+            "MINIMUM SWEEP. " + MINIMUM_SWEEP + " "
             "With --batch (a batch trace: speclimits trace/simulate --batch): the batch cost model instead, "
             "target = beta0(m) + gamma(m)·(n-1) + alpha(m)·Ū_step + c·L_total and drafter a·k + b + "
             "(n-1)·(a_req·k + b_req), OLS on the uniform decode steps (every request decoding at the same m) with "
-            "SEs clustered by batch; it prints the coefficients with 95%% intervals, the validation of ms per "
+            "SEs clustered by batch; it prints the coefficients with 95% intervals, the validation of ms per "
             "emitted token per (b, K) (cross-fitted by batch; prefill and mixed steps counted as measured; the "
             "worst error named), Ū of a step against independent routing and the saturation curve, and per K the "
             "b at which speculation stops beating plain decoding; --out writes the batch cost-model JSON "
@@ -117,40 +119,80 @@ def _fit_batch(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     if args.batch:
         return _fit_batch(args)
+    from speclimits.errors import SpeclimitsError
     from speclimits.stats.draft import fit_draft_model  # heavy: see the module docstring
-    from speclimits.stats.final import fit_final_model, fit_trace_cost_model
+    from speclimits.stats.final import REQUIREMENTS, fit_final_model, fit_trace_cost_model
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)
     rounds = tr.rounds
+    # the cost model first, written before any comparison runs: a user who only wants it gets it
     cost = fit_trace_cost_model(tr)
-    final = fit_final_model(rounds, n_boot=args.n_boot, seed=args.seed)
-    draft = fit_draft_model(rounds)
+    if args.out is not None:
+        cost.write(args.out)
+    skipped: dict[str, str] = {}
+    try:
+        final = fit_final_model(rounds, n_boot=args.n_boot, seed=args.seed)
+        skipped.update(final.skipped)
+    except SpeclimitsError as exc:
+        final = None
+        skipped["final-model section"] = str(exc)
+    try:
+        draft = fit_draft_model(rounds)
+    except SpeclimitsError as exc:
+        draft = None
+        skipped["draft-model section"] = f"{REQUIREMENTS['draft']} ({exc})"
     robust = None
     if args.robustness_k is not None:
         from speclimits.stats.robustness import robustness_checks  # only when asked for
 
-        robust = robustness_checks(rounds, k=args.robustness_k, n_boot=args.n_boot, seed=args.seed)
-    if args.out is not None:
-        cost.write(args.out)
+        try:
+            robust = robustness_checks(rounds, k=args.robustness_k, n_boot=args.n_boot, seed=args.seed)
+        except SpeclimitsError as exc:
+            skipped[f"robustness checks at K = {args.robustness_k}"] = str(exc)
+    lines = [f"skipped {name}: {why}" for name, why in skipped.items()]
+    notes = list(cost.extra.get("fit", {}).get("notes", []))
     if args.json:
         out = {"trace": str(args.trace), "source": tr.source_label, "cost_model": cost.to_dict(),
-               "final": final.to_dict(), "draft": draft.to_dict()}
+               "final": None if final is None else final.to_dict(),
+               "draft": None if draft is None else draft.to_dict()}
         if robust is not None:
             out["robustness"] = robust.to_dict()
+        out["skipped"] = skipped
         print(dumps(out, indent=1))
+        for line in lines:
+            print(f"speclimits fit: {line}", file=sys.stderr)
     else:
         print(f"{args.trace}: {tr.source_label}")
-        print(final.summary())
-        print()
-        print(final.joint.summary())
-        print()
-        print(draft.summary())
+        if final is not None:
+            print(final.summary())
+            print()
+            print(final.joint.summary())
+        else:
+            print(_cost_summary(cost, notes))
+        if draft is not None:
+            print()
+            print(draft.summary())
         if robust is not None:
             print()
             print(robust.summary())
+        rest = [line for line in lines if final is None or line not in final.skipped_lines()]
+        if rest:
+            print()
+            print("\n".join(rest))
         if args.out is not None:
             print(f"\nwrote cost model {args.out}")
     if args.json and args.out is not None:
         print(f"wrote cost model {args.out}", file=sys.stderr)
     return 0
+
+
+def _cost_summary(cost, notes: list[str]) -> str:
+    """The cost model as text (when the final-model section, which prints the joint fit, is skipped)."""
+    import pandas as pd
+
+    by_m = pd.DataFrame({"beta0": pd.Series(cost.beta0), "alpha": pd.Series(cost.alpha)}).rename_axis("m")
+    return ("Cost model: target beta0(m) + alpha(m)·Ū + c·L, draft a·K + b\n"
+            + by_m.to_string(float_format=lambda v: f"{v:.5g}")
+            + f"\nc = {cost.c:.4e} ms/token, a = {cost.a:.4g} ms/step, b = {cost.b:.4g} ms"
+            + "".join(f"\nnote: {n}" for n in notes))

@@ -15,12 +15,15 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
                                    cross_validate, fit_ols, predict, solve_normal, t_interval)
 
 BASE_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
 POOLED_DESIGN = Design.linear("u_bar", "context_len", "K", label="Ū + L + γK (pooled)")
 PER_K_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L (per K)")
+#: The first row of the smooth-forms table: the pooled form (γK), left out of each K in turn.
+POOLED_LOKO_FORM = "pooled Ū + L + γK"
 
 LADDER = [
     ("Ū", ("u_bar",)),
@@ -136,12 +139,31 @@ def smooth_designs(hinge_at: int = paper.BOUNDARY_M) -> dict[str, Design]:
     return {name: Design(tuple([const, u, *terms, ctx]), name) for name, terms in forms.items()}
 
 
-def smooth_table(mom: CellMoments, pooled_loko: np.ndarray) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+def _smooth_requirement(name: str) -> str:
+    from speclimits.stats.final import REQUIREMENTS  # the one list of what each table needs
+
+    return REQUIREMENTS.get(f"smooth:{name}", REQUIREMENTS["smooth:hinge"] if name.startswith("hinge") else
+                            REQUIREMENTS["leave_one_k_out"])
+
+
+def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skipped: dict[str, str] | None = None,
+                 have: str = "") -> tuple[pd.DataFrame | None, dict[str, np.ndarray]]:
     """Leave-one-K-out MAPE (%) of each smooth parameterization: the mean over K and the worst K.
 
-    The pooled form (γK) comes first. Returns the table and the (N,) predictions by form."""
-    preds = {"pooled Ū + L + γK": pooled_loko}
-    preds.update({name: loko_predictions(mom, d) for name, d in smooth_designs().items()})
+    The pooled form (γK) comes first (left out when ``pooled_loko`` is None). Returns the table and
+    the (N,) predictions by form. With ``skipped`` (a dict), a form that some leave-one-K-out fit
+    cannot identify is left out and recorded there (``have`` describes the trace), instead of
+    raising; the table is None when no form is left."""
+    preds = {POOLED_LOKO_FORM: pooled_loko} if pooled_loko is not None else {}
+    for name, d in smooth_designs().items():
+        try:
+            preds[name] = loko_predictions(mom, d)
+        except SpeclimitsError as exc:
+            if skipped is None:
+                raise
+            skipped[f"smooth form '{name}'"] = f"{_smooth_requirement(name)} (this trace: {have}; {exc})"
+    if not preds:
+        return None, {}
     row_k = mom.row_attr("K")
     ks = sorted(np.unique(row_k))
     rows = []
@@ -157,19 +179,37 @@ def smooth_table(mom: CellMoments, pooled_loko: np.ndarray) -> tuple[pd.DataFram
 # ---------------------------------------------------------------------------
 
 
-def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults,
-                 cv_cat: CVResult) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
+def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_cat: CVResult | None,
+                 skipped: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
     """Nested specifications plus the categorical form: in-sample R², GroupKFold MAPE (mean, 95% t
-    half-width), RMSE, and the paper's. Returns the table and ``{spec: (design, cv)}``."""
+    half-width), RMSE, and the paper's. Returns the table and ``{spec: (design, cv)}``.
+
+    With ``skipped`` (a dict), a specification the trace cannot identify (e.g. linear m on a single
+    K) keeps its row with NaN numbers and is recorded there, instead of raising; so is the
+    categorical row when ``cv_cat`` is None."""
     rows, fitted = [], {}
+    nan_row = {"r2": np.nan, "cv_mape": np.nan, "cv_mape_ci": np.nan, "cv_rmse": np.nan}
     for name, specs in LADDER:
         d = Design.linear(*specs, label=name)
-        cv = cross_validate(mom, d, folds)
+        try:
+            cv = cross_validate(mom, d, folds)
+            r2 = fit_ols(mom, d).rsquared
+        except SpeclimitsError as exc:
+            if skipped is None:
+                raise
+            from speclimits.stats.final import REQUIREMENTS  # the one list of what each table needs
+
+            skipped[f"ladder row '{name}'"] = f"{REQUIREMENTS['ladder']} ({exc})"
+            rows.append({"spec": name, **nan_row})
+            continue
         fitted[name] = (d, cv)
-        rows.append({"spec": name, "r2": fit_ols(mom, d).rsquared, "cv_mape": cv.mean_ci("mape")[0],
+        rows.append({"spec": name, "r2": r2, "cv_mape": cv.mean_ci("mape")[0],
                      "cv_mape_ci": cv.mean_ci("mape")[1], "cv_rmse": cv.mean_ci("rmse")[0]})
-    rows.append({"spec": "categorical (Eq. 4)", "r2": cat_fit.rsquared, "cv_mape": cv_cat.mean_ci("mape")[0],
-                 "cv_mape_ci": cv_cat.mean_ci("mape")[1], "cv_rmse": cv_cat.mean_ci("rmse")[0]})
+    if cv_cat is None:
+        rows.append({"spec": "categorical (Eq. 4)", **nan_row, "r2": cat_fit.rsquared})
+    else:
+        rows.append({"spec": "categorical (Eq. 4)", "r2": cat_fit.rsquared, "cv_mape": cv_cat.mean_ci("mape")[0],
+                     "cv_mape_ci": cv_cat.mean_ci("mape")[1], "cv_rmse": cv_cat.mean_ci("rmse")[0]})
     ladder = pd.DataFrame(rows).set_index("spec")
     ladder["paper_cv_mape"] = [paper.LADDER[s][0] for s in ladder.index]
     ladder["paper_r2"] = [paper.LADDER[s][1] for s in ladder.index]

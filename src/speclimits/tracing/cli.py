@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from speclimits.cliutil import parse_assignments
 from speclimits.errors import SpeclimitsError
+from speclimits.vocabulary import DEFAULT_DTYPE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +66,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     """How each generation runs on the engine, and which tokens are kept."""
     p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
-    p.add_argument("--dtype", default="auto", help="model dtype passed to vLLM (default: %(default)s)")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE,
+                   help="model dtype passed to vLLM (default: %(default)s, as speclimits control bench; 'auto' is "
+                        "bfloat16 on vLLM's CPU build)")
     p.add_argument("--load-format", default="auto",
                    help="vLLM load format; 'dummy' gives random weights (tests, config-only models)")
     p.add_argument("--tokens", choices=("ref", "all", "none"), default="ref",
@@ -118,6 +122,12 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
+    from speclimits.tracing.inputs import check_trace_inputs, drafted_nothing, require_vllm_findable  # no vLLM
+
+    # flags, model paths and prompt token ids first: a mistake is one line, before the vLLM import
+    if args.workers is None and args.ray_address is None:
+        require_vllm_findable()
+    check_trace_inputs(args)
     # the harness modules are imported here, after the cheap checks: `speclimits --help` stays fast
     from speclimits.tracing import engine as eng
 
@@ -150,6 +160,8 @@ def _cli(args: argparse.Namespace) -> int:
     sizes = f", batch sizes {meta['batch_sizes']}" if meta.get("batch_sizes") else ""
     print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}{sizes}, "
           f"counters match vLLM: {checks.get('counters_match')}, emitted = output lengths: {checks.get('emitted_match')}")
+    for warning in drafted_nothing(args.out, args.method):
+        print(f"speclimits trace: warning: {warning}", file=sys.stderr)
     if args.oracle:
         k_max = args.oracle_k_max or (max(k_values) if max(k_values) > 0 else 10)
         if rs is not None:  # a distributed sweep's Oracle pass runs on Ray workers too: shards of references

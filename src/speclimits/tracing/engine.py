@@ -218,7 +218,9 @@ def make_llm(kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> A
     check_vllm_api()
     _guard_llvmlite()
     detach_worker_extensions()
-    llm = vllm.LLM(**kwargs)
+    from speclimits.tracing.inputs import build_engine  # one line when vLLM refuses the engine
+
+    llm = build_engine(vllm, kwargs)
     info = llm.collective_rpc("speclimits_install", args=(dict(options or {}),))[0]
     return llm, info
 

@@ -102,6 +102,7 @@ from tqdm.auto import tqdm
 
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
+from speclimits.vocabulary import DEFAULT_DTYPE
 from speclimits.machine import cpu_info
 from speclimits.trace.io import (
     GENERATIONS_LOG,
@@ -143,7 +144,7 @@ class SweepConfig:
     k_values: list[int] = field(default_factory=lambda: [1, 2, 3])
     max_tokens: int = 128
     seed: int = 0
-    dtype: str = "auto"
+    dtype: str = DEFAULT_DTYPE
     load_format: str = "auto"
     tokens: str = "ref"
     ignore_eos: bool = False
