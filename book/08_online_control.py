@@ -98,7 +98,7 @@ from speclimits.book.views import control as view
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
-from speclimits.control.report import BENCH_DIR, engine_table, gap_lines, load_bench_runs
+from speclimits.control.report import BENCH_DIR, engine_table, gap_lines
 from speclimits.figures import control as control_figures
 from speclimits.machine import describe
 
@@ -165,7 +165,7 @@ page.table(view.offline(offline), "tbl-control-offline",
 # tables here.
 
 # %% tags=["hide-input"]
-runs, note = load_bench_runs(tr.meta)
+runs, note = view.bench_runs(tr)
 print(note)
 tables = {batch: engine_table(res) for batch, res in sorted(runs.items())}
 for batch, table in tables.items():
@@ -197,7 +197,7 @@ display(Markdown(view.verdict(runs, tables, offline, bounds)))
 # $K$ (chosen on its own even blocks) is set beside the first run's.
 
 # %% tags=["hide-input"]
-again, again_note = load_bench_runs(tr.meta, BENCH_DIR / "replication")
+again, again_note = view.bench_runs(tr, BENCH_DIR / "replication")
 if again:
     print(again_note.replace("benchmark results", "second run"))
     rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)

@@ -24,8 +24,9 @@
 # Qwen3-235B-A22B; vLLM's `num_speculative_tokens_per_batch_size` takes a hand-made batch-size→$K$ table.
 # Nobody reports a measured expert-aware cost model at batch $b > 1$ or a bound there.
 #
-# This section measures it on the bundled pair (a batch sweep traced in vLLM: $b \in \{1, 2, 4, 8,
-# 16\}$ × $K \in \{0..6\}$, closed batches of $b$ prompts submitted together), fits the step cost
+# This section measures it on the pair of the page's trace (a batch sweep traced in vLLM: $b \in \{1, 2, 4, 8,
+# 16\}$ × $K \in \{0..6\}$, closed batches of $b$ prompts submitted together; the trained pair's
+# `measured-batch` or its memory-bound twin's `twin-batch`, {ref}`sec-regimes`), fits the step cost
 #
 # $$T_T(n, m, \bar U, L) = \beta_0(m) + \gamma(m)\,(n-1) + \alpha(m)\,\bar U_{\text{step}} + c\,L_{\text{total}},
 # \qquad T_D(n, k) = a k + b + (n-1)(a_{\text{req}} k + b_{\text{req}}),$$

@@ -113,3 +113,28 @@ def test_the_twin_serves_the_same_greedy_tokens_and_routing_in_vllm(vllm_mod, ti
     assert np.array_equal(out["source"][1], out["twin"][1])
     meta = json.loads((tmp_path / "twin" / "meta.json").read_text())
     assert meta["dtype"] == "float32"
+
+
+@pytest.mark.vllm
+def test_planted_routing_sets_the_unique_experts_of_every_pass(vllm_mod, tiny_moe, tmp_path):
+    """The designed experiment in the real engine: every decode pass routes to exactly the planted number
+    of unique experts in every layer (u_bar = e_max, an integer in range), and it varies pass by pass."""
+    import pandas as pd
+
+    from speclimits.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt_token_ids": list(range(1, 25))}) + "\n")
+    out = tmp_path / "planted"
+    assert main(["trace", "--target", str(tiny_moe), "--draft", str(tiny_moe), "--method", "draft_model",
+                 "--k", "0,3", "--prompts", str(prompts), "--max-tokens", "24", "--ignore-eos", "--load-format",
+                 "dummy", "--dtype", "float32", "--tokens", "none", "--plant-routing", "0", "--out", str(out),
+                 "--quiet"]) == 0
+    rounds = pd.read_parquet(out / "rounds.parquet")
+    d = rounds[rounds["phase"] == "decode"]
+    assert set(d["m"]) == {1, 4}
+    assert (d["u_bar"] == d["e_max"]).all() and (d["u_bar"] == d["u_bar"].round()).all()
+    assert (d.loc[d["m"] == 1, "u_bar"] == 4).all()
+    big = d.loc[d["m"] == 4, "u_bar"]
+    assert big.between(4, 16).all() and big.nunique() >= 4
+    assert json.loads((out / "meta.json").read_text())["planted_routing"]["seed"] == 0

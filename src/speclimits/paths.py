@@ -23,8 +23,6 @@ MODELS_DIR = DATA_DIR / "models"
 TARGET_MODEL = MODELS_DIR / "target"
 EAGLE3_MODEL = MODELS_DIR / "eagle3"
 
-#: The trace the book uses when none is given. Override with ``SPECLIMITS_TRACE``.
-DEFAULT_TRACE = TRACES_DIR / "measured-eagle3"
 
 #: The two regimes (DESIGN.md section 7): the bundled pair as trained is *cache-resident* (a pass costs
 #: mostly framework time); its memory-bound twin (``speclimits models twin``: wider experts, the same
@@ -34,6 +32,10 @@ TWIN_TRACE = TRACES_DIR / "twin-eagle3"
 #: The key results of the book built on the other regime's trace, shown beside this build's
 #: (``speclimits.book.present.Contrast``; written by ``scripts/make_contrast.sh``).
 REGIME_CONTRAST = DATA_DIR / "regime" / "contrast"
+
+#: The trace the book uses when none is given: the memory-bound twin, the paper's regime. Override with
+#: ``SPECLIMITS_TRACE``.
+DEFAULT_TRACE = TWIN_TRACE
 
 #: The measured batch sweep (batch sizes x K on the same pair and prompts as the default trace),
 #: read by the "Beyond batch 1" section; ``speclimits trace --batch`` writes one.

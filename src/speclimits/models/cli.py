@@ -36,10 +36,11 @@ def register(subparsers) -> None:
 
 
 def _twin_handler(args: argparse.Namespace) -> int:
-    from speclimits.models.twin import relative_path, build_twin, default_twin_dir
+    from speclimits.models.twin import build_twin, default_twin_dir, relative_path
 
     out = args.out or default_twin_dir(args.expert_width)
-    command = f"speclimits models twin --source {relative_path(args.source)} --expert-width {args.expert_width} --seed {args.seed}"
+    command = (f"speclimits models twin --source {relative_path(args.source)} --expert-width {args.expert_width} "
+               f"--seed {args.seed}")
     recipe = build_twin(args.source, out, args.expert_width, args.seed, command=command)
     print(f"wrote {out}: experts {recipe['expert_width_source']} -> {recipe['expert_width']} units "
           f"({recipe['expert_bytes_stored'] / 1024:.0f} KiB per expert as stored, {recipe['stored_dtype']}); "

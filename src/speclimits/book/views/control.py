@@ -13,6 +13,8 @@ of the blocks); ms/token carries the interquartile range over blocks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,3 +249,21 @@ def key_rows(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], o
         Result.of("Oracle's bound over the best static K (exact greedy, offline)",
                   bounds["oracle_exact_gain_over_best_static"], decimals=3, ref=offline_ref),
     ]
+
+
+def bench_runs(trace, folder: Path | None = None) -> tuple[dict, str]:
+    """The engine benchmark results to show on a page on ``trace``: those fitted on it; on the memory-bound
+    twin's trace, for which the controller has not been measured in the engine yet, the bundled
+    (cache-resident) pair's, with a note that says so. ``folder``: where the results lie (default
+    ``data/control``)."""
+    from speclimits.control.report import BENCH_DIR, load_bench_runs
+    from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
+    from speclimits.trace import read_meta
+
+    folder = BENCH_DIR if folder is None else folder
+    runs, note = load_bench_runs(trace.meta, folder)
+    if not runs and Path(str(trace.path)).name == TWIN_TRACE.name and (BUNDLED_TRACE / "meta.json").exists():
+        runs, note = load_bench_runs(read_meta(BUNDLED_TRACE), folder)
+        note = ("The controller has not been measured in the engine on the memory-bound twin yet: the engine "
+                f"tables below are the bundled (cache-resident) pair's, `{BUNDLED_TRACE.name}`. " + note)
+    return runs, note

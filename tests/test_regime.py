@@ -1,0 +1,98 @@
+"""Regimes: the designed experiment's fit recovers a planted cost, the expert share is the stated formula,
+the key-results contrast matches rows across builds, and the committed traces say what the README says."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from speclimits import paths, regime
+from speclimits.book.present import Contrast, Result, _results_frame, gathered_results
+
+
+def _synthetic_rounds(alpha: dict[int, float], beta0: dict[int, float], top_k=4, n_experts=32, n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for m in alpha:
+        u = rng.integers(top_k, min(m * top_k, n_experts) + 1, size=n)
+        t = beta0[m] + alpha[m] * u + rng.normal(0, 0.2, size=n)
+        rows.append(pd.DataFrame({"m": m, "K": m - 1, "u_bar": u.astype(float), "t_target_ms": t, "phase": "decode",
+                                  "t_draft_ms": 0.1 * (m - 1), "generation_id": 0}))
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_designed_alpha_recovers_the_planted_cost_per_m():
+    alpha = {1: 0.0, 2: 0.3, 5: 0.8, 9: 0.9}
+    beta0 = {1: 5.0, 2: 6.0, 5: 7.0, 9: 8.0}
+    fit = regime.designed_alpha(_synthetic_rounds(alpha, beta0)).set_index("m")
+    assert np.isnan(fit.loc[1, "alpha"]) and "not identified" in fit.loc[1, "note"]
+    for m in (2, 5, 9):
+        assert fit.loc[m, "alpha_lo"] <= alpha[m] <= fit.loc[m, "alpha_hi"]
+        assert abs(fit.loc[m, "beta0"] - beta0[m]) < 0.3
+    pooled = regime.pooled_alpha(fit.reset_index(), m_min=5)
+    assert 0.8 <= pooled["alpha"] <= 0.9 and pooled["lo"] < pooled["alpha"] < pooled["hi"]
+
+
+def test_share_is_the_expert_term_over_the_line_at_the_natural_u():
+    fits = pd.DataFrame({"width": [64, 64], "m": [5, 9], "alpha": [0.5, 1.0], "alpha_lo": [0.4, 0.9],
+                         "alpha_hi": [0.6, 1.1], "beta0": [10.0, 10.0]})
+    share = regime.share_by_width(fits, pd.Series({5: 10.0, 9: 20.0})).set_index("m")
+    assert share.loc[5, "expert_share"] == pytest.approx(5.0 / 15.0)
+    assert share.loc[9, "expert_share"] == pytest.approx(20.0 / 30.0)
+    assert share.loc[9, "t_pass_ms"] == pytest.approx(30.0)
+
+
+def test_contrast_matches_rows_whatever_their_numbers_and_only_on_its_traces(tmp_path):
+    folder = tmp_path / "contrast"
+    folder.mkdir()
+    (folder / "contrast.json").write_text(json.dumps({"trace": "data/traces/measured-eagle3", "column": "Other",
+                                                      "applies_to": ["twin-eagle3"]}))
+    (folder / "sec-x.json").write_text(json.dumps({"section": "sec-x", "title": "x", "rows": [
+        {"quantity": "spread of α (% of OLS α = 0.138)", "ours": "25 %", "paper": "0.3", "ref": None},
+        {"quantity": "c at K = 8", "ours": "1.0", "paper": "–", "ref": None}]}))
+    assert Contrast.load(folder, "/x/measured-eagle3") is None  # not a trace it applies to
+    assert Contrast.load(folder, None) is None
+    c = Contrast.load(folder, "/anywhere/twin-eagle3")
+    rows = [Result("spread of α (% of OLS α = 0.829)", "3 %", "0.3"), Result("a new row", "1", "–"),
+            Result("c at K = 8", "1.1", "–")]
+    frame = _results_frame(rows, c, "sec-x")
+    assert list(frame.columns) == ["Quantity", "Ours", "Other", "Paper"]
+    assert list(frame["Other"]) == ["25 %", "–", "1.0"]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "sec-x.json").write_text(json.dumps({"section": "sec-x", "title": "x",
+                                                    "rows": [r.__dict__ for r in rows]}))
+    assert list(gathered_results(results, ["sec-x"], contrast=c)["Other"]) == ["25 %", "–", "1.0"]
+    assert "Other" not in gathered_results(results, ["sec-x"]).columns
+
+
+def test_committed_designed_traces_planted_exactly_what_they_say():
+    from speclimits.trace import read_meta, read_table
+
+    traces = regime.designed_traces()
+    assert {64, 1024} <= set(traces)
+    for width, folder in traces.items():
+        meta = read_meta(folder)
+        assert meta["planted_routing"]["seed"] == 0 and meta["regime"]["expert_width"] == width
+        d = regime.decode_rounds(read_table(folder, "rounds"))
+        assert np.array_equal(d["u_bar"], d["e_max"])  # the same U in every layer
+        assert np.all(d["u_bar"] == np.round(d["u_bar"]))
+        assert np.all(d["u_bar"] >= 4) and np.all(d["u_bar"] <= np.minimum(4 * d["m"], 32))
+        assert (d.groupby("m")["u_bar"].nunique().drop(1) > 3).all()  # U varies at every m > 1
+
+
+def test_the_twin_trace_is_the_trained_target_with_wider_experts():
+    from speclimits.trace import read_generations, read_meta, read_table
+
+    meta = read_meta(paths.TWIN_TRACE)
+    assert meta["regime"]["twin"]["expert_width"] == 1024 and meta["dtype"] == "float32"
+    bundled = {(g["prompt_id"], g["K"]): g["output_token_ids"] for g in read_generations(paths.BUNDLED_TRACE).values()}
+    twin = {(g["prompt_id"], g["K"]): g["output_token_ids"] for g in read_generations(paths.TWIN_TRACE).values()}
+    shared = set(bundled) & set(twin)
+    assert len(shared) == 484 and all(bundled[k] == twin[k] for k in shared)
+    u_twin = regime.decode_rounds(read_table(paths.TWIN_TRACE, "rounds")).groupby("m")["u_bar"].mean()
+    assert u_twin.index.tolist() == list(range(1, 12)) and u_twin.is_monotonic_increasing
+    assert read_table(paths.TWIN_TRACE, "rounds")["context_len"].max() > 1400  # the long-context prompts
