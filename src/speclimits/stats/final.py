@@ -651,6 +651,15 @@ def _regimes(mom: CellMoments, per_k: pd.DataFrame, fits: dict[int, OLSResults],
     return pd.concat(parts, ignore_index=True), interp, interp_paper
 
 
+def _missing(requirement: str, folds, pooled, cvs: dict[str, Any]) -> str:
+    """``requirement``, and which of its inputs this trace lacks (each named above in ``skipped``)."""
+    lacking = [name for name, ok in (("the folds", folds is not None), ("the pooled model", pooled is not None),
+                                     ("the cross-validation of Ū + L", cvs.get("base") is not None),
+                                     ("the categorical model's cross-validation", cvs.get("categorical") is not None))
+               if not ok]
+    return f"{requirement}; here it lacks {', '.join(lacking)} (skipped above)" if lacking else requirement
+
+
 class _Skips:
     """Collects the tables a trace cannot give: ``skipped[name] = why (what would allow it)``."""
 
@@ -687,7 +696,7 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     sk = _Skips(f"K = {', '.join(map(str, ks))}; {mom.n_clusters} generations")
     per_k, fits, _ = fit_per_k(mom, n_splits, sk.skipped)
     joint = fit_joint(mom)
-    notes = list(joint.pooling.notes) if joint.pooling is not None else []
+    notes: list[str] = []  # the pooling of sparse m is in joint.notes
     nk = len(ks)
     folds = sk.run("cross-validation", lambda: group_folds(mom, n_splits), REQUIREMENTS["cross_validation"])
     cvs: dict[str, CVResult | None] = {"base": None, "pooled": None, "categorical": None}
@@ -714,7 +723,7 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
         ladder = _metric_intervals(mom, folds, weights, ladder, fitted, failed)
     comparison = None
     if (sk.need("comparison (Ū + L, pooled, categorical)", None not in cvs.values() and pooled is not None,
-                REQUIREMENTS["comparison"])):
+                _missing(REQUIREMENTS["comparison"], folds, pooled, cvs))):
         comparison = cmp.comparison_table(mom, joint.ols, cvs)
 
     loko_pred = None
@@ -728,7 +737,8 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
              **{f"smooth:{n}": p for n, p in smooth_preds.items()}}
     by_k = _by_k_intervals(mom, preds, weights, ks)
     mape_by_k = None
-    if sk.need("MAPE by K", cvs["pooled"] is not None and cvs["categorical"] is not None, REQUIREMENTS["mape_by_k"]):
+    if sk.need("MAPE by K", cvs["pooled"] is not None and cvs["categorical"] is not None,
+               _missing(REQUIREMENTS["mape_by_k"], folds, pooled, cvs)):
         mape_by_k = cmp.mape_by_k(mom, {"pooled": cvs["pooled"].oof, "categorical": cvs["categorical"].oof}, per_k)
         for name in ("pooled", "categorical"):
             mape_by_k[f"{name}_lo"], mape_by_k[f"{name}_hi"] = np.array([unc.interval(c) for c in by_k[name].T]).T

@@ -27,6 +27,7 @@ from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 
 #: What a Hugging Face repo id looks like (``name`` or ``org/name``); anything else must be a folder.
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=.*$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 
 
@@ -143,11 +144,23 @@ def build_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
             what += f" with {spec.get('method')} K = {spec.get('num_speculative_tokens')}"
             if spec.get("model"):
                 what += f", draft {spec['model']}"
-        message = (str(exc).strip().splitlines() or [""])[0]
-        if len(message) > 300:
-            message = message[:297] + "..."
+        message = _first_reason(str(exc))
         raise SpeclimitsError(f"vLLM could not build the engine for {what}: {type(exc).__name__}: {message} "
                               "(inside vLLM)") from exc
+
+
+def _first_reason(text: str, limit: int = 300) -> str:
+    """One line of an exception's message: its first line, and for a validation error (pydantic's
+    "1 validation error for ModelConfig", whose reason is on a later line) the first line that
+    gives a reason; at most ``limit`` characters."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    message = lines[0]
+    if re.match(r"^\d+ validation errors? for ", message):
+        reason = next((ln for ln in lines[1:] if "error" in ln.lower()), lines[1] if len(lines) > 1 else "")
+        message = f"{message}: {_PYDANTIC_TAIL.sub('', reason)}"
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def drafted_nothing(trace_dir: str | Path, method: str) -> list[str]:
