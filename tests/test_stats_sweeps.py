@@ -376,3 +376,24 @@ def test_one_default_dtype_for_every_engine_command():
         param = inspect.signature(fn).parameters.get("dtype")
         if param is not None and fn.__module__ == control_engine.__name__:
             assert param.default == DEFAULT_DTYPE, name
+
+
+def test_an_error_inside_vllm_while_running_is_one_line(tmp_path):
+    """An error raised in vLLM's code (innermost frame under a ``/vllm/`` path) becomes one line; one
+    raised in speclimits' own code keeps its traceback (None)."""
+    from speclimits.tracing.inputs import vllm_failure
+
+    model = _model_dir(tmp_path)
+    namespace: dict = {}
+    exec(compile("def attn():\n    raise RuntimeError('Unsupported CPU attention configuration: head_dim=16\\nmore')\n",
+                 "/site-packages/vllm/_custom_ops.py", "exec"), namespace)
+    try:
+        namespace["attn"]()
+    except RuntimeError as exc:
+        failure = vllm_failure(exc, model, "the K sweep")
+    assert str(failure) == (f"vLLM failed running MixtralForCausalLM ({model}) during the K sweep: RuntimeError: "
+                            "Unsupported CPU attention configuration: head_dim=16 (inside vLLM)")
+    try:
+        raise KeyError("ours")
+    except KeyError as exc:
+        assert vllm_failure(exc, model, "the K sweep") is None

@@ -122,7 +122,8 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    from speclimits.tracing.inputs import check_trace_inputs, drafted_nothing, require_vllm_findable  # no vLLM
+    from speclimits.tracing.inputs import (check_trace_inputs, drafted_nothing, require_vllm_findable,  # no vLLM
+                                           vllm_failure)
 
     # flags, model paths and prompt token ids first: a mistake is one line, before the vLLM import
     if args.workers is None and args.ray_address is None:
@@ -155,7 +156,13 @@ def _cli(args: argparse.Namespace) -> int:
     if args.plant_routing is not None and (distributed or args.oracle):
         raise SpeclimitsError("--plant-routing runs in this process only, without --oracle, --workers or --ray-address")
     rs = _ray_settings(args) if distributed else None
-    meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
+    try:
+        meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it came from inside vLLM
+        failure = vllm_failure(exc, args.target, "the K sweep")
+        if failure is None:
+            raise
+        raise failure from exc
     checks = meta.get("checks", {})
     sizes = f", batch sizes {meta['batch_sizes']}" if meta.get("batch_sizes") else ""
     print(f"wrote vLLM trace {args.out}: {meta.get('generations_done', 0)} generations, K = {meta['k_values']}{sizes}, "

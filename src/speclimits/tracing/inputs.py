@@ -10,6 +10,8 @@ file or the prompt (the command line prints it and exits with code 2):
   ``config.json``);
 * :func:`build_engine`: ``vllm.LLM(**kwargs)``, an engine vLLM refuses to build reported as one
   line (architecture, vLLM's exception type and message, "inside vLLM");
+* :func:`vllm_failure`: an error raised inside vLLM while a built engine runs (an attention shape
+  the CPU build does not support, say), as one line;
 * :func:`drafted_nothing`: after the sweep, the K > 0 arms whose rounds drafted no token (an n-gram
   proposer whose ``prompt_lookup_min`` the text never matches, a draft model that never ran).
 
@@ -147,6 +149,28 @@ def build_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
         message = _first_reason(str(exc))
         raise SpeclimitsError(f"vLLM could not build the engine for {what}: {type(exc).__name__}: {message} "
                               "(inside vLLM)") from exc
+
+
+def inside_vllm(exc: BaseException) -> bool:
+    """True when the innermost frame of ``exc``'s traceback is vLLM's or torch's code (not speclimits')."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return "/vllm/" in path or "/torch/" in path
+
+
+def vllm_failure(exc: BaseException, target: str | Path, when: str) -> SpeclimitsError | None:
+    """One line for an error raised inside vLLM while the engine runs (``when``: e.g. "the first
+    generation"), e.g. an attention configuration the CPU build does not support; None when the
+    error did not come from inside vLLM (then it is a speclimits bug, and keeps its traceback)."""
+    if isinstance(exc, (SpeclimitsError, KeyboardInterrupt)) or not inside_vllm(exc):
+        return None
+    arch = architecture(model_config(target), target)
+    return SpeclimitsError(f"vLLM failed running {arch} ({target}) during {when}: {type(exc).__name__}: "
+                           f"{_first_reason(str(exc))} (inside vLLM)")
 
 
 def _first_reason(text: str, limit: int = 300) -> str:
