@@ -87,7 +87,7 @@ else:
 # (`speclimits models twin`), so that, as on the paper's GPU, streaming the routed experts is about half
 # of a verification pass. The twin's greedy outputs, routing and acceptance are those of the trained
 # pair (identical tokens in all 484 generations the two traces share). The sweep covers $K = 0..10$ at
-# batch size 1 on 52 prompts, eight of them about 1,400 tokens long (see the trace's `README.md`). The
+# batch size 1 on 56 prompts, twelve of them about 1,400 tokens long (see the trace's `README.md`). The
 # trained pair's own trace, `data/traces/measured-eagle3`, is the *cache-resident* contrast: its values
 # stand beside ours in every key-results box, and {ref}`sec-regimes` measures, by a designed experiment
 # with planted routing, what one more unique expert costs in each. The paper-scale simulated trace is one

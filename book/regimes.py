@@ -100,7 +100,7 @@ page.figure(figures.expert_share_chart(share), "fig-regimes-share",
 # ## The two targets, measured
 #
 # Both targets were traced with the same harness, prompts and sweep ({ref}`sec-tracing`; the twin's
-# trace adds eight long-context prompts of about 1,400 tokens, so that the context slope $c$ is
+# trace adds twelve long-context prompts of about 1,400 tokens, spread among the others, so that the context slope $c$ is
 # identified). {numref}`tbl-regimes-targets` sets their pass times side by side.
 
 # %% tags=["hide-input"]

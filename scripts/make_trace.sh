@@ -17,8 +17,10 @@ extra=${EXTRA_PROMPTS:-}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# 8 project prompts per category (32) + 4 held-out passages per domain (12), in file order
-.venv/bin/python - "$tmp/prompts.jsonl" <<'PY'
+# 8 project prompts per category (32) + 4 held-out passages per domain (12), in file order; the EXTRA_PROMPTS, if
+# any, spread evenly among them (so that within each K they are measured at the same times as the others, and a
+# drift of the machine during a K's run is not read as an effect of their long contexts)
+.venv/bin/python - "$tmp/prompts.jsonl" "$extra" <<'PY'
 import json, sys
 from collections import Counter
 rows, seen = [], Counter()
@@ -28,9 +30,12 @@ for path, cap in (("data/prompts/speclimits.jsonl", 8), ("data/prompts/heldout-c
         if seen[r["category"]] < cap:
             seen[r["category"]] += 1
             rows.append(line)
-open(sys.argv[1], "w", encoding="utf-8").writelines(rows)
+extra = open(sys.argv[2], encoding="utf-8").readlines() if sys.argv[2] else []
+out = list(rows)
+for i, line in enumerate(extra):  # extra i goes after base prompt round((i + 1) * n / (len(extra) + 1))
+    out.insert(round((i + 1) * len(rows) / (len(extra) + 1)) + i, line)
+open(sys.argv[1], "w", encoding="utf-8").writelines(out)
 PY
-[ -n "$extra" ] && cat "$extra" >> "$tmp/prompts.jsonl"
 rm -rf "$out"
 .venv/bin/speclimits trace --target "$target" --draft data/models/eagle3 --method eagle3 \
   --k 0-10 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \

@@ -1,5 +1,6 @@
-"""The bundled measured batch sweep (data/traces/measured-batch): valid, checked against vLLM, and
-on the same greedy references as the default trace, so the bound at batch b applies to it."""
+"""The bundled measured batch sweeps (data/traces/measured-batch, and twin-batch of the memory-bound twin):
+valid, checked against vLLM, and on the same greedy references as the batch-1 trace of their target, so the
+bound at batch b applies to them."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ def _generations(root):
     return [json.loads(line) for line in (root / "generations.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_bundled_batch_trace_is_valid_complete_and_matches_vllm_counters():
-    validate_trace(BATCH)
-    tr = read_trace(BATCH)
+#: (batch sweep, the batch-1 trace of the same target)
+PAIRS = [(paths.BATCH_TRACE, paths.BUNDLED_TRACE), (paths.TRACES_DIR / "twin-batch", paths.TWIN_TRACE)]
+
+
+@pytest.mark.parametrize("batch, _", PAIRS, ids=["trained", "twin"])
+def test_bundled_batch_trace_is_valid_complete_and_matches_vllm_counters(batch, _):
+    validate_trace(batch)
+    tr = read_trace(batch)
     assert not tr.simulated and tr.meta["complete"]
     assert tr.batch_sizes == [1, 2, 4, 8, 16] and tr.meta["k_values"] == list(range(7))
     checks = tr.meta["checks"]
@@ -33,9 +39,10 @@ def test_bundled_batch_trace_is_valid_complete_and_matches_vllm_counters():
     assert (rows.to_numpy() == steps.set_index(["batch_id", "step"]).loc[rows.index, "n_tokens"].to_numpy()).all()
 
 
-def test_batched_greedy_outputs_equal_the_default_traces_references():
-    default = {g["prompt_id"]: g["output_token_ids"] for g in _generations(paths.DEFAULT_TRACE) if g["K"] == 0}
-    gens = _generations(BATCH)
+@pytest.mark.parametrize("batch, single", PAIRS, ids=["trained", "twin"])
+def test_batched_greedy_outputs_equal_the_default_traces_references(batch, single):
+    default = {g["prompt_id"]: g["output_token_ids"] for g in _generations(single) if g["K"] == 0}
+    gens = _generations(batch)
     assert len(gens) == 32 * 7 * 5
     differ = [(g["prompt_id"], g["b"], g["K"]) for g in gens if g["output_token_ids"] != default[g["prompt_id"]]]
     assert not differ, f"{len(differ)} batched generations differ from the default trace's greedy output: {differ[:5]}"

@@ -52,20 +52,23 @@ def test_contrast_matches_rows_whatever_their_numbers_and_only_on_its_traces(tmp
                                                       "applies_to": ["twin-eagle3"]}))
     (folder / "sec-x.json").write_text(json.dumps({"section": "sec-x", "title": "x", "rows": [
         {"quantity": "spread of α (% of OLS α = 0.138)", "ours": "25 %", "paper": "0.3", "ref": None},
-        {"quantity": "c at K = 8", "ours": "1.0", "paper": "–", "ref": None}]}))
+        {"quantity": "c at K = 8", "ours": "1.0", "paper": "–", "ref": None},
+        {"quantity": "batch 1: gain", "ours": "1.1", "paper": "–", "ref": None},
+        {"quantity": "batch 4: gain", "ours": "0.9", "paper": "–", "ref": None}]}))
     assert Contrast.load(folder, "/x/measured-eagle3") is None  # not a trace it applies to
     assert Contrast.load(folder, None) is None
     c = Contrast.load(folder, "/anywhere/twin-eagle3")
     rows = [Result("spread of α (% of OLS α = 0.829)", "3 %", "0.3"), Result("a new row", "1", "–"),
-            Result("c at K = 8", "1.1", "–")]
+            Result("c at K = 8", "1.1", "–"), Result("batch 1: gain", "1.2", "–"), Result("batch 4: gain", "1.0", "–"),
+            Result("batch 8: gain", "1.0", "–")]
     frame = _results_frame(rows, c, "sec-x")
     assert list(frame.columns) == ["Quantity", "Ours", "Other", "Paper"]
-    assert list(frame["Other"]) == ["25 %", "–", "1.0"]
+    assert list(frame["Other"]) == ["25 %", "–", "1.0", "1.1", "0.9", "–"]
     results = tmp_path / "results"
     results.mkdir()
     (results / "sec-x.json").write_text(json.dumps({"section": "sec-x", "title": "x",
                                                     "rows": [r.__dict__ for r in rows]}))
-    assert list(gathered_results(results, ["sec-x"], contrast=c)["Other"]) == ["25 %", "–", "1.0"]
+    assert list(gathered_results(results, ["sec-x"], contrast=c)["Other"]) == ["25 %", "–", "1.0", "1.1", "0.9", "–"]
     assert "Other" not in gathered_results(results, ["sec-x"]).columns
 
 

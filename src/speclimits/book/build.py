@@ -413,7 +413,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
             if trace is None else ""
         raise SpeclimitsError(f"trace {trace_path} does not exist{hint}")
     validate_trace(trace_path)
-    out_dir = Path(out) if out else BUILD_DIR / "book"
+    out_dir = (Path(out) if out else BUILD_DIR / "book").resolve()  # notebooks run in other folders
     stage = out_dir / "source"
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "build.log"

@@ -376,12 +376,22 @@ class Contrast:
         return cls(folder, info["column"], info["trace"])
 
     def values(self, section: str, rows: Sequence[Result]) -> list[str]:
+        """The other build's value of each of ``rows`` (rows whose quantities differ only in numbers, such as
+        "batch 1, …" and "batch 4, …", are matched in order of appearance)."""
         path = self.folder / f"{section}.json"
-        other = {}
+        other: dict[str, list[str]] = {}
         if path.exists():
             for r in json.loads(path.read_text())["rows"]:
-                other.setdefault(_row_key(r["quantity"]), r["ours"])
-        return [other.get(_row_key(r.quantity), "–") for r in rows]
+                other.setdefault(_row_key(r["quantity"]), []).append(r["ours"])
+        seen: dict[str, int] = {}
+        out = []
+        for r in rows:
+            key = _row_key(r.quantity)
+            i = seen.get(key, 0)
+            seen[key] = i + 1
+            values = other.get(key, [])
+            out.append(values[i] if i < len(values) else "–")
+        return out
 
 
 class KeyResults:
