@@ -48,7 +48,11 @@ def test_decision_table_on_the_measured_trace_uses_the_same_rows(measured):
     d0 = np.array([int(v[0]) for v in first.loc[keys, "draft_tokens"]])
     acc = first.loc[keys, "accept_len"].to_numpy()
     assert (dec["token_id"].to_numpy()[acc >= 1] == d0[acc >= 1]).all()
-    assert dec.groupby("reference_kind")["seq_id"].nunique().to_dict() == {"greedy": 32, "teacher-forced": 12}
+    prompts = read_prompts(tr.path / PROMPTS_FILE)  # greedy: every prompt without a held-out reference
+    forced = sum(p.teacher_forced for p in prompts)
+    assert dec.groupby("reference_kind")["seq_id"].nunique().to_dict() == {"greedy": len(prompts) - forced,
+                                                                           "teacher-forced": forced}
+    assert forced == 12
 
 
 def test_routing_is_that_of_the_pass_reading_the_token(measured):

@@ -103,15 +103,15 @@ def test_the_twin_serves_the_same_greedy_tokens_and_routing_in_vllm(vllm_mod, ti
     out = {}
     for name, folder in (("source", tiny_checkpoint), ("twin", twin)):
         assert main(["trace", "--target", str(folder), "--method", "ngram", "--k", "0,2", "--prompts", str(prompts),
-                     "--max-tokens", "16", "--ignore-eos", "--dtype", "float32", "--out", str(tmp_path / name),
+                     "--max-tokens", "16", "--ignore-eos", "--dtype", "float32", "--out", str(tmp_path / f"trace-{name}"),
                      "--quiet", "--spec-arg", "prompt_lookup_min=1", "--spec-arg", "prompt_lookup_max=2"]) == 0
-        gens = [json.loads(line) for line in (tmp_path / name / "generations.jsonl").read_text().splitlines()]
-        rounds = pd.read_parquet(tmp_path / name / "rounds.parquet")
+        gens = [json.loads(line) for line in (tmp_path / f"trace-{name}" / "generations.jsonl").read_text().splitlines()]
+        rounds = pd.read_parquet(tmp_path / f"trace-{name}" / "rounds.parquet")
         out[name] = ({(g["prompt_id"], g["K"]): g["output_token_ids"] for g in gens},
                      rounds.sort_values(["generation_id", "round"])["u_bar"].to_numpy())
     assert out["source"][0] == out["twin"][0]
     assert np.array_equal(out["source"][1], out["twin"][1])
-    meta = json.loads((tmp_path / "twin" / "meta.json").read_text())
+    meta = json.loads((tmp_path / "trace-twin" / "meta.json").read_text())
     assert meta["dtype"] == "float32"
 
 

@@ -107,9 +107,12 @@ def test_retried_job_with_its_shard_on_disk_is_skipped(tmp_path):
 
 
 def test_workers_without_ray_fail_with_the_install_command(tmp_path):
+    (tmp_path / "x").mkdir()  # inputs that pass the checks made before any engine or Ray is asked for
+    (tmp_path / "x" / "config.json").write_text('{"vocab_size": 16}')
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt_token_ids": [1, 2]}\n')
     code = ("import sys\nsys.modules['ray'] = None\nimport speclimits.cli\n"
-            "sys.exit(speclimits.cli.main(['trace', '--target', 'x', '--prompts', 'p.jsonl', '--out', 'o', "
-            "'--workers', '2']))\n")
+            "sys.exit(speclimits.cli.main(['trace', '--target', 'x', '--method', 'ngram', '--prompts', 'p.jsonl', "
+            "'--out', 'o', '--workers', '2']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

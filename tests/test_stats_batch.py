@@ -143,8 +143,10 @@ def test_batch1_reduction(batch_traces):
     one = sb.fit_batch_cost_model(tr, batch_sizes=[1])
     ref = fit_cost_model(tr.rounds.loc[tr.rounds["b"] == 1], top_k=cfg.top_k)
     fit, rfit = one.extra["fit"], ref.extra["fit"]
-    assert one.ms == ref.ms
-    for m in ref.ms:
+    # the batch-1 fit interpolates the m that no K of the sweep reaches (recorded); the batch fit does not
+    filled = rfit["target"].get("interpolated_m", [])
+    assert sorted(set(ref.ms) - set(filled)) == list(one.ms)
+    for m in one.ms:
         assert one.base.beta0[m] == pytest.approx(ref.beta0[m], rel=1e-10, abs=1e-10)
         assert one.base.alpha[m] == pytest.approx(ref.alpha[m], rel=1e-10, abs=1e-12)
         assert fit["target"]["se_cr1"]["beta0"][str(m)] == pytest.approx(rfit["target"]["se_by_m"][str(m)]["beta0"],
@@ -164,7 +166,7 @@ def test_batch1_reduction(batch_traces):
     full = sb.fit_batch_cost_model(tr)
     ff = full.extra["fit"]
     misses = 0
-    for m in ref.ms:
+    for m in one.ms:
         for name, est, rest, se, rse in (
                 ("beta0", full.base.beta0[m], ref.beta0[m], ff["target"]["se"]["beta0"][str(m)],
                  rfit["target"]["se_by_m"][str(m)]["beta0"]),

@@ -81,6 +81,8 @@ def _default_k_max(args: argparse.Namespace) -> int | None:
 
     from speclimits.costmodel import CostModel
 
+    if not (args.trace / "oracle.parquet").exists() or not (args.trace / "rounds.parquet").exists():
+        return None  # the trace's own check reports what is missing, in one line
     lists = pq.read_table(args.trace / "oracle.parquet", columns=["match_prob"]).column("match_prob")
     k_list = len(lists[0].as_py()) if len(lists) else None
     if args.cost_model is not None:

@@ -57,6 +57,14 @@ def _num(x: Any, decimals: int) -> str:
     return fmt_num(float(x), decimals) if _ok(x) else MISSING
 
 
+def alpha_table_compact(runs: list[dict[str, Any]]) -> pd.DataFrame:
+    """:func:`alpha_table` narrowed to fit a page: α and β0 with intervals, α over the floor and over the
+    paper's α (the floor and the paper's values are in the full table)."""
+    full = alpha_table(runs)
+    return full[["Run", "m", "α by experiment (ms/expert)", "β₀ (ms)", "α / floor", "α / paper"]].rename(
+        columns={"α by experiment (ms/expert)": "α (ms/expert)"})
+
+
 def alpha_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run and m: α(m) and β0(m) by experiment with 95% intervals (HC3), scaled to all
     the model's MoE layers; the bandwidth floor (one expert's bytes × layers / the measured copy
