@@ -15,7 +15,6 @@ target was made (the twin recipe, or the bundled target's hash) and the machine'
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,10 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
+from speclimits.models.twin import file_sha256
 
 #: The paper's regression α(m) at K = 8 (m = 9), ms per unit of per-layer Ū (Table A4 reading, DESIGN.md).
 PAPER_ALPHA_LARGE = 0.265
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def target_record(target: Path) -> dict[str, Any]:
@@ -52,7 +44,7 @@ def target_record(target: Path) -> dict[str, Any]:
         return {"regime_target": "memory-bound twin", "expert_width": width, "twin": recipe}
     weights = sorted(target.glob("*.safetensors"))
     return {"regime_target": "trained target", "expert_width": width,
-            "weights_sha256": _sha256(weights[0]) if weights else None}
+            "weights_sha256": file_sha256(weights[0]) if weights else None}
 
 
 def record(trace: Path, target: Path, command: str) -> dict[str, Any]:

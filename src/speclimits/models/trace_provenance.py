@@ -9,7 +9,6 @@ prompt counts per category and reference kind, and the machine (CPU model, core 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import subprocess
@@ -20,16 +19,9 @@ from pathlib import Path
 from speclimits.paths import MODELS_DIR, REPO_ROOT
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import read_json
+from speclimits.models.twin import file_sha256, relative_path
 from speclimits.trace import read_meta, write_meta
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _cpu_model() -> str:
@@ -42,14 +34,6 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _relative(path: Path) -> str:
-    """``path`` relative to the checkout when it is inside it (``data/models``), else as given."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
-
-
 DEFAULT_NOTE = ("shared 2-core machine: other processes ran during the sweep, so timings carry contention noise; "
                 "one torch/OpenMP thread")
 
@@ -59,7 +43,7 @@ def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR, note: s
     for sub in ("target", "eagle3"):
         for f in sorted((models / sub).glob("*")):
             if f.suffix in (".safetensors", ".json") and f.name != "train_metrics.json":
-                files[f"{sub}/{f.name}"] = _sha256(f)
+                files[f"{sub}/{f.name}"] = file_sha256(f)
     mmeta = read_json(models / "meta.json", "models meta", SpeclimitsError)
     stages = mmeta.get("stages", {})
     prompts = read_prompts(trace_dir / PROMPTS_FILE)
@@ -67,7 +51,7 @@ def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR, note: s
     return {
         "command": command,
         "git_commit": commit,
-        "models": {"dir": _relative(models), "sha256": files,
+        "models": {"dir": relative_path(models), "sha256": files,
                    "target_valid_loss_nats": stages.get("target", {}).get("valid_loss_nats"),
                    "serve_check": stages.get("serve", {})},
         "prompts": {"file": f"{PROMPTS_FILE} (data/prompts/speclimits.jsonl + data/prompts/heldout-corpus.jsonl)",

@@ -52,7 +52,8 @@ def default_twin_dir(expert_width: int = DEFAULT_EXPERT_WIDTH) -> Path:
     return BUILD_DIR / "models" / f"target-twin-w{expert_width}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -166,11 +167,11 @@ def build_twin(source: Path = TARGET_MODEL, out: Path | None = None, expert_widt
         "kind": "memory-bound twin (function-preserving wider experts)",
         "command": command or f"speclimits models twin --expert-width {expert_width} --seed {seed}",
         "source": relative_path(source),
-        "source_sha256": _sha256(weights[0]),
+        "source_sha256": file_sha256(weights[0]),
         "expert_width_source": old_width,
         "expert_width": int(expert_width),
         "seed": int(seed),
-        "weights_sha256": _sha256(weights_out),
+        "weights_sha256": file_sha256(weights_out),
         "expert_bytes_stored": expert_bytes(tensors),
         "stored_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""),
     }
