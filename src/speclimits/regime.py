@@ -5,8 +5,9 @@ Two kinds of evidence, both read from traces the tracing harness wrote:
 * the **designed experiment** (``speclimits trace --plant-routing``, ``scripts/make_regime.sh``): every
   target pass routes by a planted routing whose unique experts per layer Ū are drawn per pass, so
   at a fixed width m, ``T_T = β0(m) + α(m)·Ū`` is a causal line: :func:`designed_alpha`;
-* the **observational trace** of the same target (its own routing): the share of a pass that the
-  expert term explains at each m, :func:`expert_share`, ``α(m)·mean Ū(m) / mean T_T(m)``.
+* the **observational trace** of the same target (its own routing): its mean Ū by m gives the share of a
+  pass that the expert term explains, ``α(m)·Ū(m) / (β0(m) + α(m)·Ū(m))`` (:func:`share_by_width`), and
+  its regression α (:func:`regression_alpha`) stands beside the experiment's.
 
 ``python -m speclimits.regime record TRACE --target DIR`` adds to a trace's ``meta.json`` how its
 target was made (the twin recipe, or the bundled target's hash) and the machine's load average.
@@ -24,9 +25,6 @@ import pandas as pd
 
 from speclimits.errors import SpeclimitsError
 from speclimits.models.twin import file_sha256
-
-#: The paper's regression α(m) at K = 8 (m = 9), ms per unit of per-layer Ū (Table A4 reading, DESIGN.md).
-PAPER_ALPHA_LARGE = 0.265
 
 
 def target_record(target: Path) -> dict[str, Any]:
@@ -89,43 +87,6 @@ def pooled_alpha(fit: pd.DataFrame, m_min: int = 5) -> dict[str, float]:
     return {"alpha": a, "lo": a - 1.96 * se, "hi": a + 1.96 * se, "m_min": m_min}
 
 
-def expert_share(rounds: pd.DataFrame, alpha_by_m: pd.Series) -> pd.DataFrame:
-    """Per m of an observational trace: mean T_T, mean Ū, and the share of T_T that the expert term
-    explains, ``alpha(m) · mean Ū(m) / mean T_T(m)`` (``alpha_by_m``: α indexed by m, e.g. the designed
-    experiment's on the same target; m without an α get NaN)."""
-    d = decode_rounds(rounds)
-    g = d.groupby("m").agg(t_target_ms=("t_target_ms", "mean"), t_target_median=("t_target_ms", "median"),
-                           u_bar=("u_bar", "mean"), rounds=("t_target_ms", "size")).reset_index()
-    g["alpha"] = g["m"].map(alpha_by_m)
-    g["expert_ms"] = g["alpha"] * g["u_bar"]
-    g["expert_share"] = g["expert_ms"] / g["t_target_ms"]
-    return g
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m speclimits.regime", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("record", help="add the target's recipe and the load average to a trace's meta.json")
-    r.add_argument("trace", type=Path)
-    r.add_argument("--target", type=Path, required=True)
-    r.add_argument("--command", default="")
-    f = sub.add_parser("alpha", help="print the designed experiment's alpha(m) of a planted trace")
-    f.add_argument("trace", type=Path)
-    args = p.parse_args(argv)
-    if args.cmd == "record":
-        print(record(args.trace, args.target, args.command))
-    else:
-        from speclimits.trace import read_table
-
-        fit = designed_alpha(read_table(args.trace, "rounds"))
-        print(fit[["m", "n", "u_min", "u_max", "alpha", "alpha_lo", "alpha_hi", "beta0", "t_mean"]]
-              .to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 # -- the designed experiments of every width, and the share of a pass they explain ---------------
@@ -179,3 +140,29 @@ def regression_alpha(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"m": b["m"].astype(int), "alpha": b["alpha"],
                          "alpha_lo": b["alpha"] - 1.96 * b["alpha_se"], "alpha_hi": b["alpha"] + 1.96 * b["alpha_se"],
                          "identified": b["identified"]}).reset_index(drop=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m speclimits.regime", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record", help="add the target's recipe and the load average to a trace's meta.json")
+    r.add_argument("trace", type=Path)
+    r.add_argument("--target", type=Path, required=True)
+    r.add_argument("--command", default="")
+    f = sub.add_parser("alpha", help="print the designed experiment's alpha(m) of a planted trace")
+    f.add_argument("trace", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "record":
+        print(record(args.trace, args.target, args.command))
+    else:
+        from speclimits.trace import read_table
+
+        fit = designed_alpha(read_table(args.trace, "rounds"))
+        print(fit[["m", "n", "u_min", "u_max", "alpha", "alpha_lo", "alpha_hi", "beta0", "t_mean"]]
+              .to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
