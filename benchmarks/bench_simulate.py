@@ -39,9 +39,9 @@ def main() -> None:
                         "--seed", str(args.seed), "--out", str(out), "--quiet"], check=True)
         wall = time.perf_counter() - t0
         peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        import pandas as pd
+        from speclimits.trace.io import read_table
 
-        rounds = pd.read_parquet(out / "rounds.parquet", columns=["K", "phase"])
+        rounds = read_table(out, "rounds")
         dec = rounds[rounds["phase"] == "decode"]
         size_mb = sum(p.stat().st_size for p in out.iterdir()) / 2**20
     print(f"preset {args.preset}, seed {args.seed}")

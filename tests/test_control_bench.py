@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speclimits.control.bench import block_prompts, paired_ratio, parse_static, per_block, summarize, with_prediction
+from speclimits.control.bench import (block_prompts, paired_ratio, parse_static, per_block, summarize, trace_generations,
+                                      with_prediction)
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import DATA_DIR
 
@@ -215,3 +216,24 @@ def test_batch_replay_sweep_reproduces_the_committed_prediction():
         assert got[name] == pytest.approx(pred[name], rel=1e-9)
     at = table[table["lambda_scale"] == 1.0].set_index("arm")
     assert at.loc["delta-fixed", "wasted_draft_steps"] < at.loc["delta-fixed:alone", "wasted_draft_steps"]
+
+
+def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path):
+    """A trace written on Ray workers keeps part of its generations in shard logs (``shards/``): the
+    benchmark's greedy references are read through :func:`speclimits.trace.io.read_generations`, so none is
+    lost; a shard whose rounds part is missing (a killed worker) is not read, as everywhere else."""
+    from speclimits.trace.io import append_lines, write_part, write_shard_log
+
+    def gen(gid, pid, k, out):
+        return {"generation_id": gid, "prompt_id": pid, "K": k, "prompt_token_ids": [1, 2, gid],
+                "output_token_ids": out}
+
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    append_lines(trace / "generations.jsonl", [gen(0, "a", 0, [5, 6]), gen(1, "a", 2, [5, 6])])
+    rounds = pd.DataFrame({"generation_id": [2], "round": [0]})
+    write_part(trace, "rounds", "part-g000002", rounds)
+    write_shard_log(trace, "part-g000002", {"part": "part-g000002"}, [gen(2, "b", 0, [7]), gen(3, "b", 1, [7])])
+    write_shard_log(trace, "part-g000009", {"part": "part-g000009"}, [gen(9, "c", 0, [8])])  # no rounds part
+    assert trace_generations(trace) == {"a": ([1, 2, 0], [5, 6]), "b": ([1, 2, 2], [7])}
+    assert trace_generations(tmp_path / "missing") == {}

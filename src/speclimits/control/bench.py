@@ -25,7 +25,6 @@ with the costs profiled in this run, applies to the references the engine reprod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -47,6 +46,8 @@ from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
 from speclimits.machine import cpu_info
 from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
+from speclimits.trace.io import read_generations
+from speclimits.trace.prompts import PROMPTS_FILE
 from speclimits.tracing.prompts import read_prompts, tokenize
 
 #: vLLM's spec-decode counters, by the names ``vllm bench serve --save-result`` gives them.
@@ -106,7 +107,7 @@ def vllm_counters(llm: Any) -> dict[str, int]:
 
 def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path) -> list[Any]:
     """The prompts to run: the fit's test references (``ids="test"``), ``"all"``, or listed ids."""
-    path = Path(cfg.prompts) if cfg.prompts else trace / "prompts.jsonl"
+    path = Path(cfg.prompts) if cfg.prompts else trace / PROMPTS_FILE
     prompts = read_prompts(path)
     if cfg.ids == "all":
         chosen = prompts
@@ -494,16 +495,12 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
 
 def trace_generations(trace: Path) -> dict[str, tuple[list[int], list[int]]]:
     """``{prompt_id: (prompt token ids, output token ids)}`` of the trace's K = 0 generations (the
-    greedy references the Oracle data follows); empty when the trace has no ``generations.jsonl``."""
-    path = trace / "generations.jsonl"
+    greedy references the Oracle data follows), read with :func:`speclimits.trace.io.read_generations`
+    (``generations.jsonl`` and the shard logs of a distributed sweep); empty when the trace has none."""
     out: dict[str, tuple[list[int], list[int]]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            g = json.loads(line)
-            if int(g.get("K", -1)) == 0 and "prompt_token_ids" in g:
-                out[str(g["prompt_id"])] = (list(g["prompt_token_ids"]), list(g["output_token_ids"]))
+    for _gid, g in sorted(read_generations(trace).items()):
+        if int(g.get("K", -1)) == 0 and "prompt_token_ids" in g:
+            out[str(g["prompt_id"])] = (list(g["prompt_token_ids"]), list(g["output_token_ids"]))
     return out
 
 
