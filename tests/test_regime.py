@@ -45,6 +45,40 @@ def test_share_is_the_expert_term_over_the_line_at_the_natural_u():
     assert share.loc[9, "t_pass_ms"] == pytest.approx(30.0)
 
 
+def _context_rounds(c0: float, c1: float, ks=range(1, 9), gens=30, rounds=40, seed=0):
+    """Rounds whose context slope is c0 + c1·m (m = K + 1), with noise and generations of varied length."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for k in ks:
+        m = k + 1
+        for g in range(gens):
+            start = rng.integers(20, 1500)
+            ctx = start + np.arange(rounds) * 3
+            u = rng.integers(4, min(4 * m, 32) + 1, size=rounds).astype(float)
+            t = 5.0 + 0.5 * u + (c0 + c1 * m) * ctx + rng.normal(0, 0.3, size=rounds)
+            frames.append(pd.DataFrame({"K": k, "m": m, "generation_id": f"k{k}-g{g}", "u_bar": u,
+                                        "context_len": ctx, "t_target_ms": t, "phase": "decode"}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_context_slope_recovers_a_slope_that_grows_with_m_and_accepts_a_flat_one():
+    rising = regime.context_slope(_context_rounds(6e-4, 1e-4))
+    ln = rising.line
+    assert abs(ln["c0"] - 6e-4) < 3 * ln["c0_se"] and abs(ln["c1"] - 1e-4) < 3 * ln["c1_se"]
+    assert rising.flat["p"] < 1e-6                       # one c for every K is rejected
+    assert list(rising.by_k["m"]) == list(range(2, 10))
+    assert rising.spread > 1.5 and rising.spread_line < rising.spread
+    flat = regime.context_slope(_context_rounds(1.1e-3, 0.0, seed=1))
+    assert flat.flat["p"] > 0.01 and abs(flat.line["c1"]) < 3 * flat.line["c1_se"]
+    assert flat.spread < 1.5 and abs(flat.flat["c"] - 1.1e-3) < 3 * flat.flat["c_se"]
+
+
+def test_context_slope_needs_three_k_with_varied_contexts():
+    r = _context_rounds(1e-3, 0.0, ks=(1, 2))
+    with pytest.raises(regime.SpeclimitsError, match=">= 3 values of K"):
+        regime.context_slope(r)
+
+
 def test_contrast_matches_rows_whatever_their_numbers_and_only_on_its_traces(tmp_path):
     folder = tmp_path / "contrast"
     folder.mkdir()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,67 @@ def regression_alpha(rounds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"m": b["m"].astype(int), "alpha": b["alpha"],
                          "alpha_lo": b["alpha"] - 1.96 * b["alpha_se"], "alpha_hi": b["alpha"] + 1.96 * b["alpha_se"],
                          "identified": b["identified"]}).reset_index(drop=True)
+
+
+# -- the context slope c: flat in m on the paper's GPU, growing with m on this CPU -------------------
+
+@dataclass(frozen=True)
+class ContextSlope:
+    """The context coefficient c of ``T_T = β0 + α·Ū + c·L`` fitted per K, and whether it depends on m.
+
+    ``by_k``: one row per K ≥ 1 (``K``, ``m`` = K + 1, ``c``, ``c_se``: generation-clustered, ms/token;
+    ``c_line``: the weighted line's value at m). ``flat``: the inverse-variance mean c and the
+    homogeneity test of the per-K c around it (``q``, ``df``, ``p``). ``line``: weighted least squares
+    of c on m (``c0``, ``c1`` and SEs; ``q``, ``df``, ``p``: the residual test). ``spread``: max/min of
+    the per-K c; ``spread_line``: of c over the line."""
+
+    by_k: pd.DataFrame
+    flat: dict[str, float]
+    line: dict[str, float]
+    spread: float
+    spread_line: float
+
+
+def context_slope(rounds: pd.DataFrame) -> ContextSlope:
+    """Per-K fits of ``T_T ~ Ū + L`` (OLS, SEs clustered by generation) and two descriptions of how c
+    moves across K: one constant (the paper's model; its c spans 1.098–1.107 × 10⁻³ ms/token over K on
+    an A100) and a line in m. A pass's only work that grows with the context is attention; where
+    the line's slope is positive, attention costs per query row (m rows × L keys), as on a CPU,
+    rather than one read of the KV cache shared by the rows, as on the paper's GPU."""
+    import statsmodels.api as sm
+    from scipy import stats as sps
+
+    dec = decode_rounds(rounds)
+    dec = dec[dec["K"] >= 1]
+    rows = []
+    for k, g in dec.groupby("K"):
+        if g["context_len"].nunique() < 3 or g["u_bar"].nunique() < 2:
+            continue
+        x = sm.add_constant(g[["u_bar", "context_len"]].to_numpy(float))
+        fit = sm.OLS(g["t_target_ms"].to_numpy(float), x).fit(
+            cov_type="cluster", cov_kwds={"groups": pd.factorize(g["generation_id"])[0]})
+        rows.append({"K": int(k), "m": int(k) + 1, "c": float(fit.params[2]), "c_se": float(fit.bse[2]),
+                     "context_max": int(g["context_len"].max())})
+    by_k = pd.DataFrame(rows)
+    if len(by_k) < 3:
+        raise SpeclimitsError(f"the context slope needs per-K fits at >= 3 values of K >= 1 with varied contexts "
+                              f"(got {len(by_k)})")
+    w = 1.0 / by_k["c_se"].to_numpy() ** 2
+    c = by_k["c"].to_numpy()
+    mean = float(np.sum(w * c) / w.sum())
+    q_flat = float(np.sum(w * (c - mean) ** 2))
+    flat = {"c": mean, "c_se": float(np.sqrt(1.0 / w.sum())), "q": q_flat, "df": len(c) - 1,
+            "p": float(sps.chi2.sf(q_flat, len(c) - 1))}
+    wls = sm.WLS(c, sm.add_constant(by_k["m"].to_numpy(float)), weights=w).fit()
+    by_k["c_line"] = wls.fittedvalues
+    # the per-K SEs are the weights; the coefficients' SEs are scaled up (never down) by the residual
+    # dispersion q/df when the per-K c scatter about the line more than their SEs allow
+    q_line = float(np.sum(w * (c - by_k["c_line"].to_numpy()) ** 2))
+    cov = np.linalg.inv(wls.model.wexog.T @ wls.model.wexog) * max(1.0, q_line / (len(c) - 2))
+    line = {"c0": float(wls.params[0]), "c0_se": float(np.sqrt(cov[0, 0])), "c1": float(wls.params[1]),
+            "c1_se": float(np.sqrt(cov[1, 1])), "q": q_line, "df": len(c) - 2, "p": float(sps.chi2.sf(q_line, len(c) - 2))}
+    ratio = c / by_k["c_line"].to_numpy()
+    return ContextSlope(by_k, flat, line, float(c.max() / c.min()), float(ratio.max() / ratio.min()))
 
 
 def main(argv: list[str] | None = None) -> int:

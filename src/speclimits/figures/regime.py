@@ -1,5 +1,5 @@
 """Charts of the regime page: the designed experiment's per-expert cost by expert width, and the share
-of a verification pass that the expert term explains."""
+of a verification pass that the expert term explains, and the context slope c across K."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.figures._common import HEIGHT, WIDTH
 
-__all__ = ["designed_alpha_chart", "expert_share_chart"]
+__all__ = ["context_slope_chart", "designed_alpha_chart", "expert_share_chart"]
 
 
 def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
@@ -51,3 +51,31 @@ def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
         tooltip=["width", "m", alt.Tooltip("u_natural:Q", format=".1f"), alt.Tooltip("alpha:Q", format=".3f"),
                  alt.Tooltip("t_pass_ms:Q", format=".2f"), alt.Tooltip("expert_share:Q", format=".2f")])
     return (band + lines).properties(width=WIDTH, height=HEIGHT)
+
+
+def context_slope_chart(slopes: dict[str, pd.DataFrame]) -> alt.LayerChart:
+    """The per-K context slope c (× 10⁻³ ms/token, 95% intervals) against m for each target, with each
+    target's weighted line in m (dashed) and the paper's c on an A100 (gray rule: the same at every K).
+
+    ``slopes``: target label → :attr:`speclimits.regime.ContextSlope.by_k` (columns m, c, c_se, c_line)."""
+    frames = []
+    for label, b in slopes.items():
+        f = b.assign(target=label)
+        f["c_ms"], f["lo"], f["hi"] = 1e3 * f["c"], 1e3 * (f["c"] - 1.96 * f["c_se"]), 1e3 * (f["c"] + 1.96 * f["c_se"])
+        f["line"] = 1e3 * f["c_line"]
+        f["m_shown"] = f["m"] + 0.12 * (len(frames) - (len(slopes) - 1) / 2)  # side by side, not on top
+        frames.append(f)
+    d = pd.concat(frames, ignore_index=True)
+    color = alt.Color("target:N", title="target")
+    x_scale = alt.Scale(domain=[1, int(d["m"].max()) + 1])
+    x = alt.X("m:Q", title="tokens verified per pass, m = K + 1", scale=x_scale)
+    band = alt.Chart(pd.DataFrame({"paper": [1e3 * sum(paper.C_RANGE) / 2], "label": ["paper (A100), every K"]})
+                     ).mark_rule(color="gray", strokeWidth=3, opacity=0.6).encode(y="paper:Q", tooltip=["label", "paper"])
+    xs = alt.X("m_shown:Q", title="tokens verified per pass, m = K + 1", scale=x_scale)
+    bars = alt.Chart(d).mark_rule().encode(x=xs, y="lo:Q", y2="hi:Q", color=color)
+    pts = alt.Chart(d).mark_point(filled=True).encode(
+        x=xs, y=alt.Y("c_ms:Q", title="c, 10⁻³ ms per context token"), color=color,
+        tooltip=["target", "K", "m", alt.Tooltip("c_ms:Q", format=".3f", title="c"),
+                 alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"), "context_max"])
+    line = alt.Chart(d).mark_line(strokeDash=[4, 3]).encode(x=x, y="line:Q", color=color)
+    return (band + bars + pts + line).properties(width=WIDTH, height=HEIGHT)

@@ -60,3 +60,21 @@ def experiment_vs_regression(designed: pd.DataFrame, regression: pd.DataFrame) -
                      "Designed inside the regression's interval": "yes" if inside else "no",
                      "Ratio regression / designed": round(float(r.loc[m, "alpha"] / d.loc[m, "alpha"]), 2)})
     return pd.DataFrame(rows)
+
+
+def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFrame:
+    """One row per target: the longest context, the per-K c (range and max/min), the homogeneity test of
+    a constant c across K, and the weighted line c = c0 + c1·m with 95% intervals and its residual test
+    (c in 10⁻³ ms per context token)."""
+    rows = []
+    for label, s in slopes.items():
+        b, ln = s.by_k, s.line
+        rows.append({"Target": label, "Longest context": int(b["context_max"].max()),
+                     "Per-K c, min–max": f"{1e3 * b['c'].min():.2f}–{1e3 * b['c'].max():.2f}",
+                     "Max / min": round(s.spread, 2),
+                     "Constant c: p": f"{s.flat['p']:.1g}",
+                     "c0": fmt_ci(1e3 * ln["c0"], 1e3 * (ln["c0"] - 1.96 * ln["c0_se"]), 1e3 * (ln["c0"] + 1.96 * ln["c0_se"])),
+                     "c1 (per unit of m)": fmt_ci(1e3 * ln["c1"], 1e3 * (ln["c1"] - 1.96 * ln["c1_se"]),
+                                                  1e3 * (ln["c1"] + 1.96 * ln["c1_se"])),
+                     "Line: p": f"{ln['p']:.2g}", "Max / min about the line": round(s.spread_line, 2)})
+    return pd.DataFrame(rows)
