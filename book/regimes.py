@@ -118,9 +118,10 @@ page.table(views.targets_by_m(targets), "tbl-regimes-targets",
 # The paper's model prices context with one coefficient $c$ per context token, and its per-$K$ fits
 # agree to within 0.9% (1.098–1.107 × 10⁻³ ms/token). The only work of a pass that grows with the
 # context is attention. On a GPU a verification pass of a few rows is bound by reading the KV cache,
-# which its $m$ query rows share, so $c$ does not depend on $m$. On this CPU the attention kernel
-# computes every query row against every key, so its cost grows as $m \cdot L$ and the slope on $L$
-# of a pass of $m$ rows is $c(m) = c_0 + c_1 m$.
+# which its $m$ query rows share, so $c$ does not depend on $m$. On this CPU the KV cache of even
+# the longest context fits in cache, and the attention work itself (every query row against every
+# key, $m \cdot L$ products) is what grows: the slope on $L$ of a pass of $m$ rows should then be
+# $c(m) = c_0 + c_1 m$ (an explanation we infer from the rounds below, not one we timed kernel by kernel).
 # {numref}`fig-regimes-context-slope` and {numref}`tbl-regimes-context-slope` test both descriptions on
 # the per-$K$ fits of $T_T = \beta_0 + \alpha\,\bar U + c\,L$ (the robustness section's "c across the
 # per-K fits"). On the twin, whose long-context prompts reach about 1,500 tokens, $c$ is well
