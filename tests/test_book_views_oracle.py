@@ -139,3 +139,15 @@ def test_k_max_sweep_columns_per_kind():
     assert list(shown["Gain, greedy (×)"]) == [1.0, 1.05]
     assert len(full) == 4 and set(full["references"]) == {"greedy", "teacher-forced"}
 
+
+
+def test_for_sequences_keeps_exactly_the_named_references_in_setup_order(setup):
+    ids = [str(s) for s in setup.inputs.seq_ids]
+    wanted = [ids[3], ids[0], "not-a-reference"]
+    sub = setup.for_sequences(wanted)
+    assert [str(s) for s in sub.inputs.seq_ids] == [ids[0], ids[3]]
+    assert [str(s) for s in sub.raw_inputs.seq_ids] == [ids[0], ids[3]]
+    assert list(sub.kinds) == [setup.kinds[0], setup.kinds[3]]
+    assert int(sub.inputs.n_tokens.sum()) == int(setup.inputs.n_tokens[[0, 3]].sum())
+    with pytest.raises(Exception, match="none of the 1 requested"):
+        setup.for_sequences(["not-a-reference"])

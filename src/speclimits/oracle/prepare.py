@@ -23,6 +23,7 @@ so that they all solve the same problem with the same defaults:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,17 @@ class OracleSetup:
         if not seqs.size:
             raise SpeclimitsError(f"{self.trace.path}: no {kind} reference sequences (kinds present: "
                                   f"{self.kind_counts()})")
+        return replace(self, inputs=self.inputs.subset(seqs), raw_inputs=self.raw_inputs.subset(seqs),
+                       kinds=self.kinds[seqs])
+
+    def for_sequences(self, ids: Sequence[str]) -> "OracleSetup":
+        """The same setup restricted to the sequences whose id is in ``ids`` (in this setup's order;
+        ids it does not hold are ignored). Raises when none is left."""
+        wanted = {str(i) for i in ids}
+        seqs = np.flatnonzero([str(s) in wanted for s in self.inputs.seq_ids])
+        if not seqs.size:
+            raise SpeclimitsError(f"{self.trace.path}: none of the {len(wanted)} requested sequences is a reference "
+                                  f"of this setup")
         return replace(self, inputs=self.inputs.subset(seqs), raw_inputs=self.raw_inputs.subset(seqs),
                        kinds=self.kinds[seqs])
 
