@@ -237,3 +237,29 @@ def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path)
     write_shard_log(trace, "part-g000009", {"part": "part-g000009"}, [gen(9, "c", 0, [8])])  # no rounds part
     assert trace_generations(trace) == {"a": ([1, 2, 0], [5, 6]), "b": ([1, 2, 2], [7])}
     assert trace_generations(tmp_path / "missing") == {}
+
+
+def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
+    """``speclimits control bench --batch`` reads lists as ``trace``, ``oracle`` and ``simulate`` do
+    (:func:`speclimits.cliutil.parse_batch_sizes`): one benchmark per batch size, each its own file."""
+    import argparse
+
+    from speclimits.cli import build_parser
+    from speclimits.cliutil import parse_batch_sizes
+    from speclimits.control.bench import BenchConfig
+
+    out = tmp_path / "bench.json"
+    args = build_parser().parse_args(["control", "bench", "--policy", "p.json", "--out", str(out), "--batch", "1-2,8",
+                                      "--ext-static", "2"])
+    cfgs = BenchConfig.per_batch(args, parse_batch_sizes(args.batch))
+    assert [(c.batch, Path(c.out).name) for c in cfgs] == [(1, "bench-batch1.json"), (2, "bench-batch2.json"),
+                                                            (8, "bench-batch8.json")]
+    assert cfgs[0].ext_static == [2] and cfgs[0].static == [1, 2, 3, 4, 5, 6]
+    one = BenchConfig.per_batch(args, [4])
+    assert [(c.batch, c.out) for c in one] == [(4, str(out))]
+    for spec, msg in (("1,x", "--batch expects e.g. '1,2,4,8' or '1-4', got '1,x'"),
+                      ("0-2", "--batch needs at least one batch size >= 1")):
+        with pytest.raises(SpeclimitsError, match=msg):
+            parse_batch_sizes(spec)
+    with pytest.raises(SpeclimitsError, match="--ext-static expects"):
+        BenchConfig.from_args(argparse.Namespace(**{**vars(args), "batch": 1, "ext_static": "a"}))

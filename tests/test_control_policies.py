@@ -484,6 +484,28 @@ def test_policy_names_and_labels():
             fit.make(bad)
 
 
+def test_one_arm_vocabulary():
+    """Every arm's key read once (:func:`speclimits.control.arms.arm`): kind, k and label, the offline policy
+    that predicts it, and the kind read back off a table's label."""
+    from speclimits.book.views.control import arm_name
+    from speclimits.control.arms import arm, is_reference, label_kind, offline_key
+    from speclimits.oracle.report import ORACLE_POLICY, policy_kind
+
+    want = {"plain": ("plain", 0, "plain decoding", None), "stock:3": ("stock", 3, "stock vLLM, K = 3", "static:3"),
+            "static:2": ("static", 2, "static K = 2", "static:2"),
+            "delta-fixed:alone": ("policy", None, "Delta rule, fixed λ, each request alone", "delta-fixed:alone"),
+            "nonsense": ("unknown", None, "nonsense", "nonsense")}
+    for key, (kind, k, label, off) in want.items():
+        a = arm(key)
+        assert (a.kind, a.k, a.label, a.offline, offline_key(key)) == (kind, k, label, off, off)
+        assert arm_name(key) == label == policy_label(key)
+    assert [is_reference(x) for x in ("plain", "stock:1", "static:1", "delta")] == [True, True, False, False]
+    assert [label_kind(arm(x).label) for x in ("static:4", "delta", "threshold")] == ["static", "online", "online"]
+    assert [policy_kind(x) for x in ("static K = 4", "confidence threshold", ORACLE_POLICY)] == [
+        "static", "online", "oracle"]
+    assert hand_fit().make("static:3").name == arm("static:3").label
+
+
 def flat_profile(batch: int, k_max: int = K):
     """A profile whose verification pass grows by 0.4 ms per width m (no Ū or context terms)."""
     from speclimits.control.profile import EngineProfile

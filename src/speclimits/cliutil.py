@@ -14,7 +14,8 @@ from speclimits.vocabulary import SURROGATES
 def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) -> list[int]:
     """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> the sorted unique integers, each >= ``minimum``; a
     bad spec raises one line naming ``flag`` and an ``example`` (the K and batch-size lists of
-    every command: ``speclimits trace --k/--batch``, ``speclimits control bench --static``)."""
+    every command: ``speclimits trace --k/--batch``, ``speclimits oracle/simulate/control bench --batch``,
+    ``speclimits control bench --static/--ext-static``)."""
     out: set[int] = set()
     try:
         for part in str(spec).split(","):
@@ -33,6 +34,11 @@ def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) 
     if not out or min(out) < minimum:
         raise SpeclimitsError(f"{flag} needs at least one {noun} >= {minimum}, got {spec!r}")
     return sorted(out)
+
+
+def parse_batch_sizes(spec: str, flag: str = "--batch") -> list[int]:
+    """``"1,2,4,8"`` or ``"1-4"`` -> the sorted unique batch sizes (>= 1) of a ``--batch`` option."""
+    return parse_int_list(spec, flag, "'1,2,4,8' or '1-4'", "batch size", 1)
 
 
 def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control import engine as ce
+from speclimits.control.arms import PLAIN, arm, is_reference, offline_key, static_key, stock_key
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select
@@ -85,15 +86,27 @@ class BenchConfig:
     def from_args(cls, args: argparse.Namespace) -> "BenchConfig":
         return cls(policy=args.policy, out=args.out, trace=args.trace, target=args.target, draft=args.draft,
                    method=args.method, load_format=args.load_format, prompts=args.prompts, ids=args.ids,
-                   limit=args.limit, batch=args.batch, max_tokens=args.max_tokens, blocks=args.blocks,
-                   static=parse_static(args.static), ext_static=parse_static(args.ext_static) if args.ext_static
+                   limit=args.limit, batch=int(args.batch), max_tokens=args.max_tokens, blocks=args.blocks,
+                   static=parse_static(args.static), ext_static=parse_static(args.ext_static, "--ext-static")
+                   if args.ext_static
                    else [], policies=[p for p in args.policies.split(",") if p],
                    profile_rounds=args.profile_rounds, seed=args.seed)
 
+    @classmethod
+    def per_batch(cls, args: argparse.Namespace, sizes: list[int]) -> list["BenchConfig"]:
+        """One configuration per batch size of ``--batch``; with several, each writes ``OUT`` with ``-batchB``
+        before its suffix."""
+        out = []
+        for b in sizes:
+            dest = Path(args.out)
+            dest = dest if len(sizes) == 1 else dest.with_name(f"{dest.stem}-batch{b}{dest.suffix}")
+            out.append(cls.from_args(argparse.Namespace(**{**vars(args), "batch": b, "out": str(dest)})))
+        return out
 
-def parse_static(spec: str) -> list[int]:
-    """``"1-6"`` or ``"1,2,4"`` -> sorted K values (>= 1)."""
-    return parse_int_list(spec, "--static", "'1-6' or '1,2,4'", "K", 1)
+
+def parse_static(spec: str, flag: str = "--static") -> list[int]:
+    """``"1-6"`` or ``"1,2,4"`` -> sorted K values (>= 1) of ``--static`` or ``--ext-static``."""
+    return parse_int_list(spec, flag, "'1-6' or '1,2,4'", "K", 1)
 
 
 def vllm_counters(llm: Any) -> dict[str, int]:
@@ -139,8 +152,8 @@ class Engines:
     profile: dict[str, Any] | None = None
 
     def arms(self, cfg: BenchConfig, k_max: int) -> list[str]:
-        return (["plain"] + [f"stock:{k}" for k in cfg.static if k in self.stock]
-                + [f"static:{k}" for k in cfg.ext_static if k <= k_max] + list(cfg.policies))
+        return ([PLAIN] + [stock_key(k) for k in cfg.static if k in self.stock]
+                + [static_key(k) for k in cfg.ext_static if k <= k_max] + list(cfg.policies))
 
     def close(self) -> None:
         for llm in [*self.stock.values(), self.ctrl]:
@@ -168,8 +181,8 @@ def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], p
             if time.perf_counter() - t0 > 300:
                 raise SpeclimitsError("speclimits control bench: profiling did not finish in 300 s")
         engines.profile = engines.ctrl.collective_rpc("speclimits_control_drain")[0]["profile"]
-        for arm in engines.arms(cfg, fit.k_max)[1 + len(cfg.static):]:  # first use of every arm, untimed
-            engines.ctrl.collective_rpc("speclimits_control_set", args=(engines.policy, arm))
+        for key in engines.arms(cfg, fit.k_max)[1 + len(cfg.static):]:  # first use of every arm, untimed
+            engines.ctrl.collective_rpc("speclimits_control_set", args=(engines.policy, key))
             ce.generate(engines.ctrl, warm_ids, 32)
         return engines
     except BaseException:
@@ -177,12 +190,12 @@ def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], p
         raise
 
 
-def run_arm(engines: Engines, arm: str, ids: list[list[int]], max_tokens: int) -> tuple[dict[str, Any], list]:
+def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int) -> tuple[dict[str, Any], list]:
     """One arm on one block: timings, counters, controller records; and the outputs."""
-    controlled = not (arm == "plain" or arm.startswith("stock:"))
-    llm = engines.ctrl if controlled else engines.stock[0 if arm == "plain" else int(arm.split(":")[1])]
+    controlled = not is_reference(key)
+    llm = engines.ctrl if controlled else engines.stock[arm(key).k]
     if controlled:
-        llm.collective_rpc("speclimits_control_set", args=(engines.policy, arm))
+        llm.collective_rpc("speclimits_control_set", args=(engines.policy, key))
     # vLLM's Prometheus counters are per process, and with several engines in one process only the
     # last engine built (the controlled one) reports: read them for its arms alone
     before = vllm_counters(llm) if controlled else {}
@@ -191,7 +204,7 @@ def run_arm(engines: Engines, arm: str, ids: list[list[int]], max_tokens: int) -
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     after = vllm_counters(llm) if controlled else dict.fromkeys(VLLM_COUNTERS.values())
     n_out = sum(len(o) for o in outs)
-    row: dict[str, Any] = {"arm": arm, "duration_s": wall, "cpu_s": cpu, "total_output_tokens": n_out,
+    row: dict[str, Any] = {"arm": key, "duration_s": wall, "cpu_s": cpu, "total_output_tokens": n_out,
                            "ms_per_token": wall * 1e3 / n_out, "cpu_ms_per_token": cpu * 1e3 / n_out,
                            "output_throughput": n_out / wall, "load1": os.getloadavg()[0]}
     row.update({k: (after[k] - before[k]) if controlled else None for k in after})
@@ -232,11 +245,11 @@ def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: 
         prompts = [ids[i] for i in which]
         shift = block % len(arms)
         outs_of: dict[str, list] = {}
-        for arm in arms[shift:] + arms[:shift]:
-            row, outs = run_arm(engines, arm, prompts, cfg.max_tokens)
+        for key in arms[shift:] + arms[:shift]:
+            row, outs = run_arm(engines, key, prompts, cfg.max_tokens)
             rows.append({**row, "block": block, "prompts": which})
-            outs_of[arm] = outs
-        for i, o in zip(which, outs_of["plain"]):
+            outs_of[key] = outs
+        for i, o in zip(which, outs_of[PLAIN]):
             plain_out.setdefault(i, o)
         for r in rows[-len(arms):]:
             r["lossless"] = outs_of[r["arm"]] == [plain_out[i] for i in which]
@@ -278,7 +291,7 @@ def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed:
 
 def best_stock(table: pd.DataFrame) -> str | None:
     """The stock K arm with the lowest median ms/token over the rows of ``table`` (blocks × arms)."""
-    stock = [a for a in table.columns if str(a).startswith("stock:")]
+    stock = [a for a in table.columns if arm(a).kind == "stock"]
     return min(stock, key=lambda a: table[a].median()) if stock else None
 
 
@@ -307,9 +320,9 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     out = out.join(sums)
     with np.errstate(invalid="ignore", divide="ignore"):
         out["spec_decode_acceptance_length"] = 1 + out["spec_decode_accepted_tokens"] / out["spec_decode_num_drafts"]
-    refs = [a for a in pb.columns if a == "plain" or str(a).startswith("stock:")]
+    refs = [a for a in pb.columns if is_reference(a)]
     for ref in refs:
-        name = "vs_plain" if ref == "plain" else f"vs_stock_{ref.split(':')[1]}"
+        name = "vs_plain" if ref == PLAIN else f"vs_stock_{arm(ref).k}"
         vals = [paired_ratio(pb[ref].to_numpy(), pb[a].to_numpy(), n_boot, seed) for a in out.index]
         out[name], out[f"{name}_lo"], out[f"{name}_hi"] = zip(*vals)
     even, odd = pb.iloc[0::2], pb.iloc[1::2]
@@ -378,8 +391,7 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
     prof = EngineProfile.from_dict(profile)
     model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
     priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
-    names = [("static:" + a.split(":")[1]) if a.startswith("stock:") else a for a in arms if a != "plain"]
-    names = list(dict.fromkeys(names))
+    names = list(dict.fromkeys(offline_key(a) for a in arms if a != PLAIN))
     try:
         setup = greedy_setup(trace, fit.cost_model)
         table, bounds = offline_table(priced, setup, seq_ids, names, n_states=max_tokens - 1, seed=seed)
@@ -416,7 +428,7 @@ def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.Dat
         return summary
     col = "batch_ms_per_token" if "batch_ms_per_token" in table else "replay_ms_per_token"
     pred = table.set_index("policy")[col]
-    key = summary["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
+    key = summary["arm"].map(offline_key)
     summary = summary.copy()
     summary["predicted_ms_per_token"] = key.map(pred)
     measured = summary["ms_per_token_pooled"] if "ms_per_token_pooled" in summary else summary["ms_per_token"]

@@ -42,7 +42,9 @@ def add_bench_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prompts", default=None, help="prompt JSONL (default: the trace's prompts.jsonl)")
     b.add_argument("--ids", default="test", help="'test' (the fit's held-out references) or comma-separated ids")
     b.add_argument("--limit", type=int, default=None, help="first N prompts only")
-    b.add_argument("--batch", type=int, default=1, help="max_num_seqs (requests in flight)")
+    b.add_argument("--batch", default="1", metavar="B,B,...",
+                   help="max_num_seqs (requests in flight), e.g. 4; a list (1,4,8 or 1-4) runs one benchmark per "
+                        "batch size, each written to OUT with -batchB before its suffix")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--blocks", type=int, default=16,
                    help="blocks (one prompt, or one batch of prompts, each; every arm runs every block), default 16")
@@ -73,9 +75,12 @@ def run_bench(args: argparse.Namespace) -> int:
     # the benchmark pulls in the engine helpers and, when it runs, vLLM: only when the command runs
     from speclimits.control.bench import BenchConfig, run_benchmark
 
-    result = run_benchmark(BenchConfig.from_args(args))
-    print(result["summary_text"])
-    print(f"wrote {args.out}")
+    from speclimits.cliutil import parse_batch_sizes
+
+    for cfg in BenchConfig.per_batch(args, parse_batch_sizes(args.batch)):
+        result = run_benchmark(cfg)
+        print(result["summary_text"])
+        print(f"wrote {cfg.out}")
     return 0
 
 

@@ -57,7 +57,8 @@ import numpy as np
 
 from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
-from speclimits.control.rules import OFFLINE_ONLY, Policy, PolicyFit
+from speclimits.control.arms import OFFLINE_ONLY
+from speclimits.control.rules import Policy, PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import TracingWorkerExtension
 from speclimits.tracing.vllm_api import runner_kind

@@ -30,7 +30,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.control.rules import OFFLINE_POLICY_NAMES, PolicyFit, policy_label
+from speclimits.control.arms import OFFLINE_POLICY_NAMES, arm, policy_label, static_key
+from speclimits.control.rules import PolicyFit
 from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, solve
@@ -351,7 +352,7 @@ def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Se
     elif k_max is not None and int(k_max) != fit.k_max:
         raise SpeclimitsError(f"k_max = {k_max} disagrees with the given fit's K_max = {fit.k_max}")
     kk = fit.k_max
-    names = [f"static:{k}" for k in range(1, kk + 1)] + list(OFFLINE_POLICY_NAMES) if names is None else list(names)
+    names = [static_key(k) for k in range(1, kk + 1)] + list(OFFLINE_POLICY_NAMES) if names is None else list(names)
     _, test = select(setup, list(fit.test_seq_ids))
     _, train = select(setup, list(fit.train_seq_ids))
     det = setup.deterministic
@@ -371,7 +372,7 @@ def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Se
         detail = fit.make(key).describe()
         if key == f"static:{k_train}":
             detail = "best static K on the training sequences"
-        rows.append(dict(policy=label, name=key, kind="static" if key.startswith("static:") else "online",
+        rows.append(dict(policy=label, name=key, kind="static" if arm(key).kind == "static" else "online",
                          detail=detail, evaluation=how, time_ms=float(ev["time_ms"].sum()), time_se=se,
                          tokens_per_round=float(test.n_tokens.sum() / ev["rounds"].sum())))
     per_seq[ORACLE_POLICY] = oracle_test.per_sequence["value_ms"].to_numpy()

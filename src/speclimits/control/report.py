@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control.offline import gain_share
-from speclimits.control.rules import is_policy_name, policy_label
+from speclimits.control.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
 from speclimits.paths import DATA_DIR
 
@@ -42,8 +42,9 @@ def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tup
     return runs, note
 
 
-def is_policy(arm: str) -> bool:
-    return is_policy_name(arm)
+def is_policy(key: str) -> bool:
+    """An arm run by a rule (not plain decoding, stock vLLM or a static K)."""
+    return arm(key).kind == "policy"
 
 
 def engine_table(result: dict[str, Any]) -> pd.DataFrame:
@@ -63,7 +64,7 @@ def engine_table(result: dict[str, Any]) -> pd.DataFrame:
     off = pd.DataFrame(result.get("offline") or [])
     if len(off):
         off = off.set_index("policy")
-        key = s["arm"].map(lambda a: ("static:" + a.split(":")[1]) if str(a).startswith("stock:") else a)
+        key = s["arm"].map(offline_key)
         for col in ("share_exact", "share_exact_lo", "share_exact_hi", "share_surrogate", "replay_tokens_per_round"):
             s[f"offline_{col}"] = key.map(off[col]) if col in off else np.nan
     return s
@@ -89,11 +90,12 @@ def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
     time, paired; < 1: the extension is slower) and its 95% interval."""
     s = table.set_index("arm")
     rows = []
-    for arm in s.index:
-        if str(arm).startswith("static:") and f"vs_stock_{arm.split(':')[1]}" in s:
-            k = arm.split(":")[1]
-            rows.append({"k": int(k), "ratio": s.loc[arm, f"vs_stock_{k}"], "lo": s.loc[arm, f"vs_stock_{k}_lo"],
-                         "hi": s.loc[arm, f"vs_stock_{k}_hi"]})
+    for key in s.index:
+        a = arm(key)
+        if a.kind == "static" and f"vs_stock_{a.k}" in s:
+            k = a.k
+            rows.append({"k": k, "ratio": s.loc[key, f"vs_stock_{k}"], "lo": s.loc[key, f"vs_stock_{k}_lo"],
+                         "hi": s.loc[key, f"vs_stock_{k}_hi"]})
     return pd.DataFrame(rows, columns=["k", "ratio", "lo", "hi"])
 
 

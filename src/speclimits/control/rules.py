@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from speclimits.control.arms import (ALONE, DELTA_VARIANTS, OFFLINE_ONLY, OFFLINE_POLICY_NAMES,  # noqa: F401
+                                    POLICY_LABELS, POLICY_NAMES, is_policy_name, parse_policy_name, policy_label,
+                                    static_label)
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 
@@ -43,54 +46,6 @@ if TYPE_CHECKING:  # the offline harness's types; never imported by the worker
     from speclimits.oracle.inputs import CostTable, OracleInputs
 
 FORMAT = "speclimits-policy/1"
-#: The policies by name (what :meth:`PolicyFit.make` understands besides ``static:K`` and ``random:SEED``)
-#: and the short label every table and figure gives them.
-POLICY_LABELS = {"threshold": "confidence threshold", "delta": "Delta rule, running λ",
-                 "delta-fixed": "Delta rule, fixed λ", "ema": "SGLang-style EMA", "cascade": "Cascade-style",
-                 "throughput": "SGLang-style throughput-aware"}
-POLICY_NAMES = tuple(POLICY_LABELS)
-#: The variants of the Delta rules (``delta:MOD``, ``delta-fixed:MOD``, modifiers combined in any order, e.g.
-#: ``delta:previous-u:raw-confidence``) and what each adds to the label. ``alone``: each request priced alone at
-#: batch > 1 (the default decides once for the batch); the others are section 6's offline variants.
-DELTA_VARIANTS = {"alone": "each request alone", "greedy-stop": "greedy stop",
-                  "previous-u": "Ū of previous round", "raw-confidence": "raw confidence"}
-#: Variants the engine cannot run: it does not count the experts a round touched, so it has no previous Ū.
-OFFLINE_ONLY = frozenset({"previous-u"})
-#: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).
-ALONE = ":alone"
-#: Section 6's offline comparison: every policy and Delta variant it shows, after the static arms.
-OFFLINE_POLICY_NAMES = ("threshold", "delta-fixed", "delta-fixed:greedy-stop", "delta", "delta:previous-u",
-                        "delta:raw-confidence", "ema", "cascade", "throughput")
-
-
-def parse_policy_name(name: str) -> tuple[str, tuple[str, ...]] | None:
-    """``(base, modifiers)`` of a policy's key (``delta-fixed:greedy-stop`` -> ``("delta-fixed",
-    ("greedy-stop",))``), None when it is not one (static arms, unknown names)."""
-    base, *mods = str(name).split(":")
-    if base not in POLICY_LABELS:
-        return None
-    if mods and (base not in ("delta", "delta-fixed") or len(set(mods)) != len(mods)
-                 or any(m not in DELTA_VARIANTS for m in mods)):
-        return None
-    return base, tuple(mods)
-
-
-def is_policy_name(name: str) -> bool:
-    """A policy's key (one of :data:`POLICY_NAMES`, or a Delta rule with :data:`DELTA_VARIANTS`), not a static arm."""
-    return parse_policy_name(name) is not None
-
-
-def policy_label(name: str) -> str:
-    """The short label of a policy's key (``static:K`` -> ``static K = K``; the key itself when unknown).
-    Every table and figure, offline (sections 6 and 8) and measured, labels a policy with it."""
-    name = str(name)
-    if name.startswith("static:"):
-        return f"static K = {name.split(':', 1)[1]}"
-    parsed = parse_policy_name(name)
-    if parsed is None:
-        return name
-    base, mods = parsed
-    return ", ".join([POLICY_LABELS[base], *(DELTA_VARIANTS[m] for m in mods)])
 
 # ---------------------------------------------------------------------------
 # Policies: one implementation, two harnesses
@@ -264,7 +219,7 @@ class StaticK(Policy):
 
     def __init__(self, k: int):
         self.k = int(k)
-        self.name = f"static K = {self.k}"
+        self.name = static_label(self.k)
 
     def plan(self, mem):
         return np.full(len(next(iter(mem.values()))), min(self.k, self.k_max))

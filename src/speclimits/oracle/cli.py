@@ -8,7 +8,7 @@ from pathlib import Path
 
 from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.errors import SpeclimitsError
-from speclimits.cliutil import add_oracle_arguments
+from speclimits.cliutil import add_oracle_arguments, parse_batch_sizes
 from speclimits.jsonutil import dumps
 
 
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="bootstrap seed; with --batch the Monte Carlo seed (the best table is searched on this "
                         "seed's draws and reported on seed + 1's) (default 0)")
-    p.add_argument("--batch", type=_batch_sizes, default=None, metavar="B1,B2,...",
+    p.add_argument("--batch", default=None, metavar="B1,B2,...",
                    help="batch sizes (e.g. 1,2,4,8,16): the bound at batch > 1 instead of the batch-1 report; "
                         "k = 0 (plain decoding) is then allowed whenever the cost model has m = 1, and --n-boot "
                         "is not used")
@@ -99,16 +99,6 @@ def _default_k_max(args: argparse.Namespace) -> int | None:
     print(f"speclimits oracle: note: {origin} prices drafts of up to {top - 1} tokens (m = 2..{top}), so "
           f"K_max = {top - 1} of the trace's {k_list} draft positions; pass --k-max to choose", file=sys.stderr)
     return top - 1
-
-
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"batch sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be integers >= 1, got {text!r}")
-    return sizes
 
 
 def _batch_cost_model(args: argparse.Namespace):
@@ -171,6 +161,8 @@ def _cli(args: argparse.Namespace) -> int:
 
     if args.k_max is not None and args.k_max < 1:
         raise SpeclimitsError(f"--k-max must be >= 1, got {args.k_max}")
+    if args.batch is not None:
+        args.batch = parse_batch_sizes(args.batch)
     require_oracle_data(args.trace)
     if args.batch is not None:
         return _batch_cli(args)

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from speclimits.bootstrap import HEADLINE_N_BOOT
+from speclimits.control.arms import label_kind
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.prepare import OracleSetup, prepare_oracle
@@ -24,8 +25,6 @@ from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
 
 #: The label :func:`speclimits.control.offline.compare_policies` gives the bound's row of its table.
 ORACLE_POLICY = "Oracle (bound)"
-#: How that table labels its static-K rows (``StaticK.name``: ``static K = <k>``).
-STATIC_POLICY_PREFIX = "static K = "
 
 
 def policy_kind(label: str) -> str:
@@ -37,7 +36,7 @@ def policy_kind(label: str) -> str:
     label = str(label)
     if label == ORACLE_POLICY:
         return "oracle"
-    return "static" if label.startswith(STATIC_POLICY_PREFIX) else "online"
+    return label_kind(label)
 
 
 def best_online(table: pd.DataFrame) -> tuple[str, float]:

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from speclimits.cliutil import parse_assignments
+from speclimits.cliutil import parse_assignments, parse_batch_sizes
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import read_json
 from speclimits.simulate.twin import PRESETS, BatchSim, preset, simulate, simulate_batch
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
                    help="override a SimConfig field, e.g. --set n_prompts=20 or --set 'k_values=[1,2,3]' "
                         "or --set cost_model=@file.json (repeatable)")
-    p.add_argument("--batch", type=_batch_sizes, default=None, metavar="B,B,...",
+    p.add_argument("--batch", default=None, metavar="B,B,...",
                    help="batch sizes to sweep, e.g. 1,2,4,8,16: writes a SIMULATED batch trace (prompts in closed "
                         "batches of b, every K at every b; rounds with b and batch_id, a steps table, the planted "
                         "batch cost model in meta.json; see speclimits.simulate.twin.simulate_batch). "
@@ -44,21 +44,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cli)
 
 
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return sizes
-
-
 def _cli(args: argparse.Namespace) -> int:
     overrides = parse_assignments(args.set, "--set")
     for k, v in list(overrides.items()):
         if isinstance(v, str) and v.startswith("@"):
             overrides[k] = read_json(v[1:], f"--set {k}: JSON file", SpeclimitsError)
+    if args.batch is not None:
+        args.batch = tuple(parse_batch_sizes(args.batch))
     cfg = preset(args.preset, **overrides)
     t0 = time.perf_counter()
     if args.batch is not None and set(args.batch) != {1}:

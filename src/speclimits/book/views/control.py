@@ -23,20 +23,14 @@ import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
 from speclimits.control.report import is_policy, share_long
-from speclimits.control.rules import POLICY_LABELS, policy_label
+from speclimits.control import arms
+from speclimits.control.arms import POLICY_LABELS
 
 
-def arm_name(arm: str) -> str:
+def arm_name(key: str) -> str:
     """``stock:2`` -> ``stock vLLM, K = 2``, ``static:2`` -> ``static K = 2`` (in the extension; offline the
-    only static K), a policy's key -> its label, ``plain`` -> ``plain decoding``."""
-    arm = str(arm)
-    if arm.startswith("stock:"):
-        return f"stock vLLM, K = {arm.split(':', 1)[1]}"
-    if arm.startswith("static:"):
-        return f"static K = {arm.split(':', 1)[1]}"
-    if arm == "plain":
-        return "plain decoding"
-    return policy_label(arm)
+    only static K), a policy's key -> its label, ``plain`` -> ``plain decoding`` (:attr:`Arm.label`)."""
+    return arms.arm(key).label
 
 
 def offline(table: pd.DataFrame) -> pd.DataFrame:
