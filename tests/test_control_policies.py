@@ -534,7 +534,7 @@ def test_batch_replay_of_one_request_is_the_offline_replay(random_inputs, name):
 def test_batch_replay_of_static_k_counts_the_shared_steps(random_inputs):
     """One group of three requests at static K: each request's rounds are its own greedy walk, and a
     step costs the pass of all live requests' rows (K + 1 each), the drafter's K steps and the rest."""
-    from speclimits.control.offline import batch_replay, verify_line
+    from speclimits.control.offline import batch_replay
 
     prof = flat_profile(3)
     for k in (1, 3, 5):
@@ -545,14 +545,14 @@ def test_batch_replay_of_static_k_counts_the_shared_steps(random_inputs):
                 pos += min(min(k, int(random_inputs.accept_len[random_inputs.offsets[s] + pos])) + 1, n - pos)
                 r += 1
             rounds.append(r)
-        total = sum(verify_line(prof, sum(r > i for r in rounds) * (k + 1)) + 0.5 + 0.9 * k + 0.7
+        total = sum(prof.pass_at(sum(r > i for r in rounds) * (k + 1)) + 0.5 + 0.9 * k + 0.7
                     for i in range(max(rounds)))
         got = batch_replay(hand_fit(), random_inputs, [[0, 1, 2]], [f"static:{k}"], prof)[f"static:{k}"]
         assert got["ms_per_token"] == pytest.approx(total / random_inputs.n_tokens.sum())
         assert got["mean_k"] == k and got["wasted_draft_steps"] == 0
     # a pass between two profiled widths costs the wider one; below the narrowest, the line through two
-    assert verify_line(prof, 7) == verify_line(prof, 9) == pytest.approx(6.0 + 0.4 * 3)
-    assert verify_line(prof, 3) == pytest.approx(6.8 - 0.4 / 3 * 3)
+    assert prof.pass_at(7) == prof.pass_at(9) == pytest.approx(6.0 + 0.4 * 3)
+    assert prof.pass_at(3) == pytest.approx(6.8 - 0.4 / 3 * 3)
     # the shared Delta rule drafts once for the group: its requests waste fewer draft steps than alone
     shared = batch_replay(hand_fit(), random_inputs, [[0, 1, 2]], ["delta-fixed", "delta-fixed:alone"], prof)
     assert shared["delta-fixed"]["wasted_draft_steps"] < shared["delta-fixed:alone"]["wasted_draft_steps"]

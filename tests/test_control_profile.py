@@ -39,7 +39,14 @@ def test_profile_recovers_planted_costs():
         assert prof.verify_ms[m] == pytest.approx(8 + 0.4 * m + (0.9 if m >= 5 else 0), abs=0.15)
     assert prof.draft_ms1 == pytest.approx(0.7, abs=0.05) and prof.draft_ms0 == pytest.approx(1.5, abs=0.15)
     assert prof.other_ms == pytest.approx(2.07, abs=0.1)
-    assert prof.round_ms(3) == pytest.approx(8 + 1.6 + 1.5 + 2.1 + 2.07, abs=0.3)
+    assert whole_step(prof, 3) == pytest.approx(8 + 1.6 + 1.5 + 2.1 + 2.07, abs=0.3)
+    assert prof.step_ms(4, 3) == pytest.approx(whole_step(prof, 3), abs=0.3)  # the pass as measured
+
+
+def whole_step(prof, k: int) -> float:
+    """Wall ms of a profiled step in which every request drafted ``k``: the (non-decreasing) pass at m = k + 1,
+    the drafter's line and the time outside both."""
+    return prof.verify_ms[k + 1] + prof.draft_ms0 + prof.draft_ms1 * k + prof.other_ms
 
 
 def test_profile_cost_model_prices_the_measured_round():
@@ -50,11 +57,11 @@ def test_profile_cost_model_prices_the_measured_round():
     prof = fit_profile(planted_steps(), k_max=6, batch=1, context_len=150.0)
     model = prof.cost_model(base, u, 6)
     for k in range(1, 7):
-        assert float(model.round_ms(k, u[k + 1], 150.0)) == pytest.approx(prof.round_ms(k), rel=1e-9)
+        assert float(model.round_ms(k, u[k + 1], 150.0)) == pytest.approx(whole_step(prof, k), rel=1e-9)
     prof4 = fit_profile(planted_steps(batch=4), k_max=6, batch=4, context_len=150.0)
     m4 = prof4.cost_model(base, u, 6)
     assert m4.alpha[3] == 0.0
-    assert float(m4.round_ms(2, 0.0, 150.0)) == pytest.approx(prof4.round_ms(2) / 4, rel=1e-9)
+    assert float(m4.round_ms(2, 0.0, 150.0)) == pytest.approx(whole_step(prof4, 2) / 4, rel=1e-9)
 
 
 def test_profile_keeps_the_measured_passes_and_the_batch_rule_prices_with_them():
@@ -241,3 +248,31 @@ def test_memory_rules_read_each_round_outcome_one_round_late_from_the_outputs():
     # b: its round of step 1 emitted the tokens of steps 1 and 2 (no drafts in step 2), then step 3's round
     assert ext._sl_driver.state["b"] == pytest.approx([5.0 + 4.0, 3 + 1 + 5])
     assert ext._sl_pend["a"][0] == 4 and ext._sl_pend["b"][0] == 1
+
+
+def test_the_cost_model_owns_the_round_and_step_prices():
+    """One formula per price: :meth:`CostModel.round_prices` is :meth:`CostModel.round_ms` (the Oracle's cost
+    table, the policies' rows and the controller's refresh all read it), :meth:`CostModel.mean_round_prices`
+    the same at a Ū per m, and :meth:`BatchCostModel.step_prices` is :meth:`BatchCostModel.step_ms`."""
+    from speclimits.costmodel import BatchCostModel
+
+    base = CostModel(c=0.002, beta0={m: 5.0 + 0.3 * m for m in range(1, 8)},
+                     alpha={m: 0.1 + 0.01 * m for m in range(1, 8)}, a=0.5, b=0.2)
+    rng = np.random.default_rng(0)
+    u, ctx = rng.uniform(2, 30, size=(9, 7)), rng.uniform(10, 900, size=9)
+    ks = np.arange(7)
+    want = base.round_ms(ks[None, :], u, ctx[:, None])
+    np.testing.assert_allclose(base.round_prices(6, u, ctx), want, rtol=1e-12)
+    by_m = np.concatenate([[u[0, 0]], u[0]])
+    np.testing.assert_allclose(base.mean_round_prices(6, by_m), base.round_ms(ks, u[0], 0.0), rtol=1e-12)
+    batch = BatchCostModel.from_batch1(base, n_experts=32, top_k=4, gamma=0.7, a_req=0.05, b_req=0.1)
+    terms = batch.step_terms(6)
+    n = rng.integers(1, 9, size=9)
+    k = rng.integers(0, 7, size=9)
+    np.testing.assert_allclose(batch.step_prices(n, k, u[:, 0], ctx, terms), batch.step_ms(n, k, u[:, 0], ctx),
+                               rtol=1e-12)
+    prof = EngineProfile(batch=2, verify_ms={m: 6.0 + 0.4 * m for m in range(2, 8)}, draft_ms0=0.5, draft_ms1=0.9,
+                         other_ms=0.7, n_steps=10, context_len=0.0)
+    assert prof.step_ms(8, 3) == prof.pass_at(8) + (0.5 + 0.9 * 3) + 0.7
+    assert prof.step_ms(8, 3) == pytest.approx(6.0 + 1.6 + 0.5 + 2.7 + 0.7)
+    assert prof.step_ms(8, 0) == prof.pass_at(8) + 0.7

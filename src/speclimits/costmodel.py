@@ -182,6 +182,29 @@ class CostModel:
         ks = np.arange(k_max + 1)
         return self.draft_ms(ks) + beta0[ks + 1], alpha[ks + 1]
 
+    def round_prices(self, k_max: int, u_bar: Any, context_len: Any = None,
+                     terms: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The price of a round of k = 0..k_max: :meth:`round_ms` in its line form, ``fixed[k] + slope[k] ·
+        u_bar[..., k]`` (+ ``c · context_len[...]`` when given), with ``u_bar`` (..., k_max + 1) the Ū each
+        action's window of m = k + 1 rows touches: a state's counterfactual window (the Oracle's cost table)
+        or a predicted Ū per m (:meth:`mean_round_prices`). The one formula the Oracle, the policies, their
+        fit, the profiled prices and the offline replay price a round with. ``terms``: :meth:`action_terms`
+        computed once by a caller that prices many times."""
+        fixed, slope = self.action_terms(k_max) if terms is None else terms
+        out = np.array(u_bar, dtype=float)
+        out *= slope
+        out += fixed
+        if context_len is not None:
+            out += (self.c * np.asarray(context_len, dtype=float))[..., None]
+        return out
+
+    def mean_round_prices(self, k_max: int, u_bar_by_m: Any) -> np.ndarray:
+        """(k_max + 1,) the price of a round of k = 0..k_max without the context term, at a Ū per m
+        (``u_bar_by_m[m]``, m = 1..k_max + 1; e.g. the policy fit's mean Ū per m): what the controller
+        prices a request's round at (NaN where the model has no m = k + 1)."""
+        u = np.asarray(u_bar_by_m, dtype=float)
+        return self.round_prices(k_max, u[np.arange(1, k_max + 2)])
+
 
 # ---------------------------------------------------------------------------
 # Batch > 1: requests that share one verification pass
@@ -313,6 +336,24 @@ class BatchCostModel:
         k_arr = np.asarray(k, dtype=float)
         extra = (np.asarray(n, dtype=float) - 1.0) * (self.a_req * k_arr + self.b_req)
         return np.where(k_arr > 0, self.base.a * k_arr + self.base.b + extra, 0.0)
+
+    def step_terms(self, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """:meth:`step_ms` as a line for vectorised solvers (the batch counterpart of
+        :meth:`CostModel.action_terms`): ``(fixed, per_req, alpha, c)`` indexed by k = 0..k_max with
+        ``step_ms(n, k, Ū, L) = fixed[k] + (n - 1) per_req[k] + alpha[k] Ū + c L``, ``fixed = draft(1, k) +
+        beta0(k + 1)``, ``per_req = gamma(k + 1) + [k > 0](a_req k + b_req)``; NaN where there is no m = k + 1."""
+        ks = np.arange(k_max + 1)
+        fixed, alpha = self.base.action_terms(k_max)
+        gamma = np.array([self.gamma.get(int(k) + 1, np.nan) for k in ks])
+        per_req = gamma + np.where(ks > 0, self.a_req * ks + self.b_req, 0.0)
+        return fixed, per_req, alpha, float(self.base.c)
+
+    def step_prices(self, n: Any, k: Any, u_step: Any, context_total: Any,
+                    terms: tuple[np.ndarray, np.ndarray, np.ndarray, float]) -> np.ndarray:
+        """:meth:`step_ms` from :meth:`step_terms` (``terms``, computed once for ``k_max``): the price of a step
+        of ``n`` requests drafting ``k`` each, for arrays of integer ``k`` (the Oracle's batch solvers)."""
+        fixed, per_req, alpha, c = terms
+        return fixed[k] + (n - 1.0) * per_req[k] + alpha[k] * u_step + c * context_total
 
     def step_ms(self, n: Any, k: Any, u_step: Any, context_total: Any) -> np.ndarray:
         """Cost of one shared round: ``draft_ms(n, k) + target_ms(n, k + 1, Ū, L_total)``."""

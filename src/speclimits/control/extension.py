@@ -515,10 +515,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         pol.price_scale = self._sl_clock.scale
         self._sl_policy = pol
         self._sl_driver = RoundDriver(pol)
-        fixed, slope = pol.model.action_terms(self._sl_k)
-        u = np.asarray(fit.u_bar_mean, dtype=float)
         #: price of a request's round by its k (0..k_max), a list: the refresh reads it per request per round
-        self._sl_price = np.nan_to_num(fixed + slope * u[np.arange(1, self._sl_k + 2)]).tolist()
+        self._sl_price = np.nan_to_num(pol.model.mean_round_prices(self._sl_k, fit.u_bar_mean)).tolist()
 
     def speclimits_control_profile(self) -> dict[str, Any]:
         """Fit the costs from the steps timed so far (at this engine's batch size) and price the

@@ -95,9 +95,7 @@ def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int 
     tau, tau_curve = tune_threshold(train, table, deterministic=True)
     lam, lam_curve = tune_lambda(train, table, {"u_bar_mean": u_mean, "calibration": calib}, lambda_oracle)
     tpr = static_tokens_per_round(train, table, k_max)
-    ks = np.arange(1, k_max + 1)
-    fixed, slope = model.action_terms(k_max)
-    best_static_per_token = float(np.nanmin((fixed[ks] + slope[ks] * u_mean[ks + 1]) / tpr))
+    best_static_per_token = float(np.nanmin(model.mean_round_prices(k_max, u_mean)[1:] / tpr))
     meta = setup.trace.meta
     data = {"trace": str(setup.trace.path), "simulated": bool(setup.trace.simulated),
             "trace_created": meta.get("created"), "method": meta.get("method"), "models": meta.get("models"),

@@ -213,30 +213,15 @@ def u_prediction_error(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], n
 # ---------------------------------------------------------------------------
 
 
-def verify_line(profile: Any, rows: float) -> float:
-    """Verification pass of ``rows`` rows in all, from the profile's passes at ``batch · m`` rows (as
-    measured, :attr:`~speclimits.control.profile.EngineProfile.pass_ms`): the next profiled width's (as the Delta rules price it, :meth:`~speclimits.control.rules.DeltaRule.batch_table`);
-    below the narrowest, the line through the two narrowest (a batch's tail verifies fewer rows)."""
-    passes = profile.pass_ms  # as measured (a wider pass may cost less)
-    ms = sorted(passes)
-    xs = np.array(ms, dtype=float) * profile.batch
-    ys = np.array([passes[m] for m in ms], dtype=float)
-    if len(xs) >= 2 and rows < xs[0]:
-        return float(max(ys[0] + (ys[1] - ys[0]) / (xs[1] - xs[0]) * (rows - xs[0]), 0.0))
-    i = int(np.searchsorted(xs, rows - 1e-9))
-    if i >= len(xs):
-        return float(ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (rows - xs[-1])) if len(xs) >= 2 else float(ys[-1])
-    return float(ys[i])
-
-
 def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any
                  ) -> dict[str, dict[str, float]]:
     """Replay the greedy references at batch > 1 as the engine runs them: per group of references
     (indices into ``raw``; one engine batch each), every round goes through the engine's own
     :class:`~speclimits.control.extension.RoundDriver` (caps, per-request stops, the batch-level keep,
     the Delta rules' one decision per batch), the requests keep the recorded greedy outcome, and the
-    step costs what the profile says a step of that shape costs: the verification pass of all the
-    rows (:func:`verify_line`), the drafter's line in the steps it ran (until the last request
+    step costs what the profile says a step of that shape costs (:meth:`EngineProfile.step_ms
+    <speclimits.control.profile.EngineProfile.step_ms>`): the verification pass of all the
+    rows, the drafter's line in the steps it ran (until the last request
     stopped) and the time outside both. The price refresh is replayed too (against these step costs).
 
     ``fit`` is priced with the profile (its cost model in the engine's units, λ in them; the shared
@@ -247,7 +232,6 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     from speclimits.control.profile import PriceClock
 
     out: dict[str, dict[str, float]] = {}
-    d0, d1, other = profile.draft_ms0, profile.draft_ms1, profile.other_ms
     for name in names:
         total_ms = tokens = rounds = ks_sum = wasted = 0.0
         for group in groups:
@@ -255,9 +239,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
             if getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = profile.pass_prices(pol.k_max)
             driver, clock = RoundDriver(pol), PriceClock()
-            fixed, slope = pol.model.action_terms(pol.k_max)
-            u = np.asarray(fit.u_bar_mean, dtype=float)
-            price = np.nan_to_num(fixed + slope * u[np.arange(1, pol.k_max + 2)]).tolist()
+            price = np.nan_to_num(pol.model.mean_round_prices(pol.k_max, fit.u_bar_mean)).tolist()
             rids = [f"{slot}" for slot in range(len(group))]
             seq = np.asarray(group, dtype=np.int64)
             n = raw.n_tokens[seq].astype(np.int64)
@@ -269,7 +251,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                 keep, drafted = driver.run_round(lr, raw.draft_conf[rows], pol.k_max)
                 k = np.asarray(keep, dtype=np.int64)
                 emitted = np.minimum(np.minimum(k, raw.accept_len[rows]) + 1, n[live] - pos[live])
-                step = verify_line(profile, float((k + 1).sum())) + (d0 + d1 * drafted if drafted else 0.0) + other
+                step = profile.step_ms(float((k + 1).sum()), drafted)
                 if pol.reads_prices and len(live) == profile.batch:
                     pol.price_scale = clock.update(step, sum(price[min(int(x), pol.k_max)] for x in k))
                 driver.observe(lr, k.tolist(), step / len(live), emitted.astype(float).tolist())

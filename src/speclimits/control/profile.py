@@ -132,9 +132,27 @@ class EngineProfile:
         raw = self.pass_ms
         return [raw[max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
 
-    def round_ms(self, k: int) -> float:
-        """Measured wall ms of a whole step in which every request drafted ``k`` (k >= 1)."""
-        return self.verify_ms[k + 1] + self.draft_ms0 + self.draft_ms1 * k + self.other_ms
+    def pass_at(self, rows: float) -> float:
+        """The verification pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured
+        (:attr:`pass_ms`): the next profiled width's (as the Delta rules price it,
+        :meth:`~speclimits.control.rules.DeltaRule.batch_table`); below the narrowest, the line through the
+        two narrowest (a batch's tail verifies fewer rows)."""
+        passes = self.pass_ms  # as measured (a wider pass may cost less)
+        ms = sorted(passes)
+        xs = np.array(ms, dtype=float) * self.batch
+        ys = np.array([passes[m] for m in ms], dtype=float)
+        if len(xs) >= 2 and rows < xs[0]:
+            return float(max(ys[0] + (ys[1] - ys[0]) / (xs[1] - xs[0]) * (rows - xs[0]), 0.0))
+        i = int(np.searchsorted(xs, rows - 1e-9))
+        if i >= len(xs):
+            return float(ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (rows - xs[-1])) if len(xs) >= 2 else float(ys[-1])
+        return float(ys[i])
+
+    def step_ms(self, rows: float, drafted: int) -> float:
+        """The price of a step at batch > 1 as profiled: a pass of ``rows`` rows in all (:meth:`pass_at`), the
+        drafter's line when it ran ``drafted`` steps (until the last request stopped) and the time outside
+        both (what the offline batch replay charges a step)."""
+        return self.pass_at(rows) + (self.draft_ms0 + self.draft_ms1 * drafted if drafted else 0.0) + self.other_ms
 
     def cost_model(self, base: CostModel, u_bar_mean: Any, k_max: int) -> CostModel:
         """The per-request price in wall-clock ms (see the module docstring)."""

@@ -331,7 +331,8 @@ class DeltaRule(Policy):
         if len(self.u_bar_mean) < self.k_max + 2:
             raise SpeclimitsError(f"u_bar_mean needs entries for m = 1..{self.k_max + 1}")
         #: Ĉ(k) without c·L at the mean Ū per m, k = 0..k_max, before :attr:`price_scale` (a list: the engine's table)
-        self._row = self.fixed_ms + self.slope_ms * self.u_bar_mean[np.arange(1, self.k_max + 2)]
+        self._row = self.model.round_prices(self.k_max, self.u_bar_mean[np.arange(1, self.k_max + 2)],
+                                            terms=(self.fixed_ms, self.slope_ms))
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
         one = getattr(self.calibration, "predict_one", None)  # a CalibrationMap (offline maps may be sklearn's)
@@ -366,13 +367,13 @@ class DeltaRule(Policy):
         unless ``scaled=False``)."""
         ms = np.arange(1, self.k_max + 2)
         if self.u_pred == "mean":
-            row = self.fixed_ms + self.slope_ms * self.u_bar_mean[ms]
+            row = self._row
             return np.broadcast_to(row * self.price_scale if scaled and self.price_scale != 1.0 else row, (b, len(ms)))
         u_hat = np.broadcast_to(self.u_bar_mean[ms], (b, len(ms))).copy()
         seen = np.isfinite(mem["u_prev"]) & (mem["m_prev"] >= 1)
         scale = mem["u_prev"][seen] / self.u_bar_mean[mem["m_prev"][seen]]
         u_hat[seen] = self.u_bar_mean[ms][None, :] * scale[:, None]
-        out = self.fixed_ms[None, :] + self.slope_ms[None, :] * u_hat
+        out = self.model.round_prices(self.k_max, u_hat, terms=(self.fixed_ms, self.slope_ms))
         return out * self.price_scale if scaled and self.price_scale != 1.0 else out
 
     def lam(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
@@ -807,7 +808,7 @@ class ThroughputAware(Policy):
             raise SpeclimitsError(f"throughput-aware: prior acceptance for positions 1..{kk} needed, got "
                                   f"{len(self.prior_alpha)}")
         u = np.zeros(kk + 2) if self.u_bar_mean is None else self.u_bar_mean
-        self._price = (self.fixed_ms + self.slope_ms * u[np.arange(1, kk + 2)])[1:]  # k = 1..K_max
+        self._price = self.model.round_prices(kk, u[np.arange(1, kk + 2)], terms=(self.fixed_ms, self.slope_ms))[1:]
         self._prior_acc = (self.prior_weight * self.prior_alpha[:kk]).tolist()
         self.pass_ms: list[float] | None = None  # the engine's measured passes (per request), when profiled
         self._engine_price = self._price.tolist()
@@ -1085,8 +1086,6 @@ class PolicyFit:
         (``min_k Ĉ(k) / tokens_per_round[k]``); the fit's own λ when it has no ratio (an older file)."""
         if self.lambda_ratio is None or self.tokens_per_round is None:
             return self.lambda_
-        u = np.asarray(self.u_bar_mean if u_bar_mean is None else u_bar_mean, dtype=float)
-        fixed, slope = model.action_terms(self.k_max)
-        ks = np.arange(1, self.k_max + 1)
-        per_token = (fixed[ks] + slope[ks] * u[ks + 1]) / np.asarray(self.tokens_per_round, dtype=float)
+        u = self.u_bar_mean if u_bar_mean is None else u_bar_mean
+        per_token = model.mean_round_prices(self.k_max, u)[1:] / np.asarray(self.tokens_per_round, dtype=float)
         return float(self.lambda_ratio * np.nanmin(per_token))

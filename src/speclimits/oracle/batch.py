@@ -193,19 +193,12 @@ class _Context:
 
     @cached_property
     def prices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-        """``(fixed, per_req, alpha, c)`` indexed by k: ``step_ms(n, k, Ū, L) = fixed[k] + (n - 1) per_req[k]
-        + alpha[k] Ū + c L`` with fixed = draft(1, k) + beta0(k + 1), per_req = gamma(k + 1) + [k > 0](a_req k + b_req)."""
-        m = self.model
-        ks = np.arange(self.kk)
-        fixed, alpha = m.base.action_terms(self.k_max)
-        gamma = np.array([m.gamma.get(int(k) + 1, np.nan) for k in ks])
-        per_req = gamma + np.where(ks > 0, m.a_req * ks + m.b_req, 0.0)
-        return fixed, per_req, alpha, float(m.base.c)
+        """``(fixed, per_req, alpha, c)`` indexed by k (:meth:`BatchCostModel.step_terms`)."""
+        return self.model.step_terms(self.k_max)
 
     def step(self, n: np.ndarray, k: np.ndarray, u_step: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """:meth:`BatchCostModel.step_ms` from the price arrays (same formula)."""
-        fixed, per_req, alpha, c = self.prices
-        return fixed[k] + (n - 1.0) * per_req[k] + alpha[k] * u_step + c * context
+        """The step's price (:meth:`BatchCostModel.step_prices`)."""
+        return self.model.step_prices(n, k, u_step, context, self.prices)
 
     @cached_property
     def single_table(self) -> np.ndarray:

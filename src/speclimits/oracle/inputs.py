@@ -212,11 +212,8 @@ class CostTable:
     def rows(self, rows: np.ndarray) -> np.ndarray:
         """(len(rows), k_max + 1) round costs of the given states (same values as ``total()[rows]``)."""
         inp = self.inputs
-        out = np.take(inp.u_bar_window, rows, axis=0)[:, : self.k_max + 1]
-        out *= self.slope
-        out += self.fixed
-        out += (self.model.c * np.take(inp.context_len, rows))[:, None]
-        return out
+        return self.model.round_prices(self.k_max, np.take(inp.u_bar_window, rows, axis=0)[:, : self.k_max + 1],
+                                       np.take(inp.context_len, rows), terms=(self.fixed, self.slope))
 
     def total(self) -> np.ndarray:
         """(n, k_max + 1) round cost in ms (column 0 NaN without m = 1)."""
