@@ -82,15 +82,19 @@ print(f"bootstrap resamples: {res.n_boot}")
 # truth.
 
 # %% tags=["hide-input"]
-page.table(view.per_k(res), "tbl-final-per-k",
-           "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
-           "(generation-clustered) and the held-out error.", full=res.per_k)
+if page.shows("the per-$K$ fits", res.why_missing("per_k")):
+    page.table(view.per_k(res), "tbl-final-per-k",
+               "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
+               "(generation-clustered) and the held-out error.", full=res.per_k)
+    if res.skipped_within("per-K"):
+        page.cannot_show("every per-$K$ fit or its held-out error", res.skipped_within("per-K"))
 
 # %% tags=["hide-input"]
-page.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
+if res.why_missing("per_k") is None:
+    page.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients",
             "Per-$K$ coefficients $\\alpha(m)$ and $\\beta_0(m)$ against $m = K + 1$ with 95% intervals "
-            "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is; "
-            "the paper's jump is at $m = 4 \\to 5$.")
+                "(generation-clustered). Look for a jump between neighbouring $m$: that is what a regime boundary is; "
+                "the paper's jump is at $m = 4 \\to 5$.")
 
 # %% [markdown]
 # ## Is there a regime boundary, and where?
@@ -113,23 +117,26 @@ page.figure(figures.coefficients_by_m_chart(res, truth), "fig-final-coefficients
 # paper is like for like.
 
 # %% tags=["hide-input"]
-print(res.boundary.summary().split("\n")[0])
-print(f"plain argmin of the curve: {res.boundary.argmin_split}; rule on all data: {res.boundary.rule_split}")
+if page.shows("where the regime changes (the boundary rule, its nested CV and its curve)", res.why_missing("boundary")):
+    print(res.boundary.summary().split("\n")[0])
+    print(f"plain argmin of the curve: {res.boundary.argmin_split}; rule on all data: {res.boundary.rule_split}")
 
 # %% tags=["hide-input"]
-page.table(view.outer_folds(res), "tbl-final-outer-folds",
-           "Stability of the boundary rule (nested CV): the split the one-standard-error rule selects inside "
-           "each outer training set, the plain argmin, and the selected model's held-out error. A split is "
-           "reported only if every fold agrees with the rule on all the data.", decimals=3)
+if res.boundary is not None:
+    page.table(view.outer_folds(res), "tbl-final-outer-folds",
+               "Stability of the boundary rule (nested CV): the split the one-standard-error rule selects inside "
+               "each outer training set, the plain argmin, and the selected model's held-out error. A split is "
+               "reported only if every fold agrees with the rule on all the data.", decimals=3)
 
 # %% [markdown]
 # {numref}`fig-final-boundary` shows the curve the rule reads.
 
 # %% tags=["hide-input"]
-page.figure(figures.boundary_chart(res), "fig-final-boundary",
-            "Mean held-out RMSE of each candidate split (last $m$ of the small regime) with ±1 SE over the "
-            "GroupKFold folds; the grey band is \"no split\" ±1 SE, the red point the reported choice. A split "
-            "is declared only where its point sits below the band.")
+if res.boundary is not None:
+    page.figure(figures.boundary_chart(res), "fig-final-boundary",
+                "Mean held-out RMSE of each candidate split (last $m$ of the small regime) with ±1 SE over the "
+                "GroupKFold folds; the grey band is \"no split\" ±1 SE, the red point the reported choice. A split "
+                "is declared only where its point sits below the band.")
 
 # %% [markdown]
 # ## Regime-dependent rows: the rule's split and the paper's
@@ -140,9 +147,10 @@ page.figure(figures.boundary_chart(res), "fig-final-boundary",
 # regime's $m$ over the mean over the small regime's (paper: about 3.2).
 
 # %% tags=["hide-input"]
-page.table(view.regimes(res), "tbl-final-regimes",
-           "Regime-dependent quantities at the rule's split and at the paper's fixed split "
-           "$m \\le 4 \\mid m \\ge 5$, beside the paper's values.")
+if page.shows("the regime-dependent rows", res.why_missing("regimes")):
+    page.table(view.regimes(res), "tbl-final-regimes",
+               "Regime-dependent quantities at the rule's split and at the paper's fixed split "
+               "$m \\le 4 \\mid m \\ge 5$, beside the paper's values.")
 
 # %% [markdown]
 # ## The joint categorical model
@@ -164,23 +172,26 @@ page.table(view.joint_by_m(res), "tbl-final-joint",
 # trend in $m$ the intercepts have.
 
 # %% tags=["hide-input"]
-page.table(view.pooled(res), "tbl-final-pooled",
-           "The pooled linear model $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L + \\gamma K$ on all rounds: "
-           "estimates with 95% intervals (generation-clustered).", decimals={"SE": 5})
+if page.shows("the pooled linear model", res.why_missing("pooled")):
+    page.table(view.pooled(res), "tbl-final-pooled",
+               "The pooled linear model $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L + \\gamma K$ on all rounds: "
+               "estimates with 95% intervals (generation-clustered).", decimals={"SE": 5})
 
 # %% [markdown]
 # {numref}`tbl-final-comparison` sets the three models side by side, and
 # {numref}`tbl-final-standardized` gives the pooled model's standardized coefficients.
 
 # %% tags=["hide-input"]
-page.table(view.comparison(res), "tbl-final-comparison",
-           "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
-           "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
+if page.shows("the comparison of the three models", res.why_missing("comparison")):
+    page.table(view.comparison(res), "tbl-final-comparison",
+               "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
+               "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
 
 # %% tags=["hide-input"]
-page.table(view.standardized(res), "tbl-final-standardized",
-           "Standardized coefficients of the pooled model (coefficient × SD of the factor / SD of $T_T$), "
-           "beside the paper's.", decimals=2)
+if res.pooled_std is not None:  # missing with the pooled model, said above
+    page.table(view.standardized(res), "tbl-final-standardized",
+               "Standardized coefficients of the pooled model (coefficient × SD of the factor / SD of $T_T$), "
+               "beside the paper's.", decimals=2)
 
 # %% [markdown]
 # **Cluster sensitivity.** The same questions recur at every $K$, so rounds of one prompt at
@@ -207,15 +218,18 @@ page.table(view.cluster_se(res), "tbl-final-cluster-se",
 # ({numref}`tbl-final-mape-by-k`, {numref}`fig-final-mape-by-k`).
 
 # %% tags=["hide-input"]
-page.table(view.mape_by_k(res), "tbl-final-mape-by-k",
-           "Held-out MAPE by $K$ of the pooled and the categorical model, and of the pooled form fitted "
-           "without that $K$ (leave-one-$K$-out); 95% bootstrap intervals over held-out generations.",
-           full=res.mape_by_k.merge(res.loko, on="K"))
+if page.shows("the MAPE by $K$", res.why_missing("mape_by_k")):
+    page.table(view.mape_by_k(res), "tbl-final-mape-by-k",
+               "Held-out MAPE by $K$ of the pooled and the categorical model, and of the pooled form fitted "
+               "without that $K$ (leave-one-$K$-out); 95% bootstrap intervals over held-out generations.",
+               full=view.mape_by_k_full(res))
+    page.shows("leave-one-$K$-out", res.why_missing("loko"))
 
 # %% tags=["hide-input"]
-page.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
-            "Held-out MAPE by $K$ of the pooled and the categorical model, with the paper's pooled values. "
-            "In the paper the pooled error concentrates at small $K$ (the small regime).")
+if res.mape_by_k is not None:
+    page.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
+                "Held-out MAPE by $K$ of the pooled and the categorical model, with the paper's pooled values. "
+                "In the paper the pooled error concentrates at small $K$ (the small regime).")
 
 # %% [markdown]
 # **Other smooth parameterizations** of $m$ (the appendix: 6.5–7.4%, exploratory): $\beta_0(m)$
@@ -225,9 +239,12 @@ page.figure(figures.mape_by_k_chart(res), "fig-final-mape-by-k",
 # worst $K$; {numref}`tbl-final-smooth`).
 
 # %% tags=["hide-input"]
-page.table(view.smooth(res), "tbl-final-smooth",
-           "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
-           "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
+if page.shows("the smooth forms in $m$", res.why_missing("smooth")):
+    page.table(view.smooth(res), "tbl-final-smooth",
+               "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
+               "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
+    if res.skipped_within("smooth form"):
+        page.cannot_show("every smooth form", res.skipped_within("smooth form"))
 
 # %% [markdown]
 # Interpolation predicts each $K$ from the mean of its neighbours' per-$K$ coefficients: within a
@@ -236,14 +253,16 @@ page.table(view.smooth(res), "tbl-final-smooth",
 # and at the paper's ({numref}`tbl-final-interpolation-paper`).
 
 # %% tags=["hide-input"]
-page.table(view.interpolation(res.interpolation), "tbl-final-interpolation",
-           "Predicting each $K$ from its neighbours' per-$K$ coefficients, labelled at the rule's split "
-           "(paper: 0.26–0.65% within a regime, 8.8–15.5% across).", decimals={"MAPE (%)": 2})
+if page.shows("interpolation at the rule's split", res.why_missing("interpolation")):
+    page.table(view.interpolation(res.interpolation), "tbl-final-interpolation",
+               "Predicting each $K$ from its neighbours' per-$K$ coefficients, labelled at the rule's split "
+               "(paper: 0.26–0.65% within a regime, 8.8–15.5% across).", decimals={"MAPE (%)": 2})
 
 # %% tags=["hide-input"]
-page.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-paper",
-           "The same interpolation labelled at the paper's split $m \\le 4 \\mid m \\ge 5$.",
-           decimals={"MAPE (%)": 2})
+if page.shows("interpolation at the paper's split", res.why_missing("interpolation_paper")):
+    page.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation-paper",
+               "The same interpolation labelled at the paper's split $m \\le 4 \\mid m \\ge 5$.",
+               decimals={"MAPE (%)": 2})
 
 # %% [markdown]
 # ## Specification ladder
@@ -254,14 +273,18 @@ page.table(view.interpolation(res.interpolation_paper), "tbl-final-interpolation
 # better than 4.3%; categorical 0.37% / 0.999.
 
 # %% tags=["hide-input"]
-page.table(view.ladder(res), "tbl-final-ladder",
-           "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
-           "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
+if page.shows("the specification ladder", res.why_missing("ladder")):
+    page.table(view.ladder(res), "tbl-final-ladder",
+               "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
+               "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
+    if res.skipped_within("ladder row"):
+        page.cannot_show("every rung of the ladder", res.skipped_within("ladder row"))
 
 # %% tags=["hide-input"]
-page.figure(figures.ladder_chart(res), "fig-final-ladder",
-            "Held-out MAPE of each specification on the ladder with its 95% interval, and the paper's value. "
-            "Look at where the error stops falling: that is as much structure as the data support.")
+if res.ladder is not None:
+    page.figure(figures.ladder_chart(res), "fig-final-ladder",
+                "Held-out MAPE of each specification on the ladder with its 95% interval, and the paper's value. "
+                "Look at where the error stops falling: that is as much structure as the data support.")
 
 # %% [markdown]
 # ## The numbers beside the paper's

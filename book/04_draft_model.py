@@ -29,6 +29,7 @@
 import speclimits.book_support as bs
 from speclimits import figures, stats
 from speclimits.book.views import stats as views
+from speclimits.stats.draft import draft_model_or_reason
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -44,8 +45,9 @@ key = page.key_results("sec-draft-model", "the draft-time model")
 # %% tags=["hide-input"]
 tr = page.load(trace)
 print(tr.source_label)
-res = stats.fit_draft_model(tr.rounds, n_splits=n_splits)
-print(res.report)
+res, why = draft_model_or_reason(tr.rounds, n_splits=n_splits)
+if page.shows("the draft line and its checks", why):
+    print(res.report)
 
 # %% [markdown]
 # ## The fit beside the paper's
@@ -56,10 +58,11 @@ print(res.report)
 # held-out folds.
 
 # %% tags=["hide-input"]
-page.table(views.draft_table(res), "tbl-draft-fit",
-           "The draft line $T_D = aK + b$ and its errors beside the paper's: OLS with generation-clustered 95% "
-           "intervals, CV MedAPE over GroupKFold(5) by generation.",
-           full=res.table().reset_index())
+if res is not None:
+    page.table(views.draft_table(res), "tbl-draft-fit",
+               "The draft line $T_D = aK + b$ and its errors beside the paper's: OLS with generation-clustered 95% "
+               "intervals, CV MedAPE over GroupKFold(5) by generation.",
+               full=res.table().reset_index())
 
 # %% [markdown]
 # ## Mean draft time by $K$ against the line
@@ -69,14 +72,16 @@ page.table(views.draft_table(res), "tbl-draft-fit",
 # are in {numref}`fig-tracing-draft-time` ({ref}`sec-tracing`).
 
 # %% tags=["hide-input"]
-page.figure(figures.draft_line_chart(res), "fig-draft-line",
-            "Mean draft time $T_D$ per $K$ (points) against the fitted line $aK + b$. Look for means that "
-            "leave the line: a dense draft should cost the same per step at every $K$.")
+if res is not None:
+    page.figure(figures.draft_line_chart(res), "fig-draft-line",
+                "Mean draft time $T_D$ per $K$ (points) against the fitted line $aK + b$. Look for means that "
+                "leave the line: a dense draft should cost the same per step at every $K$.")
 
 # %% tags=["hide-input"]
-page.table(views.draft_by_k_table(res), "tbl-draft-by-k",
-           "Mean draft time by $K$, the line's value there, and the deviation of the mean from the line.",
-           decimals={"Mean $T_D$ (ms)": 3, "Line $aK + b$ (ms)": 3, "Deviation (%)": 2})
+if res is not None:
+    page.table(views.draft_by_k_table(res), "tbl-draft-by-k",
+               "Mean draft time by $K$, the line's value there, and the deviation of the mean from the line.",
+               decimals={"Mean $T_D$ (ms)": 3, "Line $aK + b$ (ms)": 3, "Deviation (%)": 2})
 
 # %% [markdown]
 # OLS estimates the conditional mean, so the rare large spikes in single rounds lift the
@@ -94,9 +99,10 @@ if tr.simulated and "truth" in tr.meta:
 # judging the line.
 
 # %% tags=["hide-input"]
-page.table(views.residual_quantile_table(res), "tbl-draft-residuals",
-           "Quantiles of the per-round residual $T_D - (aK + b)$ (ms). Compare the 99.9% quantile with the "
-           "median: that is the spike tail.", decimals=3)
+if res is not None:
+    page.table(views.residual_quantile_table(res), "tbl-draft-residuals",
+               "Quantiles of the per-round residual $T_D - (aK + b)$ (ms). Compare the 99.9% quantile with the "
+               "median: that is the spike tail.", decimals=3)
 
 # %% [markdown]
 # ## Zero draft timings
@@ -107,12 +113,13 @@ page.table(views.residual_quantile_table(res), "tbl-draft-residuals",
 # both fits are shown in {numref}`tbl-draft-zero`, so the effect of the choice is visible.
 
 # %% tags=["hide-input"]
-page.table(views.zero_comparison_table(res), "tbl-draft-zero",
-           "The draft line fitted without and with the rounds whose draft time is zero; estimates with "
-           "their generation-clustered standard errors.", decimals={"$R^2$": 3}, full=res.zero_comparison.reset_index())
+if res is not None:
+    page.table(views.zero_comparison_table(res), "tbl-draft-zero",
+               "The draft line fitted without and with the rounds whose draft time is zero; estimates with "
+               "their generation-clustered standard errors.", decimals={"$R^2$": 3}, full=res.zero_comparison.reset_index())
 
 # %% tags=["remove-input"]
-key.fill(views.key_results_draft(res))
+key.fill(views.key_results_draft(res, why))
 
 # %% [markdown]
 # ## Versions

@@ -32,6 +32,7 @@
 import speclimits.book_support as bs
 from speclimits import figures, stats
 from speclimits.book.views import stats as views
+from speclimits.stats.robustness import robust_k
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -48,7 +49,9 @@ key = page.key_results("sec-robustness", "robustness")
 # %% tags=["hide-input"]
 tr = page.load(trace)
 print(tr.source_label)
-res = stats.robustness_checks(tr.rounds, k=k_robust, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
+k_used, k_note = robust_k(tr.rounds, k_robust)
+page.shows(f"the checks on $K = {k_robust}$", k_note)
+res = stats.robustness_checks(tr.rounds, k=k_used, n_boot=bs.smoke_sizes(smoke, n_boot=n_boot), seed=seed)
 print(res.report)
 print(f"K = {res.k}: {res.base.nobs:,} rounds in {res.base.n_clusters} generations; "
       f"leave-one-out by {res.loo_by}")

@@ -74,13 +74,15 @@ key = page.key_results("sec-oracle", "the Oracle bound")
 # %% tags=["hide-input"]
 tr = page.load(trace)
 setup = prepare_oracle(tr, cost_model, surrogate)
-k_max = min(k_max, setup.inputs.k_list)
+k_asked = k_max
+k_max, k_note = setup.priced_k_max(k_max)
 n_boot, n_rollouts = bs.smoke_sizes(smoke, oracle_n_boot=n_boot, n_rollouts=n_rollouts)
 kinds = list(setup.kind_counts())
 greedy = setup.for_kind(setup.headline_kind)
 print(view.wrap(view.relative_paths([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
                                      f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"],
                                     cost_model, tr.path)))
+page.shows(f"the bound with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
 
 # %% [markdown]
 # ## Which surrogate: is the draft's probability calibrated?

@@ -100,7 +100,10 @@ from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
 from speclimits.control.report import BENCH_DIR, engine_table, gap_lines
 from speclimits.figures import control as control_figures
+from speclimits.costmodel import CostModel
 from speclimits.machine import describe
+from speclimits.oracle.prepare import priced_k_max
+from speclimits.stats import fit_trace_cost_model
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -121,6 +124,9 @@ key = page.key_results("sec-online-control", "online control")
 tr = page.load(trace)
 print(tr.source_label)
 n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
+k_asked = k_max
+k_max, k_note = priced_k_max(CostModel.read(cost_model) if cost_model else fit_trace_cost_model(tr), k_max)
+page.shows(f"the policies with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
 fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
 setup = greedy_setup(tr, fit.cost_model)
 k_max = fit.k_max

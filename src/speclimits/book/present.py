@@ -296,6 +296,30 @@ def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, i
     display(_Markdown(md, frame.to_string(index=False)))
 
 
+#: A key result the trace cannot give (the page says why, in a :func:`cannot_show` note).
+NOT_IDENTIFIED = "not identified on this trace"
+
+
+def cannot_show_markdown(what: str, why: str) -> str:
+    """The one visible sentence a page shows where the trace cannot give ``what``: a MyST note
+    admonition, ``"This trace cannot show <what>: <why>."`` (``why`` says what the table needs,
+    what this trace has, and so what sweep would allow it; e.g. a reason from a results object's
+    ``skipped``, :meth:`speclimits.stats.FinalModelResults.why_missing`)."""
+    what, why = what.strip(), why.strip().rstrip(".")
+    if not what or not why:
+        raise ValueError("a 'cannot show' note needs what is not shown and why")
+    text = f"This trace cannot show {what}: {why}."
+    return f":::{{note}} Not shown on this trace\n{text}\n:::\n"
+
+
+def cannot_show(what: str, why: str) -> None:
+    """Display :func:`cannot_show_markdown` (in place of a table or figure the trace cannot give)."""
+    from IPython.display import display
+
+    md = cannot_show_markdown(what, why)
+    display(_Markdown(md, md.splitlines()[1]))
+
+
 # ---------------------------------------------------------------------------
 # key results
 # ---------------------------------------------------------------------------
@@ -486,6 +510,18 @@ class Page:
     def table(self, frame: pd.DataFrame, name: str, caption: str, **kwargs: Any) -> None:
         """:func:`table` (``decimals``, ``full``, ``align``) with this page's data label."""
         table(frame, name, caption, data_label=self.data_label, **kwargs)
+
+    def cannot_show(self, what: str, why: str) -> None:
+        """:func:`cannot_show`: one visible sentence in place of what this trace cannot give."""
+        cannot_show(what, why)
+
+    def shows(self, what: str, why: str | None) -> bool:
+        """True when ``why`` is None (nothing is missing); else shows the :meth:`cannot_show` note for
+        ``what`` and returns False. For a cell: ``if page.shows("the pooled model", res.why_missing("pooled")):``."""
+        if why is None:
+            return True
+        self.cannot_show(what, why)
+        return False
 
     def key_results(self, section: str, title: str) -> KeyResults:
         """The section's :class:`KeyResults` box, writing to this page's results folder."""

@@ -76,7 +76,7 @@ def factor_corr_chart(res: Any) -> alt.LayerChart:
 def _split_rules(res: Any) -> alt.Chart:
     """Vertical rules between the regimes: the paper's split (dotted, grey) and the rule's (dashed, red)."""
     rows = [{"x": paper.BOUNDARY_M + 0.5, "split": f"paper: m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1}"}]
-    if res.boundary.split is not None:
+    if res.boundary is not None and res.boundary.split is not None:  # None: the trace gives no boundary
         rows.append({"x": res.boundary.split + 0.5, "split": f"rule: m ≤ {res.boundary.split}"})
     return alt.Chart(pd.DataFrame(rows)).mark_rule(strokeDash=[4, 4]).encode(
         x="x:Q", color=alt.Color("split:N", title="regime split",
@@ -131,14 +131,15 @@ def boundary_chart(res: Any) -> alt.LayerChart:
 def mape_by_k_chart(res: Any) -> alt.LayerChart:
     """MAPE by K with 95% cluster-bootstrap intervals (held-out generations resampled): pooled linear
     model (out-of-fold), categorical model (out-of-fold), and the pooled form fitted without that K
-    (leave-one-K-out); log scale."""
+    (leave-one-K-out; left out where the trace gives none, ``res.loko`` None); log scale."""
     mk, lk = res.mape_by_k, res.loko
     parts = [pd.DataFrame({"K": mk["K"], "mape": mk["pooled"], "lo": mk["pooled_lo"], "hi": mk["pooled_hi"],
                            "model": "pooled Ū + L + γK (CV)"}),
              pd.DataFrame({"K": mk["K"], "mape": mk["categorical"], "lo": mk["categorical_lo"],
-                           "hi": mk["categorical_hi"], "model": "categorical Eq. 4 (CV)"}),
-             pd.DataFrame({"K": lk["K"], "mape": lk["loko_mape"], "lo": lk["loko_lo"], "hi": lk["loko_hi"],
-                           "model": "pooled, leave-one-K-out"})]
+                           "hi": mk["categorical_hi"], "model": "categorical Eq. 4 (CV)"})]
+    if lk is not None:
+        parts.append(pd.DataFrame({"K": lk["K"], "mape": lk["loko_mape"], "lo": lk["loko_lo"], "hi": lk["loko_hi"],
+                                   "model": "pooled, leave-one-K-out"}))
     df = pd.concat(parts, ignore_index=True)
     color = alt.Color("model:N", title=None)
     line = alt.Chart(df).mark_line(point=True).encode(

@@ -89,6 +89,12 @@ class OracleSetup:
         return solve(self.inputs, self.model if model is None else model, k_max=k_max, allow_k0=allow_k0,
                      deterministic=self.deterministic, alpha_scale=alpha_scale)
 
+    def priced_k_max(self, k_max: int | None = None) -> tuple[int, str | None]:
+        """:func:`priced_k_max` of this setup's cost model, ``k_max`` (default: the length of the
+        trace's ``match_prob`` lists) capped at that length first."""
+        asked = self.inputs.k_list if k_max is None else min(int(k_max), self.inputs.k_list)
+        return priced_k_max(self.model, asked)
+
     def kind_counts(self) -> dict[str, int]:
         """Sequences of each reference kind present."""
         return {k: int((self.kinds == k).sum()) for k in REFERENCE_KINDS if (self.kinds == k).any()}
@@ -195,6 +201,28 @@ def surrogate_inputs(raw: OracleInputs, surrogate: str) -> OracleInputs:
     """The inputs a resolved surrogate solves: cross-fitted calibrated ``match_prob`` for
     ``calibrated``, the recorded ones otherwise (``exact`` ignores them)."""
     return cross_fitted_match_prob(raw) if surrogate == CALIBRATED else raw
+
+
+def priced_k_max(model: CostModel, k_max: int) -> tuple[int, str | None]:
+    """The longest draft the Oracle can solve with under ``model``, and why it is shorter than ``k_max``.
+
+    ``k_max`` capped at the longest draft the cost model prices together with every shorter one
+    (m = 2..top present: a sweep K = 0, 2, 4 prices drafts of up to 4 tokens, though the Oracle data may
+    hold 10 positions). Returns ``(k_max, None)`` when nothing is capped, else the capped value and one
+    sentence saying why and what sweep would price the longer drafts. Raises where the cost model prices
+    no draft (no m = 2)."""
+    ms = set(model.ms)
+    top = 1
+    while top + 1 in ms:
+        top += 1
+    if top < 2:
+        raise SpeclimitsError(f"the cost model prices no draft (no m = 2; it covers m = {sorted(ms)}): the "
+                              "Oracle needs a sweep with K >= 1")
+    if top - 1 >= k_max:
+        return int(k_max), None
+    return top - 1, (f"the cost model prices drafts of up to {top - 1} tokens (m = 2..{top}, from the sweep's K up "
+                     f"to {top - 1}), so K_max is {top - 1} here, not {k_max}; a sweep up to K = {k_max} would price "
+                     "the longer drafts")
 
 
 def prepare_oracle(trace: Trace | str | Path, cost_model: CostModel | str | Path | None = None,

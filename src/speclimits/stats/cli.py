@@ -120,8 +120,8 @@ def _fit(args: argparse.Namespace) -> int:
     if args.batch:
         return _fit_batch(args)
     from speclimits.errors import SpeclimitsError
-    from speclimits.stats.draft import fit_draft_model  # heavy: see the module docstring
-    from speclimits.stats.final import REQUIREMENTS, fit_final_model, fit_trace_cost_model
+    from speclimits.stats.draft import draft_model_or_reason  # heavy: see the module docstring
+    from speclimits.stats.final import fit_final_model, fit_trace_cost_model
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)
@@ -137,11 +137,9 @@ def _fit(args: argparse.Namespace) -> int:
     except SpeclimitsError as exc:
         final = None
         skipped["final-model section"] = str(exc)
-    try:
-        draft = fit_draft_model(rounds)
-    except SpeclimitsError as exc:
-        draft = None
-        skipped["draft-model section"] = f"{REQUIREMENTS['draft']} ({exc})"
+    draft, why = draft_model_or_reason(rounds)
+    if draft is None:
+        skipped["draft-model section"] = why
     robust = None
     if args.robustness_k is not None:
         from speclimits.stats.robustness import robustness_checks  # only when asked for

@@ -126,6 +126,23 @@ def fit_draft_model(rounds: pd.DataFrame, n_splits: int = 5) -> DraftResults:
                         both.share_zero_timing, q, report, _zero_comparison(rounds, fit))
 
 
+def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[DraftResults | None, str | None]:
+    """:func:`fit_draft_model`, or None and why the trace cannot give the draft-model section: the
+    requirement (:data:`speclimits.stats.final.REQUIREMENTS` ``["draft"]``), what this trace has and the
+    fit's own message (what ``speclimits fit`` prints as its skipped line; e.g. an n-gram trace
+    with one K > 0)."""
+    from speclimits.errors import SpeclimitsError
+    from speclimits.stats.final import REQUIREMENTS  # final imports this module
+
+    try:
+        return fit_draft_model(rounds, n_splits=n_splits), None
+    except SpeclimitsError as exc:
+        dec, _ = decode_rounds(rounds, timing="draft")
+        ks = ", ".join(str(int(k)) for k in sorted(dec["K"].unique()))
+        have = f"K = {ks}; {dec['generation_id'].nunique()} generations" if len(dec) else "no draft timings"
+        return None, f"{REQUIREMENTS['draft']} (this trace: {have}; {exc})"
+
+
 def _zero_comparison(rounds: pd.DataFrame, fit: OLSResults) -> pd.DataFrame:
     """The draft line without and with the rounds whose draft time is zero."""
     mom = _with_zeros_moments(rounds)

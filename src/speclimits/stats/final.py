@@ -453,6 +453,39 @@ class FinalModelResults(ResultsMixin):
         """One line per table this trace cannot give: ``"skipped <table>: <why>"``."""
         return [f"skipped {name}: {why}" for name, why in self.skipped.items()]
 
+    def why_missing(self, *tables: str) -> str | None:
+        """Why the trace cannot give the tables named (attributes such as ``"loko"``, ``"boundary"``;
+        see :data:`MISSING_BECAUSE`), or None when every one of them is there.
+
+        The text is the ``skipped`` entries behind each missing table, ``"<table>: <why, what this
+        trace has>"`` joined by ``"; "`` (the book shows it as the page's "cannot show" sentence). A
+        partial table (e.g. a smooth form or a per-K fit left out) counts as there; :meth:`skipped_within`
+        names what it lacks."""
+        reasons: list[str] = []
+        for name in tables:
+            if name not in MISSING_BECAUSE:
+                raise KeyError(f"why_missing: unknown table {name!r} (known: {', '.join(MISSING_BECAUSE)})")
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, pd.DataFrame) and value.empty):
+                continue
+            found: list[str] = []
+            for prefix in MISSING_BECAUSE[name]:  # the first prerequisite skipped explains the table
+                found = [f"{key}: {why}" for key, why in self.skipped.items() if key.startswith(prefix)]
+                if found:
+                    break
+            if not found:  # not reached: every table left None or empty is recorded in skipped
+                found = [f"{name}: not identified on this trace"]
+            reasons += [r for r in found if r not in reasons]
+        if len(reasons) == 1:  # one reason: its text alone (the name is the table the page names)
+            return reasons[0].split(": ", 1)[1]
+        return "; ".join(reasons) if reasons else None
+
+    def skipped_within(self, prefix: str) -> str | None:
+        """The ``skipped`` entries whose name starts with ``prefix`` (e.g. ``"smooth form"``, ``"ladder
+        row"``, ``"per-K fit"``: parts left out of a table that is shown), joined by ``"; "``, or None."""
+        found = [f"{key}: {why}" for key, why in self.skipped.items() if key.startswith(prefix)]
+        return "; ".join(found) if found else None
+
     def summary(self) -> str:
         cols = ["K", "m", "alpha", "alpha_se", "beta0", "c", "cv_r2", "cv_mape"]
         fmt4 = (lambda v: f"{v:.4g}")
@@ -475,6 +508,25 @@ class FinalModelResults(ResultsMixin):
         if self.skipped:
             parts.append("\n".join(self.skipped_lines()))
         return "\n\n".join(parts)
+
+
+#: The ``skipped`` entries (names, or name prefixes) that leave each table of
+#: :class:`FinalModelResults` None or empty (:meth:`FinalModelResults.why_missing`), in the order
+#: they explain it (a table whose prerequisite was skipped names that prerequisite).
+MISSING_BECAUSE: dict[str, tuple[str, ...]] = {
+    "per_k": ("per-K fit at K = ",),
+    "pooled": ("pooled model (γ·K)",),
+    "pooled_std": ("pooled model (γ·K)",),
+    "comparison": ("comparison (Ū + L, pooled, categorical)",),
+    "mape_by_k": ("MAPE by K",),
+    "loko": ("leave-one-K-out",),
+    "smooth": ("leave-one-K-out", "smooth form "),
+    "boundary": ("regime boundary",),
+    "regimes": ("regime rows",),
+    "interpolation": ("regime boundary", "regime rows", "interpolation within a regime"),
+    "interpolation_paper": ("regime rows", "interpolation within a regime"),
+    "ladder": ("cross-validation",),
+}
 
 
 #: Columns of :func:`headline_table` (index: ``quantity``).

@@ -203,6 +203,21 @@ def _bp_table(dk: pd.DataFrame, resid: np.ndarray, all_mom: CellMoments, k: int)
     return pd.DataFrame(rows).assign(paper_p=paper.BP_P)
 
 
+def robust_k(rounds: pd.DataFrame, k: int = 8) -> tuple[int, str | None]:
+    """The K the robustness checks run on: ``k`` when the trace has decode rounds at it, else the
+    largest K > 0 it has (the closest to the paper's long drafts), with one sentence saying why.
+    Raises where the trace has no decode rounds with K > 0."""
+    dec, _ = decode_rounds(rounds, timing="target")
+    present = sorted(int(v) for v in dec["K"].unique() if v >= 1)
+    if not present:
+        raise SpeclimitsError("the robustness checks need decode rounds with K >= 1 (this trace has none)")
+    if k in present:
+        return k, None
+    return present[-1], (f"the trace has no decode rounds at K = {k} (K > 0 present: {', '.join(map(str, present))}), "
+                         f"so the checks run on K = {present[-1]}, its largest; a sweep with K = {k} would allow them "
+                         "there")
+
+
 def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed: int = 0, n_bins: int = 10,
                       trim: float = 0.01, n_blocks: int = 14) -> RobustnessResults:
     """Run the robustness checks on the decode rounds of budget ``k``.

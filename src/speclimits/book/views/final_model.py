@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from speclimits.book.present import ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
+from speclimits.book.present import NOT_IDENTIFIED, ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
 
 #: What a missing number reads as in the headline and regime tables.
 MISSING = "—"
@@ -185,14 +185,21 @@ def cluster_se(res) -> pd.DataFrame:
                          "SE by prompt": c["se_prompt"], "Ratio": c["ratio"]})
 
 
+def mape_by_k_full(res) -> pd.DataFrame:
+    """MAPE by K with the leave-one-K-out columns where the trace gives them (the table's download)."""
+    return res.mape_by_k.merge(res.loko, on="K") if res.loko is not None else res.mape_by_k.copy()
+
+
 def mape_by_k(res) -> pd.DataFrame:
-    m = res.mape_by_k.merge(res.loko, on="K")
+    """MAPE by K of the pooled and categorical models, and leave-one-K-out where the trace gives it."""
+    m = mape_by_k_full(res)
     out = pd.DataFrame({"K": m["K"]})
     out["Pooled CV MAPE (%)"] = ci_cells(m["pooled"], m["pooled_lo"], m["pooled_hi"])
     out["Paper pooled (%)"] = m["paper_pooled"]
     out["Categorical (%)"] = ci_cells(m["categorical"], m["categorical_lo"], m["categorical_hi"])
-    out["Leave-K-out (%)"] = ci_cells(m["loko_mape"], m["loko_lo"], m["loko_hi"])
-    out["Paper leave-K-out (%)"] = m["paper_loko"]
+    if res.loko is not None:
+        out["Leave-K-out (%)"] = ci_cells(m["loko_mape"], m["loko_lo"], m["loko_hi"])
+        out["Paper leave-K-out (%)"] = m["paper_loko"]
     return out
 
 
@@ -246,21 +253,34 @@ def key_results(res) -> list:
     from speclimits import paper
     from speclimits.book.present import Result
 
-    lad = res.ladder.loc["categorical (Eq. 4)"]
     p_mape, p_r2 = paper.LADDER["categorical (Eq. 4)"]
-    split = res.boundary.rule_split
-    gamma = res.pooled.to_frame().loc["K"]
+    boundary_paper = f"m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1} (by eye)"
+    rows = []
+    if res.ladder is not None:
+        lad = res.ladder.loc["categorical (Eq. 4)"]
+        rows += [
+            Result.of("Categorical model (Eq. 4), CV MAPE", lad["cv_mape"], lad["cv_mape_lo"], lad["cv_mape_hi"],
+                      paper=f"{p_mape} %", unit="%", ref="tbl-final-ladder"),
+            Result.of("Categorical model, $R^2$", lad["r2"], lad["r2_lo"], lad["r2_hi"], paper=p_r2,
+                      ref="tbl-final-ladder")]
+    else:
+        rows += [Result("Categorical model (Eq. 4), CV MAPE", NOT_IDENTIFIED, f"{p_mape} %"),
+                 Result("Categorical model, $R^2$", NOT_IDENTIFIED, str(p_r2))]
+    if res.boundary is not None:
+        split = res.boundary.rule_split
+        rows.append(Result("Regime boundary (rule, nested CV)",
+                           "no split" if split is None else f"m ≤ {split} | m > {split}", boundary_paper,
+                           "fig-final-boundary"))
+    else:
+        rows.append(Result("Regime boundary (rule, nested CV)", NOT_IDENTIFIED, boundary_paper))
+    if res.pooled is not None:
+        gamma = res.pooled.to_frame().loc["K"]
+        rows.append(Result.of("Pooled γ per draft token (ms)", gamma["coef"], gamma["ci_lower"], gamma["ci_upper"],
+                              paper=paper.POOLED["K"][0], ref="tbl-final-pooled"))
+    else:
+        rows.append(Result.of("Pooled γ per draft token (ms)", NOT_IDENTIFIED, paper=paper.POOLED["K"][0]))
     reg = res.regimes
-    ratio = reg[(reg["key"] == "alpha_ratio") & reg["basis"].str.startswith("paper")]
-    rows = [
-        Result.of("Categorical model (Eq. 4), CV MAPE", lad["cv_mape"], lad["cv_mape_lo"], lad["cv_mape_hi"],
-                  paper=f"{p_mape} %", unit="%", ref="tbl-final-ladder"),
-        Result.of("Categorical model, $R^2$", lad["r2"], lad["r2_lo"], lad["r2_hi"], paper=p_r2, ref="tbl-final-ladder"),
-        Result("Regime boundary (rule, nested CV)", "no split" if split is None else f"m ≤ {split} | m > {split}",
-               f"m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1} (by eye)", "fig-final-boundary"),
-        Result.of("Pooled γ per draft token (ms)", gamma["coef"], gamma["ci_lower"], gamma["ci_upper"],
-                  paper=paper.POOLED["K"][0], ref="tbl-final-pooled"),
-    ]
+    ratio = reg[(reg["key"] == "alpha_ratio") & reg["basis"].str.startswith("paper")] if reg is not None else []
     if len(ratio):
         from speclimits.stats.regimes import as_headline
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
-from speclimits.book.present import Result, fmt_ci, fmt_num, fmt_p, fmt_se
+from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num, fmt_p, fmt_se
 
 
 def _text(x: Any) -> str:
@@ -163,10 +163,14 @@ def zero_comparison_table(res: Any) -> pd.DataFrame:
     })
 
 
-def key_results_draft(res: Any) -> list[Result]:
+def key_results_draft(res: Any, why: str | None = None) -> list[Result]:
+    """The draft line's key results; ``res`` None (the trace cannot give the line, ``why``): each row says so."""
+    pa, pb = paper.DRAFT["a"], paper.DRAFT["b"]
+    if res is None:
+        return [Result("draft step cost a", NOT_IDENTIFIED, f"{pa[0]:g} ({pa[1]:g})"),
+                Result("draft intercept b", NOT_IDENTIFIED, f"{pb[0]:g} ({pb[1]:g})")]
     ci = res.conf_int()
     medape, medape_h = res.cv.mean_ci("medape")
-    pa, pb = paper.DRAFT["a"], paper.DRAFT["b"]
     return [
         Result.of("draft step cost a", res.params["a"], ci.loc["a", "lower"], ci.loc["a", "upper"],
                   paper=f"{pa[0]:g} ({pa[1]:g})", unit="ms", ref="tbl-draft-fit"),
