@@ -68,7 +68,7 @@ def driver_decisions(batch: int, names=DRIVER_POLICIES) -> pd.DataFrame:
 
     The rounds are read off :meth:`RoundDriver.run_round` as :func:`batch_replay` calls it (one driver per
     group of references: a new driver starts the next group)."""
-    from speclimits.control.extension import RoundDriver
+    from speclimits.control.driver import RoundDriver
     from speclimits.control.offline import batch_replay
 
     priced, prof, raw, groups = priced_setting(batch)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from speclimits.control.extension import RoundDriver
+from speclimits.control.driver import RoundDriver
 from speclimits.control.profile import EngineProfile, PriceClock, StepSample, fit_profile, increasing
 from speclimits.control.rules import DeltaRule, PolicyFit, StaticK
 from speclimits.costmodel import CostModel

@@ -217,7 +217,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                  ) -> dict[str, dict[str, float]]:
     """Replay the greedy references at batch > 1 as the engine runs them: per group of references
     (indices into ``raw``; one engine batch each), every round goes through the engine's own
-    :class:`~speclimits.control.extension.RoundDriver` (caps, per-request stops, the batch-level keep,
+    :class:`~speclimits.control.driver.RoundDriver` (caps, per-request stops, the batch-level keep,
     the Delta rules' one decision per batch), the requests keep the recorded greedy outcome, and the
     step costs what the profile says a step of that shape costs (:meth:`EngineProfile.step_ms
     <speclimits.control.profile.EngineProfile.step_ms>`): the verification pass of all the
@@ -228,7 +228,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     Delta rules price a pass with the measured ones, as in the engine). Returns per
     name ``ms_per_token`` (all groups), ``tokens_per_round`` per request, ``mean_k``, and
     ``wasted_draft_steps`` per request per round."""
-    from speclimits.control.extension import RoundDriver  # free of vLLM (the driver's module imports it lazily)
+    from speclimits.control.driver import RoundDriver
     from speclimits.control.profile import PriceClock
 
     out: dict[str, dict[str, float]] = {}

@@ -13,7 +13,7 @@ inputs (exact policy evaluation, rollouts, fitting) is :mod:`speclimits.control.
 
 Each rule has two forms of one decision: arrays over states (``plan``, ``more``, ``observe``: the
 offline harness, thousands of states at once) and Python scalars, one request at a time (``engine_*``:
-what the worker runs, driven by :class:`speclimits.control.extension.RoundDriver`). Inside vLLM a
+what the worker runs, driven by :class:`speclimits.control.driver.RoundDriver`). Inside vLLM a
 numpy call right after a forward pass costs 10–20 µs (its code and data are out of the caches; the
 same call in isolation takes 1–3 µs), a float operation well under 1 µs, so at the batch sizes a CPU
 engine runs the scalar form decides several times faster from tables precomputed at ``setup``; the

@@ -1,0 +1,218 @@
+"""The policy's side of the engine's rounds: :class:`RoundDriver`, free of vLLM.
+
+The worker extension (:mod:`speclimits.control.extension`) drives it from vLLM's hooks; the offline
+harness (:mod:`speclimits.control.policies`, :func:`speclimits.control.offline.batch_replay`) drives it
+with recorded confidences and outcomes. One decision path for both: the rules' engine form
+(:mod:`speclimits.control.rules`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from speclimits.control.rules import Policy
+
+
+class EngineRound:
+    """One drafting round of the batch, as the :class:`RoundDriver` keeps it: request ids, caps, each
+    request's round context, kept k (-1: still drafting), running confidence products, the drafted
+    confidences (only where a batch-level keep rule reads them), steps drafted."""
+
+    __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
+                 "prods")
+
+    def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool,
+                 shared: bool = False) -> None:
+        self.rids, self.cap, self.ctx, self.k_call = rids, cap, ctx, k_call
+        self.cap_max = max(cap) if cap else 0
+        self.keep = [-1] * len(rids)
+        self.prod = [1.0] * len(rids)
+        self.confs: list[list[float]] | None = [[] for _ in rids] if keep_confs else None
+        #: one decision for the batch: each request's running products P_1..P_j (else None)
+        self.prods: list[list[float]] | None = [[] for _ in rids] if shared else None
+        self.live = len(rids)
+        self.j = 0
+        self.tokens: list[Any] = []
+        self.early = False
+
+
+class RoundDriver:
+    """The policy's side of the engine's rounds, one request at a time in Python scalars (the rules'
+    ``engine_*`` form; see :mod:`speclimits.control.rules` for why): per-request memory by request id,
+    :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft step,
+    :meth:`finish` when the drafter stopped (kept k), :meth:`observe` after verification. Free of vLLM,
+    so the tests drive it with recorded confidences."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.state: dict[str, Any] = {}
+        self.plan_only = policy.plan_only
+        self.has_state = policy.engine_state() is not None
+        #: whether the outcome of each round is passed on (a rule with no memory has nothing to update)
+        self.observes = self.has_state and type(policy).engine_observe is not Policy.engine_observe
+        self.batch_keep = type(policy).engine_final_keep is not Policy.engine_final_keep
+        self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
+        #: one plan for the batch from all live requests' states (a plan-only rule that pools them)
+        self.batch_plan = type(policy).engine_batch_plan is not Policy.engine_batch_plan
+        self._round_hook = type(policy).engine_round is not Policy.engine_round
+        # bound once: a draft step calls them per request
+        self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
+        self._calibrate_many = policy.engine_calibrate_many
+        self._batch_more = getattr(policy, "engine_batch_more", None)
+
+    def _state(self, rid: str) -> Any:
+        st = self.state.get(rid)
+        if st is None:
+            st = self.state[rid] = self.policy.engine_state()
+        return st
+
+    def begin(self, rids: list[str], k_call: int) -> EngineRound:
+        """The round's caps (1..k_call) and contexts, before drafting."""
+        pol, hi = self.policy, max(k_call, 1)
+        if self._round_hook:
+            pol.engine_round()
+        if len(rids) == 1:  # batch 1: the lists below for one request
+            st = self._state(rids[0]) if self.has_state else None
+            ctx = [] if self.plan_only else [pol.engine_context(st)]
+            return EngineRound(rids, [min(max(pol.engine_plan(st), 1), hi)], ctx, k_call, False, False)
+        n = len(rids)
+        if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
+            cap = [min(max(pol.engine_plan(None), 1), hi)] * n
+            ctx = [] if self.plan_only else [pol.engine_context(None)] * n
+        else:
+            sts = [self._state(r) for r in rids] if self.has_state else [None] * n
+            batch = pol.engine_batch_plan(sts) if self.batch_plan else None
+            cap, ctx = [], []
+            for i, st in enumerate(sts):
+                cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 1), hi))
+                if not self.plan_only:
+                    ctx.append(pol.engine_context(st))
+        shared = self.shared and n > 1
+        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
+
+    def wants_confidence(self, rnd: EngineRound) -> bool:
+        """Whether the draft step about to be booked needs the confidences: a request may still
+        stop there (or a batch-level keep rule reads every step's)."""
+        if self.plan_only:
+            return False
+        if rnd.confs is not None or rnd.prods is not None:
+            return True
+        j = rnd.j + 1
+        if j >= rnd.k_call or j >= rnd.cap_max:
+            return False
+        if len(rnd.keep) == 1:  # batch 1: a request that stopped has ended the round
+            return rnd.keep[0] < 0
+        for k, c in zip(rnd.keep, rnd.cap):
+            if k < 0 and c > j:
+                return True
+        return False
+
+    def step(self, rnd: EngineRound, top1: list[float] | None) -> bool:
+        """Book draft step j = ``rnd.j + 1`` (``top1``: its top-1 probabilities, or None when
+        :meth:`wants_confidence` said no); True when every request has stopped."""
+        rnd.j = j = rnd.j + 1
+        prods = rnd.prods
+        if prods is not None:  # one decision for the batch: every request drafts until it stops
+            prod, i = rnd.prod, 0
+            for c in self._calibrate_many(top1):
+                prod[i] = c = prod[i] * c
+                prods[i].append(c)
+                i += 1
+            last = min(rnd.k_call, rnd.cap_max)
+            if j >= last or not self._batch_more(j, prods, rnd.ctx, last):
+                rnd.live = 0
+            return rnd.live == 0
+        keep, cap = rnd.keep, rnd.cap
+        if len(keep) == 1 and rnd.confs is None and not self.plan_only:
+            # batch 1: the loop at the end, for one request
+            if keep[0] < 0:
+                if cap[0] <= j or top1 is None:
+                    if cap[0] <= j or j >= rnd.k_call:
+                        keep[0], rnd.live = min(cap[0], j), 0
+                    return rnd.live == 0
+                c = self._calibrate(top1[0])
+                prod = rnd.prod
+                prod[0] *= c
+                out = self._more(j, c, prod[0], rnd.ctx[0])
+                if out >= 0:
+                    keep[0], rnd.live = out, 0
+                elif j >= rnd.k_call:
+                    keep[0], rnd.live = j, 0
+            return rnd.live == 0
+        if self.plan_only:
+            if j >= rnd.cap_max or j >= rnd.k_call:
+                for i, c in enumerate(cap):
+                    keep[i] = min(c, j)
+                rnd.live = 0
+            return rnd.live == 0
+        prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
+        calibrate, more = self._calibrate, self._more
+        for i in range(len(keep)):
+            if keep[i] >= 0 or cap[i] <= j:
+                if keep[i] < 0:
+                    keep[i] = cap[i]
+                    rnd.live -= 1
+                if confs is not None:
+                    confs[i].append(calibrate(top1[i]))
+                continue
+            if top1 is None:  # no request can stop here (wants_confidence): the cap or k_call ends them
+                continue
+            c = calibrate(top1[i])
+            if confs is not None:
+                confs[i].append(c)
+            prod[i] *= c
+            out = more(j, c, prod[i], ctx[i])
+            if out >= 0:
+                keep[i] = out
+                rnd.live -= 1
+        if j >= rnd.k_call and rnd.live:
+            for i in range(len(keep)):
+                if keep[i] < 0:
+                    keep[i] = j
+            rnd.live = 0
+        return rnd.live == 0
+
+    def finish(self, rnd: EngineRound) -> list[int]:
+        """The k each request keeps once the drafter stopped after ``rnd.j`` steps (a request that
+        stopped before the last one may keep more of the paid steps: the rule's batch-level keep)."""
+        drafted = rnd.j
+        if rnd.prods is not None:
+            return self.policy.engine_batch_keep(rnd.prods, rnd.ctx) if drafted else [0] * len(rnd.rids)
+        if len(rnd.keep) == 1:  # batch 1 (a comprehension is a call of its own)
+            k = rnd.keep[0]
+            return [drafted if k < 0 else k]
+        keep = [drafted if k < 0 else k for k in rnd.keep]
+        if rnd.confs is not None:
+            pol = self.policy
+            keep = [pol.engine_final_keep(rnd.confs[i], k, rnd.ctx[i]) if k < drafted else k
+                    for i, k in enumerate(keep)]
+        return keep
+
+    def run_round(self, rids: list[str], conf: Any, k_call: int) -> tuple[list[int], int]:
+        """One whole round from recorded top-1 probabilities ``conf`` ((len(rids), >= k_call), row i for
+        request i), as the engine's hooks drive it: :meth:`begin`, :meth:`step` per draft step (reading
+        a column only where :meth:`wants_confidence` says), :meth:`finish`. Returns (kept k, steps drafted)."""
+        rnd = self.begin(rids, k_call)
+        for j in range(1, k_call + 1):
+            top1 = conf[:, j - 1].tolist() if self.wants_confidence(rnd) else None
+            if self.step(rnd, top1):
+                break
+        return self.finish(rnd), rnd.j
+
+    def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
+        """After verification: request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and
+        each paid ``cost_ms`` of the step."""
+        if not self.observes:
+            return
+        for rid, k, e in zip(rids, ks, emitted):
+            self.observe_one(rid, k, cost_ms, e)
+
+    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float) -> None:
+        """:meth:`observe` for one request (what the engine calls, request by request)."""
+        if self.observes:
+            st = self.state.get(rid)
+            self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
+
+    def release(self, rids: Any) -> None:
+        for rid in rids:
+            self.state.pop(rid, None)
