@@ -67,15 +67,18 @@ print(f"{res.n_rows:,} rounds, {res.n_generations:,} generations, K = {list(res.
 # appendix (it prints no full Table A2, only these values).
 
 # %% tags=["hide-input"]
-page.table(views.factor_table(res), "tbl-factors-a2",
-           "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
-           "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
-           "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
+if len(res.table):
+    page.table(views.factor_table(res), "tbl-factors-a2",
+               "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
+               "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
+               "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
+page.shows("every factor or every $K$", res.why_missing())
 
 # %% tags=["hide-input"]
-page.figure(figures.factor_cv_chart(res), "fig-factors-cv",
-            "Out-of-sample $R^2$ of each factor alone (left) and the RMSE it removes on top of $\\bar U_r$ "
-            "(right), with 95% fold intervals. Look for the factor that is strong alone and the one that adds most.")
+if len(res.table):
+    page.figure(figures.factor_cv_chart(res), "fig-factors-cv",
+                "Out-of-sample $R^2$ of each factor alone (left) and the RMSE it removes on top of $\\bar U_r$ "
+                "(right), with 95% fold intervals. Look for the factor that is strong alone and the one that adds most.")
 
 # %% [markdown]
 # In the paper the budget predicts moderately on its own but adds little on top of $\bar U_r$:

@@ -46,6 +46,7 @@ from speclimits import figures
 from speclimits.book.views import oracle as view
 from speclimits.bootstrap import HEADLINE_N_BOOT
 from speclimits.oracle import prepare_oracle, sweep_k_max
+from speclimits.oracle.prepare import oracle_data_missing
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
@@ -73,16 +74,18 @@ key = page.key_results("sec-oracle", "the Oracle bound")
 
 # %% tags=["hide-input"]
 tr = page.load(trace)
-setup = prepare_oracle(tr, cost_model, surrogate)
-k_asked = k_max
-k_max, k_note = setup.priced_k_max(k_max)
-n_boot, n_rollouts = bs.smoke_sizes(smoke, oracle_n_boot=n_boot, n_rollouts=n_rollouts)
-kinds = list(setup.kind_counts())
-greedy = setup.for_kind(setup.headline_kind)
-print(view.wrap(view.relative_paths([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
-                                     f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"],
-                                    cost_model, tr.path)))
-page.shows(f"the bound with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
+oracle_ok = page.shows("the Oracle bound (this whole section)", oracle_data_missing(tr))
+if oracle_ok:
+    setup = prepare_oracle(tr, cost_model, surrogate)
+    k_asked = k_max
+    k_max, k_note = setup.priced_k_max(k_max)
+    n_boot, n_rollouts = bs.smoke_sizes(smoke, oracle_n_boot=n_boot, n_rollouts=n_rollouts)
+    kinds = list(setup.kind_counts())
+    greedy = setup.for_kind(setup.headline_kind)
+    print(view.wrap(view.relative_paths([tr.source_label, *setup.notes, f"{setup.inputs.n_sequences} reference sequences "
+                                         f"({setup.kind_counts()}), {setup.inputs.n_states:,} states, K_max = {k_max}"],
+                                        cost_model, tr.path)))
+    page.shows(f"the bound with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
 
 # %% [markdown]
 # ## Which surrogate: is the draft's probability calibrated?
@@ -97,14 +100,16 @@ page.shows(f"the bound with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k
 # (five folds by sequence), so that no state's own outcome enters its probability.
 
 # %% tags=["hide-input"]
-page.table(view.calibration(calibration_table(setup.raw_inputs)), "tbl-oracle-calibration",
-           "Calibration of the draft's probability $q$ of the reference token, by draft step $i$: the mean $q$ "
-           "and the mean draft confidence beside the observed greedy match rate, among the states whose greedy "
-           "round reached step $i$. A match rate above the mean $q$ means $q$ understates the draft.",
-           decimals=3)
+if oracle_ok:
+    page.table(view.calibration(calibration_table(setup.raw_inputs)), "tbl-oracle-calibration",
+               "Calibration of the draft's probability $q$ of the reference token, by draft step $i$: the mean $q$ "
+               "and the mean draft confidence beside the observed greedy match rate, among the states whose greedy "
+               "round reached step $i$. A match rate above the mean $q$ means $q$ understates the draft.",
+               decimals=3)
 
 # %% tags=["hide-input"]
-print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate_label)))
+if oracle_ok:
+    print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate_label)))
 
 # %% [markdown]
 # ## Does the Oracle's world reproduce the measured sweep?
@@ -117,21 +122,24 @@ print(view.wrap(view.calibration_sentence(setup.calibration_gap, setup.surrogate
 # cost model's alone.
 
 # %% tags=["hide-input"]
-valid = validation_by_surrogate(setup, kind=setup.headline_kind, k_max=k_max)
-vt = view.validation(valid, setup.surrogate_label)
-page.table(vt, "tbl-oracle-validation",
-           "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
-           "relative error of the predicted speedup (%) under each surrogate, the one the Oracle uses first; "
-           "the last row gives each surrogate's largest absolute error. Look for errors within ±5%.",
-           decimals=3)
+if oracle_ok:
+    valid = validation_by_surrogate(setup, kind=setup.headline_kind, k_max=k_max)
+    vt = view.validation(valid, setup.surrogate_label)
+    page.table(vt, "tbl-oracle-validation",
+               "Static-$K$ speedups inside the Oracle's model against the measured sweep on the same prompts: "
+               "relative error of the predicted speedup (%) under each surrogate, the one the Oracle uses first; "
+               "the last row gives each surrogate's largest absolute error. Look for errors within ±5%.",
+               decimals=3)
 
 # %% tags=["hide-input"]
-page.figure(figures.oracle_validation(valid), "fig-oracle-validation",
-            "Measured static-$K$ speedups (the sweep) and the speedups the Oracle's model predicts for the "
-            "same $K$ under each surrogate. A surrogate whose curve leaves the measured one bounds a different world.")
+if oracle_ok:
+    page.figure(figures.oracle_validation(valid), "fig-oracle-validation",
+                "Measured static-$K$ speedups (the sweep) and the speedups the Oracle's model predicts for the "
+                "same $K$ under each surrogate. A surrogate whose curve leaves the measured one bounds a different world.")
 
 # %% tags=["hide-input"]
-print(view.wrap(view.validation_sentence(valid, setup.surrogate_label)))
+if oracle_ok:
+    print(view.wrap(view.validation_sentence(valid, setup.surrogate_label)))
 
 # %% [markdown]
 # ## The bound
@@ -143,31 +151,35 @@ print(view.wrap(view.validation_sentence(valid, setup.surrogate_label)))
 # {numref}`tbl-oracle-kinds` gives the bound for each kind of reference.
 
 # %% tags=["hide-input"]
-report = oracle_report(tr, setup=setup, k_max=k_max, n_boot=n_boot, seed=seed)
-print(f"{report.interval.n_boot if report.interval is not None else 0} cost-model bootstrap replicates")
+if oracle_ok:
+    report = oracle_report(tr, setup=setup, k_max=k_max, n_boot=n_boot, seed=seed)
+    print(f"{report.interval.n_boot if report.interval is not None else 0} cost-model bootstrap replicates")
 
 # %% tags=["hide-input"]
-bt = view.bound(report)
-page.table(bt, "tbl-oracle-bound",
-           f"The Oracle bound on the {report.headline_kind} references, with 95% percentile intervals over "
-           "cost-model refits on resampled generations, beside the bound with plain autoregressive steps "
-           "($k = 0$) allowed. The appendix gives no Oracle speedup; the accepted-length value attributed "
-           "to the paper comes from a third-party summary.")
+if oracle_ok:
+    bt = view.bound(report)
+    page.table(bt, "tbl-oracle-bound",
+               f"The Oracle bound on the {report.headline_kind} references, with 95% percentile intervals over "
+               "cost-model refits on resampled generations, beside the bound with plain autoregressive steps "
+               "($k = 0$) allowed. The appendix gives no Oracle speedup; the accepted-length value attributed "
+               "to the paper comes from a third-party summary.")
 
 # %% tags=["hide-input"]
-page.table(view.by_kind(report), "tbl-oracle-kinds",
-           "The bound by kind of reference sequence: the target's own greedy output (the paper's setting), "
-           "held-out teacher-forced text, and all together. The best static $K$ is the best in hindsight on "
-           "the same sequences.", decimals=3)
+if oracle_ok:
+    page.table(view.by_kind(report), "tbl-oracle-kinds",
+               "The bound by kind of reference sequence: the target's own greedy output (the paper's setting), "
+               "held-out teacher-forced text, and all together. The best static $K$ is the best in hindsight on "
+               "the same sequences.", decimals=3)
 
 # %% [markdown]
 # Where the Oracle's time goes on the greedy references, summed along its own trajectories
 # ({numref}`tbl-oracle-breakdown`):
 
 # %% tags=["hide-input"]
-page.table(view.breakdown(report.headline.bounds), "tbl-oracle-breakdown",
-           "Expected time along the Oracle's own trajectories on the headline references, by term of the round "
-           "cost $C(n,k)$.", decimals={"Expected time (ms)": 1, "Share (%)": 1})
+if oracle_ok:
+    page.table(view.breakdown(report.headline.bounds), "tbl-oracle-breakdown",
+               "Expected time along the Oracle's own trajectories on the headline references, by term of the round "
+               "cost $C(n,k)$.", decimals={"Expected time (ms)": 1, "Share (%)": 1})
 
 # %% [markdown]
 # ## The value along one sequence
@@ -179,22 +191,25 @@ page.table(view.breakdown(report.headline.bounds), "tbl-oracle-breakdown",
 # Oracle drafts long.
 
 # %% tags=["hide-input"]
-states = report.headline.to_frame()
-example, n_example = view.example_sequence(report)
-page.figure(figures.oracle_value_along_sequence(states, example), "fig-oracle-value",
-            f"Value $V(n)$ (expected ms to finish) and the Oracle's draft length $k^\\star(n)$ along sequence "
-            f"`{example}` ({report.headline_kind} reference of median length, $N = {n_example}$; "
-            f"$\\lambda = {report.headline.ms_per_token:.3f}$ ms/token). A straight $V$ means a constant "
-            "value of a token.")
+if oracle_ok:
+    states = report.headline.to_frame()
+    example, n_example = view.example_sequence(report)
+    page.figure(figures.oracle_value_along_sequence(states, example), "fig-oracle-value",
+                f"Value $V(n)$ (expected ms to finish) and the Oracle's draft length $k^\\star(n)$ along sequence "
+                f"`{example}` ({report.headline_kind} reference of median length, $N = {n_example}$; "
+                f"$\\lambda = {report.headline.ms_per_token:.3f}$ ms/token). A straight $V$ means a constant "
+                "value of a token.")
 
 # %% tags=["hide-input"]
-page.figure(figures.oracle_k_star_distribution(states), "fig-oracle-k-star",
-            f"Distribution of the Oracle's draft length $k^\\star$ over the states of the {report.headline_kind} "
-            "references. Mass at $K_{\\max}$ means the bound would grow with longer drafts.")
+if oracle_ok:
+    page.figure(figures.oracle_k_star_distribution(states), "fig-oracle-k-star",
+                f"Distribution of the Oracle's draft length $k^\\star$ over the states of the {report.headline_kind} "
+                "references. Mass at $K_{\\max}$ means the bound would grow with longer drafts.")
 
 # %% tags=["hide-input"]
-page.table(view.k_star_shares(report), "tbl-oracle-k-star",
-           "Share of states (%) at each Oracle draft length $k^\\star$, by kind of reference.", decimals=1)
+if oracle_ok:
+    page.table(view.k_star_shares(report), "tbl-oracle-k-star",
+               "Share of states (%) at each Oracle draft length $k^\\star$, by kind of reference.", decimals=1)
 
 # %% [markdown]
 # ## The bound as $K_{\max}$ grows
@@ -206,19 +221,21 @@ page.table(view.k_star_shares(report), "tbl-oracle-k-star",
 # {numref}`fig-oracle-k-max` show where the bound saturates.
 
 # %% tags=["hide-input"]
-sweeps = {kind: sweep_k_max(setup.for_kind(kind).inputs, setup.model, range(1, k_max + 1),
-                            deterministic=setup.deterministic) for kind in kinds}
-sweep = sweeps[setup.headline_kind]
-shown, full = view.k_max_sweep(sweeps)
-page.table(shown, "tbl-oracle-k-max",
-           "The Oracle with drafts of at most $K_{\\max}$ tokens, by kind of reference: speedup over "
-           "autoregressive, gain over the best static $K \\le K_{\\max}$, and accepted drafts per round.",
-           decimals=3, full=full)
+if oracle_ok:
+    sweeps = {kind: sweep_k_max(setup.for_kind(kind).inputs, setup.model, range(1, k_max + 1),
+                                deterministic=setup.deterministic) for kind in kinds}
+    sweep = sweeps[setup.headline_kind]
+    shown, full = view.k_max_sweep(sweeps)
+    page.table(shown, "tbl-oracle-k-max",
+               "The Oracle with drafts of at most $K_{\\max}$ tokens, by kind of reference: speedup over "
+               "autoregressive, gain over the best static $K \\le K_{\\max}$, and accepted drafts per round.",
+               decimals=3, full=full)
 
 # %% tags=["hide-input"]
-page.figure(figures.oracle_speedup_by_k_max(sweep), "fig-oracle-k-max",
-            "The Oracle's speedup and the best static $K$'s as the largest allowed draft $K_{\\max}$ grows "
-            "(greedy references where present). The gap between the curves is the gain of adapting $k$.")
+if oracle_ok:
+    page.figure(figures.oracle_speedup_by_k_max(sweep), "fig-oracle-k-max",
+                "The Oracle's speedup and the best static $K$'s as the largest allowed draft $K_{\\max}$ grows "
+                "(greedy references where present). The gap between the curves is the gain of adapting $k$.")
 
 # %% [markdown]
 # ## Delta Space
@@ -232,24 +249,28 @@ page.figure(figures.oracle_speedup_by_k_max(sweep), "fig-oracle-k-max",
 # {numref}`fig-oracle-delta-space`).
 
 # %% tags=["hide-input"]
-ds = delta_space(report.headline, n_boot=n_boot, seed=seed)
-dt = view.delta_line(ds.line)
-page.table(dt, "tbl-oracle-delta-line",
-           "The line separating accepted from rejected extensions in Delta Space, against the prediction "
-           "that its slope is the Oracle's time per token λ.")
+if oracle_ok:
+    ds = delta_space(report.headline, n_boot=n_boot, seed=seed)
+    dt = view.delta_line(ds.line)
+    page.table(dt, "tbl-oracle-delta-line",
+               "The line separating accepted from rejected extensions in Delta Space, against the prediction "
+               "that its slope is the Oracle's time per token λ.")
 
 # %% tags=["hide-input"]
-print(view.wrap(ds.line.verdict()))
+if oracle_ok:
+    print(view.wrap(ds.line.verdict()))
 
 # %% tags=["hide-input"]
-page.figure(figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, seed=seed), "fig-oracle-delta-space",
-            "Delta Space: each point is one state and one extension $k \\to k{+}1$, at its gain in expected "
-            "accepted drafts and its added expected cost, coloured by whether the Oracle takes it; the fitted "
-            "through-origin line and the line of slope λ. Look for accepted points above the lines.")
+if oracle_ok:
+    page.figure(figures.oracle_delta_space(ds.points, ds.line.slope, ds.line.lambda_, seed=seed), "fig-oracle-delta-space",
+                "Delta Space: each point is one state and one extension $k \\to k{+}1$, at its gain in expected "
+                "accepted drafts and its added expected cost, coloured by whether the Oracle takes it; the fitted "
+                "through-origin line and the line of slope λ. Look for accepted points above the lines.")
 
 # %% tags=["hide-input"]
-page.table(view.delta_by_k(ds.points), "tbl-oracle-delta-by-k",
-           "Delta-Space points by extension $k \\to k{+}1$ and the share of them the Oracle takes.", decimals=1)
+if oracle_ok:
+    page.table(view.delta_by_k(ds.points), "tbl-oracle-delta-by-k",
+               "Delta-Space points by extension $k \\to k{+}1$ and the share of them the Oracle takes.", decimals=1)
 
 # %% [markdown]
 # Why the prediction can fail: a line through the origin is only a necessary condition. $Q(n,k)$
@@ -265,22 +286,25 @@ page.table(view.delta_by_k(ds.points), "tbl-oracle-delta-by-k",
 # {numref}`fig-oracle-ablation-moves` show how $k^\star$ moves without the expert term.
 
 # %% tags=["hide-input"]
-ab = alpha_ablation(report.headline, draft_prob=greedy.raw_inputs.match_prob)
-at = view.ablation(ab)
-page.table(at, "tbl-oracle-ablation",
-           "The Oracle with the full cost model against the Oracle re-solved with $\\alpha = 0$ (no expert "
-           "term), and the $\\alpha = 0$ policy priced at the full cost.")
+if oracle_ok:
+    ab = alpha_ablation(report.headline, draft_prob=greedy.raw_inputs.match_prob)
+    at = view.ablation(ab)
+    page.table(at, "tbl-oracle-ablation",
+               "The Oracle with the full cost model against the Oracle re-solved with $\\alpha = 0$ (no expert "
+               "term), and the $\\alpha = 0$ policy priced at the full cost.")
 
 # %% tags=["hide-input"]
-page.table(view.moves(ab), "tbl-oracle-ablation-moves",
-           "How the Oracle's draft length changes when the expert term is dropped: states whose $k^\\star$ "
-           "gets longer, stays, or gets shorter, and the mean size of the change.",
-           decimals={"Share (%)": 1, "Mean change of $k^\\star$": 2})
+if oracle_ok:
+    page.table(view.moves(ab), "tbl-oracle-ablation-moves",
+               "How the Oracle's draft length changes when the expert term is dropped: states whose $k^\\star$ "
+               "gets longer, stays, or gets shorter, and the mean size of the change.",
+               decimals={"Share (%)": 1, "Mean change of $k^\\star$": 2})
 
 # %% tags=["hide-input"]
-page.figure(figures.oracle_ablation_moves(ab.transitions), "fig-oracle-ablation-moves",
-            "States by the Oracle's draft length with the full cost ($k^\\star$) and with $\\alpha = 0$. "
-            "Cells off the diagonal are states where the expert term changes the choice.")
+if oracle_ok:
+    page.figure(figures.oracle_ablation_moves(ab.transitions), "fig-oracle-ablation-moves",
+                "States by the Oracle's draft length with the full cost ($k^\\star$) and with $\\alpha = 0$. "
+                "Cells off the diagonal are states where the expert term changes the choice.")
 
 # %% [markdown]
 # States where $Q^0(k^\star+1) - Q^0(k^\star) < 0$: without the expert term a longer draft would win, so
@@ -290,19 +314,21 @@ page.figure(figures.oracle_ablation_moves(ab.transitions), "fig-oracle-ablation-
 # ({numref}`tbl-oracle-cases`, {numref}`tbl-oracle-cases-top`).
 
 # %% tags=["hide-input"]
-page.table(view.cases_by_boundary(ab), "tbl-oracle-cases",
-           "States where the expert term alone sets the Oracle's boundary, by boundary "
-           "$k^\\star \\to k^\\star{+}1$: cases, their share of all states, and the added-token match probability. "
-           "The paper's four cases C1–C4 sit at the boundaries marked.", decimals={"Share of states (%)": 2})
+if oracle_ok:
+    page.table(view.cases_by_boundary(ab), "tbl-oracle-cases",
+               "States where the expert term alone sets the Oracle's boundary, by boundary "
+               "$k^\\star \\to k^\\star{+}1$: cases, their share of all states, and the added-token match probability. "
+               "The paper's four cases C1–C4 sit at the boundaries marked.", decimals={"Share of states (%)": 2})
 
 # %% tags=["hide-input"]
-n_cases, share_in_range = view.cases_in_paper_range(ab)
-shown, full = view.top_cases(ab)
-page.table(shown, "tbl-oracle-cases-top",
-           f"The cases with the highest added-token match probability. Of all {n_cases} cases, "
-           f"{share_in_range:.1%} have an added-token match probability inside the paper's range "
-           f"[{view.paper.CASE_MATCH_RANGE[0]:.4f}; {view.paper.CASE_MATCH_RANGE[1]:.4f}].",
-           decimals={"$Q^0(k^\\star{+}1) - Q^0(k^\\star)$ (ms)": 3, "Added-token match prob.": 4}, full=full)
+if oracle_ok:
+    n_cases, share_in_range = view.cases_in_paper_range(ab)
+    shown, full = view.top_cases(ab)
+    page.table(shown, "tbl-oracle-cases-top",
+               f"The cases with the highest added-token match probability. Of all {n_cases} cases, "
+               f"{share_in_range:.1%} have an added-token match probability inside the paper's range "
+               f"[{view.paper.CASE_MATCH_RANGE[0]:.4f}; {view.paper.CASE_MATCH_RANGE[1]:.4f}].",
+               decimals={"$Q^0(k^\\star{+}1) - Q^0(k^\\star)$ (ms)": 3, "Added-token match prob.": 4}, full=full)
 
 # %% [markdown]
 # ## Online policies against the bound
@@ -332,51 +358,56 @@ page.table(shown, "tbl-oracle-cases-top",
 # in {ref}`sec-online-control`.
 
 # %% tags=["hide-input"]
-policies = {}
-for kind in kinds:
-    sub = setup.for_kind(kind)
-    if sub.inputs.n_sequences < 4:
-        print(f"{kind}: {sub.inputs.n_sequences} sequences, too few to split into training and held-out halves")
-        continue
-    policies[kind] = compare_policies(sub, k_max=min(policy_k_max, k_max), test_share=test_share, seed=seed,
-                                      n_rollouts=n_rollouts)
-    for line in policies[kind].notes:
-        print(view.wrap(f"{kind}: {line}"))
-pc_kind = HEADLINE_KIND if HEADLINE_KIND in policies else next(iter(policies))
-pc = policies[pc_kind]
-page.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
-           "The split of each kind of reference into training and held-out sequences, the tuned confidence "
-           "threshold τ, the Delta rule's λ (tuned on the training half, ms per token) and the best static "
-           "$K$ on each half.", decimals=3)
+if oracle_ok:
+    policies = {}
+    for kind in kinds:
+        sub = setup.for_kind(kind)
+        if sub.inputs.n_sequences < 4:
+            print(f"{kind}: {sub.inputs.n_sequences} sequences, too few to split into training and held-out halves")
+            continue
+        policies[kind] = compare_policies(sub, k_max=min(policy_k_max, k_max), test_share=test_share, seed=seed,
+                                          n_rollouts=n_rollouts)
+        for line in policies[kind].notes:
+            print(view.wrap(f"{kind}: {line}"))
+    pc_kind = HEADLINE_KIND if HEADLINE_KIND in policies else next(iter(policies))
+    pc = policies[pc_kind]
+    page.table(view.policy_setup(policies), "tbl-oracle-policy-setup",
+               "The split of each kind of reference into training and held-out sequences, the tuned confidence "
+               "threshold τ, the Delta rule's λ (tuned on the training half, ms per token) and the best static "
+               "$K$ on each half.", decimals=3)
 
 # %% tags=["hide-input"]
-shown, full = view.policies(pc)
-page.table(shown, "tbl-oracle-policies",
-           f"Online policies on the held-out {pc_kind} references against the best static $K$ and the Oracle: "
-           "expected time (± Monte Carlo s.e. for rules with memory, evaluated by rollouts), speedup over "
-           "autoregressive, and the share of the Oracle's gain over the best static $K$ they capture. Every "
-           "static $K$ is in the full table.",
-           decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
-           full=full)
-
-# %% tags=["hide-input"]
-page.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
-            "Expected time of every policy on the held-out sequences (bars: ±2 Monte Carlo s.e. for rollout "
-            "estimates), fastest first. Look where the online rules fall between the Oracle bound and the best "
-            "static $K$.")
-
-# %% tags=["hide-input"]
-if TEACHER_FORCED in policies:
-    tf = policies[TEACHER_FORCED]
-    shown, full = view.policies(tf)
-    page.table(shown, "tbl-oracle-policies-teacher-forced",
-               "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
-               f"output); here the best static $K$ in hindsight is $K = {tf.best_static_k_test}$.",
+if oracle_ok:
+    shown, full = view.policies(pc)
+    page.table(shown, "tbl-oracle-policies",
+               f"Online policies on the held-out {pc_kind} references against the best static $K$ and the Oracle: "
+               "expected time (± Monte Carlo s.e. for rules with memory, evaluated by rollouts), speedup over "
+               "autoregressive, and the share of the Oracle's gain over the best static $K$ they capture. Every "
+               "static $K$ is in the full table.",
                decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
                full=full)
 
+# %% tags=["hide-input"]
+if oracle_ok:
+    page.figure(figures.oracle_policy_comparison(pc.table), "fig-oracle-policies",
+                "Expected time of every policy on the held-out sequences (bars: ±2 Monte Carlo s.e. for rollout "
+                "estimates), fastest first. Look where the online rules fall between the Oracle bound and the best "
+                "static $K$.")
+
+# %% tags=["hide-input"]
+if oracle_ok:
+    if TEACHER_FORCED in policies:
+        tf = policies[TEACHER_FORCED]
+        shown, full = view.policies(tf)
+        page.table(shown, "tbl-oracle-policies-teacher-forced",
+                   "The same policies on the held-out teacher-forced references (held-out text, not the target's own "
+                   f"output); here the best static $K$ in hindsight is $K = {tf.best_static_k_test}$.",
+                   decimals={"Tokens per round": 3, "Speedup (×)": 3, "vs best static K (×)": 3, "Gain captured (%)": 1},
+                   full=full)
+
 # %% tags=["remove-input"]
-key.fill(view.key_results(report, best_online(pc.table)))
+key.fill(view.key_results(report, best_online(pc.table)) if oracle_ok else
+         [bs.Result("Oracle bound", bs.NOT_IDENTIFIED)])
 
 # %% [markdown]
 # The paper stops at the bound; these rows say how much of it a running system can reach with

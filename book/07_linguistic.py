@@ -38,6 +38,7 @@ from speclimits.book.views import linguistic as view
 from speclimits.book.views.oracle import relative_paths
 from speclimits.linguistic import gallery
 from speclimits.oracle import prepare_oracle
+from speclimits.oracle.prepare import oracle_data_missing
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.vocabulary import TEACHER_FORCED
 
@@ -59,16 +60,18 @@ key = page.key_results("sec-linguistic", "linguistic study")
 
 # %% tags=["hide-input"]
 tr = page.load(trace)
-print(tr.source_label)
-boot = bs.smoke_sizes(smoke, n_boot=n_boot)
-setup = prepare_oracle(tr, cost_model, surrogate)
-print("\n".join(relative_paths(setup.notes, cost_model, tr.path)))
-k_asked = setup.inputs.k_list if k_max is None else k_max
-k_max, k_note = setup.priced_k_max(k_max)
-page.shows(f"the Oracle with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
-res = setup.solve(k_max=k_max)
-print(res.summary())
-kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
+oracle_ok = page.shows("the linguistic study (this whole section: it solves the Oracle)", oracle_data_missing(tr))
+if oracle_ok:
+    print(tr.source_label)
+    boot = bs.smoke_sizes(smoke, n_boot=n_boot)
+    setup = prepare_oracle(tr, cost_model, surrogate)
+    print("\n".join(relative_paths(setup.notes, cost_model, tr.path)))
+    k_asked = setup.inputs.k_list if k_max is None else k_max
+    k_max, k_note = setup.priced_k_max(k_max)
+    page.shows(f"the Oracle with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
+    res = setup.solve(k_max=k_max)
+    print(res.summary())
+    kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
 
 # %% [markdown]
 # **The join.** Where the draft's first token matched (`accept_len` ≥ 1), it *is* the reference
@@ -77,11 +80,12 @@ kind_of = dict(zip(setup.inputs.seq_ids.astype(str), setup.kinds))
 # from it for the other rule (row `pos`). A simulated trace records no draft tokens (no table then).
 
 # %% tags=["hide-input"]
-has_drafts = tr.oracle is not None and "draft_tokens" in tr.oracle.columns
-if has_drafts:
-    page.table(view.alignment(ling.alignment_check(tr.oracle, tr.tokens, kind_of)), "tbl-ling-alignment",
-               "The join check: share of states whose matched first draft token equals token row `pos + 1` "
-               "(the convention) and row `pos` (the other rule), per kind of reference.", decimals=3)
+if oracle_ok:
+    has_drafts = tr.oracle is not None and "draft_tokens" in tr.oracle.columns
+    if has_drafts:
+        page.table(view.alignment(ling.alignment_check(tr.oracle, tr.tokens, kind_of)), "tbl-ling-alignment",
+                   "The join check: share of states whose matched first draft token equals token row `pos + 1` "
+                   "(the convention) and row `pos` (the other rule), per kind of reference.", decimals=3)
 
 # %% [markdown]
 # ## Context labels
@@ -99,27 +103,30 @@ if has_drafts:
 # {numref}`tbl-ling-labels` counts the labels over all reference tokens.
 
 # %% tags=["hide-input"]
-lab = ling.label_trace_tokens(tr.tokens)
-page.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (rule-based labeller), all references.",
-           decimals={"Share of tokens": 3})
+if oracle_ok:
+    lab = ling.label_trace_tokens(tr.tokens)
+    page.table(view.label_counts(lab), "tbl-ling-labels", "Tokens per context label (rule-based labeller), all references.",
+               decimals={"Share of tokens": 3})
 
 # %% [markdown]
 # On a simulated trace every token also carries the context the simulator planted, so the
 # labeller can be checked against it, in a table and a figure (on a measured trace there are none).
 
 # %% tags=["hide-input"]
-agree = ling.label_agreement(lab) if "context" in lab.columns else None
-if agree is not None:
-    page.table(view.agreement(agree.by_context), "tbl-ling-agreement",
-               f"The labeller against the planted contexts, per planted context: over {agree.n_tokens:,} tokens "
-               f"agreement {agree.accuracy:.3f}, Cohen's $\\kappa$ {agree.kappa:.3f}, script of tokens with letters "
-               f"{agree.script_accuracy:.3f}.", decimals=3)
+if oracle_ok:
+    agree = ling.label_agreement(lab) if "context" in lab.columns else None
+    if agree is not None:
+        page.table(view.agreement(agree.by_context), "tbl-ling-agreement",
+                   f"The labeller against the planted contexts, per planted context: over {agree.n_tokens:,} tokens "
+                   f"agreement {agree.accuracy:.3f}, Cohen's $\\kappa$ {agree.kappa:.3f}, script of tokens with letters "
+                   f"{agree.script_accuracy:.3f}.", decimals=3)
 
 # %% tags=["hide-input"]
-if agree is not None:
-    page.figure(figures.label_confusion_chart(agree.confusion), "fig-ling-label-confusion",
-                "Planted context (rows) against the rule-based label (columns), as shares of each planted context. "
-                "Mass off the diagonal is the labeller's error; mode changes are where it is largest.")
+if oracle_ok:
+    if agree is not None:
+        page.figure(figures.label_confusion_chart(agree.confusion), "fig-ling-label-confusion",
+                    "Planted context (rows) against the rule-based label (columns), as shares of each planted context. "
+                    "Mass off the diagonal is the labeller's error; mode changes are where it is largest.")
 
 # %% [markdown]
 # ## $k^\star$ by context
@@ -132,29 +139,33 @@ if agree is not None:
 # {numref}`fig-ling-k-distribution` the whole distribution of $k^\star$.
 
 # %% tags=["hide-input"]
-studies = ling.study_by_kind(res, lab, setup.kinds, n_boot=boot, seed=seed)
-head = ling.headline(studies)
-dec, kctx = head.decisions, head.k_by_context
-print(f"headline: {head.kind} references, {len(dec):,} decisions over {head.n_responses} responses; "
-      f"kinds: {', '.join(f'{k} ({len(v.decisions):,})' for k, v in studies.items())}")
-page.table(view.k_by_context(kctx), "tbl-ling-k-by-context",
-           f"Oracle decisions by context on the headline ({head.kind}) references: share of $k^\\star \\ge 4$ and "
-           "of $k^\\star = 1$ with 95% intervals (bootstrap over responses), beside the paper's.", full=kctx)
+if oracle_ok:
+    studies = ling.study_by_kind(res, lab, setup.kinds, n_boot=boot, seed=seed)
+    head = ling.headline(studies)
+    dec, kctx = head.decisions, head.k_by_context
+    print(f"headline: {head.kind} references, {len(dec):,} decisions over {head.n_responses} responses; "
+          f"kinds: {', '.join(f'{k} ({len(v.decisions):,})' for k, v in studies.items())}")
+    page.table(view.k_by_context(kctx), "tbl-ling-k-by-context",
+               f"Oracle decisions by context on the headline ({head.kind}) references: share of $k^\\star \\ge 4$ and "
+               "of $k^\\star = 1$ with 95% intervals (bootstrap over responses), beside the paper's.", full=kctx)
 
 # %% tags=["hide-input"]
-page.figure(figures.k_by_context_chart(kctx), "fig-ling-k-long",
-            "Share of decisions with $k^\\star \\ge 4$ per context with 95% intervals; open diamonds are the paper's. "
-            "Look for long drafts in regular code and short ones at boundaries.")
+if oracle_ok:
+    page.figure(figures.k_by_context_chart(kctx), "fig-ling-k-long",
+                "Share of decisions with $k^\\star \\ge 4$ per context with 95% intervals; open diamonds are the paper's. "
+                "Look for long drafts in regular code and short ones at boundaries.")
 
 # %% tags=["hide-input"]
-page.figure(figures.k_by_context_chart(kctx, measure="k1"), "fig-ling-k1",
-            "Share of decisions with $k^\\star = 1$ per context with 95% intervals; open diamonds are the paper's. "
-            "A boundary that stops drafts shows as a high share.")
+if oracle_ok:
+    page.figure(figures.k_by_context_chart(kctx, measure="k1"), "fig-ling-k1",
+                "Share of decisions with $k^\\star = 1$ per context with 95% intervals; open diamonds are the paper's. "
+                "A boundary that stops drafts shows as a high share.")
 
 # %% tags=["hide-input"]
-page.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"])),
-            "fig-ling-k-distribution",
-            "Distribution of $k^\\star$ per context (stacked shares of the headline references' decisions).")
+if oracle_ok:
+    page.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=list(kctx["context"])),
+                "fig-ling-k-distribution",
+                "Distribution of $k^\\star$ per context (stacked shares of the headline references' decisions).")
 
 # %% [markdown]
 # The same table on the teacher-forced references, apart (on a trace with greedy references only
@@ -162,31 +173,34 @@ page.figure(figures.k_star_distribution_chart(ling.k_star_shares(dec), contexts=
 # predicts it far less often, and the decisions are short almost everywhere.
 
 # %% tags=["hide-input"]
-forced = studies.get(TEACHER_FORCED)
-if forced is not None:
-    page.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
-               "Oracle decisions by context on the teacher-forced references (a different process, never pooled "
-               "with the greedy ones), beside the paper's.", full=forced.k_by_context)
+if oracle_ok:
+    forced = studies.get(TEACHER_FORCED)
+    if forced is not None:
+        page.table(view.k_by_context(forced.k_by_context), "tbl-ling-k-by-context-forced",
+                   "Oracle decisions by context on the teacher-forced references (a different process, never pooled "
+                   "with the greedy ones), beside the paper's.", full=forced.k_by_context)
 
 # %% [markdown]
 # Finer labels ({numref}`tbl-ling-k-by-fine-label`): the appendix notes that return and
 # control-flow keywords go with a longer, not a shorter, continuation.
 
 # %% tags=["hide-input"]
-page.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
-           "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
-           "no shares for these).", full=head.k_by_fine_label)
+if oracle_ok:
+    page.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
+               "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
+               "no shares for these).", full=head.k_by_fine_label)
 
 # %% [markdown]
 # On a simulated trace the same table by the *planted* context shows what the labeller's
 # errors change (on a measured trace there is no such table).
 
 # %% tags=["hide-input"]
-if "context" in dec.columns:
-    planted_k = ling.k_by_context(dec, by="context", n_boot=boot, seed=seed)
-    page.table(view.k_by_context(planted_k, first="Planted context"), "tbl-ling-k-by-planted-context",
-               "Oracle decisions by the context the simulator planted (not the labeller's), beside the paper's.",
-               full=planted_k)
+if oracle_ok:
+    if "context" in dec.columns:
+        planted_k = ling.k_by_context(dec, by="context", n_boot=boot, seed=seed)
+        page.table(view.k_by_context(planted_k, first="Planted context"), "tbl-ling-k-by-planted-context",
+                   "Oracle decisions by the context the simulator planted (not the labeller's), beside the paper's.",
+                   full=planted_k)
 
 # %% [markdown]
 # ## Routing at script changes and at the first mismatch
@@ -202,22 +216,25 @@ if "context" in dec.columns:
 # the differences; on a simulated trace the table also gives the planted difference.
 
 # %% tags=["hide-input"]
-contrasts, rtab = head.contrasts, head.routing
-planted = [ling.planted_contrast(c, tr.meta) for c in contrasts[:2]] if tr.simulated else None
-page.table(view.routing(rtab, planted), "tbl-ling-routing",
-           f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
-           "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
-           + ("; *Planted*: the planted difference, what the simulator put in." if planted else "."), full=rtab)
+if oracle_ok:
+    contrasts, rtab = head.contrasts, head.routing
+    planted = [ling.planted_contrast(c, tr.meta) for c in contrasts[:2]] if tr.simulated else None
+    page.table(view.routing(rtab, planted), "tbl-ling-routing",
+               f"New experts per layer at the event step and the step before on the headline ({head.kind}) references, "
+               "and their difference with its 95% interval (bootstrap over responses), beside the paper's"
+               + ("; *Planted*: the planted difference, what the simulator put in." if planted else "."), full=rtab)
 
 # %% tags=["hide-input"]
-page.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
-            "Difference in new experts per layer (event step − step before) with 95% intervals, ours and the paper's. "
-            "Look for a jump at script changes and none at the first mismatch.")
+if oracle_ok:
+    page.figure(figures.routing_contrast_chart(rtab), "fig-ling-routing",
+                "Difference in new experts per layer (event step − step before) with 95% intervals, ours and the paper's. "
+                "Look for a jump at script changes and none at the first mismatch.")
 
 # %% tags=["hide-input"]
-if forced is not None:
-    page.table(view.routing(forced.routing), "tbl-ling-routing-forced",
-               f"The routing contrasts on the teacher-forced references, apart: {forced.note}.", full=forced.routing)
+if oracle_ok:
+    if forced is not None:
+        page.table(view.routing(forced.routing), "tbl-ling-routing-forced",
+                   f"The routing contrasts on the teacher-forced references, apart: {forced.note}.", full=forced.routing)
 
 # %% [markdown]
 # ## Where this pair differs from the paper
@@ -227,21 +244,24 @@ if forced is not None:
 # interval for the mode change): {numref}`tbl-ling-paper`.
 
 # %% tags=["hide-input"]
-cmp_head = ling.paper_comparison(head)
-page.table(view.comparison(cmp_head), "tbl-ling-paper",
-           f"The appendix's linguistic headline quantities beside ours on the headline ({head.kind}) references, "
-           "with 95% intervals; *consistent* when the intervals overlap.", full=cmp_head)
+if oracle_ok:
+    cmp_head = ling.paper_comparison(head)
+    page.table(view.comparison(cmp_head), "tbl-ling-paper",
+               f"The appendix's linguistic headline quantities beside ours on the headline ({head.kind}) references, "
+               "with 95% intervals; *consistent* when the intervals overlap.", full=cmp_head)
 
 # %% tags=["hide-input"]
-if forced is not None:
-    cmp_forced = ling.paper_comparison(forced)
-    page.table(view.comparison(cmp_forced), "tbl-ling-paper-forced",
-               "The same quantities on the teacher-forced references, apart.", full=cmp_forced)
+if oracle_ok:
+    if forced is not None:
+        cmp_forced = ling.paper_comparison(forced)
+        page.table(view.comparison(cmp_forced), "tbl-ling-paper-forced",
+                   "The same quantities on the teacher-forced references, apart.", full=cmp_forced)
 
 # %% tags=["hide-input"]
-for name, st in studies.items():
-    diff = view.differing(ling.paper_comparison(st))
-    print(f"{name} references differ from the paper on {len(diff)} of 7 quantities" + "".join(f"\n  - {q}" for q in diff))
+if oracle_ok:
+    for name, st in studies.items():
+        diff = view.differing(ling.paper_comparison(st))
+        print(f"{name} references differ from the paper on {len(diff)} of 7 quantities" + "".join(f"\n  - {q}" for q in diff))
 
 # %% [markdown]
 # On the two measured traces (the trained 16-layer, 32-expert Qwen3-MoE target and its EAGLE-3 head, and
@@ -276,22 +296,24 @@ for name, st in studies.items():
 # $k^\star$ of the $\alpha = 0$ solution. The cases are listed in {numref}`tbl-ling-ablation`.
 
 # %% tags=["hide-input"]
-abl = alpha_ablation(res, draft_prob=setup.raw_inputs.match_prob)  # the draft's own probability, as in the paper
-head_seqs = set(dec["seq_id"].astype(str))
-cases = gallery.select_ablation_cases(abl.cases[abl.cases["seq_id"].astype(str).isin(head_seqs)], n=n_ablation)
-page.table(view.ablation_cases(cases), "tbl-ling-ablation",
-           f"Decisions where the expert term sets the boundary: {len(abl.cases):,} of {res.inputs.n_states:,} states "
-           "have $Q^0(k^\\star+1) - Q^0(k^\\star) < 0$; shown, one per response, those whose added token has the "
-           f"highest match probability (paper: four cases, {paper.CASE_MATCH_RANGE[0]:.2%}–{paper.CASE_MATCH_RANGE[1]:.2%}). "
-           "$\\Delta Q^0$, $\\Delta Q$: $Q(k^\\star+1) - Q(k^\\star)$ at $\\alpha = 0$ and as fitted.",
-           decimals={"Match prob. of added token": 4, "$\\Delta Q^0$": 4, "$\\Delta Q$": 4})
+if oracle_ok:
+    abl = alpha_ablation(res, draft_prob=setup.raw_inputs.match_prob)  # the draft's own probability, as in the paper
+    head_seqs = set(dec["seq_id"].astype(str))
+    cases = gallery.select_ablation_cases(abl.cases[abl.cases["seq_id"].astype(str).isin(head_seqs)], n=n_ablation)
+    page.table(view.ablation_cases(cases), "tbl-ling-ablation",
+               f"Decisions where the expert term sets the boundary: {len(abl.cases):,} of {res.inputs.n_states:,} states "
+               "have $Q^0(k^\\star+1) - Q^0(k^\\star) < 0$; shown, one per response, those whose added token has the "
+               f"highest match probability (paper: four cases, {paper.CASE_MATCH_RANGE[0]:.2%}–{paper.CASE_MATCH_RANGE[1]:.2%}). "
+               "$\\Delta Q^0$, $\\Delta Q$: $Q(k^\\star+1) - Q(k^\\star)$ at $\\alpha = 0$ and as fitted.",
+               decimals={"Match prob. of added token": 4, "$\\Delta Q^0$": 4, "$\\Delta Q$": 4})
 
 # %% tags=["hide-input"]
-if len(cases):
-    page.figure(figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)), "fig-ling-ablation",
-                "The $\\alpha = 0$ cases: target continuation on top, draft below (green match, red first mismatch, "
-                "grey after it, faded past $k^\\star$). Look at where the dotted orange line ($k^\\star$ at "
-                "$\\alpha = 0$) passes the solid one.")
+if oracle_ok:
+    if len(cases):
+        page.figure(figures.decision_panels(gallery.panel_data(res, lab, cases, oracle=tr.oracle)), "fig-ling-ablation",
+                    "The $\\alpha = 0$ cases: target continuation on top, draft below (green match, red first mismatch, "
+                    "grey after it, faded past $k^\\star$). Look at where the dotted orange line ($k^\\star$ at "
+                    "$\\alpha = 0$) passes the solid one.")
 
 # %% [markdown]
 # ## A stratified gallery of twelve decisions
@@ -305,17 +327,19 @@ if len(cases):
 # {numref}`fig-ling-gallery`).
 
 # %% tags=["hide-input"]
-gal = gallery.select_gallery(dec, n_per_group=per_group, exclude=list(zip(cases["seq_id"], cases["pos"])), seed=seed)
-page.table(view.gallery(gal), "tbl-ling-gallery",
-           f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
-           f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
-           f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
+if oracle_ok:
+    gal = gallery.select_gallery(dec, n_per_group=per_group, exclude=list(zip(cases["seq_id"], cases["pos"])), seed=seed)
+    page.table(view.gallery(gal), "tbl-ling-gallery",
+               f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
+               f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
+               f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
 
 # %% tags=["hide-input"]
-page.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
-            "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
-            "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "
-            "$a_{\\mathrm{mode}}$).")
+if oracle_ok:
+    page.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
+                "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
+                "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "
+                "$a_{\\mathrm{mode}}$).")
 
 # %% [markdown]
 # ## Limits
@@ -339,7 +363,8 @@ page.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.
 # not for teacher-forced ones (their `new_experts` are missing, not borrowed from another text).
 
 # %% tags=["remove-input"]
-key.fill(view.key_rows(cmp_head, refs={"k": "tbl-ling-k-by-context", "r": "tbl-ling-routing"}))
+key.fill(view.key_rows(cmp_head, refs={"k": "tbl-ling-k-by-context", "r": "tbl-ling-routing"}) if oracle_ok else
+         [bs.Result("k* by linguistic context", bs.NOT_IDENTIFIED)])
 
 # %% [markdown]
 # ## Versions

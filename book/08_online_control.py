@@ -102,7 +102,7 @@ from speclimits.control.report import BENCH_DIR, engine_table, gap_lines
 from speclimits.figures import control as control_figures
 from speclimits.costmodel import CostModel
 from speclimits.machine import describe
-from speclimits.oracle.prepare import priced_k_max
+from speclimits.oracle.prepare import oracle_data_missing, priced_k_max
 from speclimits.stats import fit_trace_cost_model
 
 # %% tags=["parameters", "remove-cell"]
@@ -122,16 +122,18 @@ key = page.key_results("sec-online-control", "online control")
 
 # %% tags=["hide-input"]
 tr = page.load(trace)
-print(tr.source_label)
-n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
-k_asked = k_max
-k_max, k_note = priced_k_max(CostModel.read(cost_model) if cost_model else fit_trace_cost_model(tr), k_max)
-page.shows(f"the policies with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
-fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
-setup = greedy_setup(tr, fit.cost_model)
-k_max = fit.k_max
-print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(fit.test_seq_ids)}: "
-      f"τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token (train Oracle: {fit.lambda_oracle:.3f}), K_max = {k_max}")
+oracle_ok = page.shows("the online policies (this whole section: they are fitted and replayed on the Oracle data)", oracle_data_missing(tr))
+if oracle_ok:
+    print(tr.source_label)
+    n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
+    k_asked = k_max
+    k_max, k_note = priced_k_max(CostModel.read(cost_model) if cost_model else fit_trace_cost_model(tr), k_max)
+    page.shows(f"the policies with drafts of up to $K_{{\\max}} = {k_asked}$ tokens", k_note)
+    fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
+    setup = greedy_setup(tr, fit.cost_model)
+    k_max = fit.k_max
+    print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(fit.test_seq_ids)}: "
+          f"τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token (train Oracle: {fit.lambda_oracle:.3f}), K_max = {k_max}")
 
 # %% [markdown]
 # ## Offline prediction on the held-out references
@@ -144,15 +146,16 @@ print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(
 # {numref}`tbl-oracle-policies` of {ref}`sec-oracle` per token: one fit, one evaluation, one number per policy.
 
 # %% tags=["hide-input"]
-names = [f"static:{k}" for k in range(1, k_max + 1)] + list(POLICY_NAMES)
-offline, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=n_rollouts, seed=seed,
-                                n_boot=n_boot)
-page.table(view.offline(offline), "tbl-control-offline",
-           f"Offline prediction on the {len(fit.test_seq_ids)} held-out greedy references: time per token replayed and "
-           "under the surrogate, and the share of each Oracle's gain over the best static K captured (95% bootstrap "
-           f"intervals over references). The Oracle's gain over the best static K (K = {bounds['best_static_k_replay']}): "
-           f"exact greedy {bounds['oracle_exact_gain_over_best_static']:.3f}×, surrogate ({bounds['surrogate']}) "
-           f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
+if oracle_ok:
+    names = [f"static:{k}" for k in range(1, k_max + 1)] + list(POLICY_NAMES)
+    offline, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=n_rollouts, seed=seed,
+                                    n_boot=n_boot)
+    page.table(view.offline(offline), "tbl-control-offline",
+               f"Offline prediction on the {len(fit.test_seq_ids)} held-out greedy references: time per token replayed and "
+               "under the surrogate, and the share of each Oracle's gain over the best static K captured (95% bootstrap "
+               f"intervals over references). The Oracle's gain over the best static K (K = {bounds['best_static_k_replay']}): "
+               f"exact greedy {bounds['oracle_exact_gain_over_best_static']:.3f}×, surrogate ({bounds['surrogate']}) "
+               f"{bounds['oracle_surrogate_gain_over_best_static']:.3f}×.", decimals=3, full=offline)
 
 # %% [markdown]
 # ## Measured in the engine, against stock vLLM
@@ -171,30 +174,32 @@ page.table(view.offline(offline), "tbl-control-offline",
 # tables here.
 
 # %% tags=["hide-input"]
-runs, note = view.bench_runs(tr)
-print(note)
-tables = {batch: engine_table(res) for batch, res in sorted(runs.items())}
-for batch, table in tables.items():
-    res = runs[batch]
-    cpu = describe(res["engine"]["cpu"])
-    loads = pd.DataFrame(res["blocks"])["load1"]
-    page.table(view.engine(table), f"tbl-control-engine-batch{batch}",
-               f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
-               f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
-               f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
-               f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
-               f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
-               f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the pooled "
-               "time per token (every block's time over every block's tokens) and the offline prediction of the same "
-               "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
-               "predicts total time over total tokens, not a median of blocks) and the error of the same prediction "
-               "rescaled by the machine's price level that the controller measured during the run (methods); time "
-               "spent deciding as a share of the "
-               "round (for the rules that read the draft's confidence: net of vLLM's argmax, whose token choice they "
-               "make themselves, with the gross time in parentheses).", decimals=3, full=table)
+if oracle_ok:
+    runs, note = view.bench_runs(tr)
+    print(note)
+    tables = {batch: engine_table(res) for batch, res in sorted(runs.items())}
+    for batch, table in tables.items():
+        res = runs[batch]
+        cpu = describe(res["engine"]["cpu"])
+        loads = pd.DataFrame(res["blocks"])["load1"]
+        page.table(view.engine(table), f"tbl-control-engine-batch{batch}",
+                   f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
+                   f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
+                   f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
+                   f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
+                   f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
+                   f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the pooled "
+                   "time per token (every block's time over every block's tokens) and the offline prediction of the same "
+                   "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
+                   "predicts total time over total tokens, not a median of blocks) and the error of the same prediction "
+                   "rescaled by the machine's price level that the controller measured during the run (methods); time "
+                   "spent deciding as a share of the "
+                   "round (for the rules that read the draft's confidence: net of vLLM's argmax, whose token choice they "
+                   "make themselves, with the gross time in parentheses).", decimals=3, full=table)
 
 # %% tags=["remove-input"]
-display(Markdown(view.verdict(runs, tables, offline, bounds)))
+if oracle_ok:
+    display(Markdown(view.verdict(runs, tables, offline, bounds)))
 
 # %% [markdown]
 # **Does it replicate?** A ratio whose interval clears 1 once can still be luck of the day on this
@@ -203,27 +208,29 @@ display(Markdown(view.verdict(runs, tables, offline, bounds)))
 # $K$ (chosen on its own even blocks) is set beside the first run's.
 
 # %% tags=["hide-input"]
-again, again_note = view.bench_runs(tr, BENCH_DIR / "replication")
-if again:
-    print(again_note.replace("benchmark results", "second run"))
-    rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)
-    if not rep.empty:
-        page.table(rep, "tbl-control-replication",
-                   "Each policy's paired speed ratio to the best stock static K [95% interval over held-out blocks] in "
-                   "the run above and in a second run of the same command (measured; how: "
-                   + "; ".join(f"batch {b}: `{r['produced_by']}`" for b, r in sorted(again.items()))
-                   + "). \"Replicated\": both intervals on the same side of 1, or both holding it.")
-else:
-    print("no second run in data/control/replication: nothing to set beside the first")
+if oracle_ok:
+    again, again_note = view.bench_runs(tr, BENCH_DIR / "replication")
+    if again:
+        print(again_note.replace("benchmark results", "second run"))
+        rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)
+        if not rep.empty:
+            page.table(rep, "tbl-control-replication",
+                       "Each policy's paired speed ratio to the best stock static K [95% interval over held-out blocks] in "
+                       "the run above and in a second run of the same command (measured; how: "
+                       + "; ".join(f"batch {b}: `{r['produced_by']}`" for b, r in sorted(again.items()))
+                       + "). \"Replicated\": both intervals on the same side of 1, or both holding it.")
+    else:
+        print("no second run in data/control/replication: nothing to set beside the first")
 
 # %% tags=["hide-input"]
-if tables:
-    page.figure(control_figures.share_captured_by_batch({b: view.share_frame(tables, b) for b in tables}),
-                "fig-control-share",
-                "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
-                "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
-                "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
-                "the best static K; 1 would be the Oracle.")
+if oracle_ok:
+    if tables:
+        page.figure(control_figures.share_captured_by_batch({b: view.share_frame(tables, b) for b in tables}),
+                    "fig-control-share",
+                    "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
+                    "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
+                    "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
+                    "the best static K; 1 would be the Oracle.")
 
 # %% [markdown]
 # Where the time goes and how far the prediction is from the engine, per batch size (measured): the
@@ -232,11 +239,12 @@ if tables:
 # at the price level the run measured), and the price refresh.
 
 # %% tags=["hide-input"]
-for batch, res in sorted(runs.items()):
-    print(f"batch {batch}:")
-    print("\n".join("  " + line for line in gap_lines(res)))
-    if res.get("note"):
-        print("  " + res["note"])
+if oracle_ok:
+    for batch, res in sorted(runs.items()):
+        print(f"batch {batch}:")
+        print("\n".join("  " + line for line in gap_lines(res)))
+        if res.get("note"):
+            print("  " + res["note"])
 
 # %% [markdown]
 # ## k chosen against k* along one greedy reference
@@ -245,15 +253,17 @@ for batch, res in sorted(runs.items()):
 # are given at every state ({numref}`fig-control-k-along`).
 
 # %% tags=["hide-input"]
-seq = fit.test_seq_ids[0]
-along = k_chosen_along(fit, setup, seq, ["delta", "threshold"])
-page.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold"]), "fig-control-k-along",
-            f"Draft length chosen by the Delta rule and the confidence threshold along held-out reference `{seq}` "
-            "(first 80 states, replayed), against the exact-greedy and surrogate Oracles' $k^*$. Look for where the "
-            "rules draft long and the Oracle does not.")
+if oracle_ok:
+    seq = fit.test_seq_ids[0]
+    along = k_chosen_along(fit, setup, seq, ["delta", "threshold"])
+    page.figure(control_figures.k_along_reference(along.head(80), ["delta", "threshold"]), "fig-control-k-along",
+                f"Draft length chosen by the Delta rule and the confidence threshold along held-out reference `{seq}` "
+                "(first 80 states, replayed), against the exact-greedy and surrogate Oracles' $k^*$. Look for where the "
+                "rules draft long and the Oracle does not.")
 
 # %% tags=["remove-input"]
-key.fill(view.key_rows(runs, tables, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
+key.fill([bs.Result("Online policies against the Oracle", bs.NOT_IDENTIFIED)] if not oracle_ok else
+         view.key_rows(runs, tables, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
                        offline_ref="tbl-control-offline"))
 
 # %% [markdown]

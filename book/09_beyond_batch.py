@@ -223,35 +223,40 @@ page.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
 
 # %% tags=["hide-input"]
 from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_references, trace_order
-from speclimits.oracle.prepare import prepare_oracle
+from speclimits.oracle.prepare import oracle_data_missing, prepare_oracle
 from speclimits.vocabulary import HEADLINE_KIND
 
 page.use(tr)  # the bound runs on this page's trace's references
-bound_model = bmodel if measured is not None else sim_model
-setup = prepare_oracle(tr, bound_model.base)
-refs, order = headline_references(setup, measured)
-bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES), seed=seed,
-                  order=order)
-frame = bb.frame()
-src = "the batch cost model fitted on the measured batch trace" if measured is not None else \
-    "the batch cost model fitted on the SIMULATED batch sweep"
-shown, full = view.bounds(frame)
-page.table(shown, "tbl-batch-bounds",
-           f"The bound at batch b on {refs.inputs.n_sequences} {HEADLINE_KIND} references of {bs.data_label_for(tr)} "
-           f"({refs.surrogate_label}), priced by {src}: plain decoding, the best static K, the best batch→K table, "
-           "the exact Oracle (b ≤ 2), the relaxation bound (no policy is faster), and its gains. Static K and tables "
-           f"at b > 2 are Monte Carlo estimates ({bb.n_samples} samples). Columns: ms per token of plain decoding, the "
-           "best static K, the best table, the exact Oracle and the bound; the bound's gain over the best static K "
-           "and over the table; the relaxation's slack against the exact Oracle. The tables themselves (K for n = "
-           "1..b active requests) are in the download.", decimals=3, full=full)
+frame = world = None
+oracle_ok = page.shows("the bound at batch b (it solves on this trace's Oracle data)", oracle_data_missing(tr))
+if oracle_ok:
+    bound_model = bmodel if measured is not None else sim_model
+    setup = prepare_oracle(tr, bound_model.base)
+    refs, order = headline_references(setup, measured)
+    bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES), seed=seed,
+                      order=order)
+    frame = bb.frame()
+    src = "the batch cost model fitted on the measured batch trace" if measured is not None else \
+        "the batch cost model fitted on the SIMULATED batch sweep"
+    shown, full = view.bounds(frame)
+    page.table(shown, "tbl-batch-bounds",
+               f"The bound at batch b on {refs.inputs.n_sequences} {HEADLINE_KIND} references of {bs.data_label_for(tr)} "
+               f"({refs.surrogate_label}), priced by {src}: plain decoding, the best static K, the best batch→K table, "
+               "the exact Oracle (b ≤ 2), the relaxation bound (no policy is faster), and its gains. Static K and tables "
+               f"at b > 2 are Monte Carlo estimates ({bb.n_samples} samples). Columns: ms per token of plain decoding, the "
+               "best static K, the best table, the exact Oracle and the bound; the bound's gain over the best static K "
+               "and over the table; the relaxation's slack against the exact Oracle. The tables themselves (K for n = "
+               "1..b active requests) are in the download.", decimals=3, full=full)
 
 # %% tags=["hide-input"]
-display(Markdown(view.bound_verdict(frame)))
+if oracle_ok:
+    display(Markdown(view.bound_verdict(frame)))
 
 # %% tags=["hide-input"]
-page.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds",
-            "Speedup over plain decoding at the same batch size: the relaxation bound, the exact Oracle (b = 2), the "
-            "best batch→K table and the best static K.")
+if oracle_ok:
+    page.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-bounds",
+                "Speedup over plain decoding at the same batch size: the relaxation bound, the exact Oracle (b = 2), the "
+                "best batch→K table and the best static K.")
 
 # %% [markdown]
 # **Checking the world.** The bound is only as good as its world: priced by the batch cost model, every
@@ -260,21 +265,22 @@ page.figure(batch_figures.batch_bounds(view.bounds_long(frame)), "fig-batch-boun
 # prompts, are left out of this check: they change the workload, not the world.)
 
 # %% tags=["hide-input"]
-world = None
-if measured is not None:
-    ran = trace_order(measured)
-    same = refs.for_sequences(ran) if ran is not None else refs
-    if len(same.inputs.seq_ids) < len(refs.inputs.seq_ids):
-        same_frame = batch_bounds(same.inputs, bound_model, sizes, k_max=k_max, seed=seed, tables=False,
-                                  n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES),
-                                  order=[s for s in ran if s in set(map(str, same.inputs.seq_ids))]).frame()
-    else:
-        same_frame = frame
-    world = view.oracle_world(same_frame, val)
-    page.table(world, "tbl-batch-world",
-               f"Static K at each b: the Oracle's world (batch cost model on the {len(same.inputs.seq_ids)} greedy "
-               f"references of the prompts the batch sweep ran, of {len(refs.inputs.seq_ids)}) against the measured "
-               "batch sweep on those prompts.", decimals=3)
+if oracle_ok:
+    world = None
+    if measured is not None:
+        ran = trace_order(measured)
+        same = refs.for_sequences(ran) if ran is not None else refs
+        if len(same.inputs.seq_ids) < len(refs.inputs.seq_ids):
+            same_frame = batch_bounds(same.inputs, bound_model, sizes, k_max=k_max, seed=seed, tables=False,
+                                      n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES),
+                                      order=[s for s in ran if s in set(map(str, same.inputs.seq_ids))]).frame()
+        else:
+            same_frame = frame
+        world = view.oracle_world(same_frame, val)
+        page.table(world, "tbl-batch-world",
+                   f"Static K at each b: the Oracle's world (batch cost model on the {len(same.inputs.seq_ids)} greedy "
+                   f"references of the prompts the batch sweep ran, of {len(refs.inputs.seq_ids)}) against the measured "
+                   "batch sweep on those prompts.", decimals=3)
 
 # %% tags=["remove-input"]
 key.fill(view.key_rows(val=val, worst=worst, front=front, rep=rep, frame=frame, world=world, sim_cov=sim_cov,

@@ -20,8 +20,8 @@ import altair as alt
 import pandas as pd
 
 from speclimits import vocabulary
-from speclimits.book.present import (KeyResults, Page, Result, data_label_for, fmt_ci, fmt_num,  # noqa: F401
-                                     gathered_results, with_ci)
+from speclimits.book.present import (NOT_IDENTIFIED, KeyResults, Page, Result, data_label_for, fmt_ci,  # noqa: F401
+                                     fmt_num, gathered_results, with_ci)
 from speclimits.trace.schema import META_REQUIRED, TABLES  # META_REQUIRED: read by the methods page
 from speclimits.trace import Trace
 

@@ -66,10 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def require_oracle_data(trace: Path) -> None:
     """One line, before anything is loaded, when ``trace`` is a trace directory without Oracle data
     (``speclimits trace`` without ``--oracle``: rounds and tokens only, which ``validate`` passes)."""
-    if (trace / "meta.json").is_file() and not (trace / "oracle.parquet").exists():
-        raise SpeclimitsError(f"{trace}: this trace has no Oracle data (traced without --oracle): no oracle.parquet; "
-                              "`speclimits fit` still fits its cost model, and `speclimits trace --oracle` on the "
-                              "same models adds the Oracle data")
+    from speclimits.oracle.prepare import oracle_data_missing
+
+    why = oracle_data_missing(trace) if (trace / "meta.json").is_file() else None
+    if why is not None:
+        raise SpeclimitsError(f"{trace}: {why}")
 
 
 def _default_k_max(args: argparse.Namespace) -> int | None:

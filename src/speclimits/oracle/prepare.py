@@ -203,6 +203,18 @@ def surrogate_inputs(raw: OracleInputs, surrogate: str) -> OracleInputs:
     return cross_fitted_match_prob(raw) if surrogate == CALIBRATED else raw
 
 
+#: Why a trace without ``oracle.parquet`` gives no Oracle (``speclimits oracle`` and the book's pages say it).
+NO_ORACLE_DATA = ("this trace has no Oracle data (traced without --oracle): no oracle.parquet; `speclimits fit` still "
+                  "fits its cost model, and `speclimits trace --oracle` on the same models adds the Oracle data")
+
+
+def oracle_data_missing(trace: Trace | str | Path) -> str | None:
+    """:data:`NO_ORACLE_DATA` when the trace directory has no ``oracle.parquet`` (``speclimits trace``
+    without ``--oracle``: rounds and tokens only, which ``validate`` passes), else None."""
+    path = Path(trace.path if isinstance(trace, Trace) else trace)
+    return None if (path / "oracle.parquet").exists() else NO_ORACLE_DATA
+
+
 def priced_k_max(model: CostModel, k_max: int) -> tuple[int, str | None]:
     """The longest draft the Oracle can solve with under ``model``, and why it is shorter than ``k_max``.
 

@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Six candidate factors (Ū, m, L, KV usage, graph bucket, E_max): GroupKFold(5) by generation, "
             "out-of-sample R² and RMSE (mean, 95% t-interval over folds), paired RMSE reduction of Ū + factor "
             "over Ū alone; standardized β* of Ū and L within each K; factor correlations. Decode rounds with "
-            "K >= 1 and a non-zero target time."
+            "K >= 1 and a non-zero target time. A factor the trace cannot score (constant on its rounds: m on a sweep "
+            "with one K > 0) or a K whose associations cannot be fitted is skipped with one line saying why; the "
+            "rest is still written."
         ),
         epilog="example: speclimits factors data/traces/sim-default --json",
     )
@@ -78,6 +80,8 @@ def _factors(args: argparse.Namespace) -> int:
     res = analyze_factors(tr.rounds)
     if args.json:
         print(dumps({"trace": str(args.trace), "source": tr.source_label, **res.to_dict()}, indent=1))
+        for line in res.skipped_lines():  # the text summary ends with them
+            print(f"speclimits factors: {line}", file=sys.stderr)
     else:
         print(f"{args.trace}: {tr.source_label}")
         print(res.summary())

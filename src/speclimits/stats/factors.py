@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, t_interval)
 from speclimits.trace import FilterReport, decode_rounds
@@ -25,6 +26,17 @@ FACTORS: dict[str, str] = {
     "kv_usage": "KV usage",
     "graph_bucket": "graph bucket",
     "e_max": "E_max",
+}
+
+
+#: What the factor analysis needs; a factor (or a K) the trace cannot give is skipped with this
+#: text in :attr:`FactorResults.skipped` (``speclimits factors`` prints one line each).
+FACTOR_REQUIREMENTS = {
+    "cv": "the cross-validated factor table needs >= 5 generations with K > 0 (GroupKFold(5) by generation)",
+    "factor": "a factor is scored only where it varies among the decode rounds with K > 0",
+    "m": ("m varies only with >= 2 values of K > 0 (or a drafter that proposes drafts of several lengths, "
+          "e.g. n-gram)"),
+    "by_k": "the standardized associations at a K need rounds at that K whose Ū and L vary",
 }
 
 
@@ -58,6 +70,17 @@ class FactorResults(ResultsMixin):
     n_generations: int
     k_values: tuple[int, ...]
     per_k_fits: dict[int, OLSResults] = field(default_factory=dict, repr=False)
+    #: ``{what: why, and what sweep would allow it}`` for each factor or K the trace cannot give
+    #: (left out of ``table`` / ``by_k``)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per factor (or K) this trace cannot give: ``"skipped <what>: <why>"``."""
+        return [f"skipped {name}: {why}" for name, why in self.skipped.items()]
+
+    def why_missing(self) -> str | None:
+        """The ``skipped`` entries as one text (``"<what>: <why>; ..."``), or None when nothing is skipped."""
+        return "; ".join(f"{name}: {why}" for name, why in self.skipped.items()) or None
 
     @property
     def params(self) -> pd.Series:
@@ -70,7 +93,8 @@ class FactorResults(ResultsMixin):
     def to_dict(self) -> dict[str, Any]:
         return {"filter": self.report.to_dict(), "n_rows": self.n_rows, "n_generations": self.n_generations,
                 "k_values": list(self.k_values), "table_a2": self.table.rename_axis("factor"),
-                "folds": self.folds, "standardized_by_k": self.by_k, "correlation": self.corr.rename_axis("factor")}
+                "folds": self.folds, "standardized_by_k": self.by_k, "correlation": self.corr.rename_axis("factor"),
+                "skipped": dict(self.skipped)}
 
     def summary(self) -> str:
         t = self.table.copy()
@@ -78,8 +102,9 @@ class FactorResults(ResultsMixin):
                  f"{self.n_generations:,} generations, K = {list(self.k_values)})",
                  t.to_string(float_format=lambda v: f"{v:.4g}"), "",
                  "Standardized associations within K (β*, 95% CI, clustered):",
-                 self.by_k.pivot(index="K", columns="term", values="beta_std").to_string(float_format="{:.3f}".format)]
-        return "\n".join(lines)
+                 self.by_k.pivot(index="K", columns="term", values="beta_std").to_string(float_format="{:.3f}".format)
+                 if len(self.by_k) else "(none)"]
+        return "\n".join(lines + self.skipped_lines())
 
 
 def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None, n_splits: int = 5) -> FactorResults:
@@ -88,16 +113,37 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     Decode rounds with a non-zero target time (:func:`speclimits.trace.decode_rounds`), K in
     ``k_values`` (default K >= 1). Each factor is fitted alone and together with Ū by OLS on four
     folds and scored on the fifth (GroupKFold by generation).
+
+    A factor the trace cannot score (constant on its rounds, e.g. m on a sweep with one K > 0) and a
+    K whose associations cannot be fitted are left out and named in ``skipped`` with why
+    (:data:`FACTOR_REQUIREMENTS`); so is the whole cross-validated table when there are too few
+    generations for the folds. Raises only when there are no decode rounds with K >= 1.
     """
     dec, report = decode_rounds(rounds, timing="target")
     dec = select_k(dec, k_values)
+    if dec.empty:
+        raise SpeclimitsError("the factor analysis needs decode rounds with K >= 1 (this trace has none)")
     mom = CellMoments.from_rounds(dec)
-    folds = group_folds(mom, n_splits)
-    base = cross_validate(mom, Design.linear("u_bar"), folds)
+    ks = [int(k) for k in sorted(mom.cells["K"].unique())]
+    have = f"K = {', '.join(map(str, ks))}; {mom.n_clusters} generations"
+    skipped: dict[str, str] = {}
     rows, fold_rows = [], []
+    try:
+        folds = group_folds(mom, n_splits)
+        base = cross_validate(mom, Design.linear("u_bar"), folds)
+    except SpeclimitsError as exc:
+        skipped["cross-validated factor table (Table A2)"] = f"{FACTOR_REQUIREMENTS['cv']} (this trace: {have}; {exc})"
+        base = None
     for name, label in FACTORS.items():
-        alone = cross_validate(mom, Design.linear(name), folds)
-        both = base if name == "u_bar" else cross_validate(mom, Design.linear("u_bar", name), folds)
+        if base is None:
+            break
+        try:
+            alone = cross_validate(mom, Design.linear(name), folds)
+            both = base if name == "u_bar" else cross_validate(mom, Design.linear("u_bar", name), folds)
+        except SpeclimitsError as exc:
+            need = FACTOR_REQUIREMENTS["m" if name == "m" else "factor"]
+            skipped[f"factor {label}"] = f"{need} (this trace: {have}; {exc})"
+            continue
         d = base.folds["rmse"].to_numpy() - both.folds["rmse"].to_numpy()
         r2, r2h = alone.mean_ci("r2")
         rm, rmh = alone.mean_ci("rmse")
@@ -108,11 +154,15 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
         for i, f in alone.folds.iterrows():
             fold_rows.append({"factor": name, "fold": int(f["fold"]), "r2": f["r2"], "rmse": f["rmse"],
                               "rmse_with_u": both.folds["rmse"].iloc[i], "n_test": int(f["n_test"])})
-    table = pd.DataFrame(rows).set_index("factor")
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS).set_index("factor")
 
     by_k, fits = [], {}
-    for k in sorted(mom.cells["K"].unique()):
-        fit = fit_ols(mom.where(K=int(k)), Design.linear("u_bar", "context_len"))
+    for k in ks:
+        try:
+            fit = fit_ols(mom.where(K=int(k)), Design.linear("u_bar", "context_len"))
+        except SpeclimitsError as exc:
+            skipped[f"standardized associations at K = {k}"] = f"{FACTOR_REQUIREMENTS['by_k']} ({exc})"
+            continue
         fits[int(k)] = fit
         st = fit.standardized()
         for term in ("u_bar", "context_len"):
@@ -122,6 +172,12 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
                          "paper": (pk[0] if term == "u_bar" else pk[1]) if pk else np.nan})
     cols = {"t_target_ms": mom.y, **{f: (mom.row_attr("m").astype(float) if f == "m" else mom.column(f))
                                      for f in FACTORS}}
-    corr = pd.DataFrame(np.corrcoef(np.vstack(list(cols.values()))), index=list(cols), columns=list(cols))
-    return FactorResults(table, pd.DataFrame(fold_rows), pd.DataFrame(by_k), corr, report, mom.n_rows,
-                         mom.n_clusters, tuple(int(k) for k in sorted(mom.cells["K"].unique())), fits)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant factor (skipped above) correlates as NaN
+        corr = pd.DataFrame(np.corrcoef(np.vstack(list(cols.values()))), index=list(cols), columns=list(cols))
+    return FactorResults(table, pd.DataFrame(fold_rows), pd.DataFrame(by_k, columns=BY_K_COLUMNS), corr, report,
+                         mom.n_rows, mom.n_clusters, tuple(ks), fits, skipped)
+
+
+#: Columns of :attr:`FactorResults.table` (before ``factor`` becomes the index) and of ``by_k``.
+TABLE_COLUMNS = ["factor", "label", "r2", "r2_ci", "rmse", "rmse_ci", "drmse", "drmse_ci", "paper_r2", "paper_drmse"]
+BY_K_COLUMNS = ["K", "term", "beta_std", "lower", "upper", "paper"]

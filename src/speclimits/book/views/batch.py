@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.book.present import Result, fmt_ci, fmt_num
+from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num
 from speclimits.costmodel import BatchCostModel
 from speclimits.paths import BATCH_TRACES, REPO_ROOT
 from speclimits.trace import Trace, read_trace
@@ -246,8 +246,9 @@ def oracle_world(frame: pd.DataFrame, val: pd.DataFrame) -> pd.DataFrame:
 
 def key_rows(*, val: pd.DataFrame | None, worst: dict[str, Any] | None, front: pd.DataFrame | None,
              rep: pd.DataFrame | None,
-             frame: pd.DataFrame, world: pd.DataFrame | None, sim_cov: tuple[int, int],
+             frame: pd.DataFrame | None, world: pd.DataFrame | None, sim_cov: tuple[int, int],
              sim_worst: dict[str, Any], sim_front: pd.DataFrame, measured: bool) -> list[Result]:
+    """The section's key results; ``frame`` None: the trace gives no bound at batch b (no Oracle data)."""
     rows: list[Result] = []
     if val is not None and worst is not None:
         rows.append(Result("Batch cost model, worst (b, K) error in time per token (cross-fitted, measured)",
@@ -266,6 +267,9 @@ def key_rows(*, val: pd.DataFrame | None, worst: dict[str, Any] | None, front: p
         w = world["difference, %"].abs()
         rows.append(Result("Oracle's world against the measured batch sweep, static K", f"within ±{w.max():.1f}%",
                            ref="tbl-batch-world"))
+    if frame is None:
+        rows.append(Result("Bound's gain over the best static K / the best table", NOT_IDENTIFIED))
+        frame = pd.DataFrame({"b": []})
     for r in frame.itertuples(index=False):
         if int(r.b) in (2, int(frame["b"].max())):
             rows.append(Result(f"Bound's gain over the best static K / the best table, b = {int(r.b)}"

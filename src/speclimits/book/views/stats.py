@@ -84,18 +84,23 @@ def paper_strongest_factor(res: Any) -> str | None:
 
 
 def key_results_factors(res: Any) -> list[Result]:
+    """The section's key results (a row the trace cannot give, e.g. Table A2 without the generations
+    for its folds, says so)."""
     t = res.table
-    best = t["r2"].idxmax()
     k1 = max(res.k_values)
     bk = res.by_k.set_index(["term", "K"])
     paper_u = paper.STANDARDIZED_BY_K.get(k1, (None, None))[0]
-    rows = [
-        Result.of("strongest single factor (H1)", strongest_factor(res), paper=paper_strongest_factor(res),
-                  ref="tbl-factors-a2"),
-        Result.of(f"CV $R^2$ of {t.loc[best, 'label']}", t.loc[best, "r2"], t.loc[best, "r2"] - t.loc[best, "r2_ci"],
-                  t.loc[best, "r2"] + t.loc[best, "r2_ci"], paper=_text(paper.FACTORS.get(best, {}).get("r2")),
-                  ref="tbl-factors-a2"),
-    ]
+    if t.empty:
+        rows = [Result("strongest single factor (H1)", NOT_IDENTIFIED, "Ū")]
+    else:
+        best = t["r2"].idxmax()
+        rows = [
+            Result.of("strongest single factor (H1)", strongest_factor(res), paper=paper_strongest_factor(res),
+                      ref="tbl-factors-a2"),
+            Result.of(f"CV $R^2$ of {t.loc[best, 'label']}", t.loc[best, "r2"], t.loc[best, "r2"] - t.loc[best, "r2_ci"],
+                      t.loc[best, "r2"] + t.loc[best, "r2_ci"], paper=_text(paper.FACTORS.get(best, {}).get("r2")),
+                      ref="tbl-factors-a2"),
+        ]
     if "context_len" in t.index:
         r = t.loc["context_len"]
         rows.append(Result.of("ΔRMSE of $L$ over $\\bar U_r$", r["drmse"], r["drmse"] - r["drmse_ci"],
