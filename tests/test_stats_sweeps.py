@@ -283,6 +283,7 @@ def _prompts(tmp_path: Path, ids: list[int]) -> Path:
     ("no-draft", "--method eagle3 needs --draft DIR"),
     ("vocab", "prompt 'far': prompt_token_ids has token id 500 (position 1), beyond the vocabulary"),
     ("no-config", "the folder has no config.json"),
+    ("ngram-oracle", "--oracle reads the draft's probabilities; --method ngram has none"),
 ])
 def test_trace_bad_input_is_one_line_before_vllm(case, expect, tmp_path, capsys, no_vllm):
     model = _model_dir(tmp_path)
@@ -301,7 +302,7 @@ def test_trace_bad_input_is_one_line_before_vllm(case, expect, tmp_path, capsys,
         args["--method"] = "eagle3"
     elif case == "no-config":
         (model / "config.json").unlink()
-    argv = ["trace"] + [v for kv in args.items() for v in kv]
+    argv = ["trace"] + [v for kv in args.items() for v in kv] + (["--oracle"] if case == "ngram-oracle" else [])
     assert main(argv) == 2
     err = _one_line(capsys, "speclimits trace: error: ")
     assert expect in err

@@ -129,6 +129,11 @@ def _cli(args: argparse.Namespace) -> int:
     if args.workers is None and args.ray_address is None:
         require_vllm_findable()
     check_trace_inputs(args)
+    if args.oracle and args.method == "ngram":  # before the vLLM import and the sweep
+        raise SpeclimitsError("--oracle reads the draft's probabilities; --method ngram has none (use eagle, eagle3 "
+                              "or draft_model, or trace without --oracle)")
+    if args.oracle and args.oracle_k_max is not None and args.oracle_k_max < 1:
+        raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {args.oracle_k_max}")
     # the harness modules are imported here, after the cheap checks: `speclimits --help` stays fast
     from speclimits.tracing import engine as eng
 
