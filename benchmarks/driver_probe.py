@@ -33,7 +33,7 @@ POLICIES = ("static:3", "threshold", "delta-fixed", "delta", "delta-fixed:alone"
 
 def run(policy_path: Path, name: str, batch: int, rounds: int, evict: np.ndarray, seed: int) -> np.ndarray:
     """µs per round for ``rounds`` rounds of ``batch`` requests under policy ``name``."""
-    from speclimits.control.extension import RoundDriver
+    from speclimits.control.driver import RoundDriver
     from speclimits.control.rules import PolicyFit
 
     fit = PolicyFit.read(policy_path)

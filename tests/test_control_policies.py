@@ -16,9 +16,8 @@ from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, Calibr
                                       policy_label)
 from speclimits.control.offline import (gain_share, k_chosen_along, offline_table, truncate_inputs,
                                         u_prediction_error)
-from speclimits.control.rules import DeltaRule
-from speclimits.control.policies import (ConfidenceThreshold, EmaAcceptedLength, UtilityTestAndSet, fit_calibration,
-                                         rollout)
+from speclimits.control.rules import ConfidenceThreshold, DeltaRule, EmaAcceptedLength, UtilityTestAndSet
+from speclimits.control.policies import fit_calibration, rollout
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import evaluate_policy, load_inputs
@@ -102,27 +101,17 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
 
 
 @pytest.mark.parametrize("name", ["static:3", "threshold", "delta", "delta-fixed", "ema", "cascade", "throughput"])
-def test_engine_driver_and_offline_harness_choose_the_same_k(random_inputs, name):
-    """One implementation: the engine's step-by-step driver (confidences from logits, one draft step
-    at a time) takes the same k in every round as the offline harness on the recorded draft_conf."""
+def test_one_driver_keeps_each_request_its_own(random_inputs, name):
+    """Requests that share the engine's round driver (the batch-level decisions off) take, round by round,
+    the k each takes walked alone by the offline harness (:func:`speclimits.control.offline.walk_actions`)."""
+    from speclimits.control.offline import walk_actions
+
     fit = hand_fit()
     ks_engine = engine_walk(fit, name, random_inputs)
-    # offline: walk each sequence alone with the same policy, collecting k per round
-    table = CostTable.build(random_inputs, fit.cost_model, fit.k_max)
     for s in range(random_inputs.n_sequences):
         sub = random_inputs.subset([s])
-        pol = fit.make(name).bind(sub, CostTable.build(sub, fit.cost_model, fit.k_max))
-        mem, pos, offline = pol.init_memory(1), 0, []
-        while pos < sub.n_tokens[0]:
-            k, extra = pol.decide(np.array([pos]), mem)
-            emitted = min(min(int(k[0]), int(sub.accept_len[pos])) + 1, int(sub.n_tokens[0]) - pos)
-            pol.observe(mem, k, pol.table.total()[[pos], k] + extra, np.array([float(emitted)]),
-                        sub.u_bar_window[[pos], k])
-            offline.append(int(k[0]))
-            pos += emitted
-        engine = [r[s] for r in ks_engine if s in r]
-        assert engine == offline, name
-    assert table.k_max == K
+        ks = walk_actions(fit.make(name).bind(sub, CostTable.build(sub, fit.cost_model, fit.k_max)), sub)
+        assert [r[s] for r in ks_engine if s in r] == ks[np.isfinite(ks)].astype(int).tolist(), name
 
 
 def test_top1_probability_matches_softmax():
@@ -139,10 +128,9 @@ def test_top1_probability_matches_softmax():
         top1_probability(x, 4)
 
 
-def test_scalar_forms_compute_the_array_forms_numbers():
-    """The engine's scalar form of each decision gives the array form's result on every row: the
-    calibration map (np.interp, to the bit), the look-ahead and greedy Delta stops, the threshold, and
-    the batch-level keep rule, at a price scale other than 1."""
+def test_calibration_map_one_value_at_a_time_is_np_interp():
+    """The engine calibrates one top-1 probability (or one step of a batch) at a time: the same float as
+    np.interp over the map, to the bit, as the isotonic fit predicts it."""
     rng = np.random.default_rng(3)
     fit = hand_fit()
     calib = fit.calibration
@@ -152,33 +140,6 @@ def test_scalar_forms_compute_the_array_forms_numbers():
     pol = fit.make("delta-fixed")
     assert pol.engine_calibrate_many(xs.tolist()) == calib.predict(xs).tolist()
     assert fit.make("threshold").engine_calibrate_many([0.25, 0.5]) == [0.25, 0.5]  # no map: the identity
-    b = 300
-    conf = rng.uniform(0.01, 0.999, size=(b, K))
-    for pol in (fit.make("delta"), fit.make("delta-fixed"), fit.make("threshold"),
-                DeltaRule(fit.lambda_, np.asarray(fit.u_bar_mean), calib, stop="greedy",
-                          running_lambda=False).setup(K, fit.cost_model)):
-        pol.price_scale = 1.37
-        mem = {"elapsed": rng.uniform(0, 400, b), "emitted": rng.uniform(0, 60, b).round(), "u_prev": np.full(b, np.nan),
-               "m_prev": np.zeros(b, dtype=np.int64)} if isinstance(pol, DeltaRule) else {"_n": np.zeros(b)}
-        ctx = {**mem, **pol.round_context(mem, b)}
-        lam = ctx.get("_lam", np.zeros(b))
-        stops = []
-        for j in range(1, K + 1):
-            arr = np.asarray(pol.more(j, conf[:, :j], ctx))
-            one = []
-            for i in range(b):
-                prod = 1.0
-                for c in conf[i, :j]:
-                    prod *= float(c)
-                one.append(pol.engine_more(j, float(conf[i, j - 1]), prod, float(lam[i])))
-            assert one == arr.tolist(), (pol.name, j)
-            stops.append((arr >= 0).mean())
-        assert 0.02 < np.mean(stops[:-1]) < 0.98, (pol.name, stops)  # both outcomes occur
-        if isinstance(pol, DeltaRule) and pol.stop == "lookahead":
-            keep = rng.integers(0, K + 1, size=b)
-            arr = pol.final_keep(conf, keep, ctx)
-            one = [pol.engine_final_keep(conf[i].tolist(), int(keep[i]), float(lam[i])) for i in range(b)]
-            assert one == arr.tolist() and (arr > keep).any()
 
 
 def brute_force_batch(pol, prods, lams, j, last):
@@ -323,9 +284,6 @@ def test_delta_decisions_do_not_change_when_every_price_scales(scale):
             assert pol.batch_select(pj, lam, 6, j) == ref.batch_select(pj, lam_ref, 6, j)
             assert pol.engine_batch_more(j, pj, lam, 6) == ref.engine_batch_more(j, pj, lam_ref, 6)
     assert changed > 0  # the test can tell: with λ0 at the old prices the stops move
-    # the array form scales λ0 the same way
-    mem = pol.round_context(pol.init_memory(3), 3)
-    assert np.array_equal(mem["_lam"], np.full(3, fit.lambda_ * scale))
 
 
 def test_batch_decision_drafts_less_when_steps_are_dear():
@@ -348,12 +306,11 @@ def test_batch_decision_drafts_less_when_steps_are_dear():
 
 def drive(pol, rounds, emitted_of_k, ms_of_k):
     """Run a memory policy for ``rounds`` rounds of one request with deterministic outcomes."""
-    mem, ks = pol.init_memory(1), []
+    driver, ks = RoundDriver(pol), []
     for _ in range(rounds):
-        k = np.asarray(pol.plan(mem))
-        ks.append(int(k[0]))
-        pol.observe(mem, k, np.array([ms_of_k(int(k[0]))]), np.array([float(emitted_of_k(int(k[0])))]),
-                    np.array([np.nan]))
+        (k,), _ = driver.run_round(["r"], [[0.5] * pol.k_max], pol.k_max)
+        ks.append(k)
+        driver.observe_one("r", k, ms_of_k(k), float(emitted_of_k(k)))
     return ks
 
 
@@ -591,14 +548,11 @@ def test_throughput_rule_learns_the_planted_acceptance_and_picks_the_best_rate()
     best = int(np.argmax((1 + np.cumsum(surv)) / prices)) + 1
     rng = np.random.default_rng(4)
     st = pol.engine_state()
-    mem = pol.init_memory(1)
     for _ in range(400):
         k = pol.engine_plan(st)
-        assert k == int(pol.plan(mem)[0])  # the two forms agree round by round
         hit = rng.random(k) < truth[:k]
         a = k if hit.all() else int(np.argmin(hit))
         pol.engine_observe(st, k, 1.0, a + 1)
-        pol.observe(mem, np.array([k]), np.array([1.0]), np.array([a + 1.0]), np.array([np.nan]))
     # it keeps drafting the best k (positions past it keep the prior, which here says "stop earlier")
     ks = []
     for _ in range(50):

@@ -121,8 +121,8 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     from dataclasses import replace
 
     from speclimits.oracle.inputs import CostTable
-    from speclimits.control.policies import (ConfidenceThreshold, DeltaRule, StaticK, fit_calibration, mean_u_bar,
-                                            split_sequences)
+    from speclimits.control.policies import fit_calibration, mean_u_bar, split_sequences
+    from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
 
     setup = prepare_oracle(smoke_trace)
     inputs, model, k_max = setup.raw_inputs, setup.model, 6

@@ -190,11 +190,12 @@ class RoundDriver:
 
     def run_round(self, rids: list[str], conf: Any, k_call: int) -> tuple[list[int], int]:
         """One whole round from recorded top-1 probabilities ``conf`` ((len(rids), >= k_call), row i for
-        request i), as the engine's hooks drive it: :meth:`begin`, :meth:`step` per draft step (reading
+        request i; an array or lists), as the engine's hooks drive it: :meth:`begin`, :meth:`step` per draft step (reading
         a column only where :meth:`wants_confidence` says), :meth:`finish`. Returns (kept k, steps drafted)."""
         rnd = self.begin(rids, k_call)
+        rows = conf.tolist() if hasattr(conf, "tolist") else conf  # Python floats, as the engine reads them
         for j in range(1, k_call + 1):
-            top1 = conf[:, j - 1].tolist() if self.wants_confidence(rnd) else None
+            top1 = [row[j - 1] for row in rows] if self.wants_confidence(rnd) else None
             if self.step(rnd, top1):
                 break
         return self.finish(rnd), rnd.j
@@ -207,11 +208,15 @@ class RoundDriver:
         for rid, k, e in zip(rids, ks, emitted):
             self.observe_one(rid, k, cost_ms, e)
 
-    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float) -> None:
-        """:meth:`observe` for one request (what the engine calls, request by request)."""
+    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float | None = None) -> None:
+        """:meth:`observe` for one request (what the engine calls, request by request); ``u_bar``: the
+        pass's Ū, offline only (the engine does not count experts)."""
         if self.observes:
             st = self.state.get(rid)
-            self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
+            if u_bar is None:
+                self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
+            else:
+                self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted, u_bar)
 
     def release(self, rids: Any) -> None:
         for rid in rids:

@@ -13,7 +13,7 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
 ``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (the price
                                     refresh), and the previous round's outcome (tokens emitted per
                                     request, read from vLLM's own host copy, see below) goes to
-                                    ``policy.observe``; ``policy.plan`` caps k
+                                    ``engine_observe``; ``engine_plan`` caps k
 ``drafter.model.compute_logits``    keeps the logits of each draft step
 ``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
                                     the cheaper input of the top-1 probability
@@ -22,7 +22,7 @@ What it wraps on the V1 model runner and its drafter (instance attributes, remov
                                     call, :mod:`speclimits.control.top1op`, or one softmax-max gives
                                     both); untouched for the others
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
-                                    ``policy.more``; when every request has stopped, a private
+                                    ``engine_more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
 ``drafter.propose``                 catches it and returns the steps drafted so far; for a rule that
                                     plans before drafting (static K, EMA, Cascade, throughput-aware)

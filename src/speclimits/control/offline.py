@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.control.arms import OFFLINE_POLICY_NAMES, arm, policy_label, static_key
 from speclimits.control.rules import PolicyFit
-from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout
+from speclimits.control.driver import RoundDriver
+from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout, walk
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
@@ -176,17 +177,8 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
     """(n,) the k a bound policy takes at each state visited by the replayed greedy walk of one sequence
     (NaN at states it skips)."""
     out = np.full(raw.n_states, np.nan)
-    mem = pol.init_memory(1)
-    cost = pol.table.total()
-    pos, n = 0, int(raw.n_tokens[0])
-    while pos < n:
-        rows = np.array([pos])
-        k, extra = pol.decide(rows, mem)
-        a = min(int(k[0]), int(raw.accept_len[pos]))
-        emitted = min(a + 1, n - pos)
-        out[pos] = k[0]
-        pol.observe(mem, k, cost[rows, k] + extra, np.array([emitted]), raw.u_bar_window[rows, k])
-        pos += emitted
+    conf = raw.draft_conf[:, : pol.k_max].tolist()
+    walk(pol, RoundDriver(pol), "walk", 0, raw.accept_len, conf, pol.table.total(), visit=out.__setitem__)
     return out
 
 
@@ -228,7 +220,6 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     Delta rules price a pass with the measured ones, as in the engine). Returns per
     name ``ms_per_token`` (all groups), ``tokens_per_round`` per request, ``mean_k``, and
     ``wasted_draft_steps`` per request per round."""
-    from speclimits.control.driver import RoundDriver
     from speclimits.control.profile import PriceClock
 
     out: dict[str, dict[str, float]] = {}

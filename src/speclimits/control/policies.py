@@ -1,8 +1,10 @@
 """The offline harness of the online policies (beyond the paper): evaluation on Oracle inputs, and fitting.
 
 The policy objects are those of :mod:`speclimits.control.rules` (numpy alone), which the vLLM worker
-(:mod:`speclimits.control.extension`) runs too; see :class:`~speclimits.control.rules.Policy` for the
-interface both harnesses drive. This module adds what needs the Oracle and the statistics stack.
+(:mod:`speclimits.control.extension`) runs too, and every round is decided by the engine's own
+:class:`~speclimits.control.driver.RoundDriver`: one decision path. This module adds what needs the
+Oracle and the statistics stack. A round's outcome is observed at once here (the engine reads it one
+round late, see :mod:`speclimits.control.extension`).
 
 Every policy sees only what a running system sees: the draft's own confidence (``draft_conf``,
 top-1 probabilities) instead of the reference match probability, a predicted Ū instead of
@@ -27,12 +29,14 @@ look-ahead Delta rule decides before drafting each next step, so neither wastes 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 
-from speclimits.control.rules import (ConfidenceThreshold, DeltaRule, EmaAcceptedLength, FixedActions, Policy,
-                                      StaticK, UtilityTestAndSet)
+from speclimits.control.driver import RoundDriver
+from speclimits.control.rules import ConfidenceThreshold, Policy
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.calibration import fit_isotonic, reached_steps
@@ -65,49 +69,77 @@ def draw_accept_lengths(inputs: OracleInputs, k_max: int, n_rollouts: int, seed:
     return out
 
 
+def state_actions(policy: Policy) -> tuple[np.ndarray, np.ndarray]:
+    """A rule without memory at every state of the bound inputs: ``(k (n,), extra draft ms (n,))``, each
+    state's round run alone through the engine's :class:`~speclimits.control.driver.RoundDriver` on the
+    state's recorded confidences. A token drafted and then dropped costs ``a`` ms (the greedy stop)."""
+    if not policy.markov:
+        raise TypeError(f"{policy.name} has memory: evaluate it with rollouts")
+    k_max, n = policy.k_max, policy.inputs.n_states
+    conf = policy.inputs.draft_conf[:, :k_max].tolist()
+    driver = RoundDriver(policy)
+    keep, drafted = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    run, rid = driver.run_round, ["state"]
+    for i in range(n):
+        k, j = run(rid, [conf[i]], k_max)
+        keep[i], drafted[i] = k[0], j
+    return keep, (drafted - keep) * policy.model.a
+
+
+def walk(policy: Policy, driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list[list[float]],
+         cost: np.ndarray, visit: Any = None) -> tuple[float, int]:
+    """Walk sequence ``seq`` of the bound inputs once as the engine runs a request at batch 1: each round
+    through ``driver`` (as request ``rid``) on the state's recorded confidences, ``accept`` (per state) the
+    greedy match length, the round priced ``cost[state, k]`` plus the draft steps dropped (``a`` ms each),
+    its outcome observed at once (with the window's Ū). ``visit(state, k)`` is called per round. Returns the
+    sequence's time (ms) and rounds."""
+    inp, k_max, a_ms = policy.inputs, policy.k_max, policy.model.a
+    u = inp.u_bar_window
+    off, n = int(inp.offsets[seq]), int(inp.n_tokens[seq])
+    pos, time_ms, rounds = 0, 0.0, 0
+    rids = [rid]
+    while pos < n:
+        row = off + pos
+        keep, drafted = driver.run_round(rids, [conf[row]], k_max)
+        k = keep[0]
+        emitted = min(min(k, int(accept[row])) + 1, n - pos)
+        c = cost[row, k] + (drafted - k) * a_ms
+        driver.observe_one(rid, k, c, emitted, u[row, k])
+        if visit is not None:
+            visit(row, k)
+        time_ms += c
+        rounds += 1
+        pos += emitted
+    return time_ms, rounds
+
+
 def rollout(policy: Policy, accept: np.ndarray) -> pd.DataFrame:
-    """Walk every sequence once per row of ``accept`` under ``policy`` (already bound).
+    """Walk every sequence once per row of ``accept`` under ``policy`` (already bound; :func:`walk`: the
+    engine's round driver, each sequence a request with its own memory).
 
     Returns per sequence: ``seq_id``, ``time_ms`` (mean over rollouts), ``time_se`` (its standard
     error), ``rounds`` (mean) and ``n_rollouts``.
     """
-    inp, table = policy.inputs, policy.table
-    cost = table.total()
+    inp = policy.inputs
+    cost = policy.table.total()
+    conf = inp.draft_conf[:, : policy.k_max].tolist()
     n_roll, n_seq = accept.shape[0], inp.n_sequences
-    seq = np.tile(np.arange(n_seq), n_roll)
-    rep = np.repeat(np.arange(n_roll), n_seq)
-    pos = np.zeros(len(seq), dtype=np.int64)
-    time_ms = np.zeros(len(seq))
-    rounds = np.zeros(len(seq))
-    live = np.arange(len(seq))
-    mem = policy.init_memory(len(seq))
-    n_tok = inp.n_tokens
-    while live.size:
-        s, p = seq[live], pos[live]
-        rows = inp.offsets[s] + p
-        sub = {key: val[live] for key, val in mem.items()}
-        k, extra = policy.decide(rows, sub)
-        a = np.minimum(k, accept[rep[live], rows])
-        emitted = np.minimum(a + 1, n_tok[s] - p)
-        c = cost[rows, k] + extra
-        policy.observe(sub, k, c, emitted, inp.u_bar_window[rows, k])
-        for key, val in sub.items():
-            mem[key][live] = val
-        time_ms[live] += c
-        rounds[live] += 1
-        pos[live] = p + emitted
-        live = live[pos[live] < n_tok[s]]
-    t = time_ms.reshape(n_roll, n_seq)
+    t, rounds = np.zeros((n_roll, n_seq)), np.zeros((n_roll, n_seq))
+    driver = RoundDriver(policy)
+    for r in range(n_roll):
+        for s in range(n_seq):
+            t[r, s], rounds[r, s] = walk(policy, driver, (r, s), s, accept[r], conf, cost)
+        driver.release([(r, s) for s in range(n_seq)])
     return pd.DataFrame({
         "seq_id": inp.seq_ids, "time_ms": t.mean(axis=0),
         "time_se": t.std(axis=0, ddof=1) / np.sqrt(n_roll) if n_roll > 1 else np.nan,
-        "rounds": rounds.reshape(n_roll, n_seq).mean(axis=0), "n_rollouts": n_roll,
+        "rounds": rounds.mean(axis=0), "n_rollouts": n_roll,
     })
 
 
 def evaluate_exact(policy: Policy, deterministic: bool = False) -> pd.DataFrame:
     """Exact expected time per sequence of a state-only policy (the Oracle's policy evaluation)."""
-    k, extra = policy.actions()
+    k, extra = state_actions(policy)
     return evaluate_policy(policy.inputs, policy.table.model, actions=k, k_max=policy.k_max,
                            deterministic=deterministic, extra_cost=extra)
 

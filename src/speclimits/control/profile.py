@@ -51,12 +51,6 @@ class ProfileCycle(Policy):
     def __init__(self) -> None:
         self.step = 0
 
-    def plan(self, mem):
-        n = len(next(iter(mem.values()))) if mem else 0
-        k = 1 + self.step % self.k_max
-        self.step += 1
-        return np.full(n, k)
-
     def engine_round(self):
         self.k_now = 1 + self.step % self.k_max
         self.step += 1

@@ -6,18 +6,17 @@ worker loads a policy in milliseconds. The offline harness that evaluates the sa
 inputs (exact policy evaluation, rollouts, fitting) is :mod:`speclimits.control.policies`.
 
 * :class:`Policy` and the rules: :class:`StaticK`, :class:`ConfidenceThreshold`, :class:`DeltaRule`,
-  :class:`EmaAcceptedLength`, :class:`UtilityTestAndSet` (and :class:`RandomK`, :class:`FixedActions`
-  for tests and the Oracle's own actions).
+  :class:`EmaAcceptedLength`, :class:`UtilityTestAndSet`, :class:`ThroughputAware` (and :class:`RandomK`
+  for tests).
 * :class:`PolicyFit`: the one configuration of every policy (the policy JSON written by
   ``speclimits control fit``); :meth:`PolicyFit.make` builds a rule by name (:data:`POLICY_NAMES`).
 
-Each rule has two forms of one decision: arrays over states (``plan``, ``more``, ``observe``: the
-offline harness, thousands of states at once) and Python scalars, one request at a time (``engine_*``:
-what the worker runs, driven by :class:`speclimits.control.driver.RoundDriver`). Inside vLLM a
+Each rule is written once, in the form the engine runs: Python scalars, one request at a time
+(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the worker and offline alike
+(:mod:`speclimits.control.policies` walks the recorded states through the same driver). Inside vLLM a
 numpy call right after a forward pass costs 10–20 µs (its code and data are out of the caches; the
-same call in isolation takes 1–3 µs), a float operation well under 1 µs, so at the batch sizes a CPU
-engine runs the scalar form decides several times faster from tables precomputed at ``setup``; the
-two forms compute the same expressions in the same order, and the tests check they take the same k.
+same call in isolation takes 1–3 µs), a float operation well under 1 µs, so the rules decide from
+tables precomputed at ``setup``.
 
 Every rule sees only what a running system sees: the draft's own confidence (top-1 probability)
 instead of the reference match probability, a predicted Ū instead of the counterfactual one, a
@@ -55,21 +54,16 @@ FORMAT = "speclimits-policy/1"
 class Policy:
     """Base class of a rule that chooses the draft length k of each live request, round by round.
 
-    The rule is written once, against what a running system has, and driven by two harnesses:
-
-    * the engine (:class:`speclimits.control.extension.ControlWorkerExtension`) calls
-      :meth:`plan` before drafting, :meth:`more` after each draft step with the confidences
-      drafted so far (each passed once through :meth:`transform_conf`), :meth:`final_keep` when
-      the drafter has stopped, and :meth:`observe` after the verification pass;
-    * the offline evaluation calls :meth:`decide`, which runs the same :meth:`plan` /
-      :meth:`more` loop on the states' recorded ``draft_conf`` (exact policy evaluation for
-      state-only rules, rollouts for rules with memory).
-
-    Arrays are per request of the batch (``b``): ``mem`` is a dict of (b,) arrays created by
-    :meth:`init_memory`; :meth:`round_context` adds what a round's decisions share (computed once
-    per round, not per draft step); ``conf`` is (b, j), the transformed confidences at steps 1..j.
-    :meth:`setup` gives the policy K_max and the cost model (the engine's harness);
-    :meth:`bind` does that and attaches Oracle inputs (the offline harness).
+    The rule is written once, against what a running system has, one request at a time, and driven by
+    :class:`~speclimits.control.driver.RoundDriver` in the engine
+    (:class:`speclimits.control.extension.ControlWorkerExtension`) and offline
+    (:mod:`speclimits.control.policies`): :meth:`engine_plan` caps k before drafting (from the request's
+    memory, :meth:`engine_state`), :meth:`engine_more` after each draft step with the step's calibrated
+    confidence (:meth:`engine_calibrate`) and the running product, :meth:`engine_final_keep` when the
+    batch's drafter stopped, :meth:`engine_observe` after the verification pass; :meth:`engine_context`
+    is what a request's decisions in one round share.
+    :meth:`setup` gives the policy K_max and the cost model; :meth:`bind` does that and attaches Oracle
+    inputs (the offline harness).
     ``price_scale`` multiplies the cost model's round costs (the engine sets it from the rounds it
     times, so that a machine that slows down is followed; 1 offline).
     """
@@ -84,7 +78,7 @@ class Policy:
     def plan_only(self) -> bool:
         """True when the rule decides k before drafting (it does not override :meth:`more`): the engine
         then does no per-step work beyond stopping the drafter at the round's largest k."""
-        return type(self).more is Policy.more and type(self).final_keep is Policy.final_keep
+        return type(self).engine_more is Policy.engine_more and type(self).engine_final_keep is Policy.engine_final_keep
 
     def setup(self, k_max: int, model: CostModel) -> "Policy":
         """K_max and the cost model; returns self."""
@@ -98,37 +92,6 @@ class Policy:
         self.inputs, self.table = inputs, table
         return self
 
-    def init_memory(self, n: int) -> dict[str, np.ndarray]:
-        return {}
-
-    def round_context(self, mem: dict[str, np.ndarray], b: int) -> dict[str, np.ndarray]:
-        """Per-request arrays the round's decisions share (e.g. the priced actions), computed once per round."""
-        return {}
-
-    def transform_conf(self, conf: np.ndarray) -> np.ndarray:
-        """The map applied once to each draft step's top-1 probabilities (identity; a calibration map)."""
-        return conf
-
-    def plan(self, mem: dict[str, np.ndarray]) -> np.ndarray:
-        """(b,) most tokens to draft this round, decided before drafting (1..k_max)."""
-        return np.full(len(next(iter(mem.values()))) if mem else 0, self.k_max)
-
-    def more(self, j: int, conf: np.ndarray, mem: dict[str, np.ndarray]) -> np.ndarray:
-        """After draft step j: (b,) int, -1 to draft step j + 1, else the tokens to keep (<= j)."""
-        return np.full(conf.shape[0], -1)
-
-    def final_keep(self, conf: np.ndarray, keep: np.ndarray, mem: dict[str, np.ndarray]) -> np.ndarray:
-        """When the drafter has stopped after ``conf.shape[1]`` steps (the last request to stop): the
-        tokens each request keeps, given what it chose (``keep``); the draft steps past a request's own
-        stop are paid already, so a rule may keep more of them. Default: ``keep``."""
-        return keep
-
-    def observe(self, mem: dict[str, np.ndarray], k: np.ndarray, cost_ms: np.ndarray, emitted: np.ndarray,
-                u_bar: np.ndarray) -> None:
-        """After verification: drafted ``k`` (b,), round ``cost_ms`` (b,), tokens ``emitted`` (b,) and
-        the observed Ū of the pass (b,; NaN where not measured)."""
-        return None
-
     # -- the engine's form: one request at a time, Python scalars ------------------------------
     def engine_state(self) -> list[Any] | None:
         """A fresh request's memory in the engine (a small list; None: the rule keeps none)."""
@@ -139,7 +102,7 @@ class Policy:
         return None
 
     def engine_plan(self, st: Any) -> int:
-        """The most tokens one request drafts this round (what :meth:`plan` gives it)."""
+        """The most tokens one request drafts this round, before drafting (1..k_max)."""
         return self.k_max
 
     def engine_batch_plan(self, sts: list[Any]) -> list[int] | None:
@@ -151,7 +114,7 @@ class Policy:
         return 0.0
 
     def engine_calibrate(self, p: float) -> float:
-        """:meth:`transform_conf` of one top-1 probability."""
+        """The map applied once to each draft step's top-1 probability (identity; a calibration map)."""
         return p
 
     def engine_calibrate_many(self, ps: list[float]) -> list[float]:
@@ -160,55 +123,28 @@ class Policy:
         return [calibrate(p) for p in ps]
 
     def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
-        """:meth:`more` for one request after draft step j: ``c`` the step's transformed confidence,
-        ``prod`` the running product of steps 1..j, ``ctx`` its :meth:`engine_context`."""
+        """After draft step j, for one request: -1 to draft step j + 1, else the tokens to keep (<= j); ``c``
+        the step's calibrated confidence, ``prod`` the running product of steps 1..j, ``ctx`` its
+        :meth:`engine_context`."""
         return -1
 
     def engine_final_keep(self, confs: list[float], keep: int, ctx: float) -> int:
-        """:meth:`final_keep` for one request (``confs``: its transformed confidences of every drafted step)."""
+        """When the batch's drafter stopped after ``len(confs)`` steps (the last request to stop): the tokens a
+        request keeps, given what it chose (``keep``); the draft steps past its own stop are paid already, so
+        a rule may keep more of them (``confs``: its calibrated confidences of every drafted step)."""
         return keep
 
-    def engine_observe(self, st: Any, k: int, cost_ms: float, emitted: float) -> None:
-        """:meth:`observe` for one request (the engine does not measure Ū: it is never passed)."""
+    def engine_observe(self, st: Any, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
+        """After verification, for one request: drafted ``k``, paid ``cost_ms``, emitted ``emitted`` tokens;
+        ``u_bar`` the pass's Ū where it was measured (offline: the engine does not count experts)."""
         return None
 
-    # -- the offline driver of plan/more ----------------------------------------------------
-    def conf_of(self, rows: np.ndarray) -> np.ndarray:
-        """(b, k_max) recorded draft confidences of the bound states ``rows``, transformed."""
-        return self.inputs.draft_conf[rows, : self.k_max]
-
-    def decide(self, rows: np.ndarray, mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Offline: ``(k (b,), extra draft ms (b,))`` for the bound states ``rows``, by the loop the
-        engine runs: draft step j, ask :meth:`more`; a token drafted and then dropped costs ``a`` ms."""
-        b = len(rows)
-        if not mem:
-            mem = {"_n": np.zeros(b)}
-        cap = np.clip(np.asarray(self.plan(mem), dtype=np.int64), 1, self.k_max)
-        ctx = {**mem, **self.round_context(mem, b)}
-        conf = self.conf_of(rows)
-        keep = np.full(b, -1)
-        drafted = np.zeros(b, dtype=np.int64)
-        for j in range(1, self.k_max + 1):
-            live = keep < 0
-            if not live.any():
-                break
-            drafted[live] = j
-            at_cap = live & (cap <= j)
-            keep[at_cap] = cap[at_cap]
-            ask = live & ~at_cap
-            if ask.any():
-                sub = {key: val[ask] for key, val in ctx.items()}
-                out = np.asarray(self.more(j, conf[ask, :j], sub))
-                keep[np.flatnonzero(ask)[out >= 0]] = out[out >= 0]
-        keep[keep < 0] = self.k_max
-        return keep, (drafted - keep) * self.model.a
-
     def actions(self) -> tuple[np.ndarray, np.ndarray]:
-        """Markov policies: (k, extra ms) for every state of the bound inputs."""
-        if not self.markov:
-            raise TypeError(f"{self.name} has memory: evaluate it with rollouts")
-        rows = np.arange(self.inputs.n_states)
-        return self.decide(rows, self.init_memory(len(rows)))
+        """Rules without memory: (k, extra draft ms) at every state of the bound inputs
+        (:func:`speclimits.control.policies.state_actions`)."""
+        from speclimits.control.policies import state_actions  # the offline harness (imports the driver)
+
+        return state_actions(self)
 
     def describe(self) -> str:
         return ""
@@ -221,21 +157,8 @@ class StaticK(Policy):
         self.k = int(k)
         self.name = static_label(self.k)
 
-    def plan(self, mem):
-        return np.full(len(next(iter(mem.values()))), min(self.k, self.k_max))
-
     def engine_plan(self, st):
         return min(self.k, self.k_max)
-
-
-class FixedActions(Policy):
-    """A given action per state (e.g. the Oracle's k*); offline only."""
-
-    def __init__(self, k: np.ndarray, name: str = "fixed"):
-        self.k, self.name = np.asarray(k, dtype=np.int64), name
-
-    def decide(self, rows, mem):
-        return self.k[rows], np.zeros(len(rows))
 
 
 class RandomK(Policy):
@@ -247,9 +170,6 @@ class RandomK(Policy):
     def __init__(self, seed: int = 0):
         self.seed, self.rng = int(seed), np.random.default_rng(seed)
         self.name = "random k"
-
-    def plan(self, mem):
-        return self.rng.integers(1, self.k_max + 1, size=len(next(iter(mem.values()))))
 
     def engine_plan(self, st):
         return int(self.rng.integers(1, self.k_max + 1))
@@ -264,9 +184,6 @@ class ConfidenceThreshold(Policy):
     def __init__(self, tau: float):
         self.tau = float(tau)
         self.name = "confidence threshold"
-
-    def more(self, j, conf, mem):
-        return np.where(running_product(conf) >= self.tau, -1, j)
 
     def engine_more(self, j, c, prod, ctx):
         return -1 if prod >= self.tau else j
@@ -306,6 +223,8 @@ class DeltaRule(Policy):
             raise ValueError("u_pred must be 'mean' or 'previous'")
         if stop not in ("lookahead", "greedy"):
             raise ValueError("stop must be 'lookahead' or 'greedy'")
+        if calibration is not None and not isinstance(calibration, CalibrationMap):  # a fitted IsotonicRegression
+            calibration = CalibrationMap.from_isotonic(calibration)
         self.lambda0, self.u_bar_mean = float(lambda0), np.asarray(u_bar_mean, dtype=float)
         self.calibration, self.u_pred, self.stop = calibration, u_pred, stop
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
@@ -335,111 +254,44 @@ class DeltaRule(Policy):
                                             terms=(self.fixed_ms, self.slope_ms))
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
-        one = getattr(self.calibration, "predict_one", None)  # a CalibrationMap (offline maps may be sklearn's)
-        if one is not None:  # the engine's calibration, one call deep (it runs per request per step)
-            self.engine_calibrate = one
+        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step)
+            self.engine_calibrate = self.calibration.predict_one
             self.engine_calibrate_many = self.calibration.predict_many
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
         #: profile; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
         return self
 
-    def transform_conf(self, conf: np.ndarray) -> np.ndarray:
-        """The calibration map applied to confidences of any shape."""
-        if self.calibration is None:
-            return conf
-        return self.calibration.predict(conf.ravel()).reshape(conf.shape)
-
-    def bind(self, inputs, table):
-        super().bind(inputs, table)
-        self._conf = self.transform_conf(inputs.draft_conf[:, : self.k_max])
-        return self
-
-    def conf_of(self, rows):
-        return self._conf[rows]
-
-    def init_memory(self, n):
-        return {"elapsed": np.zeros(n), "emitted": np.zeros(n), "u_prev": np.full(n, np.nan),
-                "m_prev": np.zeros(n, dtype=np.int64)}
-
-    def c_hat(self, mem: dict[str, np.ndarray], b: int, scaled: bool = True) -> np.ndarray:
-        """(b, k_max + 1) predicted round cost without c·L, for k = 0..k_max (times :attr:`price_scale`
-        unless ``scaled=False``)."""
-        ms = np.arange(1, self.k_max + 2)
-        if self.u_pred == "mean":
-            row = self._row
-            return np.broadcast_to(row * self.price_scale if scaled and self.price_scale != 1.0 else row, (b, len(ms)))
-        u_hat = np.broadcast_to(self.u_bar_mean[ms], (b, len(ms))).copy()
-        seen = np.isfinite(mem["u_prev"]) & (mem["m_prev"] >= 1)
-        scale = mem["u_prev"][seen] / self.u_bar_mean[mem["m_prev"][seen]]
-        u_hat[seen] = self.u_bar_mean[ms][None, :] * scale[:, None]
-        out = self.model.round_prices(self.k_max, u_hat, terms=(self.fixed_ms, self.slope_ms))
-        return out * self.price_scale if scaled and self.price_scale != 1.0 else out
-
-    def lam(self, mem: dict[str, np.ndarray], b: int) -> np.ndarray:
-        """(b,) the value of one token of progress, ms."""
-        lam0 = self.lambda0 * self.price_scale  # a time per token at the prices λ0 was set at: it follows them
-        if not self.running_lambda:
-            return np.full(b, lam0)
-        return (self.prior_tokens * lam0 + mem["elapsed"]) / (self.prior_tokens + mem["emitted"])
-
-    def round_context(self, mem, b):
-        if self.u_pred == "mean":  # one row for the batch (self.row), scaled at the decision
-            return {"_lam": self.lam(mem, b)}
-        return {"_c": self.c_hat(mem, b, scaled=False), "_lam": self.lam(mem, b)}
-
-    def more(self, j, conf, mem):
-        """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when
-        ``Ĉ(k) - Ĉ(j) - λ·P_j·(c + c² + ... + c^(k-j)) >= 0`` (P_j the product of the confidences of
-        steps 1..j, c step j's, extrapolated to the steps not drafted yet). With the mean Ū the row Ĉ is
-        shared by the batch; with the previous round's Ū it is per request."""
-        b, kk = conf.shape[0], self.k_max
-        lam, s = mem["_lam"], self.price_scale
-        row = mem["_c"] if "_c" in mem else np.broadcast_to(self._row, (b, kk + 1))
-        prod = running_product(conf)
-        if self.stop == "greedy":
-            if j == 1:
-                return np.full(b, -1)
-            ok = (row[:, j] - row[:, j - 1]) * s <= lam * prod
-            return np.where(ok, -1, j - 1)
-        if j >= kk:
-            return np.full(b, j)
-        powers = np.cumprod(np.repeat(conf[:, -1:], kk - j, axis=1), axis=1)
-        gain = (lam * prod)[:, None] * np.cumsum(powers, axis=1)
-        ok = (row[:, j + 1:] - row[:, j: j + 1]) * s - gain >= 0
-        return np.where(ok.all(axis=1), j, -1)
-
-    def final_keep(self, conf, keep, mem):
-        """Past its own stop a request's extra draft steps are paid: keep token t when the verification
-        alone (Ĉ less the draft line ``a·k``) is worth it, ``Q̂(k) = Ĉ(k) - a·k - λ·Ê[a](k)`` over
-        k = keep..drafted with the drafted confidences."""
-        drafted = conf.shape[1]
-        if drafted == 0 or (keep >= drafted).all():
-            return keep
-        b, s = len(keep), self.price_scale
-        row = mem["_c"] if "_c" in mem else np.broadcast_to(self._row, (b, self.k_max + 1))
-        ks = np.arange(drafted + 1)
-        e_a = np.concatenate([np.zeros((b, 1)), np.cumsum(np.cumprod(conf, axis=1), axis=1)], axis=1)
-        q = row[:, : drafted + 1] * s - (self.model.a * s) * ks[None, :] - mem["_lam"][:, None] * e_a
-        q = np.where(ks[None, :] >= keep[:, None], q, np.inf)
-        return np.argmin(q, axis=1)
-
-    # the engine's form (the mean Ū: the engine does not measure a round's Ū, so "previous" is the mean there)
     def engine_state(self):
-        # elapsed ms, tokens emitted; a fixed λ reads neither (no memory, nothing observed)
+        # elapsed ms, tokens emitted (a fixed λ reads neither); with the previous round's Ū also that Ū and
+        # its m (NaN, 0: none yet)
+        if self.u_pred == "previous":
+            return [0.0, 0.0, math.nan, 0]
         return [0.0, 0.0] if self.running_lambda else None
 
     def engine_context(self, st):
-        lam0 = self.lambda0 * self.price_scale  # as in lam()
-        if not self.running_lambda:
-            return lam0
-        return (self.prior_tokens * lam0 + st[0]) / (self.prior_tokens + st[1])
+        """λ, the value of one token of progress (ms, at :attr:`price_scale`); with the previous round's Ū,
+        ``(λ, Ĉ row of this request)``."""
+        lam0 = self.lambda0 * self.price_scale  # a time per token at the prices λ0 was set at: it follows them
+        lam = lam0 if not self.running_lambda else (self.prior_tokens * lam0 + st[0]) / (self.prior_tokens + st[1])
+        if self.u_pred == "mean":
+            return lam
+        u_prev, m_prev = st[2], st[3]
+        if not (u_prev == u_prev and m_prev >= 1):  # no Ū observed yet: the mean per m
+            return lam, self.row
+        u_hat = self.u_bar_mean[np.arange(1, self.k_max + 2)] * (u_prev / self.u_bar_mean[m_prev])
+        return lam, self.model.round_prices(self.k_max, u_hat, terms=(self.fixed_ms, self.slope_ms)).tolist()
 
     def engine_calibrate(self, p):
         return p if self.calibration is None else self.calibration.predict_one(p)
 
     def engine_more(self, j, c, prod, lam):
+        """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when ``Ĉ(k) - Ĉ(j) -
+        λ·P_j·(c + c² + ... + c^(k-j)) >= 0`` (P_j the product of the confidences of steps 1..j, c step j's,
+        extrapolated to the steps not drafted yet). Greedy: extend while ``ΔĈ <= λ·ΔÊ[a]``."""
         row, s = self.row, self.price_scale
+        if lam.__class__ is tuple:  # the previous round's Ū: the request's own row
+            lam, row = lam
         if self.stop == "greedy":
             if j == 1:
                 return -1
@@ -453,7 +305,12 @@ class DeltaRule(Policy):
         return j
 
     def engine_final_keep(self, confs, keep, lam):
+        """Past its own stop a request's extra draft steps are paid: keep token t when the verification
+        alone (Ĉ less the draft line ``a·k``) is worth it, ``Q̂(k) = Ĉ(k) - a·k - λ·Ê[a](k)`` over
+        k = keep..drafted with the drafted confidences."""
         row, s = self.row, self.price_scale
+        if lam.__class__ is tuple:
+            lam, row = lam
         a_s = self.model.a * s
         power, e_a, best, best_k = 1.0, 0.0, math.inf, keep
         for k in range(len(confs) + 1):
@@ -466,9 +323,11 @@ class DeltaRule(Policy):
                     best, best_k = q, k
         return best_k
 
-    def engine_observe(self, st, k, cost_ms, emitted):
+    def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
         st[0] += cost_ms
         st[1] += emitted
+        if self.u_pred == "previous":
+            st[2], st[3] = float(u_bar), int(k) + 1
 
     # the engine's batch form (``shared``, batch > 1): one decision for the whole batch
     def batch_table(self, b: int) -> list[float]:
@@ -590,13 +449,6 @@ class DeltaRule(Policy):
             return kept[3]
         return self.batch_select(prods, lams, j, j)[1]
 
-    def observe(self, mem, k, cost_ms, emitted, u_bar):
-        mem["elapsed"] += cost_ms
-        mem["emitted"] += emitted
-        mem["u_prev"] = np.asarray(u_bar, dtype=float).copy()
-        mem["m_prev"] = np.asarray(k, dtype=np.int64) + 1
-
-
 class EmaAcceptedLength(Policy):
     """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request.
 
@@ -625,36 +477,15 @@ class EmaAcceptedLength(Policy):
     def tiers(self) -> np.ndarray:
         return np.unique(np.clip(np.asarray(self.steps), 1, self.k_max))
 
-    def init_memory(self, n):
-        tiers = self.tiers
-        start = tiers[len(tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
-        return {"ema": np.full(n, np.nan), "rounds": np.zeros(n), "k": np.full(n, float(start))}
-
-    def plan(self, mem):
-        return mem["k"].astype(np.int64)
-
-    def observe(self, mem, k, cost_ms, emitted, u_bar):
-        acc = np.asarray(emitted, dtype=float)  # SGLang's accept length: accepted drafts + the bonus token
-        mem["ema"] = np.where(np.isnan(mem["ema"]), acc, (1 - self.alpha) * mem["ema"] + self.alpha * acc)
-        mem["rounds"] += 1
-        due = (mem["rounds"] >= self.warmup) & ((mem["rounds"] - self.warmup) % self.every == 0)
-        if not due.any():
-            return
-        target = mem["ema"][due] + 1
-        tiers = self.tiers
-        up = tiers[np.maximum(np.searchsorted(tiers - 0.5, target, side="right") - 1, 0)]
-        cur = mem["k"][due]
-        new = np.where(up > cur, up, np.where(target < cur - 0.5 - self.hysteresis, up, cur))
-        mem["k"][due] = new
-
     def engine_state(self):
-        mem = self.init_memory(1)
-        return [math.nan, 0.0, float(mem["k"][0])]  # ema, rounds, k
+        tiers = self._tier_list
+        start = tiers[len(tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
+        return [math.nan, 0.0, float(start)]  # ema, rounds, k
 
     def engine_plan(self, st):
         return int(st[2])
 
-    def engine_observe(self, st, k, cost_ms, emitted):
+    def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
         acc = float(emitted)
         st[0] = acc if math.isnan(st[0]) else (1 - self.alpha) * st[0] + self.alpha * acc
         st[1] += 1
@@ -696,39 +527,6 @@ class UtilityTestAndSet(Policy):
     def ks(self) -> np.ndarray:
         return np.unique(np.clip(np.asarray(self.candidates), 1, self.k_max))
 
-    def init_memory(self, n):
-        c = len(self.ks)
-        mem = {"t": np.zeros(n), "best": np.full(n, float(self.ks[0]))}
-        for i in range(c):
-            mem[f"tok{i}"], mem[f"ms{i}"] = np.zeros(n), np.zeros(n)
-        return mem
-
-    def _phase(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(testing (b,) bool, candidate index under test (b,))."""
-        n_test = len(self.ks) * self.test_rounds
-        cyc = t % (n_test + self.set_rounds)
-        return cyc < n_test, np.minimum(cyc // self.test_rounds, len(self.ks) - 1).astype(np.int64)
-
-    def plan(self, mem):
-        testing, idx = self._phase(mem["t"])
-        return np.where(testing, self.ks[idx], mem["best"]).astype(np.int64)
-
-    def observe(self, mem, k, cost_ms, emitted, u_bar):
-        testing, idx = self._phase(mem["t"])
-        for i in range(len(self.ks)):
-            sel = testing & (idx == i)
-            mem[f"tok{i}"][sel] += emitted[sel]
-            mem[f"ms{i}"][sel] += cost_ms[sel]
-        mem["t"] += 1
-        n_test = len(self.ks) * self.test_rounds
-        ended = (mem["t"] % (n_test + self.set_rounds)) == n_test
-        if ended.any():
-            util = np.stack([mem[f"tok{i}"] / np.maximum(mem[f"ms{i}"], 1e-9) for i in range(len(self.ks))], axis=1)
-            mem["best"][ended] = self.ks[np.argmax(util[ended], axis=1)]
-            for i in range(len(self.ks)):
-                mem[f"tok{i}"][ended] = 0.0
-                mem[f"ms{i}"][ended] = 0.0
-
     def setup(self, k_max, model):
         super().setup(k_max, model)
         self._ks = [int(k) for k in self.ks]
@@ -747,7 +545,7 @@ class UtilityTestAndSet(Policy):
         testing, i = self._engine_phase(st[0])
         return self._ks[i] if testing else st[1]
 
-    def engine_observe(self, st, k, cost_ms, emitted):
+    def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
         testing, i = self._engine_phase(st[0])
         if testing:
             st[2][i] += emitted
@@ -825,27 +623,7 @@ class ThroughputAware(Policy):
         a, b = self.model.a, self.model.b
         return [self.pass_ms[k] + a * k + b for k in range(1, self.k_max + 1)]
 
-    # -- offline (arrays; per sequence) -------------------------------------------------------
-    def init_memory(self, n):
-        kk = self.k_max
-        return {"reached": np.zeros((n, kk)), "acc": np.zeros((n, kk))}
-
-    def plan(self, mem):
-        w = self.prior_weight
-        alpha = (mem["acc"] + np.asarray(self._prior_acc)) / (mem["reached"] + w)
-        surv = np.cumprod(alpha, axis=1)  # left to right, as the engine's running product
-        tokens = np.cumsum(np.concatenate([np.ones((len(surv), 1)), surv], axis=1), axis=1)[:, 1:]
-        return np.argmax(tokens / np.asarray(self.prices())[None, :], axis=1) + 1
-
-    def observe(self, mem, k, cost_ms, emitted, u_bar):
-        k = np.asarray(k, dtype=np.int64)
-        a = np.clip(np.asarray(emitted).astype(np.int64) - 1, 0, k)
-        t = np.arange(self.k_max)[None, :]
-        seen = t < np.minimum(a + 1, k)[:, None]  # the positions this round tested; the others fade slowly
-        mem["reached"] = np.where(seen, self.decay * mem["reached"] + 1.0, self.forget * mem["reached"])
-        mem["acc"] = np.where(seen, self.decay * mem["acc"] + (t < a[:, None]), self.forget * mem["acc"])
-
-    # -- the engine (scalars; pooled over the batch when shared) ------------------------------
+    # pooled over the batch when shared
     def engine_state(self):
         return [[0.0] * self.k_max, [0.0] * self.k_max]  # positions reached, accepted (decayed counts)
 
@@ -873,7 +651,7 @@ class ThroughputAware(Policy):
         k = self.choose(reached, acc)
         return [k] * len(sts)
 
-    def engine_observe(self, st, k, cost_ms, emitted):
+    def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
         a = min(max(int(emitted) - 1, 0), k)
         reached, acc, d = st[0], st[1], self.decay
         hi, f = min(a + 1, k), self.forget
@@ -884,15 +662,6 @@ class ThroughputAware(Policy):
             else:
                 reached[t] *= f
                 acc[t] *= f
-
-
-def running_product(conf: np.ndarray) -> np.ndarray:
-    """(b,) product of each row of ``conf`` (b, j), multiplied left to right as the engine's running
-    product is (so both forms compare the same float with a threshold)."""
-    prod = conf[:, 0].astype(float, copy=True)
-    for i in range(1, conf.shape[1]):
-        prod *= conf[:, i]
-    return prod
 
 
 # ---------------------------------------------------------------------------
