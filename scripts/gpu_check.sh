@@ -8,7 +8,7 @@
 # default 0.33.0) with pip into a fresh virtual environment ($GPU_VENV, default
 # ${TMPDIR:-/tmp}/speclimits-gpu-venv), builds tiny config-only models (dummy weights), traces a
 # short sweep (draft_model self-draft K = 1, 7 and eagle3 K = 3) with CUDA graphs on and with
-# enforce_eager, and prints a pass/fail table (see src/speclimits/tracing/gpu_check.py). The
+# enforce_eager, and prints a pass/fail table (see tools/gpu_check.py). The
 # whole run is limited to $GPU_CHECK_LIMIT seconds (default 480 = 8 minutes, install included).
 # Network: the package registry only (pip); models are local, HF_HUB_OFFLINE=1.
 #
@@ -86,7 +86,7 @@ fi
 args=(--out "$out")
 [ "$dry" = 1 ] && args+=(--dry-run)
 set +e
-timeout "$left" "$python" -m speclimits.tracing.gpu_check "${args[@]}" ${pass[@]+"${pass[@]}"}
+timeout "$left" "$python" "$repo/tools/gpu_check.py" "${args[@]}" ${pass[@]+"${pass[@]}"}
 rc=$?
 set -e
 echo "gpu_check: finished in ${SECONDS}s (limit ${limit}s), exit ${rc}; results in $out/gpu_check.json" >&2

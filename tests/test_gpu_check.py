@@ -1,4 +1,4 @@
-"""The GPU verification (scripts/gpu_check.sh, speclimits.tracing.gpu_check).
+"""The GPU verification (scripts/gpu_check.sh, tools/gpu_check.py).
 
 Quick tests: each check on small hand-built traces whose answer is known (and on doctored
 copies that must fail). The ``vllm``-marked test runs the script's dry run: everything but
@@ -19,9 +19,10 @@ import pandas as pd
 import pytest
 
 from speclimits.trace import read_table, write_trace
-from speclimits.tracing import gpu_check as gc
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # a tool beside the package, not in it
+import gpu_check as gc  # noqa: E402
 N_LAYERS, N_EXPERTS, TOP_K = 2, 16, 4
 
 

@@ -163,7 +163,7 @@ NEEDS: tuple[Need, ...] = (
          f"{EXT} recapture_cuda_graphs: drops the graphs captured without the callback"),
     Need("method", "compilation/breakable_cudagraph.py", "BreakableCUDAGraphWrapper", "clear_all_graphs",
          f"{EXT} recapture_cuda_graphs: the same for breakable graphs", required=False),
-    *(Need("attr", "config/compilation.py", "CompilationConfig", name, f"tracing/gpu_check.py: graphs run ({name})")
+    *(Need("attr", "config/compilation.py", "CompilationConfig", name, f"tools/gpu_check.py: graphs run ({name})")
       for name in ("mode", "cudagraph_mode", "cudagraph_capture_sizes")),
     # per-step state the hooks read
     Need("attr", BATCH, "InputBatch", "req_ids", f"{EXT} _speclimits_before_forward: request row order"),

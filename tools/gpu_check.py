@@ -1,5 +1,8 @@
 """One-command verification of the tracing harness on a GPU (``scripts/gpu_check.sh`` runs it).
 
+A tool, not part of the analysis: it lives in ``tools/`` (out of the package's import path) and
+imports the package it checks.
+
 It builds tiny config-only models (:mod:`speclimits.tracing.tinymodel`: a Qwen3-MoE target with
 dummy weights, the target as its own ``draft_model``, and an EAGLE-3 head), traces a short sweep
 with the real harness (:func:`speclimits.tracing.sweep.run_sweep`) in two modes, and prints a
@@ -504,7 +507,7 @@ def _finish(setup: Setup, checks: list[Check], extra: dict[str, Any], t0: float)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m speclimits.tracing.gpu_check --out DIR [--dry-run]``: exit 0 when every check passes."""
+    """``python tools/gpu_check.py --out DIR [--dry-run]``: exit 0 when every check passes."""
     p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path, help="new folder for models, traces and gpu_check.json")
     p.add_argument("--dry-run", action="store_true", help="everything but CUDA, on the CPU engine")
