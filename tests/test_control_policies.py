@@ -443,10 +443,10 @@ def test_policy_names_and_labels():
 
 
 def test_one_arm_vocabulary():
-    """Every arm's key read once (:func:`speclimits.control.arms.arm`): kind, k and label, the offline policy
+    """Every arm's key read once (:func:`speclimits.arms.arm`): kind, k and label, the offline policy
     that predicts it, and the kind read back off a table's label."""
     from speclimits.book.views.control import arm_name
-    from speclimits.control.arms import arm, is_reference, label_kind, offline_key
+    from speclimits.arms import arm, is_reference, label_kind, offline_key
     from speclimits.oracle.report import ORACLE_POLICY, policy_kind
 
     want = {"plain": ("plain", 0, "plain decoding", None), "stock:3": ("stock", 3, "stock vLLM, K = 3", "static:3"),

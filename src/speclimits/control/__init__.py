@@ -2,8 +2,8 @@
 
 Modules: :mod:`~speclimits.control.rules` (the rules, in the form the engine runs, and the policy file),
 :mod:`~speclimits.control.driver` (the round driver both the engine and the offline harness run),
-:mod:`~speclimits.control.arms` (the arms' names, kinds and labels),
-:mod:`~speclimits.control.policies` (the offline harness: exact evaluation, rollouts, fitting helpers),
+:mod:`~speclimits.control.policies` (the offline harness: exact evaluation, rollouts, fitting helpers;
+the arms' names, kinds and labels are :mod:`speclimits.arms`),
 :mod:`~speclimits.control.fit` (``speclimits control fit``: parameters from a trace's train split
 into a JSON), :mod:`~speclimits.control.offline` (offline prediction beside the Oracle's two bounds),
 :mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control import engine as ce
-from speclimits.control.arms import PLAIN, arm, is_reference, offline_key, static_key, stock_key
+from speclimits.arms import PLAIN, arm, is_reference, offline_key, static_key, stock_key
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select

@@ -57,7 +57,7 @@ import numpy as np
 
 from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
-from speclimits.control.arms import OFFLINE_ONLY
+from speclimits.arms import OFFLINE_ONLY
 from speclimits.control.driver import EngineRound, RoundDriver
 from speclimits.control.rules import Policy, PolicyFit
 from speclimits.errors import SpeclimitsError

@@ -30,7 +30,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.control.arms import OFFLINE_POLICY_NAMES, arm, policy_label, static_key
+from speclimits.arms import OFFLINE_POLICY_NAMES, arm, policy_label, static_key
 from speclimits.control.rules import PolicyFit
 from speclimits.control.driver import RoundDriver
 from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout, walk

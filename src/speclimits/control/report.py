@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.control.offline import gain_share
-from speclimits.control.arms import arm, offline_key, policy_label
+from speclimits.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
 from speclimits.paths import DATA_DIR
 

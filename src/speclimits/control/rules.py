@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from speclimits.control.arms import (ALONE, DELTA_VARIANTS, OFFLINE_ONLY, OFFLINE_POLICY_NAMES,  # noqa: F401
+from speclimits.arms import (ALONE, DELTA_VARIANTS, OFFLINE_ONLY, OFFLINE_POLICY_NAMES,  # noqa: F401
                                     POLICY_LABELS, POLICY_NAMES, is_policy_name, parse_policy_name, policy_label,
                                     static_label)
 from speclimits.costmodel import CostModel

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from speclimits.bootstrap import HEADLINE_N_BOOT
-from speclimits.control.arms import label_kind
+from speclimits.arms import label_kind
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle.prepare import OracleSetup, prepare_oracle

@@ -23,8 +23,8 @@ import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
 from speclimits.control.report import is_policy, share_long
-from speclimits.control import arms
-from speclimits.control.arms import POLICY_LABELS
+from speclimits import arms
+from speclimits.arms import POLICY_LABELS
 
 
 def arm_name(key: str) -> str:

@@ -14,7 +14,8 @@ policy key     policy    a rule of :mod:`speclimits.control.rules` (:data:`POLIC
 
 Offline, stock K and the extension's static K are one policy (``static:K``, :func:`offline_key`); the
 tables label a static K ``static K = K`` (:func:`static_label`, :func:`label_kind` reads a label back).
-Numpy-free: the worker, the Oracle's report and the book's views import it.
+It imports nothing of the package: the controller (:mod:`speclimits.control`), the Oracle's report and
+the book's views all read their arms here.
 """
 
 from __future__ import annotations
