@@ -72,7 +72,8 @@ if len(res.table):
                "Table A2: standalone out-of-sample $R^2$ and RMSE of each factor, and the RMSE reduction of "
                "$\\bar U_r$ + factor over $\\bar U_r$ alone (paired by fold); means over GroupKFold(5) folds "
                "with 95% $t$-intervals (4 df).", full=res.table.reset_index())
-page.shows("every factor or every $K$", res.why_missing())
+if res.skipped:
+    page.cannot_show("every factor or every $K$", res.why_missing())
 
 # %% tags=["hide-input"]
 if len(res.table):

@@ -97,8 +97,10 @@ if measured is not None:
                "Measured time per token (ms, target + drafter over all steps, per emitted token) by batch size b and "
                "K.", decimals=3)
 else:
-    display(Markdown("*No measured batch trace belongs to this trace's model pair; the measured tables are "
-                     "not shown. The simulated part and the bound below still apply.*"))
+    page.cannot_show("the measured tables of this section",
+                     "no measured batch trace belongs to this trace's model pair (trace one with `speclimits trace "
+                     "--batch 1,2,4,8,16`, see scripts/make_batch_trace.sh); the simulated part and the bound below "
+                     "still apply")
 
 # %% tags=["hide-input"]
 if val is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from sphinx.domains.std import StandardDomain
 
+from speclimits.book.present import NOT_SHOWN_CLASS
+
 
 class NumrefOnceDomain(StandardDomain):
     """The standard domain; numbered references look their target pages up in a per-build copy."""
@@ -36,9 +38,26 @@ class NumrefOnceDomain(StandardDomain):
         # through env.get_doctree and only inspects it); the class method is back afterwards
         env.get_doctree = read_once
         try:
-            return super()._resolve_numref_xref(env, *args, **kwargs)
+            resolved = super()._resolve_numref_xref(env, *args, **kwargs)
+            return resolved if resolved is not None else self._not_shown(env, *args, **kwargs)
         finally:
             del env.get_doctree
+
+    def _not_shown(self, env: Any, fromdocname: str, builder: Any, typ: str, target: str, node: Any,
+                   contnode: Any) -> Any:
+        """A numbered reference to a table or figure the page could not show on this trace: its label
+        sits on the page's "cannot show" note (class :data:`NOT_SHOWN_CLASS`, put there by
+        :func:`speclimits.book.build.link_missing_labels`); the reference reads "not shown on this
+        trace" (after "Table" or "Fig.") and links to the note. None (Sphinx's undefined-label warning) for any other target."""
+        docname, labelid = self.anonlabels.get(target, ("", ""))
+        if not docname:
+            return None
+        target_node = env.get_doctree(docname).ids.get(labelid)
+        if target_node is None or NOT_SHOWN_CLASS not in target_node.get("classes", []):
+            return None
+        kind = "Fig." if target.startswith("fig-") else "Table"
+        return self.build_reference_node(fromdocname, builder, docname, labelid,
+                                         f"{kind} (not shown on this trace)", "numref")
 
 
 def _forget(app: Any, *args: Any) -> None:

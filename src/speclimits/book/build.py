@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -214,6 +215,60 @@ def promote_figures(nb, page: str = "notebook") -> int:
     return count
 
 
+#: A table or figure label written literally in a cell's code (``page.table(..., "tbl-final-smooth", ...)``).
+_CODE_LABEL = re.compile(r"""["']((?:tbl|fig)-[a-z0-9][a-z0-9-]*)["']""")
+#: A label a notebook defines: a MyST ``:name:`` (tables) in a markdown cell or output.
+_NAME_OPTION = re.compile(r"^:name:\s*((?:tbl|fig)-[a-z0-9-]+)\s*$", re.M)
+
+
+def _markdown_outputs(cell) -> list[dict]:
+    return [o for o in cell.get("outputs", []) if "text/markdown" in o.get("data", {})]
+
+
+def link_missing_labels(nb, page: str = "notebook") -> dict[str, str]:
+    """Put the labels of the tables and figures a page could not show on its "cannot show" note.
+
+    A page that cannot give a table or figure on its trace skips the cell's display and shows a
+    :func:`speclimits.book.present.cannot_show` note instead (in that cell or in one before it). The
+    page's prose still refers to the label (``{numref}`tbl-final-smooth```), which would be undefined.
+    Every label written literally in a code cell and defined nowhere in the executed notebook (no
+    ``:name:`` in a table, no figure mark) becomes a MyST target on the nearest note at or before that
+    cell, and :mod:`speclimits.sphinx_numref` renders a reference to it as "Table (not shown on this
+    trace)" (or "Fig. ..."), linked to the note. A label with no note before it is left alone (the build then fails on the
+    undefined reference: a page must say what it cannot show). Returns ``{label: cell index of its note}``.
+    """
+    from speclimits.book.present import FIGURE_KEY, NOT_SHOWN_CLASS
+
+    defined: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            defined.update(_NAME_OPTION.findall(cell.source))
+            continue
+        for out in cell.get("outputs", []):
+            defined.update(_NAME_OPTION.findall("".join(out.get("data", {}).get("text/markdown", ""))))
+            mark = out.get("metadata", {}).get(FIGURE_KEY, {}).get("figure")
+            if mark:
+                defined.add(mark["name"])
+    placed: dict[str, str] = {}
+    note: tuple[int, dict] | None = None
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        notes = [o for o in _markdown_outputs(cell) if NOT_SHOWN_CLASS in "".join(o["data"]["text/markdown"])]
+        if notes:
+            note = (index, notes[-1])
+        missing = [x for x in dict.fromkeys(_CODE_LABEL.findall(cell.source)) if x not in defined and x not in placed]
+        if not missing or note is None:
+            continue
+        at, out = note
+        text = "".join(out["data"]["text/markdown"])
+        at_start = text.index(":::")  # after the targets already there, in page order
+        out["data"]["text/markdown"] = (text[:at_start] + "".join(f"({label})=\n" for label in missing)
+                                        + text[at_start:])
+        placed.update({label: str(at) for label in missing})
+    return placed
+
+
 def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, chdir: bool = True) -> float:
     # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
@@ -252,6 +307,7 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
         if "injected-parameters" in tags and "remove-cell" not in tags:
             tags.append("remove-cell")
     promote_figures(executed, str(src.relative_to(REPO_ROOT)))
+    link_missing_labels(executed, str(src.relative_to(REPO_ROOT)))
     nbformat.write(executed, out)
     with lock if lock is not None else contextlib.nullcontext():
         log.write(f"executed {src.name} in {dt:.1f} s\n")

@@ -298,6 +298,11 @@ def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, i
 
 #: A key result the trace cannot give (the page says why, in a :func:`cannot_show` note).
 NOT_IDENTIFIED = "not identified on this trace"
+#: The class of a :func:`cannot_show` note. The book build puts the labels of the tables and figures a
+#: page could not show on the note before them (:func:`speclimits.book.build.link_missing_labels`), and
+#: a numbered reference to one of them reads "Table (not shown on this trace)" and links to the note
+#: (:mod:`speclimits.sphinx_numref`).
+NOT_SHOWN_CLASS = "not-shown"
 
 
 def cannot_show_markdown(what: str, why: str) -> str:
@@ -308,8 +313,15 @@ def cannot_show_markdown(what: str, why: str) -> str:
     what, why = what.strip(), why.strip().rstrip(".")
     if not what or not why:
         raise ValueError("a 'cannot show' note needs what is not shown and why")
-    text = f"This trace cannot show {what}: {why}."
-    return f":::{{note}} Not shown on this trace\n{text}\n:::\n"
+    text = _literal_dashes(f"This trace cannot show {what}: {why}.")
+    return f":::{{admonition}} Not shown on this trace\n:class: note {NOT_SHOWN_CLASS}\n\n{text}\n:::\n"
+
+
+def _literal_dashes(text: str) -> str:
+    """``--`` kept as two hyphens outside code spans (a command-line flag such as ``--oracle``; Sphinx's
+    smart quotes would print an en dash)."""
+    parts = text.split("`")
+    return "`".join(p.replace("--", "-\\-") if i % 2 == 0 else p for i, p in enumerate(parts))
 
 
 def cannot_show(what: str, why: str) -> None:
@@ -317,7 +329,7 @@ def cannot_show(what: str, why: str) -> None:
     from IPython.display import display
 
     md = cannot_show_markdown(what, why)
-    display(_Markdown(md, md.splitlines()[1]))
+    display(_Markdown(md, md.splitlines()[3]))
 
 
 # ---------------------------------------------------------------------------
