@@ -88,6 +88,15 @@
 # paper's, needs a contiguous sweep $K = 1..5$ or wider (the paper swept $1..10$); the bundled traces
 # sweep $K = 0..10$.
 #
+# **The book on a thin trace.** Every page runs on any trace that `speclimits validate` passes. Where
+# the trace cannot give a table or figure, the page shows one note in its place, "This trace cannot
+# show …: …", with the requirement above and what the trace has, and a numbered reference to it reads
+# "Table (not shown on this trace)"; a key result it cannot give reads "not identified on this trace".
+# The factor analysis skips a factor that does not vary ($m$ on a sweep with one $K > 0$); the draft
+# section needs $\ge 2$ values of $K > 0$; the robustness checks run on $K = 8$, else on the largest
+# $K$ present; the Oracle sections solve with drafts only as long as the cost model prices (a sweep
+# $K = 0, 2, 4$: $K_{\max} = 4$), and a trace traced without `--oracle` has no Oracle sections.
+#
 # (methods-oracle)=
 # ## The Oracle
 #
