@@ -6,7 +6,7 @@ the code and data of a small torch or numpy call are out of the caches, so a cal
 what it costs in a loop (the benchmark's hook times show it). This probe runs the controlled engine
 (the bundled pair, the threshold rule, greedy) and, at every draft step, times **one** variant chosen at
 random as the first thing done after the forward (the position the controller's call has), then
-computes the production form (:func:`speclimits.control.extension.top1_probability`) whose values the
+computes the production form (:func:`speclimits.control.top1op.top1_probability`) whose values the
 rule uses, and checks the variant's values against it. Some variants also make the drafter's token
 choice (vLLM's ``argmax(-1)``, alone or fused with the top-1), to show what the top-1 costs net of it; every
 step also counts whether the probabilities' max index equals the logits' argmax. Prints per batch size
@@ -132,7 +132,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the per-call samples as JSON")
     args = ap.parse_args()
 
-    import speclimits.control.extension as ext
+    import speclimits.control.top1op as ext  # the module whose top1_probability the controller calls
     from speclimits.control import engine as ce
     from speclimits.control.bench import trace_generations
     from speclimits.control.rules import PolicyFit

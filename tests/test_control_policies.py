@@ -10,7 +10,7 @@ import pytest
 
 from speclimits.cli import main
 from speclimits.control.driver import RoundDriver
-from speclimits.control.extension import top1_probability
+from speclimits.control.top1op import top1_probability
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, CalibrationMap, PolicyFit, is_policy_name,
                                       policy_label)

@@ -110,25 +110,6 @@ def check_control_runner(runner: Any) -> Any:
     return drafter
 
 
-def top1_probability(logits: Any, n_rows: int, ids: Any = None) -> list[float]:
-    """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and
-    one max in torch (float32). ``logits`` may be the EAGLE-3 head's own logits over its draft
-    vocabulary (the target-vocabulary logits vLLM returns are the same values scattered among -inf:
-    the same softmax, on half the width here). Measured inside the engine right after the drafter's
-    forward (``benchmarks/top1_probe.py``, medians, 1 / 4 / 8 rows): 19.4 / 28.0 / 37.8 µs on the
-    4,096 draft-vocabulary logits, 21.6 / 36.5 / 61.7 µs on the 8,192 target-vocabulary ones; other
-    forms are slower (cross-entropy at the chosen ids 58 / 79 / 102, numpy 68 / 107 / 155, logsumexp
-    131 / 229 / 344). ``ids`` (the step's token choice) is not used: the signature lets a probe try
-    forms that read it."""
-    import torch  # vLLM's own dependency (already loaded wherever this runs)
-
-    if logits is None or logits.shape[0] != n_rows:
-        raise SpeclimitsError(f"speclimits control: the drafter's compute_logits gave "
-                              f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
-    x = logits if logits.dtype == torch.float32 else logits.float()  # the drafter runs without autograd
-    return x.softmax(-1).amax(-1).tolist()
-
-
 class TokenChoice:
     """The greedy drafter's token choice, made by the controller where it reads confidences.
 
@@ -459,12 +440,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 if op is not None:  # one compiled call (speclimits.control.top1op)
                     ids, top1 = op.top1(logits, self._sl_no_targets if targets is None else targets)
                 if op is None or ids is None:  # torch: no op here, or a row it leaves to torch
-                    if targets is not None:  # on the head's own logits, its ids mapped to the target's
-                        top, idx = logits.softmax(-1).max(-1)
-                        ids = targets.index_select(0, idx)  # cheaper than targets[idx] (no index parsing)
-                    else:
-                        top, ids = logits.softmax(-1).max(-1)
-                    top1 = top.tolist()
+                    ids, top1 = top1op.top1_torch(logits, targets)
                     self._sl_top1_calls[1] += 1
                 else:
                     self._sl_top1_calls[0] += 1
@@ -545,7 +521,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                     if small is not None and self._sl_small_ok is None:
                         self._sl_small_ok = self._sl_check_small(small, n)
                     small = self._sl_logits if not self._sl_small_ok else small
-                top1 = top1_probability(small, n, ids)
+                top1 = top1op.top1_probability(small, n, ids)
             else:
                 top1 = None
             self._sl_book_step(rnd, ids, top1, t0)
@@ -582,7 +558,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         full = self._sl_logits
         if full is None or small.shape[0] != full.shape[0] or small.shape[-1] > full.shape[-1]:
             return False
-        a, b = top1_probability(small, n), top1_probability(full, n)
+        a, b = top1op.top1_probability(small, n), top1op.top1_probability(full, n)
         if not np.allclose(a, b, rtol=1e-5, atol=1e-7):
             return False
         model = self.model_runner.drafter.model  # type: ignore[attr-defined]
