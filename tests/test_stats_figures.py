@@ -76,3 +76,18 @@ def test_factor_and_draft_charts(results):
     assert {("x", "K"), ("y", "mean_t_draft_ms"), ("y", "line_ms")} <= encodings(dspec)
     dl = dataset_with(dspec, "K", "mean_t_draft_ms", "line_ms")
     np.testing.assert_allclose(dl["line_ms"], draft.params["b"] + draft.params["a"] * dl["K"])
+
+
+def test_bootstrap_chart_leaves_failed_resamples_out_and_says_how_many(results):
+    import dataclasses
+
+    rob = results[1]
+    boot = rob.boot.copy()
+    boot.loc[boot.index[:5], "u_bar"] = np.nan  # five resamples that missed a cell
+    spec = figures.bootstrap_chart(dataclasses.replace(rob, boot=boot), "u_bar").to_dict()
+    d = dataset_with(spec, "left", "right", "count")
+    assert int(d["count"].sum()) == len(boot) - 5
+    assert "5 of 49 resamples failed" in spec["encoding"]["x"]["title"]
+    boot["u_bar"] = np.nan
+    empty = figures.bootstrap_chart(dataclasses.replace(rob, boot=boot), "u_bar").to_dict()
+    assert "no bootstrap resample could be fitted" in str(empty)

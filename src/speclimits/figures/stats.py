@@ -205,11 +205,19 @@ def binned_residuals_chart(res: Any) -> alt.FacetChart:
 
 
 def bootstrap_chart(res: Any, param: str = "u_bar", bins: int = 40) -> alt.Chart:
-    """Histogram of the cluster-bootstrap estimates of one coefficient (pre-binned)."""
-    v = res.boot[param].to_numpy()
-    counts, edges = np.histogram(v, bins=bins)
-    h = pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": counts})
+    """Histogram of the cluster-bootstrap estimates of one coefficient (pre-binned). Replicates that
+    failed (NaN: a resample that missed a cell the fit needs, counted in the fit's notes) are left out,
+    and the axis title says how many."""
+    v = res.boot[param].to_numpy(dtype=float)
+    ok = np.isfinite(v)
     title = {"u_bar": "α (bootstrap)", "context_len": "c (bootstrap)", "const": "β0 (bootstrap)"}.get(param, param)
+    if not ok.all():
+        title += f" ({int((~ok).sum())} of {len(v)} resamples failed, left out)"
+    if not ok.any():
+        return alt.Chart(pd.DataFrame({"text": [f"no bootstrap resample could be fitted ({len(v)} tried)"]})).mark_text(
+            size=14).encode(text="text:N").properties(width=WIDTH, height=HEIGHT // 1.3)
+    counts, edges = np.histogram(v[ok], bins=bins)
+    h = pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": counts})
     return alt.Chart(h).mark_bar().encode(
         x=alt.X("left:Q", bin="binned", title=title), x2="right:Q", y=alt.Y("count:Q", title="resamples"),
     ).properties(width=WIDTH, height=HEIGHT // 1.3)
