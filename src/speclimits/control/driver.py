@@ -221,3 +221,34 @@ class RoundDriver:
     def release(self, rids: Any) -> None:
         for rid in rids:
             self.state.pop(rid, None)
+
+
+class LateOutcomes:
+    """The engine's observation timing: a round's outcome reaches the policy one step late.
+
+    The tokens a round emitted reach the host in vLLM's bookkeeping, which runs after the next step's
+    drafting, so the worker reads them at the step after (the growth of each request's output since its
+    round), not from the sampled tensor (see :mod:`speclimits.control.extension`). Per request the round
+    not read yet is kept: ``(k, its share of the round's ms, output tokens before it)``."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: dict[str, tuple[int, float, int]] = {}
+
+    def verified(self, driver: RoundDriver, rids: list[str], ks: list[int], ms: float, requests: Any) -> None:
+        """This step verified ``ks[i]`` drafts of request ``rids[i]``, each paying ``ms`` of the round:
+        hand ``driver`` each request's previous round (its tokens: the request's output now, in
+        ``requests[rid].output_token_ids``, less the output before it) and keep this one."""
+        pend, observe = self.pending, driver.observe_one
+        for rid, k in zip(rids, ks):
+            n_now = len(requests[rid].output_token_ids)
+            prev = pend.get(rid)
+            if prev is not None:
+                observe(rid, prev[0], prev[1], float(n_now - prev[2]))
+            pend[rid] = (k, ms, n_now)
+
+    def release(self, rids: Any) -> None:
+        for rid in rids:
+            self.pending.pop(rid, None)
+

@@ -58,7 +58,7 @@ import numpy as np
 from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
 from speclimits.arms import OFFLINE_ONLY
-from speclimits.control.driver import EngineRound, RoundDriver
+from speclimits.control.driver import EngineRound, LateOutcomes, RoundDriver
 from speclimits.control.rules import Policy, PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import TracingWorkerExtension
@@ -262,8 +262,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_rounds = 0
         self._sl_early_exits = 0
         self._sl_keep: dict[str, int] = {}
-        #: per request, the round whose outcome is not read yet: (k, round ms, output tokens before it)
-        self._sl_pend: dict[str, tuple[int, float, int]] = {}
+        self._sl_late = LateOutcomes()  # each request's round whose outcome is not read yet
         self._sl_apply(ProfileCycle() if self._sl_profile_left > 0 else None)
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
@@ -330,7 +329,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_tokens.saved_s = 0.0
         self._sl_tc_s = 0.0
         self._sl_hook_s = {}
-        self._sl_driver, self._sl_keep, self._sl_pend = RoundDriver(self._sl_policy), {}, {}
+        self._sl_driver, self._sl_keep, self._sl_late = RoundDriver(self._sl_policy), {}, LateOutcomes()
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -382,7 +381,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_driver.release(finished)
                 for rid in finished:
                     self._sl_keep.pop(rid, None)
-                    self._sl_pend.pop(rid, None)
+                self._sl_late.release(finished)
             self._sl_spent("execute_model", t)
             return orig(scheduler_output, *args, **kwargs)
         return wrapped
@@ -645,13 +644,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
-            reqs, pend, ms = self.model_runner.requests, self._sl_pend, round_ms / n_step  # type: ignore[attr-defined]
-            for rid, k in zip(vr, ks):
-                n_now = len(reqs[rid].output_token_ids)
-                prev = pend.get(rid)
-                if prev is not None:
-                    driver.observe_one(rid, prev[0], prev[1], float(n_now - prev[2]))
-                pend[rid] = (k, ms, n_now)
+            self._sl_late.verified(driver, vr, ks, round_ms / n_step, self.model_runner.requests)  # type: ignore[attr-defined]
         k0 = ks[0]
         if len(vr) != n_step:
             return None
