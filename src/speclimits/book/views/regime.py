@@ -63,18 +63,21 @@ def experiment_vs_regression(designed: pd.DataFrame, regression: pd.DataFrame) -
 
 
 def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFrame:
-    """One row per target: the longest context, the per-K c (range and max/min), the homogeneity test of
-    a constant c across K, and the weighted line c = c0 + c1·m with 95% intervals and its residual test
-    (c in 10⁻³ ms per context token)."""
-    rows = []
+    """One row per quantity, one column per target: the longest context, the per-K c (range and
+    max/min), the homogeneity test of a constant c across K, and the weighted line c = c0 + c1·m with
+    95% intervals and its residual test (c in 10⁻³ ms per context token)."""
+    cols = {}
     for label, s in slopes.items():
         b, ln = s.by_k, s.line
-        rows.append({"Target": label, "Longest context": int(b["context_max"].max()),
-                     "Per-K c, min–max": f"{1e3 * b['c'].min():.2f}–{1e3 * b['c'].max():.2f}",
-                     "Max / min": round(s.spread, 2),
-                     "Constant c: p": f"{s.flat['p']:.1g}",
-                     "c0": fmt_ci(1e3 * ln["c0"], 1e3 * (ln["c0"] - 1.96 * ln["c0_se"]), 1e3 * (ln["c0"] + 1.96 * ln["c0_se"])),
-                     "c1 (per unit of m)": fmt_ci(1e3 * ln["c1"], 1e3 * (ln["c1"] - 1.96 * ln["c1_se"]),
-                                                  1e3 * (ln["c1"] + 1.96 * ln["c1_se"])),
-                     "Line: p": f"{ln['p']:.2g}", "Max / min about the line": round(s.spread_line, 2)})
-    return pd.DataFrame(rows)
+        cols[label] = {
+            "longest context (tokens)": f"{int(b['context_max'].max()):,}",
+            "per-K c, min–max": f"{1e3 * b['c'].min():.2f}–{1e3 * b['c'].max():.2f}",
+            "per-K c, max / min": f"{s.spread:.2f}",
+            "one c for every K: p": f"{s.flat['p']:.1g}",
+            "line: c0": fmt_ci(1e3 * ln["c0"], 1e3 * (ln["c0"] - 1.96 * ln["c0_se"]), 1e3 * (ln["c0"] + 1.96 * ln["c0_se"])),
+            "line: c1 per unit of m": fmt_ci(1e3 * ln["c1"], 1e3 * (ln["c1"] - 1.96 * ln["c1_se"]),
+                                             1e3 * (ln["c1"] + 1.96 * ln["c1_se"])),
+            "line: p of its residuals": f"{ln['p']:.2g}",
+            "per-K c over the line, max / min": f"{s.spread_line:.2f}",
+        }
+    return pd.DataFrame(cols).rename_axis("Quantity").reset_index()
