@@ -398,3 +398,22 @@ def test_an_error_inside_vllm_while_running_is_one_line(tmp_path):
         raise KeyError("ours")
     except KeyError as exc:
         assert vllm_failure(exc, model, "the K sweep") is None
+
+
+def test_a_bare_assert_inside_vllm_is_one_line_naming_where(tmp_path):
+    from speclimits.tracing.inputs import vllm_failure
+
+    model = _model_dir(tmp_path)
+    fake = tmp_path / "site-packages" / "vllm" / "attention.py"
+    fake.parent.mkdir(parents=True)
+    source = "def plan_chunks(seq_lens):\n    assert seq_lens\n"
+    namespace: dict = {}
+    exec(compile(source, str(fake), "exec"), namespace)  # code whose frames say they are vLLM's
+    try:
+        namespace["plan_chunks"]([])
+    except AssertionError as exc:
+        err = vllm_failure(exc, model, "the Oracle pass (--oracle-batch 64)")
+    msg = str(err)
+    assert "\n" not in msg
+    assert msg == (f"vLLM failed running MixtralForCausalLM ({model}) during the Oracle pass (--oracle-batch 64): "
+                   "AssertionError: no message; raised at vllm/attention.py:2 in plan_chunks (inside vLLM)")

@@ -183,7 +183,15 @@ def _cli(args: argparse.Namespace) -> int:
         else:
             from speclimits.tracing.oracle_mode import trace_oracle  # imports the harness; only with --oracle
 
-            meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
+            try:
+                meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless it came from inside vLLM
+                failure = vllm_failure(exc, args.target, f"the Oracle pass (--oracle-batch {args.oracle_batch})")
+                if failure is None:
+                    raise
+                hint = ("; the sweep is written: --resume --oracle-batch 1 runs the Oracle pass one reference at a "
+                        "time, which some attention backends need" if args.oracle_batch > 1 else "")
+                raise SpeclimitsError(f"{failure}{hint}") from exc
         o = meta["oracle"]
         where = f", on {o['distributed']['workers']} Ray workers" if "distributed" in o else ""
         print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "

@@ -169,8 +169,22 @@ def vllm_failure(exc: BaseException, target: str | Path, when: str) -> Speclimit
     if isinstance(exc, (SpeclimitsError, KeyboardInterrupt)) or not inside_vllm(exc):
         return None
     arch = architecture(model_config(target), target)
+    reason = _first_reason(str(exc)) or _where_raised(exc)
     return SpeclimitsError(f"vLLM failed running {arch} ({target}) during {when}: {type(exc).__name__}: "
-                           f"{_first_reason(str(exc))} (inside vLLM)")
+                           f"{reason} (inside vLLM)")
+
+
+def _where_raised(exc: BaseException) -> str:
+    """For an exception without a message (a bare ``assert``): where it was raised, as
+    ``"raised at vllm/…/file.py:LINE in function"``."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "no message"
+    path = tb.tb_frame.f_code.co_filename
+    short = path[path.rfind("vllm/"):] if "vllm/" in path else Path(path).name
+    return f"no message; raised at {short}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
 
 
 def _first_reason(text: str, limit: int = 300) -> str:
