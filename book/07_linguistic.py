@@ -185,7 +185,9 @@ if oracle_ok:
 # control-flow keywords go with a longer, not a shorter, continuation.
 
 # %% tags=["hide-input"]
-if oracle_ok:
+if oracle_ok and page.shows("the decisions by fine label", None if len(head.k_by_fine_label) else
+                            "no Oracle decision of this trace carries a fine label (the labeller finds none in its "
+                            "text: prompts given as token ids without a tokenizer have no text to label)"):
     page.table(view.k_by_context(head.k_by_fine_label, first="Fine label"), "tbl-ling-k-by-fine-label",
                "Oracle decisions by fine label on the headline references, with 95% intervals (the paper reports "
                "no shares for these).", full=head.k_by_fine_label)
@@ -327,15 +329,19 @@ if oracle_ok:
 # {numref}`fig-ling-gallery`).
 
 # %% tags=["hide-input"]
+gal = None
 if oracle_ok:
     gal = gallery.select_gallery(dec, n_per_group=per_group, exclude=list(zip(cases["seq_id"], cases["pos"])), seed=seed)
+if gal is not None and page.shows("the gallery of decisions", None if len(gal) else
+                                  "no decision of this trace fits any of the gallery's groups (groups short of "
+                                  f"candidates: {', '.join(gal.attrs.get('short', [])) or 'none'})"):
     page.table(view.gallery(gal), "tbl-ling-gallery",
                f"The gallery's decisions: group, case, where, label, the Oracle's $k^\\star$, the modal advancement "
                f"$a_{{\\mathrm{{mode}}}}$, the accepted length and $p_1$, the first draft's match probability. Groups short of "
                f"candidates: {', '.join(gal.attrs['short']) or 'none'}.", decimals={"$p_1$": 3}, full=gal)
 
 # %% tags=["hide-input"]
-if oracle_ok:
+if gal is not None and len(gal):
     page.figure(figures.decision_panels(gallery.panel_data(res, lab, gal, oracle=tr.oracle)), "fig-ling-gallery",
                 "Twelve decisions, one per response: target continuation on top, draft below (green match, red first "
                 "mismatch, grey after it, faded past $k^\\star$; solid line after $k^\\star$, dashed after "

@@ -235,6 +235,10 @@ if oracle_ok:
     bound_model = bmodel if measured is not None else sim_model
     setup = prepare_oracle(tr, bound_model.base)
     refs, order = headline_references(setup, measured)
+    if refs.inputs.k_list < k_max:  # the Oracle data holds drafts of up to k_list tokens
+        print(f"K_max is {refs.inputs.k_list} here, not {k_max}: this trace's Oracle data holds drafts of up to "
+              f"{refs.inputs.k_list} tokens (speclimits trace --oracle-k-max sets it)")
+        k_max = refs.inputs.k_list
     bb = batch_bounds(refs.inputs, bound_model, sizes, k_max=k_max, n_samples=8 if smoke else (n_samples or DEFAULT_SAMPLES), seed=seed,
                       order=order)
     frame = bb.frame()

@@ -196,3 +196,26 @@ def test_bootstrap_bound_equals_the_direct_procedure(smoke_trace, allow_k0):
     # passing the solved result gives the same interval
     again = bootstrap_bound(setup, n_boot=n_boot, seed=seed, allow_k0=allow_k0, result=setup.solve(allow_k0=allow_k0))
     assert again.interval == fast.interval
+
+
+def test_a_replicate_missing_the_top_m_is_a_failed_replicate_not_an_error(smoke_trace, tmp_path):
+    """A sweep whose largest K has few generations (a user's short sweep): a resample that misses all
+    of them refits a cost model without the top m. It is counted as failed and left out, not raised."""
+    import shutil
+
+    from speclimits.trace import read_trace
+
+    trace = tmp_path / "thin-top"
+    shutil.copytree(smoke_trace, trace)
+    rounds = pd.read_parquet(trace / "rounds.parquet")
+    top = int(rounds["K"].max())
+    keep = rounds.loc[rounds["K"] == top, "generation_id"].unique()[:3]  # just enough not to be pooled
+    rounds = rounds[(rounds["K"] != top) | rounds["generation_id"].isin(keep)]
+    rounds.to_parquet(trace / "rounds.parquet", index=False)
+    setup = prepare_oracle(read_trace(trace))
+    assert top + 1 in setup.model.ms
+    n_boot = 200
+    res = bootstrap_bound(setup, n_boot=n_boot, seed=0)
+    assert 0 < res.n_failed < n_boot
+    assert len(res.replicates) == n_boot - res.n_failed
+    assert np.isfinite(res.replicates["speedup"]).all()

@@ -332,7 +332,11 @@ def bootstrap_bound(setup: OracleSetup, k_max: int | None = None, n_boot: int = 
     n_failed = 0
     if n_boot:
         models = sums.models(counts)
-        good = [m for m in models if m is not None]
+        # a replicate that missed every generation of an m the solve prices (e.g. the top m of a sweep
+        # with few generations per K) is a failed replicate, counted like one that could not be fitted
+        k_used = setup.inputs.k_list if k_max is None else int(k_max)
+        need = {m for m in setup.model.ms if m <= k_used + 1}
+        good = [m for m in models if m is not None and need <= set(m.ms)]
         n_failed = len(models) - len(good)
         if not good:
             raise SpeclimitsError(f"every one of the {n_boot} cost-model bootstrap replicates failed (each missed "

@@ -110,7 +110,14 @@ def bin_means_wald(resid: np.ndarray, bins: np.ndarray, clusters: np.ndarray) ->
     cov = cluster_sandwich(x.T @ x, x * (r - b[codes])[:, None], clusters, x.shape[1])
     q = x.shape[1]
     g = len(np.unique(clusters))
-    f = float(b @ np.linalg.solve(cov, b)) / q
+    # a clustered covariance has rank at most G - 1: with no more clusters than bins the test is not
+    # identified (a thin trace: few generations at this K), and is reported as NaN rather than raised
+    if g - 1 < q:
+        return {"wald_f": math.nan, "wald_df": q, "wald_p": math.nan}
+    try:
+        f = float(b @ np.linalg.solve(cov, b)) / q
+    except np.linalg.LinAlgError:
+        return {"wald_f": math.nan, "wald_df": q, "wald_p": math.nan}
     return {"wald_f": f, "wald_df": q, "wald_p": float(sps.f.sf(f, q, g - 1))}
 
 

@@ -117,6 +117,16 @@ def _row(method: str, variant: str, interval: str, fit: OLSResults | None = None
 CLUSTERED_T = "t, SE clustered by generation"
 
 
+def _refit_row(method: str, variant: str, mom: CellMoments) -> dict[str, Any]:
+    """A refit on a subset (a run half, one category left out, the trimmed rounds) as one row; where the
+    subset does not identify the fit (Ū or L constant in it: a thin trace), a row of NaN whose variant
+    says why, instead of an error that would lose every other check."""
+    try:
+        return _row(method, variant, CLUSTERED_T, fit_ols(mom, DESIGN))
+    except SpeclimitsError as exc:
+        return _row(method, f"{variant} (not identified: {exc})", CLUSTERED_T, n=int(mom.n.sum()))
+
+
 def run_order(dk: pd.DataFrame) -> tuple[pd.Series, str]:
     """The generations of ``dk`` in the order they ran: by the engine step of their first round when
     the trace records ``step`` (a measured sweep), else by ``generation_id`` (the order the sweep or
@@ -158,8 +168,8 @@ def _halves_rows(dk: pd.DataFrame, mom: CellMoments) -> tuple[list[dict], dict[s
     if "category" in mom.cells:
         info["categories_first_half"] = sorted(set(mom.cells.loc[first, "category"]))
         info["categories_second_half"] = sorted(set(mom.cells.loc[~first, "category"]))
-    rows = [_row("run halves", "first half of the run", CLUSTERED_T, fit_ols(mom.subset(first), DESIGN)),
-            _row("run halves", "second half of the run", CLUSTERED_T, fit_ols(mom.subset(~first), DESIGN))]
+    rows = [_refit_row("run halves", "first half of the run", mom.subset(first)),
+            _refit_row("run halves", "second half of the run", mom.subset(~first))]
     return rows, info
 
 
@@ -171,9 +181,17 @@ def _leave_one_out_rows(mom: CellMoments, n_blocks: int) -> tuple[list[dict], st
         gens = np.sort(mom.cells["generation_id"].unique())
         rank = np.searchsorted(gens, mom.cells["generation_id"].to_numpy())
         labels = np.array([f"block {b + 1}" for b in rank * n_blocks // len(gens)])
-    rows = [_row(f"leave one {loo_by} out", f"without {lab}", CLUSTERED_T, fit_ols(mom.subset(labels != lab), DESIGN))
+    rows = [_refit_row(f"leave one {loo_by} out", f"without {lab}", mom.subset(labels != lab))
             for lab in sorted(set(labels.tolist()))]
     return rows, loo_by
+
+
+def _fit_or_none(mom: CellMoments) -> OLSResults | None:
+    """The per-K fit, or None where that K does not identify it (left out of ``c_by_k``)."""
+    try:
+        return fit_ols(mom, DESIGN)
+    except SpeclimitsError:
+        return None
 
 
 def _residual_checks(dk: pd.DataFrame, resid: np.ndarray, n_bins: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -237,13 +255,13 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     halves, halves_info = _halves_rows(dk, mom)
     loo, loo_by = _leave_one_out_rows(mom, n_blocks)
     rows = [_row("OLS (clustered SE)", "all rounds", CLUSTERED_T, base), boot_row, *_huber_rows(dk),
-            _row("trimmed", f"{100 * trim:g}% largest |residual| dropped", CLUSTERED_T,
-                 fit_ols(CellMoments.from_rounds(dk.loc[keep]), DESIGN)), *halves, *loo]
+            _refit_row("trimmed", f"{100 * trim:g}% largest |residual| dropped", CellMoments.from_rounds(dk.loc[keep])),
+            *halves, *loo]
 
     all_mom = CellMoments.from_rounds(dec.loc[dec["K"].to_numpy() >= 1])
     c_by_k = pd.DataFrame([{"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]}
                            for kk in sorted(all_mom.cells["K"].unique())
-                           for f in [fit_ols(all_mom.where(K=int(kk)), DESIGN)]])
+                           for f in [_fit_or_none(all_mom.where(K=int(kk)))] if f is not None])
     bins, trends = _residual_checks(dk, resid, n_bins)
     corr = {"k": float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1]),
             "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1]),

@@ -104,6 +104,8 @@ def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
             "$k^\\star = 1$ [95% CI]": _ci(r, "share_k1", "k1_lo", "k1_hi"),
         })
     out = pd.DataFrame(rows)
+    if out.empty:
+        return out
     if all(v == "–" for v in out["Paper $k^\\star \\ge 4$"]):  # finer labels: the paper has none
         out = out.drop(columns=["Paper $k^\\star \\ge 4$"])
     return out
