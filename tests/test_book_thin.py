@@ -157,9 +157,10 @@ def test_cannot_show_is_one_sentence_in_a_note():
     md = cannot_show_markdown("leave-one-$K$-out", "leave-one-K-out needs >= 3 values of K > 0 (this trace: K = 2, 4).")
     assert md == (":::{admonition} Not shown on this trace\n:class: note not-shown\n\nThis trace cannot show "
                   "leave-one-$K$-out: leave-one-K-out needs >= 3 values of K > 0 (this trace: K = 2, 4).\n:::\n")
-    # a flag keeps its two hyphens (smart quotes would print an en dash), a code span stays as it is
-    assert "traced without -\\-oracle; `speclimits trace --oracle`." in cannot_show_markdown(
-        "x", "traced without --oracle; `speclimits trace --oracle`")
+    # a flag becomes a code span (smart quotes print an en dash for "--" in text, escaped or not), a code
+    # span stays as it is, and the hyphens inside words (leave-one-K-out) are left alone
+    assert "traced without `--oracle`; `speclimits trace --oracle`; a K-grid, `--k` 0-4." in cannot_show_markdown(
+        "x", "traced without --oracle; `speclimits trace --oracle`; a K-grid, --k 0-4")
     with pytest.raises(ValueError):
         cannot_show_markdown("the pooled model", " ")
 

@@ -317,11 +317,14 @@ def cannot_show_markdown(what: str, why: str) -> str:
     return f":::{{admonition}} Not shown on this trace\n:class: note {NOT_SHOWN_CLASS}\n\n{text}\n:::\n"
 
 
+_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z][\w-]*)")
+
+
 def _literal_dashes(text: str) -> str:
-    """``--`` kept as two hyphens outside code spans (a command-line flag such as ``--oracle``; Sphinx's
-    smart quotes would print an en dash)."""
+    """A command-line flag outside code spans (``--oracle``) put in a code span: Sphinx's smart quotes
+    turn ``--`` in text into an en dash, even escaped (``-\\-``), but leave code alone."""
     parts = text.split("`")
-    return "`".join(p.replace("--", "-\\-") if i % 2 == 0 else p for i, p in enumerate(parts))
+    return "`".join(_FLAG.sub(r"`\1`", p) if i % 2 == 0 else p for i, p in enumerate(parts))
 
 
 def cannot_show(what: str, why: str) -> None:
