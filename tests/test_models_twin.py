@@ -138,3 +138,45 @@ def test_planted_routing_sets_the_unique_experts_of_every_pass(vllm_mod, tiny_mo
     big = d.loc[d["m"] == 4, "u_bar"]
     assert big.between(4, 16).all() and big.nunique() >= 4
     assert json.loads((out / "meta.json").read_text())["planted_routing"]["seed"] == 0
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
+def test_the_twin_of_other_families_keeps_the_logits(family, tmp_path):
+    """DeepSeek-V2: a dense first layer and a shared expert sized n_shared_experts × moe_intermediate_size
+    (widened with the routed experts, since its config key changes); Qwen2-MoE: a shared expert with a
+    width of its own (left as it is)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "max_position_embeddings": 512, "tie_word_embeddings": False, "hidden_act": "silu",
+              "torch_dtype": "float32", "rms_norm_eps": 1e-6, "num_hidden_layers": 3}
+    configs = {
+        "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                        "intermediate_size": 128, "moe_intermediate_size": 32, "n_shared_experts": 2,
+                        "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 1,
+                        "topk_method": "greedy", "n_group": 1, "topk_group": 1, "q_lora_rank": None,
+                        "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+                        "routed_scaling_factor": 1.0, "norm_topk_prob": False, "scoring_func": "softmax"},
+        "qwen2_moe": {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "intermediate_size": 128,
+                      "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "num_experts": 8,
+                      "num_experts_per_tok": 2, "decoder_sparse_step": 1, "norm_topk_prob": False},
+    }
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**common, **configs[family]}))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(src)), dtype=torch.float32).save_pretrained(str(src))
+    recipe = build_twin(src, tmp_path / "twin", expert_width=80, seed=0)
+    assert recipe["expert_width_source"] == 32 and recipe["expert_bytes_stored"] == 3 * 80 * 64 * 4
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "twin" / "model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    if family == "deepseek_v2":
+        assert shapes["model.layers.1.mlp.shared_experts.up_proj.weight"] == (2 * 80, 64)
+        assert shapes["model.layers.0.mlp.up_proj.weight"] == (128, 64)  # the dense layer is left alone
+    else:
+        assert shapes["model.layers.1.mlp.shared_expert.up_proj.weight"] == (48, 64)
+    rng = np.random.default_rng(0)
+    check = compare_logits(src, tmp_path / "twin", [rng.integers(1, 256, size=24).tolist() for _ in range(2)])
+    assert check["argmax_agree"] == 1.0 and check["max_rel_diff"] < 1e-5

@@ -14,7 +14,11 @@ in its folder records the recipe (source folder and hash, width, seed, the weigh
 trace made on it copies that record into its ``meta.json``.
 
 Expert weight names understood: Hugging Face's per-expert ``…experts.{e}.gate_proj/up_proj/down_proj``
-(Qwen2/3-MoE, OLMoE, DeepSeek) and Mixtral's ``…experts.{e}.w1/w3/w2``.
+(Qwen2/3-MoE, OLMoE, DeepSeek) and Mixtral's ``…experts.{e}.w1/w3/w2``. Where a family sizes its shared
+experts from the same width (DeepSeek-V2/V3 style: ``…shared_experts.*`` of ``n_shared_experts ×
+moe_intermediate_size`` units), those are widened in proportion, since the config key they read
+changes; a shared expert with a width of its own (Qwen2-MoE's ``shared_expert_intermediate_size``) and
+dense layers (``intermediate_size``) are left as they are.
 """
 
 from __future__ import annotations
@@ -84,6 +88,46 @@ def _role(name: str) -> str | None:
     return None
 
 
+_SHARED_WEIGHTS = (
+    (re.compile(r"\.shared_experts\.(gate_proj|up_proj)\.weight$"), "rows"),
+    (re.compile(r"\.shared_experts\.down_proj\.weight$"), "cols"),
+)
+
+
+def _pad(t: Any, role: str, extra: int, gen: Any) -> Any:
+    """``t`` with ``extra`` random rows (``rows``: a projection into the units) or zero columns (``cols``)."""
+    import torch
+
+    if role == "rows":
+        std = float(t.float().std()) or 0.02
+        pad = (torch.randn((extra, t.shape[1]), generator=gen) * std).to(t.dtype)
+        return torch.cat([t, pad], dim=0).contiguous()
+    pad = torch.zeros((t.shape[0], extra), dtype=t.dtype)
+    return torch.cat([t, pad], dim=1).contiguous()
+
+
+def widen_shared(tensors: dict[str, Any], old_width: int, width: int, n_shared: int, seed: int = 0) -> dict[str, Any]:
+    """Shared experts sized ``n_shared × old_width`` widened to ``n_shared × width`` (a family whose
+    shared-expert width follows ``moe_intermediate_size``), the same way as the routed experts.
+    Raises if a shared expert has another width (then it does not follow the key, and needs no change:
+    the caller only calls this for such families)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    out = dict(tensors)
+    for name in sorted(tensors):
+        role = next((r for pat, r in _SHARED_WEIGHTS if pat.search(name)), None)
+        if role is None:
+            continue
+        t = tensors[name]
+        inter = t.shape[0] if role == "rows" else t.shape[1]
+        if inter != n_shared * old_width:
+            raise SpeclimitsError(f"{name}: {inter} units, not n_shared_experts × {old_width} = {n_shared * old_width}: "
+                                  "cannot tell how the config sizes it")
+        out[name] = _pad(t, role, n_shared * (width - old_width), gen)
+    return out
+
+
 def widen_tensors(tensors: dict[str, Any], width: int, seed: int = 0) -> tuple[dict[str, Any], int]:
     """The twin's tensors: every expert projection widened to ``width`` intermediate units.
 
@@ -115,13 +159,7 @@ def widen_tensors(tensors: dict[str, Any], width: int, seed: int = 0) -> tuple[d
         extra = width - inter
         if extra < 0:
             raise SpeclimitsError(f"--expert-width {width} is narrower than the experts' {inter} units ({name})")
-        if role == "rows":
-            std = float(t.float().std()) or 0.02
-            pad = (torch.randn((extra, t.shape[1]), generator=gen) * std).to(t.dtype)
-            out[name] = torch.cat([t, pad], dim=0).contiguous()
-        else:
-            pad = torch.zeros((t.shape[0], extra), dtype=t.dtype)
-            out[name] = torch.cat([t, pad], dim=1).contiguous()
+        out[name] = _pad(t, role, extra, gen)
     if not old:
         raise SpeclimitsError("no expert weights found (expected ...experts.N.gate_proj/up_proj/down_proj.weight "
                               "or Mixtral's w1/w3/w2)")
@@ -154,6 +192,9 @@ def build_twin(source: Path = TARGET_MODEL, out: Path | None = None, expert_widt
     tensors, old_width = widen_tensors(load_file(str(weights[0])), expert_width, seed)
     if int(config[key]) != old_width:
         raise SpeclimitsError(f"{cfg_path}: {key} = {config[key]} but the expert weights have {old_width} units")
+    if key == "moe_intermediate_size" and int(config.get("n_shared_experts") or 0) > 0 \
+            and any(".shared_experts." in n for n in tensors):
+        tensors = widen_shared(tensors, old_width, expert_width, int(config["n_shared_experts"]), seed)
 
     out.mkdir(parents=True, exist_ok=True)
     for f in sorted(source.iterdir()):
@@ -181,11 +222,11 @@ def build_twin(source: Path = TARGET_MODEL, out: Path | None = None, expert_widt
 
 def expert_bytes(tensors: dict[str, Any]) -> int:
     """Bytes one expert's three matrices take in the checkpoint's dtype (as stored)."""
-    total = 0
-    for name, t in tensors.items():
-        if _role(name) is not None and re.search(r"\.experts\.0\.", name) and ".layers.0." in name:
-            total += t.numel() * t.element_size()
-    return int(total)
+    names = sorted(n for n in tensors if _role(n) is not None and re.search(r"\.experts\.0\.", n))
+    if not names:
+        return 0
+    layer = names[0].split(".experts.0.")[0]  # the first MoE layer (a family may begin with dense ones)
+    return int(sum(tensors[n].numel() * tensors[n].element_size() for n in names if n.startswith(layer + ".experts.0.")))
 
 
 def read_recipe(model_dir: Path) -> dict[str, Any] | None:
