@@ -527,13 +527,14 @@ def test_rollout_of_a_memory_policy_is_seeded(random_inputs):
 def test_the_engine_refuses_offline_only_variants_before_it_runs():
     """The engine has no previous round's Ū (it does not count experts): such a variant, or an unknown
     name, fails when the policy is set, not silently inside a round."""
-    from speclimits.control.extension import ControlWorkerExtension
+    from speclimits.control.extension import check_policy
 
-    ext = ControlWorkerExtension.__new__(ControlWorkerExtension)  # no runner: the name check comes first
+    # speclimits_control_set checks the name first, before it reads the runner
     with pytest.raises(SpeclimitsError, match="offline only"):
-        ext.speclimits_control_set(hand_fit().to_dict(), "delta:previous-u")
+        check_policy(hand_fit(), "delta:previous-u")
     with pytest.raises(SpeclimitsError, match="unknown policy"):
-        ext.speclimits_control_set(hand_fit().to_dict(), "nope")
+        check_policy(hand_fit(), "nope")
+    assert check_policy(hand_fit(), "delta") and not check_policy(hand_fit(), "static:2")
 
 
 def test_throughput_rule_learns_the_planted_acceptance_and_picks_the_best_rate():

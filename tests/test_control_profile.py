@@ -268,3 +268,84 @@ def test_the_cost_model_owns_the_round_and_step_prices():
     assert prof.step_ms(8, 3) == prof.pass_at(8) + (0.5 + 0.9 * 3) + 0.7
     assert prof.step_ms(8, 3) == pytest.approx(6.0 + 1.6 + 0.5 + 2.7 + 0.7)
     assert prof.step_ms(8, 0) == prof.pass_at(8) + 0.7
+
+
+def _fit(k_max: int = 6, lam: float = 4.0) -> PolicyFit:
+    base = CostModel(c=0.002, beta0={m: 5.0 + 0.3 * m for m in range(1, k_max + 2)},
+                     alpha={m: 0.1 for m in range(1, k_max + 2)}, a=0.5, b=0.2)
+    return PolicyFit(k_max=k_max, tau=0.3, lambda_=lam, lambda_oracle=lam,
+                     u_bar_mean=tuple(4.0 + m for m in range(k_max + 2)), calibration=None, cost_model=base,
+                     train_seq_ids=("a",), test_seq_ids=("b",))
+
+
+def test_engine_pricing_profiles_then_prices_and_refreshes_the_policy():
+    """The engine's pricing: while profiling the policy is the profile cycle (k = 1..K_max in turn); the
+    last profiled round says so, the fit prices the named policy in the profiled wall-clock ms (λ0 in the
+    same units); the refresh follows measured over priced round time at the profiled batch size only, and
+    a later switch keeps both the profile and the refreshed scale."""
+    from speclimits.control.profile import EnginePricing, ProfileCycle
+
+    fit = _fit()
+    pricing = EnginePricing()
+    pricing.arm(12)
+    cycle = pricing.policy(fit, "delta-fixed", 6)
+    assert isinstance(cycle, ProfileCycle) and pricing.prices == pytest.approx(
+        fit.cost_model.mean_round_prices(6, fit.u_bar_mean).tolist())
+    steps = planted_steps(n=12)
+    done = []
+    for s in steps:
+        pricing.context(np.array([100.0, 200.0, 999.0]), [0, 1])
+        pricing.step_started(s.other_ms)  # the previous profiled step's time outside
+        other, s.other_ms = s.other_ms, float("nan")
+        done.append(pricing.timed(s))
+        pricing.step_started(other)
+    assert done == [False] * 11 + [True] and pricing.left == 0
+    prof = pricing.fit(max_batch=4)  # the engine's batch; no step of 4 was timed
+    assert prof.batch == 1 and prof.context_len == 150.0
+    assert prof.to_dict() == fit_profile(steps, 6, 1, context_len=150.0).to_dict()
+    pol = pricing.policy(fit, "delta-fixed", 6)
+    model = prof.cost_model(fit.cost_model, fit.u_bar_mean, 6)
+    assert isinstance(pol, DeltaRule) and pol.lambda0 == pytest.approx(fit.engine_lambda(model))
+    assert pricing.prices == pytest.approx(np.nan_to_num(model.mean_round_prices(6, fit.u_bar_mean)).tolist())
+    assert pricing.refreshes(pol, 1) and not pricing.refreshes(pol, 2)
+    assert not pricing.refreshes(pricing.policy(fit, "static:2", 6), 1)  # a static K reads no price
+    pol = pricing.policy(fit, "delta-fixed", 6)
+    for _ in range(200):  # the machine runs twice as slow as priced
+        pricing.refresh(pol, [3], 1, 2 * pricing.prices[3])
+    assert pol.price_scale == pytest.approx(2.0, rel=1e-3)
+    batch_of_two = [2, 4]  # a step of 2 prices the mean of its requests' rounds, times 2
+    before = pricing.clock.scale
+    pricing.refresh(pol, batch_of_two, 2, pricing.prices[2] + pricing.prices[4])
+    assert pol.price_scale == pytest.approx(before + 0.05 * (1.0 - before))
+    pricing.arm(12)  # a switch: the profile and the scale are kept, no profiling again
+    again = pricing.policy(fit, "delta", 6)
+    assert pricing.left == 0 and pricing.profile is prof and again.price_scale == pol.price_scale
+
+
+def test_round_records_book_the_rounds_and_the_hooks_time_until_drained():
+    """What a drain returns: the kept k, caps, steps drafted and early exits of each round, the time in
+    the controller per hook and in all, the token choice's added; a drain forgets them."""
+    import time
+
+    from speclimits.control.driver import EngineRound, RoundRecords
+
+    rec = RoundRecords()
+    rnd = EngineRound(["a", "b"], [3, 4], [0.0, 0.0], 4, False)
+    rnd.j, rnd.early = 2, True
+    rec.round([2, 1], rnd)
+    one = EngineRound(["a"], [4], [0.0], 4, False)
+    one.j = 4
+    rec.round([4], one)
+    t0 = time.perf_counter()
+    now = rec.spent("plan", t0)
+    rec.spent("plan", now)
+    rec.spent("take", now)
+    rec.choice_s = 1e-6
+    out = rec.drain()
+    assert out["rounds"] == [{"k": [2, 1], "cap": [3, 4], "drafted": 2, "early": True, "n_batch": 2},
+                             {"k": [4], "cap": [4], "drafted": 4, "early": False, "n_batch": 1}]
+    assert out["n_rounds"] == 2 and out["early_exits"] == 1
+    assert set(out["hook_us"]) == {"plan", "take", "token_choice"} and out["hook_us"]["token_choice"] == pytest.approx(1.0)
+    assert out["decide_us"] == pytest.approx(sum(out["hook_us"].values()))
+    empty = rec.drain()
+    assert empty == {"rounds": [], "decide_us": 0.0, "n_rounds": 0, "early_exits": 0, "hook_us": {}}

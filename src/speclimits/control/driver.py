@@ -8,6 +8,7 @@ with recorded confidences and outcomes. One decision path for both: the rules' e
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from speclimits.control.rules import Policy
@@ -252,3 +253,46 @@ class LateOutcomes:
         for rid in rids:
             self.pending.pop(rid, None)
 
+
+
+class RoundRecords:
+    """What the engine's rounds leave for :meth:`drain`: each round's kept k per request, its caps, the
+    steps drafted and whether it ended early; the time spent in the controller's hooks (outside vLLM's
+    own calls) in all and per hook, the token choice's apart (it runs inside vLLM's draft step)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[list[int], list[int], int, bool]] = []
+        self.decide_s = 0.0
+        self.hook_s: dict[str, float] = {}
+        #: the token choice's time, added to the decision time when drained
+        self.choice_s = 0.0
+        self.rounds = 0
+        self.early_exits = 0
+
+    def spent(self, hook: str, t0: float) -> float:
+        """Book the time since ``t0`` to the controller (and to ``hook``); returns now."""
+        now = time.perf_counter()
+        self.decide_s += now - t0
+        self.hook_s[hook] = self.hook_s.get(hook, 0.0) + now - t0
+        return now
+
+    def round(self, keep: list[int], rnd: EngineRound) -> None:
+        """A round ended: ``keep``, the k kept per request of ``rnd``."""
+        self.rounds += 1
+        self.early_exits += rnd.early
+        self.records.append((keep, rnd.cap, rnd.j, rnd.early))  # made dicts when drained
+
+    def drain(self) -> dict[str, Any]:
+        """``rounds`` (``{"k", "cap", "drafted", "early", "n_batch"}`` per drafting round, ``k`` and ``cap``
+        per request), ``decide_us`` (µs in the controller, the token choice included), ``n_rounds``,
+        ``early_exits`` and ``hook_us`` (µs per hook, the token choice's under ``token_choice``) since the
+        last drain; and forget them."""
+        hook_s = dict(self.hook_s)
+        if self.choice_s:
+            hook_s["token_choice"] = hook_s.get("token_choice", 0.0) + self.choice_s
+        out = {"rounds": [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
+                          for k, cap, j, early in self.records],
+               "decide_us": (self.decide_s + self.choice_s) * 1e6, "n_rounds": self.rounds,
+               "early_exits": self.early_exits, "hook_us": {k: v * 1e6 for k, v in hook_s.items()}}
+        self.__init__()
+        return out

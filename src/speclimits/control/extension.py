@@ -56,10 +56,10 @@ from typing import Any
 import numpy as np
 
 from speclimits.control import top1op
-from speclimits.control.profile import PROFILE_ROUNDS, PriceClock, ProfileCycle, StepSample, fit_profile
+from speclimits.control.profile import PROFILE_ROUNDS, EnginePricing, StepSample
 from speclimits.arms import OFFLINE_ONLY
-from speclimits.control.driver import EngineRound, LateOutcomes, RoundDriver
-from speclimits.control.rules import Policy, PolicyFit
+from speclimits.control.driver import EngineRound, LateOutcomes, RoundDriver, RoundRecords
+from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import TracingWorkerExtension
 from speclimits.tracing.vllm_api import runner_kind
@@ -126,6 +126,10 @@ class TokenChoice:
     spent in a form other than vLLM's argmax is booked to the controller and the argmax it replaced
     (that row count's median) to :attr:`saved_s`, so decision time can be reported net of the token
     choice taken over; an argmax is vLLM's own work, not booked.
+
+    On a step whose top-1 probabilities the policy reads, :meth:`top1` gives both the ids and the top-1:
+    the compiled call of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`; None: torch
+    only) where it loaded, else its torch fallback.
     """
 
     FORMS = ("argmax", "max", "head")
@@ -137,6 +141,11 @@ class TokenChoice:
         #: row counts where vLLM's argmax was the fastest (its call is then left to vLLM untouched)
         self.argmax_rows: set[int] = set()
         self.saved_s = 0.0
+        #: the compiled top-1 (:mod:`speclimits.control.top1op`), or None (torch makes every top-1)
+        self.op: Any = None
+        self._no_targets: Any = None
+        #: steps whose top-1 the compiled op made, and those torch made
+        self.op_steps = self.torch_steps = 0
 
     def __call__(self, logits: Any, head: Any = None, targets: Any = None) -> tuple[Any, float]:
         """(ids, seconds of vLLM's own argmax in this call, 0 when another form ran) for one step's
@@ -176,14 +185,48 @@ class TokenChoice:
         self.saved_s += st[2]
         return ids, 0.0
 
+    def load_op(self) -> None:
+        """Load the compiled top-1 (once per process, :func:`speclimits.control.top1op.load`)."""
+        import torch
+
+        self.op = top1op.load()
+        self._no_targets = torch.empty(0, dtype=torch.long)
+
+    def top1(self, logits: Any, targets: Any = None) -> tuple[Any, list[float]]:
+        """(ids, top-1 probabilities) of one step's ``logits`` (an EAGLE-3 head's own, mapped to target ids
+        by ``targets``, or None): the compiled call, or torch where it is not loaded or leaves the rows to it."""
+        op = self.op
+        if op is not None:
+            ids, top1 = op.top1(logits, self._no_targets if targets is None else targets)
+            if ids is not None:
+                self.op_steps += 1
+                return ids, top1
+        self.torch_steps += 1
+        return top1op.top1_torch(logits, targets)
+
     def to_dict(self) -> dict[str, Any]:
         return {str(n): {**{f"{f}_us": 1e6 * float(np.median(t)) if t else None for f, t in zip(self.FORMS, st[0])},
                          "chosen": None if st[1] is None else self.FORMS[st[1]]}
                 for n, st in sorted(self.stats.items())}
 
 
+def check_policy(fit: PolicyFit, name: str) -> bool:
+    """Raise :class:`SpeclimitsError` where the engine cannot run policy ``name`` of ``fit`` (an offline-only
+    variant, an unknown name), before a round runs; returns whether the policy reads confidences."""
+    offline_only = OFFLINE_ONLY.intersection(str(name).split(":")[1:])
+    if offline_only:
+        raise SpeclimitsError(f"policy {name!r}: the variant {sorted(offline_only)[0]!r} runs offline only "
+                              "(the engine does not count the experts a round touches)")
+    return not fit.make(name).plan_only
+
+
 class ControlWorkerExtension(TracingWorkerExtension):
-    """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``."""
+    """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``.
+
+    Its parts, kept across policy switches: ``speclimits_pricing`` (profiling and the price refresh,
+    :class:`~speclimits.control.profile.EnginePricing`), ``speclimits_tokens`` (the token choice and the
+    top-1, :class:`TokenChoice`), ``speclimits_records`` (what a drain returns,
+    :class:`~speclimits.control.driver.RoundRecords`)."""
 
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The tracer's install; then, when :data:`ENV_POLICY` names a policy JSON and the engine
@@ -219,116 +262,66 @@ class ControlWorkerExtension(TracingWorkerExtension):
         (:meth:`speclimits_control_profile`) and ``name`` applies. A profile, once measured, is kept
         across policy switches, and so is the refreshed price scale."""
         fit = PolicyFit.from_dict(policy)
-        offline_only = OFFLINE_ONLY.intersection(str(name).split(":")[1:])
-        if offline_only:
-            raise SpeclimitsError(f"policy {name!r}: the variant {sorted(offline_only)[0]!r} runs offline only "
-                                  "(the engine does not count the experts a round touches)")
-        reads_confidence = not fit.make(name).plan_only  # an unknown name fails here, before a round runs
+        reads_confidence = check_policy(fit, name)
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
         self._sl_fit, self._sl_name, self._sl_k = fit, name, min(fit.k_max, k_engine)
-        if not hasattr(self, "_sl_profile"):
-            self._sl_profile, self._sl_samples, self._sl_clock = None, [], PriceClock()
-        self._sl_profile_left = int(profile_rounds) if self._sl_profile is None else 0
-        self._sl_records: list[tuple[list[int], list[int], int, bool]] = []
-        self._sl_round: EngineRound | None = None
-        self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
-        self._sl_pending: StepSample | None = None
-        self._sl_logits: Any = None
-        self._sl_small: Any = None
-        self._sl_booked = False  # the current draft step was booked by the greedy hook
-        if not hasattr(self, "_sl_tokens"):
-            self._sl_tokens = TokenChoice()
+        if not hasattr(self, "speclimits_pricing"):
+            self.speclimits_pricing = EnginePricing()
+            self.speclimits_tokens = TokenChoice()
             #: whether the head's own logits give the target-vocabulary logits' top-1 (checked on the first step)
             self._sl_small_ok: bool | None = None
             #: target id of each of the head's logits, where they increase (the token choice may then use them)
             self._sl_targets: Any = None
             #: False: leave the token choice to vLLM (the top-1 is then computed apart; probes set this)
             self._sl_own_choice = True
-            #: the compiled top-1 (:mod:`speclimits.control.top1op`), loaded for a rule that reads confidences
-            self._sl_top1op: Any = None
-            self._sl_no_targets: Any = None
-            self._sl_top1_calls = [0, 0]  # steps whose top-1 the compiled op made, and where torch did
-        if reads_confidence and self._sl_top1op is None:  # (load() tries once per process)
-            import torch
-
-            self._sl_top1op = top1op.load()
-            self._sl_no_targets = torch.empty(0, dtype=torch.long)
-        self._sl_decide_s = 0.0
-        self._sl_hook_s: dict[str, float] = {}
-        self._sl_tc_s = 0.0  # the token choice's time (booked apart: it runs inside vLLM's draft step)
-        self._sl_tokens.saved_s = 0.0  # like the times above: what no drain collected since is dropped
-        self._sl_rounds = 0
-        self._sl_early_exits = 0
+        self.speclimits_pricing.arm(profile_rounds)
+        self.speclimits_records = RoundRecords()
+        self._sl_round: EngineRound | None = None
+        self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
+        self._sl_logits: Any = None
+        self._sl_small: Any = None
+        self._sl_booked = False  # the current draft step was booked by the greedy hook
+        tokens = self.speclimits_tokens
+        if reads_confidence and tokens.op is None:  # (load() tries once per process)
+            tokens.load_op()
+        tokens.saved_s = 0.0  # like the records: what no drain collected since is dropped
         self._sl_keep: dict[str, int] = {}
         self._sl_late = LateOutcomes()  # each request's round whose outcome is not read yet
-        self._sl_apply(ProfileCycle() if self._sl_profile_left > 0 else None)
+        self._sl_apply()
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
             self._sl_installed = True
-        pol = self._sl_policy
+        pol, pricing = self._sl_policy, self.speclimits_pricing
         return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe(),
-                "profiling_rounds": self._sl_profile_left, "top1_op": top1op.status() or None,
-                "profile": None if self._sl_profile is None else self._sl_profile.to_dict()}
+                "profiling_rounds": pricing.left, "top1_op": top1op.status() or None,
+                "profile": None if pricing.profile is None else pricing.profile.to_dict()}
 
-    def _sl_apply(self, override: Any = None) -> None:
-        """(Re)build the running policy: ``override`` (the profile cycle), else the named policy priced
-        with the profiled costs when there are any (λ0 then in the same wall-clock units)."""
-        fit = self._sl_fit
-        if override is not None:
-            pol = override.setup(self._sl_k, fit.cost_model)
-        else:
-            pol = fit.make(self._sl_name)
-            model = fit.cost_model
-            if self._sl_profile is not None:
-                model = self._sl_profile.cost_model(fit.cost_model, fit.u_bar_mean, self._sl_k)
-                if hasattr(pol, "lambda0"):
-                    pol.lambda0 = fit.engine_lambda(model)
-            pol.setup(self._sl_k, model)
-            if self._sl_profile is not None and getattr(pol, "uses_pass_prices", False):
-                pol.pass_ms = self._sl_profile.pass_prices(self._sl_k)
-        pol.price_scale = self._sl_clock.scale
-        self._sl_policy = pol
-        self._sl_driver = RoundDriver(pol)
-        #: price of a request's round by its k (0..k_max), a list: the refresh reads it per request per round
-        self._sl_price = np.nan_to_num(pol.model.mean_round_prices(self._sl_k, fit.u_bar_mean)).tolist()
+    def _sl_apply(self) -> None:
+        """(Re)build the running policy and its round driver (:meth:`EnginePricing.policy`)."""
+        self._sl_policy = self.speclimits_pricing.policy(self._sl_fit, self._sl_name, self._sl_k)
+        self._sl_driver = RoundDriver(self._sl_policy)
 
     def speclimits_control_profile(self) -> dict[str, Any]:
         """Fit the costs from the steps timed so far (at this engine's batch size) and price the
         policy with them from now on; returns the profile (ms)."""
-        runner = self.model_runner  # type: ignore[attr-defined]
-        batch = int(getattr(runner, "max_num_reqs", 0) or max((s.n_batch for s in self._sl_samples), default=1))
-        batch = min(batch, max((s.n_batch for s in self._sl_samples), default=1))
-        ctx = getattr(self, "_sl_ctx_sum", 0.0) / max(getattr(self, "_sl_ctx_n", 0), 1)
-        self._sl_profile = fit_profile(self._sl_samples, self._sl_k, batch, context_len=ctx)
-        self._sl_profile_left = 0
-        self._sl_clock = PriceClock()
-        self._sl_apply(None)
-        return self._sl_profile.to_dict()
+        prof = self.speclimits_pricing.fit(int(getattr(self.model_runner, "max_num_reqs", 0) or 0))  # type: ignore[attr-defined]
+        self._sl_apply()
+        return prof.to_dict()
 
     def speclimits_control_drain(self) -> dict[str, Any]:
-        """Rounds since the last drain: ``rounds`` (list of ``{"req_id", "k", "cap", "drafted", "early"}``
-        per request per drafting round), ``decide_us`` (total time in the controller's hooks outside
-        vLLM's own calls, µs), ``n_rounds`` (drafting calls), ``early_exits``, ``price_scale`` and the
-        ``profile``; and forget them (memory too)."""
-        if self._sl_tc_s:
-            self._sl_hook_s["token_choice"] = self._sl_hook_s.get("token_choice", 0.0) + self._sl_tc_s
-        rounds = [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
-                  for k, cap, j, early in self._sl_records]
-        out = {"rounds": rounds, "decide_us": (self._sl_decide_s + self._sl_tc_s) * 1e6,
-               "n_rounds": self._sl_rounds,
-               "early_exits": self._sl_early_exits, "policy": self._sl_name, "price_scale": self._sl_clock.scale,
-               "profile": None if self._sl_profile is None else self._sl_profile.to_dict(),
-               "hook_us": {k: v * 1e6 for k, v in self._sl_hook_s.items()},
-               "token_choice_saved_us": self._sl_tokens.saved_s * 1e6, "token_choice": self._sl_tokens.to_dict(),
+        """Rounds since the last drain (:meth:`RoundRecords.drain`: ``rounds``, ``decide_us``, ``n_rounds``,
+        ``early_exits``, ``hook_us``), the ``policy``, ``price_scale``, ``profile`` and the token choice's
+        record; and forget them (memory too)."""
+        pricing, tokens = self.speclimits_pricing, self.speclimits_tokens
+        out = {**self.speclimits_records.drain(), "policy": self._sl_name, "price_scale": pricing.clock.scale,
+               "profile": None if pricing.profile is None else pricing.profile.to_dict(),
+               "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),
                "draft_vocab_top1": self._sl_small_ok,
-               "top1_op": {**top1op.status(), "steps": self._sl_top1_calls[0], "torch_steps": self._sl_top1_calls[1]}}
-        self._sl_top1_calls = [0, 0]
-        self._sl_records, self._sl_decide_s, self._sl_rounds, self._sl_early_exits = [], 0.0, 0, 0
-        self._sl_tokens.saved_s = 0.0
-        self._sl_tc_s = 0.0
-        self._sl_hook_s = {}
+               "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
+        tokens.op_steps = tokens.torch_steps = 0
+        tokens.saved_s = 0.0
         self._sl_driver, self._sl_keep, self._sl_late = RoundDriver(self._sl_policy), {}, LateOutcomes()
         return out
 
@@ -373,16 +366,16 @@ class ControlWorkerExtension(TracingWorkerExtension):
         def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             self._sl_t_exec = t
-            pending, self._sl_pending = self._sl_pending, None
-            if pending is not None:  # the previous step's time outside the pass and the drafter
-                pending.other_ms = (t - self._sl_t_prop_end) * 1e3
+            pricing = self.speclimits_pricing
+            if pricing.pending is not None:  # the profiled step's time outside the pass and the drafter
+                pricing.step_started((t - self._sl_t_prop_end) * 1e3)
             finished = getattr(scheduler_output, "finished_req_ids", None)
             if finished:
                 self._sl_driver.release(finished)
                 for rid in finished:
                     self._sl_keep.pop(rid, None)
                 self._sl_late.release(finished)
-            self._sl_spent("execute_model", t)
+            self.speclimits_records.spent("execute_model", t)
             return orig(scheduler_output, *args, **kwargs)
         return wrapped
 
@@ -416,12 +409,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
             if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self._sl_own_choice:
                 return orig(hidden_states, *args, **kwargs)
             t0 = time.perf_counter()
-            tc = self._sl_tokens
+            tc = self.speclimits_tokens
             n = len(rnd.rids)
             st = tc.stats.get(n)
             fused = st is not None and st[1] is not None and self._sl_driver.wants_confidence(rnd)
             t1 = time.perf_counter()
-            self._sl_tc_s += t1 - t0  # the choice between forms is the controller's time too
+            records = self.speclimits_records
+            records.choice_s += t1 - t0  # the choice between forms is the controller's time too
             if not fused and n in tc.argmax_rows:
                 return orig(hidden_states, *args, **kwargs)
             targets = self._sl_targets
@@ -435,17 +429,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 logits = model_logits(hidden_states)
             t0 = time.perf_counter()
             if fused:
-                op = self._sl_top1op
-                if op is not None:  # one compiled call (speclimits.control.top1op)
-                    ids, top1 = op.top1(logits, self._sl_no_targets if targets is None else targets)
-                if op is None or ids is None:  # torch: no op here, or a row it leaves to torch
-                    ids, top1 = top1op.top1_torch(logits, targets)
-                    self._sl_top1_calls[1] += 1
-                else:
-                    self._sl_top1_calls[0] += 1
+                ids, top1 = tc.top1(logits, targets)  # the compiled call, or torch
                 tc.saved_s += st[2]
                 t1 = time.perf_counter()
-                self._sl_tc_s += t1 - t0
+                records.choice_s += t1 - t0
                 # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which
                 # returns these ids as they are): one hook per step instead of two
                 self._sl_small = None
@@ -453,7 +440,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_booked = True
                 return ids
             ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
-            self._sl_tc_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
+            records.choice_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
             return ids
         return wrapped
 
@@ -463,7 +450,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
             m = self._sl_observe(scheduler_output, sampled_token_ids, rids, t0)
             self._sl_t_prop = t0
-            self._sl_spent("observe", t0)
+            self.speclimits_records.spent("observe", t0)
             try:
                 return orig(scheduler_output, sampled_token_ids, *args, **kwargs)
             finally:
@@ -471,7 +458,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 rnd, self._sl_round = self._sl_round, None
                 if rnd is not None:
                     self._sl_finish_round(rnd, m, (t0 - self._sl_t_exec) * 1e3, (t1 - t0) * 1e3)
-                self._sl_t_prop_end = self._sl_spent("finish_round", t1)
+                self._sl_t_prop_end = self.speclimits_records.spent("finish_round", t1)
         return wrapped
 
     def _sl_propose(self, orig: Any) -> Any:
@@ -490,7 +477,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                     kwargs["num_speculative_tokens"] = k_call
                 else:
                     args = (k_call, *args[1:])
-            self._sl_spent("plan", t0)
+            self.speclimits_records.spent("plan", t0)
             try:
                 return orig(*args, **kwargs)
             except _EarlyExit as stop:
@@ -532,7 +519,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         time since ``t0`` to the controller; end the drafter's loop early when every request has stopped."""
         rnd.tokens.append(ids)
         done = self._sl_driver.step(rnd, top1)
-        self._sl_spent("draft_step", t0)
+        self.speclimits_records.spent("draft_step", t0)
         if done and rnd.j < rnd.k_call:
             raise _EarlyExit(rnd.tokens)
 
@@ -547,7 +534,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 k = keep.get(rid)
                 if k is not None and len(out.draft_token_ids[i]) > k:
                     out.draft_token_ids[i] = list(out.draft_token_ids[i][:k])
-            self._sl_spent("take", t0)
+            self.speclimits_records.spent("take", t0)
             return out
         return wrapped
 
@@ -571,27 +558,16 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_targets = targets
         return True
 
-    def _sl_spent(self, hook: str, t0: float) -> float:
-        """Book the time since ``t0`` to the controller (and to ``hook``); returns now."""
-        now = time.perf_counter()
-        self._sl_decide_s += now - t0
-        self._sl_hook_s[hook] = self._sl_hook_s.get(hook, 0.0) + now - t0
-        return now
-
     # -- rounds ---------------------------------------------------------------------------
     def _sl_finish_round(self, rnd: EngineRound, m: int | None, verify_ms: float, draft_ms: float) -> None:
         keep = self._sl_driver.finish(rnd)
-        self._sl_rounds += 1
-        self._sl_early_exits += rnd.early
         self._sl_keep.update(zip(rnd.rids, keep))
-        if self._sl_profile_left > 0:  # the time outside is booked at the next step's start
+        pricing = self.speclimits_pricing
+        if pricing.left > 0:  # the time outside is booked at the next step's start
             sample = StepSample(m=m, verify_ms=verify_ms, drafted=rnd.j, draft_ms=draft_ms, n_batch=len(rnd.rids))
-            self._sl_pending = sample
-            self._sl_samples.append(sample)
-            self._sl_profile_left -= 1
-            if self._sl_profile_left == 0:
+            if pricing.timed(sample):
                 self.speclimits_control_profile()
-        self._sl_records.append((keep, rnd.cap, rnd.j, rnd.early))  # made dicts when drained
+        self.speclimits_records.round(keep, rnd)
 
     def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
@@ -600,12 +576,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
         and the tokens it emitted, which vLLM's bookkeeping has added to the request's output since;
         ``sampled``, the step's sampled tensor, is not read). Returns m when every request verified the
         same m."""
-        # the refresh learns only from steps at the profiled batch size: the price of a request is the
-        # profiled step's cost shared by that many requests, so a step of fewer (a batch's tail, where
-        # requests have finished) costs each of them more, which is no change of the machine's speed
-        prof = self._sl_profile
-        refresh = prof is not None and self._sl_policy.reads_prices and len(rids) == prof.batch
-        if not (refresh or self._sl_profile_left > 0 or self._sl_driver.observes):
+        pricing = self.speclimits_pricing
+        refresh = pricing.refreshes(self._sl_policy, len(rids))  # at the profiled batch size only
+        profiling = pricing.left > 0
+        if not (refresh or profiling or self._sl_driver.observes):
             return None  # nothing reads the outcome (static K, the threshold after profiling)
         spec = sched.scheduled_spec_decode_tokens
         if not spec:
@@ -628,20 +602,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 return None
         round_ms = (now - self._sl_t_prop) * 1e3
         if refresh and round_ms == round_ms:  # not NaN (no drafting call timed yet)
-            price, top = self._sl_price, self._sl_k
-            if n_step == 1:
-                priced = price[min(ks[0], top)]
-            else:
-                priced = 0.0
-                for k in ks:
-                    priced += price[k if k < top else top]
-                priced = priced * n_step / len(vr)
-            self._sl_policy.price_scale = self._sl_clock.update(round_ms, priced)
-        if self._sl_profile_left > 0:  # the context the profile is measured at (its c·L is taken out)
+            pricing.refresh(self._sl_policy, ks, n_step, round_ms)
+        if profiling:  # the context the profile is measured at (its c·L is taken out)
             lens = getattr(self.model_runner.input_batch, "num_tokens_no_spec", None)  # type: ignore[attr-defined]
             if lens is not None:
-                self._sl_ctx_sum = getattr(self, "_sl_ctx_sum", 0.0) + float(np.mean(np.asarray(lens)[idx]))
-                self._sl_ctx_n = getattr(self, "_sl_ctx_n", 0) + 1
+                pricing.context(lens, idx)
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
             self._sl_late.verified(driver, vr, ks, round_ms / n_step, self.model_runner.requests)  # type: ignore[attr-defined]

@@ -233,3 +233,96 @@ class PriceClock:
         self.scale += self.weight * (ratio - self.scale)
         self.n += 1
         return self.scale
+
+
+class EnginePricing:
+    """Profiling and the price refresh of one engine (kept across policy switches): the steps timed
+    while :class:`ProfileCycle` runs, the :class:`EngineProfile` fitted from them, the
+    :class:`PriceClock` and the per-k prices the refresh reads (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.profile: EngineProfile | None = None
+        self.samples: list[StepSample] = []
+        self.clock = PriceClock()
+        #: rounds still to profile before the policy applies
+        self.left = 0
+        #: price of a request's round by its k (0..k_max), a list: the refresh reads it per request per round
+        self.prices: list[float] = []
+        self.k_max = 0
+        #: the last profiled step, its time outside still to come (:meth:`step_started`)
+        self.pending: StepSample | None = None
+        self._ctx_sum, self._ctx_n = 0.0, 0
+
+    def arm(self, profile_rounds: int) -> None:
+        """Profile the next ``profile_rounds`` rounds, unless a profile was measured already."""
+        self.left = int(profile_rounds) if self.profile is None else 0
+        self.pending = None
+
+    def policy(self, fit: Any, name: str, k_max: int) -> Policy:
+        """The running policy: :class:`ProfileCycle` while profiling, else policy ``name`` of the
+        :class:`~speclimits.control.rules.PolicyFit` ``fit`` priced with the profiled costs when there are
+        any (λ0 then in the same wall-clock units); at the refreshed price scale."""
+        self.k_max = int(k_max)
+        if self.left > 0:
+            pol = ProfileCycle().setup(self.k_max, fit.cost_model)
+        else:
+            pol = fit.make(name)
+            model = fit.cost_model
+            if self.profile is not None:
+                model = self.profile.cost_model(fit.cost_model, fit.u_bar_mean, self.k_max)
+                if hasattr(pol, "lambda0"):
+                    pol.lambda0 = fit.engine_lambda(model)
+            pol.setup(self.k_max, model)
+            if self.profile is not None and getattr(pol, "uses_pass_prices", False):
+                pol.pass_ms = self.profile.pass_prices(self.k_max)
+        pol.price_scale = self.clock.scale
+        self.prices = np.nan_to_num(pol.model.mean_round_prices(self.k_max, fit.u_bar_mean)).tolist()
+        return pol
+
+    def refreshes(self, policy: Policy, n_step: int) -> bool:
+        """Whether a step of ``n_step`` requests refreshes ``policy``'s prices: only at the profiled batch
+        size (a request's price is the profiled step's cost shared by that many requests, so a step of
+        fewer, a batch's tail, costs each more, which is no change of the machine's speed)."""
+        prof = self.profile
+        return prof is not None and policy.reads_prices and n_step == prof.batch
+
+    def refresh(self, policy: Policy, ks: list[int], n_step: int, round_ms: float) -> None:
+        """The measured round ``round_ms`` of a step of ``n_step`` requests, of which those verifying drafts
+        drafted ``ks``, against its price: updates ``policy.price_scale``."""
+        price, top = self.prices, self.k_max
+        if n_step == 1:
+            priced = price[min(ks[0], top)]
+        else:
+            priced = 0.0
+            for k in ks:
+                priced += price[k if k < top else top]
+            priced = priced * n_step / len(ks)
+        policy.price_scale = self.clock.update(round_ms, priced)
+
+    def context(self, lens: Any, idx: list[int]) -> None:
+        """While profiling: the context lengths of the requests verifying drafts (the profile's c·L is taken out)."""
+        self._ctx_sum += float(np.mean(np.asarray(lens)[idx]))
+        self._ctx_n += 1
+
+    def step_started(self, outside_ms: float) -> None:
+        """A step starts ``outside_ms`` after the last drafter call ended: the last profiled step's time outside."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.other_ms = outside_ms
+
+    def timed(self, sample: StepSample) -> bool:
+        """A profiled round's step; True when it was the last to profile (then :meth:`fit`)."""
+        self.pending = sample
+        self.samples.append(sample)
+        self.left -= 1
+        return self.left == 0
+
+    def fit(self, max_batch: int = 0) -> EngineProfile:
+        """The profile of the steps timed so far, at the engine's batch size (``max_batch``, at most the
+        largest step timed); the price scale starts again at 1."""
+        seen = max((s.n_batch for s in self.samples), default=1)
+        batch = min(int(max_batch or seen), seen)
+        self.profile = fit_profile(self.samples, self.k_max, batch, context_len=self._ctx_sum / max(self._ctx_n, 1))
+        self.left = 0
+        self.clock = PriceClock()
+        return self.profile
