@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
+
+#: ``control fit``'s K_max when none is given (the committed benchmarks' engines run K_max = 6)
+DEFAULT_FIT_K_MAX = 6
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f = sub.add_parser("fit", help="fit τ, λ, the confidence calibration and the Ū predictor on a train split")
     f.add_argument("trace", help="trace directory with oracle.parquet (greedy references are used)")
     f.add_argument("--out", required=True, help="policy JSON to write")
-    f.add_argument("--k-max", type=int, default=6, help="K_max (the engine's num_speculative_tokens), default 6")
+    f.add_argument("--k-max", type=int, default=None,
+                   help=f"K_max (the engine's num_speculative_tokens), default {DEFAULT_FIT_K_MAX}, or fewer where the "
+                        "trace's Oracle data or its cost model covers fewer drafts (said when capped)")
     f.add_argument("--test-share", type=float, default=0.5, help="share of references held out, default 0.5")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
@@ -62,7 +68,16 @@ def run_fit(args: argparse.Namespace) -> int:
     # the fit loads the Oracle stack (pandas, scikit-learn, statsmodels): only when the command runs
     from speclimits.control.fit import fit_policy
 
-    fit = fit_policy(args.trace, k_max=args.k_max, test_share=args.test_share, seed=args.seed,
+    k_max = args.k_max
+    if k_max is None:  # the default, capped where the trace covers fewer drafts (an explicit value is checked)
+        from speclimits.control.fit import greedy_setup
+
+        setup = greedy_setup(args.trace, args.cost_model)
+        k_max, why = setup.priced_k_max(DEFAULT_FIT_K_MAX)
+        if k_max < DEFAULT_FIT_K_MAX:
+            why = why or f"the trace's Oracle data holds drafts of up to {k_max} tokens"
+            print(f"speclimits control fit: K_max {k_max}, not the default {DEFAULT_FIT_K_MAX}: {why}", file=sys.stderr)
+    fit = fit_policy(args.trace, k_max=k_max, test_share=args.test_share, seed=args.seed,
                      cost_model=args.cost_model)
     fit.write(args.out)
     print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
