@@ -15,27 +15,25 @@ EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
 
 
 def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1, load_format: str = "auto",
-              max_model_len: int = 1024, seed: int = 0, dtype: str = "float32") -> Any:
-    """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine."""
+              max_model_len: int = 1024, seed: int = 0, dtype: str = "float32", extension: bool = True) -> Any:
+    """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine.
+    ``extension=False``: stock, the same engine arguments without a worker extension (what a user runs
+    with ``num_speculative_tokens = k``)."""
     vllm = eng.require_vllm()
     eng.check_vllm_api()
     kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
                            load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
-    kw["worker_extension_cls"] = EXTENSION
-    eng.detach_worker_extensions()  # an earlier engine in this process may have mixed in the tracer
+    if extension:
+        kw["worker_extension_cls"] = EXTENSION
+        eng.detach_worker_extensions()  # an earlier engine in this process may have mixed in the tracer
+    else:
+        kw.pop("worker_extension_cls", None)
     return vllm.LLM(**kw)
 
 
-def build_stock_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1,
-                    load_format: str = "auto", max_model_len: int = 1024, seed: int = 0, dtype: str = "float32") -> Any:
-    """Stock ``vllm.LLM``: the same engine arguments, no worker extension (what a user runs with
-    ``num_speculative_tokens = k``; ``k = 0``: plain decoding)."""
-    vllm = eng.require_vllm()
-    eng.check_vllm_api()
-    kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
-                           load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
-    kw.pop("worker_extension_cls", None)
-    return vllm.LLM(**kw)
+def build_stock_llm(*args: Any, **kwargs: Any) -> Any:
+    """Stock ``vllm.LLM`` (:func:`build_llm` with ``extension=False``)."""
+    return build_llm(*args, extension=False, **kwargs)
 
 
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -182,24 +182,6 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
     return out
 
 
-def u_prediction_error(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], n_states: int | None = None
-                       ) -> pd.DataFrame:
-    """How far the policies' Ū predictor (mean per m, fitted on the train prompts) is from the
-    counterfactual window Ū of the held-out states, per m = k + 1 for k = 1..K_max: ``rmse`` and ``bias``
-    (prediction - truth) in experts per layer, and ``rmse_ms`` = alpha(m)·rmse (its cost in ms per round)."""
-    raw, _ = select(setup, seq_ids, n_states)
-    u_hat = np.asarray(fit.u_bar_mean)
-    _, alpha = fit.cost_model.coefficients_by_m(fit.k_max + 1)
-    rows = []
-    for k in range(1, fit.k_max + 1):
-        err = u_hat[k + 1] - raw.u_bar_window[:, k]
-        rmse = float(np.sqrt(np.mean(err ** 2)))
-        rows.append({"k": k, "m": k + 1, "u_bar_predicted": float(u_hat[k + 1]),
-                     "u_bar_mean_heldout": float(raw.u_bar_window[:, k].mean()), "bias": float(err.mean()),
-                     "rmse": rmse, "rmse_ms": float(alpha[k + 1] * rmse)})
-    return pd.DataFrame(rows)
-
-
 # ---------------------------------------------------------------------------
 # Batch > 1: the engine's round driver on a batch of greedy references
 # ---------------------------------------------------------------------------
@@ -220,7 +202,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     Delta rules price a pass with the measured ones, as in the engine). Returns per
     name ``ms_per_token`` (all groups), ``tokens_per_round`` per request, ``mean_k``, and
     ``wasted_draft_steps`` per request per round."""
-    from speclimits.control.profile import PriceClock
+    from speclimits.control.profile import EnginePricing
 
     out: dict[str, dict[str, float]] = {}
     for name in names:
@@ -229,8 +211,9 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
             pol = fit.make(name)
             if getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = profile.pass_prices(pol.k_max)
-            driver, clock = RoundDriver(pol), PriceClock()
-            price = np.nan_to_num(pol.model.mean_round_prices(pol.k_max, fit.u_bar_mean)).tolist()
+            driver, pricing = RoundDriver(pol), EnginePricing()
+            pricing.profile = profile
+            pricing.price(pol, fit.u_bar_mean)
             rids = [f"{slot}" for slot in range(len(group))]
             seq = np.asarray(group, dtype=np.int64)
             n = raw.n_tokens[seq].astype(np.int64)
@@ -243,8 +226,8 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                 k = np.asarray(keep, dtype=np.int64)
                 emitted = np.minimum(np.minimum(k, raw.accept_len[rows]) + 1, n[live] - pos[live])
                 step = profile.step_ms(float((k + 1).sum()), drafted)
-                if pol.reads_prices and len(live) == profile.batch:
-                    pol.price_scale = clock.update(step, sum(price[min(int(x), pol.k_max)] for x in k))
+                if pricing.refreshes(pol, len(live)):
+                    pricing.refresh(pol, keep, len(live), step)
                 driver.observe(lr, k.tolist(), step / len(live), emitted.astype(float).tolist())
                 pos[live] += emitted
                 total_ms += step

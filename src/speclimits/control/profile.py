@@ -276,8 +276,14 @@ class EnginePricing:
             if self.profile is not None and getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = self.profile.pass_prices(self.k_max)
         pol.price_scale = self.clock.scale
-        self.prices = np.nan_to_num(pol.model.mean_round_prices(self.k_max, fit.u_bar_mean)).tolist()
+        self.price(pol, fit.u_bar_mean)
         return pol
+
+    def price(self, policy: Policy, u_bar_mean: Any) -> None:
+        """The prices the refresh compares ``policy``'s rounds with: its cost model's round of each k at the
+        mean Ū per m (:meth:`~speclimits.costmodel.CostModel.mean_round_prices`)."""
+        self.k_max = policy.k_max
+        self.prices = np.nan_to_num(policy.model.mean_round_prices(policy.k_max, u_bar_mean)).tolist()
 
     def refreshes(self, policy: Policy, n_step: int) -> bool:
         """Whether a step of ``n_step`` requests refreshes ``policy``'s prices: only at the profiled batch
@@ -296,7 +302,8 @@ class EnginePricing:
             priced = 0.0
             for k in ks:
                 priced += price[k if k < top else top]
-            priced = priced * n_step / len(ks)
+            if len(ks) != n_step:
+                priced = priced * n_step / len(ks)
         policy.price_scale = self.clock.update(round_ms, priced)
 
     def context(self, lens: Any, idx: list[int]) -> None:

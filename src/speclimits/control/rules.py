@@ -254,7 +254,8 @@ class DeltaRule(Policy):
                                             terms=(self.fixed_ms, self.slope_ms))
         self.row = self._row.tolist()
         self._vtab: dict[int, list[float]] = {}
-        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step)
+        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step;
+            # without one, Policy's identity)
             self.engine_calibrate = self.calibration.predict_one
             self.engine_calibrate_many = self.calibration.predict_many
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
@@ -281,9 +282,6 @@ class DeltaRule(Policy):
             return lam, self.row
         u_hat = self.u_bar_mean[np.arange(1, self.k_max + 2)] * (u_prev / self.u_bar_mean[m_prev])
         return lam, self.model.round_prices(self.k_max, u_hat, terms=(self.fixed_ms, self.slope_ms)).tolist()
-
-    def engine_calibrate(self, p):
-        return p if self.calibration is None else self.calibration.predict_one(p)
 
     def engine_more(self, j, c, prod, lam):
         """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when ``Ĉ(k) - Ĉ(j) -
