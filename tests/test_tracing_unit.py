@@ -312,7 +312,7 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
     time the draft proposal, and speclimits_uninstall puts every original back (no vLLM needed)."""
     from types import SimpleNamespace
 
-    from speclimits.tracing.extension import _RUNNER_WRAPPERS, TracingWorkerExtension, _Timer
+    from speclimits.tracing.extension import _RUNNER_WRAPPERS, Patches, TracingWorkerExtension, _Timer
 
     class Runner:
         def execute_model(self, sched):
@@ -338,10 +338,10 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
     runner.drafter = SimpleNamespace(model=DraftModel())
     ext = TracingWorkerExtension.__new__(TracingWorkerExtension)
     ext.model_runner = runner
-    ext._speclimits_originals, ext._speclimits_step, ext._speclimits_oracle = {}, None, None
+    ext._speclimits_patches, ext._speclimits_step, ext._speclimits_oracle = Patches(), None, None
     ext._speclimits_timer, ext._speclimits_capture = _Timer(False), None
     ext._speclimits_wrap(runner)
-    assert set(ext._speclimits_originals) == {n for n, _ in _RUNNER_WRAPPERS} | {"drafter.compute_logits"}
+    assert ext._speclimits_patches.names() == [n for n, _ in _RUNNER_WRAPPERS] + ["compute_logits"]
     assert all(name in runner.__dict__ for name, _ in _RUNNER_WRAPPERS)
     assert runner.execute_model(object()) == "done" and ext._speclimits_step is None
     step = SimpleNamespace(t_draft=None, drafted=None)

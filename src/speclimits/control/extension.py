@@ -61,7 +61,7 @@ from speclimits.arms import OFFLINE_ONLY
 from speclimits.control.driver import EngineRound, LateOutcomes, RoundDriver, RoundRecords
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
-from speclimits.tracing.extension import TracingWorkerExtension
+from speclimits.tracing.extension import Patches, TracingWorkerExtension
 from speclimits.tracing.vllm_api import runner_kind
 
 DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
@@ -327,27 +327,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def speclimits_control_uninstall(self) -> None:
         """Restore what :meth:`speclimits_control_set` wrapped."""
-        runner = self.model_runner  # type: ignore[attr-defined]
-        for (obj, attr), orig in getattr(self, "_sl_originals", {}).items():
-            target = {"runner": runner, "drafter": runner.drafter, "model": runner.drafter.model,
-                      "head": getattr(runner.drafter.model, "logits_processor", None)}[obj]
-            if orig is None:
-                target.__dict__.pop(attr, None)
-            else:
-                setattr(target, attr, orig)
-        self._sl_originals = {}
+        patches = getattr(self, "_sl_patches", None)
+        if patches is not None:
+            patches.undo()
         self._sl_installed = False
 
     # -- wrapping ---------------------------------------------------------------------------
     def _sl_wrap(self, runner: Any, drafter: Any) -> None:
-        self._sl_originals = {}
+        self._sl_patches = patches = Patches()  # the tracer's mechanism (its wrappers are wrapped here)
         objs = {"runner": runner, "drafter": drafter, "model": drafter.model,
                 "head": getattr(drafter.model, "logits_processor", None)}
 
         def wrap(obj: str, attr: str, factory: Any) -> None:
-            target = objs[obj]
-            self._sl_originals[(obj, attr)] = target.__dict__.get(attr)
-            setattr(target, attr, factory(getattr(target, attr)))
+            patches.wrap(objs[obj], attr, factory)
 
         wrap("runner", "execute_model", self._sl_execute_model)
         wrap("runner", "propose_draft_token_ids", self._sl_propose_ids)

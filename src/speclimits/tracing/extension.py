@@ -32,6 +32,7 @@ runner and refuses Model Runner V2 (set ``VLLM_USE_V2_MODEL_RUNNER=0``).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -237,7 +238,7 @@ class TracingWorkerExtension:
         self._speclimits_oracle: dict[str, dict[str, Any]] | None = None
         self._speclimits_oracle_out: dict[str, dict[str, Any]] = {}
         self._speclimits_forced_flips = 0
-        self._speclimits_originals: dict[str, Any] = {}
+        self._speclimits_patches = Patches()
         self._speclimits_wrap(runner)
         self._speclimits_installed = True
         return {
@@ -254,15 +255,9 @@ class TracingWorkerExtension:
 
     def speclimits_uninstall(self) -> None:
         """Restore the runner's methods and remove the routing callbacks."""
-        runner = self.model_runner  # type: ignore[attr-defined]
-        for name, orig in getattr(self, "_speclimits_originals", {}).items():
-            obj, attr = name.rsplit(".", 1) if "." in name else ("runner", name)
-            target = runner if obj == "runner" else runner.drafter.model
-            if orig is None:
-                target.__dict__.pop(attr, None)
-            else:
-                setattr(target, attr, orig)
-        self._speclimits_originals = {}
+        patches = getattr(self, "_speclimits_patches", None)
+        if patches is not None:
+            patches.undo()
         capture = getattr(self, "_speclimits_capture", None)
         if capture is not None:
             capture.unbind()
@@ -326,17 +321,14 @@ class TracingWorkerExtension:
     # -- wrapping ------------------------------------------------------------------------
 
     def _speclimits_wrap(self, runner: Any) -> None:
-        """Wrap the runner's methods (:data:`_RUNNER_WRAPPERS`) and the drafter's ``compute_logits``,
-        recording each original in ``_speclimits_originals`` for :meth:`speclimits_uninstall`."""
-        originals = self._speclimits_originals
+        """Wrap the runner's methods (:data:`_RUNNER_WRAPPERS`) and the drafter's ``compute_logits``
+        (:class:`Patches`, undone by :meth:`speclimits_uninstall`)."""
+        patches = self._speclimits_patches
         for name, factory in _RUNNER_WRAPPERS:
-            orig = getattr(runner, name)
-            originals[name] = runner.__dict__.get(name)  # None: the class method (drop the override)
-            setattr(runner, name, factory(self, orig))
+            patches.wrap(runner, name, functools.partial(factory, self))
         drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
         if drafter_model is not None and callable(getattr(drafter_model, "compute_logits", None)):
-            originals["drafter.compute_logits"] = drafter_model.__dict__.get("compute_logits")
-            drafter_model.compute_logits = _wrap_compute_logits(self, drafter_model.compute_logits)
+            patches.wrap(drafter_model, "compute_logits", functools.partial(_wrap_compute_logits, self))
 
     # -- per step ------------------------------------------------------------------------
 
@@ -487,6 +479,33 @@ class TracingWorkerExtension:
                 res["context_len"] = r["context_len"]
                 j = index.get(r["req_id"])
                 res["n_sampled_verify"] = len(sampled_lists[j]) if sampled_lists is not None and j is not None else -1
+
+
+class Patches:
+    """Methods of vLLM's objects replaced by wrappers (instance attributes), each original recorded so
+    that :meth:`undo` puts it back: the one wrapping mechanism of the tracer and the controller
+    (:class:`speclimits.control.extension.ControlWorkerExtension` wraps the tracer's wrappers with its own)."""
+
+    def __init__(self) -> None:
+        #: ``(object, attribute, the instance attribute replaced or None)``, in the order wrapped
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, target: Any, attr: str, factory: Any) -> None:
+        """Replace ``target.attr`` with ``factory(target.attr)``."""
+        self.saved.append((target, attr, target.__dict__.get(attr)))  # None: the class method (drop the override)
+        setattr(target, attr, factory(getattr(target, attr)))
+
+    def names(self) -> list[str]:
+        return [attr for _, attr, _ in self.saved]
+
+    def undo(self) -> None:
+        """Put back every original, the last wrapped first."""
+        for target, attr, orig in reversed(self.saved):
+            if orig is None:
+                target.__dict__.pop(attr, None)
+            else:
+                setattr(target, attr, orig)
+        self.saved = []
 
 
 def external_request_id(req_id: str) -> str:
