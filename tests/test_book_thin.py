@@ -18,6 +18,7 @@ import shutil
 import pytest
 
 from speclimits.cli import main
+from speclimits.tracing.sweep import parse_k
 
 #: K grid -> the final-model tables (attributes) the trace cannot give at all, and the smooth forms
 #: left out of a smooth-forms table that is still shown.
@@ -31,13 +32,6 @@ TABLES = ("per_k", "pooled", "pooled_std", "comparison", "mape_by_k", "loko", "s
           "interpolation", "interpolation_paper", "ladder")
 
 
-def _ks(grid: str) -> list[int]:
-    if "-" in grid:
-        lo, hi = (int(v) for v in grid.split("-"))
-        return list(range(lo, hi + 1))
-    return [int(v) for v in grid.split(",")]
-
-
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     """One smoke-preset trace per K grid of :data:`GRIDS`, one with a single K > 0 (K = 0, 2: the shape
@@ -48,7 +42,7 @@ def traces(tmp_path_factory):
     out = {}
     for grid in [*GRIDS, "0,2"]:
         path = root / grid.replace(",", "_")
-        simulate(preset("smoke", k_values=_ks(grid)), seed=0, out=path, progress=False)
+        simulate(preset("smoke", k_values=parse_k(grid)), seed=0, out=path, progress=False)
         out[grid] = path
     out["no-oracle"] = root / "no-oracle"
     shutil.copytree(out["0-4"], out["no-oracle"])

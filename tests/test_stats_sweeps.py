@@ -18,6 +18,7 @@ import pytest
 
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
+from speclimits.tracing.sweep import parse_k
 
 SMOOTH = {"linear": "smooth form 'linear m (β0 and α linear in m)'", "quadratic": "smooth form 'quadratic m'",
           "log": "smooth form 'log m'", "hinge": "smooth form 'hinge after m = 4 (fixed)'"}
@@ -32,13 +33,6 @@ GRIDS = {
 }
 
 
-def _ks(grid: str) -> list[int]:
-    if "-" in grid:
-        lo, hi = (int(v) for v in grid.split("-"))
-        return list(range(lo, hi + 1))
-    return [int(v) for v in grid.split(",")]
-
-
 @pytest.fixture(scope="module")
 def grid_traces(tmp_path_factory):
     """One smoke-preset trace per K grid of :data:`GRIDS` (seed 0)."""
@@ -48,7 +42,7 @@ def grid_traces(tmp_path_factory):
     out = {}
     for grid in GRIDS:
         path = root / grid.replace(",", "_")
-        simulate(preset("smoke", k_values=_ks(grid)), seed=0, out=path, progress=False)
+        simulate(preset("smoke", k_values=parse_k(grid)), seed=0, out=path, progress=False)
         out[grid] = path
     return out
 
@@ -65,7 +59,7 @@ def test_fit_writes_the_cost_model_and_names_what_it_skips(grid, grid_traces, tm
     trace = grid_traces[grid]
     printed, err = _fit(trace, tmp_path / "cm.json", capsys)
     cm = CostModel.read(tmp_path / "cm.json")
-    ks = _ks(grid)
+    ks = parse_k(grid)
     m_lo = 1 if 0 in ks else min(ks) + 1
     assert cm.ms == list(range(m_lo, max(ks) + 2))  # gaps in the grid are interpolated
     missing = sorted(set(range(m_lo, max(ks) + 2)) - {k + 1 for k in ks})

@@ -171,18 +171,17 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     import statsmodels.api as sm
     from scipy import stats as sps
 
+    from speclimits.stats import CellMoments
+    from speclimits.stats.robustness import context_slope_by_k
+
     dec = decode_rounds(rounds)
     dec = dec[dec["K"] >= 1]
-    rows = []
-    for k, g in dec.groupby("K"):
-        if g["context_len"].nunique() < 3 or g["u_bar"].nunique() < 2:
-            continue
-        x = sm.add_constant(g[["u_bar", "context_len"]].to_numpy(float))
-        fit = sm.OLS(g["t_target_ms"].to_numpy(float), x).fit(
-            cov_type="cluster", cov_kwds={"groups": pd.factorize(g["generation_id"])[0]})
-        rows.append({"K": int(k), "m": int(k) + 1, "c": float(fit.params[2]), "c_se": float(fit.bse[2]),
-                     "context_max": int(g["context_len"].max())})
-    by_k = pd.DataFrame(rows)
+    if dec.empty:
+        raise SpeclimitsError("the context slope needs decode rounds with K >= 1")
+    # the per-K fits of section 5 ("c across the per-K fits")
+    by_k = context_slope_by_k(CellMoments.from_rounds(dec, base=("u_bar", "context_len")))
+    by_k["m"] = by_k["K"] + 1
+    by_k["context_max"] = by_k["K"].map(dec.groupby("K")["context_len"].max()).astype(int)
     if len(by_k) < 3:
         raise SpeclimitsError(f"the context slope needs per-K fits at >= 3 values of K >= 1 with varied contexts "
                               f"(got {len(by_k)})")

@@ -186,6 +186,15 @@ def _leave_one_out_rows(mom: CellMoments, n_blocks: int) -> tuple[list[dict], st
     return rows, loo_by
 
 
+def context_slope_by_k(mom: CellMoments) -> pd.DataFrame:
+    """c of the per-K fits ``T_T ~ Ū + L`` (generation-clustered SEs): columns ``K``, ``c``, ``c_se``, one
+    row per K of ``mom`` that identifies the fit (a K whose Ū or L does not vary is left out)."""
+    return pd.DataFrame([{"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]}
+                         for kk in sorted(mom.cells["K"].unique())
+                         for f in [_fit_or_none(mom.where(K=int(kk)))] if f is not None],
+                        columns=["K", "c", "c_se"])
+
+
 def _fit_or_none(mom: CellMoments) -> OLSResults | None:
     """The per-K fit, or None where that K does not identify it (left out of ``c_by_k``)."""
     try:
@@ -259,9 +268,7 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
             *halves, *loo]
 
     all_mom = CellMoments.from_rounds(dec.loc[dec["K"].to_numpy() >= 1])
-    c_by_k = pd.DataFrame([{"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]}
-                           for kk in sorted(all_mom.cells["K"].unique())
-                           for f in [_fit_or_none(all_mom.where(K=int(kk)))] if f is not None])
+    c_by_k = context_slope_by_k(all_mom)
     bins, trends = _residual_checks(dk, resid, n_bins)
     corr = {"k": float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1]),
             "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1]),
