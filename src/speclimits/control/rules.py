@@ -1,28 +1,21 @@
 """The policies as the engine runs them: the rules and their configuration, in numpy alone.
 
-This module is what the vLLM worker imports (:mod:`speclimits.control.extension`): it needs numpy
-and the cost-model reader, not the statistics stack (no scikit-learn, statsmodels or scipy), so a
-worker loads a policy in milliseconds. The offline harness that evaluates the same objects on Oracle
-inputs (exact policy evaluation, rollouts, fitting) is :mod:`speclimits.control.policies`.
-
-* :class:`Policy` and the rules: :class:`StaticK`, :class:`ConfidenceThreshold`, :class:`DeltaRule`,
-  :class:`EmaAcceptedLength`, :class:`UtilityTestAndSet`, :class:`ThroughputAware` (and :class:`RandomK`
-  for tests).
-* :class:`PolicyFit`: the one configuration of every policy (the policy JSON written by
-  ``speclimits control fit``); :meth:`PolicyFit.make` builds a rule by name (:data:`POLICY_NAMES`).
+The vLLM worker (:mod:`speclimits.control.extension`) imports this module: it needs numpy and the
+cost-model reader, not the statistics stack, so a worker loads a policy in milliseconds. The offline
+harness that evaluates the same objects on Oracle inputs is :mod:`speclimits.control.policies`.
 
 Each rule is written once, in the form the engine runs: Python scalars, one request at a time
-(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the worker and offline alike
-(:mod:`speclimits.control.policies` walks the recorded states through the same driver). Inside vLLM a
-numpy call right after a forward pass costs 10–20 µs (its code and data are out of the caches; the
-same call in isolation takes 1–3 µs), a float operation well under 1 µs, so the rules decide from
-tables precomputed at ``setup``.
+(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the worker and offline alike.
+Inside vLLM a numpy call right after a forward pass costs 10–20 µs (its code and data are out of the
+caches; in isolation 1–3 µs), a float operation well under 1 µs, so the rules decide from tables
+precomputed at ``setup``.
 
 Every rule sees only what a running system sees: the draft's own confidence (top-1 probability)
 instead of the reference match probability, a predicted Ū instead of the counterfactual one, a
-running estimate of the time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel`:
-the trace's fit offline, or the costs profiled on the serving machine inside the engine
-(:mod:`speclimits.control.profile`), scaled by :attr:`Policy.price_scale` as the engine refreshes them.
+running estimate of the time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel`
+(the trace's fit offline, the costs profiled on the serving machine in the engine,
+:mod:`speclimits.control.profile`), scaled by :attr:`Policy.price_scale` as the engine refreshes them.
+:class:`PolicyFit` is the one configuration of every rule (the policy JSON of ``speclimits control fit``).
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from speclimits.arms import (ALONE, DELTA_VARIANTS, OFFLINE_ONLY, OFFLINE_POLICY_NAMES,  # noqa: F401
-                                    POLICY_LABELS, POLICY_NAMES, is_policy_name, parse_policy_name, policy_label,
-                                    static_label)
+from speclimits.arms import (DELTA_VARIANTS, OFFLINE_POLICY_NAMES, POLICY_NAMES, is_policy_name,  # noqa: F401
+                             parse_policy_name, policy_label, static_label)
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 
@@ -46,102 +38,83 @@ if TYPE_CHECKING:  # the offline harness's types; never imported by the worker
 
 FORMAT = "speclimits-policy/1"
 
-# ---------------------------------------------------------------------------
-# Policies: one implementation, two harnesses
-# ---------------------------------------------------------------------------
-
 
 class Policy:
-    """Base class of a rule that chooses the draft length k of each live request, round by round.
+    """A rule that chooses the draft length k of each live request, round by round.
 
-    The rule is written once, against what a running system has, one request at a time, and driven by
-    :class:`~speclimits.control.driver.RoundDriver` in the engine
-    (:class:`speclimits.control.extension.ControlWorkerExtension`) and offline
-    (:mod:`speclimits.control.policies`): :meth:`engine_plan` caps k before drafting (from the request's
-    memory, :meth:`engine_state`), :meth:`engine_more` after each draft step with the step's calibrated
-    confidence (:meth:`engine_calibrate`) and the running product, :meth:`engine_final_keep` when the
-    batch's drafter stopped, :meth:`engine_observe` after the verification pass; :meth:`engine_context`
-    is what a request's decisions in one round share.
-    :meth:`setup` gives the policy K_max and the cost model; :meth:`bind` does that and attaches Oracle
-    inputs (the offline harness).
-    ``price_scale`` multiplies the cost model's round costs (the engine sets it from the rounds it
-    times, so that a machine that slows down is followed; 1 offline).
+    The :class:`~speclimits.control.driver.RoundDriver` calls :meth:`engine_plan` before drafting (a cap
+    from the request's memory, :meth:`engine_state`), :meth:`engine_more` after each draft step with the
+    step's calibrated confidence (:meth:`engine_calibrate`) and the running product,
+    :meth:`engine_final_keep` when the batch's drafter stopped and :meth:`engine_observe` after
+    verification. :meth:`setup` gives the rule K_max and the cost model; :meth:`bind` also attaches Oracle
+    inputs (offline). ``price_scale`` multiplies the cost model's prices (the engine follows a machine
+    that slows down with it; 1 offline).
     """
 
     name = "policy"
-    markov = True  # True: the action depends only on the state (no memory)
-    uses_confidence = False  # True: more() reads the draft's confidences (the engine computes them only then)
-    reads_prices = False  # True: decisions read the round costs (the engine refreshes them only then)
+    markov = True  # the action depends only on the state (no memory)
+    reads_prices = False  # decisions read the round costs (the engine refreshes them only then)
     price_scale = 1.0
 
     @property
     def plan_only(self) -> bool:
-        """True when the rule decides k before drafting (it does not override :meth:`more`): the engine
-        then does no per-step work beyond stopping the drafter at the round's largest k."""
+        """True when the rule decides k before drafting: the engine then only stops the drafter at the
+        round's largest k."""
         return type(self).engine_more is Policy.engine_more and type(self).engine_final_keep is Policy.engine_final_keep
 
     def setup(self, k_max: int, model: CostModel) -> "Policy":
-        """K_max and the cost model; returns self."""
         self.k_max, self.model = int(k_max), model
-        self.fixed_ms, self.slope_ms = model.action_terms(self.k_max)  # (k_max + 1,): round cost without c·L
         return self
 
     def bind(self, inputs: "OracleInputs", table: "CostTable") -> "Policy":
-        """Offline: :meth:`setup` from a cost table and attach the inputs it evaluates on."""
+        """Offline: :meth:`setup` from a cost table, and the inputs it evaluates on."""
         self.setup(table.k_max, table.model)
         self.inputs, self.table = inputs, table
         return self
 
     # -- the engine's form: one request at a time, Python scalars ------------------------------
     def engine_state(self) -> list[Any] | None:
-        """A fresh request's memory in the engine (a small list; None: the rule keeps none)."""
+        """A fresh request's memory (a small list; None: the rule keeps none)."""
         return None
 
     def engine_round(self) -> None:
-        """Once per drafting round of the batch, before :meth:`engine_plan` (e.g. the profile's cycle)."""
-        return None
+        """Once per drafting round of the batch, before :meth:`engine_plan`."""
 
     def engine_plan(self, st: Any) -> int:
-        """The most tokens one request drafts this round, before drafting (1..k_max)."""
+        """The most tokens one request drafts this round (1..k_max)."""
         return self.k_max
 
     def engine_batch_plan(self, sts: list[Any]) -> list[int] | None:
-        """One plan for the batch from every live request's state (None: each request's own :meth:`engine_plan`)."""
+        """One plan for the batch from every live request's state (None: each request's :meth:`engine_plan`)."""
         return None
 
     def engine_context(self, st: Any) -> float:
-        """What one request's decisions in this round share (the Delta rule's λ); computed once per round."""
+        """What one request's decisions in this round share (the Delta rule's λ)."""
         return 0.0
 
     def engine_calibrate(self, p: float) -> float:
-        """The map applied once to each draft step's top-1 probability (identity; a calibration map)."""
+        """The map applied to each draft step's top-1 probability (here the identity)."""
         return p
 
     def engine_calibrate_many(self, ps: list[float]) -> list[float]:
-        """:meth:`engine_calibrate` of each of a batch's top-1 probabilities, in one call."""
-        calibrate = self.engine_calibrate
-        return [calibrate(p) for p in ps]
+        return list(map(self.engine_calibrate, ps))
 
     def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
-        """After draft step j, for one request: -1 to draft step j + 1, else the tokens to keep (<= j); ``c``
-        the step's calibrated confidence, ``prod`` the running product of steps 1..j, ``ctx`` its
-        :meth:`engine_context`."""
+        """After draft step j: -1 to draft step j + 1, else the tokens to keep (<= j); ``c`` the step's
+        calibrated confidence, ``prod`` the product over steps 1..j, ``ctx`` the :meth:`engine_context`."""
         return -1
 
     def engine_final_keep(self, confs: list[float], keep: int, ctx: float) -> int:
-        """When the batch's drafter stopped after ``len(confs)`` steps (the last request to stop): the tokens a
-        request keeps, given what it chose (``keep``); the draft steps past its own stop are paid already, so
-        a rule may keep more of them (``confs``: its calibrated confidences of every drafted step)."""
+        """When the batch's drafter stopped after ``len(confs)`` steps: the tokens a request that chose
+        ``keep`` keeps (the steps past its own stop are paid already)."""
         return keep
 
     def engine_observe(self, st: Any, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
-        """After verification, for one request: drafted ``k``, paid ``cost_ms``, emitted ``emitted`` tokens;
-        ``u_bar`` the pass's Ū where it was measured (offline: the engine does not count experts)."""
-        return None
+        """After verification: drafted ``k``, paid ``cost_ms``, emitted ``emitted`` tokens; ``u_bar`` the
+        pass's Ū where it was measured (offline only: the engine does not count experts)."""
 
     def actions(self) -> tuple[np.ndarray, np.ndarray]:
-        """Rules without memory: (k, extra draft ms) at every state of the bound inputs
-        (:func:`speclimits.control.policies.state_actions`)."""
+        """Rules without memory: (k, extra draft ms) at every state of the bound inputs."""
         from speclimits.control.policies import state_actions  # the offline harness (imports the driver)
 
         return state_actions(self)
@@ -162,8 +135,7 @@ class StaticK(Policy):
 
 
 class RandomK(Policy):
-    """A seeded random k in 1..K_max per request per round: a control arm for losslessness tests
-    (ragged k within a batch, early exits), not a serious rule."""
+    """A seeded random k in 1..K_max per request per round: a control arm for losslessness tests."""
 
     markov = False
 
@@ -178,8 +150,6 @@ class RandomK(Policy):
 class ConfidenceThreshold(Policy):
     """Draft while the cumulative draft confidence ``prod_{i<=j} conf_i`` stays >= τ (SpecDec++ /
     DISCO-style); the token at which it falls below τ is kept (at least 1, at most K_max)."""
-
-    uses_confidence = True
 
     def __init__(self, tau: float):
         self.tau = float(tau)
@@ -199,21 +169,22 @@ class DeltaRule(Policy):
     (p the draft confidence, optionally calibrated by a monotone map fitted on training rounds)
     and ``Ĉ(k) = a·k + b + beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term cancels), with Û from
     ``u_bar_mean[m]`` (``u_pred="mean"``) or the previous round's observed Ū rescaled by
-    ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``; falls back to the mean where no Ū was
-    observed). λ is fixed at ``lambda0`` or running: ``(w·λ0 + elapsed ms) / (w + emitted tokens)``
-    within a sequence. ``λ0`` is a time per token at the prices the rule was set up with, so it is
-    multiplied by :attr:`price_scale` like every price: a machine that runs uniformly slower (or
-    faster) than profiled changes no decision (the running λ's measured ms already are at its speed).
+    ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``; the mean until a Ū was observed). λ is fixed
+    at ``lambda0`` or running: ``(w·λ0 + elapsed ms) / (w + emitted tokens)`` within a sequence. ``λ0`` is
+    a time per token at the prices the rule was set up with, so it follows :attr:`price_scale` like every
+    price: a machine uniformly slower (or faster) than profiled changes no decision.
 
-    ``stop="lookahead"`` (default): after drafting j tokens the rule drafts step j + 1 only if
-    the best k >= j under Q̂ — the confidences of steps not drafted yet extrapolated from the
-    last one — is longer than j; so it never drafts a token it discards, and it can pass a
-    non-convex stretch of Ĉ (the m = 4/5 regime change). ``stop="greedy"``: extend k -> k+1
-    while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space necessary condition, first failure stops); it has
-    to draft step k + 1 to see its confidence, so a stop before K_max costs one draft step (``a`` ms).
+    ``stop="lookahead"`` (default): after drafting j tokens the rule drafts step j + 1 only if the best
+    k >= j under Q̂ (the confidences of steps not drafted yet extrapolated from the last one) is longer
+    than j; it never drafts a token it discards, and it can pass a non-convex stretch of Ĉ (the m = 4/5
+    regime change). ``stop="greedy"``: extend k -> k+1 while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space
+    necessary condition, first failure stops); it drafts step k + 1 to see its confidence, so a stop
+    before K_max costs one draft step (``a`` ms).
+
+    ``shared``: at batch > 1 in the engine, one decision for the whole batch (:meth:`batch_select`)
+    instead of one per request.
     """
 
-    uses_confidence = True
     reads_prices = True
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
@@ -230,12 +201,11 @@ class DeltaRule(Policy):
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
         self.markov = not running_lambda and u_pred == "mean"
         self.name = name or "Delta rule"
-        #: at batch > 1 in the engine, one decision for the batch (:meth:`batch_select`) instead of one per request
         self.shared = bool(shared)
 
     @property
     def uses_pass_prices(self) -> bool:
-        """Whether the engine gives it the measured passes (:attr:`pass_ms`): the batch decision prices them."""
+        """Whether the engine gives it its measured passes (:attr:`pass_ms`): the batch decision prices them."""
         return self.shared
 
     def describe(self) -> str:
@@ -249,39 +219,35 @@ class DeltaRule(Policy):
         super().setup(k_max, model)
         if len(self.u_bar_mean) < self.k_max + 2:
             raise SpeclimitsError(f"u_bar_mean needs entries for m = 1..{self.k_max + 1}")
-        #: Ĉ(k) without c·L at the mean Ū per m, k = 0..k_max, before :attr:`price_scale` (a list: the engine's table)
-        self._row = self.model.round_prices(self.k_max, self.u_bar_mean[np.arange(1, self.k_max + 2)],
-                                            terms=(self.fixed_ms, self.slope_ms))
-        self.row = self._row.tolist()
-        self._vtab: dict[int, list[float]] = {}
-        if self.calibration is not None:  # the engine's calibration, one call deep (it runs per request per step;
-            # without one, Policy's identity)
+        self.terms = model.action_terms(self.k_max)
+        #: Ĉ(k) without c·L at the mean Ū per m, k = 0..k_max, before :attr:`price_scale`
+        self.row = self.model.round_prices(self.k_max, self.u_bar_mean[1:self.k_max + 2], terms=self.terms).tolist()
+        if self.calibration is not None:  # one call deep: it runs per request per draft step
             self.engine_calibrate = self.calibration.predict_one
             self.engine_calibrate_many = self.calibration.predict_many
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
-        #: profile; None: priced from the cost model)
+        #: profile before the first decision; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
+        self._vtab: dict[int, list[float]] = {}  # batch_table per batch size
         return self
 
     def engine_state(self):
-        # elapsed ms, tokens emitted (a fixed λ reads neither); with the previous round's Ū also that Ū and
-        # its m (NaN, 0: none yet)
+        # elapsed ms, tokens emitted; with the previous round's Ū also that Ū and its m (NaN, 0: none yet)
         if self.u_pred == "previous":
             return [0.0, 0.0, math.nan, 0]
         return [0.0, 0.0] if self.running_lambda else None
 
     def engine_context(self, st):
-        """λ, the value of one token of progress (ms, at :attr:`price_scale`); with the previous round's Ū,
-        ``(λ, Ĉ row of this request)``."""
-        lam0 = self.lambda0 * self.price_scale  # a time per token at the prices λ0 was set at: it follows them
+        """λ in ms at :attr:`price_scale`; with the previous round's Ū, ``(λ, this request's Ĉ row)``."""
+        lam0 = self.lambda0 * self.price_scale
         lam = lam0 if not self.running_lambda else (self.prior_tokens * lam0 + st[0]) / (self.prior_tokens + st[1])
         if self.u_pred == "mean":
             return lam
         u_prev, m_prev = st[2], st[3]
         if not (u_prev == u_prev and m_prev >= 1):  # no Ū observed yet: the mean per m
             return lam, self.row
-        u_hat = self.u_bar_mean[np.arange(1, self.k_max + 2)] * (u_prev / self.u_bar_mean[m_prev])
-        return lam, self.model.round_prices(self.k_max, u_hat, terms=(self.fixed_ms, self.slope_ms)).tolist()
+        u_hat = self.u_bar_mean[1:self.k_max + 2] * (u_prev / self.u_bar_mean[m_prev])
+        return lam, self.model.round_prices(self.k_max, u_hat, terms=self.terms).tolist()
 
     def engine_more(self, j, c, prod, lam):
         """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when ``Ĉ(k) - Ĉ(j) -
@@ -303,9 +269,8 @@ class DeltaRule(Policy):
         return j
 
     def engine_final_keep(self, confs, keep, lam):
-        """Past its own stop a request's extra draft steps are paid: keep token t when the verification
-        alone (Ĉ less the draft line ``a·k``) is worth it, ``Q̂(k) = Ĉ(k) - a·k - λ·Ê[a](k)`` over
-        k = keep..drafted with the drafted confidences."""
+        """Past its own stop a request's draft steps are paid: keep the k >= ``keep`` that minimizes
+        ``Ĉ(k) - a·k - λ·Ê[a](k)`` (the verification alone) over the drafted confidences."""
         row, s = self.row, self.price_scale
         if lam.__class__ is tuple:
             lam, row = lam
@@ -327,157 +292,118 @@ class DeltaRule(Policy):
         if self.u_pred == "previous":
             st[2], st[3] = float(u_bar), int(k) + 1
 
-    # the engine's batch form (``shared``, batch > 1): one decision for the whole batch
+    # -- the engine's batch form (``shared``, batch > 1): one decision for the whole batch ----------
     def batch_table(self, b: int) -> list[float]:
-        """The verification part of a step of ``b`` requests that keep ``b + n`` draft tokens in all
-        (each at least one), for n = 0..b·(K_max - 1), in the per-request units of :attr:`row` times
-        ``b`` and before :attr:`price_scale`: ``b · v(⌈1 + n / b⌉)`` with ``v(k) = Ĉ(k) - a·k`` (the
-        round without its draft steps), or, when the engine has profiled its passes, ``v(k)`` the
-        measured pass of k + 1 rows per request (:attr:`pass_ms`, not forced to grow with k). A pass of
-        a width between two profiled ones is priced as the wider: the profile times passes of b·m rows
-        only, and the CPU kernels run rows in tiles (16 rows with AMX): at batch 8 on an Intel Xeon with
-        AMX passes of 16, 32 and 48 rows ran faster for their width than 24, 40 and 56. Cached per b."""
-        cache = self.__dict__.setdefault("_vtab", {})
-        tab = cache.get(b)
+        """The verification part of a step of ``b`` requests that keep ``b + n`` draft tokens in all (each at
+        least one), n = 0..b·(K_max - 1), before :attr:`price_scale`: ``b · v(⌈1 + n / b⌉)`` with ``v(k) =
+        Ĉ(k) - a·k`` (the round without its draft steps) or, once the engine profiled its passes, the
+        measured pass of k + 1 rows per request (:attr:`pass_ms`, not forced to grow with k). A pass of a
+        width between two profiled ones is priced as the wider: the profile times passes of b·m rows only,
+        and the CPU kernels run rows in tiles (16 rows with AMX; at batch 8 on an Intel Xeon with AMX,
+        passes of 16, 32 and 48 rows ran faster for their width than 24, 40 and 56)."""
+        tab = self._vtab.get(b)
         if tab is None:
             a, kk = self.model.a, self.k_max
-            v = list(self.pass_ms) if self.pass_ms is not None else [self.row[k] - a * k for k in range(kk + 1)]
-            tab = cache[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
+            v = self.pass_ms if self.pass_ms is not None else [self.row[k] - a * k for k in range(kk + 1)]
+            tab = self._vtab[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
         return tab
 
-    def _batch_search(self, prods: list[list[float]], lams: list[float], last: int, j: int, first_better: bool,
-                      items: list[tuple[float, int, int]] | None = None) -> tuple[int, int, int]:
-        """The search of :meth:`batch_select` and :meth:`engine_batch_more`: ``(J, n, n_j)``, the best
-        round's draft steps and the tokens it keeps beyond each request's first, and the tokens kept
-        beyond the first ones when stopping at j. ``first_better``: stop at the first J > j that beats
-        stopping at j (what the engine asks after a draft step).
+    def _batch_gains(self, prods: list[list[float]], lams: list[float], j: int, last: int):
+        """``(t, [λ_i·P_i,t / s per request i])`` for the tokens t = 1..last (none for t = 1: every request
+        keeps its first token), P past step j extrapolated with step j's confidence ``P_j / P_(j-1)``."""
+        inv_s = 1.0 / self.price_scale
+        w = [lam * inv_s for lam in lams]
+        yield 1, []
+        for t in range(2, j + 1):
+            yield t, [wi * p[t - 1] for wi, p in zip(w, prods)]
+        gains, ratio = [wi * p[j - 1] for wi, p in zip(w, prods)], []
+        for p in prods:
+            prev = p[j - 2] if j >= 2 else 1.0
+            ratio.append(p[j - 1] / prev if prev > 0.0 else 0.0)
+        for t in range(j + 1, last + 1):
+            gains = [g * c for g, c in zip(gains, ratio)]
+            yield t, gains
 
-        The level t = J of every request's gains is added as J grows, so a search that stops at the first
-        better J (the common case) never builds, sorts or scans the longer rounds. The scores are sums of
-        plain floats (equal gains sum alike in any order); where ``items`` is a list, the same gains are
-        appended to it as ``(gain, t, request)`` for the keep (:meth:`_batch_keep_of`). One function on
-        purpose: it runs after every draft step of a batch, right after the drafter's forward, where every
-        Python call and object is dear."""
+    def _batch_rounds(self, prods: list[list[float]], lams: list[float], j: int, last: int):
+        """``(J, score, n)`` for the rounds of J = j..last draft steps, lazily (a search that stops at the
+        first better J never builds the longer ones): the score ``b·a·J + min_n (V(n) - G_J(n))`` (over
+        :attr:`price_scale`), with ``G_J(n)`` the sum of the n largest gains of tokens t <= J, and its n."""
         b = len(prods)
-        tab = self._vtab.get(b) or self.batch_table(b)
-        a_b, inv_s = b * self.model.a, 1.0 / self.price_scale
-        gains: list[float] = []
-        add = gains.append
-        ps: list[float] = []  # each request's gain at the last level added (extrapolated beyond j)
-        cs: list[float] = []  # and its step j confidence, the ratio of the levels beyond j
-        for i in range(b):
-            prod, w = prods[i], lams[i] * inv_s
-            for t in range(2, j + 1):
-                g = w * prod[t - 1]
-                add(g)
-                if items is not None:
-                    items.append((g, t, i))
-            prev = prod[j - 2] if j >= 2 else 1.0
-            ps.append(w * prod[j - 1])
-            cs.append(prod[j - 1] / prev if prev > 0.0 else 0.0)
-        best_q, best_j, best_n, n_j = math.inf, j, 0, 0
-        for big_j in range(j, last + 1):
-            if big_j > j:
-                for i in range(b):
-                    ps[i] = p = ps[i] * cs[i]
-                    add(p)
-                    if items is not None:
-                        items.append((p, big_j, i))
+        tab, a_b, gains = self.batch_table(b), b * self.model.a, []
+        for t, level in self._batch_gains(prods, lams, j, last):
+            gains += level
+            if t < j:
+                continue
             gains.sort(reverse=True)
-            cum, n, q, q_n = 0.0, 0, tab[0], 0  # the best n for J: the n largest gains (all have t <= J)
-            for v in gains:
-                n += 1
-                cum += v
-                x = tab[n] - cum
+            q, n, cum = tab[0], 0, 0.0
+            for m, g in enumerate(gains, 1):
+                cum += g
+                x = tab[m] - cum
                 if x < q:
-                    q, q_n = x, n
-            q += a_b * big_j
-            if big_j == j:  # stopping now: the score to beat
-                best_q, best_n, n_j = q, q_n, q_n
-            elif q < best_q:
-                best_q, best_j, best_n = q, big_j, q_n
-                if first_better:
-                    break
-        return best_j, best_n, n_j
+                    q, n = x, m
+            yield t, q + a_b * t, n
 
     def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
         (``j``..``last``) and the tokens each request keeps (1..J).
 
-        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request
-        (until the last one stops), and the pass verifies ``n`` draft tokens in all, priced by
-        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the
-        running product of the calibrated confidences; steps after j extrapolated from step j's
-        confidence). Since ``P_i,t`` falls with t, the best n tokens for a given J are the n largest
-        values with t <= J; J and n are searched exhaustively (at most b·K_max values)."""
-        items: list[tuple[float, int, int]] = []
-        best_j, best_n, _ = self._batch_search(prods, lams, last, j, False, items)
-        items.sort(reverse=True)  # ties by t, then request: which request keeps a token of equal gain
-        return best_j, self._batch_keep_of(items, len(prods), best_j, best_n)
-
-    @staticmethod
-    def _batch_keep_of(items: list[tuple[float, int, int]], b: int, big_j: int, n: int) -> list[int]:
-        """Tokens each request keeps when the batch keeps the ``n`` best items with t <= ``big_j``."""
-        keep = [1] * b
-        for _v, t, i in items:
-            if n <= 0:
-                break
-            if t <= big_j:
-                keep[i] += 1
-                n -= 1
-        return keep
+        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request (until
+        the last one stops) and the pass verifies ``n`` draft tokens beyond the first ones, priced by
+        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the running
+        product of the calibrated confidences). Since ``P_i,t`` falls with t, the best n tokens for a given
+        J are the n largest gains with t <= J; J and n are searched exhaustively (at most b·K_max values).
+        Equal gains go to the later token, then the later request."""
+        big_j, _, n = min(self._batch_rounds(prods, lams, j, last), key=lambda r: r[1])
+        items = sorted(((g, t, i) for t, level in self._batch_gains(prods, lams, j, big_j)
+                        for i, g in enumerate(level)), reverse=True)
+        keep = [1] * len(prods)
+        for _, _, i in items[:n]:
+            keep[i] += 1
+        return big_j, keep
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
-        """After draft step j of a batch: True to draft step j + 1 (some round of up to ``last`` steps
-        is better than stopping now: ``batch_select(...)[0] > j``, searched until the first such round).
-        A stop computes at once what each request keeps (:meth:`batch_select` with J = j) for
-        :meth:`engine_batch_keep`."""
-        if j >= last:
-            return False
-        if self._batch_search(prods, lams, last, j, True)[0] > j:
-            return True
-        self._kept = (prods, lams, j, self.batch_select(prods, lams, j, j)[1])
-        return False
+        """After draft step j of a batch: True to draft step j + 1, when a round of up to ``last`` steps
+        scores better than stopping now (``batch_select(...)[0] > j``, searched until the first one)."""
+        rounds = self._batch_rounds(prods, lams, j, last)
+        stop = next(rounds)[1]
+        return any(q < stop for _, q, _ in rounds)
 
     def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
         """When the batch's drafter stopped after ``len(prods[0])`` steps: the tokens each request keeps."""
         j = len(prods[0])
-        kept = self.__dict__.pop("_kept", None)
-        if kept is not None and kept[0] is prods and kept[1] is lams and kept[2] == j:
-            return kept[3]
         return self.batch_select(prods, lams, j, j)[1]
+
 
 class EmaAcceptedLength(Policy):
     """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request.
 
-    An EMA of the accept length (accepted drafts + the bonus token, as SGLang counts it; weight
-    ``alpha`` on the newest round) drives the draft length
-    among the ``steps`` tier (clipped to K_max): after ``warmup`` rounds at the starting step, every
-    ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5,
-    and down only when the target falls below the current step - 0.5 - ``hysteresis``.
-    Reimplemented from the description in the public issue thread; SGLang keys its tiers on the
-    batch size and shares one EMA across the batch, here every request has its own.
+    An EMA of the accept length (accepted drafts + the bonus token, as SGLang counts it; weight ``alpha``
+    on the newest round) drives the draft length among the ``steps`` tier (clipped to K_max): after
+    ``warmup`` rounds at the starting step, every ``every`` rounds the target ``EMA + 1`` moves k up to the
+    largest step s with target >= s - 0.5, and down only when the target falls below the current step -
+    0.5 - ``hysteresis``. Reimplemented from the description in the public issue thread; SGLang keys its
+    tiers on the batch size and shares one EMA across the batch, here every request has its own.
     """
 
     markov = False
 
     def __init__(self, steps: tuple[int, ...] = (1, 3, 5, 7), alpha: float = 0.2, warmup: int = 10,
                  every: int = 5, hysteresis: float = 0.25, start: int | None = None):
-        self.steps, self.alpha, self.warmup, self.every = tuple(int(s) for s in steps), float(alpha), int(warmup), \
-            int(every)
-        self.hysteresis, self.start = float(hysteresis), start
+        self.steps, self.alpha, self.warmup = tuple(int(s) for s in steps), float(alpha), int(warmup)
+        self.every, self.hysteresis, self.start = int(every), float(hysteresis), start
         self.name = "EMA of accepted length"
 
-    def describe(self) -> str:
-        return f"steps {list(self.tiers)}, α = {self.alpha}, warm-up {self.warmup}, every {self.every}"
+    def setup(self, k_max, model):
+        super().setup(k_max, model)
+        self.tiers = sorted({min(max(s, 1), self.k_max) for s in self.steps})
+        self._edges = [t - 0.5 for t in self.tiers]
+        return self
 
-    @property
-    def tiers(self) -> np.ndarray:
-        return np.unique(np.clip(np.asarray(self.steps), 1, self.k_max))
+    def describe(self) -> str:
+        return f"steps {self.tiers}, α = {self.alpha}, warm-up {self.warmup}, every {self.every}"
 
     def engine_state(self):
-        tiers = self._tier_list
-        start = tiers[len(tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
+        start = self.tiers[len(self.tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
         return [math.nan, 0.0, float(start)]  # ema, rounds, k
 
     def engine_plan(self, st):
@@ -489,80 +415,67 @@ class EmaAcceptedLength(Policy):
         st[1] += 1
         if not (st[1] >= self.warmup and (st[1] - self.warmup) % self.every == 0):
             return
-        target, tiers = st[0] + 1, self._tier_list
-        up = tiers[max(bisect_right(self._tier_edges, target) - 1, 0)]
-        cur = st[2]
+        target, cur = st[0] + 1, st[2]
+        up = self.tiers[max(bisect_right(self._edges, target) - 1, 0)]
         st[2] = float(up if up > cur else (up if target < cur - 0.5 - self.hysteresis else cur))
-
-    def setup(self, k_max, model):
-        super().setup(k_max, model)
-        self._tier_list = [int(t) for t in self.tiers]
-        self._tier_edges = [t - 0.5 for t in self._tier_list]
-        return self
 
 
 class UtilityTestAndSet(Policy):
     """Cascade-style test-and-set of K per request (arXiv 2506.20675), from its description.
 
-    The rule alternates a *test* phase, which drafts each candidate k in ``candidates`` (clipped to
-    K_max) for ``test_rounds`` rounds and measures its utility — tokens emitted per ms of round
-    time — and a *set* phase of ``set_rounds`` rounds at the k of highest measured utility.
-    The paper also caps the slowdown against plain decoding; without a plain-decoding arm inside
-    a speculative engine, that cap is not reproduced here.
+    The rule alternates a *test* phase, which drafts each candidate k in ``candidates`` (clipped to K_max)
+    for ``test_rounds`` rounds and measures its utility (tokens emitted per ms of round time), and a *set*
+    phase of ``set_rounds`` rounds at the k of highest measured utility. The paper also caps the slowdown
+    against plain decoding; without a plain-decoding arm inside a speculative engine, that cap is not
+    reproduced here.
     """
 
     markov = False
 
     def __init__(self, candidates: tuple[int, ...] = (1, 2, 3, 4, 6), test_rounds: int = 2, set_rounds: int = 16):
-        self.candidates, self.test_rounds, self.set_rounds = tuple(int(c) for c in candidates), int(test_rounds), \
-            int(set_rounds)
+        self.candidates = tuple(int(c) for c in candidates)
+        self.test_rounds, self.set_rounds = int(test_rounds), int(set_rounds)
         self.name = "utility test-and-set"
-
-    def describe(self) -> str:
-        return f"candidates {list(self.ks)}, test {self.test_rounds} rounds each, set {self.set_rounds} rounds"
-
-    @property
-    def ks(self) -> np.ndarray:
-        return np.unique(np.clip(np.asarray(self.candidates), 1, self.k_max))
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
-        self._ks = [int(k) for k in self.ks]
+        self.ks = sorted({min(max(c, 1), self.k_max) for c in self.candidates})
+        self._n_test = len(self.ks) * self.test_rounds
         return self
 
-    def engine_state(self):
-        c = len(self._ks)
-        return [0, self._ks[0], [0.0] * c, [0.0] * c]  # round, best k, tokens and ms per candidate
+    def describe(self) -> str:
+        return f"candidates {self.ks}, test {self.test_rounds} rounds each, set {self.set_rounds} rounds"
 
-    def _engine_phase(self, t: int) -> tuple[bool, int]:
-        n_test = len(self._ks) * self.test_rounds
-        cyc = t % (n_test + self.set_rounds)
-        return cyc < n_test, min(cyc // self.test_rounds, len(self._ks) - 1)
+    def engine_state(self):
+        c = len(self.ks)
+        return [0, self.ks[0], [0.0] * c, [0.0] * c]  # round, best k, tokens and ms per candidate
+
+    def _testing(self, t: int) -> int:
+        """The candidate tested in round ``t`` of a request (-1 in a set phase)."""
+        cyc = t % (self._n_test + self.set_rounds)
+        return min(cyc // self.test_rounds, len(self.ks) - 1) if cyc < self._n_test else -1
 
     def engine_plan(self, st):
-        testing, i = self._engine_phase(st[0])
-        return self._ks[i] if testing else st[1]
+        i = self._testing(st[0])
+        return self.ks[i] if i >= 0 else st[1]
 
     def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
-        testing, i = self._engine_phase(st[0])
-        if testing:
+        i = self._testing(st[0])
+        if i >= 0:
             st[2][i] += emitted
             st[3][i] += cost_ms
         st[0] += 1
-        n_test = len(self._ks) * self.test_rounds
-        if st[0] % (n_test + self.set_rounds) == n_test:
+        if st[0] % (self._n_test + self.set_rounds) == self._n_test:
             util = [tok / max(ms, 1e-9) for tok, ms in zip(st[2], st[3])]
-            st[1] = self._ks[max(range(len(util)), key=util.__getitem__)]
+            st[1] = self.ks[max(range(len(util)), key=util.__getitem__)]
             st[2], st[3] = [0.0] * len(util), [0.0] * len(util)
-
-
 
 
 class ThroughputAware(Policy):
     """SGLang-style throughput-aware draft length (sglang PR #28045, from its description), one k for the batch.
 
-    Each round the rule drafts ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max: ``E[tokens | k]
-    = 1 + sum_{t<=k} prod_{s<=t} α_s`` with ``α_t`` the acceptance of draft position t given position t - 1
+    Each round the rule drafts ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max: ``E[tokens | k] =
+    1 + sum_{t<=k} prod_{s<=t} α_s`` with ``α_t`` the acceptance of draft position t given position t - 1
     was accepted, and ``C(k)`` the price of a round of k (in the engine the profiled pass as measured, the
     drafter's line and the time outside both; offline the cost model at the mean Ū per m). ``α_t`` comes
     from the rounds the rule ran: per position, exponentially decayed counts of the rounds that reached it
@@ -574,12 +487,12 @@ class ThroughputAware(Policy):
     as SGLang, prior weight 4, forget over 100 rounds) were chosen on the batch replay of the *train*
     references at batch 1, 4 and 8 (all settings tried were within 2% of one another there).
 
-    ``shared`` (default): in the engine at batch > 1 the live requests' counts are pooled and every request
-    drafts the same k (the pass then has b·(k + 1) rows, a width the profile priced); per request otherwise,
-    and always offline (each sequence its own counts, as at batch 1).
+    ``shared`` (default): in the engine at batch > 1 every request drafts the k chosen from the live
+    requests' summed counts (the prior counted once); offline, each sequence its own counts.
     """
 
     markov = False
+    uses_pass_prices = True  # the engine gives it its measured passes (:attr:`pass_ms`)
 
     def __init__(self, prior_survival: Any, u_bar_mean: Any = None, window: float = 20.0, prior_weight: float = 4.0,
                  shared: bool = True, forget_rounds: float | None = 100.0):
@@ -604,24 +517,18 @@ class ThroughputAware(Policy):
             raise SpeclimitsError(f"throughput-aware: prior acceptance for positions 1..{kk} needed, got "
                                   f"{len(self.prior_alpha)}")
         u = np.zeros(kk + 2) if self.u_bar_mean is None else self.u_bar_mean
-        self._price = self.model.round_prices(kk, u[np.arange(1, kk + 2)], terms=(self.fixed_ms, self.slope_ms))[1:]
+        self._model_prices = model.mean_round_prices(kk, u)[1:].tolist()
         self._prior_acc = (self.prior_weight * self.prior_alpha[:kk]).tolist()
-        self.pass_ms: list[float] | None = None  # the engine's measured passes (per request), when profiled
-        self._engine_price = self._price.tolist()
+        self.pass_ms: list[float] | None = None
         return self
 
-    @property
-    def uses_pass_prices(self) -> bool:
-        return True
-
     def prices(self) -> list[float]:
-        """Per request, the price of a round of k = 1..K_max (the measured passes when the engine set them)."""
+        """The price of a round of k = 1..K_max (with the engine's measured passes once it set them)."""
         if self.pass_ms is None:
-            return self._engine_price
+            return self._model_prices
         a, b = self.model.a, self.model.b
         return [self.pass_ms[k] + a * k + b for k in range(1, self.k_max + 1)]
 
-    # pooled over the batch when shared
     def engine_state(self):
         return [[0.0] * self.k_max, [0.0] * self.k_max]  # positions reached, accepted (decayed counts)
 
@@ -643,16 +550,13 @@ class ThroughputAware(Policy):
     def engine_batch_plan(self, sts):
         if not self.shared or len(sts) < 2:
             return None
-        reached = [sum(col) for col in zip(*(st[0] for st in sts))]
-        acc = [sum(col) for col in zip(*(st[1] for st in sts))]
-        # pooled counts with the prior once: as many pseudo-rounds as one request has
-        k = self.choose(reached, acc)
-        return [k] * len(sts)
+        reached, acc = ([sum(col) for col in zip(*(st[i] for st in sts))] for i in (0, 1))
+        return [self.choose(reached, acc)] * len(sts)
 
     def engine_observe(self, st, k, cost_ms, emitted, u_bar=math.nan):
         a = min(max(int(emitted) - 1, 0), k)
-        reached, acc, d = st[0], st[1], self.decay
-        hi, f = min(a + 1, k), self.forget
+        reached, acc, d, f = st[0], st[1], self.decay, self.forget
+        hi = min(a + 1, k)
         for t in range(self.k_max):  # the positions this round tested; the others fade slowly
             if t < hi:
                 reached[t] = d * reached[t] + 1.0
@@ -669,11 +573,9 @@ class ThroughputAware(Policy):
 
 @dataclass(frozen=True)
 class CalibrationMap:
-    """A monotone map confidence -> match probability, linear between thresholds, clipped at the ends
-    (what a fitted scikit-learn ``IsotonicRegression`` with ``out_of_bounds="clip"`` predicts).
-
-    x, y : (t,) thresholds, x increasing.
-    """
+    """A monotone map confidence -> match probability, linear between thresholds ``x`` (increasing),
+    clipped at the ends (what a fitted scikit-learn ``IsotonicRegression`` with ``out_of_bounds="clip"``
+    predicts)."""
 
     x: tuple[float, ...]
     y: tuple[float, ...]
@@ -688,7 +590,7 @@ class CalibrationMap:
 
     @classmethod
     def from_isotonic(cls, iso: Any) -> "CalibrationMap":
-        return cls(tuple(iso.X_thresholds_), tuple(iso.y_thresholds_))  # made floats by __post_init__
+        return cls(tuple(iso.X_thresholds_), tuple(iso.y_thresholds_))
 
     def predict(self, conf: Any) -> np.ndarray:
         return np.interp(np.asarray(conf, dtype=float), self.x, self.y)
@@ -699,25 +601,17 @@ class CalibrationMap:
         j = bisect_right(x, v) - 1
         if j < 0:
             return self.y[0]
-        slope = self._slope
-        if j == len(slope) or x[j] == v:
+        if j == len(self._slope) or x[j] == v:
             return self.y[j]
-        return slope[j] * (v - x[j]) + self.y[j]
+        return self._slope[j] * (v - x[j]) + self.y[j]
 
     def predict_many(self, vs: list[float]) -> list[float]:
-        """:meth:`predict_one` of each float of ``vs`` (a batch's top-1 probabilities), in one call."""
-        x, y, slope = self.x, self.y, self._slope
-        top, out = len(slope), []
-        add = out.append
-        for v in vs:
-            j = bisect_right(x, v) - 1
-            add(y[0] if j < 0 else y[j] if j == top or x[j] == v else slope[j] * (v - x[j]) + y[j])
-        return out
+        return list(map(self.predict_one, vs))
 
 
 @dataclass(frozen=True)
 class PolicyFit:
-    """Fitted policy parameters (the JSON the engine loads). See the module docstring.
+    """Fitted policy parameters (the JSON the engine loads).
 
     Attributes
     ----------
@@ -752,12 +646,11 @@ class PolicyFit:
 
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
-        """The policy called ``name``: ``static:K``, one of :data:`POLICY_NAMES`, or a Delta rule with
-        :data:`DELTA_VARIANTS`; already :meth:`~speclimits.control.policies.Policy.setup` with K_max and
-        the cost model, and named with :func:`policy_label`. The Delta rules decide for the whole batch at
-        batch > 1 in the engine (:meth:`DeltaRule.batch_select`); ``delta:alone`` and ``delta-fixed:alone``
-        price each request alone there (the earlier form). This is the one way a policy is configured:
-        sections 6 and 8 and the engine all build their rules here."""
+        """The policy called ``name`` (``static:K``, ``random:SEED``, one of :data:`POLICY_NAMES`, or a Delta
+        rule with :data:`DELTA_VARIANTS`), set up with K_max and the cost model and labelled with
+        :func:`policy_label`. The one way a policy is configured: sections 6 and 8 and the engine all build
+        their rules here. The Delta rules decide once for the whole batch at batch > 1 in the engine;
+        ``:alone`` prices each request alone there (the earlier form)."""
         u = np.asarray(self.u_bar_mean)
         if name.startswith("static:"):
             try:
@@ -844,8 +737,6 @@ class PolicyFit:
         d = read_json(path, "policy file", SpeclimitsError,
                       missing_hint=f"write one with `speclimits control fit TRACE --out {path}`")
         return cls.from_dict(d, origin=f"policy file {Path(path)}")
-
-
 
     def engine_lambda(self, model: CostModel, u_bar_mean: Any = None) -> float:
         """λ0 in the units of ``model`` (e.g. costs profiled in the engine, wall-clock ms): the fit's
