@@ -72,10 +72,6 @@ class RoundDriver:
         pol, hi = self.policy, max(k_call, 1)
         if self._round_hook:
             pol.engine_round()
-        if len(rids) == 1:  # batch 1: the lists below for one request
-            st = self._state(rids[0]) if self.has_state else None
-            ctx = [] if self.plan_only else [pol.engine_context(st)]
-            return EngineRound(rids, [min(max(pol.engine_plan(st), 1), hi)], ctx, k_call, False, False)
         n = len(rids)
         if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
             cap = [min(max(pol.engine_plan(None), 1), hi)] * n
@@ -101,8 +97,6 @@ class RoundDriver:
         j = rnd.j + 1
         if j >= rnd.k_call or j >= rnd.cap_max:
             return False
-        if len(rnd.keep) == 1:  # batch 1: a request that stopped has ended the round
-            return rnd.keep[0] < 0
         for k, c in zip(rnd.keep, rnd.cap):
             if k < 0 and c > j:
                 return True
@@ -124,22 +118,6 @@ class RoundDriver:
                 rnd.live = 0
             return rnd.live == 0
         keep, cap = rnd.keep, rnd.cap
-        if len(keep) == 1 and rnd.confs is None and not self.plan_only:
-            # batch 1: the loop at the end, for one request
-            if keep[0] < 0:
-                if cap[0] <= j or top1 is None:
-                    if cap[0] <= j or j >= rnd.k_call:
-                        keep[0], rnd.live = min(cap[0], j), 0
-                    return rnd.live == 0
-                c = self._calibrate(top1[0])
-                prod = rnd.prod
-                prod[0] *= c
-                out = self._more(j, c, prod[0], rnd.ctx[0])
-                if out >= 0:
-                    keep[0], rnd.live = out, 0
-                elif j >= rnd.k_call:
-                    keep[0], rnd.live = j, 0
-            return rnd.live == 0
         if self.plan_only:
             if j >= rnd.cap_max or j >= rnd.k_call:
                 for i, c in enumerate(cap):
@@ -179,9 +157,6 @@ class RoundDriver:
         drafted = rnd.j
         if rnd.prods is not None:
             return self.policy.engine_batch_keep(rnd.prods, rnd.ctx) if drafted else [0] * len(rnd.rids)
-        if len(rnd.keep) == 1:  # batch 1 (a comprehension is a call of its own)
-            k = rnd.keep[0]
-            return [drafted if k < 0 else k]
         keep = [drafted if k < 0 else k for k in rnd.keep]
         if rnd.confs is not None:
             pol = self.policy

@@ -577,21 +577,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if not spec:
             return None
         n_step = len(rids)
-        if n_step == 1:  # batch 1: the lists below for one request
-            d = spec.get(rids[0])
-            if not d:
-                return None
-            idx, vr, ks = [0], rids, [len(d)]
-        else:  # one loop (a comprehension is a call of its own, dear right after a forward)
-            idx, vr, ks = [], [], []
-            for i, r in enumerate(rids):
-                d = spec.get(r)
-                if d:
-                    idx.append(i)
-                    vr.append(r)
-                    ks.append(len(d))
-            if not idx:
-                return None
+        idx, vr, ks = [], [], []
+        for i, r in enumerate(rids):
+            d = spec.get(r)
+            if d:
+                idx.append(i)
+                vr.append(r)
+                ks.append(len(d))
+        if not idx:
+            return None
         round_ms = (now - self._sl_t_prop) * 1e3
         if refresh and round_ms == round_ms:  # not NaN (no drafting call timed yet)
             pricing.refresh(self._sl_policy, ks, n_step, round_ms)

@@ -296,14 +296,11 @@ class EnginePricing:
         """The measured round ``round_ms`` of a step of ``n_step`` requests, of which those verifying drafts
         drafted ``ks``, against its price: updates ``policy.price_scale``."""
         price, top = self.prices, self.k_max
-        if n_step == 1:
-            priced = price[min(ks[0], top)]
-        else:
-            priced = 0.0
-            for k in ks:
-                priced += price[k if k < top else top]
-            if len(ks) != n_step:
-                priced = priced * n_step / len(ks)
+        priced = 0.0
+        for k in ks:
+            priced += price[k if k < top else top]
+        if len(ks) != n_step:
+            priced = priced * n_step / len(ks)
         policy.price_scale = self.clock.update(round_ms, priced)
 
     def context(self, lens: Any, idx: list[int]) -> None:
