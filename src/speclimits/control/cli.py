@@ -26,19 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
     f.set_defaults(func=run_fit)
-    b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, paired ratios")
-    add_bench_arguments(b)
-    b.set_defaults(func=run_bench)
-    r = sub.add_parser("summarize", help="recompute benchmark files' summaries from their stored blocks (nothing is run)",
-                       description="Recompute the summary of each benchmark JSON from the blocks and the offline "
-                                   "table it stores, with the run's bootstrap seed and size, and write it back (or to "
-                                   "--out). For when the summary's definitions change; no engine runs.")
-    r.add_argument("files", nargs="+", help="benchmark JSON files written by `speclimits control bench`")
-    r.add_argument("--out", default=None, help="write here instead of over the file (one input file only)")
-    r.set_defaults(func=run_summarize)
-
-
-def add_bench_arguments(b: argparse.ArgumentParser) -> None:
+    b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, "
+                                     "paired ratios")
     b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`")
     b.add_argument("--trace", default=None, help="trace whose Oracle data covers the prompts (default: the fit's)")
     b.add_argument("--target", default=str(TARGET_MODEL), help="target model folder (default: the bundled one)")
@@ -62,23 +51,28 @@ def add_bench_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade,throughput")
     b.add_argument("--out", required=True, help="JSON to write")
     b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=run_bench)
+    r = sub.add_parser("summarize", help="recompute benchmark files' summaries from their stored blocks (nothing is run)",
+                       description="Recompute the summary of each benchmark JSON from the blocks and the offline "
+                                   "table it stores, with the run's bootstrap seed and size, and write it back (or to "
+                                   "--out). For when the summary's definitions change; no engine runs.")
+    r.add_argument("files", nargs="+", help="benchmark JSON files written by `speclimits control bench`")
+    r.add_argument("--out", default=None, help="write here instead of over the file (one input file only)")
+    r.set_defaults(func=run_summarize)
 
 
 def run_fit(args: argparse.Namespace) -> int:
     # the fit loads the Oracle stack (pandas, scikit-learn, statsmodels): only when the command runs
-    from speclimits.control.fit import fit_policy
+    from speclimits.control.fit import fit_policy, greedy_setup
 
+    setup = greedy_setup(args.trace, args.cost_model)
     k_max = args.k_max
     if k_max is None:  # the default, capped where the trace covers fewer drafts (an explicit value is checked)
-        from speclimits.control.fit import greedy_setup
-
-        setup = greedy_setup(args.trace, args.cost_model)
         k_max, why = setup.priced_k_max(DEFAULT_FIT_K_MAX)
         if k_max < DEFAULT_FIT_K_MAX:
             why = why or f"the trace's Oracle data holds drafts of up to {k_max} tokens"
             print(f"speclimits control fit: K_max {k_max}, not the default {DEFAULT_FIT_K_MAX}: {why}", file=sys.stderr)
-    fit = fit_policy(args.trace, k_max=k_max, test_share=args.test_share, seed=args.seed,
-                     cost_model=args.cost_model)
+    fit = fit_policy(setup, k_max=k_max, test_share=args.test_share, seed=args.seed)
     fit.write(args.out)
     print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
           f"(train Oracle {fit.lambda_oracle:.3f}); train {len(fit.train_seq_ids)} / test {len(fit.test_seq_ids)} "
@@ -89,7 +83,6 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     # the benchmark pulls in the engine helpers and, when it runs, vLLM: only when the command runs
     from speclimits.control.bench import BenchConfig, run_benchmark
-
     from speclimits.cliutil import parse_batch_sizes
 
     for cfg in BenchConfig.per_batch(args, parse_batch_sizes(args.batch)):
@@ -100,7 +93,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_summarize(args: argparse.Namespace) -> int:
-    import sys
     from pathlib import Path
 
     from speclimits.control.bench import resummarize

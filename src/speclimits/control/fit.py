@@ -1,50 +1,37 @@
-"""Fitting the online policies from a trace, and predicting them offline on held-out references.
+"""Fitting the online policies from a trace: ``speclimits control fit TRACE --out policy.json``.
 
-``speclimits control fit TRACE --out policy.json`` (:func:`fit_policy`) splits the trace's
-**greedy** references (the target's own output, as in the paper) into train and test by
-``seq_id`` and fits, on the train split only:
-
-* the confidence calibration map: isotonic regression of the observed greedy match on the draft's
-  top-1 probability over the draft steps the recorded rounds tested
-  (:func:`~speclimits.control.policies.fit_calibration`, via
-  :func:`speclimits.oracle.calibration.fit_isotonic`), stored as its thresholds;
-* the Ū predictor: mean Ū per verified-row count m over the train prompts' measured decode rounds
-  (:func:`~speclimits.control.policies.mean_u_bar`);
-* τ of the confidence threshold and λ of the Delta rule: each minimizing the time of the replayed
-  real greedy outcomes (``accept_len``) on the train references, priced by the cost model.
-
-Section 6 fits each reference kind the same way (an :class:`~speclimits.oracle.OracleSetup` of that
-kind), through :func:`speclimits.control.offline.compare_policies`.
-
-The JSON records the split (train/test ``seq_id``), the trace and its meta, the cost model, K_max
-and the fitted numbers; :class:`PolicyFit` reads it back and builds the policy objects that both the
-offline evaluation (:func:`offline_table`) and the engine extension run.
+:func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper)
+into train and test by ``seq_id`` and fits, on the train split only: the confidence calibration map
+(isotonic regression of the observed greedy match on the draft's top-1 probability over the draft steps
+the recorded rounds tested, :func:`~speclimits.control.policies.fit_calibration`); the Ū predictor (mean
+Ū per verified-row count m over the train prompts' measured decode rounds); τ of the confidence threshold
+and λ of the Delta rule, each minimizing the time of the replayed real greedy outcomes (``accept_len``)
+on the train references, priced by the cost model. Section 6 fits each reference kind the same way
+(through :func:`speclimits.control.offline.compare_policies`). The JSON (:class:`PolicyFit`) records the
+split, the trace and its meta, the cost model, K_max and the fitted numbers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from speclimits.control.policies import evaluate_exact, fit_calibration, mean_u_bar, split_sequences, tune_threshold
-from speclimits.control.rules import CalibrationMap, DeltaRule, PolicyFit, StaticK
+from speclimits.control.policies import evaluate_exact, fit_calibration, mean_u_bar, split_sequences
+from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, Policy, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
 from speclimits.vocabulary import HEADLINE_KIND
 
-#: λ grid of the fit, as multiples of the train Oracle's time per token.
+#: τ grid of the fit
+TAU_GRID = np.unique(np.concatenate([np.geomspace(1e-3, 0.98, 36), [0.0, 1.0]]))
+#: λ grid of the fit, as multiples of the train Oracle's time per token
 LAMBDA_GRID = np.geomspace(0.25, 4.0, 17)
-
-
-# ---------------------------------------------------------------------------
-# Fitting
-# ---------------------------------------------------------------------------
 
 
 def greedy_setup(trace: Any, cost_model: CostModel | str | Path | None = None) -> OracleSetup:
@@ -52,15 +39,13 @@ def greedy_setup(trace: Any, cost_model: CostModel | str | Path | None = None) -
     return prepare_oracle(trace, cost_model).for_kind(HEADLINE_KIND)
 
 
-def tune_lambda(train: OracleInputs, table: CostTable, fit_args: dict[str, Any], lambda_oracle: float
-                ) -> tuple[float, pd.DataFrame]:
-    """λ (fixed-λ Delta rule) minimizing the replayed greedy time on the train references."""
-    rows = []
-    for mult in LAMBDA_GRID:
-        pol = DeltaRule(lambda_oracle * mult, running_lambda=False, **fit_args).bind(train, table)
-        rows.append((float(lambda_oracle * mult), float(evaluate_exact(pol, deterministic=True)["time_ms"].sum())))
-    curve = pd.DataFrame(rows, columns=["lambda", "train_time_ms"])
-    return float(curve.loc[curve["train_time_ms"].idxmin(), "lambda"]), curve
+def tune(rule: Callable[[float], Policy], grid: Any, train: OracleInputs, table: CostTable, column: str
+         ) -> tuple[float, pd.DataFrame]:
+    """The value of ``grid`` whose ``rule(value)`` takes the least replayed greedy time on the train references,
+    and the curve (``column``, ``train_time_ms``)."""
+    times = [float(evaluate_exact(rule(x).bind(train, table), deterministic=True)["time_ms"].sum()) for x in grid]
+    curve = pd.DataFrame({column: [float(x) for x in grid], "train_time_ms": times})
+    return float(curve.loc[curve["train_time_ms"].idxmin(), column]), curve
 
 
 def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int = 0,
@@ -92,8 +77,9 @@ def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int 
     train_ids = [str(s) for s in train.seq_ids]
     u_mean = mean_u_bar(train, k_max, rounds[rounds["prompt_id"].astype(str).isin(train_ids)])
     calib = CalibrationMap.from_isotonic(fit_calibration(train, k_max))
-    tau, tau_curve = tune_threshold(train, table, deterministic=True)
-    lam, lam_curve = tune_lambda(train, table, {"u_bar_mean": u_mean, "calibration": calib}, lambda_oracle)
+    tau, tau_curve = tune(ConfidenceThreshold, TAU_GRID, train, table, "tau")
+    lam, lam_curve = tune(lambda lam: DeltaRule(lam, u_mean, calib, running_lambda=False), lambda_oracle * LAMBDA_GRID,
+                          train, table, "lambda")
     tpr = static_tokens_per_round(train, table, k_max)
     best_static_per_token = float(np.nanmin(model.mean_round_prices(k_max, u_mean)[1:] / tpr))
     meta = setup.trace.meta

@@ -1,22 +1,15 @@
 """Offline prediction of the fitted policies on given references, beside the Oracle's two bounds.
 
-For the references the engine runs (the test split's greedy references), every policy is evaluated
-two ways, with the same policy objects the engine runs:
+Every policy is evaluated two ways, with the objects the engine runs: a **replay** of the real greedy
+outcomes (``accept_len``: what greedy verification of the recorded draft chains gives, what the engine
+should reproduce token for token) and its **surrogate** expected time under the Oracle's match
+probabilities (exact policy evaluation for state-only rules, seeded rollouts with common random numbers
+otherwise). Each harness has its own Oracle (exact greedy: knows the outcomes; surrogate: knows the match
+probabilities) and its own best static K in hindsight; a policy captures the share ``(1 - T/T_static) /
+(1 - T_oracle/T_static)`` of the Oracle's gain over that K (:func:`gain_share`).
 
-* **replay** of the real greedy outcomes (``accept_len``): what greedy verification of the recorded
-  draft chains gives, i.e. what the engine should reproduce token for token; exact for every
-  policy (one deterministic walk; state-only rules by exact policy evaluation);
-* **surrogate**: expected time under the Oracle's surrogate match probabilities (exact policy
-  evaluation for state-only rules, seeded rollouts with common random numbers otherwise).
-
-Each harness has its own Oracle (exact greedy: knows the outcomes; surrogate: knows the match
-probabilities) and its own best static K in hindsight, and the share of the Oracle's gain over
-that best static K a policy captures is ``(1 - T/T_static) / (1 - T_oracle/T_static)``
-(:func:`gain_share`).
-
-Section 6's policy table is :func:`compare_policies`: the same fit (:func:`~speclimits.control.fit.fit_policy`)
-and the same surrogate evaluation (:func:`surrogate_evaluations`) as section 8's offline table, so a policy
-shows the same expected time in both.
+Section 6's policy table (:func:`compare_policies`) has the same fit and the same surrogate evaluation
+(:func:`surrogate_evaluations`) as section 8's offline table, so a policy shows the same time in both.
 """
 
 from __future__ import annotations
@@ -96,20 +89,6 @@ def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInput
     return out
 
 
-def per_sequence_times(fit: PolicyFit, names: list[str], raw: OracleInputs, sur: OracleInputs, surrogate_det: bool,
-                       n_rollouts: int, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray],
-                                                             dict[str, float]]:
-    """Per policy name: (S,) replayed times, (S,) surrogate times, and replayed tokens per round."""
-    t_raw = CostTable.build(raw, fit.cost_model, fit.k_max)
-    replay_accept = raw.accept_len[None, :].astype(np.int16)
-    rep, tpr = {}, {}
-    for name in names:
-        ev = rollout(fit.make(name).bind(raw, t_raw), replay_accept)
-        rep[name], tpr[name] = ev["time_ms"].to_numpy(), float(raw.n_tokens.sum() / ev["rounds"].sum())
-    sur_ev = surrogate_evaluations(fit, names, sur, surrogate_det, n_rollouts, seed)
-    return rep, {name: ev["time_ms"].to_numpy() for name, (ev, _) in sur_ev.items()}, tpr
-
-
 def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names: list[str],
                   n_states: int | None = None, n_rollouts: int = 64, seed: int = 0, n_boot: int = 999
                   ) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -123,7 +102,13 @@ def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names:
     ``oracle_surrogate_ms_per_token``, ``best_static_k_replay``, ``best_static_k_surrogate``, ...).
     """
     raw, sur = select(setup, seq_ids, n_states)
-    rep, exp, tpr = per_sequence_times(fit, names, raw, sur, setup.deterministic, n_rollouts, seed)
+    t_raw, replay_accept = CostTable.build(raw, fit.cost_model, fit.k_max), raw.accept_len[None, :].astype(np.int16)
+    rep, tpr = {}, {}
+    for name in names:
+        ev = rollout(fit.make(name).bind(raw, t_raw), replay_accept)
+        rep[name], tpr[name] = ev["time_ms"].to_numpy(), float(raw.n_tokens.sum() / ev["rounds"].sum())
+    exp = {name: ev["time_ms"].to_numpy()
+           for name, (ev, _) in surrogate_evaluations(fit, names, sur, setup.deterministic, n_rollouts, seed).items()}
     o_exact = solve(raw, fit.cost_model, k_max=fit.k_max, deterministic=True)
     o_sur = solve(sur, fit.cost_model, k_max=fit.k_max, deterministic=setup.deterministic)
     n_tok = float(raw.n_tokens.sum())
@@ -178,7 +163,7 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
     (NaN at states it skips)."""
     out = np.full(raw.n_states, np.nan)
     conf = raw.draft_conf[:, : pol.k_max].tolist()
-    walk(pol, RoundDriver(pol), "walk", 0, raw.accept_len, conf, pol.table.total(), visit=out.__setitem__)
+    walk(RoundDriver(pol), "walk", 0, raw.accept_len, conf, pol.table.total(), visit=out.__setitem__)
     return out
 
 
@@ -189,19 +174,15 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
 
 def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any
                  ) -> dict[str, dict[str, float]]:
-    """Replay the greedy references at batch > 1 as the engine runs them: per group of references
-    (indices into ``raw``; one engine batch each), every round goes through the engine's own
-    :class:`~speclimits.control.driver.RoundDriver` (caps, per-request stops, the batch-level keep,
-    the Delta rules' one decision per batch), the requests keep the recorded greedy outcome, and the
-    step costs what the profile says a step of that shape costs (:meth:`EngineProfile.step_ms
-    <speclimits.control.profile.EngineProfile.step_ms>`): the verification pass of all the
-    rows, the drafter's line in the steps it ran (until the last request
-    stopped) and the time outside both. The price refresh is replayed too (against these step costs).
-
-    ``fit`` is priced with the profile (its cost model in the engine's units, λ in them; the shared
-    Delta rules price a pass with the measured ones, as in the engine). Returns per
-    name ``ms_per_token`` (all groups), ``tokens_per_round`` per request, ``mean_k``, and
-    ``wasted_draft_steps`` per request per round."""
+    """Replay the greedy references at batch > 1 as the engine runs them: per group of references (indices
+    into ``raw``; one engine batch each) every round goes through the engine's
+    :class:`~speclimits.control.driver.RoundDriver`, the requests keep the recorded greedy outcome, and a step
+    costs what the profile says a step of that shape costs (:meth:`EngineProfile.step_ms
+    <speclimits.control.profile.EngineProfile.step_ms>`: the pass of all rows, the drafter's line in the steps
+    it ran, the time outside both); the price refresh is replayed against these costs. ``fit`` is priced with
+    the profile (cost model and λ in the engine's units; the rules that price passes read the measured
+    ones, as in the engine). Returns per name ``ms_per_token`` (all groups), ``tokens_per_round`` per
+    request, ``mean_k`` and ``wasted_draft_steps`` per request per round."""
     from speclimits.control.profile import EnginePricing
 
     out: dict[str, dict[str, float]] = {}
@@ -260,14 +241,17 @@ class PolicyComparison:
 
     table: pd.DataFrame
     fit: PolicyFit = field(repr=False)
-    train_seq_ids: list[str]
-    test_seq_ids: list[str]
     best_static_k_test: int
     best_static_k_train: int
-    autoregressive_ms: float | None
-    n_rollouts: int
-    per_sequence: pd.DataFrame = field(repr=False)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def train_seq_ids(self) -> tuple[str, ...]:
+        return self.fit.train_seq_ids
+
+    @property
+    def test_seq_ids(self) -> tuple[str, ...]:
+        return self.fit.test_seq_ids
 
     @property
     def tau(self) -> float:
@@ -277,10 +261,6 @@ class PolicyComparison:
     def lambda0(self) -> float:
         """The fitted λ of the Delta rules (ms per token)."""
         return self.fit.lambda_
-
-    @property
-    def u_bar_mean(self) -> np.ndarray:
-        return np.asarray(self.fit.u_bar_mean)
 
 
 def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Sequence[str] | None = None,
@@ -318,20 +298,15 @@ def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Se
         evals["threshold (rollouts)"] = (rollout(pol, draw_accept_lengths(test, kk, n_rollouts, seed=seed)), "rollouts")
     oracle_test = solve(test, fit.cost_model, k_max=kk, deterministic=det)
     k_train = solve(train, fit.cost_model, k_max=kk, deterministic=det).bounds.best_static_k
-    per_seq = pd.DataFrame({"seq_id": test.seq_ids})
     rows = []
     for name, (ev, how) in evals.items():
         key = name.removesuffix(" (rollouts)")
-        label = policy_label(key) + (" (rollouts)" if key != name else "")
-        per_seq[label] = ev["time_ms"].to_numpy()
-        se = float(np.sqrt((ev["time_se"] ** 2).sum())) if how == "rollouts" else 0.0
-        detail = fit.make(key).describe()
-        if key == f"static:{k_train}":
-            detail = "best static K on the training sequences"
-        rows.append(dict(policy=label, name=key, kind="static" if arm(key).kind == "static" else "online",
-                         detail=detail, evaluation=how, time_ms=float(ev["time_ms"].sum()), time_se=se,
+        detail = "best static K on the training sequences" if key == f"static:{k_train}" else fit.make(key).describe()
+        rows.append(dict(policy=policy_label(key) + (" (rollouts)" if key != name else ""), name=key,
+                         kind="static" if arm(key).kind == "static" else "online", detail=detail, evaluation=how,
+                         time_ms=float(ev["time_ms"].sum()),
+                         time_se=float(np.sqrt((ev["time_se"] ** 2).sum())) if how == "rollouts" else 0.0,
                          tokens_per_round=float(test.n_tokens.sum() / ev["rounds"].sum())))
-    per_seq[ORACLE_POLICY] = oracle_test.per_sequence["value_ms"].to_numpy()
     bd = oracle_test.bounds
     rows.append(dict(policy=ORACLE_POLICY, name="", kind="oracle",
                      detail=f"K_max = {kk}, knows match_prob and counterfactual Ū", evaluation="exact",
@@ -343,7 +318,5 @@ def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Se
     gap = bd.best_static_ms - bd.oracle_ms
     table["gain_captured"] = (bd.best_static_ms - table["time_ms"]) / gap if gap > 0 else np.nan
     notes = [] if ar is not None else [f"speedup vs autoregressive unavailable: {bd.autoregressive_note}"]
-    return PolicyComparison(table=table, fit=fit, train_seq_ids=list(fit.train_seq_ids),
-                            test_seq_ids=list(fit.test_seq_ids), best_static_k_test=bd.best_static_k,
-                            best_static_k_train=k_train, autoregressive_ms=ar, n_rollouts=n_rollouts,
-                            per_sequence=per_seq, notes=notes)
+    return PolicyComparison(table=table, fit=fit, best_static_k_test=bd.best_static_k, best_static_k_train=k_train,
+                            notes=notes)
