@@ -118,7 +118,7 @@ def _capture_small(worker, box):
         return out
 
     lp.forward = forward
-    worker._sl_own_choice = False  # vLLM makes the token choice: the top-1 is then computed apart, as probed here
+    worker.speclimits_tokens.own = False  # vLLM makes the token choice: the top-1 is then computed apart, as probed here
     return None
 
 

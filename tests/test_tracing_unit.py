@@ -312,7 +312,7 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
     time the draft proposal, and speclimits_uninstall puts every original back (no vLLM needed)."""
     from types import SimpleNamespace
 
-    from speclimits.tracing.extension import _RUNNER_WRAPPERS, Patches, TracingWorkerExtension, _Timer
+    from speclimits.tracing.extension import _RUNNER_WRAPPERS, TracingWorkerExtension
 
     class Runner:
         def execute_model(self, sched):
@@ -336,13 +336,11 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
 
     runner = Runner()
     runner.drafter = SimpleNamespace(model=DraftModel())
-    ext = TracingWorkerExtension.__new__(TracingWorkerExtension)
+    ext = TracingWorkerExtension()
     ext.model_runner = runner
-    ext._speclimits_patches, ext._speclimits_step, ext._speclimits_oracle = Patches(), None, None
-    ext._speclimits_timer, ext._speclimits_capture = _Timer(False), None
-    ext._speclimits_wrap(runner)
-    assert ext._speclimits_patches.names() == [n for n, _ in _RUNNER_WRAPPERS] + ["compute_logits"]
-    assert all(name in runner.__dict__ for name, _ in _RUNNER_WRAPPERS)
+    ext.speclimits_hook(runner)
+    assert [n for n in runner.__dict__ if n != "drafter"] == [n for n, _ in _RUNNER_WRAPPERS]  # in this order
+    assert "compute_logits" in runner.drafter.model.__dict__
     assert runner.execute_model(object()) == "done" and ext._speclimits_step is None
     step = SimpleNamespace(t_draft=None, drafted=None)
     ext._speclimits_step = step

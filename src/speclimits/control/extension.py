@@ -141,6 +141,8 @@ class TokenChoice:
         #: row counts where vLLM's argmax was the fastest (its call is then left to vLLM untouched)
         self.argmax_rows: set[int] = set()
         self.saved_s = 0.0
+        #: False: vLLM's argmax makes every draft token, the top-1 is computed after the step (a probe sets it)
+        self.own = True
         #: the compiled top-1 (:mod:`speclimits.control.top1op`), or None (torch makes every top-1)
         self.op: Any = None
         self._no_targets: Any = None
@@ -274,8 +276,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_small_ok: bool | None = None
             #: target id of each of the head's logits, where they increase (the token choice may then use them)
             self._sl_targets: Any = None
-            #: False: leave the token choice to vLLM (the top-1 is then computed apart; probes set this)
-            self._sl_own_choice = True
         self.speclimits_pricing.arm(profile_rounds)
         self.speclimits_records = RoundRecords()
         self._sl_round: EngineRound | None = None
@@ -398,7 +398,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
         def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
             rnd = self._sl_round
-            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self._sl_own_choice:
+            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self.speclimits_tokens.own:
                 return orig(hidden_states, *args, **kwargs)
             t0 = time.perf_counter()
             tc = self.speclimits_tokens

@@ -221,26 +221,7 @@ class TracingWorkerExtension:
         self._speclimits_retired = [*getattr(self, "_speclimits_retired", []), *([old] if old is not None else [])]
         self._speclimits_capture = capture
         recaptured = recapture_cuda_graphs(runner) if cuda else False
-        self._speclimits_n_experts = n_experts.pop()
-        self._speclimits_timer = _Timer(cuda)
-        self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
-        self._speclimits_kv = bool(options.get("kv_usage", True))
-        self._speclimits_planter = None
-        if options.get("plant_routing") is not None:
-            if cuda:
-                raise SpeclimitsError("planted routing (the designed experiment) runs on CPU only")
-            import numpy as np
-
-            self._speclimits_planter = np.random.default_rng(int(options["plant_routing"].get("seed", 0)))
-        self._speclimits_records: list[dict[str, Any]] = []
-        self._speclimits_step: _Step | None = None
-        self._speclimits_step_no = 0
-        self._speclimits_oracle: dict[str, dict[str, Any]] | None = None
-        self._speclimits_oracle_out: dict[str, dict[str, Any]] = {}
-        self._speclimits_forced_flips = 0
-        self._speclimits_patches = Patches()
-        self._speclimits_wrap(runner)
-        self._speclimits_installed = True
+        self.speclimits_hook(runner, n_experts.pop(), cuda, options)
         return {
             "n_layers": capture.n_layers,
             "top_k": capture.top_k,
@@ -252,6 +233,31 @@ class TracingWorkerExtension:
             "drafter": type(getattr(runner, "drafter", None)).__name__ if getattr(runner, "drafter", None) else None,
             "cuda_graphs_recaptured": recaptured,
         }
+
+    def speclimits_hook(self, runner: Any, n_experts: int = 0, cuda: bool = False,
+                        options: dict[str, Any] | None = None) -> None:
+        """The per-step state and the runner's wrappers (:meth:`speclimits_uninstall` undoes them): what
+        :meth:`speclimits_install` does once it has checked the runner and bound the routing capture of
+        ``n_experts``-expert layers. ``options`` as there."""
+        options = dict(options or {})
+        self._speclimits_n_experts = n_experts
+        self._speclimits_timer = _Timer(cuda)
+        self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
+        self._speclimits_kv = bool(options.get("kv_usage", True))
+        self._speclimits_planter = None
+        if options.get("plant_routing") is not None:
+            if cuda:
+                raise SpeclimitsError("planted routing (the designed experiment) runs on CPU only")
+            self._speclimits_planter = np.random.default_rng(int(options["plant_routing"].get("seed", 0)))
+        self._speclimits_records: list[dict[str, Any]] = []
+        self._speclimits_step: _Step | None = None
+        self._speclimits_step_no = 0
+        self._speclimits_oracle: dict[str, dict[str, Any]] | None = None
+        self._speclimits_oracle_out: dict[str, dict[str, Any]] = {}
+        self._speclimits_forced_flips = 0
+        self._speclimits_patches = Patches()
+        self._speclimits_wrap(runner)
+        self._speclimits_installed = True
 
     def speclimits_uninstall(self) -> None:
         """Restore the runner's methods and remove the routing callbacks."""
@@ -494,9 +500,6 @@ class Patches:
         """Replace ``target.attr`` with ``factory(target.attr)``."""
         self.saved.append((target, attr, target.__dict__.get(attr)))  # None: the class method (drop the override)
         setattr(target, attr, factory(getattr(target, attr)))
-
-    def names(self) -> list[str]:
-        return [attr for _, attr, _ in self.saved]
 
     def undo(self) -> None:
         """Put back every original, the last wrapped first."""
