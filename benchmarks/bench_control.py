@@ -10,7 +10,14 @@ given), then runs the command on the held-out references at the batch size asked
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --batch 8 --out data/control/bench-batch8.json -- --blocks 16 \
         --policies threshold,delta,delta-fixed,delta-fixed:alone,ema,cascade,throughput
 
-(their ``produced_by`` and ``config`` fields record the exact options). Any option of the command can be
+(their ``produced_by`` and ``config`` fields record the exact options). On the memory-bound twin
+(``speclimits models twin --source data/models/target --expert-width 1024 --seed 0 --out
+_build/models/target-twin-w1024``; results in ``data/control/twin/``)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_control.py --trace data/traces/twin-eagle3 \
+        --target _build/models/target-twin-w1024 --batch 1 --out data/control/twin/bench-batch1.json -- --blocks 24
+
+and at batch 4 and 8 with the ``--policies`` list above. Any option of the command can be
 passed through after ``--``, e.g. ``-- --blocks 8 --static 1-4``. The tiny setting runs in the test suite
 (``tests/test_control_bench.py``).
 
@@ -36,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", default=str(ROOT / "data" / "traces" / "measured-eagle3"))
+    ap.add_argument("--target", default=str(ROOT / "data" / "models" / "target"),
+                    help="target model folder (default: the bundled one; the twin: _build/models/target-twin-w1024)")
     ap.add_argument("--policy", default=None, help="policy JSON (default: fit one next to --out)")
     ap.add_argument("--k-max", type=int, default=6)
     ap.add_argument("--batch", type=int, default=1)
@@ -49,7 +58,7 @@ def run(argv: list[str] | None = None) -> int:
         if code:
             return code
     code = main(["control", "bench", "--policy", policy, "--trace", args.trace, "--batch", str(args.batch),
-                 "--target", str(ROOT / "data" / "models" / "target"),
+                 "--target", args.target,
                  "--draft", str(ROOT / "data" / "models" / "eagle3"), "--out", args.out, *rest])
     if code == 0 and args.json:
         write_figures(args.json, *figures_of(json.loads(Path(args.out).read_text())))

@@ -98,7 +98,11 @@ from speclimits.book.views import control as view
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
-from speclimits.control.report import BENCH_DIR, engine_table, gap_lines
+from pathlib import Path
+
+from speclimits.control.report import engine_table, gap_lines
+from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
+from speclimits.trace import Trace, read_meta
 from speclimits.figures import control as control_figures
 from speclimits.costmodel import CostModel
 from speclimits.machine import describe
@@ -168,10 +172,14 @@ if oracle_ok:
 # from block to block, so that the machine's drift is shared by the arms of a block and cancels in their
 # ratio. Speed ratios are paired (the reference's time over the arm's, block by block; geometric mean),
 # with 95% bootstrap intervals over blocks; the best stock $K$ is chosen on the even blocks and compared
-# on the odd ones, so that it is not flattered by the noise it was chosen on. The book does not run
+# on the odd ones, so that it is not flattered by the noise it was chosen on. Beside it, the **workload
+# ratio**: the best stock $K$'s time per token over all blocks (all their time over all their tokens,
+# the $K$ chosen on those same blocks, which favours the reference) over the arm's, with a paired
+# bootstrap interval over blocks: what a user's workload would see. The book does not run
 # vLLM: it reads `data/control/bench-*.json` (measured; how each was produced is in its `produced_by`,
-# `config`, CPU and per-block load average). A trace without benchmark results (a simulated one) has no
-# tables here.
+# `config`, CPU and per-block load average): `data/control/` for the bundled pair as trained
+# (cache-resident on this CPU) and `data/control/twin/` for its memory-bound twin. A trace without
+# benchmark results (a simulated one) has no tables here.
 
 # %% tags=["hide-input"]
 if oracle_ok:
@@ -183,12 +191,15 @@ if oracle_ok:
         cpu = describe(res["engine"]["cpu"])
         loads = pd.DataFrame(res["blocks"])["load1"]
         page.table(view.engine(table), f"tbl-control-engine-batch{batch}",
-                   f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}: {len(res['prompt_ids'])} held-out "
+                   f"Measured in vLLM {res['engine']['vllm']} at batch {batch} on {cpu}, {view.regime_of(res)}: "
+                   f"{len(res['prompt_ids'])} held-out "
                    f"prompts × {res['config']['max_tokens']} tokens, {res['config']['blocks']} blocks (`{res['file']}`; "
                    f"1-minute load average {loads.min():.2f}–{loads.max():.2f}); outputs identical to plain decoding: "
                    f"{'yes' if res['lossless'] else 'NO'}. Time per token (median [interquartile range] over blocks); speed "
                    f"relative to the best stock static K ({view.arm_name(res['choice']['best_stock'])}, chosen on "
-                   f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the pooled "
+                   f"{res['choice']['best_stock_chosen_on']}; ratio and 95% interval on the other blocks); the workload "
+                   "ratio to the best stock K over all blocks (all its time per token over the arm's, paired 95% interval); "
+                   "the pooled "
                    "time per token (every block's time over every block's tokens) and the offline prediction of the same "
                    "arm priced with the costs profiled in this run, with its error against the pooled figure (the replay "
                    "predicts total time over total tokens, not a median of blocks) and the error of the same prediction "
@@ -202,6 +213,29 @@ if oracle_ok:
     display(Markdown(view.verdict(runs, tables, offline, bounds)))
 
 # %% [markdown]
+# **Where the expert cost lives.** The same benchmark on the other regime, set beside this page's
+# (measured on the same kind of machine): the bundled pair as trained, whose passes are cache-resident on
+# this CPU (a pass of 2 to 7 rows costs nearly the same), and its memory-bound twin, whose passes stream
+# the experts they touch from memory (the regimes page). Each row: the best policy against the best stock
+# static $K$ at that batch size.
+
+# %% tags=["hide-input"]
+if oracle_ok and runs:
+    other_trace = BUNDLED_TRACE if Path(str(tr.path)).name == TWIN_TRACE.name else TWIN_TRACE
+    other, _ = view.bench_runs(Trace(other_trace, read_meta(other_trace))) if (other_trace / "meta.json").exists() else ({}, "")
+    other = {b: r for b, r in other.items() if view.regime_of(r) != view.regime_of(next(iter(runs.values())))}
+    if other:
+        here = view.regime_of(next(iter(runs.values())))
+        page.table(view.regime_contrast(runs, other, here, view.regime_of(next(iter(other.values())))),
+                   "tbl-control-regimes",
+                   f"The best policy against the best stock static K per batch size, {here} (this page) and the other "
+                   "regime (measured; paired ratio on the held-out blocks, workload ratio over all blocks, 95% bootstrap "
+                   "intervals over blocks; the Oracle's gain offline on the same references, priced with each run's "
+                   "profiled costs).", decimals=3)
+    else:
+        print("no benchmark results of the other regime to set beside these")
+
+# %% [markdown]
 # **Does it replicate?** A ratio whose interval clears 1 once can still be luck of the day on this
 # machine. Where `data/control/replication/` holds a second run of the same benchmark command (same
 # code, same held-out prompts, another hour), each policy's paired ratio to that run's own best stock
@@ -209,7 +243,7 @@ if oracle_ok:
 
 # %% tags=["hide-input"]
 if oracle_ok:
-    again, again_note = view.bench_runs(tr, BENCH_DIR / "replication")
+    again, again_note = view.bench_runs(tr, "replication")
     if again:
         print(again_note.replace("benchmark results", "second run"))
         rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)

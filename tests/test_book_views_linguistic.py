@@ -198,7 +198,7 @@ def test_key_rows_with_and_without_a_benchmark():
 
 def test_engine_table_for_the_reader_is_narrow():
     out = cview.engine(engine_table(_bench()))
-    assert len(out.columns) <= 6 and out["Arm"].tolist()[:3] == ["plain decoding", "stock vLLM, K = 3",
+    assert len(out.columns) <= 7 and out["Arm"].tolist()[:3] == ["plain decoding", "stock vLLM, K = 3",
                                                                  "static K = 3"]
     assert out["ms/token [IQR]"].str.replace(NB, " ").str.contains(r"^\d+\.\d+ \[\d+\.\d+; \d+\.\d+\]$").all()
     assert out.loc[3, "Pooled / predicted ms/token (error)"] == "5.94 / 6.00 (+1%)" and out.loc[0, "Deciding (% of round)"] == "–"

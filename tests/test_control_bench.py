@@ -117,13 +117,19 @@ def test_prediction_is_compared_with_the_pooled_time_per_token():
     assert out.loc["static:2", "prediction_error"] == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("batch", [1, 4, 8])
-def test_committed_summaries_are_what_summarize_computes_from_their_blocks(batch, tmp_path):
+COMMITTED_RUNS = sorted(str(p.relative_to(DATA_DIR / "control")) for p in (DATA_DIR / "control").glob("**/bench-batch*.json")
+                        if "discarded" not in p.parts)
+
+
+@pytest.mark.parametrize("name", COMMITTED_RUNS)
+def test_committed_summaries_are_what_summarize_computes_from_their_blocks(name, tmp_path):
     """`speclimits control summarize` recomputes a stored run's summary from its blocks: on the committed
-    files it reproduces every stored number (so they follow the current definitions)."""
+    files (both regimes, the replication and the consolidation check) it reproduces every stored number
+    (so they follow the current definitions)."""
     from speclimits.cli import main
 
-    src = DATA_DIR / "control" / f"bench-batch{batch}.json"
+    assert len(COMMITTED_RUNS) >= 10
+    src = DATA_DIR / "control" / name
     out = tmp_path / "again.json"
     assert main(["control", "summarize", str(src), "--out", str(out)]) == 0
     old, new = json.loads(src.read_text()), json.loads(out.read_text())
@@ -263,3 +269,27 @@ def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
             parse_batch_sizes(spec)
     with pytest.raises(SpeclimitsError, match="--ext-static expects"):
         BenchConfig.from_args(argparse.Namespace(**{**vars(args), "batch": 1, "ext_static": "a"}))
+
+
+def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
+    """The workload ratio (all blocks' time per token of the best stock K, chosen on them, over the arm's)
+    recovers the planted 1.08 through the blocks' drift; on the committed batch-1 runs it gives the
+    figures quoted for them (1.067 for the threshold against stock K = 6; 1.070 for the fixed-λ Delta
+    rule against stock K = 5 in the second run), its interval paired over blocks."""
+    from speclimits.control.report import engine_table, workload_ratios
+
+    best, w = workload_ratios(hand_blocks(), n_boot=500)
+    assert best == "stock:2"
+    assert w.loc["delta", "workload_ratio"] == pytest.approx(1.08, abs=0.005)
+    assert w.loc["delta", "workload_ratio_lo"] < 1.08 < w.loc["delta", "workload_ratio_hi"]
+    assert w.loc["stock:2", "workload_ratio"] == 1.0
+    s, choice = summarize(hand_blocks(), n_boot=200)
+    assert choice["best_stock_workload"] == "stock:2" and "workload_ratio_hi" in s
+    for path, arm, ref, want in (("bench-batch1.json", "threshold", "stock:6", 1.067),
+                                 ("replication/bench-batch1.json", "delta-fixed", "stock:5", 1.070)):
+        res = json.loads((DATA_DIR / "control" / path).read_text())
+        best, w = workload_ratios(pd.DataFrame(res["blocks"]))
+        assert best == ref and round(w.loc[arm, "workload_ratio"], 3) == want
+        assert w.loc[arm, "workload_ratio_lo"] > 1.0
+        table = engine_table(res).set_index("arm")  # a result summarized before the ratio gets it on reading
+        assert table.loc[arm, "workload_ratio"] == w.loc[arm, "workload_ratio"]

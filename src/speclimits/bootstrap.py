@@ -29,6 +29,13 @@ def draw_counts(n_clusters: int, n_boot: int, seed: int | np.random.Generator = 
     return rng.multinomial(n_clusters, np.full(n_clusters, 1.0 / n_clusters), size=n_boot).astype(float)
 
 
+def draw_indices(n: int, n_boot: int, seed: int | np.random.Generator = 0) -> np.ndarray:
+    """(n_boot, n) indices of ``n`` paired units drawn with replacement, uniformly: the replicates of a
+    statistic that is not a sum (a mean of log ratios over paired benchmark blocks, read row by row)."""
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return rng.integers(0, n, size=(n_boot, n))
+
+
 def resample_indices(counts: np.ndarray) -> list[np.ndarray]:
     """For each replicate row of ``counts``, the cluster indices it draws (cluster g repeated w_g times)."""
     counts = np.asarray(counts).astype(np.int64)

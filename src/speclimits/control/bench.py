@@ -42,6 +42,8 @@ from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select
 from speclimits.control.profile import PROFILE_ROUNDS
+from speclimits.control.report import workload_ratios
+from speclimits.bootstrap import draw_indices
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
@@ -80,6 +82,7 @@ class BenchConfig:
     profile_rounds: int = PROFILE_ROUNDS
     n_boot: int = 2000
     seed: int = 0
+    #: at least this; raised to fit the longest prompt, its output and a draft
     max_model_len: int = 1024
 
     @classmethod
@@ -275,7 +278,7 @@ def per_block(blocks: pd.DataFrame) -> pd.DataFrame:
 def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed: int = 0
                  ) -> tuple[float, float, float]:
     """Geometric-mean speed ratio ``t_ref / t_arm`` over paired blocks and its 95% percentile bootstrap
-    interval over blocks (resampled with replacement). > 1: the arm is faster."""
+    interval over blocks (:mod:`speclimits.bootstrap`: blocks drawn with replacement). > 1: the arm is faster."""
     lr = np.log(np.asarray(t_ref, dtype=float)) - np.log(np.asarray(t_arm, dtype=float))
     lr = lr[np.isfinite(lr)]
     if lr.size == 0:
@@ -283,9 +286,7 @@ def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed:
     est = float(np.exp(lr.mean()))
     if lr.size < 2 or n_boot <= 0:
         return est, float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = lr[rng.integers(0, lr.size, size=(n_boot, lr.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
+    lo, hi = np.percentile(lr[draw_indices(lr.size, n_boot, seed)].mean(axis=1), [2.5, 97.5])
     return est, float(np.exp(lo)), float(np.exp(hi))
 
 
@@ -302,7 +303,9 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     ``ms_per_token_pooled`` (all blocks' time over all their tokens: what the offline prediction predicts),
     ``cpu_ms_per_token``, ``vs_plain`` and ``vs_stock_K`` (paired ratios; ``_lo``/``_hi`` their 95% interval),
     ``vs_best_stock`` (best stock K chosen on even blocks, ratio on odd blocks) with its interval,
-    ``vs_best_stock_all`` (chosen and compared on all blocks), acceptance length, decision time per
+    ``vs_best_stock_all`` (chosen and compared on all blocks), ``workload_ratio`` (:func:`workload_ratios`:
+    all blocks' time per token of the best stock K by that measure, ``choice["best_stock_workload"]``, over
+    the arm's) with its interval, acceptance length, decision time per
     round and its share of the round (``decision_share``), mean k, wasted draft steps per request round,
     ``price_scale`` (median over the arm's blocks of the controller's refreshed price scale) and
     ``price_level``: the machine's speed against the profile over the arm's blocks (per block the median of
@@ -336,6 +339,8 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
         out["vs_best_stock"], out["vs_best_stock_lo"], out["vs_best_stock_hi"] = zip(*vals)
         allb = choice["best_stock_all_blocks"]
         out["vs_best_stock_all"] = [paired_ratio(pb[allb].to_numpy(), pb[a].to_numpy(), 0)[0] for a in out.index]
+    choice["best_stock_workload"], work = workload_ratios(blocks, n_boot, seed)
+    out = out.join(work)
     if "decide_us" in blocks:
         cols = ["decide_us", "drafting_calls", "duration_s"] + (["decide_gross_us"] if "decide_gross_us" in blocks else [])
         per = g[cols].sum(min_count=1)
@@ -362,7 +367,8 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
 
 def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool) -> str:
     cols = ["arm", "ms_per_token", "cpu_ms_per_token", "vs_plain", "vs_best_stock", "vs_best_stock_lo",
-            "vs_best_stock_hi", "spec_decode_acceptance_length", "decision_share", "mean_k"]
+            "vs_best_stock_hi", "workload_ratio", "workload_ratio_lo", "workload_ratio_hi",
+            "spec_decode_acceptance_length", "decision_share", "mean_k"]
     cols += [c for c in ("predicted_ms_per_token", "prediction_error", "prediction_error_rescaled") if c in summary]
     lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt; lossless: {lossless}; "
              f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
@@ -466,6 +472,11 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
     ids = [recorded[p.id][0] if p.id in recorded else tokenize(p, tokenizer, chat_template=True) for p in prompts]
     warm_ids = [ids[(len(ids) - 1 - i) % len(ids)] for i in range(cfg.batch)]
+    # room for the longest prompt, its output and a full draft (in whole KV blocks of 32 tokens)
+    need = -(-(max(len(x) for x in ids) + cfg.max_tokens + fit.k_max + 1) // 32) * 32
+    if need > cfg.max_model_len:
+        progress(f"max_model_len {need} (the longest prompt has {max(len(x) for x in ids)} tokens)")
+        cfg = replace(cfg, max_model_len=need)
     engines = build_engines(cfg, fit, warm_ids, progress)
     try:
         blocks, lossless, plain = measure(cfg, engines, ids, progress)

@@ -13,13 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.control.offline import gain_share
 from speclimits.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
 from speclimits.paths import DATA_DIR
 
-#: Where the committed benchmark results live.
+#: Where the committed benchmark results live: the bundled (cache-resident) pair's, and the memory-bound
+#: twin's (``speclimits models twin``; fitted on ``data/traces/twin-eagle3``).
 BENCH_DIR = DATA_DIR / "control"
+TWIN_BENCH_DIR = BENCH_DIR / "twin"
 
 
 def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tuple[dict[int, dict[str, Any]], str]:
@@ -47,6 +50,33 @@ def is_policy(key: str) -> bool:
     return arm(key).kind == "policy"
 
 
+def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
+                    ) -> tuple[str | None, pd.DataFrame]:
+    """What a user's workload sees: the best stock K's time per token over all blocks (all their time
+    over all their tokens; the K chosen on those same blocks, a bias toward the reference) over each
+    arm's, with a 95% percentile bootstrap interval, blocks resampled with replacement and paired (the
+    same draws for both arms). Returns ``(best stock arm, DataFrame indexed by arm with workload_ratio,
+    workload_ratio_lo, workload_ratio_hi)``; ``(None, empty)`` without a stock arm."""
+    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
+                               aggfunc="sum")
+    dur, tok = table["duration_s"], table["total_output_tokens"]
+    pooled = dur.sum() / tok.sum()
+    stock = [a for a in dur.columns if arm(a).kind == "stock"]
+    if not stock:
+        return None, pd.DataFrame(columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
+    best = min(stock, key=lambda a: pooled[a])
+    counts = draw_counts(len(dur), n_boot, seed)
+    ref = (counts @ dur[best].to_numpy()) / (counts @ tok[best].to_numpy())
+    rows = {}
+    for a in dur.columns:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = ref / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
+        rows[a] = (float(pooled[best] / pooled[a]), *percentile_interval(reps))
+    out = pd.DataFrame.from_dict(rows, orient="index",
+                                 columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
+    return best, out
+
+
 def engine_table(result: dict[str, Any]) -> pd.DataFrame:
     """One row per arm of one benchmark result: the summary (ms/token, paired ratios with their 95%
     intervals, prediction, decision time) and the share of each Oracle's gain over the best static K
@@ -54,6 +84,10 @@ def engine_table(result: dict[str, Any]) -> pd.DataFrame:
     interval mapped through the same monotone formula) and the Oracle's gain G on the same references
     (offline, priced with the costs profiled in the run); beside it the offline share of the same arm."""
     s = pd.DataFrame(result["summary"]).copy()
+    if "workload_ratio" not in s and result.get("blocks"):  # a result summarized before the workload ratio
+        cfg = result.get("config", {})
+        _, work = workload_ratios(pd.DataFrame(result["blocks"]), int(cfg.get("n_boot", 2000)), int(cfg.get("seed", 0)))
+        s = s.join(work, on="arm")
     bounds = result.get("oracle") or {}
     for key in ("exact", "surrogate"):
         gain = bounds.get(f"oracle_{key}_gain_over_best_static", np.nan)

@@ -60,7 +60,9 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     "rescaled": the same prediction at the machine's price level the run measured, see
     :func:`~speclimits.control.bench.with_prediction`), the
     decision time as a share of a round (net of vLLM's argmax where the controller makes the draft's token
-    choice itself, the gross time beside it), and the mean k drafted."""
+    choice itself, the gross time beside it), the mean k drafted, and the workload ratio: the best stock
+    K's time per token over all blocks (chosen on them) over the arm's, with its paired 95% interval
+    (:func:`~speclimits.control.report.workload_ratios`; what a user's workload sees)."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
     pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"
@@ -77,6 +79,8 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
             table["ms_per_token"], table["ms_per_token_lo"], table["ms_per_token_hi"])],
         "Speed vs best stock K [95% CI]": [_ci(e, lo, hi) for e, lo, hi in zip(
             table["vs_best_stock"], table["vs_best_stock_lo"], table["vs_best_stock_hi"])],
+        "Workload ratio vs best stock K, all blocks [95% CI]": [_ci(e, lo, hi) for e, lo, hi in zip(
+            table.get("workload_ratio", nan), table.get("workload_ratio_lo", nan), table.get("workload_ratio_hi", nan))],
         "Pooled / predicted ms/token (error)": pred,
         "Deciding (% of round)": dec,
         "Mean k": table.get("mean_k", pd.Series(np.nan, index=table.index)).to_numpy(),
@@ -138,6 +142,12 @@ class EngineBest:
     all_speed: float = np.nan
     all_speed_lo: float = np.nan
     all_speed_hi: float = np.nan
+    #: the workload ratio (all blocks' time per token of the best stock K over all of them, over the
+    #: policy's) with its paired interval, and that stock K; NaN where the result has none
+    workload_static: str | None = None
+    workload: float = np.nan
+    workload_lo: float = np.nan
+    workload_hi: float = np.nan
 
     @property
     def beat(self) -> bool:
@@ -166,6 +176,10 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
     if overall and overall != chosen and col in s:
         other = {"all_static": str(overall), "all_speed": float(r[col]), "all_speed_lo": float(r[f"{col}_lo"]),
                  "all_speed_hi": float(r[f"{col}_hi"])}
+    if "workload_ratio" in s:
+        other.update(workload_static=result["choice"].get("best_stock_workload") or best_stock_workload(s),
+                     workload=float(r["workload_ratio"]), workload_lo=float(r["workload_ratio_lo"]),
+                     workload_hi=float(r["workload_ratio_hi"]))
     return EngineBest(**other,
         batch=int(result["config"]["batch"]), policy=best, best_static=chosen,
         speed=float(r["vs_best_stock"]), speed_lo=float(r["vs_best_stock_lo"]), speed_hi=float(r["vs_best_stock_hi"]),
@@ -174,6 +188,12 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
         oracle_gain=float((result.get("oracle") or {}).get("oracle_exact_gain_over_best_static", np.nan)),
         n_policies=len(pols), n_faster=int((s.loc[pols, "vs_best_stock_lo"].astype(float) > 1).sum()),
         n_slower=int((s.loc[pols, "vs_best_stock_hi"].astype(float) < 1).sum()))
+
+
+def best_stock_workload(s: pd.DataFrame) -> str | None:
+    """The stock arm whose workload ratio is 1 (the reference) in a table indexed by arm."""
+    stock = [a for a in s.index if arms.arm(a).kind == "stock" and np.isclose(float(s.loc[a, "workload_ratio"]), 1.0)]
+    return stock[0] if stock else None
 
 
 def offline_best(table: pd.DataFrame) -> dict[str, Any]:
@@ -208,7 +228,10 @@ def verdict(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], of
                      f"{b.n_faster} of {b.n_policies} policies faster and {b.n_slower} slower with the interval "
                      f"clear of 1"
                      + (f"; against {arm_name(b.all_static)}, the best stock K over all blocks: "
-                        f"{fmt_ci(b.all_speed, b.all_speed_lo, b.all_speed_hi)}×" if b.all_static else "") + ")")
+                        f"{fmt_ci(b.all_speed, b.all_speed_lo, b.all_speed_hi)}×" if b.all_static else "")
+                     + (f"; workload ratio to {arm_name(b.workload_static)}, all blocks: "
+                        f"{fmt_ci(b.workload, b.workload_lo, b.workload_hi)}×"
+                        if b.workload_static and np.isfinite(b.workload) else "") + ")")
     return text + "**In the engine**, against stock vLLM: " + "; ".join(parts) + "."
 
 
@@ -226,6 +249,11 @@ def key_rows(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], o
             rows.append(Result.of(f"batch {b.batch}, engine: best policy ({arm_name(b.policy)}) over "
                                   f"{arm_name(b.best_static)}, paired speed ratio ({b.verdict} it)",
                                   b.speed, b.speed_lo, b.speed_hi, decimals=3, ref=refs.get(b.batch)))
+        for b in best:
+            if b.workload_static and np.isfinite(b.workload):
+                rows.append(Result.of(f"batch {b.batch}, engine: its workload ratio to {arm_name(b.workload_static)} "
+                                      "(all blocks' time per token)", b.workload, b.workload_lo, b.workload_hi,
+                                      decimals=3, ref=refs.get(b.batch)))
         for b in best:
             rows.append(Result.of(f"batch {b.batch}, engine: its share of the exact Oracle's gain",
                                   b.share, b.share_lo, b.share_hi, decimals=2, ref=refs.get(b.batch)))
@@ -245,19 +273,55 @@ def key_rows(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], o
     ]
 
 
-def bench_runs(trace, folder: Path | None = None) -> tuple[dict, str]:
-    """The engine benchmark results to show on a page on ``trace``: those fitted on it; on the memory-bound
-    twin's trace, for which the controller has not been measured in the engine yet, the bundled
-    (cache-resident) pair's, with a note that says so. ``folder``: where the results lie (default
-    ``data/control``)."""
-    from speclimits.control.report import BENCH_DIR, load_bench_runs
+def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
+    """The engine benchmark results to show on a page on ``trace``: those fitted on it, found in
+    ``data/control/<sub>`` (the bundled, cache-resident pair's) or ``data/control/twin/<sub>`` (the
+    memory-bound twin's); ``sub="replication"`` for the second runs. On the twin's trace without results
+    of its own, the bundled pair's, with a note that says so."""
+    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR, load_bench_runs
     from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
     from speclimits.trace import read_meta
 
-    folder = BENCH_DIR if folder is None else folder
-    runs, note = load_bench_runs(trace.meta, folder)
-    if not runs and Path(str(trace.path)).name == TWIN_TRACE.name and (BUNDLED_TRACE / "meta.json").exists():
-        runs, note = load_bench_runs(read_meta(BUNDLED_TRACE), folder)
+    note = ""
+    for folder in (BENCH_DIR / sub, TWIN_BENCH_DIR / sub):
+        runs, note = load_bench_runs(trace.meta, folder)
+        if runs:
+            return runs, note
+    if Path(str(trace.path)).name == TWIN_TRACE.name and (BUNDLED_TRACE / "meta.json").exists():
+        runs, note = load_bench_runs(read_meta(BUNDLED_TRACE), BENCH_DIR / sub)
         note = ("The controller has not been measured in the engine on the memory-bound twin yet: the engine "
                 f"tables below are the bundled (cache-resident) pair's, `{BUNDLED_TRACE.name}`. " + note)
     return runs, note
+
+
+def regime_of(result: dict[str, Any]) -> str:
+    """The regime a benchmark result was measured in, from its target: the memory-bound twin
+    (``speclimits models twin``, wider experts, the same function) or the bundled pair as trained
+    (cache-resident on this CPU)."""
+    target = Path(str(result.get("config", {}).get("target", "")))
+    twin = "twin" in target.name or (target / "twin.json").exists()
+    return "memory-bound twin" if twin else "cache-resident (the bundled pair as trained)"
+
+
+def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]], label: str,
+                    other_label: str) -> pd.DataFrame:
+    """The best policy against the best stock static K per batch size in two sets of benchmark results
+    (e.g. the memory-bound twin's and the cache-resident pair's): paired speed ratio on the held-out
+    blocks, workload ratio over all blocks (95% intervals), the share of the exact Oracle's gain, and
+    the Oracle's gain over the best static K on the same references."""
+    from speclimits.control.report import engine_table
+
+    rows = []
+    for name, results in ((label, runs), (other_label, other)):
+        for batch in sorted(results):
+            b = engine_best(engine_table(results[batch]), results[batch])
+            rows.append({"Regime": name, "Batch": batch, "Blocks": results[batch]["config"]["blocks"],
+                         "Best stock K (even blocks / all, workload)": f"{arm_name(b.best_static)} / "
+                         + (arm_name(b.workload_static) if b.workload_static else "–"),
+                         "Best policy": arm_name(b.policy),
+                         "Paired ratio [95% CI]": _ci(b.speed, b.speed_lo, b.speed_hi),
+                         "Workload ratio [95% CI]": _ci(b.workload, b.workload_lo, b.workload_hi),
+                         "Share of the exact Oracle's gain [95% CI]": _ci(b.share, b.share_lo, b.share_hi, 2),
+                         "Oracle over best static K": b.oracle_gain,
+                         "Policies faster / slower": f"{b.n_faster} / {b.n_slower} of {b.n_policies}"})
+    return pd.DataFrame(rows)
