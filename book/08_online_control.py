@@ -254,7 +254,8 @@ if oracle_ok:
                        + "; ".join(f"batch {b}: `{r['produced_by']}`" for b, r in sorted(again.items()))
                        + "). \"Replicated\": both intervals on the same side of 1, or both holding it.")
     else:
-        print("no second run in data/control/replication: nothing to set beside the first")
+        print("no second run of this benchmark (data/control/replication/, data/control/twin/replication/): "
+              "nothing to set beside the first")
 
 # %% tags=["hide-input"]
 if oracle_ok:

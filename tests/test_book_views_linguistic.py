@@ -236,3 +236,24 @@ def test_committed_benchmarks_are_measured_and_lossless():
         assert res["engine"]["cpu"]["flags"] and "choice" in res, f.name
         out = cview.engine(engine_table(res))
         assert {"plain decoding", "stock vLLM, K = 1"} <= set(out["Arm"]), f.name
+
+
+def test_bench_runs_are_those_fitted_on_the_trace_in_either_regime():
+    """Section 8 shows the benchmark runs fitted on its trace: the twin's trace finds data/control/twin/, the
+    bundled trace data/control/; the twin has no second run, and the bundled pair's second run is not set
+    beside the twin's first. Each run's regime is read from its target."""
+    from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
+    from speclimits.trace import Trace, read_meta
+
+    twin, bundled = (Trace(p, read_meta(p)) for p in (TWIN_TRACE, BUNDLED_TRACE))
+    runs, note = cview.bench_runs(twin)
+    assert sorted(runs) == [1, 4, 8] and "has not been measured" not in note
+    assert {cview.regime_of(r) for r in runs.values()} == {"memory-bound twin"}
+    assert all(r["config"]["trace"].endswith("twin-eagle3") for r in runs.values())
+    assert cview.bench_runs(twin, "replication")[0] == {}
+    ref, _ = cview.bench_runs(bundled)
+    assert sorted(ref) == [1, 4, 8] and {cview.regime_of(r) for r in ref.values()} == {
+        "cache-resident (the bundled pair as trained)"}
+    assert sorted(cview.bench_runs(bundled, "replication")[0]) == [1, 4, 8]
+    table = cview.regime_contrast(runs, ref, "memory-bound twin", "cache-resident")
+    assert len(table) == 6 and table["Regime"].tolist()[:3] == ["memory-bound twin"] * 3

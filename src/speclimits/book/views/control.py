@@ -277,7 +277,7 @@ def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
     """The engine benchmark results to show on a page on ``trace``: those fitted on it, found in
     ``data/control/<sub>`` (the bundled, cache-resident pair's) or ``data/control/twin/<sub>`` (the
     memory-bound twin's); ``sub="replication"`` for the second runs. On the twin's trace without results
-    of its own, the bundled pair's, with a note that says so."""
+    of its own, the bundled pair's (first runs only), with a note that says so."""
     from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR, load_bench_runs
     from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
     from speclimits.trace import read_meta
@@ -287,7 +287,7 @@ def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
         runs, note = load_bench_runs(trace.meta, folder)
         if runs:
             return runs, note
-    if Path(str(trace.path)).name == TWIN_TRACE.name and (BUNDLED_TRACE / "meta.json").exists():
+    if not sub and Path(str(trace.path)).name == TWIN_TRACE.name and (BUNDLED_TRACE / "meta.json").exists():
         runs, note = load_bench_runs(read_meta(BUNDLED_TRACE), BENCH_DIR / sub)
         note = ("The controller has not been measured in the engine on the memory-bound twin yet: the engine "
                 f"tables below are the bundled (cache-resident) pair's, `{BUNDLED_TRACE.name}`. " + note)
