@@ -3,7 +3,7 @@
 Inside the engine each of the controller's hooks runs right after a forward pass, whose weights and
 kernels push the controller's code and data out of the caches; a hook then costs several times what
 it costs in a loop (``benchmarks/top1_probe.py`` measures that inside vLLM). This benchmark drives the
-policy's side of the rounds (:class:`speclimits.control.extension.RoundDriver`, the code the worker
+policy's side of the rounds (:class:`speclimits.control.driver.RoundDriver`, the code the worker
 runs between its forwards) with seeded confidences, and before every call it walks through an array
 larger than the per-core L2 cache (``--evict-mb``), so every call starts cold as in the engine. It
 prints, per policy and batch size, the median µs per round (begin, every draft step, finish, observe)

@@ -15,6 +15,10 @@ Forms named ``small_*`` read the EAGLE-3 head's own logits (its 4,096-token draf
 hook on its logits processor) instead of the 8,192 target-vocabulary logits vLLM scatters them into;
 ``cross_entropy_*`` take the top-1 as ``exp(-cross_entropy)`` at the chosen token.
 
+Measured (medians, 1 / 4 / 8 rows): the production form 19.4 / 28.0 / 37.8 µs on the 4,096
+draft-vocabulary logits, 21.6 / 36.5 / 61.7 µs on the 8,192 target-vocabulary ones; cross-entropy at
+the chosen ids 58 / 79 / 102, numpy 68 / 107 / 155, logsumexp 131 / 229 / 344.
+
 Run alone on the machine (it times things), one OpenMP thread::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/top1_probe.py --batch 1 4 8 --prompts 8 --max-tokens 64

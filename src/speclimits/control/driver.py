@@ -8,6 +8,7 @@ with recorded confidences and outcomes. One decision path for both: the rules' e
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -165,9 +166,8 @@ class RoundDriver:
         return keep
 
     def run_round(self, rids: list[str], conf: Any, k_call: int) -> tuple[list[int], int]:
-        """One whole round from recorded top-1 probabilities ``conf`` ((len(rids), >= k_call), row i for
-        request i; an array or lists), as the engine's hooks drive it: :meth:`begin`, :meth:`step` per draft step (reading
-        a column only where :meth:`wants_confidence` says), :meth:`finish`. Returns (kept k, steps drafted)."""
+        """One whole round from recorded top-1 probabilities ``conf`` (row i for request i, >= k_call columns),
+        as the engine's hooks drive it. Returns (kept k, steps drafted)."""
         rnd = self.begin(rids, k_call)
         rows = conf.tolist() if hasattr(conf, "tolist") else conf  # Python floats, as the engine reads them
         for j in range(1, k_call + 1):
@@ -179,20 +179,13 @@ class RoundDriver:
     def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
         """After verification: request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and
         each paid ``cost_ms`` of the step."""
-        if not self.observes:
-            return
         for rid, k, e in zip(rids, ks, emitted):
             self.observe_one(rid, k, cost_ms, e)
 
-    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float | None = None) -> None:
-        """:meth:`observe` for one request (what the engine calls, request by request); ``u_bar``: the
-        pass's Ū, offline only (the engine does not count experts)."""
+    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
+        """:meth:`observe` for one request; ``u_bar``: the pass's Ū (offline only: the engine counts no experts)."""
         if self.observes:
-            st = self.state.get(rid)
-            if u_bar is None:
-                self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted)
-            else:
-                self.policy.engine_observe(self._state(rid) if st is None else st, k, cost_ms, emitted, u_bar)
+            self.policy.engine_observe(self._state(rid), k, cost_ms, emitted, u_bar)
 
     def release(self, rids: Any) -> None:
         for rid in rids:
@@ -200,11 +193,8 @@ class RoundDriver:
 
 
 class LateOutcomes:
-    """The engine's observation timing: a round's outcome reaches the policy one step late.
-
-    The tokens a round emitted reach the host in vLLM's bookkeeping, which runs after the next step's
-    drafting, so the worker reads them at the step after (the growth of each request's output since its
-    round), not from the sampled tensor (see :mod:`speclimits.control.extension`). Per request the round
+    """The engine's observation timing: a round's outcome reaches the policy one step late (the growth of
+    each request's output since its round; see :mod:`speclimits.control.extension`). Per request the round
     not read yet is kept: ``(k, its share of the round's ms, output tokens before it)``."""
 
     __slots__ = ("pending",)
@@ -213,9 +203,9 @@ class LateOutcomes:
         self.pending: dict[str, tuple[int, float, int]] = {}
 
     def verified(self, driver: RoundDriver, rids: list[str], ks: list[int], ms: float, requests: Any) -> None:
-        """This step verified ``ks[i]`` drafts of request ``rids[i]``, each paying ``ms`` of the round:
-        hand ``driver`` each request's previous round (its tokens: the request's output now, in
-        ``requests[rid].output_token_ids``, less the output before it) and keep this one."""
+        """This step verified ``ks[i]`` drafts of request ``rids[i]``, each paying ``ms`` of the round: hand
+        ``driver`` each request's previous round (its tokens: ``requests[rid].output_token_ids`` now less
+        before) and keep this one."""
         pend, observe = self.pending, driver.observe_one
         for rid, k in zip(rids, ks):
             n_now = len(requests[rid].output_token_ids)
@@ -229,32 +219,25 @@ class LateOutcomes:
             self.pending.pop(rid, None)
 
 
-
 class RoundRecords:
     """What the engine's rounds leave for :meth:`drain`: each round's kept k per request, its caps, the
     steps drafted and whether it ended early; the time spent in the controller's hooks (outside vLLM's
-    own calls) in all and per hook, the token choice's apart (it runs inside vLLM's draft step)."""
+    own calls) per hook, the token choice's apart (it runs inside vLLM's draft step)."""
 
     def __init__(self) -> None:
         self.records: list[tuple[list[int], list[int], int, bool]] = []
-        self.decide_s = 0.0
         self.hook_s: dict[str, float] = {}
         #: the token choice's time, added to the decision time when drained
         self.choice_s = 0.0
-        self.rounds = 0
-        self.early_exits = 0
 
     def spent(self, hook: str, t0: float) -> float:
-        """Book the time since ``t0`` to the controller (and to ``hook``); returns now."""
+        """Book the time since ``t0`` to ``hook``; returns now."""
         now = time.perf_counter()
-        self.decide_s += now - t0
         self.hook_s[hook] = self.hook_s.get(hook, 0.0) + now - t0
         return now
 
     def round(self, keep: list[int], rnd: EngineRound) -> None:
         """A round ended: ``keep``, the k kept per request of ``rnd``."""
-        self.rounds += 1
-        self.early_exits += rnd.early
         self.records.append((keep, rnd.cap, rnd.j, rnd.early))  # made dicts when drained
 
     def drain(self) -> dict[str, Any]:
@@ -264,10 +247,10 @@ class RoundRecords:
         last drain; and forget them."""
         hook_s = dict(self.hook_s)
         if self.choice_s:
-            hook_s["token_choice"] = hook_s.get("token_choice", 0.0) + self.choice_s
+            hook_s["token_choice"] = self.choice_s
         out = {"rounds": [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
                           for k, cap, j, early in self.records],
-               "decide_us": (self.decide_s + self.choice_s) * 1e6, "n_rounds": self.rounds,
-               "early_exits": self.early_exits, "hook_us": {k: v * 1e6 for k, v in hook_s.items()}}
+               "decide_us": sum(hook_s.values(), 0.0) * 1e6, "n_rounds": len(self.records),
+               "early_exits": sum(r[3] for r in self.records), "hook_us": {k: v * 1e6 for k, v in hook_s.items()}}
         self.__init__()
         return out

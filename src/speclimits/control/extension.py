@@ -1,50 +1,41 @@
 """The worker extension that applies a policy per request per round inside stock vLLM (no fork).
 
 Load it with ``LLM(..., worker_extension_cls="speclimits.control.extension.ControlWorkerExtension",
-async_scheduling=False)``; it subclasses :class:`speclimits.tracing.extension.TracingWorkerExtension`,
-so the same engine can also be traced (``speclimits_install``), and the trace then records the k
-chosen per round (its ``n_draft``). Arm it with ``llm.collective_rpc("speclimits_control_set",
-args=(policy_json_dict, name))``.
+async_scheduling=False)``; it subclasses the tracer's extension, so the same engine can also be traced
+(the trace's ``n_draft`` is then the k chosen per round). Arm it with
+``llm.collective_rpc("speclimits_control_set", args=(policy_json_dict, name))``.
 
-What it wraps on the V1 model runner and its drafter (instance attributes, removed by
-``speclimits_control_uninstall``; verified on vLLM 0.32.0, CPU, V1 runner):
+What it wraps (instance attributes, removed by ``speclimits_control_uninstall``; vLLM 0.32.0, CPU, V1 runner):
 
 ``runner.execute_model``            start of a step (round timer)
 ``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (the price
-                                    refresh), and the previous round's outcome (tokens emitted per
-                                    request, read from vLLM's own host copy, see below) goes to
-                                    ``engine_observe``; ``engine_plan`` caps k
+                                    refresh) and the previous round's outcome goes to ``engine_observe``;
+                                    ``engine_plan`` caps k
 ``drafter.model.compute_logits``    keeps the logits of each draft step
 ``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
                                     the cheaper input of the top-1 probability
 ``drafter._greedy_sample``          for the rules that read confidences: the token choice
-                                    (:class:`TokenChoice`; on steps that read the top-1, one compiled
-                                    call, :mod:`speclimits.control.top1op`, or one softmax-max gives
-                                    both); untouched for the others
+                                    (:class:`TokenChoice`; on steps that read the top-1, one compiled call
+                                    of :mod:`speclimits.control.top1op`, or torch, gives both)
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
                                     ``engine_more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
 ``drafter.propose``                 catches it and returns the steps drafted so far; for a rule that
-                                    plans before drafting (static K, EMA, Cascade, throughput-aware)
-                                    it passes the longest cap as ``num_speculative_tokens`` (the
-                                    per-call draft length vLLM's dynamic speculative decoding sets),
-                                    so the loop ends by itself (measured: the extension's static K = 2
-                                    at batch 1 went from 0.986x stock K = 2 with the early exit to as
-                                    fast as stock)
+                                    plans before drafting it passes the longest cap as
+                                    ``num_speculative_tokens`` (vLLM's per-call draft length), so the
+                                    loop ends by itself (measured: static K = 2 at batch 1 went from
+                                    0.986x stock K = 2 with the early exit to as fast as stock)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
 
-The rules with memory (running λ, EMA, Cascade, throughput-aware) see each round's outcome one round
-late: the tokens a round emitted reach the host in vLLM's bookkeeping, which runs after this step's
-drafting, so the controller reads them (the growth of the request's ``output_token_ids``) at the next
-step instead of copying the sampled tensor a second time (a ``tolist`` right after the forward, 10 µs
-at any batch size here). A rule that decides round r + 1 has then seen rounds 1..r - 1.
+The rules with memory see each round's outcome one round late: the tokens a round emitted reach the
+host in vLLM's bookkeeping, after this step's drafting, so the controller reads them (the growth of the
+request's ``output_token_ids``) at the next step instead of copying the sampled tensor a second time
+(10 µs at any batch size here). A rule that decides round r + 1 has then seen rounds 1..r - 1.
 
-K_max is ``num_speculative_tokens`` (the K the runner hands to ``propose``, which the batch-size
-table may already have lowered). Greedy drafting only. Refused with a clear error: asynchronous
-scheduling (``async_scheduling=True``: placeholders are scheduled before drafting, so a shorter
-draft would not shrink the pass), a runner other than the V1 one, a drafter without the hooks
-(ngram, parallel drafting, ``use_local_argmax_reduction``), probabilistic draft sampling.
-On GPU this path is untested (CUDA graphs with ragged k, host syncs per draft step).
+K_max is ``num_speculative_tokens`` as the runner hands it to ``propose``. Greedy drafting only.
+Refused with a clear error: asynchronous scheduling (placeholders are scheduled before drafting, so a
+shorter draft would not shrink the pass), a runner other than V1, a drafter without the hooks (ngram,
+parallel drafting, ``use_local_argmax_reduction``), probabilistic draft sampling. Untested on GPU.
 """
 
 from __future__ import annotations
@@ -114,22 +105,17 @@ class TokenChoice:
     """The greedy drafter's token choice, made by the controller where it reads confidences.
 
     vLLM takes each draft step's token with ``logits.argmax(-1)`` over the target vocabulary. Two
-    forms give the same ids: ``logits.max(-1).indices`` (both return the first maximal index, NaN
-    counting as maximal; the tests check ties, -inf rows and NaN), and, for an EAGLE-3 head with its
-    own vocabulary, the max over the head's logits mapped to target ids (``targets[i] = i + d2t[i]``,
-    the positions vLLM scatters them to; the same first maximum when ``targets`` increases, which is
-    checked before the form is allowed; the rows differ only when every logit of a row is -inf). Draft
-    ids never change the output (the target verifies them), only how many are accepted. On this
-    machine's CPU the argmax and max are unvectorised (``benchmarks/top1_probe.py``: 14 / 50 / 102 µs
-    at 1 / 4 / 8 rows for the argmax) while half the width halves them, so per row count the first
-    ``trials`` steps run the forms in turn, timed where the call sits; then the fastest is used. Time
-    spent in a form other than vLLM's argmax is booked to the controller and the argmax it replaced
-    (that row count's median) to :attr:`saved_s`, so decision time can be reported net of the token
-    choice taken over; an argmax is vLLM's own work, not booked.
+    forms give the same ids: ``logits.max(-1).indices`` (the first maximal index, NaN counting as
+    maximal), and, for an EAGLE-3 head with its own vocabulary, the max over the head's logits mapped to
+    target ids (``targets[i] = i + d2t[i]``; the same first maximum when ``targets`` increases, checked
+    before the form is allowed). Draft ids never change the output, only how many are accepted. On this
+    CPU the argmax and max are unvectorised while half the width halves them, so per row count the first
+    ``trials`` steps run the forms in turn, timed where the call sits, then the fastest is used. The
+    argmax a form replaced (that row count's median) is booked to :attr:`saved_s`, so decision time can
+    be reported net of the token choice taken over.
 
-    On a step whose top-1 probabilities the policy reads, :meth:`top1` gives both the ids and the top-1:
-    the compiled call of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`; None: torch
-    only) where it loaded, else its torch fallback.
+    On a step whose top-1 the policy reads, :meth:`top1` gives ids and top-1 from the compiled call of
+    :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch fallback.
     """
 
     FORMS = ("argmax", "max", "head")
@@ -143,7 +129,7 @@ class TokenChoice:
         self.saved_s = 0.0
         #: False: vLLM's argmax makes every draft token, the top-1 is computed after the step (a probe sets it)
         self.own = True
-        #: the compiled top-1 (:mod:`speclimits.control.top1op`), or None (torch makes every top-1)
+        #: the compiled top-1, or None (torch makes every top-1)
         self.op: Any = None
         self._no_targets: Any = None
         #: steps whose top-1 the compiled op made, and those torch made
@@ -156,10 +142,8 @@ class TokenChoice:
         st = self.stats.get(n)
         if st is None:
             st = self.stats[n] = [[[], [], []], None, 0.0]
-        form = st[1]
+        form, times, nf = st[1], st[0], 3 if head is not None else 2
         if form is None:  # a trial: the form with the fewest samples (the argmax first)
-            times = st[0]
-            nf = 3 if head is not None else 2
             form = min(range(nf), key=lambda f: len(times[f]))
         elif form == 2 and head is None:
             form = 1
@@ -172,11 +156,9 @@ class TokenChoice:
             ids = targets.index_select(0, head.max(-1).indices)
         dt = time.perf_counter() - t0
         if st[1] is None:
-            times = st[0]
             times[form].append(dt)
             if form == 0:
                 st[2] = float(np.median(times[0]))
-            nf = 3 if head is not None else 2
             if min(len(times[f]) for f in range(nf)) >= self.trials:
                 med = [float(np.median(times[f])) for f in range(nf)]
                 st[1] = med.index(min(med))
@@ -188,15 +170,14 @@ class TokenChoice:
         return ids, 0.0
 
     def load_op(self) -> None:
-        """Load the compiled top-1 (once per process, :func:`speclimits.control.top1op.load`)."""
         import torch
 
         self.op = top1op.load()
         self._no_targets = torch.empty(0, dtype=torch.long)
 
     def top1(self, logits: Any, targets: Any = None) -> tuple[Any, list[float]]:
-        """(ids, top-1 probabilities) of one step's ``logits`` (an EAGLE-3 head's own, mapped to target ids
-        by ``targets``, or None): the compiled call, or torch where it is not loaded or leaves the rows to it."""
+        """(ids, top-1 probabilities) of one step's ``logits`` (a head's own, mapped to target ids by
+        ``targets``, or None): the compiled call, or torch where it is not loaded or refuses the rows."""
         op = self.op
         if op is not None:
             ids, top1 = op.top1(logits, self._no_targets if targets is None else targets)
@@ -225,10 +206,9 @@ def check_policy(fit: PolicyFit, name: str) -> bool:
 class ControlWorkerExtension(TracingWorkerExtension):
     """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``.
 
-    Its parts, kept across policy switches: ``speclimits_pricing`` (profiling and the price refresh,
-    :class:`~speclimits.control.profile.EnginePricing`), ``speclimits_tokens`` (the token choice and the
-    top-1, :class:`TokenChoice`), ``speclimits_records`` (what a drain returns,
-    :class:`~speclimits.control.driver.RoundRecords`)."""
+    Its parts: ``speclimits_pricing`` (:class:`~speclimits.control.profile.EnginePricing`) and
+    ``speclimits_tokens`` (:class:`TokenChoice`), kept across policy switches; ``speclimits_records``
+    (:class:`~speclimits.control.driver.RoundRecords`, what a drain returns)."""
 
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The tracer's install; then, when :data:`ENV_POLICY` names a policy JSON and the engine
@@ -238,17 +218,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if getattr(self, "_sl_installed", False):  # control wraps the tracer's wrappers: unwrap in reverse order
             self.speclimits_control_uninstall()
         info = super().speclimits_install(options)
-        path = os.environ.get(ENV_POLICY)
-        if path and getattr(self.model_runner, "speculative_config", None) is not None:  # type: ignore[attr-defined]
-            info["control"] = self.speclimits_control_set(PolicyFit.read(path).to_dict(),
-                                                          os.environ.get(ENV_NAME, "delta"),
-                                                          int(os.environ.get(ENV_PROFILE, PROFILE_ROUNDS)))
+        speculates = getattr(self.model_runner, "speculative_config", None) is not None  # type: ignore[attr-defined]
+        if os.environ.get(ENV_POLICY) and speculates:
+            info["control"] = self.speclimits_control_arm()
         return info
 
     def speclimits_control_arm(self) -> dict[str, Any]:
         """Arm the policy named by the environment (:data:`ENV_POLICY`, :data:`ENV_NAME`,
         :data:`ENV_PROFILE`) without the tracer: what ``vllm serve`` users call once (for example
-        through the server's ``/collective_rpc`` endpoint), or what the worker does by itself."""
+        through the server's ``/collective_rpc`` endpoint)."""
         path = os.environ.get(ENV_POLICY)
         if not path:
             raise SpeclimitsError(f"speclimits control: set {ENV_POLICY} to a policy JSON "
@@ -299,7 +277,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 "profile": None if pricing.profile is None else pricing.profile.to_dict()}
 
     def _sl_apply(self) -> None:
-        """(Re)build the running policy and its round driver (:meth:`EnginePricing.policy`)."""
         self._sl_policy = self.speclimits_pricing.policy(self._sl_fit, self._sl_name, self._sl_k)
         self._sl_driver = RoundDriver(self._sl_policy)
 
@@ -335,24 +312,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
     # -- wrapping ---------------------------------------------------------------------------
     def _sl_wrap(self, runner: Any, drafter: Any) -> None:
         self._sl_patches = patches = Patches()  # the tracer's mechanism (its wrappers are wrapped here)
-        objs = {"runner": runner, "drafter": drafter, "model": drafter.model,
-                "head": getattr(drafter.model, "logits_processor", None)}
-
-        def wrap(obj: str, attr: str, factory: Any) -> None:
-            patches.wrap(objs[obj], attr, factory)
-
-        wrap("runner", "execute_model", self._sl_execute_model)
-        wrap("runner", "propose_draft_token_ids", self._sl_propose_ids)
-        wrap("runner", "take_draft_token_ids", self._sl_take)
-        wrap("drafter", "propose", self._sl_propose)
-        wrap("drafter", "_sample_draft_tokens", self._sl_sample_draft)
-        wrap("model", "compute_logits", self._sl_keep_output("_sl_logits"))
+        model = drafter.model
+        patches.wrap(runner, "execute_model", self._sl_execute_model)
+        patches.wrap(runner, "propose_draft_token_ids", self._sl_propose_ids)
+        patches.wrap(runner, "take_draft_token_ids", self._sl_take)
+        patches.wrap(drafter, "propose", self._sl_propose)
+        patches.wrap(drafter, "_sample_draft_tokens", self._sl_sample_draft)
+        patches.wrap(model, "compute_logits", self._sl_keep_output("_sl_logits"))
         if callable(getattr(drafter, "_greedy_sample", None)):
-            wrap("drafter", "_greedy_sample", self._sl_greedy)
+            patches.wrap(drafter, "_greedy_sample", self._sl_greedy)
         # an EAGLE-3 head with its own (smaller) vocabulary: its logits before vLLM scatters them
-        head = objs["head"]
-        if getattr(drafter.model, "draft_id_to_target_id", None) is not None and callable(getattr(head, "forward", None)):
-            wrap("head", "forward", self._sl_keep_output("_sl_small"))
+        head = getattr(model, "logits_processor", None)
+        if getattr(model, "draft_id_to_target_id", None) is not None and callable(getattr(head, "forward", None)):
+            patches.wrap(head, "forward", self._sl_keep_output("_sl_small"))
 
     def _sl_execute_model(self, orig: Any) -> Any:
         def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -385,23 +357,19 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def _sl_greedy(self, orig: Any) -> Any:
         """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
-        reads confidences. On a step whose top-1 probabilities the policy reads, one call gives both the
-        top-1 and the ids: the compiled call of :mod:`speclimits.control.top1op` (the logits' first maximum, as
-        vLLM's argmax) where it loaded, else one softmax and one max in torch (the probabilities' first
-        maximum: vLLM's argmax except where two logits round to the same probability, which changes
-        which draft token is proposed, never the output); on the others :class:`TokenChoice` makes
-        the choice (vLLM's argmax untouched where it is the fastest). Booked net of the argmax it
-        replaces, once that row count's argmax has been timed."""
+        reads confidences: on a step whose top-1 the policy reads, :meth:`TokenChoice.top1` gives ids and
+        top-1 in one call (torch's fallback takes the probabilities' first maximum, which may differ from
+        vLLM's argmax where two logits round to the same probability: another draft token, never another
+        output); on the others :class:`TokenChoice` makes the choice."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
         model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)
 
         def wrapped(hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
-            rnd = self._sl_round
-            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not self.speclimits_tokens.own:
+            rnd, tc = self._sl_round, self.speclimits_tokens
+            if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not tc.own:
                 return orig(hidden_states, *args, **kwargs)
             t0 = time.perf_counter()
-            tc = self.speclimits_tokens
             n = len(rnd.rids)
             st = tc.stats.get(n)
             fused = st is not None and st[1] is not None and self._sl_driver.wants_confidence(rnd)
@@ -431,7 +399,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_book_step(rnd, ids, top1, t1)
                 self._sl_booked = True
                 return ids
-            ids, vllm_s = tc(logits, self._sl_small if self._sl_targets is not None else None, self._sl_targets)
+            ids, vllm_s = tc(logits, self._sl_small if targets is not None else None, targets)
             records.choice_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
             return ids
         return wrapped
@@ -440,7 +408,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         def wrapped(scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            m = self._sl_observe(scheduler_output, sampled_token_ids, rids, t0)
+            m = self._sl_observe(scheduler_output, rids, t0)
             self._sl_t_prop = t0
             self.speclimits_records.spent("observe", t0)
             try:
@@ -448,8 +416,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
             finally:
                 t1 = time.perf_counter()
                 rnd, self._sl_round = self._sl_round, None
-                if rnd is not None:
-                    self._sl_finish_round(rnd, m, (t0 - self._sl_t_exec) * 1e3, (t1 - t0) * 1e3)
+                if rnd is not None:  # the round's kept k; while profiling, its step's times (outside: next step)
+                    keep = self._sl_driver.finish(rnd)
+                    self._sl_keep.update(zip(rnd.rids, keep))
+                    self.speclimits_records.round(keep, rnd)
+                    pricing = self.speclimits_pricing
+                    if pricing.left > 0 and pricing.timed(StepSample(m, (t0 - self._sl_t_exec) * 1e3, rnd.j,
+                                                                     (t1 - t0) * 1e3, n_batch=len(rnd.rids))):
+                        self.speclimits_control_profile()
                 self._sl_t_prop_end = self.speclimits_records.spent("finish_round", t1)
         return wrapped
 
@@ -550,24 +524,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_targets = targets
         return True
 
-    # -- rounds ---------------------------------------------------------------------------
-    def _sl_finish_round(self, rnd: EngineRound, m: int | None, verify_ms: float, draft_ms: float) -> None:
-        keep = self._sl_driver.finish(rnd)
-        self._sl_keep.update(zip(rnd.rids, keep))
-        pricing = self.speclimits_pricing
-        if pricing.left > 0:  # the time outside is booked at the next step's start
-            sample = StepSample(m=m, verify_ms=verify_ms, drafted=rnd.j, draft_ms=draft_ms, n_batch=len(rnd.rids))
-            if pricing.timed(sample):
-                self.speclimits_control_profile()
-        self.speclimits_records.round(keep, rnd)
-
-    def _sl_observe(self, sched: Any, sampled: Any, rids: list[str], now: float) -> int | None:
+    def _sl_observe(self, sched: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
-        drafts: the measured round (drafter start to drafter start, shared by the requests of the step),
-        the price refresh, and for the rules with memory the previous round's outcome (its k, its time
-        and the tokens it emitted, which vLLM's bookkeeping has added to the request's output since;
-        ``sampled``, the step's sampled tensor, is not read). Returns m when every request verified the
-        same m."""
+        drafts: the measured round (drafter start to drafter start, shared by the step's requests), the
+        price refresh, and for the rules with memory the previous round's outcome
+        (:class:`~speclimits.control.driver.LateOutcomes`). Returns m when every request verified the same m."""
         pricing = self.speclimits_pricing
         refresh = pricing.refreshes(self._sl_policy, len(rids))  # at the profiled batch size only
         profiling = pricing.left > 0
@@ -596,10 +557,4 @@ class ControlWorkerExtension(TracingWorkerExtension):
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
             self._sl_late.verified(driver, vr, ks, round_ms / n_step, self.model_runner.requests)  # type: ignore[attr-defined]
-        k0 = ks[0]
-        if len(vr) != n_step:
-            return None
-        for k in ks:
-            if k != k0:
-                return None
-        return k0 + 1
+        return ks[0] + 1 if len(vr) == n_step and min(ks) == max(ks) else None

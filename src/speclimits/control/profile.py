@@ -1,27 +1,22 @@
 """Round costs measured where the policy runs: profiled at engine start, refreshed while serving.
 
-The cost model of a trace prices rounds in the milliseconds of the machine and the day the trace was
-recorded, and only its target forward and draft steps. A policy inside the engine needs the costs of
-*this* engine now, in wall-clock ms, including what a round spends outside the forward and the drafter
-(scheduler, input preparation, sampling, output processing). So the controller times them itself:
+A trace's cost model prices rounds in the milliseconds of the machine and day it was recorded, and only
+its target forward and draft steps. A policy inside the engine needs *this* engine's costs now, in
+wall-clock ms, including what a round spends outside the forward and the drafter. So the controller
+times them itself:
 
-* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for the first rounds after it is armed
-  the controller drafts k = 1..K_max in turn (every request of the batch the same k; any k is
-  lossless) and times each engine step: the verification pass (``execute_model`` start to the
-  drafter's start, m = k + 1 rows per request), the drafter call (j steps) and the time outside both
-  (drafter end to the next step's start). Medians per m, a line in j for the drafter, the median
-  outside time: :class:`EngineProfile`, reported in ms.
-* **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in
-  wall-clock ms per request (the step's cost divided by the requests in it): ``beta0(m)`` from the
-  measured pass at width m, the draft line from the drafter's, the outside time added to the draft
-  intercept. From the offline fit only what timing cannot give: the expert slope α(m) and the Ū
-  predictor (at batch 1; at batch > 1 the step's Ū is not priced), the context slope c.
-* **Refresh** (:class:`PriceClock`): every later round at the profiled batch size, its measured
-  interval (drafter start to the next drafter start) against the price of the k each request drafted,
-  an exponentially weighted ratio (weight ``w`` on the newest round, clipped to [1/3, 3] against
-  outliers) that scales every price: a machine that slows down mid-run is followed. Steps with fewer
-  requests (a batch's tail) are left out: each of their requests pays a larger share of the step, which
-  is not a change of the machine's speed (counted in, they tripled the scale at batch 4).
+* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for the first rounds after it is armed the
+  controller drafts k = 1..K_max in turn (every request the same k; any k is lossless) and times each
+  step's verification pass (m = k + 1 rows per request), drafter call (j steps) and the time outside
+  both: :class:`EngineProfile`, medians per m, a line in j, the median outside time.
+* **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
+  ms per request (the step's cost shared by its requests). From the offline fit only what timing cannot
+  give: the expert slope α(m) and the Ū predictor (at batch 1 only), the context slope c.
+* **Refresh** (:class:`PriceClock`): every later round at the profiled batch size, its measured interval
+  against the price of the k each request drafted, an exponentially weighted ratio (clipped to [1/3, 3]
+  against outliers) that scales every price: a machine that slows down mid-run is followed. Steps with
+  fewer requests (a batch's tail) are left out: each request pays a larger share of the step, which is
+  no change of the machine's speed (counted in, they tripled the scale at batch 4).
 
 numpy alone (the worker imports it).
 """
@@ -106,12 +101,12 @@ class EngineProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineProfile":
         """The profile of :meth:`to_dict` (a benchmark result's ``profile``)."""
-        raw = d.get("verify_raw_ms")
-        known = {"batch", "verify_ms", "draft_ms0", "draft_ms1", "other_ms", "n_steps", "context_len", "verify_raw_ms"}
-        return cls(batch=int(d["batch"]), verify_ms={int(m): float(v) for m, v in d["verify_ms"].items()},
-                   draft_ms0=float(d["draft_ms0"]), draft_ms1=float(d["draft_ms1"]), other_ms=float(d["other_ms"]),
-                   n_steps=int(d["n_steps"]), context_len=float(d.get("context_len", 0.0)),
-                   extra={k: v for k, v in d.items() if k not in known},
+        d = dict(d)
+        raw = d.pop("verify_raw_ms", None)
+        return cls(batch=int(d.pop("batch")), verify_ms={int(m): float(v) for m, v in d.pop("verify_ms").items()},
+                   draft_ms0=float(d.pop("draft_ms0")), draft_ms1=float(d.pop("draft_ms1")),
+                   other_ms=float(d.pop("other_ms")), n_steps=int(d.pop("n_steps")),
+                   context_len=float(d.pop("context_len", 0.0)), extra=d,
                    verify_raw_ms=None if raw is None else {int(m): float(v) for m, v in raw.items()})
 
     @property
@@ -120,18 +115,16 @@ class EngineProfile:
         return self.verify_ms if self.verify_raw_ms is None else self.verify_raw_ms
 
     def pass_prices(self, k_max: int) -> list[float]:
-        """Per request, the measured pass with k + 1 rows each, for k = 0..k_max (k = 0 priced as k = 1:
-        m = 1 is not profiled), in ms per request: what :meth:`DeltaRule.batch_table
-        <speclimits.control.rules.DeltaRule.batch_table>` prices a batch's pass with."""
+        """The measured pass with k + 1 rows per request, in ms per request, for k = 0..k_max (k = 0 priced
+        as k = 1: m = 1 is not profiled): what the Delta rules' batch decision prices a pass with."""
         raw = self.pass_ms
         return [raw[max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
 
     def pass_at(self, rows: float) -> float:
-        """The verification pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured
-        (:attr:`pass_ms`): the next profiled width's (as the Delta rules price it,
-        :meth:`~speclimits.control.rules.DeltaRule.batch_table`); below the narrowest, the line through the
-        two narrowest (a batch's tail verifies fewer rows)."""
-        passes = self.pass_ms  # as measured (a wider pass may cost less)
+        """The pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured: the next
+        profiled width's (as the Delta rules price it); below the narrowest, the line through the two
+        narrowest (a batch's tail verifies fewer rows)."""
+        passes = self.pass_ms
         ms = sorted(passes)
         xs = np.array(ms, dtype=float) * self.batch
         ys = np.array([passes[m] for m in ms], dtype=float)
@@ -143,9 +136,8 @@ class EngineProfile:
         return float(ys[i])
 
     def step_ms(self, rows: float, drafted: int) -> float:
-        """The price of a step at batch > 1 as profiled: a pass of ``rows`` rows in all (:meth:`pass_at`), the
-        drafter's line when it ran ``drafted`` steps (until the last request stopped) and the time outside
-        both (what the offline batch replay charges a step)."""
+        """A step as profiled (what the offline batch replay charges): a pass of ``rows`` rows in all, the
+        drafter's line at ``drafted`` steps and the time outside both."""
         return self.pass_at(rows) + (self.draft_ms0 + self.draft_ms1 * drafted if drafted else 0.0) + self.other_ms
 
     def cost_model(self, base: CostModel, u_bar_mean: Any, k_max: int) -> CostModel:
@@ -219,7 +211,7 @@ def increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 class PriceClock:
-    """The refresh: ``scale`` follows measured round time over priced round time (see the module docstring)."""
+    """The refresh: ``scale`` follows measured over priced round time (see the module docstring)."""
 
     def __init__(self, weight: float = 0.05, clip: float = 3.0) -> None:
         self.weight, self.clip = float(weight), float(clip)
@@ -236,9 +228,7 @@ class PriceClock:
 
 
 class EnginePricing:
-    """Profiling and the price refresh of one engine (kept across policy switches): the steps timed
-    while :class:`ProfileCycle` runs, the :class:`EngineProfile` fitted from them, the
-    :class:`PriceClock` and the per-k prices the refresh reads (see the module docstring)."""
+    """Profiling and the price refresh of one engine, kept across policy switches (see the module docstring)."""
 
     def __init__(self) -> None:
         self.profile: EngineProfile | None = None
@@ -286,15 +276,13 @@ class EnginePricing:
         self.prices = np.nan_to_num(policy.model.mean_round_prices(policy.k_max, u_bar_mean)).tolist()
 
     def refreshes(self, policy: Policy, n_step: int) -> bool:
-        """Whether a step of ``n_step`` requests refreshes ``policy``'s prices: only at the profiled batch
-        size (a request's price is the profiled step's cost shared by that many requests, so a step of
-        fewer, a batch's tail, costs each more, which is no change of the machine's speed)."""
+        """Whether a step of ``n_step`` requests refreshes ``policy``'s prices: only at the profiled batch size."""
         prof = self.profile
         return prof is not None and policy.reads_prices and n_step == prof.batch
 
     def refresh(self, policy: Policy, ks: list[int], n_step: int, round_ms: float) -> None:
-        """The measured round ``round_ms`` of a step of ``n_step`` requests, of which those verifying drafts
-        drafted ``ks``, against its price: updates ``policy.price_scale``."""
+        """The measured ``round_ms`` of a step of ``n_step`` requests, those verifying drafts having drafted
+        ``ks``, against its price: updates ``policy.price_scale``."""
         price, top = self.prices, self.k_max
         priced = 0.0
         for k in ks:

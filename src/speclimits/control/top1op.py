@@ -1,34 +1,25 @@
 """A draft step's token choice and top-1 probability in one compiled call (CPU, float32), and its torch forms.
 
-The one home of the top-1 probability: :func:`top1` (compiled: ids and probabilities), its torch fallback
-:func:`top1_torch` (the same pair), and :func:`top1_probability` (the probabilities alone, where vLLM
-made the token choice).
+The one home of the top-1 probability: :func:`load` gives the compiled ``top1`` (ids and probabilities),
+:func:`top1_torch` its torch fallback (the same pair), :func:`top1_probability` the probabilities alone
+(where vLLM made the token choice).
 
-The rules that read the draft's confidence need, after every draft step, the top-1 probability of
-each request's row of the drafter's logits and the greedy token ids. In torch that is four dispatches
-(a softmax, a max, an ``index_select`` to the target's ids, a ``tolist``), each paying Python's and
-torch's call overhead with its code out of the caches right after the drafter's forward. This module
-compiles one C++ function (``torch.utils.cpp_extension.load_inline``) that makes both in one pass per
-row: the first maximum (torch's ``max`` and vLLM's argmax pick the same one), its id through the head's
-target map where there is one, and ``1 / sum(exp(x - max))``.
+In torch the pair is four dispatches (softmax, max, ``index_select`` to the target's ids, ``tolist``),
+each paying Python's and torch's call overhead with its code out of the caches right after the drafter's
+forward. The compiled function (``torch.utils.cpp_extension.load_inline``) makes both in one pass per row:
+the first maximum (as torch's ``max`` and vLLM's argmax), its id through the head's target map where there
+is one, and ``1 / sum(exp(x - max))``. Measured (``benchmarks/fused_top1_probe.py``, one thread, cold
+caches): 12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs for the torch calls at 1 / 4 / 8 rows.
 
-Measured (``benchmarks/fused_top1_probe.py``, AMD EPYC, one thread, caches cleared before every call):
-12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs for the four torch calls at 1 / 4 / 8 rows.
+Contract: the ids equal ``x.max(-1).indices`` (mapped through ``targets``) exactly; the probabilities equal
+``x.softmax(-1).amax(-1)`` to about 1e-6 relative (vectorised exponential, another summation order; a
+probability only sets how many tokens are drafted, never the output). Where a row is not finite, or ``x``
+is not a contiguous float32 CPU matrix, it returns ``(None, [])`` and the caller uses torch.
 
-Contract of :func:`top1`: the ids equal ``x.max(-1).indices`` (mapped through ``targets``) exactly; the
-probabilities equal torch's ``x.softmax(-1).amax(-1)`` to about 1e-6 relative (the exponential is
-vectorised by the compiler and the sum runs in another order, so they are not bit-equal; a probability
-only sets how many tokens are drafted, never the output, which the target verifies). Where a row is not
-finite (NaN, or every logit -inf), or ``x`` is not a contiguous float32 CPU matrix, it returns
-``(None, [])`` and the caller uses torch.
-
-The build (about 40 s, once per machine and source) lands in torch's extension cache
-(``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) under a name that hashes the source,
-the flags and this CPU's instruction-set flags, so a cache shared between machines never loads code
-built for another CPU. ``scripts/setup.sh test`` builds it; the engine builds it on first use otherwise (the
-worker waits for the build).
-It needs a C++ compiler and ninja (vLLM's CPU build depends on ninja); without them, or with
-``SPECLIMITS_TOP1_OP=off``, the controller uses torch. Check or build by hand::
+The build (about 40 s, once per machine and source) lands in torch's extension cache under a name that
+hashes the source, the flags and this CPU's instruction-set flags, so a shared cache never loads code
+built for another CPU. It needs a C++ compiler and ninja; without them, or with ``SPECLIMITS_TOP1_OP=off``,
+the controller uses torch. ``scripts/setup.sh test`` builds it, the worker otherwise on first use; by hand::
 
     .venv/bin/python -m speclimits.control.top1op
 """
@@ -182,29 +173,23 @@ def disagreement(mod: Any) -> str | None:
 
 def status() -> dict[str, Any]:
     """``{"compiled": bool, "reason": str | None, "load_s": float}`` after :func:`load` (empty before)."""
-    if "module" not in _STATE:
+    if not _STATE:
         return {}
     return {"compiled": _STATE["module"] is not None, "reason": _STATE["reason"], "load_s": _STATE["load_s"]}
 
 
 def top1_torch(x: Any, targets: Any = None) -> tuple[Any, list[float]]:
-    """The same as the compiled :func:`top1` in torch (its fallback): (ids, top-1 probabilities) of each row
-    of ``x``; the ids are the probabilities' first maximum, mapped through ``targets`` (``index_select``:
-    cheaper than ``targets[idx]``, no index parsing)."""
+    """The compiled ``top1`` in torch: (ids, top-1 probabilities) of each row of ``x``; the ids are the
+    probabilities' first maximum, mapped through ``targets`` (``index_select``: no index parsing)."""
     top, idx = x.softmax(-1).max(-1)
     return (idx if targets is None else targets.index_select(0, idx)), top.tolist()
 
 
 def top1_probability(logits: Any, n_rows: int, ids: Any = None) -> list[float]:
-    """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and
-    one max in torch (float32). ``logits`` may be the EAGLE-3 head's own logits over its draft
-    vocabulary (the target-vocabulary logits vLLM returns are the same values scattered among -inf:
-    the same softmax, on half the width here). Measured inside the engine right after the drafter's
-    forward (``benchmarks/top1_probe.py``, medians, 1 / 4 / 8 rows): 19.4 / 28.0 / 37.8 µs on the
-    4,096 draft-vocabulary logits, 21.6 / 36.5 / 61.7 µs on the 8,192 target-vocabulary ones; other
-    forms are slower (cross-entropy at the chosen ids 58 / 79 / 102, numpy 68 / 107 / 155, logsumexp
-    131 / 229 / 344). ``ids`` (the step's token choice) is not used: the signature lets a probe try
-    forms that read it."""
+    """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and one
+    max in torch (the fastest form ``benchmarks/top1_probe.py`` found). ``logits`` may be an EAGLE-3 head's
+    own (vLLM's target-vocabulary logits are the same values among -inf: the same softmax, half the width).
+    ``ids`` (the step's token choice) is not read here; the probe's forms read it."""
     import torch  # vLLM's own dependency (already loaded wherever this runs)
 
     if logits is None or logits.shape[0] != n_rows:
@@ -214,22 +199,7 @@ def top1_probability(logits: Any, n_rows: int, ids: Any = None) -> list[float]:
     return x.softmax(-1).amax(-1).tolist()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Build (or load) the op, check it against torch, print what happened; 1 when it is not usable."""
-    import argparse
-
-    argparse.ArgumentParser(prog="python -m speclimits.control.top1op",
-                            description="Build the control extension's compiled top-1 (once per machine, about "
-                                        "40 s) and check it against torch (ids equal, probabilities within "
-                                        "1e-5); the controller uses torch where it is not usable.").parse_args(argv)
-    mod = load()
-    st = status()
-    if mod is None:
-        print(f"speclimits top1op: not used ({st['reason']}); the controller uses torch")
-        return 1
-    print(f"speclimits top1op: {module_name()} ready in {st['load_s']:.1f} s, agrees with torch")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # build (or load) the op and check it against torch; exit 1 where it is not usable
+    if load() is None:
+        raise SystemExit(f"speclimits top1op: not used ({status()['reason']}); the controller uses torch")
+    print(f"speclimits top1op: {module_name()} ready in {status()['load_s']:.1f} s, agrees with torch")
