@@ -9,10 +9,6 @@ into a JSON), :mod:`~speclimits.control.offline` (offline prediction beside the 
 :mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per
 round), :mod:`~speclimits.control.engine` (building the engines), :mod:`~speclimits.control.bench`
 (``speclimits control bench``), :mod:`~speclimits.control.report` (the book's section 8; its charts
-are in :mod:`speclimits.figures.control`), :mod:`~speclimits.control.cli`.
-
-Command line::
-
-    speclimits control fit data/traces/measured-eagle3 --out policy.json --k-max 6
-    speclimits control bench --policy policy.json --batch 1 --limit 8 --blocks 3 --out bench.json
+are in :mod:`speclimits.figures.control`), :mod:`~speclimits.control.cli` (``speclimits control fit``,
+``speclimits control bench``).
 """

@@ -70,17 +70,12 @@ class StepSample:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests).
-
-    verify_ms : {m: median verification pass with m rows per request}, made non-decreasing in m (the
-        per-request price of every rule).
-    draft_ms0, draft_ms1 : the drafter call of j steps ≈ ``draft_ms0 + draft_ms1 · j`` (least squares
-        over the per-j medians). other_ms : median time outside the pass and the drafter.
-    verify_raw_ms : {m: the medians as measured}; a wider pass may cost less (the CPU kernels run rows
-        in tiles: at batch 8, passes of 16, 32 and 48 rows ran 8–12% faster than the non-decreasing
-        fit through 24, 40 and 56 said). What the Delta rules' batch decision prices a pass with
-        (None: ``verify_ms``).
-    """
+    """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests):
+    ``verify_ms`` {m: median pass with m rows per request}, made non-decreasing in m (every rule's price);
+    the drafter call of j steps ≈ ``draft_ms0 + draft_ms1 · j``; ``other_ms`` the median time outside both;
+    ``verify_raw_ms`` the medians as measured, which the Delta rules' batch decision prices a pass with (a
+    wider pass may cost less: the CPU kernels run rows in tiles, and at batch 8 passes of 16, 32 and 48 rows
+    ran 8–12% faster than the non-decreasing fit through 24, 40 and 56 said)."""
 
     batch: int
     verify_ms: dict[int, float]
