@@ -46,7 +46,7 @@ def plain_texts(prompts: list[str]) -> list[str]:
 
     from speclimits.control import engine as ce
 
-    llm = ce.build_stock_llm(str(TARGET), None, "eagle3", 0, batch=2)
+    llm = ce.build_llm(str(TARGET), None, "eagle3", 0, batch=2, extension=False)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
         return [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]

@@ -173,7 +173,7 @@ def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], p
     try:
         for k in [0, *cfg.static]:
             progress(f"building the stock engine K = {k} ...")
-            stock[k] = ce.build_stock_llm(cfg.target, cfg.draft if k else None, cfg.method, k, **kw)
+            stock[k] = ce.build_llm(cfg.target, cfg.draft if k else None, cfg.method, k, extension=False, **kw)
             ce.generate(stock[k], warm_ids, 16)
         progress(f"building the controlled engine (K_max = {fit.k_max}) and profiling it ...")
         engines.ctrl = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, **kw)

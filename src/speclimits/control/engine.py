@@ -31,11 +31,6 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
     return vllm.LLM(**kw)
 
 
-def build_stock_llm(*args: Any, **kwargs: Any) -> Any:
-    """Stock ``vllm.LLM`` (:func:`build_llm` with ``extension=False``)."""
-    return build_llm(*args, extension=False, **kwargs)
-
-
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order."""
     from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs
