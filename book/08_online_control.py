@@ -229,9 +229,17 @@ if oracle_ok and runs:
         page.table(view.regime_contrast(runs, other, here, view.regime_of(next(iter(other.values())))),
                    "tbl-control-regimes",
                    f"The best policy against the best stock static K per batch size, {here} (this page) and the other "
-                   "regime (measured; paired ratio on the held-out blocks, workload ratio over all blocks, 95% bootstrap "
-                   "intervals over blocks; the Oracle's gain offline on the same references, priced with each run's "
-                   "profiled costs).", decimals=3)
+                   "regime (measured, on the same kind of machine; blocks: "
+                   + ", ".join(f"{view.regime_of(r)} batch {bb} {r['config']['blocks']}"
+                               for rr in (runs, other) for bb, r in sorted(rr.items()))
+                   + "). Paired ratio on the held-out blocks, workload ratio over all blocks, 95% bootstrap intervals "
+                   "over blocks; the share of the exact Oracle's gain over the best static K (offline, same references, "
+                   "each run's profiled costs: "
+                   + ", ".join(f"{view.regime_of(r)} batch {bb} "
+                               f"{(r.get('oracle') or {}).get('oracle_exact_gain_over_best_static', float('nan')):.3f}×"
+                               for rr in (runs, other) for bb, r in sorted(rr.items()))
+                   + ").",
+                   decimals=3)
     else:
         print("no benchmark results of the other regime to set beside these")
 

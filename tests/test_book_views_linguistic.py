@@ -198,10 +198,10 @@ def test_key_rows_with_and_without_a_benchmark():
 
 def test_engine_table_for_the_reader_is_narrow():
     out = cview.engine(engine_table(_bench()))
-    assert len(out.columns) <= 7 and out["Arm"].tolist()[:3] == ["plain decoding", "stock vLLM, K = 3",
+    assert len(out.columns) <= 6 and out["Arm"].tolist()[:3] == ["plain decoding", "stock vLLM, K = 3",
                                                                  "static K = 3"]
     assert out["ms/token [IQR]"].str.replace(NB, " ").str.contains(r"^\d+\.\d+ \[\d+\.\d+; \d+\.\d+\]$").all()
-    assert out.loc[3, "Pooled / predicted ms/token (error)"] == "5.94 / 6.00 (+1%)" and out.loc[0, "Deciding (% of round)"] == "–"
+    assert out.loc[3, "Pooled / predicted ms/token (error)"] == "5.94 / 6.00 (+1%)" and out.loc[0, "Mean k; deciding (% of round)"] == "–"
 
 
 def test_share_frame_is_one_batch_with_policy_labels():
@@ -253,7 +253,7 @@ def test_bench_runs_are_those_fitted_on_the_trace_in_either_regime():
     assert cview.bench_runs(twin, "replication")[0] == {}
     ref, _ = cview.bench_runs(bundled)
     assert sorted(ref) == [1, 4, 8] and {cview.regime_of(r) for r in ref.values()} == {
-        "cache-resident (the bundled pair as trained)"}
+        "cache-resident pair"}
     assert sorted(cview.bench_runs(bundled, "replication")[0]) == [1, 4, 8]
     table = cview.regime_contrast(runs, ref, "memory-bound twin", "cache-resident")
     assert len(table) == 6 and table["Regime"].tolist()[:3] == ["memory-bound twin"] * 3
