@@ -220,6 +220,8 @@ if oracle_ok:
 # static $K$ at that batch size.
 
 # %% tags=["hide-input"]
+if oracle_ok and not runs:
+    print("no benchmark results for this trace: nothing to set beside the other regime's")
 if oracle_ok and runs:
     other_trace = BUNDLED_TRACE if Path(str(tr.path)).name == TWIN_TRACE.name else TWIN_TRACE
     other, _ = view.bench_runs(Trace(other_trace, read_meta(other_trace))) if (other_trace / "meta.json").exists() else ({}, "")
