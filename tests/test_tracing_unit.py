@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -312,11 +313,11 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
     time the draft proposal, and speclimits_uninstall puts every original back (no vLLM needed)."""
     from types import SimpleNamespace
 
-    from speclimits.tracing.extension import _RUNNER_WRAPPERS, TracingWorkerExtension
+    from speclimits.tracing.extension import TracingWorkerExtension
 
     class Runner:
         def execute_model(self, sched):
-            return "done"  # a step with no sampling after it
+            return sched  # a result (not None): no sampling follows this step
 
         def _model_forward(self, *a):
             return "forward"
@@ -325,6 +326,7 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
             return "sampled"
 
         def propose_draft_token_ids(self, *a):
+            time.sleep(0.002)
             return [[1, 2], [3]]
 
         def sample_tokens(self, *a):
@@ -338,15 +340,20 @@ def test_extension_wraps_the_runner_and_uninstall_restores_it():
     runner.drafter = SimpleNamespace(model=DraftModel())
     ext = TracingWorkerExtension()
     ext.model_runner = runner
+    wrapped = ["execute_model", "_model_forward", "_sample", "propose_draft_token_ids", "sample_tokens"]
+    assert ext.speclimits_step is None
     ext.speclimits_hook(runner)
-    assert [n for n in runner.__dict__ if n != "drafter"] == [n for n, _ in _RUNNER_WRAPPERS]  # in this order
+    assert [n for n in runner.__dict__ if n != "drafter"] == wrapped  # in this order
     assert "compute_logits" in runner.drafter.model.__dict__
-    assert runner.execute_model(object()) == "done" and ext._speclimits_step is None
-    step = SimpleNamespace(t_draft=None, drafted=None)
-    ext._speclimits_step = step
+    assert runner.execute_model("done") == "done" and ext.speclimits_step is None  # no sampling follows: no step
+    assert runner.execute_model(None) is None  # sampling follows: the step stays open
+    step = ext.speclimits_step
+    assert step is not None and step.drafted is None and not step.reqs
     assert runner.propose_draft_token_ids() == [[1, 2], [3]]
-    assert step.drafted == [2, 1] and step.t_draft is not None and step.t_draft >= 0
+    assert step.drafted == [2, 1] and step.t_draft >= 2.0  # ms, the proposal's sleep
+    assert runner.sample_tokens() == "tokens" and ext.speclimits_step is None  # closed
+    assert ext.speclimits_drain() == []  # no target forward ran in the step: nothing recorded
     assert runner.drafter.model.compute_logits(5) == 5
     ext.speclimits_uninstall()
-    assert not any(name in runner.__dict__ for name, _ in _RUNNER_WRAPPERS)
+    assert not any(name in runner.__dict__ for name in wrapped)
     assert "compute_logits" not in runner.drafter.model.__dict__

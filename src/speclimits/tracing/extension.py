@@ -324,6 +324,15 @@ class TracingWorkerExtension:
         self._speclimits_forced_flips = 0
         return out
 
+    @property
+    def speclimits_step(self) -> _Step | None:
+        """The engine step under way, read-only: opened by the wrapped ``execute_model`` (unless it
+        returns a result, when no sampling follows), filled by the forward and the draft proposal
+        (``drafted``: drafts per request, ``t_draft``: the proposal's time, ms on CPU, a pair of CUDA
+        events on GPU), closed by ``sample_tokens``. ``None`` between steps and before
+        :meth:`speclimits_hook`."""
+        return getattr(self, "_speclimits_step", None)
+
     # -- wrapping ------------------------------------------------------------------------
 
     def _speclimits_wrap(self, runner: Any) -> None:
