@@ -17,7 +17,7 @@ pass/fail table computed from the traces on disk:
 Runs: ``draft_model`` (self-draft) with K = 1 and 7 (passes of m = 2 and m = 8 rows), ``eagle3``
 with K = 3, in both modes; then one more engine for the tracing overhead. Checks (one row each):
 
-* vLLM API: :func:`speclimits.tracing.vllm_api.check_source` on the installed vLLM;
+* vLLM API: :func:`speclimits.tracing.vllm_api.check` on the installed vLLM;
 * Model Runner V2 refused without ``VLLM_USE_V2_MODEL_RUNNER=0`` (the start-up check's rule);
 * per trace: drafted / accepted totals equal vLLM's own counters, emitted tokens equal the
   output lengths, sampled ids equal vLLM's output (``meta.json`` checks);
@@ -229,11 +229,11 @@ def measure_overhead(setup: Setup, method: str = "draft_model", K: int = 7) -> d
 
 def check_api() -> Check:
     """The installed vLLM has every name of :data:`speclimits.tracing.vllm_api.NEEDS`."""
-    report = vllm_api.check_source()
-    n = len(report.rows)
-    if report.ok:
-        return Check("vLLM API surface", True, f"vLLM {report.version}: {n}/{n} names present as expected")
-    return Check("vLLM API surface", False, f"vLLM {report.version}: {vllm_api.describe_missing(report.missing)}")
+    missing = [m for m in vllm_api.check() if m.need.required]
+    version, n = vllm_api.installed_version(), len(vllm_api.NEEDS)
+    if not missing:
+        return Check("vLLM API surface", True, f"vLLM {version}: {n}/{n} rows as expected")
+    return Check("vLLM API surface", False, f"vLLM {version}: {vllm_api.describe_missing(missing)}")
 
 
 def check_v2_refusal(version: str) -> Check:

@@ -183,7 +183,7 @@ def _guard_llvmlite() -> None:
 
 
 def check_vllm_api() -> None:
-    """The start-up check: the installed vLLM's source has every private name the tracer uses
+    """The start-up check: the installed vLLM has every private name the tracer uses
     (:data:`speclimits.tracing.vllm_api.NEEDS`), and Model Runner V2 is not selected. Raises
     :class:`~speclimits.tracing.vllm_api.UnsupportedVllmError` in one line naming what is missing."""
     vllm_api.require_supported(cuda=cuda_available())

