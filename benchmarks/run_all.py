@@ -20,7 +20,7 @@ timing runs must run alone.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/run_all.py [--tests-seconds N]
 
-takes about 8 minutes on the 2-core machine (``--dry-run`` lists the commands and estimates).
+takes about 10 minutes on the 2-core machine (``--dry-run`` lists the commands and estimates).
 It writes ``benchmarks/results/run_all/run_all.json`` (machine state, every benchmark's record and
 figures), ``run_all.md`` (the table in markdown with the machine state) and ``logs/NAME.txt`` (each
 benchmark's standard output); that folder is meant to be committed as the record of the run.
@@ -101,6 +101,9 @@ BENCHMARKS: tuple[Bench, ...] = (
                "GPU (scripts/gpu_expert_cost.sh)"),
     Bench("book", None, (), 600, 45,
           note="`speclimits book --out TMP` on the bundled default trace, whole command"),
+    Bench("serve", "bench_serve.py", ("--tiny", "--out", "{work}/serve"), 420, 90,
+          note="--tiny: rates 1 and 4 req/s, plain, stock K = 2 and the controller, 1 repeat, 4 requests of 16 "
+               "tokens (script default 8 arms x 5 rates x 3 repeats x 32 x 128): smoke figures, no interval"),
     Bench("ray", "bench_ray_sweep.py", ("--prompts", "4", "--k", "0-1", "--max-tokens", "16"), 600, 100, cores=2,
           note="4 prompts x K 0-1 x 16 tokens (script default 8 x 0-3 x 48)"),
 )

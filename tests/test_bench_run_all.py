@@ -133,7 +133,8 @@ def test_commands_put_json_before_the_pass_through(tmp_path):
                                                                                          str(tmp_path / "f.json")]
     book = run_all.command(by_name["book"], tmp_path / "f.json", tmp_path)
     assert "book" in book and book[-2:] == ["--out", str(tmp_path / "book")]
-    assert sum(b.estimate_s for b in run_all.BENCHMARKS) <= 9 * 60  # the small settings stay small
+    # the small settings stay small (the served-load benchmark's three server starts added 90 s to 9 minutes)
+    assert sum(b.estimate_s for b in run_all.BENCHMARKS) <= 11 * 60
 
 
 def test_book_figure_from_the_build_log(tmp_path):
