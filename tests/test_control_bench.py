@@ -224,6 +224,34 @@ def test_batch_replay_sweep_reproduces_the_committed_prediction():
     assert at.loc["delta-fixed", "wasted_draft_steps"] < at.loc["delta-fixed:alone", "wasted_draft_steps"]
 
 
+def test_batch_replay_sweep_with_hindsight_keeps_only_matching_drafts():
+    """The sweep's hindsight replay (the confidences replaced by the truth) on the twin's batch-4 run: a rule
+    that knows which drafts match, allowed k = 0, keeps none that fails while the batch decides (tokens per round
+    = mean k + 1 but for the sequences' ends and a batch's last request), so it is at least as fast as the same rule reading the draft's
+    confidences; and the m = 1 pass the run did not profile is estimated from its plain-decoding arm."""
+    import importlib.util
+
+    path = DATA_DIR / "control" / "twin" / "bench-batch4.json"
+    spec = importlib.util.spec_from_file_location("batch_replay_sweep", Path(__file__).parents[1] / "benchmarks" /
+                                                  "batch_replay_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.sweep(path, [1.0], with_hindsight=True, estimate_m1=True)
+    assert table.attrs["m1_pass"].startswith("estimated") and 0 < table.attrs["m1_pass_ms"] < 25.2  # below m = 2
+    at = table[table["lambda_scale"] == 1.0].set_index(["arm", "confidence"])
+    for arm in ("delta-fixed", "delta-fixed:zero-k"):
+        assert at.loc[(arm, "hindsight"), "ms_per_token"] <= at.loc[(arm, "draft"), "ms_per_token"], arm
+    truth, draft = at.loc[("delta-fixed:zero-k", "hindsight")], at.loc[("delta-fixed:zero-k", "draft")]
+    # (a batch's last request, alone, is decided per request: it keeps the draft at which it stops)
+    assert truth["tokens_per_round"] == pytest.approx(truth["mean_k"] + 1, rel=0.05)
+    assert draft["tokens_per_round"] < 0.9 * (draft["mean_k"] + 1)
+    # without k = 0 every request keeps its first draft, matching or not; only the drafts after it must match
+    truth = at.loc[("delta-fixed", "hindsight")]
+    assert truth["mean_k"] < truth["tokens_per_round"] < truth["mean_k"] + 1
+    zero = at.loc[("delta-fixed:zero-k", "hindsight")]
+    assert zero["mean_k"] < at.loc[("delta-fixed", "hindsight"), "mean_k"]  # it drops the first drafts that fail
+
+
 def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path):
     """A trace written on Ray workers keeps part of its generations in shard logs (``shards/``): the
     benchmark's greedy references are read through :func:`speclimits.trace.io.read_generations`, so none is

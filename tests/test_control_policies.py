@@ -142,10 +142,11 @@ def test_calibration_map_one_value_at_a_time_is_np_interp():
 
 
 def batch_objective(pol, prods, lams, j, big_j, keep):
-    """The Delta rule's price of a batch round of ``big_j`` draft steps keeping ``keep`` (k_i in 1..J): step
-    cost ``s·(b·a·J + b·v(⌈mean k⌉))`` with v(k) = Ĉ(k) - a·k, or the measured pass when the engine set one
-    (a ragged pass priced as the next width the profile times), less a gain ``λ_i·P_i,t`` per kept token
-    t >= 2 (P extrapolated past step j with step j's confidence)."""
+    """The Delta rule's price of a batch round of ``big_j`` draft steps keeping ``keep`` (k_i in 1..J; 0..J
+    with ``zero``): step cost ``s·(b·a·J + b·v(⌈mean k⌉))`` with v(k) = Ĉ(k) - a·k, or the measured pass
+    when the engine set one (a ragged pass priced as the next width the profile times), less a gain
+    ``λ_i·P_i,t`` per kept token t >= 2 (t >= 1 with ``zero``; P extrapolated past step j with step j's
+    confidence)."""
     b, s, a = len(prods), pol.price_scale, pol.model.a
     v = pol.pass_ms if pol.pass_ms is not None else [pol.row[k] - a * k for k in range(pol.k_max + 1)]
     gain = 0.0
@@ -153,7 +154,7 @@ def batch_objective(pol, prods, lams, j, big_j, keep):
         prev = prod[j - 2] if j >= 2 else 1.0
         c = prod[j - 1] / prev if prev > 0 else 0.0
         ext = list(prod[:j]) + [prod[j - 1] * c ** (t - j) for t in range(j + 1, big_j + 1)]
-        gain += lams[i] * sum(ext[1:keep[i]])
+        gain += lams[i] * sum(ext[0 if pol.zero else 1:keep[i]])
     return s * (b * a * big_j + b * v[int(np.ceil(sum(keep) / b - 1e-12))]) - gain
 
 
@@ -164,25 +165,27 @@ def brute_force_batch(pol, prods, lams, j, last):
 
     best = (np.inf, None, None)
     for big_j in range(j, last + 1):
-        for keep in itertools.product(range(1, big_j + 1), repeat=len(prods)):
+        for keep in itertools.product(range(0 if pol.zero else 1, big_j + 1), repeat=len(prods)):
             q = batch_objective(pol, prods, lams, j, big_j, keep)
             if q < best[0] - 1e-12:
                 best = (q, big_j, list(keep))
     return best
 
 
+@pytest.mark.parametrize("zero", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_batch_decision_is_the_brute_force_optimum(seed):
+def test_batch_decision_is_the_brute_force_optimum(seed, zero):
     """The Delta rule's one decision for a batch (how many draft steps, how many tokens each request
-    keeps) attains the minimum of its objective over every J and keep vector, and the driver stops
-    the drafter where the batch rule says and keeps what it says."""
+    keeps, with ``zero-k`` possibly none) attains the minimum of its objective over every J and keep
+    vector, and the driver stops the drafter where the batch rule says and keeps what it says."""
     rng = np.random.default_rng(seed)
     b, k_max = 3, 4
     fit = hand_fit(k_max=k_max, lam=float(rng.uniform(1.0, 12.0)))
-    pol = fit.make("delta-fixed")
+    pol = fit.make("delta-fixed:zero-k" if zero else "delta-fixed")
+    assert pol.zero == zero
     assert pol.shared and not fit.make("delta-fixed:alone").shared
     pol.price_scale = float(rng.uniform(0.5, 2.0))
-    conf = rng.uniform(0.3, 1.0, size=(b, k_max))
+    conf = rng.uniform(0.0 if zero else 0.3, 1.0, size=(b, k_max))
     if seed == 0:
         conf[1, 1] = 0.0  # a calibrated confidence of 0: the products after it are 0
     prods = np.cumprod(conf, axis=1)
@@ -205,17 +208,19 @@ def test_batch_decision_is_the_brute_force_optimum(seed):
         if driver.step(rnd, conf[:, j - 1].tolist()):
             break
     pj = [np.cumprod([fit.calibration.predict_one(float(c)) for c in row[: rnd.j]]).tolist() for row in conf]
+    lam = [pol.engine_context(None)] * b  # λ0 at the price scale, as the driver hands it
     for j in range(1, rnd.j):
-        assert pol.engine_batch_more(j, [p[:j] for p in pj], [pol.lambda0] * b, k_max)
-    assert rnd.j == k_max or not pol.engine_batch_more(rnd.j, pj, [pol.lambda0] * b, k_max)
-    assert driver.finish(rnd) == pol.engine_batch_keep(pj, [pol.lambda0] * b)
+        assert pol.engine_batch_more(j, [p[:j] for p in pj], lam, k_max)
+    assert rnd.j == k_max or not pol.engine_batch_more(rnd.j, pj, lam, k_max)
+    assert driver.finish(rnd) == pol.engine_batch_keep(pj, lam)
     # batch 1: the request is priced alone (the per-request rule's stop)
     one = driver.begin(["x"], k_max)
     assert one.prods is None
 
 
+@pytest.mark.parametrize("zero", [False, True])
 @pytest.mark.parametrize("b", [2, 3, 4])
-def test_batch_stop_step_by_step_is_the_brute_force_optimum(b):
+def test_batch_stop_step_by_step_is_the_brute_force_optimum(b, zero):
     """Step by step as the driver asks (the same ``prods`` lists, grown by a step): the batch drafts on
     exactly when a longer round beats stopping now, and at a stop it keeps a keep vector of the least
     objective, both found by brute force — with zero confidences, measured (non-monotone) pass prices and
@@ -223,8 +228,9 @@ def test_batch_stop_step_by_step_is_the_brute_force_optimum(b):
     rng = np.random.default_rng(b)
     k_max = 5
     fit = hand_fit(k_max=k_max, lam=6.0)
+    kept_none = 0
     for trial in range(16):
-        pol = fit.make("delta-fixed")
+        pol = fit.make("delta-fixed:zero-k" if zero else "delta-fixed")
         if trial % 2:
             pol.pass_ms = (np.sort(rng.uniform(5.0, 9.0, size=k_max + 1)) + rng.normal(0, 0.3, k_max + 1)).tolist()
         pol.price_scale = float(rng.uniform(0.5, 2.0))
@@ -245,7 +251,9 @@ def test_batch_stop_step_by_step_is_the_brute_force_optimum(b):
                 q_best, _, _ = brute_force_batch(pol, prods, lams, j, j)
                 keep = pol.engine_batch_keep(prods, lams)
                 assert batch_objective(pol, prods, lams, j, j, keep) == pytest.approx(q_best, abs=1e-9), (trial, j)
+                kept_none += keep.count(0)
                 break
+    assert (kept_none > 0) == zero  # the k = 0 choices are exercised, and only where allowed
 
 
 @pytest.mark.parametrize("scale", [0.5, 2.0, 4.0])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speclimits.control.driver import RoundDriver
-from speclimits.control.profile import EngineProfile, PriceClock, StepSample, fit_profile, increasing
+from speclimits.control.profile import EngineProfile, PriceClock, ProfileCycle, StepSample, fit_profile, increasing
 from speclimits.control.rules import DeltaRule, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
 from speclimits.machine import KERNEL_FLAGS, cpu_info, describe
@@ -88,6 +88,32 @@ def test_profile_keeps_the_measured_passes_and_the_batch_rule_prices_with_them()
         kept_means.add(sum(keep) / 8)
     # mean k kept 3 (32 rows: the fast width) is chosen; 1 < k <= 2 (17-24 rows: the slow width) never
     assert 3.0 in kept_means and not any(1.0 < k <= 2.0 for k in kept_means), kept_means
+
+
+def test_profile_cycle_times_a_pass_of_one_row_per_request_and_prices_k0_with_it():
+    """The profile cycle runs k = 0..K_max: at k = 0 the drafter runs one step and every request keeps none
+    (the pass verifies one row each). The m = 1 pass is then the price of k = 0; without such steps k = 0 is
+    priced as k = 1 (an older profile)."""
+    from speclimits.control.driver import RoundDriver
+
+    cyc = ProfileCycle().setup(3, CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 5)},
+                                            alpha={m: 0.0 for m in range(1, 5)}, a=0.1, b=0.1))
+    driver, seen = RoundDriver(cyc), []
+    for _ in range(8):
+        keep, drafted = driver.run_round(["a", "b"], [[0.9] * 3, [0.1] * 3], 3)
+        seen.append((keep, drafted))
+    assert seen[:5] == [([0, 0], 1), ([1, 1], 1), ([2, 2], 2), ([3, 3], 3), ([0, 0], 1)]
+    passes = {1: 10.0, 2: 16.0, 3: 19.0, 4: 23.0}
+    steps = [StepSample(m=m, verify_ms=v, drafted=max(m - 1, 1), draft_ms=1.0, other_ms=1.0, n_batch=4)
+             for _ in range(3) for m, v in passes.items()]
+    prof = fit_profile(steps, k_max=3, batch=4)
+    assert prof.pass_prices(3) == pytest.approx([v / 4 for v in passes.values()])
+    assert prof.pass_at(4) == pytest.approx(10.0) and prof.pass_at(6) == pytest.approx(16.0)
+    model = prof.cost_model(CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 5)}, alpha={m: 0.0 for m in range(1, 5)},
+                                      a=0.1, b=0.1), np.full(5, 4.0), 3)
+    assert model.beta0[1] == pytest.approx(10.0 / 4)  # measured, not filled in from the narrowest drafted width
+    old = fit_profile([s for s in steps if s.m != 1], k_max=3, batch=4)
+    assert old.pass_prices(3)[0] == old.pass_prices(3)[1] == pytest.approx(16.0 / 4)
 
 
 def test_increasing_is_the_best_monotone_fit():

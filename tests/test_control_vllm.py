@@ -66,7 +66,7 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
         llm = ce.build_llm(str(target), str(draft), method, 4, batch=batch, load_format="dummy", max_model_len=256)
         try:
             arms = run_arms(ce, llm, PROMPTS, ["random:1", "static:2", "threshold", "delta", "delta-fixed:alone",
-                                               "cascade", "throughput"], 4)
+                                               "delta-fixed:zero-k", "cascade", "throughput"], 4)
         finally:
             ce.close(llm)
         for name, (outputs, drained) in arms.items():
@@ -87,9 +87,9 @@ def test_lossless_on_the_tiny_models(ce, tiny, batch):
 
 
 def test_profile_then_policy_lossless(ce, tiny):
-    """Armed with profiling, the controller cycles k = 1..K_max for the first rounds (every request the
-    same k), fits the costs, then applies the policy: outputs identical to plain decoding throughout,
-    and the profile covers every width."""
+    """Armed with profiling, the controller cycles k = 0..K_max for the first rounds (every request the
+    same k; at k = 0 none keeps a draft), fits the costs, then applies the policy: outputs identical to
+    plain decoding throughout, and the profile covers every width, one row per request included."""
     target, head = tiny
     llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
     plain = ce.generate(llm, PROMPTS, TOKENS)
@@ -104,9 +104,10 @@ def test_profile_then_policy_lossless(ce, tiny):
         ce.close(llm)
     assert outs == plain
     prof = drained["profile"]
-    assert prof is not None and set(prof["verify_ms"]) == {"2", "3", "4", "5"} and prof["batch"] == 2
-    first = drained["rounds"][:8]
-    assert [r["cap"][0] for r in first] == [1, 2, 3, 4, 1, 2, 3, 4] and all(len(set(r["k"])) == 1 for r in first)
+    assert prof is not None and set(prof["verify_ms"]) == {"1", "2", "3", "4", "5"} and prof["batch"] == 2
+    first = drained["rounds"][:10]
+    assert [r["cap"][0] for r in first] == [0, 1, 2, 3, 4] * 2 and all(len(set(r["k"])) == 1 for r in first)
+    assert [r["k"][0] for r in first[:5]] == [0, 1, 2, 3, 4] and first[0]["drafted"] == 1
     assert drained["price_scale"] > 0 and set(drained["hook_us"]) >= {"observe", "plan", "draft_step"}
 
 

@@ -26,7 +26,7 @@ class EngineRound:
     def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool,
                  shared: bool = False) -> None:
         self.rids, self.cap, self.ctx, self.k_call = rids, cap, ctx, k_call
-        self.cap_max = max(cap) if cap else 0
+        self.cap_max = max(max(cap), 1) if cap else 0  # a cap of 0 (keep no draft) still drafts one step
         self.keep = [-1] * len(rids)
         self.prod = [1.0] * len(rids)
         self.confs: list[list[float]] | None = [[] for _ in rids] if keep_confs else None
@@ -69,20 +69,21 @@ class RoundDriver:
         return st
 
     def begin(self, rids: list[str], k_call: int) -> EngineRound:
-        """The round's caps (1..k_call) and contexts, before drafting."""
+        """The round's caps (0..k_call; 0: the request keeps no draft, though the drafter runs one step) and
+        contexts, before drafting."""
         pol, hi = self.policy, max(k_call, 1)
         if self._round_hook:
             pol.engine_round()
         n = len(rids)
         if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
-            cap = [min(max(pol.engine_plan(None), 1), hi)] * n
+            cap = [min(max(pol.engine_plan(None), 0), hi)] * n
             ctx = [] if self.plan_only else [pol.engine_context(None)] * n
         else:
             sts = [self._state(r) for r in rids] if self.has_state else [None] * n
             batch = pol.engine_batch_plan(sts) if self.batch_plan else None
             cap, ctx = [], []
             for i, st in enumerate(sts):
-                cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 1), hi))
+                cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 0), hi))
                 if not self.plan_only:
                     ctx.append(pol.engine_context(st))
         shared = self.shared and n > 1

@@ -534,17 +534,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
         profiling = pricing.left > 0
         if not (refresh or profiling or self._sl_driver.observes):
             return None  # nothing reads the outcome (static K, the threshold after profiling)
-        spec = sched.scheduled_spec_decode_tokens
-        if not spec:
-            return None
+        spec, kept = sched.scheduled_spec_decode_tokens or {}, self._sl_keep
         n_step = len(rids)
         idx, vr, ks = [], [], []
         for i, r in enumerate(rids):
             d = spec.get(r)
-            if d:
+            if d or kept.get(r) == 0:  # a request that kept no draft of its round verified one row
                 idx.append(i)
                 vr.append(r)
-                ks.append(len(d))
+                ks.append(len(d) if d else 0)
         if not idx:
             return None
         round_ms = (now - self._sl_t_prop) * 1e3

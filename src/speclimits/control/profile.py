@@ -6,9 +6,9 @@ wall-clock ms, including what a round spends outside the forward and the drafter
 times them itself:
 
 * **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for the first rounds after it is armed the
-  controller drafts k = 1..K_max in turn (every request the same k; any k is lossless) and times each
-  step's verification pass (m = k + 1 rows per request), drafter call (j steps) and the time outside
-  both: :class:`EngineProfile`, medians per m, a line in j, the median outside time.
+  controller drafts k = 0..K_max in turn (every request the same k; any k is lossless; at k = 0 the drafter
+  runs one step and no draft is kept) and times each step's verification pass (m = k + 1 rows per request),
+  drafter call (j steps) and the time outside both: :class:`EngineProfile`, medians per m, a line in j, the median outside time.
 * **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
   ms per request (the step's cost shared by its requests). From the offline fit only what timing cannot
   give: the expert slope α(m) and the Ū predictor (at batch 1 only), the context slope c.
@@ -33,12 +33,13 @@ from speclimits.control.rules import Policy
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 
-#: Rounds the controller profiles before applying a policy (20 per k at K_max = 6, about 2 s at batch 1 here).
-PROFILE_ROUNDS = 120
+#: Rounds the controller profiles before applying a policy (20 per k = 0..6 at K_max = 6, about 2 s at batch 1 here).
+PROFILE_ROUNDS = 140
 
 
 class ProfileCycle(Policy):
-    """k = 1, 2, ..., K_max, 1, 2, ... round after round, the same for every request (profiling)."""
+    """k = 0, 1, ..., K_max, 0, 1, ... round after round, the same for every request (profiling; at k = 0 the
+    drafter runs one step and every request keeps none, so the pass verifies one row per request)."""
 
     name = "profile"
     markov = False
@@ -47,7 +48,7 @@ class ProfileCycle(Policy):
         self.step = 0
 
     def engine_round(self):
-        self.k_now = 1 + self.step % self.k_max
+        self.k_now = self.step % (self.k_max + 1)
         self.step += 1
 
     def engine_plan(self, st):
@@ -111,9 +112,9 @@ class EngineProfile:
 
     def pass_prices(self, k_max: int) -> list[float]:
         """The measured pass with k + 1 rows per request, in ms per request, for k = 0..k_max (k = 0 priced
-        as k = 1: m = 1 is not profiled): what the Delta rules' batch decision prices a pass with."""
+        as k = 1 where m = 1 was not profiled): what the Delta rules' batch decision prices a pass with."""
         raw = self.pass_ms
-        return [raw[max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
+        return [raw[k + 1 if k + 1 in raw else max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
 
     def pass_at(self, rows: float) -> float:
         """The pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured: the next
@@ -140,7 +141,7 @@ class EngineProfile:
         b = float(self.batch)
         u = np.asarray(u_bar_mean, dtype=float)
         beta0, alpha = {}, {}
-        for m in range(2, k_max + 2):
+        for m in range(1 if 1 in self.verify_ms else 2, k_max + 2):
             a_m = float(base.alpha.get(m, 0.0)) if self.batch == 1 else 0.0
             beta0[m] = self.verify_ms[m] / b - a_m * u[m] - base.c * self.context_len
             alpha[m] = a_m
@@ -162,7 +163,7 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
     by_m: dict[int, list[float]] = {}
     by_j: dict[int, list[float]] = {}
     for s in full:
-        if s.m is not None and s.m >= 2:
+        if s.m is not None and s.m >= 1:
             by_m.setdefault(s.m, []).append(s.verify_ms)
         if s.drafted >= 1:
             by_j.setdefault(s.drafted, []).append(s.draft_ms)

@@ -182,14 +182,15 @@ class DeltaRule(Policy):
     before K_max costs one draft step (``a`` ms).
 
     ``shared``: at batch > 1 in the engine, one decision for the whole batch (:meth:`batch_select`)
-    instead of one per request.
+    instead of one per request. ``zero``: that decision may keep no draft token of a request (k = 0: the
+    request verifies one row), priced with the pass of one row per request.
     """
 
     reads_prices = True
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
                  u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
-                 stop: str = "lookahead", name: str = "", shared: bool = False):
+                 stop: str = "lookahead", name: str = "", shared: bool = False, zero: bool = False):
         if u_pred not in ("mean", "previous"):
             raise ValueError("u_pred must be 'mean' or 'previous'")
         if stop not in ("lookahead", "greedy"):
@@ -201,7 +202,7 @@ class DeltaRule(Policy):
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
         self.markov = not running_lambda and u_pred == "mean"
         self.name = name or "Delta rule"
-        self.shared = bool(shared)
+        self.shared, self.zero = bool(shared), bool(zero)
 
     @property
     def uses_pass_prices(self) -> bool:
@@ -213,7 +214,7 @@ class DeltaRule(Policy):
                 f"{' (running)' if self.running_lambda else ' (fixed)'}, "
                 f"Ū: {'mean per m' if self.u_pred == 'mean' else 'previous round'}, "
                 f"confidence {'calibrated' if self.calibration is not None else 'raw'}"
-                f"{', one decision per batch' if self.shared else ''}")
+                f"{', one decision per batch' if self.shared else ''}{', k = 0 allowed' if self.zero else ''}")
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
@@ -294,10 +295,11 @@ class DeltaRule(Policy):
 
     # -- the engine's batch form (``shared``, batch > 1): one decision for the whole batch ----------
     def batch_table(self, b: int) -> list[float]:
-        """The verification part of a step of ``b`` requests that keep ``b + n`` draft tokens in all (each at
-        least one), n = 0..b·(K_max - 1), before :attr:`price_scale`: ``b · v(⌈1 + n / b⌉)`` with ``v(k) =
-        Ĉ(k) - a·k`` (the round without its draft steps) or, once the engine profiled its passes, the
-        measured pass of k + 1 rows per request (:attr:`pass_ms`, not forced to grow with k). A pass of a
+        """The verification part of a step of ``b`` requests that keep ``n0 + n`` draft tokens in all,
+        n = 0..b·K_max - n0 (``n0 = b``: each keeps at least one; ``n0 = 0`` with :attr:`zero`), before
+        :attr:`price_scale`: ``b · v(⌈(n0 + n) / b⌉)`` with ``v(k) = Ĉ(k) - a·k`` (the round without its
+        draft steps) or, once the engine profiled its passes, the measured pass of k + 1 rows per request
+        (:attr:`pass_ms`, not forced to grow with k). A pass of a
         width between two profiled ones is priced as the wider: the profile times passes of b·m rows only,
         and the CPU kernels run rows in tiles (16 rows with AMX; at batch 8 on an Intel Xeon with AMX,
         passes of 16, 32 and 48 rows ran faster for their width than 24, 40 and 56)."""
@@ -305,15 +307,17 @@ class DeltaRule(Policy):
         if tab is None:
             a, kk = self.model.a, self.k_max
             v = self.pass_ms if self.pass_ms is not None else [self.row[k] - a * k for k in range(kk + 1)]
-            tab = self._vtab[b] = [b * v[min(-(-(b + n) // b), kk)] for n in range(b * (kk - 1) + 1)]
+            n0 = 0 if self.zero else b
+            tab = self._vtab[b] = [b * v[min(-(-(n0 + n) // b), kk)] for n in range(b * kk - n0 + 1)]
         return tab
 
     def _batch_gains(self, prods: list[list[float]], lams: list[float], j: int, last: int):
-        """``(t, [λ_i·P_i,t / s per request i])`` for the tokens t = 1..last (none for t = 1: every request
-        keeps its first token), P past step j extrapolated with step j's confidence ``P_j / P_(j-1)``."""
+        """``(t, [λ_i·P_i,t / s per request i])`` for the tokens t = 1..last (none for t = 1 unless
+        :attr:`zero`: every request keeps its first token), P past step j extrapolated with step j's
+        confidence ``P_j / P_(j-1)``."""
         inv_s = 1.0 / self.price_scale
         w = [lam * inv_s for lam in lams]
-        yield 1, []
+        yield 1, [wi * p[0] for wi, p in zip(w, prods)] if self.zero else []
         for t in range(2, j + 1):
             yield t, [wi * p[t - 1] for wi, p in zip(w, prods)]
         gains, ratio = [wi * p[j - 1] for wi, p in zip(w, prods)], []
@@ -345,7 +349,7 @@ class DeltaRule(Policy):
 
     def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
-        (``j``..``last``) and the tokens each request keeps (1..J).
+        (``j``..``last``) and the tokens each request keeps (1..J; 0..J with :attr:`zero`).
 
         A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request (until
         the last one stops) and the pass verifies ``n`` draft tokens beyond the first ones, priced by
@@ -356,7 +360,7 @@ class DeltaRule(Policy):
         big_j, _, n = min(self._batch_rounds(prods, lams, j, last), key=lambda r: r[1])
         items = sorted(((g, t, i) for t, level in self._batch_gains(prods, lams, j, big_j)
                         for i, g in enumerate(level)), reverse=True)
-        keep = [1] * len(prods)
+        keep = [0 if self.zero else 1] * len(prods)
         for _, _, i in items[:n]:
             keep[i] += 1
         return big_j, keep
@@ -668,7 +672,7 @@ class PolicyFit:
             pol = DeltaRule(self.lambda_, u, None if "raw-confidence" in mods else self.calibration,
                             "previous" if "previous-u" in mods else "mean", running_lambda=base == "delta",
                             prior_tokens=self.prior_tokens, stop="greedy" if "greedy-stop" in mods else "lookahead",
-                            shared="alone" not in mods)
+                            shared="alone" not in mods, zero="zero-k" in mods)
         elif name == "ema":
             pol = EmaAcceptedLength()
         elif name == "cascade":
