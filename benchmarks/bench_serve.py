@@ -377,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="concurrency of the warm-up, the controller's profile batch "
                          f"(default {DEFAULTS['warmup_concurrency']})")
     ap.add_argument("--profile-rounds", type=int, default=None,
-                    help="SPECLIMITS_CONTROL_PROFILE_ROUNDS (default: the controller's own, 120)")
+                    help="SPECLIMITS_CONTROL_PROFILE_ROUNDS (default: the controller's own, 140)")
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help=f"server --max-num-seqs (default {DEFAULTS['max_num_seqs']})")
     ap.add_argument("--seed", type=int, default=0, help="arm order, prompt order and arrival seed (default 0)")
@@ -568,7 +568,13 @@ def control_record(drained: dict[str, Any], armed: dict[str, Any] | None) -> dic
             "profile_batch": profile.get("batch") if isinstance(profile, dict) else None}
 
 
-def held_out_prompts(trace: Path, fit: Any) -> list[Any]:
+def held_out_prompts(trace: Path, fit: Any, target: str) -> list[Any]:
+    """The policy's held-out prompts of ``trace``; a prompt given as token ids (a long-context prompt) is sent
+    as its text decoded with the target's tokenizer, as a client of the server would send it."""
+    from dataclasses import replace
+
+    from tokenizers import Tokenizer
+
     from speclimits.trace.prompts import read_prompts
 
     prompts = read_prompts(trace / "prompts.jsonl")
@@ -576,6 +582,9 @@ def held_out_prompts(trace: Path, fit: Any) -> list[Any]:
     chosen = [p for p in prompts if p.id in want]
     if not chosen:
         raise SpeclimitsError(f"none of the policy's {len(want)} test prompts are in {trace / 'prompts.jsonl'}")
+    if any(p.text is None for p in chosen):
+        tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
+        chosen = [p if p.text is not None else replace(p, text=tok.decode(list(p.token_ids))) for p in chosen]
     return chosen
 
 
@@ -630,7 +639,7 @@ def measure(cfg: dict[str, Any]) -> int:
     elif not policy.exists():
         fit_policy(Path(cfg["trace"]), k_max=6).write(policy)
     fit = PolicyFit.read(policy)
-    prompts = held_out_prompts(Path(cfg["trace"]), fit)
+    prompts = held_out_prompts(Path(cfg["trace"]), fit, cfg["target"])
     ks = parse_int_list(cfg["k"], "--k", "'1-6' or '2,4'", "K", 1) if cfg["k"] else list(range(1, fit.k_max + 1))
     arms = [PLAIN] + [stock_key(k) for k in ks] + [cfg["policy_name"]]
     if arm(cfg["policy_name"]).kind != "policy":
