@@ -111,6 +111,48 @@ def test_profile_then_policy_lossless(ce, tiny):
     assert drained["price_scale"] > 0 and set(drained["hook_us"]) >= {"observe", "plan", "draft_step"}
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+def test_offline_driver_replays_the_engine_decisions_exactly(ce, tiny, batch):
+    """The engine's round driver, recording what it was given (the price scale as refreshed, each round's
+    requests, each step's top-1 probabilities as read, each outcome when the engine observed it, one round
+    late), and a fresh offline driver of the same policy fed that record: the same k for every request of
+    every round, for a rule per kind (per-request stop, running λ with memory, the batch decision, a plan
+    from counts, plan-only rules with memory). The profile (and so the price refresh) is measured first."""
+    from speclimits.control.driver import replay
+    from speclimits.control.profile import EnginePricing, EngineProfile
+
+    target, head = tiny
+    fit = PolicyFit.from_dict(policy_dict(4))
+    llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=batch, load_format="dummy", max_model_len=256)
+    try:
+        llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "static:2", 15))
+        ce.generate(llm, PROMPTS, TOKENS)  # profiles k = 0..4 three times, then static K = 2
+        prof = llm.collective_rpc("speclimits_control_drain")[0]["profile"]
+        assert prof is not None
+        got = {}
+        for name in ("threshold", "delta", "delta-fixed", "ema", "throughput"):
+            llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), name, 0, True))
+            ce.generate(llm, PROMPTS, TOKENS)
+            got[name] = llm.collective_rpc("speclimits_control_drain")[0]
+    finally:
+        ce.close(llm)
+    pricing = EnginePricing()
+    pricing.profile = EngineProfile.from_dict(prof)
+    for name, drained in got.items():
+        log = drained["inputs"]
+        assert log and drained["n_rounds"] > 0, name
+        again = replay(pricing.policy(fit, name, 4), log)
+        engine = [(r["k"], r["drafted"]) for r in drained["rounds"]]
+        assert [(r["k"], r["steps"]) for r in again] == engine, name  # the record is the engine's rounds, all
+        assert [(r["k_now"], r["steps_now"]) for r in again] == engine, name  # decided again: the same
+        if name in ("delta", "ema", "throughput"):
+            assert any(ev[0] == "observe" for ev in log), name  # the rules with memory were given outcomes
+        if batch > 1:
+            assert any(len(r["k"]) > 1 for r in drained["rounds"]), name
+            if name.startswith("delta"):  # the rules that read prices: the refresh moved the scale
+                assert any(ev[0] == "scale" for ev in log[1:]), name
+
+
 def test_lossless_on_the_bundled_pair(ce):
     """The bundled target + EAGLE-3 head, two prompts, batch 1 and batch 2: identical greedy outputs."""
     from speclimits.tracing.prompts import read_prompts

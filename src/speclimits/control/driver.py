@@ -87,7 +87,10 @@ class RoundDriver:
                 if not self.plan_only:
                     ctx.append(pol.engine_context(st))
         shared = self.shared and n > 1
-        return EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
+        rnd = EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
+        if self.plan_only and 0 < rnd.cap_max < k_call:  # a plan: the drafter is asked for the longest cap only
+            rnd.k_call = rnd.cap_max
+        return rnd
 
     def wants_confidence(self, rnd: EngineRound) -> bool:
         """Whether the draft step about to be booked needs the confidences: a request may still
@@ -191,6 +194,74 @@ class RoundDriver:
     def release(self, rids: Any) -> None:
         for rid in rids:
             self.state.pop(rid, None)
+
+
+class LoggingDriver(RoundDriver):
+    """A :class:`RoundDriver` that also keeps, in order, everything it was given (:attr:`log`): the price
+    scale when it changed, each round's request ids and draft length, each step's top-1 probabilities as
+    read (None where none was), the kept k, every outcome observed and every request released. The engine
+    records it on request (``speclimits_control_set(..., record_inputs=True)``); :func:`replay` decides
+    again from it. Events: ``["scale", s]``, ``["begin", rids, k_call]``, ``["step", top1]``, ``["keep",
+    keep]``, ``["observe", rid, k, cost_ms, emitted]``, ``["release", rids]``."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.log: list[list[Any]] = []
+        self._scale = math.nan
+
+    def begin(self, rids: list[str], k_call: int) -> EngineRound:
+        if self.policy.price_scale != self._scale:
+            self._scale = self.policy.price_scale
+            self.log.append(["scale", self._scale])
+        self.log.append(["begin", list(rids), int(k_call)])
+        return super().begin(rids, k_call)
+
+    def step(self, rnd: EngineRound, top1: list[float] | None) -> bool:
+        self.log.append(["step", None if top1 is None else list(top1)])
+        return super().step(rnd, top1)
+
+    def finish(self, rnd: EngineRound) -> list[int]:
+        keep = super().finish(rnd)
+        self.log.append(["keep", list(keep)])
+        return keep
+
+    def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
+        if self.observes:
+            self.log.append(["observe", rid, int(k), float(cost_ms), float(emitted)])
+        super().observe_one(rid, k, cost_ms, emitted, u_bar)
+
+    def release(self, rids: Any) -> None:
+        rids = list(rids)
+        self.log.append(["release", rids])
+        super().release(rids)
+
+
+def replay(policy: Policy, log: list[list[Any]]) -> list[dict[str, Any]]:
+    """Decide again, with a fresh :class:`RoundDriver` of ``policy``, from a :class:`LoggingDriver`'s
+    :attr:`~LoggingDriver.log` (the engine's inputs in the engine's order, its observation timing included).
+    Per round: ``k`` and ``steps``, the k kept and the draft steps run as recorded, and ``k_now`` and
+    ``steps_now``, what the fresh driver keeps and after which step it stops drafting (-1: it would have drafted
+    on past the recorded steps). Equal when the offline driver decides as the engine's did."""
+    driver, rnd, out, steps, stop = RoundDriver(policy), None, [], 0, None
+    for ev in log:
+        kind = ev[0]
+        if kind == "scale":
+            policy.price_scale = ev[1]
+        elif kind == "begin":
+            rnd, steps, stop = driver.begin(ev[1], ev[2]), 0, None
+        elif kind == "step":
+            steps += 1
+            if stop is None and (driver.step(rnd, ev[1]) or rnd.j >= rnd.k_call):
+                stop = rnd.j
+        elif kind == "keep":
+            out.append({"k": ev[1], "steps": steps, "k_now": driver.finish(rnd), "steps_now": -1 if stop is None else stop})
+        elif kind == "observe":
+            driver.observe_one(ev[1], ev[2], ev[3], ev[4])
+        elif kind == "release":
+            driver.release(ev[1])
+        else:
+            raise ValueError(f"unknown event {kind!r} in a driver log")
+    return out
 
 
 class LateOutcomes:

@@ -49,7 +49,7 @@ import numpy as np
 from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, EnginePricing, StepSample
 from speclimits.arms import OFFLINE_ONLY
-from speclimits.control.driver import EngineRound, LateOutcomes, RoundDriver, RoundRecords
+from speclimits.control.driver import EngineRound, LateOutcomes, LoggingDriver, RoundDriver, RoundRecords
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import Patches, TracingWorkerExtension
@@ -234,19 +234,24 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return self.speclimits_control_set(PolicyFit.read(path).to_dict(), os.environ.get(ENV_NAME, "delta"),
                                            int(os.environ.get(ENV_PROFILE, PROFILE_ROUNDS)))
 
-    def speclimits_control_set(self, policy: dict[str, Any], name: str, profile_rounds: int = 0) -> dict[str, Any]:
+    def speclimits_control_set(self, policy: dict[str, Any], name: str, profile_rounds: int = 0,
+                               record_inputs: bool = False) -> dict[str, Any]:
         """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records.
 
         ``profile_rounds > 0`` and no profile yet: the first ``profile_rounds`` drafting rounds run
         :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted
         (:meth:`speclimits_control_profile`) and ``name`` applies. A profile, once measured, is kept
-        across policy switches, and so is the refreshed price scale."""
+        across policy switches, and so is the refreshed price scale. ``record_inputs``: the round driver
+        keeps everything it is given (:class:`~speclimits.control.driver.LoggingDriver`; drained as
+        ``inputs``, from the policy's first round after any profiling), so that
+        :func:`~speclimits.control.driver.replay` can decide again from it."""
         fit = PolicyFit.from_dict(policy)
         reads_confidence = check_policy(fit, name)
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
         self._sl_fit, self._sl_name, self._sl_k = fit, name, min(fit.k_max, k_engine)
+        self._sl_driver_cls = LoggingDriver if record_inputs else RoundDriver
         if not hasattr(self, "speclimits_pricing"):
             self.speclimits_pricing = EnginePricing()
             self.speclimits_tokens = TokenChoice()
@@ -278,7 +283,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def _sl_apply(self) -> None:
         self._sl_policy = self.speclimits_pricing.policy(self._sl_fit, self._sl_name, self._sl_k)
-        self._sl_driver = RoundDriver(self._sl_policy)
+        self._sl_driver = self._sl_driver_cls(self._sl_policy)
 
     def speclimits_control_profile(self) -> dict[str, Any]:
         """Fit the costs from the steps timed so far (at this engine's batch size) and price the
@@ -293,13 +298,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
         record; and forget them (memory too)."""
         pricing, tokens = self.speclimits_pricing, self.speclimits_tokens
         out = {**self.speclimits_records.drain(), "policy": self._sl_name, "price_scale": pricing.clock.scale,
+               "inputs": getattr(self._sl_driver, "log", None),
                "profile": None if pricing.profile is None else pricing.profile.to_dict(),
                "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),
                "draft_vocab_top1": self._sl_small_ok,
                "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
         tokens.op_steps = tokens.torch_steps = 0
         tokens.saved_s = 0.0
-        self._sl_driver, self._sl_keep, self._sl_late = RoundDriver(self._sl_policy), {}, LateOutcomes()
+        self._sl_driver, self._sl_keep, self._sl_late = self._sl_driver_cls(self._sl_policy), {}, LateOutcomes()
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -434,11 +440,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
             self._sl_round = rnd = self._sl_driver.begin(rids, k_call)
             self._sl_booked = False
-            if self._sl_driver.plan_only and 0 < rnd.cap_max < k_call:
-                # a rule that plans before drafting: ask the drafter for the longest cap only (vLLM's
-                # own per-step draft length, the argument its dynamic speculative decoding sets), so
+            if rnd.k_call < k_call:
+                # a rule that plans before drafting: the driver asks the drafter for the longest cap only
+                # (vLLM's own per-step draft length, the argument its dynamic speculative decoding sets), so
                 # that its loop ends by itself instead of through an early exit
-                rnd.k_call = k_call = rnd.cap_max
+                k_call = rnd.k_call
                 if "num_speculative_tokens" in kwargs or not args:
                     kwargs["num_speculative_tokens"] = k_call
                 else:
