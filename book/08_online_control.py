@@ -40,8 +40,8 @@
 # the engine's own round driver, a batch of them at a time, with each step priced by its shape.
 #
 # **Where each quantity comes from.** In the engine the round costs are *measured on the serving
-# machine*: for its first 120 rounds the controller drafts $k = 1, \dots, K_{\max}$ in turn
-# and times the verification pass per width $m$, the drafter per step and the time outside both
+# machine*: for its first 140 rounds the controller drafts $k = 0, \dots, K_{\max}$ in turn (at $k = 0$
+# no draft is kept: a pass of one row per request) and times the verification pass per width $m$, the drafter per step and the time outside both
 # (scheduler, sampling, Python), then prices every round in those wall-clock milliseconds and rescales
 # the prices by the measured-over-priced ratio of the rounds it runs (an exponentially weighted
 # refresh, so a machine that slows down is followed). The offline fit supplies only what timing cannot:
@@ -213,6 +213,29 @@ if oracle_ok:
     display(Markdown(view.verdict(runs, tables, offline, bounds)))
 
 # %% [markdown]
+# **What each piece of a batch step's price is worth.** At batch > 1 a step's real shape has three parts a
+# per-request rule ignores: the drafter runs until the last request stops, each request may then keep a
+# prefix of what was drafted, and a request may keep nothing ($k = 0$: one row verified). The batch replay
+# adds them one at a time (the held-out references, the engine run's batches, each step priced by its shape
+# with the run's profiled passes) and replays each rule twice: reading the draft's calibrated confidences,
+# and with **hindsight** (the confidences replaced by the truth: 1 for the drafts before the first miss, 0
+# after), which is what the exact Oracle knows. The gap between the two columns is what the confidence
+# does not tell.
+
+# %% tags=["hide-input"]
+if oracle_ok:
+    pieces, pieces_src = view.batch_pieces(tr)
+    if pieces is None:
+        print(pieces_src)
+    else:
+        page.table(pieces, "tbl-control-batch-pieces",
+                   f"Offline batch replay (no timing; `{pieces_src}`, written by `benchmarks/batch_replay_sweep.py "
+                   "--hindsight`): speed ratio to the best static K of the same replay, the best over λ × 0.5–2 "
+                   "(at λ as fitted in parentheses), per piece of the batch decision, with the draft's confidences and "
+                   "with hindsight. Where a run profiled no pass of one row per request, that pass is estimated from "
+                   "its plain-decoding arm (the file says which).")
+
+# %% [markdown]
 # **Where the expert cost lives.** The same benchmark on the other regime, set beside this page's
 # (measured on the same kind of machine): the bundled pair as trained, whose passes are cache-resident on
 # this CPU (a pass of 2 to 7 rows costs nearly the same), and its memory-bound twin, whose passes stream
@@ -292,6 +315,52 @@ if oracle_ok:
             print("  " + res["note"])
 
 # %% [markdown]
+# ## Under served load
+#
+# A user runs the controller inside `vllm serve` with requests arriving on their own schedule, so the batch
+# size changes from step to step. `benchmarks/bench_serve.py` measures that as users measure it: one
+# OpenAI-compatible server per arm (plain decoding, stock vLLM at each static $K$, and the server with the
+# controller, which profiles its costs on a warm-up at a concurrency of 4), vLLM's own benchmark client
+# (`vllm bench serve`) sending the policy's held-out prompts with Poisson arrivals at several request rates
+# (greedy, 128 tokens each, the same prompts and arrival times for every arm of a repeat), every server and
+# client in a loopback-only network namespace. Per repeat each server runs every rate; the arms' order is
+# shuffled per repeat. Speeds are paired per repeat (the reference's mean over the arm's, or the arm's
+# throughput over the reference's: > 1 means the controller is faster), geometric means over repeats with 95%
+# bootstrap intervals over repeats; the best stock $K$ is chosen per rate and metric on the same runs, which
+# favours it. Below saturation every arm's output throughput is the offered load, so the latencies tell the
+# arms apart there. The book reads the committed runs (`summary.json` and one JSON per run in the
+# `vllm bench serve --save-result` format).
+
+# %% tags=["hide-input"]
+served = None
+if oracle_ok:
+    served, served_note = view.serve_summary(tr)
+    print(served_note)
+    if served is not None:
+        scfg = served["config"]
+        page.table(view.serve_table(served), "tbl-control-served",
+                   f"Measured inside `vllm serve` (vLLM {served['vllm']}) on {describe(served['machine']['cpu'])}, "
+                   f"{view.regime_of({'config': {'target': scfg['target']}})}: the controller "
+                   f"({view.arm_name(scfg['policy_name'])}) against "
+                   f"the best stock static K at each rate (stock K = {scfg['k']}) and plain decoding; "
+                   f"{scfg['repeats']} repeats × {scfg['requests']} requests of {scfg['tokens']} tokens per rate, "
+                   f"Poisson arrivals, at most {scfg['max_num_seqs']} requests at once (`{served['file']}`). Speed "
+                   "ratios (> 1: the controller is faster) in mean end-to-end latency, mean time per output token and "
+                   "output throughput, geometric mean over repeats [95% interval over repeats]; the controller's mean "
+                   "concurrency (Little's law); the aims per rate: at least the best stock K's speed and 0.95× plain "
+                   "decoding's, in E2E latency.")
+
+# %% tags=["hide-input"]
+if served is not None:
+    page.figure(control_figures.served_speed(view.serve_long(served)), "fig-control-served",
+                "The controller's speed under served load against the best stock K at each rate and against plain "
+                "decoding, per metric, over the request rate (measured; 95% intervals over repeats).")
+
+# %% tags=["remove-input"]
+if served is not None:
+    display(Markdown(view.serve_verdict(served)))
+
+# %% [markdown]
 # ## k chosen against k* along one greedy reference
 #
 # The replayed walk of each policy visits only the states its own rounds reach; the Oracles' $k^*$
@@ -309,7 +378,7 @@ if oracle_ok:
 # %% tags=["remove-input"]
 key.fill([bs.Result("Online policies against the Oracle", bs.NOT_IDENTIFIED)] if not oracle_ok else
          view.key_rows(runs, tables, offline, bounds, refs={b: f"tbl-control-engine-batch{b}" for b in runs},
-                       offline_ref="tbl-control-offline"))
+                       offline_ref="tbl-control-offline") + view.serve_key_rows(served))
 
 # %% [markdown]
 # ## Versions

@@ -54,3 +54,22 @@ def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
         x=alt.X("pos:Q", title="state n along the reference (tokens emitted)"),
         y=alt.Y("k:Q", title="k (draft length)"), color=alt.Color("who:N", title=None),
         tooltip=["who", "pos", "k"]).properties(width=WIDTH, height=HEIGHT)
+
+
+def served_speed(long: pd.DataFrame) -> alt.FacetChart:
+    """The controller's speed under served load against the best stock K at each rate and against plain decoding,
+    per metric (95% interval over repeats), against the request rate.
+
+    ``long``: :func:`speclimits.book.views.control.serve_long` rows (``rate``, ``metric``, ``against``, ``speed``,
+    ``lo``, ``hi``, ``concurrency``).
+    """
+    base = alt.Chart().encode(x=alt.X("rate:Q", title="request rate (req/s, Poisson)", scale=alt.Scale(type="log")),
+                              color=alt.Color("against:N", title="against"))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("speed:Q", title="speed ratio (> 1: the controller is faster)", scale=alt.Scale(zero=False)),
+        tooltip=["rate", "against", "reference", alt.Tooltip("speed:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
+                 alt.Tooltip("hi:Q", format=".3f"), alt.Tooltip("concurrency:Q", format=".1f")])
+    err = base.mark_rule().encode(y="lo:Q", y2="hi:Q")
+    one = alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(y=alt.datum(1.0))
+    return alt.layer(one, err, line, data=long).properties(width=WIDTH * 0.45, height=HEIGHT * 0.8).facet(
+        column=alt.Column("metric:N", title=None)).configure_legend(orient="bottom")

@@ -326,3 +326,162 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
                          "Workload [95% CI]": _ci(b.workload, b.workload_lo, b.workload_hi),
                          "Share of Oracle's gain [95% CI]": _ci(b.share, b.share_lo, b.share_hi, 2)})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------
+# Served load (benchmarks/bench_serve.py)
+# ---------------------------------------------------------------------------
+
+#: the served-load metrics shown, as (summary key, label); each turned into a speed (> 1: the arm is faster)
+SERVE_METRICS = (("mean_e2el_ms", "E2E latency"), ("mean_tpot_ms", "TPOT"), ("output_throughput", "throughput"))
+
+
+def serve_summary(trace) -> tuple[dict[str, Any] | None, str]:
+    """The served-load summary (``summary.json`` of ``benchmarks/bench_serve.py``) run on ``trace``'s prompts:
+    ``data/control/twin/serve/`` or ``data/control/serve/``; (None, why) when there is none."""
+    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR
+    from speclimits.jsonutil import read_json
+
+    name = Path(str(trace.path)).name
+    for folder in (TWIN_BENCH_DIR / "serve", BENCH_DIR / "serve"):
+        path = folder / "summary.json"
+        if path.exists():
+            summ = read_json(path, "served-load summary", ValueError)
+            if Path(str(summ["config"]["trace"])).name == name:
+                summ["file"] = str(path.relative_to(BENCH_DIR.parent.parent))
+                return summ, f"served-load runs: `{summ['file']}`"
+    return None, f"no served-load runs on {name}'s prompts (data/control/twin/serve/, data/control/serve/)"
+
+
+def _speed(entry: dict[str, Any], metric: str) -> tuple[float, float, float]:
+    """(ratio, lo, hi) of a summary ratio turned into a speed (> 1: faster): times are inverted."""
+    r, lo, hi = (float("nan") if entry.get(k) is None else float(entry[k]) for k in ("ratio", "lo", "hi"))
+    return (r, lo, hi) if metric == "output_throughput" else (1 / r, 1 / hi, 1 / lo)
+
+
+def serve_long(summ: dict[str, Any], arm: str | None = None) -> pd.DataFrame:
+    """One row per (rate, metric, reference) for the controller arm (``arm``; default the one policy arm):
+    its speed against the best stock K at that rate and against plain decoding, with 95% intervals over repeats."""
+    rows = pd.DataFrame(summ["rows"])
+    arm = arm or next(a for a in rows["arm"] if arms.arm(a).kind == "policy")
+    out = []
+    for r in rows[rows["arm"] == arm].itertuples():
+        for metric, label in SERVE_METRICS:
+            for ref, key in (("best stock K", "vs_best_stock"), ("plain decoding", "vs_plain")):
+                s, lo, hi = _speed(getattr(r, key)[metric], metric)
+                best = summ["best_stock"][_rate_key(summ, r.rate)][metric] if ref == "best stock K" else "plain"
+                out.append({"rate": float(r.rate), "metric": label, "against": ref, "reference": arm_name(best),
+                            "speed": s, "lo": lo, "hi": hi, "concurrency": float(r.mean_concurrency)})
+    return pd.DataFrame(out)
+
+
+def _rate_key(summ: dict[str, Any], rate: float) -> str:
+    return next(k for k in summ["best_stock"] if np.isclose(float(k), rate))
+
+
+def serve_verdicts(summ: dict[str, Any]) -> pd.DataFrame:
+    """Per rate, the aims of issue 43 on the served load, judged on the mean E2E latency (what a request
+    waits, queueing included): the controller at least as fast as the best stock K at that rate (speed >= 1)
+    and at least 0.95x plain decoding; each with its 95% interval over repeats."""
+    long = serve_long(summ)
+    e2e = long[long["metric"] == "E2E latency"]
+    out = []
+    for rate, g in e2e.groupby("rate"):
+        st, pl = (g[g["against"] == ref].iloc[0] for ref in ("best stock K", "plain decoding"))
+        out.append({"rate": rate, "concurrency": st["concurrency"], "best_stock": st["reference"],
+                    "vs_stock": st["speed"], "vs_stock_lo": st["lo"], "vs_stock_hi": st["hi"],
+                    "vs_plain": pl["speed"], "vs_plain_lo": pl["lo"], "vs_plain_hi": pl["hi"],
+                    "stock_met": bool(st["speed"] >= 1.0), "plain_met": bool(pl["speed"] >= 0.95)})
+    return pd.DataFrame(out)
+
+
+def serve_table(summ: dict[str, Any]) -> pd.DataFrame:
+    """The served-load table: per rate, the controller's mean concurrency, its speed against the best stock K
+    (E2E latency, TPOT, output throughput) and against plain decoding (E2E), and the verdict."""
+    long, ver = serve_long(summ), serve_verdicts(summ).set_index("rate")
+    rows = []
+    for rate, g in long.groupby("rate"):
+        def cell(metric: str, ref: str) -> str:
+            r = g[(g["metric"] == metric) & (g["against"] == ref)].iloc[0]
+            return _ci(r["speed"], r["lo"], r["hi"]) + (f" ({r['reference']})" if ref == "best stock K" and
+                                                        metric == "E2E latency" else "")
+        v = ver.loc[rate]
+        rows.append({"rate (req/s), concurrency": f"{rate:g}, {v['concurrency']:.1f}",
+                     "E2E vs best stock K": cell("E2E latency", "best stock K"),
+                     "TPOT vs best stock K": cell("TPOT", "best stock K"),
+                     "throughput vs best stock K": cell("throughput", "best stock K"),
+                     "E2E vs plain": cell("E2E latency", "plain decoding"),
+                     "aims (≥ stock, ≥ 0.95× plain)": f"{'met' if v['stock_met'] else 'missed'}, "
+                                                      f"{'met' if v['plain_met'] else 'missed'}"})
+    return pd.DataFrame(rows)
+
+
+def serve_verdict(summ: dict[str, Any]) -> str:
+    """Markdown: per load point, was the controller at least as fast as the best stock K and 0.95x plain?"""
+    ver, cfg = serve_verdicts(summ), summ["config"]
+    def side(lo: float, hi: float) -> str:
+        return "interval above 1" if lo > 1 else ("interval below 1" if hi < 1 else "interval holds 1")
+
+    parts = [f"{r.rate:g} req/s (concurrency {r.concurrency:.1f}): {_ci(r.vs_stock, r.vs_stock_lo, r.vs_stock_hi)}× "
+             f"{r.best_stock} ({'met' if r.stock_met else 'missed'}, {side(r.vs_stock_lo, r.vs_stock_hi)}), "
+             f"{_ci(r.vs_plain, r.vs_plain_lo, r.vs_plain_hi)}× plain decoding ({'met' if r.plain_met else 'missed'})"
+             for r in ver.itertuples()]
+    n_ok = int((ver["stock_met"] & ver["plain_met"]).sum())
+    n_clear = int((ver["vs_stock_lo"] > 1).sum())
+    return (f"**Under served load** ({cfg['policy_name']} inside `vllm serve`, {cfg['repeats']} repeats of "
+            f"{cfg['requests']} requests per rate; speed in mean end-to-end latency, 95% interval over repeats): "
+            + "; ".join(parts) + f". Both aims met (point estimates) at {n_ok} of {len(ver)} request rates; faster than "
+            f"the best stock K with the interval above 1 at {n_clear}.")
+
+
+def serve_key_rows(summ: dict[str, Any] | None, ref: str = "tbl-control-served") -> list[Result]:
+    """Headline rows of the served load: per request rate, the controller's speed in mean E2E latency against
+    the best stock K at that rate (95% interval over repeats)."""
+    if summ is None:
+        return []
+    return [Result.of(f"served, {r.rate:g} req/s (concurrency {r.concurrency:.1f}): controller over {r.best_stock}, "
+                      "speed in mean E2E latency", r.vs_stock, r.vs_stock_lo, r.vs_stock_hi, decimals=3, ref=ref)
+            for r in serve_verdicts(summ).itertuples()]
+
+
+# ---------------------------------------------------------------------------
+# The batch rule, piece by piece (benchmarks/batch_replay_sweep.py --hindsight)
+# ---------------------------------------------------------------------------
+
+#: the pieces of a step's price, in the order they are added, as (rule key, label)
+BATCH_PIECES = (("delta-fixed:alone", "each request priced alone"),
+                ("delta-fixed", "one decision for the batch (drafter to the last stop, each its best prefix)"),
+                ("delta-fixed:zero-k", "and k = 0 allowed"),
+                ("delta:zero-k", "the same, running λ"))
+
+
+def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
+    """The batch replay of each piece of the batch decision, with the draft's confidences and with hindsight
+    (``batch-rule-offline.json`` beside the trace's engine runs): per piece and batch size, the best speed ratio
+    to the best static K over the λ scales tried (at λ as fitted in parentheses). (None, why) without one."""
+    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR
+    from speclimits.jsonutil import read_json
+
+    runs, _ = bench_runs(trace)
+    if not runs:
+        return None, "no engine runs for this trace, so no batch replay of the batch rule's pieces"
+    twin = regime_of(next(iter(runs.values()))) == "memory-bound twin"
+    path = (TWIN_BENCH_DIR if twin else BENCH_DIR) / "batch-rule-offline.json"
+    if not path.exists():
+        return None, f"no batch replay of the batch rule's pieces for this trace's engine runs ({path.name})"
+    data = read_json(path, "batch replay", ValueError)
+    cols: dict[str, dict[str, str]] = {}
+    for res in data["results"].values():
+        rows = pd.DataFrame(res["rows"])
+        for conf, label in (("draft", "confidences"), ("hindsight", "hindsight")):
+            col = f"batch {res['batch']}, {label}"
+            cols[col] = {}
+            for key, _ in BATCH_PIECES:
+                g = rows[(rows["arm"] == key) & (rows["confidence"] == conf)]
+                if g.empty:
+                    continue
+                at = g[np.isclose(g["lambda_scale"].astype(float), 1.0)]["vs_best_static"]
+                cols[col][key] = f"{g['vs_best_static'].max():.3f}" + (f" ({at.iloc[0]:.3f})" if len(at) else "")
+    table = pd.DataFrame({"piece": [label for _, label in BATCH_PIECES],
+                          **{c: [v.get(k, "–") for k, _ in BATCH_PIECES] for c, v in cols.items()}})
+    return table, str(path.relative_to(BENCH_DIR.parent.parent))
