@@ -217,8 +217,9 @@
 # A policy inside the engine (section {ref}`sec-online-control`) prices a round that drafts $k$
 # tokens with costs **measured on the serving machine**, not with the trace's cost model:
 #
-# * **Profile at start.** For its first rounds (120 by default) the controller drafts
-#   $k = 1, \dots, K_{\max}$ in turn, the same $k$ for every request of the batch, and times each
+# * **Profile at start.** For its first rounds (140 by default) the controller drafts
+#   $k = 0, 1, \dots, K_{\max}$ in turn, the same $k$ for every request of the batch (at $k = 0$ the drafter
+#   runs one step and no draft is kept: a pass of one row per request, the price of keeping none), and times each
 #   engine step: the verification pass (the runner's `execute_model` to the drafter's start; $m = k+1$
 #   rows per request), the drafter call ($j$ steps) and the time outside both (the drafter's end to
 #   the next step: scheduler, input preparation, sampling, output processing). Per width $m$ the median
