@@ -125,18 +125,11 @@ def test_help_says_what_and_how_long():
 
 @pytest.mark.vllm
 def test_tiny_served_load_end_to_end(tmp_path):
-    from speclimits.tracing.ray_sweep import loopback_available
+    from loopback import QUIET_VLLM_ENV, require
 
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed")
-    why = loopback_available()
-    if why:
-        if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":  # CI: the namespace must be available
-            pytest.fail(f"no loopback-only network namespace for the served-load benchmark: {why}")
-        pytest.skip(why)
+    require("vllm", what="the served-load benchmark")
     out = tmp_path / "serve"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
-               VLLM_USAGE_STATS_ENABLED="0", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", DO_NOT_TRACK="1")
+    env = dict(os.environ, **QUIET_VLLM_ENV)
     t0 = time.time()
     proc = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(out), "--json", str(tmp_path / "f.json")],
                           capture_output=True, text=True, env=env, timeout=600)

@@ -21,22 +21,14 @@ SCENARIO = Path(__file__).with_name("serve_scenario.py")
 
 
 def test_policy_inside_vllm_serve_is_lossless(tmp_path):
-    import importlib.util
+    from loopback import QUIET_VLLM_ENV, require
 
     from speclimits.control.fit import fit_policy
-    from speclimits.tracing.ray_sweep import loopback_available, loopback_command
+    from speclimits.tracing.ray_sweep import loopback_command
 
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vllm is not installed")
-    why = loopback_available()
-    if why:
-        if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":  # CI: the namespace must be available
-            pytest.fail(f"no loopback-only network namespace for the server test: {why}")
-        pytest.skip(why)
+    require("vllm", what="the server test")
     policy = fit_policy(DATA_DIR / "traces" / "measured-eagle3", k_max=6).write(tmp_path / "policy.json")
-    env = dict(os.environ, HOME=str(tmp_path), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_USAGE_STATS_ENABLED="0",
-               VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", DO_NOT_TRACK="1")
+    env = dict(os.environ, HOME=str(tmp_path), VLLM_ENABLE_V1_MULTIPROCESSING="0", **QUIET_VLLM_ENV)
     proc = subprocess.run(loopback_command([sys.executable, str(SCENARIO), str(tmp_path), str(policy)]),
                           capture_output=True, text=True, env=env, timeout=900)
     log = tmp_path / "server.log"

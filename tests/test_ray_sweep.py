@@ -8,9 +8,7 @@ when Ray or vLLM is missing or no namespace can be made.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +21,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.trace import (done_generations, read_generations, read_parts_log, read_trace, remove_orphan_parts,
                               validate_trace, write_part, write_shard_log)
 from speclimits.tracing.prompts import Prompt
-from speclimits.tracing.ray_sweep import (Job, JobQueue, SweepWorker, default_shard_size, loopback_available,
+from speclimits.tracing.ray_sweep import (Job, JobQueue, SweepWorker, default_shard_size,
                                           loopback_command, loopback_env, plan_jobs)
 from speclimits.tracing.sweep import SweepConfig, SweepPlan
 
@@ -124,23 +122,11 @@ def test_workers_without_ray_fail_with_the_install_command(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def _unavailable() -> str | None:
-    """Why the Ray tests cannot run here (None: they can)."""
-    for module in ("ray", "vllm"):
-        if importlib.util.find_spec(module) is None:  # found, not imported: the scenarios import them
-            return f"{module} is not installed"
-    why = loopback_available()
-    return None if why is None else f"no loopback-only network namespace: {why}"
-
-
 @pytest.fixture(scope="module")
 def ray_runs(tmp_path_factory):
-    why = _unavailable()
-    if why:
-        # scripts/test.sh (the README's and CI's command) sets this: there the tests must run
-        if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":
-            pytest.fail(f"the distributed tests cannot run: {why}")
-        pytest.skip(why)
+    from loopback import require
+
+    require("ray", "vllm", what="the distributed tests")
     work = tmp_path_factory.mktemp("ray")
     env = loopback_env(work / "home")
     env["PYTHONPATH"] = str(SRC) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -9,9 +9,7 @@ resumed run and (marked ``ray`` too, in a loopback-only network namespace) the s
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -486,15 +484,11 @@ print("RESULT " + json.dumps({"complete": meta["complete"], "jobs": meta["distri
 @pytest.mark.vllm
 @pytest.mark.ray
 def test_ray_batch_sweep_equals_the_serial_one(batch_sweep, tmp_path):
-    from speclimits.tracing.ray_sweep import loopback_available, loopback_command, loopback_env
+    from loopback import require
 
-    why = next((f"{m} is not installed" for m in ("ray", "vllm") if importlib.util.find_spec(m) is None), None)
-    why = why or (None if loopback_available() is None else f"no loopback-only network namespace: "
-                                                            f"{loopback_available()}")
-    if why:
-        if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":  # scripts/test.sh: there they must run
-            pytest.fail(f"the distributed tests cannot run: {why}")
-        pytest.skip(why)
+    from speclimits.tracing.ray_sweep import loopback_command, loopback_env
+
+    require("ray", "vllm", what="the distributed tests")
     (tmp_path / "home").mkdir()
     env = loopback_env(tmp_path / "home")
     env["PYTHONPATH"] = str(SRC) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
