@@ -37,7 +37,7 @@ settings that change a measurement must match ``config.json`` in ``--out``).
 **Summary** (``summary.json`` and a printed table, :func:`summarize`): per rate and arm the mean of each
 metric over repeats and the paired ratio arm / reference of output throughput (> 1: the arm is faster),
 mean TPOT and mean E2EL (< 1: the arm is faster), each the geometric mean over repeats of the per-repeat
-ratio with a 95% percentile bootstrap interval over repeats (:func:`speclimits.bootstrap.draw_indices`;
+ratio with a 95% percentile bootstrap interval over repeats (:func:`speclimits.bootstrap.geometric_mean_ratio`;
 with 3 repeats the interval has few distinct values: use 5 or more for intervals worth reading). The
 references: the best stock static K at that rate, per metric, **chosen on the same runs** (highest mean
 output throughput, lowest mean TPOT, lowest mean E2EL over repeats: this favours the reference, since it is
@@ -104,8 +104,8 @@ for _p in (ROOT / "src", ROOT / "benchmarks"):  # the package from a bare checko
         sys.path.insert(0, str(_p))
 
 from speclimits.arms import PLAIN, arm, stock_key  # noqa: E402
-from speclimits.bootstrap import draw_indices, percentile_interval  # noqa: E402
-from speclimits.cliutil import parse_int_list  # noqa: E402
+from speclimits.bootstrap import geometric_mean_ratio  # noqa: E402
+from speclimits.cliutil import parse_int_list, parse_positive_floats  # noqa: E402
 from speclimits.errors import SpeclimitsError  # noqa: E402
 from speclimits.jsonutil import dumps  # noqa: E402
 
@@ -176,16 +176,10 @@ def paired_ratio(arm_runs: dict[int, dict], ref_runs: dict[int, dict], metric: s
     common = sorted(set(arm_runs) & set(ref_runs))
     x = np.array([arm_runs[r].get(metric, np.nan) for r in common], dtype=float)
     y = np.array([ref_runs[r].get(metric, np.nan) for r in common], dtype=float)
+    est, lo, hi = geometric_mean_ratio(x, y, n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lr = np.log(x) - np.log(y)
-    lr = lr[np.isfinite(lr)]
-    if lr.size == 0:
-        return {"ratio": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0}
-    est = float(np.exp(lr.mean()))
-    lo = hi = float("nan")
-    if lr.size >= 2 and n_boot > 0:
-        lo, hi = percentile_interval(np.exp(lr[draw_indices(lr.size, n_boot, seed)].mean(axis=1)))
-    return {"ratio": est, "lo": lo, "hi": hi, "n": int(lr.size)}
+        n = int(np.isfinite(np.log(x) - np.log(y)).sum())
+    return {"ratio": est, "lo": lo, "hi": hi, "n": n}
 
 
 def _mean(values: list[Any]) -> float:
@@ -340,20 +334,6 @@ def write_summary_json(path: str, summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 
-def parse_rates(spec: str, flag: str = "--rates") -> list[float]:
-    """``"0.5,1,2,4"`` -> sorted unique positive finite request rates (req/s)."""
-    out = set()
-    try:
-        for part in str(spec).split(","):
-            if part.strip():
-                out.add(float(part))
-    except ValueError:
-        raise SpeclimitsError(f"{flag} expects e.g. '0.5,1,2,4' (requests per second), got {spec!r}") from None
-    if not out or any(not (math.isfinite(q) and q > 0) for q in out):
-        raise SpeclimitsError(f"{flag} needs positive finite rates, got {spec!r}")
-    return sorted(out)
-
-
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n")
     ap = argparse.ArgumentParser(
@@ -398,7 +378,7 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     for key in DEFAULTS:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
-    cfg["rates"] = parse_rates(cfg["rates"])
+    cfg["rates"] = parse_positive_floats(cfg["rates"], "--rates", "'0.5,1,2,4' (requests per second)", "rates")
     for key in ("repeats", "requests", "tokens", "max_num_seqs", "warmup_concurrency"):
         if int(cfg[key]) < 1:
             raise SpeclimitsError(f"--{key.replace('_', '-')} must be >= 1, got {cfg[key]}")
@@ -597,12 +577,16 @@ def write_dataset(path: Path, prompts: list[Any], n: int, seed: int) -> list[str
 
 
 def model_len_needed(target: str, prompts: list[Any], tokens: int, k_max: int) -> int:
-    """Room for the longest prompt, its output and a full draft, in whole blocks of 32, at least 1024."""
+    """Room for the longest prompt (as the server tokenizes its text), its output and a full draft
+    (:func:`speclimits.control.engine.model_len`), at least 1024."""
     from tokenizers import Tokenizer
+
+    from speclimits.control.engine import model_len
 
     tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
     longest = max(len(tok.encode(p.text).ids) for p in prompts)
-    return max(1024, -(-(longest + tokens + k_max + 8) // 32) * 32)
+    # 7 tokens of slack: the server tokenizes the text itself and may add special tokens this count does not
+    return max(1024, model_len(longest + 7, tokens, k_max))
 
 
 def estimate_s(n_servers: int, rates: list[float], requests: int, tokens: int, n_controller: int) -> float:

@@ -111,10 +111,12 @@ def test_paired_ratio_interval_over_repeats():
 def test_run_names_and_rates():
     assert bs.run_name(0, "stock:3", 0.5) == "r00_stock-3_rate0.5.json"
     assert bs.run_name(2, "delta-fixed", 4.0) == "r02_delta-fixed_rate4.json"
-    assert bs.parse_rates("4,0.5,1,1") == [0.5, 1.0, 4.0]
+    from speclimits.cliutil import parse_positive_floats
+
+    assert parse_positive_floats("4,0.5,1,1", "--rates", "0.5,1", "rates") == [0.5, 1.0, 4.0]
     for bad in ("", "a", "0", "-1", "inf"):
-        with pytest.raises(bs.SpeclimitsError):
-            bs.parse_rates(bad)
+        with pytest.raises(bs.SpeclimitsError, match="--rates"):
+            parse_positive_floats(bad, "--rates", "0.5,1", "rates")
 
 
 def test_help_says_what_and_how_long():

@@ -54,6 +54,23 @@ def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> tuple[fl
     return (float(lo), float(hi))
 
 
+def geometric_mean_ratio(num: np.ndarray, den: np.ndarray, n_boot: int = 2000, seed: int | np.random.Generator = 0
+                         ) -> tuple[float, float, float]:
+    """``(estimate, lo, hi)``: the geometric mean of ``num / den`` over paired units (benchmark blocks, repeats)
+    and its 95% percentile bootstrap interval, units drawn with replacement (:func:`draw_indices`); pairs with a
+    non-finite log ratio are left out; NaN where no pair is left, and no interval with fewer than two."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lr = np.log(np.asarray(num, dtype=float)) - np.log(np.asarray(den, dtype=float))
+    lr = lr[np.isfinite(lr)]
+    if lr.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    est = float(np.exp(lr.mean()))
+    if lr.size < 2 or n_boot <= 0:
+        return est, float("nan"), float("nan")
+    lo, hi = np.percentile(lr[draw_indices(lr.size, n_boot, seed)].mean(axis=1), [2.5, 97.5])
+    return est, float(np.exp(lo)), float(np.exp(hi))
+
+
 def ratio_bootstrap(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int | np.random.Generator = 0,
                     level: float = 0.95):
     """Estimate and percentile interval of ``sum(num) / sum(den)``, clusters as the resampling unit.

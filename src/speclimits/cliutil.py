@@ -36,6 +36,20 @@ def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) 
     return sorted(out)
 
 
+def parse_positive_floats(spec: str, flag: str, example: str, noun: str) -> list[float]:
+    """``"0.5,1,2,4"`` -> the sorted unique positive finite numbers of a list option (the request rates of
+    ``benchmarks/bench_serve.py --rates``); a bad spec raises one line naming ``flag`` and an ``example``."""
+    import math
+
+    try:
+        out = {float(part) for part in str(spec).split(",") if part.strip()}
+    except ValueError:
+        raise SpeclimitsError(f"{flag} expects e.g. {example}, got {spec!r}") from None
+    if not out or any(not (math.isfinite(q) and q > 0) for q in out):
+        raise SpeclimitsError(f"{flag} needs positive finite {noun}, got {spec!r}")
+    return sorted(out)
+
+
 def parse_batch_sizes(spec: str, flag: str = "--batch") -> list[int]:
     """``"1,2,4,8"`` or ``"1-4"`` -> the sorted unique batch sizes (>= 1) of a ``--batch`` option."""
     return parse_int_list(spec, flag, "'1,2,4,8' or '1-4'", "batch size", 1)

@@ -43,7 +43,7 @@ from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select
 from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.control.report import workload_ratios
-from speclimits.bootstrap import draw_indices
+from speclimits.bootstrap import geometric_mean_ratio
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
@@ -279,15 +279,7 @@ def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed:
                  ) -> tuple[float, float, float]:
     """Geometric-mean speed ratio ``t_ref / t_arm`` over paired blocks and its 95% percentile bootstrap
     interval over blocks (:mod:`speclimits.bootstrap`: blocks drawn with replacement). > 1: the arm is faster."""
-    lr = np.log(np.asarray(t_ref, dtype=float)) - np.log(np.asarray(t_arm, dtype=float))
-    lr = lr[np.isfinite(lr)]
-    if lr.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    est = float(np.exp(lr.mean()))
-    if lr.size < 2 or n_boot <= 0:
-        return est, float("nan"), float("nan")
-    lo, hi = np.percentile(lr[draw_indices(lr.size, n_boot, seed)].mean(axis=1), [2.5, 97.5])
-    return est, float(np.exp(lo)), float(np.exp(hi))
+    return geometric_mean_ratio(t_ref, t_arm, n_boot, seed)
 
 
 def best_stock(table: pd.DataFrame) -> str | None:
@@ -472,8 +464,7 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
     ids = [recorded[p.id][0] if p.id in recorded else tokenize(p, tokenizer, chat_template=True) for p in prompts]
     warm_ids = [ids[(len(ids) - 1 - i) % len(ids)] for i in range(cfg.batch)]
-    # room for the longest prompt, its output and a full draft (in whole KV blocks of 32 tokens)
-    need = -(-(max(len(x) for x in ids) + cfg.max_tokens + fit.k_max + 1) // 32) * 32
+    need = ce.model_len(max(len(x) for x in ids), cfg.max_tokens, fit.k_max)
     if need > cfg.max_model_len:
         progress(f"max_model_len {need} (the longest prompt has {max(len(x) for x in ids)} tokens)")
         cfg = replace(cfg, max_model_len=need)

@@ -31,6 +31,12 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
     return vllm.LLM(**kw)
 
 
+def model_len(longest_prompt: int, max_tokens: int, k_max: int) -> int:
+    """``max_model_len`` with room for the longest prompt, its output and a full draft, in whole KV blocks of 32
+    tokens (the block size of :func:`build_llm`)."""
+    return -(-(int(longest_prompt) + int(max_tokens) + int(k_max) + 1) // 32) * 32
+
+
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order."""
     from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs
