@@ -100,7 +100,7 @@ from speclimits.control.offline import k_chosen_along, offline_table
 from speclimits.control.rules import POLICY_NAMES
 from pathlib import Path
 
-from speclimits.control.report import engine_table, gap_lines
+from speclimits.book.views.control_runs import engine_table, gap_lines
 from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
 from speclimits.trace import Trace, read_meta
 from speclimits.figures import control as control_figures

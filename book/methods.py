@@ -256,11 +256,11 @@
 #   $\hat C(k)$ is the profiled pass as measured plus the drafter's line and the time outside, per request;
 #   at batch > 1 the live requests' counts are pooled and the batch drafts one $k$, so the pass has a width
 #   the profile timed. The prior weight and fade were chosen on the batch replay of the train references.
-# * **Deciding.** Each rule has an array form (the offline harness, thousands of states at once) and a
-#   scalar form, one request at a time in Python floats from tables made at setup, which the engine runs:
-#   right after a forward pass a numpy call costs 10–20 µs there (its code and data are out of the
-#   caches), a float operation well under 1 µs. The two forms compute the same expressions in the same
-#   order; the tests check that they take the same $k$. The confidence of a draft step is computed only
+# * **Deciding.** Each rule is written once, one request at a time in Python floats from tables made at
+#   setup, the form the engine runs: right after a forward pass a numpy call costs 10–20 µs there (its
+#   code and data are out of the caches), a float operation well under 1 µs. The offline harness runs
+#   the same rules through the same round driver (`speclimits.control.driver`), so an engine run's
+#   recorded inputs replay to its $k$ in every round (tested inside vLLM at batch 1 and 4). The confidence of a draft step is computed only
 #   where a request could stop at that step, over the EAGLE-3 head's own logits (its draft vocabulary;
 #   checked once against the target-vocabulary logits vLLM makes of them), by one compiled call
 #   (`speclimits.control.top1op`, C++ built once per machine and checked against torch at load: per row
@@ -282,7 +282,8 @@
 #   one round late in the engine: the tokens a round emitted reach the host in vLLM's bookkeeping, after
 #   that step's drafting, and the controller reads them from the requests' output lists at the next step
 #   rather than copying the sampled tensor a second time (a `tolist` right after a forward, 10 µs here);
-#   a rule that decides round $r+1$ has then seen rounds $1..r-1$ (offline it has seen round $r$ too).
+#   a rule that decides round $r+1$ has then seen rounds $1..r-1$, offline as in the engine (the round
+#   driver holds each request's last round until its next one is verified).
 # * **From the offline fit**, only what timing cannot give: the confidence calibration map, the
 #   threshold $\tau$, $\lambda$ as a dimensionless ratio to the best static $K$'s time per token on the
 #   training references (in the engine $\lambda_0$ is that ratio times

@@ -16,6 +16,12 @@ fixture (``tests/data/control-decisions.parquet``) from the code as it is::
     .venv/bin/python tests/decision_fixture.py
 
 ``tests/test_control_decisions.py`` replays it and asserts the same k in every row.
+
+Recorded first before the controller's consolidation; recorded again when the offline harness took the
+engine's observation timing (a round's outcome reaches a rule with memory one round late,
+:meth:`~speclimits.control.driver.RoundDriver.verified`). That second recording changed the rows of the
+rules with memory only (running λ, EMA, Cascade, throughput-aware, ``previous-u``); every row of the
+rules without memory (static K, the threshold, the fixed-λ Delta rule and its variants) was identical.
 """
 
 from __future__ import annotations

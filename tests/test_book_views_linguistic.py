@@ -11,7 +11,7 @@ import pytest
 from speclimits import paper
 from speclimits.book.views import control as cview
 from speclimits.book.views import linguistic as lview
-from speclimits.control.report import BENCH_DIR, engine_table
+from speclimits.book.views.control_runs import BENCH_DIR, engine_table
 
 NB = "\u00a0"
 

@@ -304,7 +304,8 @@ def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
     recovers the planted 1.08 through the blocks' drift; on the committed batch-1 runs it gives the
     figures quoted for them (1.067 for the threshold against stock K = 6; 1.070 for the fixed-λ Delta
     rule against stock K = 5 in the second run), its interval paired over blocks."""
-    from speclimits.control.report import engine_table, workload_ratios
+    from speclimits.book.views.control_runs import engine_table
+    from speclimits.control.bench import workload_ratios
 
     best, w = workload_ratios(hand_blocks(), n_boot=500)
     assert best == "stock:2"

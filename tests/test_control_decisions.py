@@ -1,6 +1,7 @@
 """The controller decides as it did: every policy's k per round on recorded rounds at batch 1, 4 and 8
 (``tests/data/control-decisions.parquet``, written by ``tests/decision_fixture.py`` from the code before
-the controller's consolidation, issue 42), through the engine's round driver and the offline replay."""
+the controller's consolidation, issue 42, and again for the rules with memory when the offline harness
+took the engine's observation timing), through the engine's round driver and the offline replay."""
 
 from __future__ import annotations
 

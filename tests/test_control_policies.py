@@ -92,8 +92,8 @@ def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: boo
         acc = np.minimum(k, inputs.accept_len[rows])
         emitted = np.minimum(acc + 1, inputs.n_tokens[live] - pos[live])
         cost = table[rows, k] + (drafted - k) * fit.cost_model.a
-        for i, rid in enumerate(lr):  # the offline walk prices each request's own round
-            driver.observe([rid], [int(k[i])], float(cost[i]), [float(emitted[i])])
+        # the offline walk prices each request's own round; outcomes one round late, as in the engine
+        driver.verified(lr, k.tolist(), cost.tolist(), pos[live].tolist())
         ks.append(dict(zip(live, k.tolist())))
         pos[live] += emitted
     return ks

@@ -239,33 +239,32 @@ def test_token_choice_gives_the_argmax_ids_and_books_what_it_saves():
 
 def test_memory_rules_read_each_round_outcome_one_round_late_from_the_outputs():
     """The worker reads a round's emitted tokens where vLLM's bookkeeping put them (the growth of each
-    request's ``output_token_ids``) at the next step (:class:`~speclimits.control.driver.LateOutcomes`):
+    request's ``output_token_ids``) at the next step (:meth:`~speclimits.control.driver.RoundDriver.verified`):
     the running-λ Delta rule's memory then holds the time and tokens of every round but the last, per
     request, in a batch whose requests verify drafts in different steps; a finished request is forgotten."""
     from types import SimpleNamespace
 
-    from speclimits.control.driver import LateOutcomes
-
     pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
                                                              alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
     reqs = {"a": SimpleNamespace(output_token_ids=[7]), "b": SimpleNamespace(output_token_ids=[7])}
-    driver, late = RoundDriver(pol), LateOutcomes()
+    driver = RoundDriver(pol)
     # (drafts verified per request, the step's round time in ms, tokens each request emits in the step)
     steps = [({"a": 3, "b": 2}, 10.0, {"a": 2, "b": 3}),
              ({"a": 1}, 6.0, {"a": 2, "b": 1}),  # b verifies no drafts in this step
              ({"a": 2, "b": 4}, 8.0, {"a": 1, "b": 5}),
              ({"a": 4, "b": 1}, 12.0, {"a": 5, "b": 2})]
     for spec, ms, emitted in steps:
-        late.verified(driver, list(spec), list(spec.values()), ms / 2, reqs)  # the step's time shared by 2
+        n_before = [len(reqs[r].output_token_ids) for r in spec]
+        driver.verified(list(spec), list(spec.values()), [ms / 2] * len(spec), n_before)  # time shared by 2
         for r, e in emitted.items():  # vLLM's bookkeeping, after drafting
             reqs[r].output_token_ids.extend([1] * e)
     # a: rounds 1-3 observed (round 4's tokens arrive after the last step)
     assert driver.state["a"] == pytest.approx([5.0 + 3.0 + 4.0, 2 + 2 + 1])
     # b: its round of step 1 emitted the tokens of steps 1 and 2 (no drafts in step 2), then step 3's round
     assert driver.state["b"] == pytest.approx([5.0 + 4.0, 3 + 1 + 5])
-    assert late.pending["a"][0] == 4 and late.pending["b"][0] == 1
-    late.release(["a"])
-    assert set(late.pending) == {"b"}
+    assert driver.pending["a"][0] == 4 and driver.pending["b"][0] == 1
+    driver.release(["a"])
+    assert set(driver.pending) == {"b"} and set(driver.state) == {"b"}
 
 
 def test_the_cost_model_owns_the_round_and_step_prices():

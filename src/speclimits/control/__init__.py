@@ -1,14 +1,17 @@
 """Adaptive draft length K inside stock vLLM: one policy, evaluated offline and run in the engine.
 
-Modules: :mod:`~speclimits.control.rules` (the rules, in the form the engine runs, and the policy file),
-:mod:`~speclimits.control.driver` (the round driver both the engine and the offline harness run),
-:mod:`~speclimits.control.policies` (the offline harness: exact evaluation, rollouts, fitting helpers;
-the arms' names, kinds and labels are :mod:`speclimits.arms`),
-:mod:`~speclimits.control.fit` (``speclimits control fit``: parameters from a trace's train split
-into a JSON), :mod:`~speclimits.control.offline` (offline prediction beside the Oracle's two bounds),
-:mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per
-round), :mod:`~speclimits.control.engine` (building the engines), :mod:`~speclimits.control.bench`
-(``speclimits control bench``), :mod:`~speclimits.control.report` (the book's section 8; its charts
-are in :mod:`speclimits.figures.control`), :mod:`~speclimits.control.cli` (``speclimits control fit``,
-``speclimits control bench``).
+The controller: :mod:`~speclimits.control.rules` (the rules, each written once in the form the engine
+runs, and the policy file), :mod:`~speclimits.control.driver` (the round driver that both the engine and
+the offline harness run, with the engine's observation timing; recording and replaying its inputs),
+:mod:`~speclimits.control.profile` (the costs measured in the engine and their refresh),
+:mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per round)
+and :mod:`~speclimits.control.top1op` (its compiled top-1 probability).
+
+Offline and around it: :mod:`~speclimits.control.policies` (exact evaluation, rollouts, calibration;
+the arms' names, kinds and labels are :mod:`speclimits.arms`), :mod:`~speclimits.control.fit`
+(``speclimits control fit``), :mod:`~speclimits.control.offline` (the prediction beside the Oracle's two
+bounds, the batch replay), :mod:`~speclimits.control.engine` (building engines),
+:mod:`~speclimits.control.bench` (``speclimits control bench``), :mod:`~speclimits.control.cli`. The book's
+section 8 reads the committed runs through :mod:`speclimits.book.views.control_runs`; its charts are
+:mod:`speclimits.figures.control`.
 """

@@ -42,8 +42,7 @@ from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select
 from speclimits.control.profile import PROFILE_ROUNDS
-from speclimits.control.report import workload_ratios
-from speclimits.bootstrap import geometric_mean_ratio
+from speclimits.bootstrap import draw_counts, geometric_mean_ratio, percentile_interval
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps
@@ -286,6 +285,33 @@ def best_stock(table: pd.DataFrame) -> str | None:
     """The stock K arm with the lowest median ms/token over the rows of ``table`` (blocks × arms)."""
     stock = [a for a in table.columns if arm(a).kind == "stock"]
     return min(stock, key=lambda a: table[a].median()) if stock else None
+
+
+def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
+                    ) -> tuple[str | None, pd.DataFrame]:
+    """What a user's workload sees: the best stock K's time per token over all blocks (all their time
+    over all their tokens; the K chosen on those same blocks, a bias toward the reference) over each
+    arm's, with a 95% percentile bootstrap interval, blocks resampled with replacement and paired (the
+    same draws for both arms). Returns ``(best stock arm, DataFrame indexed by arm with workload_ratio,
+    workload_ratio_lo, workload_ratio_hi)``; ``(None, empty)`` without a stock arm."""
+    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
+                               aggfunc="sum")
+    dur, tok = table["duration_s"], table["total_output_tokens"]
+    pooled = dur.sum() / tok.sum()
+    stock = [a for a in dur.columns if arm(a).kind == "stock"]
+    if not stock:
+        return None, pd.DataFrame(columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
+    best = min(stock, key=lambda a: pooled[a])
+    counts = draw_counts(len(dur), n_boot, seed)
+    ref = (counts @ dur[best].to_numpy()) / (counts @ tok[best].to_numpy())
+    rows = {}
+    for a in dur.columns:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = ref / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
+        rows[a] = (float(pooled[best] / pooled[a]), *percentile_interval(reps))
+    out = pd.DataFrame.from_dict(rows, orient="index",
+                                 columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
+    return best, out
 
 
 def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:

@@ -42,12 +42,16 @@ class RoundDriver:
     """The policy's side of the engine's rounds, one request at a time in Python scalars (the rules'
     ``engine_*`` form; see :mod:`speclimits.control.rules` for why): per-request memory by request id,
     :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft step,
-    :meth:`finish` when the drafter stopped (kept k), :meth:`observe` after verification. Free of vLLM,
-    so the tests drive it with recorded confidences."""
+    :meth:`finish` when the drafter stopped (kept k), :meth:`verified` after verification (the outcome
+    reaches the rule one round late, as in the engine). Free of vLLM: the offline harness and the tests
+    drive it with recorded confidences."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.state: dict[str, Any] = {}
+        #: per request, its last round whose outcome the policy has not seen (:meth:`verified`):
+        #: ``(k, its ms, output tokens before it, Ū)``
+        self.pending: dict[Any, tuple[int, float, int, float]] = {}
         self.plan_only = policy.plan_only
         self.has_state = policy.engine_state() is not None
         #: whether the outcome of each round is passed on (a rule with no memory has nothing to update)
@@ -180,20 +184,39 @@ class RoundDriver:
                 break
         return self.finish(rnd), rnd.j
 
+    def verified(self, rids: list[Any], ks: list[int], costs: list[float], n_before: list[int],
+                 u_bars: list[float] | None = None) -> None:
+        """The engine's observation timing. This round request ``rids[i]`` verified ``ks[i]`` drafts, paying
+        ``costs[i]`` ms, with ``n_before[i]`` output tokens before it. The policy is handed each request's
+        *previous* round (its tokens: ``n_before[i]`` less the count then) and this one waits: the tokens a
+        round emits reach the host after the next round's drafting (:mod:`speclimits.control.extension`),
+        so a rule deciding round r + 1 has seen rounds 1..r - 1, offline as in the engine. ``u_bars``: each
+        pass's Ū (offline only: the engine counts no experts)."""
+        if not self.observes:
+            return
+        pend = self.pending
+        for i, rid in enumerate(rids):
+            prev = pend.get(rid)
+            if prev is not None:
+                self.observe_one(rid, prev[0], prev[1], float(n_before[i] - prev[2]), prev[3])
+            pend[rid] = (ks[i], costs[i], n_before[i], math.nan if u_bars is None else u_bars[i])
+
     def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
-        """After verification: request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and
-        each paid ``cost_ms`` of the step."""
+        """At once (no lag): request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and each
+        paid ``cost_ms`` of the step."""
         for rid, k, e in zip(rids, ks, emitted):
             self.observe_one(rid, k, cost_ms, e)
 
     def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
-        """:meth:`observe` for one request; ``u_bar``: the pass's Ū (offline only: the engine counts no experts)."""
+        """One request's round outcome to the policy now; ``u_bar``: the pass's Ū."""
         if self.observes:
             self.policy.engine_observe(self._state(rid), k, cost_ms, emitted, u_bar)
 
     def release(self, rids: Any) -> None:
+        """Forget finished requests (a round not observed yet is dropped, as in the engine)."""
         for rid in rids:
             self.state.pop(rid, None)
+            self.pending.pop(rid, None)
 
 
 class LoggingDriver(RoundDriver):
@@ -262,33 +285,6 @@ def replay(policy: Policy, log: list[list[Any]]) -> list[dict[str, Any]]:
         else:
             raise ValueError(f"unknown event {kind!r} in a driver log")
     return out
-
-
-class LateOutcomes:
-    """The engine's observation timing: a round's outcome reaches the policy one step late (the growth of
-    each request's output since its round; see :mod:`speclimits.control.extension`). Per request the round
-    not read yet is kept: ``(k, its share of the round's ms, output tokens before it)``."""
-
-    __slots__ = ("pending",)
-
-    def __init__(self) -> None:
-        self.pending: dict[str, tuple[int, float, int]] = {}
-
-    def verified(self, driver: RoundDriver, rids: list[str], ks: list[int], ms: float, requests: Any) -> None:
-        """This step verified ``ks[i]`` drafts of request ``rids[i]``, each paying ``ms`` of the round: hand
-        ``driver`` each request's previous round (its tokens: ``requests[rid].output_token_ids`` now less
-        before) and keep this one."""
-        pend, observe = self.pending, driver.observe_one
-        for rid, k in zip(rids, ks):
-            n_now = len(requests[rid].output_token_ids)
-            prev = pend.get(rid)
-            if prev is not None:
-                observe(rid, prev[0], prev[1], float(n_now - prev[2]))
-            pend[rid] = (k, ms, n_now)
-
-    def release(self, rids: Any) -> None:
-        for rid in rids:
-            self.pending.pop(rid, None)
 
 
 class RoundRecords:

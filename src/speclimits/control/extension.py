@@ -49,7 +49,7 @@ import numpy as np
 from speclimits.control import top1op
 from speclimits.control.profile import PROFILE_ROUNDS, EnginePricing, StepSample
 from speclimits.arms import OFFLINE_ONLY
-from speclimits.control.driver import EngineRound, LateOutcomes, LoggingDriver, RoundDriver, RoundRecords
+from speclimits.control.driver import EngineRound, LoggingDriver, RoundDriver, RoundRecords
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import Patches, TracingWorkerExtension
@@ -271,7 +271,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
             tokens.load_op()
         tokens.saved_s = 0.0  # like the records: what no drain collected since is dropped
         self._sl_keep: dict[str, int] = {}
-        self._sl_late = LateOutcomes()  # each request's round whose outcome is not read yet
         self._sl_apply()
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
@@ -305,7 +304,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
         tokens.op_steps = tokens.torch_steps = 0
         tokens.saved_s = 0.0
-        self._sl_driver, self._sl_keep, self._sl_late = self._sl_driver_cls(self._sl_policy), {}, LateOutcomes()
+        self._sl_driver, self._sl_keep = self._sl_driver_cls(self._sl_policy), {}
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -344,7 +343,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 self._sl_driver.release(finished)
                 for rid in finished:
                     self._sl_keep.pop(rid, None)
-                self._sl_late.release(finished)
             self.speclimits_records.spent("execute_model", t)
             return orig(scheduler_output, *args, **kwargs)
         return wrapped
@@ -534,7 +532,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         """The verification outcome of the round that ended in this step, for requests that verified
         drafts: the measured round (drafter start to drafter start, shared by the step's requests), the
         price refresh, and for the rules with memory the previous round's outcome
-        (:class:`~speclimits.control.driver.LateOutcomes`). Returns m when every request verified the same m."""
+        (:meth:`RoundDriver.verified <speclimits.control.driver.RoundDriver.verified>`). Returns m when
+        every request verified the same m."""
         pricing = self.speclimits_pricing
         refresh = pricing.refreshes(self._sl_policy, len(rids))  # at the profiled batch size only
         profiling = pricing.left > 0
@@ -560,5 +559,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 pricing.context(lens, idx)
         driver = self._sl_driver
         if driver.observes and round_ms == round_ms:  # the previous round's outcome (module docstring)
-            self._sl_late.verified(driver, vr, ks, round_ms / n_step, self.model_runner.requests)  # type: ignore[attr-defined]
+            reqs = self.model_runner.requests  # type: ignore[attr-defined]
+            driver.verified(vr, ks, [round_ms / n_step] * len(vr), [len(reqs[r].output_token_ids) for r in vr])
         return ks[0] + 1 if len(vr) == n_step and min(ks) == max(ks) else None

@@ -209,7 +209,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
                 step = profile.step_ms(float((k + 1).sum()), drafted)
                 if pricing.refreshes(pol, len(live)):
                     pricing.refresh(pol, keep, len(live), step)
-                driver.observe(lr, k.tolist(), step / len(live), emitted.astype(float).tolist())
+                driver.verified(lr, k.tolist(), [step / len(live)] * len(live), pos[live].tolist())
                 pos[live] += emitted
                 total_ms += step
                 tokens += float(emitted.sum())

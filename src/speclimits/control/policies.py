@@ -1,8 +1,9 @@
 """The offline harness of the online policies (beyond the paper): evaluation on Oracle inputs, and fitting.
 
 The policy objects are those the vLLM worker runs (:mod:`speclimits.control.rules`), and every round is
-decided by the engine's own :class:`~speclimits.control.driver.RoundDriver`; a round's outcome is
-observed at once here (the engine reads it one round late). Rounds are priced by the same simulator as
+decided by the engine's own :class:`~speclimits.control.driver.RoundDriver`, with the engine's observation
+timing (a round's outcome reaches a rule with memory one round late, :meth:`RoundDriver.verified
+<speclimits.control.driver.RoundDriver.verified>`). Rounds are priced by the same simulator as
 the Oracle: round cost C(n, k) from the cost model with the *true* window Ū, acceptance drawn from
 ``match_prob`` (``P(a >= j) = prod_{i<j} match_prob[i]``), on held-out sequences (split by ``seq_id``).
 
@@ -69,8 +70,8 @@ def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list
          visit: Any = None) -> tuple[float, int]:
     """Walk sequence ``seq`` of the driver's bound policy's inputs once, as the engine runs a request at batch
     1 (as request ``rid``): ``accept`` (per state) the greedy match length, a round priced ``cost[state, k]``
-    plus its dropped draft steps (``a`` ms each), its outcome observed at once with the window's Ū;
-    ``visit(state, k)`` per round. Returns the sequence's time (ms) and rounds."""
+    plus its dropped draft steps (``a`` ms each), its outcome observed one round late (as in the engine)
+    with the window's Ū; ``visit(state, k)`` per round. Returns the sequence's time (ms) and rounds."""
     pol = driver.policy
     inp, k_max, a_ms = pol.inputs, pol.k_max, pol.model.a
     off, n = int(inp.offsets[seq]), int(inp.n_tokens[seq])
@@ -80,7 +81,7 @@ def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list
         (k,), drafted = driver.run_round([rid], [conf[row]], k_max)
         emitted = min(min(k, int(accept[row])) + 1, n - pos)
         c = cost[row, k] + (drafted - k) * a_ms
-        driver.observe_one(rid, k, c, emitted, inp.u_bar_window[row, k])
+        driver.verified([rid], [k], [c], [pos], [inp.u_bar_window[row, k]])
         if visit is not None:
             visit(row, k)
         time_ms += c

@@ -15,7 +15,7 @@ def share_captured(long: pd.DataFrame) -> alt.FacetChart:
     """Share of the exact-greedy Oracle's gain over the best static K captured, per policy, offline
     (95% interval over references) and in the engine (range over blocks), one panel per batch size.
 
-    ``long``: :func:`speclimits.control.report.share_long` rows (``policy``, ``where``, ``share``, ``lo``,
+    ``long``: :func:`speclimits.book.views.control_runs.share_long` rows (``policy``, ``where``, ``share``, ``lo``,
     ``hi``, ``batch``).
     """
     # every layer inherits the facet's data (a layer with data of its own would repeat in every panel)

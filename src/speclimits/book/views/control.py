@@ -1,7 +1,7 @@
 """Reader-facing tables of the online-control section (book section 8).
 
 The offline prediction (:func:`speclimits.control.offline.offline_table`) and the measured engine
-benchmark (:func:`speclimits.control.report.engine_table` on ``data/control/bench-*.json``) as
+benchmark (:func:`.control_runs.engine_table` on ``data/control/bench-*.json``) as
 small frames with readable headers, estimates and their intervals in one cell; the headline
 sentence per batch size (did a policy beat the best stock static K in the engine?) and the
 key-results rows.
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.book.present import Result, fmt_ci, fmt_num
-from speclimits.control.report import is_policy, share_long
+from speclimits.book.views.control_runs import is_policy, share_long
 from speclimits import arms
 from speclimits.arms import POLICY_LABELS
 
@@ -53,7 +53,7 @@ def _ci(est: Any, lo: Any, hi: Any, decimals: int = 3) -> str:
 
 
 def engine(table: pd.DataFrame) -> pd.DataFrame:
-    """One benchmark result (:func:`~speclimits.control.report.engine_table`) for the reader: measured
+    """One benchmark result (:func:`~.control_runs.engine_table`) for the reader: measured
     ms/token [interquartile range over blocks], the paired speed ratio to the best stock static K [95% CI,
     held-out blocks], the pooled ms/token (all blocks' time over all their tokens), the offline prediction
     priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts;
@@ -62,7 +62,7 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     decision time as a share of a round (net of vLLM's argmax where the controller makes the draft's token
     choice itself, the gross time beside it), the mean k drafted, and the workload ratio: the best stock
     K's time per token over all blocks (chosen on them) over the arm's, with its paired 95% interval
-    (:func:`~speclimits.control.report.workload_ratios`; what a user's workload sees)."""
+    (:func:`~speclimits.control.bench.workload_ratios`; what a user's workload sees)."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
     pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"
@@ -116,7 +116,7 @@ def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]]
 
 
 def share_frame(tables: dict[int, pd.DataFrame], batch: int) -> pd.DataFrame:
-    """:func:`~speclimits.control.report.share_long` of one batch's table, policies by their labels."""
+    """:func:`~.control_runs.share_long` of one batch's table, policies by their labels."""
     return share_long(tables[batch], batch, label=arm_name)
 
 
@@ -279,7 +279,7 @@ def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
     ``data/control/<sub>`` (the bundled, cache-resident pair's) or ``data/control/twin/<sub>`` (the
     memory-bound twin's); ``sub="replication"`` for the second runs. On the twin's trace without results
     of its own, the bundled pair's (first runs only), with a note that says so."""
-    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR, load_bench_runs
+    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR, load_bench_runs
     from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
     from speclimits.trace import read_meta
 
@@ -310,7 +310,7 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
     (e.g. the memory-bound twin's and the cache-resident pair's): the best stock K (chosen on the even
     blocks / over all blocks by time per token), the paired speed ratio on the held-out blocks, the workload
     ratio over all blocks (95% intervals) and the share of the exact Oracle's gain."""
-    from speclimits.control.report import engine_table
+    from speclimits.book.views.control_runs import engine_table
 
     def k_of(key: str | None) -> str:
         return str(arms.arm(key).k) if key else "–"
@@ -339,7 +339,7 @@ SERVE_METRICS = (("mean_e2el_ms", "E2E latency"), ("mean_tpot_ms", "TPOT"), ("ou
 def serve_summary(trace) -> tuple[dict[str, Any] | None, str]:
     """The served-load summary (``summary.json`` of ``benchmarks/bench_serve.py``) run on ``trace``'s prompts:
     ``data/control/twin/serve/`` or ``data/control/serve/``; (None, why) when there is none."""
-    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR
+    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR
     from speclimits.jsonutil import read_json
 
     name = Path(str(trace.path)).name
@@ -459,7 +459,7 @@ def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
     """The batch replay of each piece of the batch decision, with the draft's confidences and with hindsight
     (``batch-rule-offline.json`` beside the trace's engine runs): per piece and batch size, the best speed ratio
     to the best static K over the λ scales tried (at λ as fitted in parentheses). (None, why) without one."""
-    from speclimits.control.report import BENCH_DIR, TWIN_BENCH_DIR
+    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR
     from speclimits.jsonutil import read_json
 
     runs, _ = bench_runs(trace)

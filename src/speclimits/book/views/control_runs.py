@@ -1,8 +1,9 @@
-"""Reading the committed benchmark results and setting them beside the Oracle and the offline prediction.
+"""Section 8's reading of the committed engine benchmarks, set beside the Oracle and the offline prediction.
 
 The benchmark JSON files live in :data:`BENCH_DIR` (``data/control/bench-*.json``, written by
 ``speclimits control bench``; measured, see their ``label`` and ``produced_by``). Everything here is
-arithmetic on those files: the book's section 8 and the note read the same numbers.
+arithmetic on those files: the book's section 8 and the note read the same numbers
+(:mod:`speclimits.book.views.control` presents them).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.control.bench import workload_ratios
 from speclimits.control.offline import gain_share
 from speclimits.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
@@ -48,33 +49,6 @@ def load_bench_runs(trace_meta: dict[str, Any], folder: Path = BENCH_DIR) -> tup
 def is_policy(key: str) -> bool:
     """An arm run by a rule (not plain decoding, stock vLLM or a static K)."""
     return arm(key).kind == "policy"
-
-
-def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
-                    ) -> tuple[str | None, pd.DataFrame]:
-    """What a user's workload sees: the best stock K's time per token over all blocks (all their time
-    over all their tokens; the K chosen on those same blocks, a bias toward the reference) over each
-    arm's, with a 95% percentile bootstrap interval, blocks resampled with replacement and paired (the
-    same draws for both arms). Returns ``(best stock arm, DataFrame indexed by arm with workload_ratio,
-    workload_ratio_lo, workload_ratio_hi)``; ``(None, empty)`` without a stock arm."""
-    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
-                               aggfunc="sum")
-    dur, tok = table["duration_s"], table["total_output_tokens"]
-    pooled = dur.sum() / tok.sum()
-    stock = [a for a in dur.columns if arm(a).kind == "stock"]
-    if not stock:
-        return None, pd.DataFrame(columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
-    best = min(stock, key=lambda a: pooled[a])
-    counts = draw_counts(len(dur), n_boot, seed)
-    ref = (counts @ dur[best].to_numpy()) / (counts @ tok[best].to_numpy())
-    rows = {}
-    for a in dur.columns:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            reps = ref / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
-        rows[a] = (float(pooled[best] / pooled[a]), *percentile_interval(reps))
-    out = pd.DataFrame.from_dict(rows, orient="index",
-                                 columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
-    return best, out
 
 
 def engine_table(result: dict[str, Any]) -> pd.DataFrame:
