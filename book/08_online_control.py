@@ -66,7 +66,9 @@
 # The rules with memory (running $\lambda$, EMA, Cascade, throughput-aware) learn each round's outcome one
 # round late in the engine: the tokens a round emitted reach the host in vLLM's own bookkeeping, after
 # that step's drafting, and the controller reads them there at the next step instead of copying the
-# sampled tensor a second time (10 µs right after a forward).
+# sampled tensor a second time (10 µs right after a forward). The offline replay hands them each outcome
+# at the same point (the round driver holds a request's last round until its next one is verified), so
+# an engine run's recorded inputs replay to its $k$ in every round.
 #
 # Policies:
 #
