@@ -204,7 +204,8 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
 
 def test_batch_replay_sweep_reproduces_the_committed_prediction():
     """The sweep over λ (benchmarks/batch_replay_sweep.py) replays the committed batch-4 run as its own
-    prediction did: the same predicted ms/token for every static K, and, at λ as fitted, for the Delta rules."""
+    prediction did: the same predicted ms/token for every static K, and, at λ as fitted, for the fixed-λ
+    Delta rules (the running-λ rule's within 1%: its outcomes now arrive one round late, as in the engine)."""
     import importlib.util
 
     path = DATA_DIR / "control" / "bench-batch4.json"
@@ -218,8 +219,12 @@ def test_batch_replay_sweep_reproduces_the_committed_prediction():
     got = table[table["lambda_scale"].isna() | (table["lambda_scale"] == 1.0)].set_index("arm")["ms_per_token"]
     for k in range(1, 7):
         assert got[f"static:{k}"] == pytest.approx(pred[f"stock:{k}"], rel=1e-9)
-    for name in ("delta-fixed", "delta", "delta-fixed:alone"):
+    for name in ("delta-fixed", "delta-fixed:alone"):
         assert got[name] == pytest.approx(pred[name], rel=1e-9)
+    # the running-λ rule has memory: the committed prediction was made when the offline replay observed each
+    # round at once; it now observes one round late, as the engine does, which moves it a little (0.17%)
+    assert got["delta"] != pytest.approx(pred["delta"], rel=1e-9)
+    assert got["delta"] == pytest.approx(pred["delta"], rel=0.01)
     at = table[table["lambda_scale"] == 1.0].set_index("arm")
     assert at.loc["delta-fixed", "wasted_draft_steps"] < at.loc["delta-fixed:alone", "wasted_draft_steps"]
 
