@@ -583,7 +583,7 @@ def test_fixed_lambda_delta_rule_keeps_no_memory_in_the_engine():
     fixed, running = RoundDriver(fit.make("delta-fixed")), RoundDriver(fit.make("delta"))
     assert not fixed.has_state and not fixed.observes
     assert running.has_state and running.observes
-    running.observe(["a"], [3], 10.0, [2.0])
+    running.observe_one("a", 3, 10.0, 2.0)
     assert running.state["a"] == [10.0, 2.0]
-    fixed.observe(["a"], [3], 10.0, [2.0])
+    fixed.observe_one("a", 3, 10.0, 2.0)
     assert fixed.state == {}

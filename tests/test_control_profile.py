@@ -168,13 +168,10 @@ def test_round_driver_keeps_memory_per_request_and_forgets_released_ones():
     pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
                                                                  alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
     driver = RoundDriver(pol)
-    driver.observe(["a", "b"], [2, 3], 6.0, [3.0, 1.0])
-    driver.observe(["b"], [1], 2.0, [2.0])
+    driver.observe_one("a", 2, 6.0, 3.0)
+    driver.observe_one("b", 3, 6.0, 1.0)
+    driver.observe_one("b", 1, 2.0, 2.0)
     assert driver.state["a"] == [6.0, 3.0] and driver.state["b"] == [8.0, 3.0]
-    one = RoundDriver(pol)  # batch 1's form of observe: the same memory
-    one.observe_one("a", 2, 6.0, 3.0)
-    one.observe_one("a", 1, 2.0, 2.0)
-    assert one.state["a"] == [8.0, 5.0]
     rnd = driver.begin(["a", "b", "c"], 6)
     lam = [(32 * 4.0 + e) / (32 + n) for e, n in ([6.0, 3.0], [8.0, 3.0], [0.0, 0.0])]
     assert rnd.ctx == pytest.approx(lam) and rnd.cap == [6, 6, 6]

@@ -201,12 +201,6 @@ class RoundDriver:
                 self.observe_one(rid, prev[0], prev[1], float(n_before[i] - prev[2]), prev[3])
             pend[rid] = (ks[i], costs[i], n_before[i], math.nan if u_bars is None else u_bars[i])
 
-    def observe(self, rids: list[str], ks: list[int], cost_ms: float, emitted: list[float]) -> None:
-        """At once (no lag): request ``rids[i]`` drafted ``ks[i]``, emitted ``emitted[i]`` tokens, and each
-        paid ``cost_ms`` of the step."""
-        for rid, k, e in zip(rids, ks, emitted):
-            self.observe_one(rid, k, cost_ms, e)
-
     def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
         """One request's round outcome to the policy now; ``u_bar``: the pass's Ū."""
         if self.observes:
