@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclimits.control.bench import block_prompts
+from speclimits.bench.control import block_prompts
 from speclimits.control.fit import greedy_setup
 from speclimits.control.offline import batch_replay, select
 from speclimits.control.profile import EngineProfile

@@ -578,10 +578,10 @@ def write_dataset(path: Path, prompts: list[Any], n: int, seed: int) -> list[str
 
 def model_len_needed(target: str, prompts: list[Any], tokens: int, k_max: int) -> int:
     """Room for the longest prompt (as the server tokenizes its text), its output and a full draft
-    (:func:`speclimits.control.engine.model_len`), at least 1024."""
+    (:func:`speclimits.bench.engines.model_len`), at least 1024."""
     from tokenizers import Tokenizer
 
-    from speclimits.control.engine import model_len
+    from speclimits.bench.engines import model_len
 
     tok = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
     longest = max(len(tok.encode(p.text).ids) for p in prompts)

@@ -137,8 +137,8 @@ def main() -> int:
     args = ap.parse_args()
 
     import speclimits.control.top1op as ext  # the module whose top1_probability the controller calls
-    from speclimits.control import engine as ce
-    from speclimits.control.bench import trace_generations
+    from speclimits.bench import engines as ce
+    from speclimits.bench.control import trace_generations
     from speclimits.control.rules import PolicyFit
 
     fit = PolicyFit.read(args.policy)

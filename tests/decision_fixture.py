@@ -50,7 +50,7 @@ OFFLINE_POLICIES = tuple(f"static:{k}" for k in range(1, 7)) + (
 def priced_setting(batch: int):
     """``(priced fit, profile, raw inputs of the references, groups of reference indices)`` of the
     committed run at ``batch``."""
-    from speclimits.control.bench import block_prompts
+    from speclimits.bench.control import block_prompts
     from speclimits.control.fit import greedy_setup
     from speclimits.control.offline import select
     from speclimits.control.profile import EngineProfile

@@ -44,7 +44,7 @@ def post(url: str, body: dict, timeout: float = 120) -> dict:
 def plain_texts(prompts: list[str]) -> list[str]:
     from vllm import SamplingParams
 
-    from speclimits.control import engine as ce
+    from speclimits.bench import engines as ce
 
     llm = ce.build_llm(str(TARGET), None, "eagle3", 0, batch=2, extension=False)
     try:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speclimits.control.bench import (block_prompts, paired_ratio, parse_static, per_block, summarize, trace_generations,
+from speclimits.bench.control import (block_prompts, paired_ratio, parse_static, per_block, summarize, trace_generations,
                                       with_prediction)
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import DATA_DIR
@@ -285,7 +285,7 @@ def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
 
     from speclimits.cli import build_parser
     from speclimits.cliutil import parse_batch_sizes
-    from speclimits.control.bench import BenchConfig
+    from speclimits.bench.control import BenchConfig
 
     out = tmp_path / "bench.json"
     args = build_parser().parse_args(["control", "bench", "--policy", "p.json", "--out", str(out), "--batch", "1-2,8",
@@ -310,7 +310,7 @@ def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
     figures quoted for them (1.067 for the threshold against stock K = 6; 1.070 for the fixed-λ Delta
     rule against stock K = 5 in the second run), its interval paired over blocks."""
     from speclimits.book.views.control_runs import engine_table
-    from speclimits.control.bench import workload_ratios
+    from speclimits.bench.control import workload_ratios
 
     best, w = workload_ratios(hand_blocks(), n_boot=500)
     assert best == "stock:2"

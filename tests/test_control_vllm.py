@@ -31,7 +31,7 @@ def ce():
 
     apply_env_defaults()
     pytest.importorskip("vllm")
-    from speclimits.control import engine
+    from speclimits.bench import engines as engine
 
     return engine
 

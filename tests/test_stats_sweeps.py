@@ -358,7 +358,7 @@ def test_one_default_dtype_for_every_engine_command():
     import inspect
 
     from speclimits.cli import build_parser
-    from speclimits.control import engine as control_engine
+    from speclimits.bench import engines as control_engine
     from speclimits.tracing.sweep import SweepConfig
     from speclimits.vocabulary import DEFAULT_DTYPE
 

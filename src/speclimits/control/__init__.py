@@ -10,8 +10,8 @@ and :mod:`~speclimits.control.top1op` (its compiled top-1 probability).
 Offline and around it: :mod:`~speclimits.control.policies` (exact evaluation, rollouts, calibration;
 the arms' names, kinds and labels are :mod:`speclimits.arms`), :mod:`~speclimits.control.fit`
 (``speclimits control fit``), :mod:`~speclimits.control.offline` (the prediction beside the Oracle's two
-bounds, the batch replay), :mod:`~speclimits.control.engine` (building engines),
-:mod:`~speclimits.control.bench` (``speclimits control bench``), :mod:`~speclimits.control.cli`. The book's
+bounds, the batch replay), :mod:`~speclimits.control.cli` (``speclimits control fit``). The engine
+benchmark (``speclimits control bench``) is tooling around it: :mod:`speclimits.bench`. The book's
 section 8 reads the committed runs through :mod:`speclimits.book.views.control_runs`; its charts are
 :mod:`speclimits.figures.control`.
 """

@@ -58,11 +58,11 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
     held-out blocks], the pooled ms/token (all blocks' time over all their tokens), the offline prediction
     priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts;
     "rescaled": the same prediction at the machine's price level the run measured, see
-    :func:`~speclimits.control.bench.with_prediction`), the
+    :func:`~speclimits.bench.control.with_prediction`), the
     decision time as a share of a round (net of vLLM's argmax where the controller makes the draft's token
     choice itself, the gross time beside it), the mean k drafted, and the workload ratio: the best stock
     K's time per token over all blocks (chosen on them) over the arm's, with its paired 95% interval
-    (:func:`~speclimits.control.bench.workload_ratios`; what a user's workload sees)."""
+    (:func:`~speclimits.bench.control.workload_ratios`; what a user's workload sees)."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
     pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"

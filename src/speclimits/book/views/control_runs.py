@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.control.bench import workload_ratios
+from speclimits.bench.control import workload_ratios
 from speclimits.control.offline import gain_share
 from speclimits.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
@@ -110,7 +110,7 @@ def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
 def prediction_errors(table: pd.DataFrame) -> pd.DataFrame:
     """Arms with an offline prediction: measured (median over blocks, and pooled: what the prediction is
     compared with) and predicted ms/token and the relative error; where the run measured the machine's
-    price level, the prediction rescaled by it and that error (:func:`~speclimits.control.bench.with_prediction`)."""
+    price level, the prediction rescaled by it and that error (:func:`~speclimits.bench.control.with_prediction`)."""
     cols = ["arm", "ms_per_token", "ms_per_token_pooled", "predicted_ms_per_token", "prediction_error",
             "price_level", "predicted_ms_per_token_rescaled", "prediction_error_rescaled"]
     if "predicted_ms_per_token" not in table:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.control import engine as ce
+from speclimits.bench import engines as ce
 from speclimits.arms import PLAIN, arm, is_reference, offline_key, static_key, stock_key
 from speclimits.control.fit import greedy_setup
 from speclimits.control.rules import PolicyFit
