@@ -135,10 +135,8 @@ def test_calibration_map_one_value_at_a_time_is_np_interp():
     calib = fit.calibration
     xs = np.concatenate([rng.uniform(-0.1, 1.1, 200), np.asarray(calib.x)])
     assert [calib.predict_one(float(v)) for v in xs] == calib.predict(xs).tolist()
-    assert calib.predict_many(xs.tolist()) == calib.predict(xs).tolist()  # the batch form of one step
-    pol = fit.make("delta-fixed")
-    assert pol.engine_calibrate_many(xs.tolist()) == calib.predict(xs).tolist()
-    assert fit.make("threshold").engine_calibrate_many([0.25, 0.5]) == [0.25, 0.5]  # no map: the identity
+    assert [fit.make("delta-fixed").engine_calibrate(float(v)) for v in xs] == calib.predict(xs).tolist()
+    assert fit.make("threshold").engine_calibrate(0.25) == 0.25  # no map: the identity
 
 
 def batch_objective(pol, prods, lams, j, big_j, keep):

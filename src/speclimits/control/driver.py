@@ -60,10 +60,8 @@ class RoundDriver:
         self.shared = bool(getattr(policy, "shared", False)) and not self.plan_only
         #: one plan for the batch from all live requests' states (a plan-only rule that pools them)
         self.batch_plan = type(policy).engine_batch_plan is not Policy.engine_batch_plan
-        self._round_hook = type(policy).engine_round is not Policy.engine_round
         # bound once: a draft step calls them per request
         self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
-        self._calibrate_many = policy.engine_calibrate_many
         self._batch_more = getattr(policy, "engine_batch_more", None)
 
     def _state(self, rid: str) -> Any:
@@ -76,8 +74,6 @@ class RoundDriver:
         """The round's caps (0..k_call; 0: the request keeps no draft, though the drafter runs one step) and
         contexts, before drafting."""
         pol, hi = self.policy, max(k_call, 1)
-        if self._round_hook:
-            pol.engine_round()
         n = len(rids)
         if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
             cap = [min(max(pol.engine_plan(None), 0), hi)] * n
@@ -118,7 +114,7 @@ class RoundDriver:
         prods = rnd.prods
         if prods is not None:  # one decision for the batch: every request drafts until it stops
             prod, i = rnd.prod, 0
-            for c in self._calibrate_many(top1):
+            for c in map(self._calibrate, top1):
                 prod[i] = c = prod[i] * c
                 prods[i].append(c)
                 i += 1

@@ -102,30 +102,24 @@ def check_control_runner(runner: Any) -> Any:
 
 
 class TokenChoice:
-    """The greedy drafter's token choice, made by the controller where it reads confidences.
+    """The draft token choice on the steps whose top-1 probability the policy reads, and what it replaces.
 
-    vLLM takes each draft step's token with ``logits.argmax(-1)`` over the target vocabulary. Two
-    forms give the same ids: ``logits.max(-1).indices`` (the first maximal index, NaN counting as
-    maximal), and, for an EAGLE-3 head with its own vocabulary, the max over the head's logits mapped to
-    target ids (``targets[i] = i + d2t[i]``; the same first maximum when ``targets`` increases, checked
-    before the form is allowed). Draft ids never change the output, only how many are accepted. On this
-    CPU the argmax and max are unvectorised while half the width halves them, so per row count the first
-    ``trials`` steps run the forms in turn, timed where the call sits, then the fastest is used. The
-    argmax a form replaced (that row count's median) is booked to :attr:`saved_s`, so decision time can
-    be reported net of the token choice taken over.
-
-    On a step whose top-1 the policy reads, :meth:`top1` gives ids and top-1 from the compiled call of
-    :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch fallback.
+    vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
+    :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call:
+    the compiled op of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch
+    fallback. On the other steps vLLM's argmax runs; its first ``trials`` calls per row count are timed in
+    place (:meth:`argmax`), and each read step books that median to :attr:`saved_s`, so that decision time
+    can be reported net of the argmax the controller took over. (Other exact forms of the argmax, the max
+    or the head's own logits, were timed in place in earlier runs: vLLM's argmax was the fastest at almost
+    every row count, the others at most 4 µs faster; ``data/control/*.json``, ``token_choice``.)
     """
-
-    FORMS = ("argmax", "max", "head")
 
     def __init__(self, trials: int = 8) -> None:
         self.trials = int(trials)
-        #: per row count: [seconds per form (argmax, max, head), chosen form or None, argmax median s]
-        self.stats: dict[int, list[Any]] = {}
-        #: row counts where vLLM's argmax was the fastest (its call is then left to vLLM untouched)
-        self.argmax_rows: set[int] = set()
+        #: per row count, the argmax's times in place (the first ``trials`` calls)
+        self.times: dict[int, list[float]] = {}
+        #: per row count, the median of :attr:`times` once complete
+        self.argmax_s: dict[int, float] = {}
         self.saved_s = 0.0
         #: False: vLLM's argmax makes every draft token, the top-1 is computed after the step (a probe sets it)
         self.own = True
@@ -135,39 +129,17 @@ class TokenChoice:
         #: steps whose top-1 the compiled op made, and those torch made
         self.op_steps = self.torch_steps = 0
 
-    def __call__(self, logits: Any, head: Any = None, targets: Any = None) -> tuple[Any, float]:
-        """(ids, seconds of vLLM's own argmax in this call, 0 when another form ran) for one step's
-        ``logits``; ``head``, ``targets``: the head's own logits and their target ids (or None)."""
-        n = int(logits.shape[0])
-        st = self.stats.get(n)
-        if st is None:
-            st = self.stats[n] = [[[], [], []], None, 0.0]
-        form, times, nf = st[1], st[0], 3 if head is not None else 2
-        if form is None:  # a trial: the form with the fewest samples (the argmax first)
-            form = min(range(nf), key=lambda f: len(times[f]))
-        elif form == 2 and head is None:
-            form = 1
+    def argmax(self, logits: Any) -> tuple[Any, float]:
+        """vLLM's ``logits.argmax(-1)``, timed: (ids, seconds)."""
         t0 = time.perf_counter()
-        if form == 0:
-            ids = logits.argmax(dim=-1)
-        elif form == 1:
-            ids = logits.max(-1).indices
-        else:
-            ids = targets.index_select(0, head.max(-1).indices)
+        ids = logits.argmax(dim=-1)
         dt = time.perf_counter() - t0
-        if st[1] is None:
-            times[form].append(dt)
-            if form == 0:
-                st[2] = float(np.median(times[0]))
-            if min(len(times[f]) for f in range(nf)) >= self.trials:
-                med = [float(np.median(times[f])) for f in range(nf)]
-                st[1] = med.index(min(med))
-                if st[1] == 0:
-                    self.argmax_rows.add(n)
-        if form == 0:
-            return ids, dt
-        self.saved_s += st[2]
-        return ids, 0.0
+        n = int(logits.shape[0])
+        times = self.times.setdefault(n, [])
+        times.append(dt)
+        if len(times) >= self.trials:
+            self.argmax_s[n] = float(np.median(times))
+        return ids, dt
 
     def load_op(self) -> None:
         import torch
@@ -177,7 +149,9 @@ class TokenChoice:
 
     def top1(self, logits: Any, targets: Any = None) -> tuple[Any, list[float]]:
         """(ids, top-1 probabilities) of one step's ``logits`` (a head's own, mapped to target ids by
-        ``targets``, or None): the compiled call, or torch where it is not loaded or refuses the rows."""
+        ``targets``, or None): the compiled call, or torch where it is not loaded or refuses the rows; the
+        argmax it replaced is booked to :attr:`saved_s`."""
+        self.saved_s += self.argmax_s.get(int(logits.shape[0]), 0.0)
         op = self.op
         if op is not None:
             ids, top1 = op.top1(logits, self._no_targets if targets is None else targets)
@@ -188,9 +162,7 @@ class TokenChoice:
         return top1op.top1_torch(logits, targets)
 
     def to_dict(self) -> dict[str, Any]:
-        return {str(n): {**{f"{f}_us": 1e6 * float(np.median(t)) if t else None for f, t in zip(self.FORMS, st[0])},
-                         "chosen": None if st[1] is None else self.FORMS[st[1]]}
-                for n, st in sorted(self.stats.items())}
+        return {str(n): {"argmax_us": 1e6 * float(np.median(t)), "timed": len(t)} for n, t in sorted(self.times.items())}
 
 
 def check_policy(fit: PolicyFit, name: str) -> bool:
@@ -364,7 +336,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         reads confidences: on a step whose top-1 the policy reads, :meth:`TokenChoice.top1` gives ids and
         top-1 in one call (torch's fallback takes the probabilities' first maximum, which may differ from
         vLLM's argmax where two logits round to the same probability: another draft token, never another
-        output); on the others :class:`TokenChoice` makes the choice."""
+        output); on the others vLLM's argmax, timed its first calls (:meth:`TokenChoice.argmax`). The
+        first read step goes through vLLM's own path, where the head's logits are checked."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
         model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)
@@ -374,16 +347,15 @@ class ControlWorkerExtension(TracingWorkerExtension):
             if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not tc.own:
                 return orig(hidden_states, *args, **kwargs)
             t0 = time.perf_counter()
-            n = len(rnd.rids)
-            st = tc.stats.get(n)
-            fused = st is not None and st[1] is not None and self._sl_driver.wants_confidence(rnd)
-            t1 = time.perf_counter()
+            fused = self._sl_small_ok is not None and self._sl_driver.wants_confidence(rnd)
             records = self.speclimits_records
-            records.choice_s += t1 - t0  # the choice between forms is the controller's time too
-            if not fused and n in tc.argmax_rows:
-                return orig(hidden_states, *args, **kwargs)
+            records.choice_s += time.perf_counter() - t0  # the choice between paths is the controller's time
+            if not fused:
+                if len(rnd.rids) in tc.argmax_s or self._sl_small_ok is None:
+                    return orig(hidden_states)
+                return tc.argmax(model_logits(hidden_states))[0]  # vLLM's argmax, timed: not the controller's
             targets = self._sl_targets
-            if fused and targets is not None:
+            if targets is not None:
                 # the head's own logits are all this step reads: vLLM's compute_logits would go on to
                 # scatter them into the target vocabulary (a -inf tensor of the target's width and an
                 # indexed copy), work whose only reader is the argmax replaced here
@@ -392,19 +364,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
             else:
                 logits = model_logits(hidden_states)
             t0 = time.perf_counter()
-            if fused:
-                ids, top1 = tc.top1(logits, targets)  # the compiled call, or torch
-                tc.saved_s += st[2]
-                t1 = time.perf_counter()
-                records.choice_s += t1 - t0
-                # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which
-                # returns these ids as they are): one hook per step instead of two
-                self._sl_small = None
-                self._sl_book_step(rnd, ids, top1, t1)
-                self._sl_booked = True
-                return ids
-            ids, vllm_s = tc(logits, self._sl_small if targets is not None else None, targets)
-            records.choice_s += time.perf_counter() - t0 - vllm_s  # vLLM's own argmax is not the controller's time
+            ids, top1 = tc.top1(logits, targets)  # the compiled call, or torch
+            t1 = time.perf_counter()
+            records.choice_s += t1 - t0
+            # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which returns
+            # these ids as they are): one hook per step instead of two
+            self._sl_small = None
+            self._sl_book_step(rnd, ids, top1, t1)
+            self._sl_booked = True
             return ids
         return wrapped
 
@@ -473,11 +440,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
             small, self._sl_small = self._sl_small, None
             if self._sl_driver.wants_confidence(rnd):
                 n = len(rnd.rids)
-                if small is None or not self._sl_small_ok:
-                    if small is not None and self._sl_small_ok is None:
-                        self._sl_small_ok = self._sl_check_small(small, n)
-                    small = self._sl_logits if not self._sl_small_ok else small
-                top1 = top1op.top1_probability(small, n, ids)
+                if self._sl_small_ok is None:  # the first read step: may the head's own logits be read?
+                    self._sl_small_ok = small is not None and self._sl_check_small(small, n)
+                top1 = top1op.top1_probability(small if self._sl_small_ok else self._sl_logits, n)
             else:
                 top1 = None
             self._sl_book_step(rnd, ids, top1, t0)

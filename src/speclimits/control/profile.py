@@ -18,7 +18,7 @@ times them itself:
   fewer requests (a batch's tail) are left out: each request pays a larger share of the step, which is
   no change of the machine's speed (counted in, they tripled the scale at batch 4).
 
-numpy alone (the worker imports it).
+numpy alone at import (the worker imports it).
 """
 
 from __future__ import annotations
@@ -47,12 +47,10 @@ class ProfileCycle(Policy):
     def __init__(self) -> None:
         self.step = 0
 
-    def engine_round(self):
-        self.k_now = self.step % (self.k_max + 1)
+    def engine_batch_plan(self, sts):  # once per round, for all its requests
+        k = self.step % (self.k_max + 1)
         self.step += 1
-
-    def engine_plan(self, st):
-        return self.k_now
+        return [k] * len(sts)
 
 
 @dataclass
@@ -157,6 +155,8 @@ class EngineProfile:
 def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: float = 0.0) -> EngineProfile:
     """:class:`EngineProfile` from timed steps (those with every request at the same m; at the full
     batch when there are such steps). Widths m not profiled are filled by a line through those that were."""
+    from sklearn.isotonic import isotonic_regression  # (the worker imports this module: only when it fits)
+
     full = [s for s in samples if s.n_batch == batch] or samples
     if not full:
         raise SpeclimitsError("speclimits control: no timed steps to profile (generate some tokens first)")
@@ -171,7 +171,9 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
         raise SpeclimitsError("speclimits control: the profiled steps verified no drafts")
     ms = np.array(sorted(by_m))
     raw_med = np.array([np.median(by_m[m]) for m in ms])
-    med = increasing(raw_med, np.array([len(by_m[m]) for m in ms], dtype=float))
+    # a wider pass never costs less: the weighted non-decreasing fit to the medians (a noisy median of a few
+    # steps must not say otherwise)
+    med = isotonic_regression(raw_med, sample_weight=np.array([len(by_m[m]) for m in ms], dtype=float))
     if len(ms) >= 2:
         slope, icpt = np.polyfit(ms, med, 1)
     else:
@@ -190,20 +192,6 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
                          context_len=float(context_len), verify_raw_ms=raw,
                          extra={"verify_samples": {str(m): len(v) for m, v in by_m.items()},
                                 "draft_median_ms": {str(int(j)): float(v) for j, v in zip(js, dmed)}})
-
-
-def increasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted least-squares non-decreasing fit to ``values`` (pool adjacent violators): a wider
-    verification pass never costs less, and a noisy median of a few steps must not say otherwise."""
-    blocks = [[float(v), float(w), 1] for v, w in zip(values, weights)]
-    out: list[list[float]] = []
-    for b in blocks:
-        out.append(b)
-        while len(out) > 1 and out[-2][0] > out[-1][0]:
-            v2, w2, n2 = out.pop()
-            v1, w1, n1 = out.pop()
-            out.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.concatenate([np.full(int(n), v) for v, _, n in out])
 
 
 class PriceClock:

@@ -77,9 +77,6 @@ class Policy:
         """A fresh request's memory (a small list; None: the rule keeps none)."""
         return None
 
-    def engine_round(self) -> None:
-        """Once per drafting round of the batch, before :meth:`engine_plan`."""
-
     def engine_plan(self, st: Any) -> int:
         """The most tokens one request drafts this round (1..k_max)."""
         return self.k_max
@@ -95,9 +92,6 @@ class Policy:
     def engine_calibrate(self, p: float) -> float:
         """The map applied to each draft step's top-1 probability (here the identity)."""
         return p
-
-    def engine_calibrate_many(self, ps: list[float]) -> list[float]:
-        return list(map(self.engine_calibrate, ps))
 
     def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
         """After draft step j: -1 to draft step j + 1, else the tokens to keep (<= j); ``c`` the step's
@@ -225,7 +219,6 @@ class DeltaRule(Policy):
         self.row = self.model.round_prices(self.k_max, self.u_bar_mean[1:self.k_max + 2], terms=self.terms).tolist()
         if self.calibration is not None:  # one call deep: it runs per request per draft step
             self.engine_calibrate = self.calibration.predict_one
-            self.engine_calibrate_many = self.calibration.predict_many
         #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
         #: profile before the first decision; None: priced from the cost model)
         self.pass_ms: list[float] | None = None
@@ -608,9 +601,6 @@ class CalibrationMap:
         if j == len(self._slope) or x[j] == v:
             return self.y[j]
         return self._slope[j] * (v - x[j]) + self.y[j]
-
-    def predict_many(self, vs: list[float]) -> list[float]:
-        return list(map(self.predict_one, vs))
 
 
 @dataclass(frozen=True)
