@@ -16,7 +16,7 @@ from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, Calibr
                                       policy_label)
 from speclimits.control.offline import gain_share, k_chosen_along, offline_table, truncate_inputs
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, EmaAcceptedLength, UtilityTestAndSet
-from speclimits.control.policies import fit_calibration, rollout
+from speclimits.control.policies import fit_calibration, rollout, state_actions
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import evaluate_policy, load_inputs
@@ -53,7 +53,7 @@ def random_inputs() -> OracleInputs:
 def test_threshold_matches_the_closed_form(random_inputs):
     table = CostTable.build(random_inputs, cost_model(), K)
     for tau in (0.0, 0.05, 0.3, 0.9, 1.01):
-        k, extra = ConfidenceThreshold(tau).bind(random_inputs, table).actions()
+        k, extra = state_actions(ConfidenceThreshold(tau).bind(random_inputs, table))
         cum = np.cumprod(random_inputs.draft_conf, axis=1)
         expected = np.minimum((cum >= tau).sum(axis=1) + 1, K)
         np.testing.assert_array_equal(k, expected)

@@ -98,7 +98,7 @@ def test_off_switch_and_status(monkeypatch):
 def test_module_name_depends_on_the_cpu(monkeypatch):
     name = top1op.module_name()
     assert name.startswith("speclimits_top1_") and name == top1op.module_name()
-    monkeypatch.setattr(top1op, "_cpu_flags", lambda: "another CPU|sse2")
+    monkeypatch.setattr(top1op, "cpu_info", lambda every_flag: {"model": "another CPU", "flags": ["sse2"]})
     assert top1op.module_name() != name
 
 

@@ -16,7 +16,8 @@ from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
 from speclimits.control.offline import compare_policies
-from speclimits.control.policies import draw_accept_lengths, evaluate_exact, mean_u_bar, rollout, split_sequences
+from speclimits.control.policies import (draw_accept_lengths, evaluate_exact, mean_u_bar, rollout, split_sequences,
+                                         state_actions)
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
 from speclimits.trace import read_trace
 
@@ -154,18 +155,18 @@ def test_rollouts_agree_with_exact_evaluation(smoke):
 def test_policy_edge_cases(smoke):
     _, inputs, model = smoke
     table = CostTable.build(inputs, model, 6)
-    k, _ = ConfidenceThreshold(0.0).bind(inputs, table).actions()
+    k, _ = state_actions(ConfidenceThreshold(0.0).bind(inputs, table))
     assert (k == 6).all()
-    k, _ = ConfidenceThreshold(1.01).bind(inputs, table).actions()
+    k, _ = state_actions(ConfidenceThreshold(1.01).bind(inputs, table))
     assert (k == 1).all()
     u = mean_u_bar(inputs, 6)
     # λ = 0: progress is worthless, so the rule never extends past k = 1
-    k, extra = DeltaRule(0.0, u, running_lambda=False).bind(inputs, table).actions()
+    k, extra = state_actions(DeltaRule(0.0, u, running_lambda=False).bind(inputs, table))
     assert (k == 1).all() and (extra == 0).all()
     # a huge λ: always extend to K_max
-    k, _ = DeltaRule(1e30, u, running_lambda=False).bind(inputs, table).actions()
+    k, _ = state_actions(DeltaRule(1e30, u, running_lambda=False).bind(inputs, table))
     assert (k == 6).all()
-    k, extra = DeltaRule(1e30, u, running_lambda=False, stop="greedy").bind(inputs, table).actions()
+    k, extra = state_actions(DeltaRule(1e30, u, running_lambda=False, stop="greedy").bind(inputs, table))
     assert (k == 6).all() and (extra == 0).all()
 
 
@@ -184,10 +185,10 @@ def test_compare_policies(smoke):
     static = t[t["kind"] == "static"]
     assert static["time_ms"].idxmin() == f"static K = {pc.best_static_k_test}"
     assert (t["speedup"] > 1).all()
-    assert set(pc.train_seq_ids).isdisjoint(pc.test_seq_ids)
-    assert pc.fit.k_max == 6 and pc.tau == pc.fit.tau
+    assert set(pc.fit.train_seq_ids).isdisjoint(pc.fit.test_seq_ids)
+    assert pc.fit.k_max == 6
     curve = pd.DataFrame(pc.fit.curves["tau"])
-    assert curve["train_time_ms"].min() == pytest.approx(curve.set_index("tau").loc[pc.tau, "train_time_ms"])
+    assert curve["train_time_ms"].min() == pytest.approx(curve.set_index("tau").loc[pc.fit.tau, "train_time_ms"])
     # the rollout harness agrees with the exact evaluation of the same state-only rule
     exact, mc = t.loc["confidence threshold"], t.loc["confidence threshold (rollouts)"]
     assert abs(exact["time_ms"] - mc["time_ms"]) < 4 * mc["time_se"] + 1e-9
@@ -217,7 +218,7 @@ def test_compare_policies_needs_one_kind_and_honours_the_exact_surrogate(smoke):
     pc = compare_policies(setup, k_max=3, names=["static:2", "delta", "ema"], n_rollouts=4)
     t = pc.table.set_index("name")
     assert t.loc["delta", "evaluation"] == "replay" and t.loc["delta", "time_se"] == 0.0
-    test = setup.inputs.subset([list(map(str, setup.inputs.seq_ids)).index(s) for s in pc.test_seq_ids])
+    test = setup.inputs.subset([list(map(str, setup.inputs.seq_ids)).index(s) for s in pc.fit.test_seq_ids])
     det = evaluate_policy(test, model, actions=np.full(test.n_states, 2), k_max=3, deterministic=True)
     assert t.loc["static:2", "time_ms"] == pytest.approx(det["time_ms"].sum())
     prob = evaluate_policy(test, model, actions=np.full(test.n_states, 2), k_max=3, deterministic=False)

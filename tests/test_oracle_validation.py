@@ -121,7 +121,7 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     from dataclasses import replace
 
     from speclimits.oracle.inputs import CostTable
-    from speclimits.control.policies import fit_calibration, mean_u_bar, split_sequences
+    from speclimits.control.policies import fit_calibration, mean_u_bar, split_sequences, state_actions
     from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
 
     setup = prepare_oracle(smoke_trace)
@@ -137,8 +137,8 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
              DeltaRule(2.0, u_mean, calib, "mean", running_lambda=False, name="Delta fixed"),
              DeltaRule(2.0, u_mean, calib, "mean", running_lambda=False, stop="greedy", name="Delta greedy")]
     for rule in rules:
-        a = rule.bind(test, CostTable.build(test, model, k_max)).actions()[0]
-        b = rule.bind(scrambled, CostTable.build(scrambled, model, k_max)).actions()[0]
+        a = state_actions(rule.bind(test, CostTable.build(test, model, k_max)))[0]
+        b = state_actions(rule.bind(scrambled, CostTable.build(scrambled, model, k_max)))[0]
         np.testing.assert_array_equal(a, b, err_msg=rule.name)
     assert not np.array_equal(test.match_prob, scrambled.match_prob)
 

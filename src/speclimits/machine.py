@@ -18,9 +18,9 @@ KERNEL_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "a
                 "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
 
 
-def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
+def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", every_flag: bool = False) -> dict[str, Any]:
     """``{"model": ..., "flags": [...], "cores": n}``: the first processor's model name and which of
-    :data:`KERNEL_FLAGS` it has (in that order)."""
+    :data:`KERNEL_FLAGS` it has (in that order; ``every_flag``: all its flags, sorted)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
@@ -34,7 +34,8 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
         elif key == "flags":
             flags = set(value.split())
             break
-    return {"model": model, "flags": [f for f in KERNEL_FLAGS if f in flags], "cores": os.cpu_count()}
+    chosen = sorted(flags) if every_flag else [f for f in KERNEL_FLAGS if f in flags]
+    return {"model": model, "flags": chosen, "cores": os.cpu_count()}
 
 
 def describe(info: dict[str, Any]) -> str:

@@ -245,23 +245,6 @@ class PolicyComparison:
     best_static_k_train: int
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def train_seq_ids(self) -> tuple[str, ...]:
-        return self.fit.train_seq_ids
-
-    @property
-    def test_seq_ids(self) -> tuple[str, ...]:
-        return self.fit.test_seq_ids
-
-    @property
-    def tau(self) -> float:
-        return self.fit.tau
-
-    @property
-    def lambda0(self) -> float:
-        """The fitted λ of the Delta rules (ms per token)."""
-        return self.fit.lambda_
-
 
 def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Sequence[str] | None = None,
                      k_max: int | None = None, test_share: float = 0.5, seed: int = 0, n_rollouts: int = 64,

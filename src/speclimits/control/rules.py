@@ -107,12 +107,6 @@ class Policy:
         """After verification: drafted ``k``, paid ``cost_ms``, emitted ``emitted`` tokens; ``u_bar`` the
         pass's Ū where it was measured (offline only: the engine does not count experts)."""
 
-    def actions(self) -> tuple[np.ndarray, np.ndarray]:
-        """Rules without memory: (k, extra draft ms) at every state of the bound inputs."""
-        from speclimits.control.policies import state_actions  # the offline harness (imports the driver)
-
-        return state_actions(self)
-
     def describe(self) -> str:
         return ""
 
@@ -197,11 +191,8 @@ class DeltaRule(Policy):
         self.markov = not running_lambda and u_pred == "mean"
         self.name = name or "Delta rule"
         self.shared, self.zero = bool(shared), bool(zero)
-
-    @property
-    def uses_pass_prices(self) -> bool:
-        """Whether the engine gives it its measured passes (:attr:`pass_ms`): the batch decision prices them."""
-        return self.shared
+        #: whether the engine gives it its measured passes (:attr:`pass_ms`): the batch decision prices them
+        self.uses_pass_prices = self.shared
 
     def describe(self) -> str:
         return (f"{self.stop} stop, λ0 = {self.lambda0:.3f} ms/token"

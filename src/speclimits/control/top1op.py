@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
+from speclimits.machine import cpu_info
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -90,25 +91,12 @@ FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"]
 _STATE: dict[str, Any] = {}
 
 
-def _cpu_flags() -> str:
-    """This CPU's model and instruction-set flags (what ``-march=native`` compiles for)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags")), "")
-    return f"{model}|{flags}"
-
-
 def module_name() -> str:
     """The extension's name in torch's cache: the source, the flags, torch's version and this CPU hashed."""
     import torch
 
-    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, _cpu_flags()])
+    cpu = cpu_info(every_flag=True)
+    key = "\n".join([SOURCE, " ".join(FLAGS), torch.__version__, cpu["model"], " ".join(cpu["flags"])])
     return "speclimits_top1_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

@@ -330,9 +330,9 @@ def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
     """The train / held-out split and the tuned parameters, per reference kind."""
     return pd.DataFrame({
         "References": list(policies),
-        "Sequences (train / held-out)": [f"{len(p.train_seq_ids)} / {len(p.test_seq_ids)}" for p in policies.values()],
-        "Threshold τ": [fmt_num(p.tau, sig=3) for p in policies.values()],
-        "λ (ms/token)": [p.lambda0 for p in policies.values()],
+        "Sequences (train / held-out)": [f"{len(p.fit.train_seq_ids)} / {len(p.fit.test_seq_ids)}" for p in policies.values()],
+        "Threshold τ": [fmt_num(p.fit.tau, sig=3) for p in policies.values()],
+        "λ (ms/token)": [p.fit.lambda_ for p in policies.values()],
         "Best static K (train / held-out)": [f"{p.best_static_k_train} / {p.best_static_k_test}"
                                              for p in policies.values()],
     })
