@@ -107,9 +107,9 @@ class TokenChoice:
     vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
     :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call:
     the compiled op of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch
-    fallback. On the other steps vLLM's argmax runs; its first ``trials`` calls per row count are timed in
-    place (:meth:`argmax`), and each read step books that median to :attr:`saved_s`, so that decision time
-    can be reported net of the argmax the controller took over. (Other exact forms of the argmax, the max
+    fallback. Before, the first ``trials`` read steps per row count run vLLM's argmax timed in place
+    (:meth:`argmax`); each later read step books its median to :attr:`saved_s`, so that decision time can
+    be reported net of the argmax the controller took over. The other steps run vLLM's own. (Other exact forms of the argmax, the max
     or the head's own logits, were timed in place in earlier runs: vLLM's argmax was the fastest at almost
     every row count, the others at most 4 µs faster; ``data/control/*.json``, ``token_choice``.)
     """
@@ -336,8 +336,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
         reads confidences: on a step whose top-1 the policy reads, :meth:`TokenChoice.top1` gives ids and
         top-1 in one call (torch's fallback takes the probabilities' first maximum, which may differ from
         vLLM's argmax where two logits round to the same probability: another draft token, never another
-        output); on the others vLLM's argmax, timed its first calls (:meth:`TokenChoice.argmax`). The
-        first read step goes through vLLM's own path, where the head's logits are checked."""
+        output); on the others vLLM's own. The first read steps per row count run vLLM's argmax, timed
+        (:meth:`TokenChoice.argmax`), with the top-1 computed after the step (the first also checks the
+        head's logits)."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
         model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)
@@ -347,13 +348,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
             if rnd is None or self._sl_driver.plan_only or args or kwargs or hetero or not tc.own:
                 return orig(hidden_states, *args, **kwargs)
             t0 = time.perf_counter()
-            fused = self._sl_small_ok is not None and self._sl_driver.wants_confidence(rnd)
+            reads = self._sl_driver.wants_confidence(rnd)
             records = self.speclimits_records
             records.choice_s += time.perf_counter() - t0  # the choice between paths is the controller's time
-            if not fused:
-                if len(rnd.rids) in tc.argmax_s or self._sl_small_ok is None:
-                    return orig(hidden_states)
-                return tc.argmax(model_logits(hidden_states))[0]  # vLLM's argmax, timed: not the controller's
+            if not reads:
+                return orig(hidden_states)
+            if self._sl_small_ok is None or len(rnd.rids) not in tc.argmax_s:
+                # the first read steps: vLLM's argmax, timed (not the controller's time); the top-1 after the step
+                return tc.argmax(model_logits(hidden_states))[0]
             targets = self._sl_targets
             if targets is not None:
                 # the head's own logits are all this step reads: vLLM's compute_logits would go on to
