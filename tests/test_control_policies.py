@@ -16,7 +16,8 @@ from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, Calibr
                                       policy_label)
 from speclimits.control.offline import gain_share, k_chosen_along, offline_table, truncate_inputs
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, EmaAcceptedLength, UtilityTestAndSet
-from speclimits.control.policies import fit_calibration, rollout, state_actions
+from speclimits.control.fit import fit_calibration
+from speclimits.control.offline import rollout, state_actions
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import evaluate_policy, load_inputs

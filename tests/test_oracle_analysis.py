@@ -16,8 +16,8 @@ from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
 from speclimits.control.offline import compare_policies
-from speclimits.control.policies import (draw_accept_lengths, evaluate_exact, mean_u_bar, rollout, split_sequences,
-                                         state_actions)
+from speclimits.control.fit import mean_u_bar, split_sequences
+from speclimits.control.offline import draw_accept_lengths, evaluate_exact, rollout, state_actions
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
 from speclimits.trace import read_trace
 

@@ -121,7 +121,8 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     from dataclasses import replace
 
     from speclimits.oracle.inputs import CostTable
-    from speclimits.control.policies import fit_calibration, mean_u_bar, split_sequences, state_actions
+    from speclimits.control.fit import fit_calibration, mean_u_bar, split_sequences
+    from speclimits.control.offline import state_actions
     from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
 
     setup = prepare_oracle(smoke_trace)

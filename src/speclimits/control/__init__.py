@@ -7,11 +7,10 @@ the offline harness run, with the engine's observation timing; recording and rep
 :mod:`~speclimits.control.extension` (the worker extension that applies a policy per request per round)
 and :mod:`~speclimits.control.top1op` (its compiled top-1 probability).
 
-Offline and around it: :mod:`~speclimits.control.policies` (exact evaluation, rollouts, calibration;
-the arms' names, kinds and labels are :mod:`speclimits.arms`), :mod:`~speclimits.control.fit`
-(``speclimits control fit``), :mod:`~speclimits.control.offline` (the prediction beside the Oracle's two
-bounds, the batch replay), :mod:`~speclimits.control.cli` (``speclimits control fit``). The engine
-benchmark (``speclimits control bench``) is tooling around it: :mod:`speclimits.bench`. The book's
-section 8 reads the committed runs through :mod:`speclimits.book.views.control_runs`; its charts are
-:mod:`speclimits.figures.control`.
+Offline and around it: :mod:`~speclimits.control.offline` (exact evaluation and rollouts through the
+round driver, the prediction beside the Oracle's two bounds, the batch replay; the arms' names, kinds and
+labels are :mod:`speclimits.arms`), :mod:`~speclimits.control.fit` and :mod:`~speclimits.control.cli`
+(``speclimits control fit``). The engine benchmark (``speclimits control bench``) is tooling around it:
+:mod:`speclimits.bench`. The book's section 8 reads the committed runs through
+:mod:`speclimits.book.views.control_runs`; its charts are :mod:`speclimits.figures.control`.
 """

@@ -3,7 +3,7 @@
 :func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper)
 into train and test by ``seq_id`` and fits, on the train split only: the confidence calibration map
 (isotonic regression of the observed greedy match on the draft's top-1 probability over the draft steps
-the recorded rounds tested, :func:`~speclimits.control.policies.fit_calibration`); the Ū predictor (mean
+the recorded rounds tested, :func:`fit_calibration`); the Ū predictor (mean
 Ū per verified-row count m over the train prompts' measured decode rounds); τ of the confidence threshold
 and λ of the Delta rule, each minimizing the time of the replayed real greedy outcomes (``accept_len``)
 on the train references, priced by the cost model. Section 6 fits each reference kind the same way
@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from sklearn.isotonic import IsotonicRegression
 
-from speclimits.control.policies import evaluate_exact, fit_calibration, mean_u_bar, split_sequences
+from speclimits.control.offline import evaluate_exact
 from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, Policy, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
+from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
 from speclimits.vocabulary import HEADLINE_KIND
 
@@ -103,3 +105,36 @@ def static_tokens_per_round(inputs: OracleInputs, table: CostTable, k_max: int) 
         ev = evaluate_exact(StaticK(k).bind(inputs, table), deterministic=True)
         out.append(float(inputs.n_tokens.sum() / ev["rounds"].sum()))
     return np.array(out)
+
+
+def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of sequence indices into (train, test) by ``seq_id``; both non-empty."""
+    if inputs.n_sequences < 2:
+        raise SpeclimitsError("a train/test split needs at least 2 reference sequences")
+    perm = np.random.default_rng(seed).permutation(inputs.n_sequences)
+    n_test = int(np.clip(round(test_share * inputs.n_sequences), 1, inputs.n_sequences - 1))
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+
+def fit_calibration(inputs: OracleInputs, k_max: int) -> IsotonicRegression:
+    """Monotone map draft confidence -> P(draft step matches | chain matched so far), fitted on the observed
+    greedy match lengths as a running system sees its rounds: the steps each state's round tested
+    (:func:`~speclimits.oracle.calibration.reached_steps`)."""
+    reached, matched = reached_steps(inputs, k_max)
+    return fit_isotonic(inputs.draft_conf[:, :k_max][reached], matched[reached])
+
+
+
+def mean_u_bar(inputs: OracleInputs, k_max: int, rounds: pd.DataFrame | None = None) -> np.ndarray:
+    """(k_max + 2,) mean Ū per m (index m; index 0 = index 1): from the decode rounds of the trace's K sweep
+    where it has that m (what the engine measured), else from the Oracle rows' windows of ``inputs``."""
+    out = np.full(k_max + 2, np.nan)
+    out[1:] = inputs.u_bar_window[:, : k_max + 1].mean(axis=0)
+    if rounds is not None and len(rounds):
+        dec = rounds[(rounds["phase"].astype(str) == "decode") & np.isfinite(rounds["u_bar"])]
+        for m, v in dec.groupby("m")["u_bar"].mean().items():
+            if 1 <= int(m) <= k_max + 1:
+                out[int(m)] = float(v)
+    out[0] = out[1]
+    return out

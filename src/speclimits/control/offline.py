@@ -1,15 +1,22 @@
-"""Offline prediction of the fitted policies on given references, beside the Oracle's two bounds.
+"""The offline harness of the online policies: evaluation on Oracle inputs, and the prediction beside the bounds.
 
-Every policy is evaluated two ways, with the objects the engine runs: a **replay** of the real greedy
-outcomes (``accept_len``: what greedy verification of the recorded draft chains gives, what the engine
-should reproduce token for token) and its **surrogate** expected time under the Oracle's match
-probabilities (exact policy evaluation for state-only rules, seeded rollouts with common random numbers
-otherwise). Each harness has its own Oracle (exact greedy: knows the outcomes; surrogate: knows the match
-probabilities) and its own best static K in hindsight; a policy captures the share ``(1 - T/T_static) /
-(1 - T_oracle/T_static)`` of the Oracle's gain over that K (:func:`gain_share`).
+The policy objects are those the vLLM worker runs (:mod:`speclimits.control.rules`), and every round is
+decided by the engine's own :class:`~speclimits.control.driver.RoundDriver`, with the engine's observation
+timing (a round's outcome reaches a rule with memory one round late). Rounds are priced as the Oracle
+prices them: round cost C(n, k) from the cost model with the *true* window Ū; a rule that drafts step
+k + 1 and then keeps k pays the dropped step (``a`` ms; the greedy Delta rule).
 
-Section 6's policy table (:func:`compare_policies`) has the same fit and the same surrogate evaluation
-(:func:`surrogate_evaluations`) as section 8's offline table, so a policy shows the same time in both.
+Every policy is evaluated two ways: a **replay** of the real greedy outcomes (``accept_len``: what greedy
+verification of the recorded draft chains gives, what the engine should reproduce token for token) and
+its **surrogate** expected time under the Oracle's match probabilities (``P(a >= j) = prod_{i<j}
+match_prob[i]``). Rules whose action depends only on the state (static K, the confidence threshold, the
+Delta rule with a fixed λ and mean Ū) are evaluated exactly with the Oracle's policy evaluation; rules with
+memory by Monte Carlo rollouts: per rollout one greedy match length is drawn for every state, so walking a
+sequence visits each state at most once (for a state-only rule the rollout mean is unbiased for the exact
+value), and every rule sees the same draws (common random numbers). Each harness has its own Oracle and
+its own best static K in hindsight; a policy captures the share ``(1 - T/T_static) / (1 - T_oracle/T_static)``
+of the Oracle's gain over that K (:func:`gain_share`). Section 6's policy table (:func:`compare_policies`)
+has the same fit and surrogate evaluation (:func:`surrogate_evaluations`) as section 8's offline table.
 """
 
 from __future__ import annotations
@@ -24,13 +31,92 @@ from tqdm.auto import tqdm
 
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.arms import OFFLINE_POLICY_NAMES, arm, policy_label, static_key
-from speclimits.control.rules import PolicyFit
+from speclimits.control.rules import Policy, PolicyFit
 from speclimits.control.driver import RoundDriver
-from speclimits.control.policies import draw_accept_lengths, evaluate_exact, rollout, walk
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
 from speclimits.oracle.report import ORACLE_POLICY
+from speclimits.oracle.solver import evaluate_policy
+
+
+def draw_accept_lengths(inputs: OracleInputs, k_max: int, n_rollouts: int, seed: int = 0) -> np.ndarray:
+    """(n_rollouts, n_states) greedy match lengths drawn from ``match_prob`` (0..k_max)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((n_rollouts, inputs.n_states), dtype=np.int16)
+    mp = inputs.match_prob[:, :k_max]
+    for r in range(n_rollouts):
+        hit = rng.random(mp.shape) < mp
+        out[r] = np.where(hit.all(axis=1), k_max, np.argmin(hit, axis=1))
+    return out
+
+
+
+def state_actions(policy: Policy) -> tuple[np.ndarray, np.ndarray]:
+    """A rule without memory at every state of the bound inputs, each state's round run alone through the
+    round driver on its recorded confidences: ``(k (n,), extra draft ms (n,))`` (``a`` ms per dropped step)."""
+    if not policy.markov:
+        raise TypeError(f"{policy.name} has memory: evaluate it with rollouts")
+    k_max, n = policy.k_max, policy.inputs.n_states
+    conf = policy.inputs.draft_conf[:, :k_max].tolist()
+    run = RoundDriver(policy).run_round
+    keep, drafted = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for i in range(n):
+        k, drafted[i] = run(["state"], [conf[i]], k_max)
+        keep[i] = k[0]
+    return keep, (drafted - keep) * policy.model.a
+
+
+
+def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list[list[float]], cost: np.ndarray,
+         visit: Any = None) -> tuple[float, int]:
+    """Walk sequence ``seq`` of the driver's bound policy's inputs once, as the engine runs a request at batch
+    1 (as request ``rid``): ``accept`` (per state) the greedy match length, a round priced ``cost[state, k]``
+    plus its dropped draft steps (``a`` ms each), its outcome observed one round late (as in the engine)
+    with the window's Ū; ``visit(state, k)`` per round. Returns the sequence's time (ms) and rounds."""
+    pol = driver.policy
+    inp, k_max, a_ms = pol.inputs, pol.k_max, pol.model.a
+    off, n = int(inp.offsets[seq]), int(inp.n_tokens[seq])
+    pos, time_ms, rounds = 0, 0.0, 0
+    while pos < n:
+        row = off + pos
+        (k,), drafted = driver.run_round([rid], [conf[row]], k_max)
+        emitted = min(min(k, int(accept[row])) + 1, n - pos)
+        c = cost[row, k] + (drafted - k) * a_ms
+        driver.verified([rid], [k], [c], [pos], [inp.u_bar_window[row, k]])
+        if visit is not None:
+            visit(row, k)
+        time_ms += c
+        rounds += 1
+        pos += emitted
+    return time_ms, rounds
+
+
+
+def rollout(policy: Policy, accept: np.ndarray) -> pd.DataFrame:
+    """Walk every sequence of the bound ``policy`` once per row of ``accept`` (:func:`walk`, each sequence a
+    request with its own memory). Per sequence: ``seq_id``, ``time_ms`` (mean over rollouts), ``time_se``
+    (its standard error), ``rounds`` (mean) and ``n_rollouts``."""
+    inp = policy.inputs
+    cost, conf = policy.table.total(), inp.draft_conf[:, : policy.k_max].tolist()
+    n_roll, n_seq = accept.shape[0], inp.n_sequences
+    t, rounds = np.zeros((n_roll, n_seq)), np.zeros((n_roll, n_seq))
+    driver = RoundDriver(policy)
+    for r in range(n_roll):
+        for s in range(n_seq):
+            t[r, s], rounds[r, s] = walk(driver, (r, s), s, accept[r], conf, cost)
+        driver.release([(r, s) for s in range(n_seq)])
+    return pd.DataFrame({"seq_id": inp.seq_ids, "time_ms": t.mean(axis=0),
+                         "time_se": t.std(axis=0, ddof=1) / np.sqrt(n_roll) if n_roll > 1 else np.nan,
+                         "rounds": rounds.mean(axis=0), "n_rollouts": n_roll})
+
+
+
+def evaluate_exact(policy: Policy, deterministic: bool = False) -> pd.DataFrame:
+    """Exact expected time per sequence of a state-only policy (the Oracle's policy evaluation)."""
+    k, extra = state_actions(policy)
+    return evaluate_policy(policy.inputs, policy.table.model, actions=k, k_max=policy.k_max,
+                           deterministic=deterministic, extra_cost=extra)
 
 
 def gain_share(t_policy: Any, t_static: Any, t_oracle: Any) -> Any:
@@ -68,7 +154,7 @@ def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) 
 def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInputs, deterministic: bool,
                           n_rollouts: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """Per policy name: its per-sequence evaluation on ``sur`` under the surrogate (the frame of
-    :func:`~speclimits.control.policies.evaluate_exact` or :func:`~speclimits.control.policies.rollout`:
+    :func:`evaluate_exact` or :func:`rollout`:
     ``seq_id``, ``time_ms``, ``rounds``, ...) and how it was evaluated: ``exact`` (a rule without memory,
     exact policy evaluation), ``rollouts`` (a rule with memory: ``n_rollouts`` seeded draws of the match
     lengths, shared by every rule) or ``replay`` (a rule with memory under the exact surrogate: the one
@@ -153,8 +239,7 @@ def k_chosen_along(fit: PolicyFit, setup: OracleSetup, seq_id: str, names: list[
                                     deterministic=setup.deterministic).to_frame()["k_star"].values
     table = CostTable.build(raw, fit.cost_model, fit.k_max)
     for name in names:
-        pol = fit.make(name).bind(raw, table)
-        out[name] = walk_actions(pol, raw)
+        out[name] = walk_actions(fit.make(name).bind(raw, table), raw)
     return out
 
 
@@ -162,8 +247,8 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
     """(n,) the k a bound policy takes at each state visited by the replayed greedy walk of one sequence
     (NaN at states it skips)."""
     out = np.full(raw.n_states, np.nan)
-    conf = raw.draft_conf[:, : pol.k_max].tolist()
-    walk(RoundDriver(pol), "walk", 0, raw.accept_len, conf, pol.table.total(), visit=out.__setitem__)
+    walk(RoundDriver(pol), "walk", 0, raw.accept_len, raw.draft_conf[:, :pol.k_max].tolist(), pol.table.total(),
+         visit=out.__setitem__)
     return out
 
 

@@ -2,7 +2,7 @@
 
 The vLLM worker (:mod:`speclimits.control.extension`) imports this module: it needs numpy and the
 cost-model reader, not the statistics stack, so a worker loads a policy in milliseconds. The offline
-harness that evaluates the same objects on Oracle inputs is :mod:`speclimits.control.policies`.
+harness that evaluates the same objects on Oracle inputs is :mod:`speclimits.control.offline`.
 
 Each rule is written once, in the form the engine runs: Python scalars, one request at a time
 (``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the worker and offline alike.
