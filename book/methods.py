@@ -274,10 +274,11 @@
 #   run. At batch > 1 the batch rule's stop test after each step builds the longer rounds' gains only
 #   as its search reaches them (it usually stops at the first longer round that beats stopping) and sums
 #   plain floats (the request and position of each gain matter only for the final keep, computed once
-#   when the batch stops). On the steps without a
-#   confidence the controller times vLLM's `argmax` against two exact equivalents per batch width (the
-#   first 8 steps of each) and keeps the fastest. Decision time is the controller's time in its hooks
-#   less the `argmax` medians of the steps where it made the token choice (the gross time is kept too).
+#   when the batch stops). The steps without a
+#   confidence run vLLM's `argmax`. The first 8 read steps per batch width run it too, timed in place
+#   (the top-1 is computed after the step); decision time is the controller's time in its hooks less that
+#   `argmax` median for each later read step, where the compiled call made the token choice (the gross
+#   time is kept too).
 #   The rules with memory (the running $\lambda$, EMA, Cascade, throughput-aware) see each round's outcome
 #   one round late in the engine: the tokens a round emitted reach the host in vLLM's bookkeeping, after
 #   that step's drafting, and the controller reads them from the requests' output lists at the next step
