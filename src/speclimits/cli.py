@@ -26,6 +26,7 @@ COMMANDS = (
     "speclimits.book.cli",
     "speclimits.models.cli",
     "speclimits.control.cli",
+    "speclimits.bench.cli",
 )
 
 

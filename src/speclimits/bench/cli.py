@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from speclimits.control.cli import actions
 from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``bench`` and ``summarize`` to the ``speclimits control`` subcommands ``sub``."""
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and ``summarize`` to ``speclimits control``."""
+    sub = actions(subparsers)
     b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, "
                                      "paired ratios")
     b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`")

@@ -1,20 +1,27 @@
-"""``speclimits control fit``; ``bench`` and ``summarize`` are the benchmark's (:mod:`speclimits.bench.cli`)."""
+"""``speclimits control fit``; ``bench`` and ``summarize`` are the benchmark's (:mod:`speclimits.bench.cli`), added to
+the same ``speclimits control`` command through :func:`actions`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from speclimits.bench import cli as bench_cli
-
 #: ``control fit``'s K_max when none is given (the committed benchmarks' engines run K_max = 6)
 DEFAULT_FIT_K_MAX = 6
 
 
+def actions(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """The subcommands of ``speclimits control`` (the command is made on the first call)."""
+    p = subparsers.choices.get("control")
+    if p is None:
+        p = subparsers.add_parser("control", help="adaptive K online: fit policies from a trace, benchmark them in vLLM")
+        p.control_actions = p.add_subparsers(dest="control_command", metavar="ACTION")
+        p.control_actions.required = True
+    return p.control_actions
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("control", help="adaptive K online: fit policies from a trace, benchmark them in vLLM")
-    sub = p.add_subparsers(dest="control_command", metavar="ACTION")
-    sub.required = True
+    sub = actions(subparsers)
     f = sub.add_parser("fit", help="fit τ, λ, the confidence calibration and the Ū predictor on a train split")
     f.add_argument("trace", help="trace directory with oracle.parquet (greedy references are used)")
     f.add_argument("--out", required=True, help="policy JSON to write")
@@ -25,7 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
     f.set_defaults(func=run_fit)
-    bench_cli.register(sub)
 
 
 def run_fit(args: argparse.Namespace) -> int:
