@@ -128,6 +128,13 @@ class TokenChoice:
         self._no_targets: Any = None
         #: steps whose top-1 the compiled op made, and those torch made
         self.op_steps = self.torch_steps = 0
+        #: this draft step's logits as vLLM made them: over the target vocabulary, and an EAGLE-3 head's own
+        self.logits: Any = None
+        self.head: Any = None
+        #: whether the head's own logits give the target-vocabulary logits' top-1 (None: not checked yet)
+        self.head_ok: bool | None = None
+        #: target id of each of the head's logits, where they increase (the compiled call then maps ids)
+        self.targets: Any = None
 
     def argmax(self, logits: Any) -> tuple[Any, float]:
         """vLLM's ``logits.argmax(-1)``, timed: (ids, seconds)."""
@@ -160,6 +167,27 @@ class TokenChoice:
                 return ids, top1
         self.torch_steps += 1
         return top1op.top1_torch(logits, targets)
+
+    def check_head(self, head: Any, n: int, d2t: Any) -> bool:
+        """Once, on the first read step: whether the head's own logits ``head`` give the same top-1 as the
+        target-vocabulary logits vLLM made of them (same rows, every finite logit of the latter among them);
+        where ``d2t`` (the head's ``draft_id_to_target_id``) maps them to increasing target ids with the same
+        argmax, :attr:`targets`."""
+        full = self.logits
+        self.head_ok = False
+        if head is None or full is None or head.shape[0] != full.shape[0] or head.shape[-1] > full.shape[-1]:
+            return False
+        if not np.allclose(top1op.top1_probability(head, n), top1op.top1_probability(full, n), rtol=1e-5, atol=1e-7):
+            return False
+        if d2t is not None and d2t.shape[0] == head.shape[-1]:
+            import torch
+
+            targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach()
+            if bool((targets[1:] > targets[:-1]).all()) and torch.equal(targets[head.max(-1).indices],
+                                                                         full.argmax(dim=-1)):
+                self.targets = targets
+        self.head_ok = True
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {str(n): {"argmax_us": 1e6 * float(np.median(t)), "timed": len(t)} for n, t in sorted(self.times.items())}
@@ -227,18 +255,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if not hasattr(self, "speclimits_pricing"):
             self.speclimits_pricing = EnginePricing()
             self.speclimits_tokens = TokenChoice()
-            #: whether the head's own logits give the target-vocabulary logits' top-1 (checked on the first step)
-            self._sl_small_ok: bool | None = None
-            #: target id of each of the head's logits, where they increase (the token choice may then use them)
-            self._sl_targets: Any = None
         self.speclimits_pricing.arm(profile_rounds)
         self.speclimits_records = RoundRecords()
         self._sl_round: EngineRound | None = None
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
-        self._sl_logits: Any = None
-        self._sl_small: Any = None
         self._sl_booked = False  # the current draft step was booked by the greedy hook
         tokens = self.speclimits_tokens
+        tokens.logits = tokens.head = None
         if reads_confidence and tokens.op is None:  # (load() tries once per process)
             tokens.load_op()
         tokens.saved_s = 0.0  # like the records: what no drain collected since is dropped
@@ -272,7 +295,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "inputs": getattr(self._sl_driver, "log", None),
                "profile": None if pricing.profile is None else pricing.profile.to_dict(),
                "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),
-               "draft_vocab_top1": self._sl_small_ok,
+               "draft_vocab_top1": tokens.head_ok,
                "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
         tokens.op_steps = tokens.torch_steps = 0
         tokens.saved_s = 0.0
@@ -295,13 +318,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
         patches.wrap(runner, "take_draft_token_ids", self._sl_take)
         patches.wrap(drafter, "propose", self._sl_propose)
         patches.wrap(drafter, "_sample_draft_tokens", self._sl_sample_draft)
-        patches.wrap(model, "compute_logits", self._sl_keep_output("_sl_logits"))
+        patches.wrap(model, "compute_logits", self._sl_keep_output("logits"))
         if callable(getattr(drafter, "_greedy_sample", None)):
             patches.wrap(drafter, "_greedy_sample", self._sl_greedy)
         # an EAGLE-3 head with its own (smaller) vocabulary: its logits before vLLM scatters them
         head = getattr(model, "logits_processor", None)
         if getattr(model, "draft_id_to_target_id", None) is not None and callable(getattr(head, "forward", None)):
-            patches.wrap(head, "forward", self._sl_keep_output("_sl_small"))
+            patches.wrap(head, "forward", self._sl_keep_output("head"))
 
     def _sl_execute_model(self, orig: Any) -> Any:
         def wrapped(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -320,13 +343,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return wrapped
 
     def _sl_keep_output(self, attr: str) -> Any:
-        """A wrapper factory: during a drafting round, keep what the wrapped call returns in ``attr``
-        (the drafter's target-vocabulary logits, or the head's own)."""
+        """A wrapper factory: during a drafting round, keep what the wrapped call returns in the token
+        choice's ``attr`` (the drafter's target-vocabulary logits, or the head's own)."""
         def factory(orig: Any) -> Any:
             def wrapped(*args: Any, **kwargs: Any) -> Any:
                 out = orig(*args, **kwargs)
                 if self._sl_round is not None:
-                    setattr(self, attr, out)
+                    setattr(self.speclimits_tokens, attr, out)
                 return out
             return wrapped
         return factory
@@ -353,10 +376,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
             records.choice_s += time.perf_counter() - t0  # the choice between paths is the controller's time
             if not reads:
                 return orig(hidden_states)
-            if self._sl_small_ok is None or len(rnd.rids) not in tc.argmax_s:
+            if tc.head_ok is None or len(rnd.rids) not in tc.argmax_s:
                 # the first read steps: vLLM's argmax, timed (not the controller's time); the top-1 after the step
                 return tc.argmax(model_logits(hidden_states))[0]
-            targets = self._sl_targets
+            targets = tc.targets
             if targets is not None:
                 # the head's own logits are all this step reads: vLLM's compute_logits would go on to
                 # scatter them into the target vocabulary (a -inf tensor of the target's width and an
@@ -371,7 +394,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             records.choice_s += t1 - t0
             # the draft step is booked here, not after vLLM's _sample_draft_tokens returns (which returns
             # these ids as they are): one hook per step instead of two
-            self._sl_small = None
+            tc.head = None
             self._sl_book_step(rnd, ids, top1, t1)
             self._sl_booked = True
             return ids
@@ -439,12 +462,13 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 raise SpeclimitsError("speclimits control supports greedy drafting only (the draft returned "
                                       "probabilities: probabilistic draft sampling is on)")
             t0 = time.perf_counter()
-            small, self._sl_small = self._sl_small, None
+            tc = self.speclimits_tokens
+            head, tc.head = tc.head, None
             if self._sl_driver.wants_confidence(rnd):
                 n = len(rnd.rids)
-                if self._sl_small_ok is None:  # the first read step: may the head's own logits be read?
-                    self._sl_small_ok = small is not None and self._sl_check_small(small, n)
-                top1 = top1op.top1_probability(small if self._sl_small_ok else self._sl_logits, n)
+                if tc.head_ok is None:  # the first read step: may the head's own logits be read?
+                    tc.check_head(head, n, getattr(self.model_runner.drafter.model, "draft_id_to_target_id", None))
+                top1 = top1op.top1_probability(head if tc.head_ok else tc.logits, n)
             else:
                 top1 = None
             self._sl_book_step(rnd, ids, top1, t0)
@@ -474,26 +498,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self.speclimits_records.spent("take", t0)
             return out
         return wrapped
-
-    def _sl_check_small(self, small: Any, n: int) -> bool:
-        """Once: whether the head's own logits give the same top-1 as the target-vocabulary logits vLLM
-        made of them (same rows, every finite logit of the latter among them)."""
-        full = self._sl_logits
-        if full is None or small.shape[0] != full.shape[0] or small.shape[-1] > full.shape[-1]:
-            return False
-        a, b = top1op.top1_probability(small, n), top1op.top1_probability(full, n)
-        if not np.allclose(a, b, rtol=1e-5, atol=1e-7):
-            return False
-        model = self.model_runner.drafter.model  # type: ignore[attr-defined]
-        d2t = getattr(model, "draft_id_to_target_id", None)
-        if d2t is not None and d2t.shape[0] == small.shape[-1]:
-            import torch
-
-            targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach()
-            head_ids = small.max(-1).indices
-            if bool((targets[1:] > targets[:-1]).all()) and torch.equal(targets[head_ids], full.argmax(dim=-1)):
-                self._sl_targets = targets
-        return True
 
     def _sl_observe(self, sched: Any, rids: list[str], now: float) -> int | None:
         """The verification outcome of the round that ended in this step, for requests that verified
