@@ -98,3 +98,31 @@ def test_the_last_builds_times_order_the_pages(tmp_path, monkeypatch):
     build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=1, root=toc[0], progress=False,
                        expected=build.previous_times(log))
     assert started[:2] == ["03_final_model", "01_tracing"] and started[-1] == "intro"
+
+
+def test_a_build_leaves_papermills_folder_unset(monkeypatch, tmp_path):
+    """papermill keeps the folder its writes change into process-wide, and each run restores what it found
+    on entry: runs in threads that end out of order leave a run's folder set. The build unsets it after (and
+    before) executing, so that a later build never changes into a staging folder that is gone."""
+    from papermill.iorw import local_file_io_cwd, papermill_io
+
+    toc, notebooks = _pages()
+    entered = []
+
+    def fake_execute(src, stage, params, log_file, lock=None, chdir=True):
+        with local_file_io_cwd():  # what papermill.execute_notebook does around a run
+            entered.append(src.stem)
+            time.sleep(0.01 if len(entered) == 1 else 0.08)  # the later entrant ends last: the race
+        return 0.0
+
+    handler = papermill_io.get_handler("local")
+    monkeypatch.setattr(build, "_execute", fake_execute)
+    (tmp_path / "book").mkdir()
+    try:
+        for jobs in (2, 1):  # in threads (the race), and one at a time (each run restores what it found)
+            handler.cwd(str(tmp_path / "gone"))  # left by an earlier build whose folder was deleted
+            entered.clear()
+            build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=jobs, root=toc[0], progress=False)
+            assert handler.cwd(None) is None, jobs
+    finally:
+        handler.cwd(None)

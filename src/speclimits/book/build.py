@@ -416,12 +416,24 @@ def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs:
         return dt
 
     cwd = os.getcwd()
+    _unset_papermill_folder()
     if shared:
         os.chdir(next(iter(folders)))
     try:
         return _run_pool(notebooks, todo, deps, run, jobs, progress)
     finally:
         os.chdir(cwd)
+        _unset_papermill_folder()
+
+
+def _unset_papermill_folder() -> None:
+    """Unset the folder papermill's file writes change into. papermill keeps it process-wide and each run
+    restores the value it found on entry, so runs in threads can leave one run's folder set after all
+    end; a later build in the process (a staging folder since deleted) then failed to save its pages.
+    Every path given to papermill here is absolute, so no folder is needed."""
+    from papermill.iorw import papermill_io
+
+    papermill_io.get_handler("local").cwd(None)
 
 
 def _run_pool(notebooks: list[Path], todo: list[Path], deps: dict[str, set[str]], run: Any, jobs: int,
