@@ -1,8 +1,8 @@
 """The policy's side of the engine's rounds: :class:`RoundDriver`, free of vLLM.
 
 The worker extension (:mod:`speclimits.control.extension`) drives it from vLLM's hooks; the offline
-harness (:mod:`speclimits.control.offline`) drives it with recorded confidences and outcomes. One decision path for both: the rules' engine form
-(:mod:`speclimits.control.rules`).
+harness (:mod:`speclimits.control.offline`) drives it with recorded confidences and outcomes. One
+decision path for both: the rules' engine form (:mod:`speclimits.control.rules`).
 """
 
 from __future__ import annotations

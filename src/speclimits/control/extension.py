@@ -107,11 +107,12 @@ class TokenChoice:
     vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
     :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call:
     the compiled op of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch
-    fallback. Before, the first ``trials`` read steps per row count run vLLM's argmax timed in place
-    (:meth:`argmax`); each later read step books its median to :attr:`saved_s`, so that decision time can
-    be reported net of the argmax the controller took over. The other steps run vLLM's own. (Other exact forms of the argmax, the max
-    or the head's own logits, were timed in place in earlier runs: vLLM's argmax was the fastest at almost
-    every row count, the others at most 4 µs faster; ``data/control/*.json``, ``token_choice``.)
+    fallback. The first ``trials`` read steps per row count run vLLM's argmax instead, timed in place
+    (:meth:`argmax`); each later read step books that median to :attr:`saved_s`, so that decision time can
+    be reported net of the argmax the controller took over. The other steps run vLLM's own. (Two other
+    exact forms of the argmax, over the target logits and over the head's own, were timed in place in
+    earlier runs: vLLM's argmax was the fastest at almost every row count, the others at most 4 µs faster;
+    ``token_choice`` in ``data/control/*.json``.)
     """
 
     def __init__(self, trials: int = 8) -> None:
@@ -136,8 +137,8 @@ class TokenChoice:
         #: target id of each of the head's logits, where they increase (the compiled call then maps ids)
         self.targets: Any = None
 
-    def argmax(self, logits: Any) -> tuple[Any, float]:
-        """vLLM's ``logits.argmax(-1)``, timed: (ids, seconds)."""
+    def argmax(self, logits: Any) -> Any:
+        """vLLM's ``logits.argmax(-1)``, timed per row count (its first ``trials`` calls)."""
         t0 = time.perf_counter()
         ids = logits.argmax(dim=-1)
         dt = time.perf_counter() - t0
@@ -145,8 +146,8 @@ class TokenChoice:
         times = self.times.setdefault(n, [])
         times.append(dt)
         if len(times) >= self.trials:
-            self.argmax_s[n] = float(np.median(times))
-        return ids, dt
+            self.argmax_s[n] = float(np.median(times))  # kept: a read step books it
+        return ids
 
     def load_op(self) -> None:
         import torch
@@ -168,7 +169,7 @@ class TokenChoice:
         self.torch_steps += 1
         return top1op.top1_torch(logits, targets)
 
-    def check_head(self, head: Any, n: int, d2t: Any) -> bool:
+    def check_head(self, head: Any, n: int, d2t: Any) -> None:
         """Once, on the first read step: whether the head's own logits ``head`` give the same top-1 as the
         target-vocabulary logits vLLM made of them (same rows, every finite logit of the latter among them);
         where ``d2t`` (the head's ``draft_id_to_target_id``) maps them to increasing target ids with the same
@@ -176,9 +177,9 @@ class TokenChoice:
         full = self.logits
         self.head_ok = False
         if head is None or full is None or head.shape[0] != full.shape[0] or head.shape[-1] > full.shape[-1]:
-            return False
+            return
         if not np.allclose(top1op.top1_probability(head, n), top1op.top1_probability(full, n), rtol=1e-5, atol=1e-7):
-            return False
+            return
         if d2t is not None and d2t.shape[0] == head.shape[-1]:
             import torch
 
@@ -187,7 +188,6 @@ class TokenChoice:
                                                                          full.argmax(dim=-1)):
                 self.targets = targets
         self.head_ok = True
-        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {str(n): {"argmax_us": 1e6 * float(np.median(t)), "timed": len(t)} for n, t in sorted(self.times.items())}
@@ -378,7 +378,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 return orig(hidden_states)
             if tc.head_ok is None or len(rnd.rids) not in tc.argmax_s:
                 # the first read steps: vLLM's argmax, timed (not the controller's time); the top-1 after the step
-                return tc.argmax(model_logits(hidden_states))[0]
+                return tc.argmax(model_logits(hidden_states))
             targets = tc.targets
             if targets is not None:
                 # the head's own logits are all this step reads: vLLM's compute_logits would go on to
