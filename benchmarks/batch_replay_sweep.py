@@ -57,8 +57,7 @@ def profile_of(res: dict, estimate_m1: bool = False) -> tuple[EngineProfile, str
         return EngineProfile.from_dict(d), "none (priced as m = 2)"
     one = float(np.median(plain)) * int(d["batch"]) - float(d["other_ms"])
     for key in ("verify_ms", "verify_raw_ms"):
-        if d.get(key) is not None:
-            d[key] = {"1": one, **d[key]}
+        d[key] = {"1": one, **d[key]}
     return EngineProfile.from_dict(d), "estimated from the plain-decoding arm"
 
 

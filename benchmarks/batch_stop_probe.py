@@ -2,7 +2,7 @@
 
 At batch > 1 the Delta rules decide once for the batch: after every draft step
 :meth:`~speclimits.control.rules.DeltaRule.engine_batch_more` searches the longer rounds, and when the
-batch stops :meth:`~speclimits.control.rules.DeltaRule.engine_batch_keep` says what each request keeps.
+batch stops :meth:`~speclimits.control.rules.DeltaRule.batch_select` says what each request keeps.
 This probe loads ``src/speclimits/control/rules.py`` as it was at ``--against`` (``git show``, into a
 module of its own) beside the current one, and for each seeded round (confidences drawn per request and
 step) runs both rules' decisions step by step, in an order that alternates from round to round, with the
@@ -62,7 +62,7 @@ def one_round(pol, conf: np.ndarray, lams: list[float], k: int, cold) -> tuple[f
         cold()
         t0 = time.perf_counter()
         more = pol.engine_batch_more(j, prods, lams, k)
-        keep = None if more else pol.engine_batch_keep(prods, lams)
+        keep = None if more else pol.batch_select(prods, lams, len(prods[0]))[1]
         spent += time.perf_counter() - t0
         if not more:
             return spent * 1e6, j, keep

@@ -14,7 +14,7 @@ from speclimits.control.top1op import top1_probability
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, CalibrationMap, PolicyFit, is_policy_name,
                                       policy_label)
-from speclimits.control.offline import gain_share, k_chosen_along, offline_table, truncate_inputs
+from speclimits.control.offline import gain_share, k_chosen_along, offline_table
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, EmaAcceptedLength, UtilityTestAndSet
 from speclimits.control.fit import fit_calibration
 from speclimits.control.offline import rollout, state_actions
@@ -192,12 +192,12 @@ def test_batch_decision_is_the_brute_force_optimum(seed, zero):
     for j in range(1, k_max + 1):
         pj = [row[:j].tolist() for row in prods]
         _, j_best, _ = brute_force_batch(pol, pj, lams, j, k_max)
-        got_j, got_keep = pol.batch_select(pj, lams, k_max, j)
+        got_j, got_keep = pol.batch_select(pj, lams, j, k_max)
         assert got_j == j_best, (seed, j)
         assert pol.engine_batch_more(j, pj, lams, k_max) == (j_best > j)
         # the keep when stopping now is the optimum over keep vectors with J = j
         _, _, keep_now = brute_force_batch(pol, pj, lams, j, j)
-        assert pol.engine_batch_keep(pj, lams) == keep_now, (seed, j)
+        assert pol.batch_select(pj, lams, j)[1] == keep_now, (seed, j)
     # the driver: every request drafts until the batch stops, then keeps the batch rule's choice
     driver = RoundDriver(pol)
     rnd = driver.begin(["x", "y", "z"], k_max)
@@ -211,7 +211,7 @@ def test_batch_decision_is_the_brute_force_optimum(seed, zero):
     for j in range(1, rnd.j):
         assert pol.engine_batch_more(j, [p[:j] for p in pj], lam, k_max)
     assert rnd.j == k_max or not pol.engine_batch_more(rnd.j, pj, lam, k_max)
-    assert driver.finish(rnd) == pol.engine_batch_keep(pj, lam)
+    assert driver.finish(rnd) == pol.batch_select(pj, lam, len(pj[0]))[1]
     # batch 1: the request is priced alone (the per-request rule's stop)
     one = driver.begin(["x"], k_max)
     assert one.prods is None
@@ -248,7 +248,7 @@ def test_batch_stop_step_by_step_is_the_brute_force_optimum(b, zero):
             assert more == (j_best > j), (trial, j)
             if not more:
                 q_best, _, _ = brute_force_batch(pol, prods, lams, j, j)
-                keep = pol.engine_batch_keep(prods, lams)
+                keep = pol.batch_select(prods, lams, len(prods[0]))[1]
                 assert batch_objective(pol, prods, lams, j, j, keep) == pytest.approx(q_best, abs=1e-9), (trial, j)
                 kept_none += keep.count(0)
                 break
@@ -284,7 +284,7 @@ def test_delta_decisions_do_not_change_when_every_price_scales(scale):
         for j in range(1, 6):
             pj = [row[:j].tolist() for row in prods]
             lam_ref, lam = [ref.engine_context(None)] * 4, [pol.engine_context(None)] * 4
-            assert pol.batch_select(pj, lam, 6, j) == ref.batch_select(pj, lam_ref, 6, j)
+            assert pol.batch_select(pj, lam, j, 6) == ref.batch_select(pj, lam_ref, j, 6)
             assert pol.engine_batch_more(j, pj, lam, 6) == ref.engine_batch_more(j, pj, lam_ref, 6)
     assert changed > 0  # the test can tell: with λ0 at the old prices the stops move
 
@@ -351,8 +351,8 @@ def test_gain_share_anchors():
     assert gain_share(11.0, 10.0, 8.0) < 0
 
 
-def test_truncate_inputs(random_inputs):
-    t = truncate_inputs(random_inputs, 30)
+def test_head_of_the_inputs(random_inputs):
+    t = random_inputs.head(30)
     np.testing.assert_array_equal(t.n_tokens, [30, 25, 30])
     assert t.n_states == 85 and (t.pos < 30).all()
     np.testing.assert_array_equal(t.draft_conf[30:55], random_inputs.draft_conf[40:65])
@@ -468,8 +468,9 @@ def flat_profile(batch: int, k_max: int = K):
     """A profile whose verification pass grows by 0.4 ms per width m (no Ū or context terms)."""
     from speclimits.control.profile import EngineProfile
 
-    return EngineProfile(batch=batch, verify_ms={m: 6.0 + 0.4 * m for m in range(2, k_max + 2)}, draft_ms0=0.5,
-                         draft_ms1=0.9, other_ms=0.7, n_steps=10)
+    passes = {m: 6.0 + 0.4 * m for m in range(2, k_max + 2)}
+    return EngineProfile(batch=batch, verify_ms=passes, pass_ms=passes, draft_ms0=0.5, draft_ms1=0.9, other_ms=0.7,
+                         n_steps=10)
 
 
 @pytest.mark.parametrize("name", ["static:2", "threshold", "delta-fixed", "delta", "ema", "cascade"])

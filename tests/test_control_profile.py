@@ -72,7 +72,7 @@ def test_profile_keeps_the_measured_passes_and_the_batch_rule_prices_with_them()
     steps = [StepSample(m=m, verify_ms=v + 0.01 * (i % 3), drafted=m - 1, draft_ms=1.0 + 1.2 * (m - 1), other_ms=1.0,
                         n_batch=8) for i in range(5) for m, v in tile.items()]
     prof = fit_profile(steps, k_max=4, batch=8)
-    assert prof.verify_raw_ms[3] == pytest.approx(21.01) and prof.verify_raw_ms[4] == pytest.approx(19.01)
+    assert prof.pass_ms[3] == pytest.approx(21.01) and prof.pass_ms[4] == pytest.approx(19.01)
     assert prof.verify_ms[3] == prof.verify_ms[4] == pytest.approx(20.01)  # pooled: never decreasing
     assert EngineProfile.from_dict(prof.to_dict()) == prof
     assert prof.pass_prices(4) == pytest.approx([v / 8 for v in (16.01, 16.01, 21.01, 19.01, 24.01)])
@@ -125,7 +125,7 @@ def test_profiled_passes_are_the_best_monotone_fit_to_their_medians():
         steps = [StepSample(m + 1, float(v[m]), 1, 1.0) for m in range(5) for _ in range(int(w[m]))]
         fit = np.array([fit_profile(steps, k_max=4, batch=1).verify_ms[m] for m in range(1, 6)])
         assert np.all(np.diff(fit) >= -1e-12)
-        assert fit_profile(steps, k_max=4, batch=1).verify_raw_ms == {m + 1: pytest.approx(v[m]) for m in range(5)}
+        assert fit_profile(steps, k_max=4, batch=1).pass_ms == {m + 1: pytest.approx(v[m]) for m in range(5)}
         best = np.inf
         # the optimum is piecewise constant on blocks with weighted means: enumerate the partitions
         for cuts in itertools.product([0, 1], repeat=4):
@@ -286,8 +286,9 @@ def test_the_cost_model_owns_the_round_and_step_prices():
     k = rng.integers(0, 7, size=9)
     np.testing.assert_allclose(batch.step_prices(n, k, u[:, 0], ctx, terms), batch.step_ms(n, k, u[:, 0], ctx),
                                rtol=1e-12)
-    prof = EngineProfile(batch=2, verify_ms={m: 6.0 + 0.4 * m for m in range(2, 8)}, draft_ms0=0.5, draft_ms1=0.9,
-                         other_ms=0.7, n_steps=10, context_len=0.0)
+    passes = {m: 6.0 + 0.4 * m for m in range(2, 8)}
+    prof = EngineProfile(batch=2, verify_ms=passes, pass_ms=passes, draft_ms0=0.5, draft_ms1=0.9, other_ms=0.7,
+                         n_steps=10, context_len=0.0)
     assert prof.step_ms(8, 3) == prof.pass_at(8) + (0.5 + 0.9 * 3) + 0.7
     assert prof.step_ms(8, 3) == pytest.approx(6.0 + 1.6 + 0.5 + 2.7 + 0.7)
     assert prof.step_ms(8, 0) == prof.pass_at(8) + 0.7

@@ -72,19 +72,14 @@ class RoundDriver:
     def begin(self, rids: list[str], k_call: int) -> EngineRound:
         """The round's caps (0..k_call; 0: the request keeps no draft, though the drafter runs one step) and
         contexts, before drafting."""
-        pol, hi = self.policy, max(k_call, 1)
-        n = len(rids)
-        if not self.has_state and pol.markov:  # no memory, no randomness: one plan and context for all
-            cap = [min(max(pol.engine_plan(None), 0), hi)] * n
-            ctx = [] if self.plan_only else [pol.engine_context(None)] * n
-        else:
-            sts = [self._state(r) for r in rids] if self.has_state else [None] * n
-            batch = pol.engine_batch_plan(sts) if self.batch_plan else None
-            cap, ctx = [], []
-            for i, st in enumerate(sts):
-                cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 0), hi))
-                if not self.plan_only:
-                    ctx.append(pol.engine_context(st))
+        pol, hi, n = self.policy, max(k_call, 1), len(rids)
+        sts = [self._state(r) for r in rids] if self.has_state else [None] * n
+        batch = pol.engine_batch_plan(sts) if self.batch_plan else None
+        cap, ctx = [], []
+        for i, st in enumerate(sts):
+            cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 0), hi))
+            if not self.plan_only:
+                ctx.append(pol.engine_context(st))
         shared = self.shared and n > 1
         rnd = EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
         if self.plan_only and 0 < rnd.cap_max < k_call:  # a plan: the drafter is asked for the longest cap only
@@ -160,7 +155,7 @@ class RoundDriver:
         stopped before the last one may keep more of the paid steps: the rule's batch-level keep)."""
         drafted = rnd.j
         if rnd.prods is not None:
-            return self.policy.engine_batch_keep(rnd.prods, rnd.ctx) if drafted else [0] * len(rnd.rids)
+            return self.policy.batch_select(rnd.prods, rnd.ctx, drafted)[1] if drafted else [0] * len(rnd.rids)
         keep = [drafted if k < 0 else k for k in rnd.keep]
         if rnd.confs is not None:
             pol = self.policy

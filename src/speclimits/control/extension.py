@@ -14,9 +14,7 @@ What it wraps (instance attributes, removed by ``speclimits_control_uninstall``;
 ``drafter.model.compute_logits``    keeps the logits of each draft step
 ``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
                                     the cheaper input of the top-1 probability
-``drafter._greedy_sample``          for the rules that read confidences: the token choice
-                                    (:class:`TokenChoice`; on steps that read the top-1, one compiled call
-                                    of :mod:`speclimits.control.top1op`, or torch, gives both)
+``drafter._greedy_sample``          for the rules that read confidences: the token choice (:class:`TokenChoice`)
 ``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
                                     ``engine_more``; when every request has stopped, a private
                                     exception ends the drafter's loop early
@@ -105,14 +103,12 @@ class TokenChoice:
     """The draft token choice on the steps whose top-1 probability the policy reads, and what it replaces.
 
     vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
-    :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call:
-    the compiled op of :mod:`speclimits.control.top1op` (:attr:`op`, loaded by :meth:`load_op`) or its torch
-    fallback. The first ``trials`` read steps per row count run vLLM's argmax instead, timed in place
-    (:meth:`argmax`); each later read step books that median to :attr:`saved_s`, so that decision time can
-    be reported net of the argmax the controller took over. The other steps run vLLM's own. (Two other
-    exact forms of the argmax, over the target logits and over the head's own, were timed in place in
-    earlier runs: vLLM's argmax was the fastest at almost every row count, the others at most 4 µs faster;
-    ``token_choice`` in ``data/control/*.json``.)
+    :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call
+    (:mod:`speclimits.control.top1op`, or its torch fallback). The first ``trials`` read steps per row count
+    run vLLM's argmax instead, timed in place (:meth:`argmax`; the top-1 is then computed after the step),
+    so that each later read step books that median to :attr:`saved_s` and decision time is reported net of
+    the argmax taken over. The other steps run vLLM's own. (Other exact forms of the argmax timed in place
+    in earlier runs were at most 4 µs faster: ``token_choice`` in ``data/control/*.json``.)
     """
 
     def __init__(self, trials: int = 8) -> None:
@@ -355,13 +351,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return factory
 
     def _sl_greedy(self, orig: Any) -> Any:
-        """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), taken over where the policy
-        reads confidences: on a step whose top-1 the policy reads, :meth:`TokenChoice.top1` gives ids and
-        top-1 in one call (torch's fallback takes the probabilities' first maximum, which may differ from
-        vLLM's argmax where two logits round to the same probability: another draft token, never another
-        output); on the others vLLM's own. The first read steps per row count run vLLM's argmax, timed
-        (:meth:`TokenChoice.argmax`), with the top-1 computed after the step (the first also checks the
-        head's logits)."""
+        """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), where the policy reads
+        confidences: :class:`TokenChoice` (torch's fallback takes the probabilities' first maximum, which
+        may differ from vLLM's argmax where two logits round to the same probability: another draft token,
+        never another output)."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
         model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)

@@ -116,14 +116,12 @@ def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-
 def fit_calibration(inputs: OracleInputs, k_max: int) -> IsotonicRegression:
     """Monotone map draft confidence -> P(draft step matches | chain matched so far), fitted on the observed
     greedy match lengths as a running system sees its rounds: the steps each state's round tested
     (:func:`~speclimits.oracle.calibration.reached_steps`)."""
     reached, matched = reached_steps(inputs, k_max)
     return fit_isotonic(inputs.draft_conf[:, :k_max][reached], matched[reached])
-
 
 
 def mean_u_bar(inputs: OracleInputs, k_max: int, rounds: pd.DataFrame | None = None) -> np.ndarray:

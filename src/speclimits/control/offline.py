@@ -22,7 +22,7 @@ has the same fit and surrogate evaluation (:func:`surrogate_evaluations`) as sec
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,6 @@ def draw_accept_lengths(inputs: OracleInputs, k_max: int, n_rollouts: int, seed:
     return out
 
 
-
 def state_actions(policy: Policy) -> tuple[np.ndarray, np.ndarray]:
     """A rule without memory at every state of the bound inputs, each state's round run alone through the
     round driver on its recorded confidences: ``(k (n,), extra draft ms (n,))`` (``a`` ms per dropped step)."""
@@ -65,7 +64,6 @@ def state_actions(policy: Policy) -> tuple[np.ndarray, np.ndarray]:
         k, drafted[i] = run(["state"], [conf[i]], k_max)
         keep[i] = k[0]
     return keep, (drafted - keep) * policy.model.a
-
 
 
 def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list[list[float]], cost: np.ndarray,
@@ -92,7 +90,6 @@ def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list
     return time_ms, rounds
 
 
-
 def rollout(policy: Policy, accept: np.ndarray) -> pd.DataFrame:
     """Walk every sequence of the bound ``policy`` once per row of ``accept`` (:func:`walk`, each sequence a
     request with its own memory). Per sequence: ``seq_id``, ``time_ms`` (mean over rollouts), ``time_se``
@@ -111,7 +108,6 @@ def rollout(policy: Policy, accept: np.ndarray) -> pd.DataFrame:
                          "rounds": rounds.mean(axis=0), "n_rollouts": n_roll})
 
 
-
 def evaluate_exact(policy: Policy, deterministic: bool = False) -> pd.DataFrame:
     """Exact expected time per sequence of a state-only policy (the Oracle's policy evaluation)."""
     k, extra = state_actions(policy)
@@ -125,19 +121,6 @@ def gain_share(t_policy: Any, t_static: Any, t_oracle: Any) -> Any:
         return (1 - np.asarray(t_policy) / t_static) / (1 - np.asarray(t_oracle) / t_static)
 
 
-def truncate_inputs(inputs: OracleInputs, n_states: int) -> OracleInputs:
-    """The first ``n_states`` states of every sequence (a generation of ``n_states + 1`` tokens, the
-    first of which comes from the prefill)."""
-    if n_states < 1:
-        raise SpeclimitsError(f"n_states must be >= 1, got {n_states}")
-    keep = inputs.pos < n_states
-    n_tok = np.minimum(inputs.n_tokens, n_states)
-    offsets = np.concatenate([[0], np.cumsum(n_tok)]).astype(np.int64)
-    return replace(inputs, offsets=offsets, pos=inputs.pos[keep], context_len=inputs.context_len[keep],
-                   accept_len=inputs.accept_len[keep], match_prob=inputs.match_prob[keep],
-                   draft_conf=inputs.draft_conf[keep], u_bar_window=inputs.u_bar_window[keep], _cache={})
-
-
 def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) -> tuple[OracleInputs, OracleInputs]:
     """``(raw, surrogate)`` inputs of the given references (in that order), optionally truncated."""
     index = {str(s): i for i, s in enumerate(setup.raw_inputs.seq_ids)}
@@ -147,7 +130,7 @@ def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) 
     idx = [index[s] for s in seq_ids]
     raw, sur = setup.raw_inputs.subset(idx), setup.inputs.subset(idx)
     if n_states is not None:
-        raw, sur = truncate_inputs(raw, n_states), truncate_inputs(sur, n_states)
+        raw, sur = raw.head(n_states), sur.head(n_states)
     return raw, sur
 
 

@@ -71,42 +71,36 @@ class StepSample:
 class EngineProfile:
     """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests):
     ``verify_ms`` {m: median pass with m rows per request}, made non-decreasing in m (every rule's price);
-    the drafter call of j steps ≈ ``draft_ms0 + draft_ms1 · j``; ``other_ms`` the median time outside both;
-    ``verify_raw_ms`` the medians as measured, which the Delta rules' batch decision prices a pass with (a
-    wider pass may cost less: the CPU kernels run rows in tiles, and at batch 8 passes of 16, 32 and 48 rows
-    ran 8–12% faster than the non-decreasing fit through 24, 40 and 56 said)."""
+    ``pass_ms`` the medians as measured, which the Delta rules' batch decision prices a pass with (a wider
+    pass may cost less: the CPU kernels run rows in tiles, and at batch 8 passes of 16, 32 and 48 rows ran
+    8–12% faster than the non-decreasing fit through 24, 40 and 56 said); the drafter call of j steps ≈
+    ``draft_ms0 + draft_ms1 · j``; ``other_ms`` the median time outside both."""
 
     batch: int
     verify_ms: dict[int, float]
+    pass_ms: dict[int, float]
     draft_ms0: float
     draft_ms1: float
     other_ms: float
     n_steps: int
     context_len: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
-    verify_raw_ms: dict[int, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        raw = {} if self.verify_raw_ms is None else {"verify_raw_ms": {str(m): v for m, v in self.verify_raw_ms.items()}}
         return {"batch": self.batch, "verify_ms": {str(m): v for m, v in self.verify_ms.items()},
-                "draft_ms0": self.draft_ms0, "draft_ms1": self.draft_ms1, "other_ms": self.other_ms,
-                "n_steps": self.n_steps, "context_len": self.context_len, **raw, **self.extra}
+                "verify_raw_ms": {str(m): v for m, v in self.pass_ms.items()}, "draft_ms0": self.draft_ms0,
+                "draft_ms1": self.draft_ms1, "other_ms": self.other_ms, "n_steps": self.n_steps,
+                "context_len": self.context_len, **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineProfile":
         """The profile of :meth:`to_dict` (a benchmark result's ``profile``)."""
         d = dict(d)
-        raw = d.pop("verify_raw_ms", None)
-        return cls(batch=int(d.pop("batch")), verify_ms={int(m): float(v) for m, v in d.pop("verify_ms").items()},
+        ms = {k: {int(m): float(v) for m, v in d.pop(k).items()} for k in ("verify_ms", "verify_raw_ms")}
+        return cls(batch=int(d.pop("batch")), verify_ms=ms["verify_ms"], pass_ms=ms["verify_raw_ms"],
                    draft_ms0=float(d.pop("draft_ms0")), draft_ms1=float(d.pop("draft_ms1")),
                    other_ms=float(d.pop("other_ms")), n_steps=int(d.pop("n_steps")),
-                   context_len=float(d.pop("context_len", 0.0)), extra=d,
-                   verify_raw_ms=None if raw is None else {int(m): float(v) for m, v in raw.items()})
-
-    @property
-    def pass_ms(self) -> dict[int, float]:
-        """{m: the pass as measured} (:attr:`verify_raw_ms`, else :attr:`verify_ms`)."""
-        return self.verify_ms if self.verify_raw_ms is None else self.verify_raw_ms
+                   context_len=float(d.pop("context_len", 0.0)), extra=d)
 
     def pass_prices(self, k_max: int) -> list[float]:
         """The measured pass with k + 1 rows per request, in ms per request, for k = 0..k_max (k = 0 priced
@@ -187,9 +181,9 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
     dmed = np.array([np.median(by_j[j]) for j in js])
     d1, d0 = np.polyfit(js, dmed, 1) if len(js) >= 2 else (float(dmed[0]), 0.0)
     other = np.array([s.other_ms for s in full if np.isfinite(s.other_ms)])
-    return EngineProfile(batch=int(batch), verify_ms=verify, draft_ms0=float(d0), draft_ms1=float(d1),
+    return EngineProfile(batch=int(batch), verify_ms=verify, pass_ms=raw, draft_ms0=float(d0), draft_ms1=float(d1),
                          other_ms=float(np.median(other)) if other.size else 0.0, n_steps=len(full),
-                         context_len=float(context_len), verify_raw_ms=raw,
+                         context_len=float(context_len),
                          extra={"verify_samples": {str(m): len(v) for m, v in by_m.items()},
                                 "draft_median_ms": {str(int(j)): float(v) for j, v in zip(js, dmed)}})
 

@@ -1,21 +1,15 @@
 """The policies as the engine runs them: the rules and their configuration, in numpy alone.
 
-The vLLM worker (:mod:`speclimits.control.extension`) imports this module: it needs numpy and the
-cost-model reader, not the statistics stack, so a worker loads a policy in milliseconds. The offline
-harness that evaluates the same objects on Oracle inputs is :mod:`speclimits.control.offline`.
-
 Each rule is written once, in the form the engine runs: Python scalars, one request at a time
-(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the worker and offline alike.
-Inside vLLM a numpy call right after a forward pass costs 10–20 µs (its code and data are out of the
-caches; in isolation 1–3 µs), a float operation well under 1 µs, so the rules decide from tables
-precomputed at ``setup``.
+(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the vLLM worker and offline
+(:mod:`speclimits.control.offline`) alike. Inside vLLM a numpy call right after a forward pass costs 10–20 µs
+(its code and data are out of the caches; in isolation 1–3 µs), a float operation well under 1 µs, so the
+rules decide from tables precomputed at ``setup``; the worker loads this module without the statistics stack.
 
-Every rule sees only what a running system sees: the draft's own confidence (top-1 probability)
-instead of the reference match probability, a predicted Ū instead of the counterfactual one, a
-running estimate of the time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel`
-(the trace's fit offline, the costs profiled on the serving machine in the engine,
-:mod:`speclimits.control.profile`), scaled by :attr:`Policy.price_scale` as the engine refreshes them.
-:class:`PolicyFit` is the one configuration of every rule (the policy JSON of ``speclimits control fit``).
+Every rule sees only what a running system sees: the draft's own confidence (top-1 probability), a
+predicted Ū, a running time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel` (the
+trace's fit offline, the costs profiled in the engine), scaled by :attr:`Policy.price_scale` as the engine
+refreshes them. :class:`PolicyFit` is the one configuration of every rule (the policy JSON).
 """
 
 from __future__ import annotations
@@ -331,9 +325,11 @@ class DeltaRule(Policy):
                     q, n = x, m
             yield t, q + a_b * t, n
 
-    def batch_select(self, prods: list[list[float]], lams: list[float], last: int, j: int) -> tuple[int, list[int]]:
+    def batch_select(self, prods: list[list[float]], lams: list[float], j: int, last: int | None = None
+                     ) -> tuple[int, list[int]]:
         """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
-        (``j``..``last``) and the tokens each request keeps (1..J; 0..J with :attr:`zero`).
+        (``j``..``last``; ``last`` = ``j`` once the drafter stopped) and the tokens each request keeps (1..J;
+        0..J with :attr:`zero`).
 
         A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request (until
         the last one stops) and the pass verifies ``n`` draft tokens beyond the first ones, priced by
@@ -341,7 +337,7 @@ class DeltaRule(Policy):
         product of the calibrated confidences). Since ``P_i,t`` falls with t, the best n tokens for a given
         J are the n largest gains with t <= J; J and n are searched exhaustively (at most b·K_max values).
         Equal gains go to the later token, then the later request."""
-        big_j, _, n = min(self._batch_rounds(prods, lams, j, last), key=lambda r: r[1])
+        big_j, _, n = min(self._batch_rounds(prods, lams, j, j if last is None else last), key=lambda r: r[1])
         items = sorted(((g, t, i) for t, level in self._batch_gains(prods, lams, j, big_j)
                         for i, g in enumerate(level)), reverse=True)
         keep = [0 if self.zero else 1] * len(prods)
@@ -355,11 +351,6 @@ class DeltaRule(Policy):
         rounds = self._batch_rounds(prods, lams, j, last)
         stop = next(rounds)[1]
         return any(q < stop for _, q, _ in rounds)
-
-    def engine_batch_keep(self, prods: list[list[float]], lams: list[float]) -> list[int]:
-        """When the batch's drafter stopped after ``len(prods[0])`` steps: the tokens each request keeps."""
-        j = len(prods[0])
-        return self.batch_select(prods, lams, j, j)[1]
 
 
 class EmaAcceptedLength(Policy):

@@ -173,11 +173,10 @@ def top1_torch(x: Any, targets: Any = None) -> tuple[Any, list[float]]:
     return (idx if targets is None else targets.index_select(0, idx)), top.tolist()
 
 
-def top1_probability(logits: Any, n_rows: int, ids: Any = None) -> list[float]:
+def top1_probability(logits: Any, n_rows: int) -> list[float]:
     """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and one
     max in torch (the fastest form ``benchmarks/top1_probe.py`` found). ``logits`` may be an EAGLE-3 head's
-    own (vLLM's target-vocabulary logits are the same values among -inf: the same softmax, half the width).
-    ``ids`` (the step's token choice) is not read here; the probe's forms read it."""
+    own (vLLM's target-vocabulary logits are the same values among -inf: the same softmax, half the width)."""
     import torch  # vLLM's own dependency (already loaded wherever this runs)
 
     if logits is None or logits.shape[0] != n_rows:

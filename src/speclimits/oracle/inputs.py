@@ -8,7 +8,7 @@ m = 1, ``u_bar_window[0]``), and ``P(a >= j) = prod_{i<j} match_prob[i]`` (0-bas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -95,6 +95,17 @@ class OracleInputs:
             accept_len=self.accept_len[rows], match_prob=self.match_prob[rows], draft_conf=self.draft_conf[rows],
             u_bar_window=self.u_bar_window[rows],
             category=None if self.category is None else self.category[seqs], origin=self.origin)
+
+    def head(self, n_states: int) -> "OracleInputs":
+        """The first ``n_states`` states of every sequence (a generation of ``n_states + 1`` tokens, the
+        first of which comes from the prefill)."""
+        if n_states < 1:
+            raise SpeclimitsError(f"n_states must be >= 1, got {n_states}")
+        keep = self.pos < n_states
+        offsets = np.concatenate([[0], np.cumsum(np.minimum(self.n_tokens, n_states))]).astype(np.int64)
+        return replace(self, offsets=offsets, pos=self.pos[keep], context_len=self.context_len[keep],
+                       accept_len=self.accept_len[keep], match_prob=self.match_prob[keep],
+                       draft_conf=self.draft_conf[keep], u_bar_window=self.u_bar_window[keep], _cache={})
 
     def to_frame(self) -> pd.DataFrame:
         """Scalar per-state columns: ``seq_id``, ``pos``, ``remaining``, ``context_len``, ``accept_len``."""
