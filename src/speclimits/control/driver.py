@@ -15,9 +15,8 @@ from speclimits.control.rules import Policy
 
 
 class EngineRound:
-    """One drafting round of the batch, as the :class:`RoundDriver` keeps it: request ids, caps, each
-    request's round context, kept k (-1: still drafting), running confidence products, the drafted
-    confidences (only where a batch-level keep rule reads them), steps drafted."""
+    """One drafting round of the batch: request ids, caps, round contexts, kept k (-1: still drafting),
+    running confidence products, drafted confidences (where a batch-level keep reads them), steps drafted."""
 
     __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
                  "prods")
@@ -38,12 +37,10 @@ class EngineRound:
 
 
 class RoundDriver:
-    """The policy's side of the engine's rounds, one request at a time in Python scalars (the rules'
-    ``engine_*`` form; see :mod:`speclimits.control.rules` for why): per-request memory by request id,
-    :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft step,
-    :meth:`finish` when the drafter stopped (kept k), :meth:`verified` after verification (the outcome
-    reaches the rule one round late, as in the engine). Free of vLLM: the offline harness and the tests
-    drive it with recorded confidences."""
+    """The policy's side of the engine's rounds, one request at a time in Python scalars: per-request memory
+    by request id, :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft
+    step, :meth:`finish` when the drafter stopped (kept k), :meth:`verified` after verification (one round
+    late, as in the engine)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -204,12 +201,10 @@ class RoundDriver:
 
 
 class LoggingDriver(RoundDriver):
-    """A :class:`RoundDriver` that also keeps, in order, everything it was given (:attr:`log`): the price
-    scale when it changed, each round's request ids and draft length, each step's top-1 probabilities as
-    read (None where none was), the kept k, every outcome observed and every request released. The engine
-    records it on request (``speclimits_control_set(..., record_inputs=True)``); :func:`replay` decides
-    again from it. Events: ``["scale", s]``, ``["begin", rids, k_call]``, ``["step", top1]``, ``["keep",
-    keep]``, ``["observe", rid, k, cost_ms, emitted]``, ``["release", rids]``."""
+    """A :class:`RoundDriver` that also keeps, in order, everything it was given (:attr:`log`, for
+    :func:`replay`): ``["scale", s]`` when the price scale changed, ``["begin", rids, k_call]``, ``["step",
+    top1]`` (None where no top-1 was read), ``["keep", keep]``, ``["observe", rid, k, cost_ms, emitted]``,
+    ``["release", rids]``."""
 
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)

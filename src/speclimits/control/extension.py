@@ -208,9 +208,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The tracer's install; then, when :data:`ENV_POLICY` names a policy JSON and the engine
-        speculates, arm policy :data:`ENV_NAME` (default ``delta``) on top of it — so that
-        ``speclimits trace --engine-arg worker_extension_cls=...ControlWorkerExtension`` traces a
-        controlled run (the trace's ``n_draft`` is then the k chosen per round)."""
+        speculates, arm policy :data:`ENV_NAME` (default ``delta``): ``speclimits trace --engine-arg
+        worker_extension_cls=...ControlWorkerExtension`` then traces a controlled run."""
         if getattr(self, "_sl_installed", False):  # control wraps the tracer's wrappers: unwrap in reverse order
             self.speclimits_control_uninstall()
         info = super().speclimits_install(options)
@@ -235,12 +234,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
         """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records.
 
         ``profile_rounds > 0`` and no profile yet: the first ``profile_rounds`` drafting rounds run
-        :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted
-        (:meth:`speclimits_control_profile`) and ``name`` applies. A profile, once measured, is kept
-        across policy switches, and so is the refreshed price scale. ``record_inputs``: the round driver
-        keeps everything it is given (:class:`~speclimits.control.driver.LoggingDriver`; drained as
-        ``inputs``, from the policy's first round after any profiling), so that
-        :func:`~speclimits.control.driver.replay` can decide again from it."""
+        :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted and ``name`` applies; the
+        profile and the refreshed price scale are kept across policy switches. ``record_inputs``: the driver
+        is a :class:`~speclimits.control.driver.LoggingDriver` (drained as ``inputs``, for
+        :func:`~speclimits.control.driver.replay`)."""
         fit = PolicyFit.from_dict(policy)
         reads_confidence = check_policy(fit, name)
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -493,11 +490,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return wrapped
 
     def _sl_observe(self, sched: Any, rids: list[str], now: float) -> int | None:
-        """The verification outcome of the round that ended in this step, for requests that verified
-        drafts: the measured round (drafter start to drafter start, shared by the step's requests), the
-        price refresh, and for the rules with memory the previous round's outcome
-        (:meth:`RoundDriver.verified <speclimits.control.driver.RoundDriver.verified>`). Returns m when
-        every request verified the same m."""
+        """The outcome of the round that ended in this step, for the requests that verified drafts: the
+        measured round (drafter start to drafter start, shared by the step's requests) for the price refresh
+        and, for the rules with memory, :meth:`~speclimits.control.driver.RoundDriver.verified`. Returns m
+        when every request verified the same m."""
         pricing = self.speclimits_pricing
         refresh = pricing.refreshes(self._sl_policy, len(rids))  # at the profiled batch size only
         profiling = pricing.left > 0

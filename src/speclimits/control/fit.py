@@ -1,14 +1,11 @@
 """Fitting the online policies from a trace: ``speclimits control fit TRACE --out policy.json``.
 
-:func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper)
-into train and test by ``seq_id`` and fits, on the train split only: the confidence calibration map
-(isotonic regression of the observed greedy match on the draft's top-1 probability over the draft steps
-the recorded rounds tested, :func:`fit_calibration`); the Ū predictor (mean
-Ū per verified-row count m over the train prompts' measured decode rounds); τ of the confidence threshold
-and λ of the Delta rule, each minimizing the time of the replayed real greedy outcomes (``accept_len``)
-on the train references, priced by the cost model. Section 6 fits each reference kind the same way
-(through :func:`speclimits.control.offline.compare_policies`). The JSON (:class:`PolicyFit`) records the
-split, the trace and its meta, the cost model, K_max and the fitted numbers.
+:func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper) into
+train and test by ``seq_id`` and fits, on the train split only: the confidence calibration
+(:func:`fit_calibration`), the Ū predictor (mean Ū per m over the train prompts' decode rounds,
+:func:`mean_u_bar`), τ of the confidence threshold and λ of the Delta rule (each minimizing the replayed
+greedy time of the train references, priced by the cost model). The policy JSON
+(:class:`~speclimits.control.rules.PolicyFit`) records the split, the trace, the cost model and the numbers.
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
 """The offline harness of the online policies: evaluation on Oracle inputs, and the prediction beside the bounds.
 
-The policy objects are those the vLLM worker runs (:mod:`speclimits.control.rules`), and every round is
-decided by the engine's own :class:`~speclimits.control.driver.RoundDriver`, with the engine's observation
-timing (a round's outcome reaches a rule with memory one round late). Rounds are priced as the Oracle
-prices them: round cost C(n, k) from the cost model with the *true* window Ū; a rule that drafts step
-k + 1 and then keeps k pays the dropped step (``a`` ms; the greedy Delta rule).
+The policy objects are those the vLLM worker runs, every round decided by the engine's own
+:class:`~speclimits.control.driver.RoundDriver` with its observation timing (an outcome reaches a rule with
+memory one round late). Rounds are priced as the Oracle prices them: C(n, k) from the cost model with the
+*true* window Ū, plus ``a`` ms per draft step drafted and dropped (the greedy Delta rule).
 
-Every policy is evaluated two ways: a **replay** of the real greedy outcomes (``accept_len``: what greedy
-verification of the recorded draft chains gives, what the engine should reproduce token for token) and
-its **surrogate** expected time under the Oracle's match probabilities (``P(a >= j) = prod_{i<j}
-match_prob[i]``). Rules whose action depends only on the state (static K, the confidence threshold, the
-Delta rule with a fixed λ and mean Ū) are evaluated exactly with the Oracle's policy evaluation; rules with
-memory by Monte Carlo rollouts: per rollout one greedy match length is drawn for every state, so walking a
-sequence visits each state at most once (for a state-only rule the rollout mean is unbiased for the exact
-value), and every rule sees the same draws (common random numbers). Each harness has its own Oracle and
-its own best static K in hindsight; a policy captures the share ``(1 - T/T_static) / (1 - T_oracle/T_static)``
-of the Oracle's gain over that K (:func:`gain_share`). Section 6's policy table (:func:`compare_policies`)
-has the same fit and surrogate evaluation (:func:`surrogate_evaluations`) as section 8's offline table.
+Each policy is evaluated two ways: a **replay** of the real greedy outcomes (``accept_len``, what the engine
+should reproduce token for token) and its **surrogate** expected time under the Oracle's match
+probabilities. State-only rules (static K, the threshold, the fixed-λ Delta rule with mean Ū) are
+evaluated exactly by the Oracle's policy evaluation; rules with memory by Monte Carlo rollouts (one greedy
+match length drawn per state per rollout, so a walk visits each state at most once; every rule sees the
+same draws). Each harness has its own Oracle and best static K in hindsight; a policy captures the share
+``(1 - T/T_static) / (1 - T_oracle/T_static)`` of the Oracle's gain (:func:`gain_share`). Section 6's
+table (:func:`compare_policies`) and section 8's (:func:`offline_table`) share the fit and
+:func:`surrogate_evaluations`.
 """
 
 from __future__ import annotations
@@ -137,11 +134,9 @@ def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) 
 def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInputs, deterministic: bool,
                           n_rollouts: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
     """Per policy name: its per-sequence evaluation on ``sur`` under the surrogate (the frame of
-    :func:`evaluate_exact` or :func:`rollout`:
-    ``seq_id``, ``time_ms``, ``rounds``, ...) and how it was evaluated: ``exact`` (a rule without memory,
-    exact policy evaluation), ``rollouts`` (a rule with memory: ``n_rollouts`` seeded draws of the match
-    lengths, shared by every rule) or ``replay`` (a rule with memory under the exact surrogate: the one
-    deterministic walk of the observed outcomes). Sections 6 and 8 both read their numbers from here."""
+    :func:`evaluate_exact` or :func:`rollout`) and how: ``exact`` (a rule without memory), ``rollouts`` (a
+    rule with memory: ``n_rollouts`` seeded draws of the match lengths, shared by every rule) or ``replay``
+    (a rule with memory under the exact surrogate: the one walk of the observed outcomes)."""
     table = CostTable.build(sur, fit.cost_model, fit.k_max)
     draws = None
     out = {}
@@ -319,17 +314,13 @@ def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Se
                      progress: bool = False) -> PolicyComparison:
     """Fit the policies on a seeded half of the references, then evaluate them on the other half.
 
-    Parameters
-    ----------
-    setup : the Oracle setup of **one** reference kind (:meth:`OracleSetup.for_kind`); its surrogate (and
-        its ``deterministic`` flag, under the exact surrogate) is what the held-out half is evaluated under.
-    fit : the policies' configuration; by default :func:`~speclimits.control.fit.fit_policy` on ``setup``
-        with ``k_max``, ``test_share`` and ``seed`` (section 8 fits the same way, so both sections give the
-        same number for the same policy). Given, its split and K_max are used.
-    names : keys of :meth:`PolicyFit.make`; by default every static K and
-        :data:`~speclimits.control.rules.OFFLINE_POLICY_NAMES`. The confidence threshold is also evaluated by
-        rollouts (a check of the rollout harness against the exact evaluation).
-    n_rollouts, seed : the Monte Carlo rollouts of the rules with memory (common random numbers).
+    ``setup``: the Oracle setup of **one** reference kind (:meth:`OracleSetup.for_kind`), whose surrogate the
+    held-out half is evaluated under. ``fit``: by default :func:`~speclimits.control.fit.fit_policy` on
+    ``setup`` with ``k_max``, ``test_share`` and ``seed``, as section 8 fits (the same number for the same
+    policy in both sections); given, its split and K_max are used. ``names``: keys of :meth:`PolicyFit.make`,
+    by default every static K and :data:`~speclimits.arms.OFFLINE_POLICY_NAMES`; the threshold is also
+    evaluated by rollouts (a check of the rollout harness against the exact evaluation). ``n_rollouts``,
+    ``seed``: the rollouts of the rules with memory (common random numbers).
     """
     from speclimits.control.fit import fit_policy  # the fit needs this module's neighbours, not the reverse
 

@@ -1,22 +1,19 @@
 """Round costs measured where the policy runs: profiled at engine start, refreshed while serving.
 
 A trace's cost model prices rounds in the milliseconds of the machine and day it was recorded, and only
-its target forward and draft steps. A policy inside the engine needs *this* engine's costs now, in
-wall-clock ms, including what a round spends outside the forward and the drafter. So the controller
-times them itself:
+its target forward and draft steps; a policy inside the engine needs *this* engine's wall-clock costs now,
+the time outside the forward and the drafter included. So the controller times them itself:
 
-* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for the first rounds after it is armed the
-  controller drafts k = 0..K_max in turn (every request the same k; any k is lossless; at k = 0 the drafter
-  runs one step and no draft is kept) and times each step's verification pass (m = k + 1 rows per request),
-  drafter call (j steps) and the time outside both: :class:`EngineProfile`, medians per m, a line in j, the median outside time.
+* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for its first rounds the controller drafts
+  k = 0..K_max in turn (every request the same k; at k = 0 the drafter runs one step and no draft is kept)
+  and times each step's pass (m = k + 1 rows per request), drafter call (j steps) and the time outside both.
 * **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
-  ms per request (the step's cost shared by its requests). From the offline fit only what timing cannot
-  give: the expert slope α(m) and the Ū predictor (at batch 1 only), the context slope c.
-* **Refresh** (:class:`PriceClock`): every later round at the profiled batch size, its measured interval
-  against the price of the k each request drafted, an exponentially weighted ratio (clipped to [1/3, 3]
-  against outliers) that scales every price: a machine that slows down mid-run is followed. Steps with
-  fewer requests (a batch's tail) are left out: each request pays a larger share of the step, which is
-  no change of the machine's speed (counted in, they tripled the scale at batch 4).
+  ms per request; from the offline fit only what timing cannot give (the expert slope α(m) and the Ū
+  predictor at batch 1, the context slope c).
+* **Refresh** (:class:`PriceClock`): each later round at the profiled batch size, measured against priced
+  time, an exponentially weighted ratio (clipped to [1/3, 3]) that scales every price. Steps with fewer
+  requests (a batch's tail) are left out: a larger share per request is no change of the machine's speed
+  (counted in, they tripled the scale at batch 4).
 
 numpy alone at import (the worker imports it).
 """

@@ -36,13 +36,11 @@ FORMAT = "speclimits-policy/1"
 class Policy:
     """A rule that chooses the draft length k of each live request, round by round.
 
-    The :class:`~speclimits.control.driver.RoundDriver` calls :meth:`engine_plan` before drafting (a cap
-    from the request's memory, :meth:`engine_state`), :meth:`engine_more` after each draft step with the
-    step's calibrated confidence (:meth:`engine_calibrate`) and the running product,
-    :meth:`engine_final_keep` when the batch's drafter stopped and :meth:`engine_observe` after
-    verification. :meth:`setup` gives the rule K_max and the cost model; :meth:`bind` also attaches Oracle
-    inputs (offline). ``price_scale`` multiplies the cost model's prices (the engine follows a machine
-    that slows down with it; 1 offline).
+    The :class:`~speclimits.control.driver.RoundDriver` calls :meth:`engine_plan` before drafting,
+    :meth:`engine_more` after each draft step, :meth:`engine_final_keep` when the batch's drafter stopped and
+    :meth:`engine_observe` after verification. :meth:`setup` gives the rule K_max and the cost model;
+    :meth:`bind` also attaches Oracle inputs (offline). ``price_scale`` multiplies the cost model's prices
+    (the engine's refresh; 1 offline).
     """
 
     name = "policy"
@@ -147,25 +145,20 @@ class ConfidenceThreshold(Policy):
 class DeltaRule(Policy):
     """The Delta-Space rule online, with the Oracle's value replaced by ``V(n) ≈ λ·(N - n)``.
 
-    Per round the rule scores ``Q̂(k) = Ĉ(k) - λ·Ê[a](k)`` with ``Ê[a](k) = sum_{j<=k} prod_{i<=j} p_i``
-    (p the draft confidence, optionally calibrated by a monotone map fitted on training rounds)
-    and ``Ĉ(k) = a·k + b + beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term cancels), with Û from
-    ``u_bar_mean[m]`` (``u_pred="mean"``) or the previous round's observed Ū rescaled by
-    ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``; the mean until a Ū was observed). λ is fixed
-    at ``lambda0`` or running: ``(w·λ0 + elapsed ms) / (w + emitted tokens)`` within a sequence. ``λ0`` is
-    a time per token at the prices the rule was set up with, so it follows :attr:`price_scale` like every
-    price: a machine uniformly slower (or faster) than profiled changes no decision.
+    Per round it scores ``Q̂(k) = Ĉ(k) - λ·Ê[a](k)``: ``Ê[a](k) = sum_{j<=k} prod_{i<=j} p_i`` (p the draft
+    confidence, optionally through a monotone calibration fitted on training rounds), ``Ĉ(k) = a·k + b +
+    beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term cancels), Û ``u_bar_mean[m]`` (``u_pred="mean"``) or
+    the previous round's Ū rescaled by ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``). λ is
+    ``lambda0`` (fixed) or running, ``(w·λ0 + elapsed ms) / (w + emitted tokens)`` within a sequence; λ0
+    follows :attr:`price_scale` like every price, so a uniformly slower machine changes no decision.
 
-    ``stop="lookahead"`` (default): after drafting j tokens the rule drafts step j + 1 only if the best
-    k >= j under Q̂ (the confidences of steps not drafted yet extrapolated from the last one) is longer
-    than j; it never drafts a token it discards, and it can pass a non-convex stretch of Ĉ (the m = 4/5
-    regime change). ``stop="greedy"``: extend k -> k+1 while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space
-    necessary condition, first failure stops); it drafts step k + 1 to see its confidence, so a stop
-    before K_max costs one draft step (``a`` ms).
-
-    ``shared``: at batch > 1 in the engine, one decision for the whole batch (:meth:`batch_select`)
-    instead of one per request. ``zero``: that decision may keep no draft token of a request (k = 0: the
-    request verifies one row), priced with the pass of one row per request.
+    ``stop="lookahead"`` (default): after j draft steps, draft step j + 1 only if the best k >= j under Q̂
+    (confidences not drafted yet extrapolated from the last) is longer than j: no drafted token is discarded,
+    and a non-convex stretch of Ĉ (the m = 4/5 regime change) can be passed. ``stop="greedy"``: extend
+    while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space necessary condition); it drafts step k + 1 to see its
+    confidence, so a stop before K_max costs one draft step (``a`` ms). ``shared``: at batch > 1 in the
+    engine, one decision for the batch (:meth:`batch_select`); ``zero``: that decision may keep no draft of
+    a request (k = 0, one row verified).
     """
 
     reads_prices = True
@@ -177,8 +170,6 @@ class DeltaRule(Policy):
             raise ValueError("u_pred must be 'mean' or 'previous'")
         if stop not in ("lookahead", "greedy"):
             raise ValueError("stop must be 'lookahead' or 'greedy'")
-        if calibration is not None and not isinstance(calibration, CalibrationMap):  # a fitted IsotonicRegression
-            calibration = CalibrationMap.from_isotonic(calibration)
         self.lambda0, self.u_bar_mean = float(lambda0), np.asarray(u_bar_mean, dtype=float)
         self.calibration, self.u_pred, self.stop = calibration, u_pred, stop
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
@@ -273,14 +264,12 @@ class DeltaRule(Policy):
 
     # -- the engine's batch form (``shared``, batch > 1): one decision for the whole batch ----------
     def batch_table(self, b: int) -> list[float]:
-        """The verification part of a step of ``b`` requests that keep ``n0 + n`` draft tokens in all,
-        n = 0..b·K_max - n0 (``n0 = b``: each keeps at least one; ``n0 = 0`` with :attr:`zero`), before
-        :attr:`price_scale`: ``b · v(⌈(n0 + n) / b⌉)`` with ``v(k) = Ĉ(k) - a·k`` (the round without its
-        draft steps) or, once the engine profiled its passes, the measured pass of k + 1 rows per request
-        (:attr:`pass_ms`, not forced to grow with k). A pass of a
-        width between two profiled ones is priced as the wider: the profile times passes of b·m rows only,
-        and the CPU kernels run rows in tiles (16 rows with AMX; at batch 8 on an Intel Xeon with AMX,
-        passes of 16, 32 and 48 rows ran faster for their width than 24, 40 and 56)."""
+        """The verification part of a step of ``b`` requests keeping ``n0 + n`` draft tokens in all, n =
+        0..b·K_max - n0 (``n0 = b``, or 0 with :attr:`zero`), before :attr:`price_scale`: ``b · v(⌈(n0 + n) /
+        b⌉)``, ``v(k) = Ĉ(k) - a·k`` or, once the engine profiled them, the measured passes of k + 1 rows per
+        request (:attr:`pass_ms`). A width between two profiled ones is priced as the wider: the profile
+        times b·m rows only, and CPU kernels run rows in tiles (with AMX at batch 8, passes of 16, 32 and 48
+        rows ran faster for their width than 24, 40 and 56)."""
         tab = self._vtab.get(b)
         if tab is None:
             a, kk = self.model.a, self.k_max
@@ -354,14 +343,14 @@ class DeltaRule(Policy):
 
 
 class EmaAcceptedLength(Policy):
-    """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request.
+    """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request,
+    reimplemented from the issue thread's description (SGLang shares one EMA across the batch and keys its
+    tiers on the batch size; here every request has its own).
 
-    An EMA of the accept length (accepted drafts + the bonus token, as SGLang counts it; weight ``alpha``
-    on the newest round) drives the draft length among the ``steps`` tier (clipped to K_max): after
-    ``warmup`` rounds at the starting step, every ``every`` rounds the target ``EMA + 1`` moves k up to the
-    largest step s with target >= s - 0.5, and down only when the target falls below the current step -
-    0.5 - ``hysteresis``. Reimplemented from the description in the public issue thread; SGLang keys its
-    tiers on the batch size and shares one EMA across the batch, here every request has its own.
+    An EMA of the accept length (accepted drafts + the bonus token; weight ``alpha`` on the newest round)
+    picks k among the ``steps`` (clipped to K_max): after ``warmup`` rounds, every ``every`` rounds the
+    target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5, and down only below the
+    current step - 0.5 - ``hysteresis``.
     """
 
     markov = False
@@ -400,14 +389,10 @@ class EmaAcceptedLength(Policy):
 
 
 class UtilityTestAndSet(Policy):
-    """Cascade-style test-and-set of K per request (arXiv 2506.20675), from its description.
-
-    The rule alternates a *test* phase, which drafts each candidate k in ``candidates`` (clipped to K_max)
-    for ``test_rounds`` rounds and measures its utility (tokens emitted per ms of round time), and a *set*
-    phase of ``set_rounds`` rounds at the k of highest measured utility. The paper also caps the slowdown
-    against plain decoding; without a plain-decoding arm inside a speculative engine, that cap is not
-    reproduced here.
-    """
+    """Cascade-style test-and-set of K per request (arXiv 2506.20675), from its description: a *test*
+    phase drafts each of the ``candidates`` (clipped to K_max) for ``test_rounds`` rounds, measuring tokens
+    emitted per ms; a *set* phase of ``set_rounds`` rounds drafts the best. (The paper's cap on the slowdown
+    against plain decoding needs a plain-decoding arm inside the engine: not reproduced.)"""
 
     markov = False
 
@@ -451,23 +436,18 @@ class UtilityTestAndSet(Policy):
 
 
 class ThroughputAware(Policy):
-    """SGLang-style throughput-aware draft length (sglang PR #28045, from its description), one k for the batch.
+    """SGLang-style throughput-aware draft length (sglang PR #28045, from its description); reads no confidences.
 
-    Each round the rule drafts ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max: ``E[tokens | k] =
-    1 + sum_{t<=k} prod_{s<=t} α_s`` with ``α_t`` the acceptance of draft position t given position t - 1
-    was accepted, and ``C(k)`` the price of a round of k (in the engine the profiled pass as measured, the
-    drafter's line and the time outside both; offline the cost model at the mean Ū per m). ``α_t`` comes
-    from the rounds the rule ran: per position, exponentially decayed counts of the rounds that reached it
-    and of those that accepted it (weight ``1/window`` on the newest; SGLang keeps a sliding window of 20),
-    plus ``prior_weight`` pseudo-rounds at the fit's per-position acceptance (from the static-K tokens per
-    round of the train references). A position no round tests fades back towards the prior over
-    ``forget_rounds`` rounds, so a position given up on is tried again (without it a rule that once chose a
-    short k could never see the longer positions again). It reads no confidences. The defaults (window 20
-    as SGLang, prior weight 4, forget over 100 rounds) were chosen on the batch replay of the *train*
-    references at batch 1, 4 and 8 (all settings tried were within 2% of one another there).
-
-    ``shared`` (default): in the engine at batch > 1 every request drafts the k chosen from the live
-    requests' summed counts (the prior counted once); offline, each sequence its own counts.
+    Each round: ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max, ``E[tokens | k] = 1 + sum_{t<=k}
+    prod_{s<=t} α_s`` (``α_t`` the acceptance of position t given t - 1 was accepted), ``C(k)`` a round's
+    price (in the engine the profiled pass as measured, the drafter's line and the time outside both;
+    offline the cost model at the mean Ū per m). ``α_t``: per position, counts of the rounds that reached
+    and that accepted it, decayed by ``1/window`` per round (SGLang: a sliding window of 20), plus
+    ``prior_weight`` pseudo-rounds at the fit's acceptance (the train references' static-K tokens per
+    round). An untested position fades back to the prior over ``forget_rounds`` rounds, so a position given
+    up on is tried again. Defaults (window 20, prior 4, forget 100) chosen on the batch replay of the *train*
+    references at batch 1, 4 and 8 (every setting tried within 2% there). ``shared`` (default): at batch > 1
+    in the engine one k for all, from the live requests' summed counts (the prior once).
     """
 
     markov = False
@@ -571,11 +551,8 @@ class CalibrationMap:
     def from_isotonic(cls, iso: Any) -> "CalibrationMap":
         return cls(tuple(iso.X_thresholds_), tuple(iso.y_thresholds_))
 
-    def predict(self, conf: Any) -> np.ndarray:
-        return np.interp(np.asarray(conf, dtype=float), self.x, self.y)
-
     def predict_one(self, v: float) -> float:
-        """:meth:`predict` of one float, computed as ``np.interp`` does (the same float)."""
+        """The map at one float, computed as ``np.interp(v, x, y)`` does (the same float)."""
         x = self.x
         j = bisect_right(x, v) - 1
         if j < 0:
@@ -624,9 +601,7 @@ class PolicyFit:
     def make(self, name: str) -> Policy:
         """The policy called ``name`` (``static:K``, ``random:SEED``, one of :data:`POLICY_NAMES`, or a Delta
         rule with :data:`DELTA_VARIANTS`), set up with K_max and the cost model and labelled with
-        :func:`policy_label`. The one way a policy is configured: sections 6 and 8 and the engine all build
-        their rules here. The Delta rules decide once for the whole batch at batch > 1 in the engine;
-        ``:alone`` prices each request alone there (the earlier form)."""
+        :func:`policy_label`: the one way a policy is configured (sections 6 and 8 and the engine)."""
         u = np.asarray(self.u_bar_mean)
         if name.startswith("static:"):
             try:

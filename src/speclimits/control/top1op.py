@@ -1,27 +1,20 @@
 """A draft step's token choice and top-1 probability in one compiled call (CPU, float32), and its torch forms.
 
-The one home of the top-1 probability: :func:`load` gives the compiled ``top1`` (ids and probabilities),
-:func:`top1_torch` its torch fallback (the same pair), :func:`top1_probability` the probabilities alone
-(where vLLM made the token choice).
-
-In torch the pair is four dispatches (softmax, max, ``index_select`` to the target's ids, ``tolist``),
-each paying Python's and torch's call overhead with its code out of the caches right after the drafter's
-forward. The compiled function (``torch.utils.cpp_extension.load_inline``) makes both in one pass per row:
-the first maximum (as torch's ``max`` and vLLM's argmax), its id through the head's target map where there
-is one, and ``1 / sum(exp(x - max))``. Measured (``benchmarks/fused_top1_probe.py``, one thread, cold
-caches): 12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs for the torch calls at 1 / 4 / 8 rows.
+:func:`load` gives the compiled ``top1`` (ids and probabilities), :func:`top1_torch` its torch fallback (the
+same pair), :func:`top1_probability` the probabilities alone (where vLLM made the token choice). In torch the
+pair is four dispatches (softmax, max, ``index_select`` to the target's ids, ``tolist``), each paying call
+overhead with its code out of the caches right after the drafter's forward; the compiled function
+(``torch.utils.cpp_extension.load_inline``) makes both in one pass per row. Measured
+(``benchmarks/fused_top1_probe.py``, one thread, cold caches): 12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 /
+112.6 µs for the torch calls at 1 / 4 / 8 rows.
 
 Contract: the ids equal ``x.max(-1).indices`` (mapped through ``targets``) exactly; the probabilities equal
-``x.softmax(-1).amax(-1)`` to about 1e-6 relative (vectorised exponential, another summation order; a
-probability only sets how many tokens are drafted, never the output). Where a row is not finite, or ``x``
-is not a contiguous float32 CPU matrix, it returns ``(None, [])`` and the caller uses torch.
-
-The build (about 40 s, once per machine and source) lands in torch's extension cache under a name that
-hashes the source, the flags and this CPU's instruction-set flags, so a shared cache never loads code
-built for another CPU. It needs a C++ compiler and ninja; without them, or with ``SPECLIMITS_TOP1_OP=off``,
-the controller uses torch. ``scripts/setup.sh test`` builds it, the worker otherwise on first use; by hand::
-
-    .venv/bin/python -m speclimits.control.top1op
+``x.softmax(-1).amax(-1)`` to about 1e-6 relative (a probability only sets how many tokens are drafted,
+never the output). Where a row is not finite, or ``x`` is not a contiguous float32 CPU matrix, it returns
+``(None, [])`` and the caller uses torch. The build (about 40 s, once per machine and source) is cached by
+torch under a hash of the source, the flags and this CPU's instruction-set flags; without a C++ compiler
+and ninja, or with ``SPECLIMITS_TOP1_OP=off``, the controller uses torch. ``scripts/setup.sh test`` builds
+it, the worker otherwise on first use; by hand: ``.venv/bin/python -m speclimits.control.top1op``.
 """
 
 from __future__ import annotations
