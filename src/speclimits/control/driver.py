@@ -113,14 +113,7 @@ class RoundDriver:
             if j >= last or not self._batch_more(j, prods, rnd.ctx, last):
                 rnd.live = 0
             return rnd.live == 0
-        keep, cap = rnd.keep, rnd.cap
-        if self.plan_only:
-            if j >= rnd.cap_max or j >= rnd.k_call:
-                for i, c in enumerate(cap):
-                    keep[i] = min(c, j)
-                rnd.live = 0
-            return rnd.live == 0
-        prod, confs, ctx = rnd.prod, rnd.confs, rnd.ctx
+        keep, cap, prod, confs, ctx = rnd.keep, rnd.cap, rnd.prod, rnd.confs, rnd.ctx
         calibrate, more = self._calibrate, self._more
         for i in range(len(keep)):
             if keep[i] >= 0 or cap[i] <= j:
@@ -130,7 +123,7 @@ class RoundDriver:
                 if confs is not None:
                     confs[i].append(calibrate(top1[i]))
                 continue
-            if top1 is None:  # no request can stop here (wants_confidence): the cap or k_call ends them
+            if top1 is None:  # no request can stop here (wants_confidence; a plan): the cap or k_call ends them
                 continue
             c = calibrate(top1[i])
             if confs is not None:
