@@ -348,17 +348,17 @@ class EmaAcceptedLength(Policy):
     tiers on the batch size; here every request has its own).
 
     An EMA of the accept length (accepted drafts + the bonus token; weight ``alpha`` on the newest round)
-    picks k among the ``steps`` (clipped to K_max): after ``warmup`` rounds, every ``every`` rounds the
-    target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5, and down only below the
-    current step - 0.5 - ``hysteresis``.
+    picks k among the ``steps`` (clipped to K_max; the middle one first): after ``warmup`` rounds, every
+    ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5, and
+    down only below the current step - 0.5 - ``hysteresis``.
     """
 
     markov = False
 
     def __init__(self, steps: tuple[int, ...] = (1, 3, 5, 7), alpha: float = 0.2, warmup: int = 10,
-                 every: int = 5, hysteresis: float = 0.25, start: int | None = None):
+                 every: int = 5, hysteresis: float = 0.25):
         self.steps, self.alpha, self.warmup = tuple(int(s) for s in steps), float(alpha), int(warmup)
-        self.every, self.hysteresis, self.start = int(every), float(hysteresis), start
+        self.every, self.hysteresis = int(every), float(hysteresis)
         self.name = "EMA of accepted length"
 
     def setup(self, k_max, model):
@@ -371,8 +371,7 @@ class EmaAcceptedLength(Policy):
         return f"steps {self.tiers}, α = {self.alpha}, warm-up {self.warmup}, every {self.every}"
 
     def engine_state(self):
-        start = self.tiers[len(self.tiers) // 2] if self.start is None else min(int(self.start), self.k_max)
-        return [math.nan, 0.0, float(start)]  # ema, rounds, k
+        return [math.nan, 0.0, float(self.tiers[len(self.tiers) // 2])]  # ema, rounds, k (the middle step first)
 
     def engine_plan(self, st):
         return int(st[2])
