@@ -100,7 +100,7 @@ import speclimits.book_support as bs
 from speclimits.book.views import control as view
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import k_chosen_along, offline_table
-from speclimits.control.rules import POLICY_NAMES
+from speclimits.arms import POLICY_NAMES
 from pathlib import Path
 
 from speclimits.book.views.control_runs import engine_table, gap_lines

@@ -12,8 +12,8 @@ from speclimits.cli import main
 from speclimits.control.driver import RoundDriver
 from speclimits.control.top1op import top1_probability
 from speclimits.control.fit import fit_policy, greedy_setup
-from speclimits.control.rules import (OFFLINE_POLICY_NAMES, POLICY_NAMES, CalibrationMap, PolicyFit, is_policy_name,
-                                      policy_label)
+from speclimits.arms import OFFLINE_POLICY_NAMES, POLICY_NAMES, is_policy_name, policy_label
+from speclimits.control.rules import CalibrationMap, PolicyFit
 from speclimits.control.offline import gain_share, k_chosen_along, offline_table
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, EmaAcceptedLength, UtilityTestAndSet
 from speclimits.control.fit import fit_calibration

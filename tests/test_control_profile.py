@@ -210,7 +210,7 @@ def test_token_choice_gives_the_argmax_ids_and_books_what_it_saves():
     that median for each read step it then takes over (none before)."""
     import torch
 
-    from speclimits.control.extension import TokenChoice
+    from speclimits.control.top1op import TokenChoice
 
     tc = TokenChoice(trials=4)
     special = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("-inf")] * 4, [0.0, 0.0, 0.0, 0.0]])

@@ -215,7 +215,7 @@ def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int) -
         ks = np.concatenate([np.asarray(r["k"]) for r in d["rounds"]]) if d["rounds"] else np.zeros(0, int)
         wasted = sum(r["drafted"] * len(r["k"]) - sum(r["k"]) for r in d["rounds"])
         # decision time net of vLLM's argmax where the controller made the token choice itself (the
-        # argmax's median at that row count, timed in place; see control.extension.TokenChoice)
+        # argmax's median at that row count, timed in place; see control.top1op.TokenChoice)
         saved = float(d.get("token_choice_saved_us", 0.0))
         row.update(decide_us=d["decide_us"] - saved, decide_gross_us=d["decide_us"], token_choice_saved_us=saved,
                    drafting_calls=d["n_rounds"], early_exits=d["early_exits"],

@@ -293,7 +293,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
 class PolicyComparison:
     """Policies fitted on a seeded half of the references and evaluated on the other half, against the Oracle.
 
-    ``table`` columns: ``policy`` (the label, :func:`~speclimits.control.rules.policy_label`), ``name`` (the
+    ``table`` columns: ``policy`` (the label, :func:`~speclimits.arms.policy_label`), ``name`` (the
     key :meth:`PolicyFit.make` builds it from; empty for the Oracle), ``kind`` (``static``, ``online`` or
     ``oracle``), ``detail``, ``evaluation`` (exact / rollouts / replay), ``time_ms`` (total expected over
     the held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact), ``tokens_per_round``,

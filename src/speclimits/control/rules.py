@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from speclimits.arms import (DELTA_VARIANTS, OFFLINE_POLICY_NAMES, POLICY_NAMES, is_policy_name,  # noqa: F401
-                             parse_policy_name, policy_label, static_label)
+from speclimits.arms import DELTA_VARIANTS, POLICY_NAMES, arm, parse_policy_name, static_label
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
 
@@ -599,43 +598,37 @@ class PolicyFit:
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
         """The policy called ``name`` (``static:K``, ``random:SEED``, one of :data:`POLICY_NAMES`, or a Delta
-        rule with :data:`DELTA_VARIANTS`), set up with K_max and the cost model and labelled with
-        :func:`policy_label`: the one way a policy is configured (sections 6 and 8 and the engine)."""
+        rule with :data:`DELTA_VARIANTS`), set up with K_max and the cost model and labelled as
+        :func:`speclimits.arms.arm` reads the name: the one way a policy is configured (sections 6 and 8 and
+        the engine)."""
+        a, (base, mods) = arm(name), parse_policy_name(name) or ("", ())
         u = np.asarray(self.u_bar_mean)
-        if name.startswith("static:"):
-            try:
-                pol: Policy = StaticK(int(name.split(":", 1)[1]))
-            except ValueError:
-                raise SpeclimitsError(f"policy {name!r}: expected static:K with an integer K") from None
-        elif name == "threshold":
+        if a.kind == "static" and a.k is not None:
+            pol: Policy = StaticK(a.k)
+        elif base == "threshold":
             pol = ConfidenceThreshold(self.tau)
-        elif name.split(":")[0] in ("delta", "delta-fixed"):
-            parsed = parse_policy_name(name)
-            if parsed is None:
-                raise SpeclimitsError(f"policy {name!r}: Delta rule variants are {', '.join(DELTA_VARIANTS)}, each at "
-                                      "most once (for example delta-fixed:greedy-stop)")
-            base, mods = parsed
+        elif base in ("delta", "delta-fixed"):
             pol = DeltaRule(self.lambda_, u, None if "raw-confidence" in mods else self.calibration,
                             "previous" if "previous-u" in mods else "mean", running_lambda=base == "delta",
                             prior_tokens=self.prior_tokens, stop="greedy" if "greedy-stop" in mods else "lookahead",
                             shared="alone" not in mods, zero="zero-k" in mods)
-        elif name == "ema":
+        elif base == "ema":
             pol = EmaAcceptedLength()
-        elif name == "cascade":
+        elif base == "cascade":
             pol = UtilityTestAndSet()
-        elif name == "throughput":
+        elif base == "throughput":
             if self.tokens_per_round is None:
                 raise SpeclimitsError("policy 'throughput' needs the fit's static tokens per round (refit the policy "
                                       "file with `speclimits control fit`)")
-            tpr = np.asarray(self.tokens_per_round, dtype=float)
-            pol = ThroughputAware(np.diff(np.concatenate([[1.0], tpr])), u)
-        elif name.startswith("random"):
-            pol = RandomK(int(name.split(":", 1)[1]) if ":" in name else 0)
+            pol = ThroughputAware(np.diff(np.concatenate([[1.0], self.tokens_per_round])), u)
+        elif name == "random" or name.startswith("random:") and name[7:].isdigit():
+            pol = RandomK(int(name[7:] or 0))
         else:
             raise SpeclimitsError(f"unknown policy {name!r}; known: static:K, random:SEED, {', '.join(POLICY_NAMES)} "
-                                  f"(delta and delta-fixed with variants :{', :'.join(DELTA_VARIANTS)})")
-        if not name.startswith("random"):
-            pol.name = policy_label(name)
+                                  f"(delta and delta-fixed with variants :{', :'.join(DELTA_VARIANTS)}, each at most "
+                                  "once)")
+        if a.kind != "unknown":
+            pol.name = a.label
         return pol.setup(self.k_max, self.cost_model)
 
     # -- JSON -------------------------------------------------------------------------------

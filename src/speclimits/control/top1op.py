@@ -1,4 +1,5 @@
-"""A draft step's token choice and top-1 probability in one compiled call (CPU, float32), and its torch forms.
+"""The draft token choice and its top-1 probability: :class:`TokenChoice`, which the controller's greedy hook
+runs, and the one compiled call (CPU, float32) it makes both with.
 
 :func:`load` gives the compiled ``top1`` (ids and probabilities), :func:`top1_torch` its torch fallback (the
 same pair), :func:`top1_probability` the probabilities alone (where vLLM made the token choice). In torch the
@@ -23,6 +24,8 @@ import hashlib
 import os
 import time
 from typing import Any
+
+import numpy as np
 
 from speclimits.errors import SpeclimitsError
 from speclimits.machine import cpu_info
@@ -177,6 +180,96 @@ def top1_probability(logits: Any, n_rows: int) -> list[float]:
                               f"{None if logits is None else logits.shape[0]} rows for {n_rows} requests")
     x = logits if logits.dtype == torch.float32 else logits.float()  # the drafter runs without autograd
     return x.softmax(-1).amax(-1).tolist()
+
+
+class TokenChoice:
+    """The draft token choice on the steps whose top-1 probability the policy reads, and what it replaces.
+
+    vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
+    :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call
+    (the compiled op, or its torch fallback). The first ``trials`` read steps per row count
+    run vLLM's argmax instead, timed in place (:meth:`argmax`; the top-1 is then computed after the step),
+    so that each later read step books that median to :attr:`saved_s` and decision time is reported net of
+    the argmax taken over. The other steps run vLLM's own. (Other exact forms of the argmax timed in place
+    in earlier runs were at most 4 µs faster: ``token_choice`` in ``data/control/*.json``.)
+    """
+
+    def __init__(self, trials: int = 8) -> None:
+        self.trials = int(trials)
+        #: per row count, the argmax's times in place (the first ``trials`` calls)
+        self.times: dict[int, list[float]] = {}
+        #: per row count, the median of :attr:`times` once complete
+        self.argmax_s: dict[int, float] = {}
+        self.saved_s = 0.0
+        #: False: vLLM's argmax makes every draft token, the top-1 is computed after the step (a probe sets it)
+        self.own = True
+        #: the compiled top-1, or None (torch makes every top-1)
+        self.op: Any = None
+        self._no_targets: Any = None
+        #: steps whose top-1 the compiled op made, and those torch made
+        self.op_steps = self.torch_steps = 0
+        #: this draft step's logits as vLLM made them: over the target vocabulary, and an EAGLE-3 head's own
+        self.logits: Any = None
+        self.head: Any = None
+        #: whether the head's own logits give the target-vocabulary logits' top-1 (None: not checked yet)
+        self.head_ok: bool | None = None
+        #: target id of each of the head's logits, where they increase (the compiled call then maps ids)
+        self.targets: Any = None
+
+    def argmax(self, logits: Any) -> Any:
+        """vLLM's ``logits.argmax(-1)``, timed per row count (its first ``trials`` calls)."""
+        t0 = time.perf_counter()
+        ids = logits.argmax(dim=-1)
+        dt = time.perf_counter() - t0
+        n = int(logits.shape[0])
+        times = self.times.setdefault(n, [])
+        times.append(dt)
+        if len(times) >= self.trials:
+            self.argmax_s[n] = float(np.median(times))  # kept: a read step books it
+        return ids
+
+    def load_op(self) -> None:
+        import torch
+
+        self.op = load()
+        self._no_targets = torch.empty(0, dtype=torch.long)
+
+    def top1(self, logits: Any, targets: Any = None) -> tuple[Any, list[float]]:
+        """(ids, top-1 probabilities) of one step's ``logits`` (a head's own, mapped to target ids by
+        ``targets``, or None): the compiled call, or torch where it is not loaded or refuses the rows; the
+        argmax it replaced is booked to :attr:`saved_s`."""
+        self.saved_s += self.argmax_s.get(int(logits.shape[0]), 0.0)
+        op = self.op
+        if op is not None:
+            ids, top1 = op.top1(logits, self._no_targets if targets is None else targets)
+            if ids is not None:
+                self.op_steps += 1
+                return ids, top1
+        self.torch_steps += 1
+        return top1_torch(logits, targets)
+
+    def check_head(self, head: Any, n: int, d2t: Any) -> None:
+        """Once, on the first read step: whether the head's own logits ``head`` give the same top-1 as the
+        target-vocabulary logits vLLM made of them (same rows, every finite logit of the latter among them);
+        where ``d2t`` (the head's ``draft_id_to_target_id``) maps them to increasing target ids with the same
+        argmax, :attr:`targets`."""
+        full = self.logits
+        self.head_ok = False
+        if head is None or full is None or head.shape[0] != full.shape[0] or head.shape[-1] > full.shape[-1]:
+            return
+        if not np.allclose(top1_probability(head, n), top1_probability(full, n), rtol=1e-5, atol=1e-7):
+            return
+        if d2t is not None and d2t.shape[0] == head.shape[-1]:
+            import torch
+
+            targets = torch.arange(d2t.shape[0], device=d2t.device) + d2t.detach()
+            if bool((targets[1:] > targets[:-1]).all()) and torch.equal(targets[head.max(-1).indices],
+                                                                         full.argmax(dim=-1)):
+                self.targets = targets
+        self.head_ok = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {str(n): {"argmax_us": 1e6 * float(np.median(t)), "timed": len(t)} for n, t in sorted(self.times.items())}
 
 
 if __name__ == "__main__":  # build (or load) the op and check it against torch; exit 1 where it is not usable
