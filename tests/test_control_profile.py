@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speclimits.control.driver import RoundDriver
-from speclimits.control.profile import EngineProfile, PriceClock, ProfileCycle, StepSample, fit_profile
+from speclimits.control.profile import EnginePricing, EngineProfile, ProfileCycle, StepSample, fit_profile
 from speclimits.control.rules import DeltaRule, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
 from speclimits.machine import KERNEL_FLAGS, cpu_info, describe
@@ -136,8 +136,8 @@ def test_profiled_passes_are_the_best_monotone_fit_to_their_medians():
         assert np.sum(w * (fit - v) ** 2) == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
-def test_price_clock_follows_a_slowdown_and_ignores_a_stall():
-    clock = PriceClock(weight=0.05)
+def test_price_refresh_follows_a_slowdown_and_ignores_a_stall():
+    clock = EnginePricing()
     for _ in range(200):
         clock.update(10.0, 10.0)
     assert clock.scale == pytest.approx(1.0)
@@ -338,7 +338,7 @@ def test_engine_pricing_profiles_then_prices_and_refreshes_the_policy():
         pricing.refresh(pol, [3], 1, 2 * pricing.prices[3])
     assert pol.price_scale == pytest.approx(2.0, rel=1e-3)
     batch_of_two = [2, 4]  # a step of 2 prices the mean of its requests' rounds, times 2
-    before = pricing.clock.scale
+    before = pricing.scale
     pricing.refresh(pol, batch_of_two, 2, pricing.prices[2] + pricing.prices[4])
     assert pol.price_scale == pytest.approx(before + 0.05 * (1.0 - before))
     pricing.arm(12)  # a switch: the profile and the scale are kept, no profiling again

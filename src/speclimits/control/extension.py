@@ -194,7 +194,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         ``early_exits``, ``hook_us``), the ``policy``, ``price_scale``, ``profile`` and the token choice's
         record; and forget them (memory too)."""
         pricing, tokens = self.speclimits_pricing, self.speclimits_tokens
-        out = {**self.speclimits_records.drain(), "policy": self._sl_name, "price_scale": pricing.clock.scale,
+        out = {**self.speclimits_records.drain(), "policy": self._sl_name, "price_scale": pricing.scale,
                "inputs": getattr(self._sl_driver, "log", None),
                "profile": None if pricing.profile is None else pricing.profile.to_dict(),
                "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),

@@ -10,7 +10,7 @@ the time outside the forward and the drafter included. So the controller times t
 * **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
   ms per request; from the offline fit only what timing cannot give (the expert slope α(m) and the Ū
   predictor at batch 1, the context slope c).
-* **Refresh** (:class:`PriceClock`): each later round at the profiled batch size, measured against priced
+* **Refresh** (:meth:`EnginePricing.refresh`): each later round at the profiled batch size, measured against priced
   time, an exponentially weighted ratio (clipped to [1/3, 3]) that scales every price. Steps with fewer
   requests (a batch's tail) are left out: a larger share per request is no change of the machine's speed
   (counted in, they tripled the scale at batch 4).
@@ -185,30 +185,17 @@ def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: 
                                 "draft_median_ms": {str(int(j)): float(v) for j, v in zip(js, dmed)}})
 
 
-class PriceClock:
-    """The refresh: ``scale`` follows measured over priced round time (see the module docstring)."""
-
-    def __init__(self, weight: float = 0.05, clip: float = 3.0) -> None:
-        self.weight, self.clip = float(weight), float(clip)
-        self.scale = 1.0
-        self.n = 0
-
-    def update(self, measured_ms: float, priced_ms: float) -> float:
-        if not (math.isfinite(measured_ms) and priced_ms > 0):
-            return self.scale
-        ratio = min(max(measured_ms / priced_ms, 1.0 / self.clip), self.clip)
-        self.scale += self.weight * (ratio - self.scale)
-        self.n += 1
-        return self.scale
-
-
 class EnginePricing:
-    """Profiling and the price refresh of one engine, kept across policy switches (see the module docstring)."""
+    """Profiling and the price refresh of one engine, kept across policy switches (see the module docstring):
+    :attr:`scale` follows measured over priced round time, weight :attr:`weight` on the newest round, the
+    ratio clipped to [1 / :attr:`clip`, :attr:`clip`]."""
+
+    weight, clip = 0.05, 3.0
 
     def __init__(self) -> None:
         self.profile: EngineProfile | None = None
         self.samples: list[StepSample] = []
-        self.clock = PriceClock()
+        self.scale = 1.0
         #: rounds still to profile before the policy applies
         self.left = 0
         #: price of a request's round by its k (0..k_max), a list: the refresh reads it per request per round
@@ -240,7 +227,7 @@ class EnginePricing:
             pol.setup(self.k_max, model)
             if self.profile is not None and getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = self.profile.pass_prices(self.k_max)
-        pol.price_scale = self.clock.scale
+        pol.price_scale = self.scale
         self.price(pol, fit.u_bar_mean)
         return pol
 
@@ -264,7 +251,14 @@ class EnginePricing:
             priced += price[k if k < top else top]
         if len(ks) != n_step:
             priced = priced * n_step / len(ks)
-        policy.price_scale = self.clock.update(round_ms, priced)
+        policy.price_scale = self.update(round_ms, priced)
+
+    def update(self, measured_ms: float, priced_ms: float) -> float:
+        """One round measured against its price: the new :attr:`scale`."""
+        if math.isfinite(measured_ms) and priced_ms > 0:
+            ratio = min(max(measured_ms / priced_ms, 1.0 / self.clip), self.clip)
+            self.scale += self.weight * (ratio - self.scale)
+        return self.scale
 
     def context(self, lens: Any, idx: list[int]) -> None:
         """While profiling: the context lengths of the requests verifying drafts (the profile's c·L is taken out)."""
@@ -290,6 +284,5 @@ class EnginePricing:
         seen = max((s.n_batch for s in self.samples), default=1)
         batch = min(int(max_batch or seen), seen)
         self.profile = fit_profile(self.samples, self.k_max, batch, context_len=self._ctx_sum / max(self._ctx_n, 1))
-        self.left = 0
-        self.clock = PriceClock()
+        self.left, self.scale = 0, 1.0
         return self.profile
