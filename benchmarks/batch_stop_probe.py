@@ -52,6 +52,8 @@ def load_rules_at(rev: str, folder: Path):
 def one_round(pol, conf: np.ndarray, lams: list[float], k: int, cold) -> tuple[float, int, list[int]]:
     """µs of the batch decisions of one round (cold before each call), steps drafted, tokens kept."""
     b = conf.shape[0]
+    # the keep when the batch stops now: batch_select with last = j since c0386d3, engine_batch_keep before
+    keep_now = getattr(pol, "engine_batch_keep", None) or (lambda p, lam: pol.batch_select(p, lam, len(p[0]))[1])
     prods: list[list[float]] = [[] for _ in range(b)]
     prod = [1.0] * b
     spent = 0.0
@@ -62,7 +64,7 @@ def one_round(pol, conf: np.ndarray, lams: list[float], k: int, cold) -> tuple[f
         cold()
         t0 = time.perf_counter()
         more = pol.engine_batch_more(j, prods, lams, k)
-        keep = None if more else pol.batch_select(prods, lams, len(prods[0]))[1]
+        keep = None if more else keep_now(prods, lams)
         spent += time.perf_counter() - t0
         if not more:
             return spent * 1e6, j, keep

@@ -123,7 +123,7 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     from speclimits.oracle.inputs import CostTable
     from speclimits.control.fit import fit_calibration, mean_u_bar, split_sequences
     from speclimits.control.offline import state_actions
-    from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK
+    from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, StaticK
 
     setup = prepare_oracle(smoke_trace)
     inputs, model, k_max = setup.raw_inputs, setup.model, 6
@@ -133,7 +133,7 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     scrambled = replace(test, match_prob=rng.permutation(test.match_prob.ravel()).reshape(test.match_prob.shape),
                         u_bar_window=rng.permutation(test.u_bar_window.ravel()).reshape(test.u_bar_window.shape),
                         _cache={})
-    u_mean, calib = mean_u_bar(train, k_max), fit_calibration(train, k_max)
+    u_mean, calib = mean_u_bar(train, k_max), CalibrationMap.from_isotonic(fit_calibration(train, k_max))
     rules = [StaticK(3), ConfidenceThreshold(0.4),
              DeltaRule(2.0, u_mean, calib, "mean", running_lambda=False, name="Delta fixed"),
              DeltaRule(2.0, u_mean, calib, "mean", running_lambda=False, stop="greedy", name="Delta greedy")]

@@ -25,13 +25,11 @@ class EngineRound:
                  shared: bool = False) -> None:
         self.rids, self.cap, self.ctx, self.k_call = rids, cap, ctx, k_call
         self.cap_max = max(max(cap), 1) if cap else 0  # a cap of 0 (keep no draft) still drafts one step
-        self.keep = [-1] * len(rids)
-        self.prod = [1.0] * len(rids)
+        n = len(rids)
+        self.keep, self.prod, self.live, self.j = [-1] * n, [1.0] * n, n, 0
         self.confs: list[list[float]] | None = [[] for _ in rids] if keep_confs else None
         #: one decision for the batch: each request's running products P_1..P_j (else None)
         self.prods: list[list[float]] | None = [[] for _ in rids] if shared else None
-        self.live = len(rids)
-        self.j = 0
         self.tokens: list[Any] = []
         self.early = False
 

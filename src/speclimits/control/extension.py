@@ -1,39 +1,34 @@
 """The worker extension that applies a policy per request per round inside stock vLLM (no fork).
 
 Load it with ``LLM(..., worker_extension_cls="speclimits.control.extension.ControlWorkerExtension",
-async_scheduling=False)``; it subclasses the tracer's extension, so the same engine can also be traced
-(the trace's ``n_draft`` is then the k chosen per round). Arm it with
+async_scheduling=False)`` (it subclasses the tracer's extension, so the same engine can also be traced: the
+trace's ``n_draft`` is then the k chosen per round); arm it with
 ``llm.collective_rpc("speclimits_control_set", args=(policy_json_dict, name))``.
 
 What it wraps (instance attributes, removed by ``speclimits_control_uninstall``; vLLM 0.32.0, CPU, V1 runner):
 
 ``runner.execute_model``            start of a step (round timer)
-``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (the price
-                                    refresh) and the previous round's outcome goes to ``engine_observe``;
-                                    ``engine_plan`` caps k
-``drafter.model.compute_logits``    keeps the logits of each draft step
-``drafter.model.logits_processor``  (EAGLE-3 heads with a draft vocabulary) keeps the head's own logits,
-                                    the cheaper input of the top-1 probability
+``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (price refresh), the
+                                    previous round's outcome goes to the rule, ``engine_plan`` caps k
+``drafter.model.compute_logits``    keeps each draft step's logits
+``drafter.model.logits_processor``  keeps an EAGLE-3 head's own logits (a draft vocabulary: the cheaper input)
 ``drafter._greedy_sample``          the rules that read confidences: the token choice (``top1op.TokenChoice``)
-``drafter._sample_draft_tokens``    after each draft step: top-1 probability per request ->
-                                    ``engine_more``; when every request has stopped, a private
-                                    exception ends the drafter's loop early
-``drafter.propose``                 catches it and returns the steps drafted so far; for a rule that
-                                    plans before drafting it passes the longest cap as
-                                    ``num_speculative_tokens`` (vLLM's per-call draft length), so the
-                                    loop ends by itself (measured: static K = 2 at batch 1 went from
-                                    0.986x stock K = 2 with the early exit to as fast as stock)
+``drafter._sample_draft_tokens``    after each draft step: top-1 per request -> ``engine_more``; once every
+                                    request has stopped, a private exception ends the drafter's loop
+``drafter.propose``                 catches it and returns the steps drafted; for a rule that plans before
+                                    drafting it passes the longest cap as ``num_speculative_tokens``, so the
+                                    loop ends by itself (static K = 2 at batch 1: 0.986x stock with the
+                                    early exit, as fast as stock this way)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
 
-The rules with memory see each round's outcome one round late: the tokens a round emitted reach the
-host in vLLM's bookkeeping, after this step's drafting, so the controller reads them (the growth of the
-request's ``output_token_ids``) at the next step instead of copying the sampled tensor a second time
-(10 µs at any batch size here). A rule that decides round r + 1 has then seen rounds 1..r - 1.
+The rules with memory see each round's outcome one round late: the tokens a round emitted reach the host
+after this step's drafting, so the controller reads them (the growth of ``output_token_ids``) at the next
+step instead of copying the sampled tensor a second time (10 µs at any batch size here).
 
-K_max is ``num_speculative_tokens`` as the runner hands it to ``propose``. Greedy drafting only.
-Refused with a clear error: asynchronous scheduling (placeholders are scheduled before drafting, so a
-shorter draft would not shrink the pass), a runner other than V1, a drafter without the hooks (ngram,
-parallel drafting, ``use_local_argmax_reduction``), probabilistic draft sampling. Untested on GPU.
+K_max is ``num_speculative_tokens`` as the runner hands it to ``propose``; greedy drafting only. Refused with
+a clear error: asynchronous scheduling (placeholders are scheduled before drafting, so a shorter draft would
+not shrink the pass), a runner other than V1, a drafter without the hooks (ngram, parallel drafting,
+``use_local_argmax_reduction``), probabilistic draft sampling. Untested on GPU.
 """
 
 from __future__ import annotations
@@ -62,11 +57,7 @@ ENV_PROFILE = "SPECLIMITS_CONTROL_PROFILE_ROUNDS"
 
 
 class _EarlyExit(Exception):
-    """Raised inside the drafter's loop once every request has stopped; carries the steps drafted."""
-
-    def __init__(self, tokens: list[Any]) -> None:
-        super().__init__("every request stopped drafting")
-        self.tokens = tokens
+    """Raised inside the drafter's loop once every request has stopped; ``args[0]``: the steps drafted."""
 
 
 def check_control_runner(runner: Any) -> Any:
@@ -346,7 +337,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 import torch  # vLLM's own dependency, present wherever this runs inside the worker
 
                 self._sl_round.early = True
-                return torch.stack(stop.tokens, dim=1)
+                return torch.stack(stop.args[0], dim=1)
         return wrapped
 
     def _sl_sample_draft(self, orig: Any) -> Any:

@@ -1,18 +1,14 @@
 """The offline harness of the online policies: evaluation on Oracle inputs, and the prediction beside the bounds.
 
-The policy objects are those the vLLM worker runs, every round decided by the engine's own
-:class:`~speclimits.control.driver.RoundDriver` with its observation timing (an outcome reaches a rule with
-memory one round late). Rounds are priced as the Oracle prices them: C(n, k) from the cost model with the
-*true* window Ū, plus ``a`` ms per draft step drafted and dropped (the greedy Delta rule).
-
-Each policy is evaluated two ways: a **replay** of the real greedy outcomes (``accept_len``, what the engine
-should reproduce token for token) and its **surrogate** expected time under the Oracle's match
-probabilities. State-only rules (static K, the threshold, the fixed-λ Delta rule with mean Ū) are
-evaluated exactly by the Oracle's policy evaluation; rules with memory by Monte Carlo rollouts (one greedy
-match length drawn per state per rollout, so a walk visits each state at most once; every rule sees the
-same draws). Each harness has its own Oracle and best static K in hindsight; a policy captures the share
-``(1 - T/T_static) / (1 - T_oracle/T_static)`` of the Oracle's gain (:func:`gain_share`). Section 6's
-table (:func:`compare_policies`) and section 8's (:func:`offline_table`) share the fit and
+The policies are those the vLLM worker runs, every round decided by the engine's own round driver with its
+observation timing. Rounds are priced as the Oracle prices them (the cost model with the *true* window Ū),
+plus ``a`` ms per draft step drafted and dropped (the greedy Delta rule). Each policy is evaluated two
+ways: a **replay** of the real greedy outcomes (``accept_len``, what the engine should reproduce token for
+token) and its **surrogate** expected time under the Oracle's match probabilities, exactly by the Oracle's
+policy evaluation for a rule without memory, else by Monte Carlo rollouts (one match length drawn per state
+per rollout, the same draws for every rule). Each harness has its own Oracle and best static K in hindsight;
+a policy captures the share ``(1 - T/T_static) / (1 - T_oracle/T_static)`` of the Oracle's gain
+(:func:`gain_share`). Sections 6 (:func:`compare_policies`) and 8 (:func:`offline_table`) share the fit and
 :func:`surrogate_evaluations`.
 """
 
@@ -158,12 +154,11 @@ def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names:
                   ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The offline prediction table and the Oracle's bounds on the references ``seq_ids``.
 
-    ``names``: policy names of :meth:`PolicyFit.make` (static arms as ``static:K``). Returns a
-    DataFrame with one row per name: ``policy``, ``replay_ms_per_token``, ``replay_tokens_per_round``,
-    ``surrogate_ms_per_token``, ``share_exact`` / ``share_surrogate`` (gain share against the exact-greedy
-    / surrogate Oracle, each with its harness's best static K) and their 95% intervals over references
-    (``*_lo``, ``*_hi``); and a dict of the bounds (``oracle_exact_ms_per_token``,
-    ``oracle_surrogate_ms_per_token``, ``best_static_k_replay``, ``best_static_k_surrogate``, ...).
+    ``names``: keys of :meth:`PolicyFit.make`. Returns one row per name (``policy``, ``replay_ms_per_token``,
+    ``replay_tokens_per_round``, ``surrogate_ms_per_token``, ``share_exact`` / ``share_surrogate``: the gain
+    share against the exact-greedy / surrogate Oracle and its harness's best static K, with 95% intervals
+    over references ``*_lo``, ``*_hi``) and a dict of the bounds (``oracle_exact_ms_per_token``,
+    ``best_static_k_replay``, ...).
     """
     raw, sur = select(setup, seq_ids, n_states)
     t_raw, replay_accept = CostTable.build(raw, fit.cost_model, fit.k_max), raw.accept_len[None, :].astype(np.int16)
@@ -230,22 +225,17 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
     return out
 
 
-# ---------------------------------------------------------------------------
-# Batch > 1: the engine's round driver on a batch of greedy references
-# ---------------------------------------------------------------------------
+# -- Batch > 1: the engine's round driver on a batch of greedy references --------------------------
 
 
 def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any
                  ) -> dict[str, dict[str, float]]:
     """Replay the greedy references at batch > 1 as the engine runs them: per group of references (indices
-    into ``raw``; one engine batch each) every round goes through the engine's
-    :class:`~speclimits.control.driver.RoundDriver`, the requests keep the recorded greedy outcome, and a step
-    costs what the profile says a step of that shape costs (:meth:`EngineProfile.step_ms
-    <speclimits.control.profile.EngineProfile.step_ms>`: the pass of all rows, the drafter's line in the steps
-    it ran, the time outside both); the price refresh is replayed against these costs. ``fit`` is priced with
-    the profile (cost model and λ in the engine's units; the rules that price passes read the measured
-    ones, as in the engine). Returns per name ``ms_per_token`` (all groups), ``tokens_per_round`` per
-    request, ``mean_k`` and ``wasted_draft_steps`` per request per round."""
+    into ``raw``, one engine batch each) every round goes through the round driver, the requests keep the
+    recorded greedy outcome, a step costs what the profile says
+    (:meth:`~speclimits.control.profile.EngineProfile.step_ms`) and the price refresh is replayed against it;
+    ``fit`` comes priced with the profile, as in the engine. Returns per name ``ms_per_token``,
+    ``tokens_per_round`` per request, ``mean_k`` and ``wasted_draft_steps`` per request per round."""
     from speclimits.control.profile import EnginePricing
 
     out: dict[str, dict[str, float]] = {}
@@ -284,22 +274,18 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
     return out
 
 
-# ---------------------------------------------------------------------------
-# Section 6's comparison: fit, then evaluate
-# ---------------------------------------------------------------------------
+# -- Section 6's comparison: fit, then evaluate ----------------------------------------------------
 
 
 @dataclass(frozen=True)
 class PolicyComparison:
     """Policies fitted on a seeded half of the references and evaluated on the other half, against the Oracle.
 
-    ``table`` columns: ``policy`` (the label, :func:`~speclimits.arms.policy_label`), ``name`` (the
-    key :meth:`PolicyFit.make` builds it from; empty for the Oracle), ``kind`` (``static``, ``online`` or
-    ``oracle``), ``detail``, ``evaluation`` (exact / rollouts / replay), ``time_ms`` (total expected over
-    the held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact), ``tokens_per_round``,
-    ``speedup`` (vs autoregressive; NaN when m = 1 is missing), ``vs_best_static`` (best static K time /
-    time), ``gain_captured`` (share of the Oracle's gain over the best static K in hindsight:
-    (T_static - T) / (T_static - T_oracle)).
+    ``table``: ``policy`` (the label), ``name`` (its key; empty for the Oracle), ``kind`` (``static``,
+    ``online`` or ``oracle``), ``detail``, ``evaluation`` (exact / rollouts / replay), ``time_ms`` (expected,
+    over the held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact), ``tokens_per_round``,
+    ``speedup`` (vs autoregressive; NaN without m = 1), ``vs_best_static`` and ``gain_captured`` ((T_static -
+    T) / (T_static - T_oracle), against the best static K in hindsight).
     """
 
     table: pd.DataFrame

@@ -1,8 +1,8 @@
 """Round costs measured where the policy runs: profiled at engine start, refreshed while serving.
 
-A trace's cost model prices rounds in the milliseconds of the machine and day it was recorded, and only
-its target forward and draft steps; a policy inside the engine needs *this* engine's wall-clock costs now,
-the time outside the forward and the drafter included. So the controller times them itself:
+A trace's cost model prices only the target forward and draft steps, in the milliseconds of the machine and
+day it was recorded; a policy inside the engine needs *this* engine's wall-clock costs now, the time outside
+both included (numpy alone at import: the worker imports this module). So the controller times them itself:
 
 * **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for its first rounds the controller drafts
   k = 0..K_max in turn (every request the same k; at k = 0 the drafter runs one step and no draft is kept)
@@ -10,12 +10,10 @@ the time outside the forward and the drafter included. So the controller times t
 * **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
   ms per request; from the offline fit only what timing cannot give (the expert slope α(m) and the Ū
   predictor at batch 1, the context slope c).
-* **Refresh** (:meth:`EnginePricing.refresh`): each later round at the profiled batch size, measured against priced
-  time, an exponentially weighted ratio (clipped to [1/3, 3]) that scales every price. Steps with fewer
-  requests (a batch's tail) are left out: a larger share per request is no change of the machine's speed
-  (counted in, they tripled the scale at batch 4).
-
-numpy alone at import (the worker imports it).
+* **Refresh** (:meth:`EnginePricing.refresh`): each later round at the profiled batch size, measured
+  against priced time, an exponentially weighted ratio (clipped to [1/3, 3]) that scales every price. Steps
+  with fewer requests (a batch's tail) are left out: a larger share per request is no change of the
+  machine's speed (counted in, they tripled the scale at batch 4).
 """
 
 from __future__ import annotations
@@ -109,10 +107,9 @@ class EngineProfile:
         """The pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured: the next
         profiled width's (as the Delta rules price it); below the narrowest, the line through the two
         narrowest (a batch's tail verifies fewer rows)."""
-        passes = self.pass_ms
-        ms = sorted(passes)
+        ms = sorted(self.pass_ms)
         xs = np.array(ms, dtype=float) * self.batch
-        ys = np.array([passes[m] for m in ms], dtype=float)
+        ys = np.array([self.pass_ms[m] for m in ms], dtype=float)
         if len(xs) >= 2 and rows < xs[0]:
             return float(max(ys[0] + (ys[1] - ys[0]) / (xs[1] - xs[0]) * (rows - xs[0]), 0.0))
         i = int(np.searchsorted(xs, rows - 1e-9))
@@ -245,10 +242,7 @@ class EnginePricing:
     def refresh(self, policy: Policy, ks: list[int], n_step: int, round_ms: float) -> None:
         """The measured ``round_ms`` of a step of ``n_step`` requests, those verifying drafts having drafted
         ``ks``, against its price: updates ``policy.price_scale``."""
-        price, top = self.prices, self.k_max
-        priced = 0.0
-        for k in ks:
-            priced += price[k if k < top else top]
+        priced = sum(self.prices[min(k, self.k_max)] for k in ks)
         if len(ks) != n_step:
             priced = priced * n_step / len(ks)
         policy.price_scale = self.update(round_ms, priced)

@@ -194,8 +194,7 @@ class DeltaRule(Policy):
         self.row = self.model.round_prices(self.k_max, self.u_bar_mean[1:self.k_max + 2], terms=self.terms).tolist()
         if self.calibration is not None:  # one call deep: it runs per request per draft step
             self.engine_calibrate = self.calibration.predict_one
-        #: per request, the measured pass of k + 1 rows each, k = 0..k_max (set by the engine from its
-        #: profile before the first decision; None: priced from the cost model)
+        #: the measured pass of k + 1 rows per request, k = 0..k_max (set by the engine; None: the cost model's)
         self.pass_ms: list[float] | None = None
         self._vtab: dict[int, list[float]] = {}  # batch_table per batch size
         return self
@@ -444,28 +443,28 @@ class ThroughputAware(Policy):
     ``prior_weight`` pseudo-rounds at the fit's acceptance (the train references' static-K tokens per
     round). An untested position fades back to the prior over ``forget_rounds`` rounds, so a position given
     up on is tried again. Defaults (window 20, prior 4, forget 100) chosen on the batch replay of the *train*
-    references at batch 1, 4 and 8 (every setting tried within 2% there). ``shared`` (default): at batch > 1
-    in the engine one k for all, from the live requests' summed counts (the prior once).
+    references at batch 1, 4 and 8 (every setting tried within 2% there). At batch > 1 in the engine one k
+    for all, from the live requests' summed counts (the prior once).
     """
 
     markov = False
     uses_pass_prices = True  # the engine gives it its measured passes (:attr:`pass_ms`)
 
     def __init__(self, prior_survival: Any, u_bar_mean: Any = None, window: float = 20.0, prior_weight: float = 4.0,
-                 shared: bool = True, forget_rounds: float | None = 100.0):
+                 forget_rounds: float | None = 100.0):
         s = np.asarray(prior_survival, dtype=float)
         prev = np.concatenate([[1.0], s[:-1]])
         with np.errstate(invalid="ignore", divide="ignore"):
             self.prior_alpha = np.clip(np.nan_to_num(s / prev, nan=0.5), 0.01, 0.99)
         self.u_bar_mean = None if u_bar_mean is None else np.asarray(u_bar_mean, dtype=float)
-        self.window, self.prior_weight, self.shared = float(window), float(prior_weight), bool(shared)
+        self.window, self.prior_weight = float(window), float(prior_weight)
         self.decay = 1.0 - 1.0 / self.window
         self.forget = 1.0 - 1.0 / (forget_rounds if forget_rounds else math.inf)
         self.name = "throughput-aware"
 
     def describe(self) -> str:
         return (f"argmax E[tokens]/C(k), per-position acceptance decayed over {self.window:g} rounds, prior "
-                f"{self.prior_weight:g} rounds{', one k for the batch' if self.shared else ''}")
+                f"{self.prior_weight:g} rounds, one k for the batch")
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
@@ -505,7 +504,7 @@ class ThroughputAware(Policy):
         return self.choose(st[0], st[1])
 
     def engine_batch_plan(self, sts):
-        if not self.shared or len(sts) < 2:
+        if len(sts) < 2:
             return None
         reached, acc = ([sum(col) for col in zip(*(st[i] for st in sts))] for i in (0, 1))
         return [self.choose(reached, acc)] * len(sts)
@@ -523,9 +522,7 @@ class ThroughputAware(Policy):
                 acc[t] *= f
 
 
-# ---------------------------------------------------------------------------
-# Configuration: the policy JSON
-# ---------------------------------------------------------------------------
+# -- Configuration: the policy JSON ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -562,23 +559,13 @@ class CalibrationMap:
 
 @dataclass(frozen=True)
 class PolicyFit:
-    """Fitted policy parameters (the JSON the engine loads).
-
-    Attributes
-    ----------
-    k_max : K_max (the engine's ``num_speculative_tokens``).
-    tau : confidence threshold τ. lambda_ : Delta rule λ (ms per token); lambda_oracle : the train
-        Oracle's time per token it was scaled from.
-    u_bar_mean : (k_max + 2,) mean Ū per m (index m; index 0 = index 1).
-    calibration : the confidence calibration map.
-    cost_model : the cost model the policies price rounds with.
-    train_seq_ids, test_seq_ids : the split by reference.
-    data : where the fit came from (trace path, meta, surrogate, counts).
-    curves : the train-time curves over τ and λ (lists of records).
-    tokens_per_round : (k_max,) tokens per round of static K = 1..k_max in the replayed train
-        references (dimensionless; with costs profiled in the engine it prices λ there).
-    lambda_ratio : λ over the best static K's time per token on the train references (dimensionless).
-    """
+    """Fitted policy parameters (the JSON the engine loads): ``k_max`` (the engine's
+    ``num_speculative_tokens``), the threshold's ``tau``, the Delta rule's ``lambda_`` (ms per token) and the
+    train Oracle's time per token it was scaled from (``lambda_oracle``), ``u_bar_mean`` ((k_max + 2,) mean Ū
+    per m, index 0 = index 1), the confidence ``calibration``, the ``cost_model`` rounds are priced with, the
+    split by reference, where the fit came from (``data``) and its curves over τ and λ (``curves``);
+    ``tokens_per_round`` of static K = 1..k_max on the replayed train references and ``lambda_ratio``, λ over
+    the best static K's time per token there (both dimensionless: they price λ in the engine's units)."""
 
     k_max: int
     tau: float

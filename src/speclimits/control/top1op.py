@@ -1,13 +1,11 @@
 """The draft token choice and its top-1 probability: :class:`TokenChoice`, which the controller's greedy hook
-runs, and the one compiled call (CPU, float32) it makes both with.
-
-:func:`load` gives the compiled ``top1`` (ids and probabilities), :func:`top1_torch` its torch fallback (the
-same pair), :func:`top1_probability` the probabilities alone (where vLLM made the token choice). In torch the
-pair is four dispatches (softmax, max, ``index_select`` to the target's ids, ``tolist``), each paying call
-overhead with its code out of the caches right after the drafter's forward; the compiled function
-(``torch.utils.cpp_extension.load_inline``) makes both in one pass per row. Measured
-(``benchmarks/fused_top1_probe.py``, one thread, cold caches): 12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 /
-112.6 µs for the torch calls at 1 / 4 / 8 rows.
+runs, and the one compiled call (CPU, float32) it makes both with: :func:`load` gives the compiled ``top1``
+(ids and probabilities), :func:`top1_torch` its torch fallback (the same pair), :func:`top1_probability` the
+probabilities alone (where vLLM made the token choice). In torch the pair is four dispatches (softmax, max,
+``index_select`` to the target's ids, ``tolist``), each paying call overhead with its code out of the caches
+right after the drafter's forward; the compiled function (``load_inline``) makes both in one pass per row:
+12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs in torch at 1 / 4 / 8 rows
+(``benchmarks/fused_top1_probe.py``, one thread, cold caches).
 
 Contract: the ids equal ``x.max(-1).indices`` (mapped through ``targets``) exactly; the probabilities equal
 ``x.softmax(-1).amax(-1)`` to about 1e-6 relative (a probability only sets how many tokens are drafted,
@@ -22,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import sys
 import time
 from typing import Any
 
@@ -107,9 +107,6 @@ def load() -> Any | None:
         reason = f"SPECLIMITS_TOP1_OP={setting}"
     else:
         try:
-            import shutil
-            import sys
-
             from torch.utils.cpp_extension import load_inline, verify_ninja_availability
 
             here = os.path.dirname(sys.executable)  # a virtual environment's ninja (vLLM's dependency)
@@ -187,11 +184,10 @@ class TokenChoice:
 
     vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
     :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call
-    (the compiled op, or its torch fallback). The first ``trials`` read steps per row count
-    run vLLM's argmax instead, timed in place (:meth:`argmax`; the top-1 is then computed after the step),
-    so that each later read step books that median to :attr:`saved_s` and decision time is reported net of
-    the argmax taken over. The other steps run vLLM's own. (Other exact forms of the argmax timed in place
-    in earlier runs were at most 4 µs faster: ``token_choice`` in ``data/control/*.json``.)
+    (the compiled op, or torch). The first ``trials`` read steps per row count run vLLM's argmax instead,
+    timed in place (:meth:`argmax`; the top-1 computed after the step); each later read step books that
+    median to :attr:`saved_s`, so decision time is reported net of the argmax taken over. Other steps run
+    vLLM's own. (Other exact argmax forms timed in place in earlier runs were at most 4 µs faster.)
     """
 
     def __init__(self, trials: int = 8) -> None:
