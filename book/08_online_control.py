@@ -49,7 +49,7 @@
 # best static $K$'s time per token), the $\bar U$ predictor and the expert slope $\alpha(m)$ at batch 1.
 #
 # **Reading the confidence cheaply.** Right after the drafter's forward every torch call runs cold
-# (about 7–20 µs each on this CPU, whatever its size), so the rules that read the draft's top-1
+# (about 7–20 µs each on the AMD EPYC that measured these runs, whatever its size), so the rules that read the draft's top-1
 # probability do as few as they can: the top-1 comes from the EAGLE-3 head's own 4,096 logits (the
 # 8,192 target-vocabulary logits vLLM returns are the same values among $-\infty$; checked once per
 # engine), and on a step whose top-1 the rule reads, one compiled call (`speclimits.control.top1op`: a
@@ -181,7 +181,7 @@ if oracle_ok:
 # bootstrap interval over blocks: what a user's workload would see. The book does not run
 # vLLM: it reads `data/control/bench-*.json` (measured; how each was produced is in its `produced_by`,
 # `config`, CPU and per-block load average): `data/control/` for the bundled pair as trained
-# (cache-resident on this CPU) and `data/control/twin/` for its memory-bound twin. A trace without
+# (cache-resident on the AMD EPYC that measured them, L3 32 MB) and `data/control/twin/` for its memory-bound twin. A trace without
 # benchmark results (a simulated one) has no tables here.
 
 # %% tags=["hide-input"]
@@ -241,7 +241,7 @@ if oracle_ok:
 # %% [markdown]
 # **Where the expert cost lives.** The same benchmark on the other regime, set beside this page's
 # (measured on the same kind of machine): the bundled pair as trained, whose passes are cache-resident on
-# this CPU (a pass of 2 to 7 rows costs nearly the same), and its memory-bound twin, whose passes stream
+# the AMD EPYC that measured them (a pass of 2 to 7 rows costs nearly the same), and its memory-bound twin, whose passes stream
 # the experts they touch from memory (the regimes page). Each row: the best policy against the best stock
 # static $K$ at that batch size.
 

@@ -20,13 +20,15 @@
 # on two targets with **the same function**:
 #
 # - the **bundled target** as trained (16 layers, 32 experts, top-4, experts of 64 intermediate units,
-#   98 KB each in float32): the whole model is about the size of this CPU's last-level cache, so a
-#   pass costs mostly per-layer framework work. We call this regime *cache-resident*;
+#   98 KB each in float32; 6.3 MB of routed experts in all): on the AMD EPYC that measured the bundled
+#   traces (L3 32 MB) the whole model is about the size of the last-level cache, so a pass costs mostly
+#   per-layer framework work. We call this regime *cache-resident*;
 # - its **memory-bound twin** (`speclimits models twin`): every expert widened to 1,024 units by extra
 #   rows of the gate and up projections and as many zero columns of the down projection. Each expert's
 #   output is unchanged, so routing, greedy outputs and the EAGLE-3 head's acceptance stay those of
-#   the trained pair, while every routed expert now streams 16 times the bytes. This is the paper's
-#   regime, *memory-bound*.
+#   the trained pair, while every routed expert now streams 16 times the bytes (805 MB of routed experts:
+#   25 times the EPYC's L3, 2.6 times the 300 MB L3 of the Intel Xeon of the last part of this page).
+#   This is the paper's regime, *memory-bound*.
 #
 # The paper could only regress $T_T$ on $\bar U$ across rounds, where $\bar U$ moves with $m$ and with
 # what the text routes to ("the regression itself does not establish causality"). Here the routing can
@@ -39,8 +41,9 @@
 # %% tags=["remove-cell"]
 import speclimits.book_support as bs
 from speclimits import figures, paths, regime
+from speclimits.machine import describe
 from speclimits.book.views import regime as views
-from speclimits.trace import read_meta, read_table
+from speclimits.trace import read_meta, read_table, read_trace
 
 # %% tags=["parameters", "remove-cell"]
 trace = None
@@ -56,9 +59,8 @@ designed = regime.designed_traces()
 fits = regime.designed_fits(designed)
 natural_u = regime.decode_rounds(read_table(paths.BUNDLED_TRACE, "rounds")).groupby("m")["u_bar"].mean()
 share = regime.share_by_width(fits, natural_u)
-machine = read_meta(next(iter(designed.values())))["cpu"]
-print(f"designed experiments at expert widths {list(designed)}; measured on {machine['model']}, "
-      f"{machine['cores']} cores, one thread")
+machine = describe(read_meta(next(iter(designed.values())))["cpu"])
+print(f"designed experiments at expert widths {list(designed)}; measured on {machine}, one thread")
 
 # %% [markdown]
 # ## The per-expert cost, by experiment
@@ -69,7 +71,7 @@ print(f"designed experiments at expert widths {list(designed)}; measured on {mac
 
 # %% tags=["hide-input"]
 page.figure(figures.designed_alpha_chart(fits), "fig-regimes-designed-alpha",
-            "α(m) from the designed experiment (planted routing, real vLLM engine, this CPU, float32), per "
+            f"α(m) from the designed experiment (planted routing, real vLLM engine, float32, on {machine}), per "
             "expert width, with 95% HC3 intervals; log scale. Look for α growing in proportion to the width "
             "(streaming) and staying flat in m. Data: measured designed-experiment traces `designed-w*`.")
 
@@ -113,12 +115,12 @@ page.table(views.targets_by_m(targets), "tbl-regimes-targets",
            "`measured-eagle3` and `twin-eagle3`.")
 
 # %% [markdown]
-# ## The context slope: flat on the paper's GPU, growing with $m$ here
+# ## The context slope: flat on the paper's GPU, growing with $m$ on a CPU
 #
 # The paper's model prices context with one coefficient $c$ per context token, and its per-$K$ fits
 # agree to within 0.9% (1.098–1.107 × 10⁻³ ms/token). The only work of a pass that grows with the
 # context is attention. On a GPU a verification pass of a few rows is bound by reading the KV cache,
-# which its $m$ query rows share, so $c$ does not depend on $m$. On this CPU the KV cache of even
+# which its $m$ query rows share, so $c$ does not depend on $m$. On the EPYC the KV cache of even
 # the longest context fits in cache, and the attention work itself (every query row against every
 # key, $m \cdot L$ products) is what grows: the slope on $L$ of a pass of $m$ rows should then be
 # $c(m) = c_0 + c_1 m$ (an explanation we infer from the rounds below, not one we timed kernel by kernel).
@@ -127,7 +129,7 @@ page.table(views.targets_by_m(targets), "tbl-regimes-targets",
 # per-K fits"). On the twin, whose long-context prompts reach about 1,500 tokens, $c$ is well
 # determined at every $K$. A constant is rejected, and the line in $m$ explains most of the spread. On
 # the bundled trace, whose contexts stay under 200 tokens, the per-$K$ estimates are mostly noise.
-# The paper's criterion of one $c$ for every $K$ therefore cannot hold on this machine, whatever the
+# The paper's criterion of one $c$ for every $K$ therefore cannot hold on the EPYC, whatever the
 # trace. What a trace can show is $c(m)$, and a user reading $c$ off a CPU trace should read it at the $m$
 # they will run.
 
@@ -174,6 +176,110 @@ for name, folder, width in (("twin", paths.TWIN_TRACE, max(designed)), ("bundled
                f"`designed-w{width}` and `{folder.name}`.")
 
 # %% [markdown]
+# (sec-regimes-machines)=
+# ## The same twin on two CPUs
+#
+# The paper names cross-hardware transfer as untested: "the model requires recalibration when the
+# environment changes". Machines of this project's kind differ, so the twin's sweep was measured on two
+# of them with the same command, prompts and commit: the AMD EPYC of every other trace in this book, and
+# an Intel Xeon with AMX whose last-level cache is about nine times larger
+# (`data/traces/twin-eagle3-xeon-amx`, its README gives the provenance). Both run vLLM's CPU build in
+# float32 with one thread. {numref}`fig-regimes-machines` and {numref}`tbl-regimes-machines` set the
+# cost physics side by side; {numref}`tbl-regimes-transfer` asks what the EPYC's cost model says about
+# the Xeon's rounds.
+
+# %% tags=["hide-input"]
+machines = regime.compare_machines({"AMD EPYC": paths.TWIN_TRACE, "Intel Xeon (AMX)": paths.TWIN_TRACE_XEON},
+                                   n_boot=19 if smoke else 199, seed=seed)
+for label, cpu in machines.cpus.items():
+    print(f"{label}: {describe(cpu)}")
+page.figure(figures.machines_chart(machines.passes, machines.shares), "fig-regimes-machines",
+            "The memory-bound twin's K sweep on two CPUs: mean target time T_T by m (left) and the regression's "
+            "α(m) (right), generation-clustered 95% intervals. Look for one shape at two speeds. Data: measured "
+            "traces `twin-eagle3` (AMD EPYC) and `twin-eagle3-xeon-amx` (Intel Xeon with AMX), the same command.")
+
+# %% tags=["hide-input"]
+page.table(views.machines_table(machines), "tbl-regimes-machines",
+           "The same analysis on two CPUs: pass times, the per-expert cost and its share of a pass, the context "
+           "line, the cost model's fit, and the Oracle (greedy references; 95% intervals over cost-model refits on "
+           "resampled generations). The Xeon trace predates the cache record: its caches were added from its README. "
+           "Data: measured traces `twin-eagle3` and `twin-eagle3-xeon-amx`.")
+
+# %% [markdown]
+# A pass on the Xeon takes about twice as long at every $m$, and so does what one more unique expert
+# costs: its expert term explains about the same share of a pass on both machines, about one half at
+# $m \ge 5$. The larger cache does not make the twin cache-resident (its 805 MB of experts still stream).
+# The per-row context slope $c_1$ is the same on both CPUs, within its interval, while the intercept
+# $c_0$ differs: see the next part for why.
+#
+# **What transfers without recalibration.** {numref}`tbl-regimes-transfer` prices the Xeon's rounds with
+# the EPYC's fitted cost model. Its error is first one factor, the machines' speed ratio, which no model
+# fitted on one CPU can know; after that one scale a shape error remains that moves with $m$. The
+# Oracle's decisions carry over better than its milliseconds, as the lines below show: the per-round
+# policy solved with the EPYC's costs and replayed at the Xeon's keeps most of the Xeon Oracle's gain
+# over its own best static K, while the EPYC's best static K is a worse static choice on the Xeon. A
+# per-state policy adapts to what each round offers; a single static K encodes one machine's price ratio.
+
+# %% tags=["hide-input"]
+page.table(views.transfer_table(machines), "tbl-regimes-transfer",
+           "The EPYC's cost model (Eq. 4 fitted on `twin-eagle3`) pricing the Xeon's decode rounds, by m: measured "
+           "and predicted mean T_T, their ratio (generation-clustered 95% interval), the per-round MAPE, and the ratio "
+           "left after one scale for every m. Data: measured traces `twin-eagle3` and `twin-eagle3-xeon-amx`.")
+for label, d in machines.decisions.items():
+    print(f"{label}: the Oracle's policy solved with the EPYC's cost model keeps {d['share_of_gain']:.0%} "
+          f"[{d['share_lo']:.0%}; {d['share_hi']:.0%}] of this CPU's Oracle gain over its best static K "
+          f"(K = {d['best_static_k']}); the EPYC's best static K (K = {d['transferred_static_k']}) is "
+          f"{d['static_loss']:+.1%} slower here than K = {d['best_static_k']}")
+
+# %% [markdown]
+# (sec-regimes-context-design)=
+# ## The context cost by design, on two CPUs
+#
+# The per-$K$ fits read $c$ off whatever contexts the prompts happened to reach. As for $\alpha$, a
+# designed experiment sets the regressor itself: the twin's K sweep over prompts cut to planted lengths
+# (the first $L$ tokens of three long-context prompts, $L$ from 64 to 1,280, in a seeded random order),
+# with planted routing so that $\bar U$ is drawn pass by pass apart from $L$
+# (`scripts/make_context_experiment.sh`, trace `designed-context-w1024`). At each fixed $m$ the slope of
+# $T_T$ on $L$ is then $c(m)$ by design. The engine also records which attention path it ran.
+
+# %% tags=["hide-input"]
+context_trace = read_trace(paths.CONTEXT_TRACE) if (paths.CONTEXT_TRACE / "rounds.parquet").exists() else None
+if context_trace is None:
+    page.cannot_show("the context cost by design", "the experiment's trace `designed-context-w1024` is not in this "
+                     "checkout (scripts/make_context_experiment.sh makes it)")
+else:
+    designed_c = regime.designed_context(context_trace.rounds)
+    designed_line = regime.slope_line(designed_c)
+    designed_c["c_line"] = designed_line["c0"] + designed_line["c1"] * designed_c["m"]
+    print(f"measured on {context_trace.source_label}; attention path(s) vLLM ran: "
+          f"{', '.join(context_trace.meta['engine'].get('attention') or ['not recorded'])}")
+    both = {"AMD EPYC, designed (planted L)": designed_c,
+            **{f"{label}, twin rounds (per-K fits)": s.by_k for label, s in machines.slopes.items()}}
+    page.figure(figures.context_slope_chart(both, legend="estimate"), "fig-regimes-context-design",
+                "Context slope c(m): the designed experiment on the EPYC (planted context lengths and routing, HC3 "
+                "95% intervals) beside the per-K fits of the twin's rounds on both CPUs (generation-clustered), each "
+                "with its weighted line in m (dashed). Look for one line through all three. Data: measured traces "
+                "`designed-context-w1024`, `twin-eagle3` and `twin-eagle3-xeon-amx`.")
+    page.table(views.context_line_table({"AMD EPYC, designed (planted L)": designed_line,
+                                         **{f"{label}, twin rounds": s.line for label, s in machines.slopes.items()}}),
+               "tbl-regimes-context-design",
+               "The line c(m) = c0 + c1·m (10⁻³ ms per context token, 95% intervals) from the designed experiment and "
+               "from each CPU's twin rounds. Data: measured traces `designed-context-w1024`, `twin-eagle3`, "
+               "`twin-eagle3-xeon-amx`.")
+
+# %% [markdown]
+# **Which attention path ran, and why the two CPUs share a slope.** vLLM's CPU attention chooses an
+# instruction-set path per engine: in vLLM 0.32 (`_get_attn_isa` in its `cpu_attn.py`) it takes the AMX
+# path only for **bfloat16** models with a block size that is a multiple of 32, and otherwise the `vec`
+# path of AVX-512. Every trace in this book runs float32, so the Xeon with AMX ran the same `vec` kernel as
+# the EPYC (the engine's record on the EPYC above says `CPU_ATTN (isa vec)`; the Xeon trace predates that
+# record, and the choice is read from vLLM's source). The wider AMX tile was never in play: with one
+# kernel on both CPUs, the per-row work $c_1$ (each of the $m$ query rows against every key) comes out the
+# same, while the per-token intercept $c_0$ and the per-expert cost $\alpha$, which read memory, follow each
+# machine's memory system. A bfloat16 trace on the Xeon would take the AMX path and is the experiment that
+# would show the tile.
+
+# %% [markdown]
 # ## Every section in both regimes
 #
 # The book's sections run on one trace each build. When it is one of the two measured targets, every
@@ -185,7 +291,6 @@ for name, folder, width in (("twin", paths.TWIN_TRACE, max(designed)), ("bundled
 # ## Versions
 
 # %% tags=["remove-input"]
-from speclimits.trace import read_trace  # noqa: E402
 
-for folder in [*designed.values(), *targets.values()]:
+for folder in [*designed.values(), *targets.values(), paths.TWIN_TRACE_XEON]:
     bs.version_report(read_trace(folder))

@@ -16,8 +16,9 @@ ALLOWED = {
     "errors": set(),
     "vocabulary": set(),
     "jsonutil": {"errors"},
+    "machine": {"errors"},  # the CPU record and what the engine can run on it
     "planted": set(),  # the designed experiment's routing (numpy only), planted by the harness
-    "trace": {"errors", "jsonutil", "vocabulary"},
+    "trace": {"errors", "jsonutil", "machine", "vocabulary"},
     "tracing": {"cliutil", "errors", "jsonutil", "machine", "planted", "trace", "vocabulary"},
 }
 

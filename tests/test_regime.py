@@ -133,3 +133,96 @@ def test_the_twin_trace_is_the_trained_target_with_wider_experts():
     u_twin = regime.decode_rounds(read_table(paths.TWIN_TRACE, "rounds")).groupby("m")["u_bar"].mean()
     assert u_twin.index.tolist() == list(range(1, 12)) and u_twin.is_monotonic_increasing
     assert read_table(paths.TWIN_TRACE, "rounds")["context_len"].max() > 1400  # the long-context prompts
+
+
+# -- the context experiment and the comparison of machines -------------------------------------------
+
+def test_designed_context_recovers_a_planted_slope_per_m_and_its_line():
+    """Rounds with planted lengths and Ū drawn apart: c(m) inside each interval, the line c0 + c1·m
+    recovered, and the same slope with Ū held constant (the experiment without planted routing)."""
+    rng = np.random.default_rng(3)
+    c0, c1 = 6e-4, 1e-4
+    frames = []
+    for m in range(1, 12):
+        ctx = rng.choice(regime.CONTEXT_GRID, size=300) + rng.integers(0, 16, size=300)
+        u = rng.integers(4, min(4 * m, 32) + 1, size=300).astype(float)
+        t = 5.0 + 0.8 * u + (c0 + c1 * m) * ctx + rng.normal(0, 0.1, size=300)
+        frames.append(pd.DataFrame({"m": m, "K": m - 1, "generation_id": rng.integers(0, 18, size=300), "u_bar": u,
+                                    "context_len": ctx, "t_target_ms": t, "phase": "decode"}))
+    by_m = regime.designed_context(pd.concat(frames, ignore_index=True))
+    assert list(by_m["m"]) == list(range(1, 12))
+    truth = c0 + c1 * by_m["m"]
+    assert ((by_m["c_lo"] <= truth) & (truth <= by_m["c_hi"])).mean() >= 0.8  # 95% intervals, 11 of them
+    line = regime.slope_line(by_m)
+    assert abs(line["c0"] - c0) < 3 * line["c0_se"] and abs(line["c1"] - c1) < 3 * line["c1_se"]
+    assert line["c1_se"] < c1 / 5
+
+
+def test_planted_context_prompts_cut_every_source_at_every_length_in_a_shuffled_order(tmp_path):
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt_token_ids": list(range(i, i + 300))}) + "\n"
+                           for i in range(4)))
+    rows = regime.planted_context_prompts(src, lengths=(10, 100, 300), n_sources=2, seed=0)
+    assert len(rows) == 6 and len({r["id"] for r in rows}) == 6
+    assert sorted(len(r["prompt_token_ids"]) for r in rows) == [10, 10, 100, 100, 300, 300]
+    assert {r["id"].split("-")[0] for r in rows} == {"p0", "p2"}  # spread over the file
+    assert [r["id"] for r in rows] != sorted(r["id"] for r in rows, key=lambda i: (i.split("-")[0], int(i[4:])))
+    with pytest.raises(regime.SpeclimitsError, match="fewer than the longest planted context 400"):
+        regime.planted_context_prompts(src, lengths=(10, 400), n_sources=2)
+
+
+def test_transfer_error_is_one_factor_when_a_machine_is_uniformly_slower():
+    """A second machine exactly twice as slow: the first machine's model predicts half at every m, and
+    nothing is left after one scale; a machine slower only at large m leaves a shape that moves with m."""
+    from speclimits.costmodel import CostModel
+
+    model = CostModel(c=1e-3, beta0={1: 5.0, 2: 6.0, 5: 7.0}, alpha={1: 0.0, 2: 0.3, 5: 0.8}, a=0.4, b=0.1)
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"m": np.repeat([1, 2, 5], 200), "u_bar": rng.integers(4, 12, 600).astype(float),
+                         "context_len": rng.integers(50, 900, 600).astype(float), "phase": "decode",
+                         "generation_id": np.tile(np.arange(20), 30)})
+    base = model.target_ms(rows["m"].to_numpy(), rows["u_bar"].to_numpy(), rows["context_len"].to_numpy())
+    slow = regime.transfer_error(model, rows.assign(t_target_ms=2.0 * base)).set_index("m")
+    assert np.allclose(slow["ratio"], 0.5) and np.allclose(slow["ratio_rescaled"], 1.0)
+    assert np.allclose(slow["scale"], 2.0) and (slow["mape"] - 0.5).abs().max() < 1e-12
+    shaped = regime.transfer_error(model, rows.assign(t_target_ms=base * np.where(rows["m"] == 5, 1.5, 1.0)))
+    r = shaped.set_index("m")["ratio_rescaled"]
+    assert r[1] > 1.05 and r[5] < 0.95 and (shaped["ratio_lo"] <= shaped["ratio"]).all()
+
+
+def test_decision_transfer_keeps_the_whole_gain_when_the_source_only_differs_by_speed(smoke_trace):
+    """The Oracle's argmin does not move when every price is scaled by one factor: the transferred policy
+    keeps all of the gain and the same best static K; a source that ignores the expert cost keeps less."""
+    from dataclasses import replace
+
+    from speclimits.oracle import prepare_oracle
+
+    setup = prepare_oracle(smoke_trace)
+    own = setup.model
+    faster = replace(own, c=own.c / 2, beta0={m: v / 2 for m, v in own.beta0.items()},
+                     alpha={m: v / 2 for m, v in own.alpha.items()}, a=own.a / 2, b=own.b / 2)
+    same = regime.decision_transfer(faster, setup, n_boot=99)
+    assert same["share_of_gain"] == pytest.approx(1.0) and same["static_loss"] == pytest.approx(0.0)
+    assert same["transferred_static_k"] == same["best_static_k"]
+    assert same["share_lo"] == pytest.approx(1.0) and same["share_hi"] == pytest.approx(1.0)
+    blind = regime.decision_transfer(own.with_alpha_scale(0.0), setup, n_boot=99)
+    assert blind["share_of_gain"] < 1.0 and blind["transferred_policy_ms"] >= blind["oracle_ms"]
+    assert blind["share_lo"] <= blind["share_of_gain"] <= blind["share_hi"]
+
+
+def test_the_bundled_xeon_trace_is_the_same_sweep_as_the_twin_on_another_cpu():
+    """The two CPUs' twin traces: one command, one commit's prompts, one sweep; the CPUs differ in what the
+    records say (AMX and a 300 MB L3 on the Xeon), and the comparison runs on them."""
+    from speclimits.trace import read_meta
+
+    epyc, xeon = read_meta(paths.TWIN_TRACE), read_meta(paths.TWIN_TRACE_XEON)
+    for key in ("k_values", "method", "dtype"):
+        assert epyc[key] == xeon[key], key
+    assert epyc["sweep"]["prompts_sha256"] == xeon["sweep"]["prompts_sha256"]
+    assert "amx_tile" in xeon["cpu"]["flags"] and "amx_tile" not in epyc["cpu"]["flags"]
+    assert xeon["cpu"]["cache_kib"]["L3"] == 300 * 1024 and xeon["source"] == "vllm" and not xeon["simulated"]
+    cmp = regime.compare_machines({"EPYC": paths.TWIN_TRACE, "Xeon": paths.TWIN_TRACE_XEON}, n_boot=0)
+    assert set(cmp.passes["machine"]) == {"EPYC", "Xeon"} and set(cmp.transfer["machine"]) == {"Xeon"}
+    # the Xeon is slower at every m, so the EPYC's model under-prices each of its m
+    assert (cmp.transfer["ratio_hi"] < 1).all()
+    assert 0 < cmp.decisions["Xeon"]["share_of_gain"] <= 1.0

@@ -29,6 +29,10 @@ EAGLE3_MODEL = MODELS_DIR / "eagle3"
 #: function) streams its routed experts as the paper's GPU does. Both measured with the same prompts.
 BUNDLED_TRACE = TRACES_DIR / "measured-eagle3"
 TWIN_TRACE = TRACES_DIR / "twin-eagle3"
+#: the designed experiment on the context cost (planted context lengths, planted routing; the twin)
+CONTEXT_TRACE = TRACES_DIR / "designed-context-w1024"
+#: the same sweep of the twin, measured on a second CPU of the project's kind (Intel Xeon with AMX, L3 300 MB)
+TWIN_TRACE_XEON = TRACES_DIR / "twin-eagle3-xeon-amx"
 #: The key results of the book built on the other regime's trace, shown beside this build's
 #: (``speclimits.book.present.Contrast``; written by ``scripts/make_contrast.sh``).
 REGIME_CONTRAST = DATA_DIR / "regime" / "contrast"

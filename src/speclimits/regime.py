@@ -47,11 +47,19 @@ def target_record(target: Path) -> dict[str, Any]:
 
 
 def record(trace: Path, target: Path, command: str) -> dict[str, Any]:
-    """Add ``regime`` (target recipe, command, load average) to ``trace``'s meta.json; returns it."""
+    """Add ``regime`` (target recipe, its routed experts over the trace CPU's last-level cache, command,
+    load average) to ``trace``'s meta.json; returns it."""
     from speclimits.trace import read_meta, write_meta
 
+    from speclimits.machine import cache_ratio
+    from speclimits.models.twin import DTYPE_BYTES
+
     meta = read_meta(trace)
-    meta["regime"] = {**target_record(target), "command": command,
+    made = target_record(target)
+    params = (made.get("twin") or {}).get("experts_params_total")
+    ratio = cache_ratio(params * DTYPE_BYTES.get(str(meta.get("dtype")), 4), meta.get("cpu")) if params else None
+    llc = {"experts_over_llc": round(ratio, 2)} if ratio else {}
+    meta["regime"] = {**made, **llc, "command": command,
                       "load_average_after": [round(x, 2) for x in os.getloadavg()]}
     write_meta(trace, meta)
     return meta["regime"]
@@ -168,7 +176,6 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     an A100) and a line in m. A pass's only work that grows with the context is attention; where
     the line's slope is positive, attention costs per query row (m rows × L keys), as on a CPU,
     rather than one read of the KV cache shared by the rows, as on the paper's GPU."""
-    import statsmodels.api as sm
     from scipy import stats as sps
 
     from speclimits.stats import CellMoments
@@ -191,16 +198,220 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     q_flat = float(np.sum(w * (c - mean) ** 2))
     flat = {"c": mean, "c_se": float(np.sqrt(1.0 / w.sum())), "q": q_flat, "df": len(c) - 1,
             "p": float(sps.chi2.sf(q_flat, len(c) - 1))}
-    wls = sm.WLS(c, sm.add_constant(by_k["m"].to_numpy(float)), weights=w).fit()
-    by_k["c_line"] = wls.fittedvalues
-    # the per-K SEs are the weights; the coefficients' SEs are scaled up (never down) by the residual
-    # dispersion q/df when the per-K c scatter about the line more than their SEs allow
-    q_line = float(np.sum(w * (c - by_k["c_line"].to_numpy()) ** 2))
-    cov = np.linalg.inv(wls.model.wexog.T @ wls.model.wexog) * max(1.0, q_line / (len(c) - 2))
-    line = {"c0": float(wls.params[0]), "c0_se": float(np.sqrt(cov[0, 0])), "c1": float(wls.params[1]),
-            "c1_se": float(np.sqrt(cov[1, 1])), "q": q_line, "df": len(c) - 2, "p": float(sps.chi2.sf(q_line, len(c) - 2))}
+    # the per-K SEs are the weights; the line's SEs are scaled up (never down) by the residual dispersion
+    line = slope_line(by_k)
+    by_k["c_line"] = line["c0"] + line["c1"] * by_k["m"]
     ratio = c / by_k["c_line"].to_numpy()
     return ContextSlope(by_k, flat, line, float(c.max() / c.min()), float(ratio.max() / ratio.min()))
+
+
+# -- the designed experiment on the context cost: planted context lengths at fixed m -----------------
+
+#: context lengths planted by :func:`planted_context_prompts` (tokens; the long-context prompts reach ~1,400)
+CONTEXT_GRID = (64, 448, 832, 1216)
+
+
+def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRID, n_sources: int = 9,
+                            seed: int = 0) -> list[dict[str, Any]]:
+    """Prompts of planted lengths for the context-cost experiment: the first ``length`` token ids of
+    each of ``n_sources`` prompts spread over ``source`` (a token-id prompt file such as
+    ``data/prompts/long-context.jsonl``), every (source, length) once, in a seeded random order so that
+    the machine's drift over the run is not confounded with the length. Raises when a source is
+    shorter than the longest length."""
+    from speclimits.trace.prompts import read_prompts
+
+    sources = [p for p in read_prompts(source) if p.token_ids is not None]
+    sources = sources[::max(1, len(sources) // n_sources)][:n_sources]  # spread over the file's kinds
+    if len(sources) < n_sources:
+        raise SpeclimitsError(f"{source}: needs {n_sources} prompts given as token ids, found {len(sources)}")
+    rows = []
+    for p in sources:
+        if len(p.token_ids) < max(lengths):
+            raise SpeclimitsError(f"{source}: prompt {p.id!r} has {len(p.token_ids)} tokens, fewer than the "
+                                  f"longest planted context {max(lengths)}")
+        rows += [{"id": f"{p.id}-L{n}", "category": f"context-{n}", "prompt_token_ids": list(p.token_ids[:n])}
+                 for n in lengths]
+    order = np.random.default_rng(seed).permutation(len(rows))
+    return [rows[i] for i in order]
+
+
+def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """c(m) from the context experiment's trace: per m, OLS of T_T on the context length and the planted
+    Ū, one row per m with ``c``, ``c_lo``, ``c_hi`` (ms per context token), ``n``, ``generations`` and
+    the context range. Both regressors are set by design: the length by the prompt, Ū by the planted
+    routing, drawn independently of it. Standard errors are clustered by generation: the rounds of one
+    generation share its length and the machine's state while it ran, so the generations, not the
+    rounds, are the replicates."""
+    import statsmodels.api as sm
+
+    d = decode_rounds(rounds)
+    rows = []
+    for m, g in d.groupby("m"):
+        cols = ["context_len"] + (["u_bar"] if g["u_bar"].nunique() > 1 else [])
+        fit = sm.OLS(g["t_target_ms"].to_numpy(float), sm.add_constant(g[cols].to_numpy(float))).fit(
+            cov_type="cluster", cov_kwds={"groups": g["generation_id"].to_numpy()})
+        lo, hi = fit.conf_int(1 - level)[1]
+        rows.append({"m": int(m), "K": int(m) - 1, "n": len(g), "generations": int(g["generation_id"].nunique()),
+                     "c": float(fit.params[1]), "c_lo": float(lo), "c_hi": float(hi),
+                     "c_se": float(fit.bse[1]), "context_min": int(g["context_len"].min()),
+                     "context_max": int(g["context_len"].max())})
+    return pd.DataFrame(rows)
+
+
+def slope_line(by_m: pd.DataFrame) -> dict[str, float]:
+    """Weighted least squares of ``c`` on ``m`` (weights 1/c_se²): ``c0``, ``c1`` with SEs scaled up by
+    the residual dispersion where it exceeds 1 (as :func:`context_slope`'s line), and the line's
+    residual test ``p``."""
+    import statsmodels.api as sm
+    from scipy import stats as sps
+
+    w = 1.0 / by_m["c_se"].to_numpy() ** 2
+    c = by_m["c"].to_numpy()
+    wls = sm.WLS(c, sm.add_constant(by_m["m"].to_numpy(float)), weights=w).fit()
+    q = float(np.sum(w * (c - wls.fittedvalues) ** 2))
+    cov = np.linalg.inv(wls.model.wexog.T @ wls.model.wexog) * max(1.0, q / (len(c) - 2))
+    return {"c0": float(wls.params[0]), "c0_se": float(np.sqrt(cov[0, 0])), "c1": float(wls.params[1]),
+            "c1_se": float(np.sqrt(cov[1, 1])), "q": q, "df": len(c) - 2, "p": float(sps.chi2.sf(q, len(c) - 2))}
+
+
+# -- the same work on two CPUs: what the cost physics keeps and what a machine changes ----------------
+
+def _cluster_mean(y: np.ndarray, groups: np.ndarray) -> tuple[float, float, float]:
+    """Mean of ``y`` with a 95% interval clustered by ``groups`` (statsmodels OLS on a constant)."""
+    import statsmodels.api as sm
+
+    fit = sm.OLS(y, np.ones((len(y), 1))).fit(cov_type="cluster", cov_kwds={"groups": groups})
+    lo, hi = fit.conf_int()[0]
+    return float(fit.params[0]), float(lo), float(hi)
+
+
+def pass_times(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per m: decode rounds ``n``, mean T_T with a generation-clustered 95% interval (``t_ms``,
+    ``t_lo``, ``t_hi``) and mean Ū (``u_bar``)."""
+    d = decode_rounds(rounds)
+    rows = []
+    for m, g in d.groupby("m"):
+        mean, lo, hi = _cluster_mean(g["t_target_ms"].to_numpy(float), g["generation_id"].to_numpy())
+        rows.append({"m": int(m), "n": len(g), "t_ms": mean, "t_lo": lo, "t_hi": hi, "u_bar": float(g["u_bar"].mean())})
+    return pd.DataFrame(rows)
+
+
+def expert_share(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per identified m: the regression's α(m) (:func:`regression_alpha`) and the share of a mean pass
+    it explains at the trace's own mean Ū, ``α(m)·Ū(m) / T_T(m)`` (``share``, with ``share_lo``/``share_hi``
+    from α's 95% interval)."""
+    alpha = regression_alpha(rounds)
+    passes = pass_times(rounds).set_index("m")
+    a = alpha[alpha["identified"]].copy()
+    scale = a["m"].map(passes["u_bar"] / passes["t_ms"])
+    for col, src in (("share", "alpha"), ("share_lo", "alpha_lo"), ("share_hi", "alpha_hi")):
+        a[col] = a[src] * scale
+    return a.drop(columns="identified").reset_index(drop=True)
+
+
+def transfer_error(model: Any, rounds: pd.DataFrame) -> pd.DataFrame:
+    """How one machine's cost model prices another machine's rounds: per m, the measured mean T_T,
+    the predicted mean (``model.target_ms`` at each round's m, Ū and context), their ratio
+    ``predicted / measured`` with a generation-clustered 95% interval, the mean absolute percentage
+    error per round (``mape``), and the ratio left after one scale for all m (``ratio_rescaled``: the
+    prediction times total measured / total predicted). A ratio that is off by one factor at every m
+    is a machine's speed; one that moves with m is a shape that did not transfer."""
+    d = decode_rounds(rounds)
+    d = d[d["m"].isin(model.ms)]
+    pred = np.asarray(model.target_ms(d["m"].to_numpy(), d["u_bar"].to_numpy(float), d["context_len"].to_numpy(float)))
+    meas = d["t_target_ms"].to_numpy(float)
+    scale = meas.sum() / pred.sum()
+    rows = []
+    for m in sorted(d["m"].unique()):
+        sel = (d["m"] == m).to_numpy()
+        g = d.loc[sel, "generation_id"].to_numpy()
+        # the ratio of means, linearised per round about it (a cluster interval on the ratio estimator)
+        ratio = pred[sel].mean() / meas[sel].mean()
+        _, lo, hi = _cluster_mean(ratio + (pred[sel] - ratio * meas[sel]) / meas[sel].mean(), g)
+        rows.append({"m": int(m), "n": int(sel.sum()), "measured_ms": float(meas[sel].mean()),
+                     "predicted_ms": float(pred[sel].mean()), "ratio": float(ratio), "ratio_lo": lo, "ratio_hi": hi,
+                     "mape": float(np.mean(np.abs(pred[sel] - meas[sel]) / meas[sel])),
+                     "ratio_rescaled": float(ratio * scale)})
+    return pd.DataFrame(rows).assign(scale=float(scale))
+
+
+def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, n_boot: int = 999,
+                      seed: int = 0) -> dict[str, Any]:
+    """Whether one machine's decisions serve another: the Oracle's policy solved with ``source``'s
+    cost model and the static K that is best under it, each evaluated on ``target_setup`` (its inputs
+    and its own cost model), against the target's own Oracle and best static K. ``share_of_gain``: the
+    part of the target Oracle's gain over its best static K that the transferred policy keeps, with a
+    95% percentile interval over reference sequences resampled (``share_lo``, ``share_hi``);
+    ``static_loss``: how much slower the source's best static K is than the target's own."""
+    from speclimits.oracle import evaluate_policy
+
+    own = target_setup.solve(k_max=k_max)
+    moved = target_setup.solve(k_max=k_max, model=source)
+    kept = evaluate_policy(own.inputs, target_setup.model, actions=moved.k_star, k_max=own.k_max,
+                           deterministic=own.deterministic)["time_ms"].to_numpy(float)
+    b, ps = own.bounds, own.per_sequence
+    best = ps[f"static_{b.best_static_k}_ms"].to_numpy(float)
+    oracle = ps["value_ms"].to_numpy(float)
+    draws = np.random.default_rng(seed).integers(0, len(best), (n_boot, len(best)))
+    share = (best[draws].sum(1) - kept[draws].sum(1)) / (best[draws].sum(1) - oracle[draws].sum(1))
+    moved_static = moved.bounds.best_static_k
+    static_there = b.static_ms[moved_static]
+    return {"oracle_ms": b.oracle_ms, "best_static_k": b.best_static_k, "best_static_ms": b.best_static_ms,
+            "transferred_policy_ms": float(kept.sum()), "transferred_static_k": int(moved_static),
+            "transferred_static_ms": float(static_there),
+            "share_of_gain": float((best.sum() - kept.sum()) / (best.sum() - oracle.sum())),
+            "share_lo": float(np.quantile(share, 0.025)), "share_hi": float(np.quantile(share, 0.975)),
+            "static_loss": float(static_there / b.best_static_ms - 1.0)}
+
+
+@dataclass(frozen=True)
+class MachineComparison:
+    """The same sweep measured on several CPUs (label -> trace), side by side.
+
+    ``cpus``: label -> the trace's recorded CPU (:func:`speclimits.machine.cpu_info`'s dict). ``passes``: :func:`pass_times` with a
+    ``machine`` column; ``shares``: :func:`expert_share` likewise; ``slopes``: label -> :class:`ContextSlope`;
+    ``models``: label -> the fitted cost model (``speclimits fit``); ``oracle``: label -> the Oracle
+    report (headline references, bootstrap interval, validation); ``transfer``: :func:`transfer_error`
+    of the first machine's model on each other machine's rounds (``machine`` = the priced one);
+    ``decisions``: label -> :func:`decision_transfer` from the first machine to it."""
+
+    cpus: dict[str, dict[str, Any]]
+    passes: pd.DataFrame
+    shares: pd.DataFrame
+    slopes: dict[str, ContextSlope]
+    models: dict[str, Any]
+    oracle: dict[str, Any]
+    transfer: pd.DataFrame
+    decisions: dict[str, dict[str, Any]]
+
+
+def compare_machines(traces: dict[str, Path], n_boot: int = 99, seed: int = 0) -> MachineComparison:
+    """:class:`MachineComparison` of ``traces`` (label -> trace folder; the first is the reference whose
+    cost model and decisions are carried to the others). ``n_boot``: the Oracle's bootstrap replicates."""
+    from speclimits.oracle.report import oracle_report
+    from speclimits.stats import fit_cost_model
+    from speclimits.trace import read_trace
+
+    if len(traces) < 2:
+        raise SpeclimitsError(f"a comparison of machines needs two traces or more, got {len(traces)}")
+    cpus, passes, shares, slopes, models, oracle = {}, [], [], {}, {}, {}
+    for label, folder in traces.items():
+        tr = read_trace(folder)
+        rounds = tr.rounds
+        cpus[label] = dict(tr.meta.get("cpu") or {"model": tr.meta.get("hardware", "?")})
+        passes.append(pass_times(rounds).assign(machine=label))
+        shares.append(expert_share(rounds).assign(machine=label))
+        slopes[label] = context_slope(rounds)
+        models[label] = fit_cost_model(rounds, top_k=tr.top_k, source=f"{label}: {tr.path.name}")
+        oracle[label] = oracle_report(tr, cost_model=models[label], n_boot=n_boot, seed=seed)
+    first = next(iter(traces))
+    others = [label for label in traces if label != first]
+    transfer = pd.concat([transfer_error(models[first], read_trace(traces[o]).rounds).assign(machine=o)
+                          for o in others], ignore_index=True)
+    decisions = {o: decision_transfer(models[first], oracle[o].setup.for_kind(oracle[o].headline_kind))
+                 for o in others}
+    return MachineComparison(cpus, pd.concat(passes, ignore_index=True), pd.concat(shares, ignore_index=True),
+                             slopes, models, oracle, transfer, decisions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,8 +424,29 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--command", default="")
     f = sub.add_parser("alpha", help="print the designed experiment's alpha(m) of a planted trace")
     f.add_argument("trace", type=Path)
+    c = sub.add_parser("context-prompts", help="write the context experiment's prompts (planted lengths) as JSONL")
+    c.add_argument("source", type=Path, help="token-id prompts at least as long as the longest length")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--lengths", default=",".join(map(str, CONTEXT_GRID)))
+    c.add_argument("--sources", type=int, default=9, help="prompts of SOURCE to cut (spread over the file)")
+    c.add_argument("--seed", type=int, default=0)
+    x = sub.add_parser("context", help="print c(m) of a context-experiment trace and its line in m")
+    x.add_argument("trace", type=Path)
     args = p.parse_args(argv)
-    if args.cmd == "record":
+    if args.cmd == "context-prompts":
+        import json
+
+        rows = planted_context_prompts(args.source, tuple(int(n) for n in args.lengths.split(",")),
+                                       n_sources=args.sources, seed=args.seed)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"wrote {len(rows)} prompts to {args.out}")
+    elif args.cmd == "context":
+        from speclimits.trace import read_table
+
+        by_m = designed_context(read_table(args.trace, "rounds"))
+        print(by_m.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(slope_line(by_m))
+    elif args.cmd == "record":
         print(record(args.trace, args.target, args.command))
     else:
         from speclimits.trace import read_table

@@ -9,7 +9,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.figures._common import HEIGHT, WIDTH
 
-__all__ = ["context_slope_chart", "designed_alpha_chart", "expert_share_chart"]
+__all__ = ["context_slope_chart", "designed_alpha_chart", "expert_share_chart", "machines_chart"]
 
 
 def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
@@ -53,11 +53,13 @@ def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
     return (band + lines).properties(width=WIDTH, height=HEIGHT)
 
 
-def context_slope_chart(slopes: dict[str, pd.DataFrame]) -> alt.LayerChart:
+def context_slope_chart(slopes: dict[str, pd.DataFrame], legend: str = "target") -> alt.LayerChart:
     """The per-K context slope c (× 10⁻³ ms/token, 95% intervals) against m for each target, with each
     target's weighted line in m (dashed) and the paper's c on an A100 (gray rule: the same at every K).
 
-    ``slopes``: target label → :attr:`speclimits.regime.ContextSlope.by_k` (columns m, c, c_se, c_line)."""
+    ``slopes``: label → :attr:`speclimits.regime.ContextSlope.by_k` (columns m, c, c_se, c_line; the
+    rows of :func:`speclimits.regime.designed_context` with ``c_line`` serve as well); ``legend``: what
+    the labels are."""
     frames = []
     for label, b in slopes.items():
         f = b.assign(target=label)
@@ -66,7 +68,7 @@ def context_slope_chart(slopes: dict[str, pd.DataFrame]) -> alt.LayerChart:
         f["m_shown"] = f["m"] + 0.12 * (len(frames) - (len(slopes) - 1) / 2)  # side by side, not on top
         frames.append(f)
     d = pd.concat(frames, ignore_index=True)
-    color = alt.Color("target:N", title="target")
+    color = alt.Color("target:N", title=legend)
     x_scale = alt.Scale(domain=[1, int(d["m"].max()) + 1])
     x = alt.X("m:Q", title="tokens verified per pass, m = K + 1", scale=x_scale)
     band = alt.Chart(pd.DataFrame({"paper": [1e3 * sum(paper.C_RANGE) / 2], "label": ["paper (A100), every K"]})
@@ -79,3 +81,24 @@ def context_slope_chart(slopes: dict[str, pd.DataFrame]) -> alt.LayerChart:
                  alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"), "context_max"])
     line = alt.Chart(d).mark_line(strokeDash=[4, 3]).encode(x=x, y="line:Q", color=color)
     return (band + bars + pts + line).properties(width=WIDTH, height=HEIGHT)
+
+
+def machines_chart(passes: pd.DataFrame, shares: pd.DataFrame) -> alt.HConcatChart:
+    """The same twin on several CPUs: mean T_T by m (left) and the regression's α(m) (right), one
+    colour per machine, 95% intervals as rules.
+
+    ``passes``: :func:`speclimits.regime.pass_times` rows with a ``machine`` column; ``shares``:
+    :func:`speclimits.regime.expert_share` rows likewise."""
+    color = alt.Color("machine:N", title="CPU")
+    x = alt.X("m:O", title="tokens verified per pass, m")
+
+    def panel(d: pd.DataFrame, y: str, lo: str, hi: str, title: str) -> alt.LayerChart:
+        pts = alt.Chart(d).mark_line(point=True).encode(
+            x=x, y=alt.Y(f"{y}:Q", title=title), color=color,
+            tooltip=["machine", "m", alt.Tooltip(f"{y}:Q", format=".3f"), alt.Tooltip(f"{lo}:Q", format=".3f"),
+                     alt.Tooltip(f"{hi}:Q", format=".3f")])
+        bars = alt.Chart(d).mark_rule().encode(x=x, y=f"{lo}:Q", y2=f"{hi}:Q", color=color)
+        return (bars + pts).properties(width=WIDTH // 2, height=HEIGHT)
+
+    return alt.hconcat(panel(passes, "t_ms", "t_lo", "t_hi", "mean target time T_T (ms)"),
+                       panel(shares, "alpha", "alpha_lo", "alpha_hi", "α(m), ms per unique expert (regression)"))

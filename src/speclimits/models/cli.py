@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 
 def _twin_handler(args: argparse.Namespace) -> int:
-    from speclimits.models.twin import build_twin, default_twin_dir, relative_path
+    from speclimits.models.twin import build_twin, cache_verdict, default_twin_dir, relative_path
 
     out = args.out or default_twin_dir(args.expert_width)
     command = (f"speclimits models twin --source {relative_path(args.source)} --expert-width {args.expert_width} "
@@ -45,6 +45,7 @@ def _twin_handler(args: argparse.Namespace) -> int:
     print(f"wrote {out}: experts {recipe['expert_width_source']} -> {recipe['expert_width']} units "
           f"({recipe['expert_bytes_stored'] / 1024:.0f} KiB per expert as stored, {recipe['stored_dtype']}); "
           f"weights sha256 {recipe['weights_sha256'][:12]}")
+    print(cache_verdict(recipe["experts_params_total"]))  # float32: what the project's traces run
     return 0
 
 

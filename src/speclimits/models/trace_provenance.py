@@ -9,8 +9,6 @@ prompt counts per category and reference kind, and the machine (CPU model, core 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import subprocess
 import sys
 from collections import Counter
@@ -19,19 +17,10 @@ from pathlib import Path
 from speclimits.paths import MODELS_DIR, REPO_ROOT
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import read_json
+from speclimits.machine import cpu_info
 from speclimits.models.twin import file_sha256, relative_path
 from speclimits.trace import read_meta, write_meta
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 DEFAULT_NOTE = ("shared 2-core machine: other processes ran during the sweep, so timings carry contention noise; "
@@ -59,8 +48,7 @@ def provenance(trace_dir: Path, command: str, models: Path = MODELS_DIR, note: s
                     "oracle_reference": {"target greedy output": sum(not p.teacher_forced for p in prompts),
                                          "held-out corpus continuation (teacher-forced)":
                                              sum(p.teacher_forced for p in prompts)}},
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": sys.version.split()[0],
-                    "note": note},
+        "machine": {**cpu_info(), "python": sys.version.split()[0], "note": note},
         "simulated": False,
     }
 

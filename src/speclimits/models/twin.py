@@ -214,6 +214,7 @@ def build_twin(source: Path = TARGET_MODEL, out: Path | None = None, expert_widt
         "seed": int(seed),
         "weights_sha256": file_sha256(weights_out),
         "expert_bytes_stored": expert_bytes(tensors),
+        "experts_params_total": experts_params_total(tensors),
         "stored_dtype": str(next(iter(tensors.values())).dtype).replace("torch.", ""),
     }
     (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
@@ -227,6 +228,36 @@ def expert_bytes(tensors: dict[str, Any]) -> int:
         return 0
     layer = names[0].split(".experts.0.")[0]  # the first MoE layer (a family may begin with dense ones)
     return int(sum(tensors[n].numel() * tensors[n].element_size() for n in names if n.startswith(layer + ".experts.0.")))
+
+
+def experts_params_total(tensors: dict[str, Any]) -> int:
+    """Parameters of every routed expert's matrices together (the weights a pass may stream)."""
+    return int(sum(t.numel() for n, t in tensors.items() if _role(n) is not None and re.search(r"\.experts\.\d+\.", n)))
+
+
+#: bytes per parameter of the dtypes a twin is run in
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def cache_verdict(n_params: int, dtype: str = "float32", info: dict[str, Any] | None = None, least: float = 4.0) -> str:
+    """One line on whether ``n_params`` expert parameters, run in ``dtype``, stream from memory on a CPU
+    (``info``: a :func:`speclimits.machine.cpu_info` record; default this machine): their size over its
+    last-level cache, and a warning under ``least`` times (then much of a pass may come from cache and the
+    regime is closer to cache-resident than intended: widen with --expert-width)."""
+    from speclimits.machine import cache_ratio, cpu_info
+
+    info = info or cpu_info()
+    total = n_params * DTYPE_BYTES.get(dtype, 4)
+    ratio = cache_ratio(total, info)
+    llc = (info.get("cache_kib") or {}).get("L3")
+    if ratio is None:
+        return f"routed experts {total / 1e6:.0f} MB in {dtype} (this CPU's cache sizes are unknown)"
+    line = (f"routed experts {total / 1e6:.0f} MB in {dtype}: {ratio:.1f}× the last-level cache of "
+            f"{info.get('model', '?')}" + (f" (L3 {llc / 1024:g} MiB)" if llc else ""))
+    if ratio < least:
+        line += (f"; warning: under {least:g}× the cache, a share of every pass may come from cache on this CPU "
+                 f"(wider experts, --expert-width, stream more)")
+    return line
 
 
 def read_recipe(model_dir: Path) -> dict[str, Any] | None:

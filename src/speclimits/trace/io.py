@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.jsonutil import dumps, jsonable
+from speclimits.machine import describe as describe_cpu
 from speclimits.trace.schema import FLOAT_COLUMNS, SCHEMA_VERSION, STRING_COLUMNS, TABLES
 
 
@@ -145,11 +146,12 @@ class Trace:
             return f"SIMULATED data (speclimits simulator, preset '{sim.get('preset', '?')}', seed {m.get('seed')})"
         engine = m.get("engine") or {}
         cpu = m.get("cpu") or {}
-        flags = (f"; kernel flags: {', '.join(cpu.get('flags') or []) or 'none of AVX2/AVX-512/AMX'}" if cpu
-                 else "; instruction-set flags not recorded")
+        threads = (m.get("env") or {}).get("OMP_NUM_THREADS")
+        where = (f"{describe_cpu(cpu)}" + (f", OMP_NUM_THREADS={threads}" if threads else "") if cpu
+                 else f"{m.get('hardware', '?')}; instruction-set flags not recorded")
         return (
             f"measured with {engine.get('name', 'vllm')} {engine.get('version', '')} "
-            f"on {m.get('hardware', '?')}{flags}, method {m.get('method', '?')}"
+            f"on {where}, method {m.get('method', '?')}"
         ).replace("  ", " ")
 
 

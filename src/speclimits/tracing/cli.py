@@ -66,9 +66,11 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     """How each generation runs on the engine, and which tokens are kept."""
     p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
-    p.add_argument("--dtype", default=DEFAULT_DTYPE,
-                   help="model dtype passed to vLLM (default: %(default)s, as speclimits control bench; 'auto' is "
-                        "bfloat16 on vLLM's CPU build)")
+    p.add_argument("--dtype", default=None,
+                   help=f"model dtype passed to vLLM (default: {DEFAULT_DTYPE}, as speclimits control bench, except for "
+                        "an MLA target (DeepSeek-V2/V3) on a CPU with AMX, whose attention backend in vLLM's CPU build "
+                        "takes 16-bit weights: bfloat16 there; 'auto' is bfloat16 on vLLM's CPU build; meta.json "
+                        "records what ran under dtype and dtype_choice)")
     p.add_argument("--load-format", default="auto",
                    help="vLLM load format; 'dummy' gives random weights (tests, config-only models)")
     p.add_argument("--tokens", choices=("ref", "all", "none"), default="ref",
@@ -129,6 +131,7 @@ def _cli(args: argparse.Namespace) -> int:
     if args.workers is None and args.ray_address is None:
         require_vllm_findable()
     check_trace_inputs(args)
+    dtype = _dtype_choice(args)
     if args.oracle and args.method == "ngram":  # before the vLLM import and the sweep
         raise SpeclimitsError("--oracle reads the draft's probabilities; --method ngram has none (use eagle, eagle3 "
                               "or draft_model, or trace without --oracle)")
@@ -150,13 +153,13 @@ def _cli(args: argparse.Namespace) -> int:
     batch_sizes = parse_batch(args.batch)
     cfg = SweepConfig(
         target=args.target, draft=args.draft, method=args.method, k_values=k_values, prompts=str(args.prompts),
-        out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=args.dtype, load_format=args.load_format,
+        out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=dtype.dtype, load_format=args.load_format,
         tokens=args.tokens, ignore_eos=args.ignore_eos, chat_template=not args.no_chat_template, limit=args.limit,
         resume=args.resume, progress=not args.quiet, block_size=args.block_size, max_model_len=args.max_model_len,
         spec_extra=parse_assignments(args.spec_arg, "--spec-arg"),
         engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
-        batch_sizes=batch_sizes, plant_routing=args.plant_routing,
+        batch_sizes=batch_sizes, plant_routing=args.plant_routing, dtype_choice=dtype.record(),
     )
     if args.plant_routing is not None and (distributed or args.oracle):
         raise SpeclimitsError("--plant-routing runs in this process only, without --oracle, --workers or --ray-address")
@@ -197,6 +200,21 @@ def _cli(args: argparse.Namespace) -> int:
         print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "
               f"forced flips {o['forced_flips']}{where}")
     return 0
+
+
+def _dtype_choice(args: argparse.Namespace) -> object:
+    """The dtype this machine's vLLM CPU build can run for the target (:func:`speclimits.machine.engine_dtype`),
+    said in one line when it is not the default; a --dtype it cannot run is refused before any engine."""
+    from speclimits.machine import cpu_info, engine_dtype
+    from speclimits.tracing.inputs import model_config
+
+    extra = parse_assignments(args.engine_arg, "--engine-arg")
+    backend = extra.get("attention_backend") or (extra.get("attention_config") or {}).get("backend")
+    choice = engine_dtype(args.dtype, model_config(args.target), cpu_info()["flags"], DEFAULT_DTYPE,
+                          attention_backend=str(backend) if backend else None)
+    if choice.reason:
+        print(f"speclimits trace: {choice.reason}", file=sys.stderr)
+    return choice
 
 
 def _ray_settings(args: argparse.Namespace) -> object:

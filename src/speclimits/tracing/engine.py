@@ -78,20 +78,15 @@ def require_vllm() -> Any:
 
 
 def hardware() -> str:
-    """A short description of the accelerator (GPU name) or CPU model and thread count."""
+    """A short description of the accelerator (GPU name) or the CPU (:func:`speclimits.machine.describe`)
+    and the thread count."""
     if cuda_available():
         import torch
 
         return f"{torch.cuda.get_device_name(0)} (CUDA)"
-    name = platform.processor() or "cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU: {name}, {os.cpu_count()} logical cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}"
+    from speclimits.machine import cpu_info, describe
+
+    return f"CPU: {describe(cpu_info())}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}"
 
 
 def has_weights(model: str | Path) -> bool:

@@ -181,6 +181,25 @@ class _Step:
         self.draft_logits: list[dict[str, np.ndarray]] = []
 
 
+def attention_paths(runner: Any) -> list[str]:
+    """Which attention paths the engine's runner built, e.g. ``["CPU_ATTN (isa vec)"]`` or
+    ``["AMX_MLA"]``: the backend of each attention group and, on vLLM's CPU attention, the
+    instruction-set path its metadata builder chose (``vec``, ``vec16``, ``amx``: it depends on the
+    CPU, the dtype and the block size). Empty where the runner does not say."""
+    found = set()
+    for groups in getattr(runner, "attn_groups", None) or []:
+        for group in groups:
+            try:
+                name = group.backend.get_name()
+            except Exception:  # noqa: BLE001 - another vLLM layout: nothing recorded
+                continue
+            isa = None
+            for builder in getattr(group, "metadata_builders", None) or []:
+                isa = getattr(builder, "isa", None) or isa
+            found.add(f"{name} (isa {isa})" if isa else str(name))
+    return sorted(found)
+
+
 class TracingWorkerExtension:
     """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``."""
 
@@ -232,6 +251,7 @@ class TracingWorkerExtension:
             "num_blocks": int(runner.kv_cache_config.num_blocks),
             "drafter": type(getattr(runner, "drafter", None)).__name__ if getattr(runner, "drafter", None) else None,
             "cuda_graphs_recaptured": recaptured,
+            "attention": attention_paths(runner),
         }
 
     def speclimits_hook(self, runner: Any, n_experts: int = 0, cuda: bool = False,

@@ -168,6 +168,8 @@ class SweepConfig:
     #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
     #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
     plant_routing: int | None = None
+    #: how the dtype was chosen (:meth:`speclimits.machine.DtypeChoice.record`), kept in meta.json
+    dtype_choice: dict[str, Any] | None = None
 
     def install_options(self, K: int) -> dict[str, Any]:
         """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
@@ -274,6 +276,8 @@ class SweepPlan:
     #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
     #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
     plant_routing: int | None = None
+    #: how the dtype was chosen (:meth:`speclimits.machine.DtypeChoice.record`), kept in meta.json
+    dtype_choice: dict[str, Any] | None = None
 
     def install_options(self, K: int) -> dict[str, Any]:
         """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
@@ -538,10 +542,11 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         hardware=eng.hardware(),
         cpu=cpu_info(),  # model and the instruction-set flags that change kernels (speclimits.machine)
         dtype=info["dtype"],
+        **({"dtype_choice": cfg.dtype_choice} if cfg.dtype_choice is not None else {}),
         k_values=sorted(set(int(k) for k in cfg.k_values)),
         seed=cfg.seed,
         engine={"name": "vllm", "version": vllm_version, "torch": info.get("torch"),
-                "device": info.get("device"), "runner": "V1",
+                "device": info.get("device"), "runner": "V1", "attention": info.get("attention"),
                 "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")}},
         sweep=settings,
         batch_size=max(batch_sizes),

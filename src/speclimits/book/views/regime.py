@@ -81,3 +81,72 @@ def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFram
             "per-K c over the line, max / min": f"{s.spread_line:.2f}",
         }
     return pd.DataFrame(cols).rename_axis("Quantity").reset_index()
+
+
+# -- the same twin on two CPUs --------------------------------------------------------------------
+
+def _ci(v: float, se: float, scale: float = 1.0) -> str:
+    return fmt_ci(scale * v, scale * (v - 1.96 * se), scale * (v + 1.96 * se))
+
+
+def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = (1, 5, 11)) -> pd.DataFrame:
+    """One row per quantity, one column per machine: the CPU and its caches, T_T at a few m, α pooled
+    over m ≥ 5 (regression, inverse-variance), the expert share of a pass, the context line c0 + c1·m,
+    the cost model's R², the Oracle (speedup over plain decoding, best static K, gain over it, with
+    95% intervals over cost-model refits) and its largest error against the measured static-K sweep."""
+    from speclimits.machine import describe
+
+    cols = {}
+    for label in cmp.cpus:
+        p = cmp.passes[cmp.passes["machine"] == label].set_index("m")
+        sh = cmp.shares[cmp.shares["machine"] == label]
+        big = sh[sh["m"] >= 5]
+        se = (big["alpha_hi"] - big["alpha_lo"]) / (2 * 1.96)
+        w = 1.0 / se ** 2
+        a, a_se = float((w * big["alpha"]).sum() / w.sum()), float(np.sqrt(1.0 / w.sum()))
+        ln = cmp.slopes[label].line
+        rep = cmp.oracle[label]
+        iv = rep.interval
+        col = {"CPU": describe(cmp.cpus[label])}
+        for m in m_values:
+            if m in p.index:
+                col[f"T_T at m = {m} (ms)"] = fmt_ci(p.loc[m, "t_ms"], p.loc[m, "t_lo"], p.loc[m, "t_hi"])
+        col.update({
+            "α, m ≥ 5 (ms per unique expert)": _ci(a, a_se),
+            "expert share of a pass, m ≥ 5": f"{big['share'].min():.2f}–{big['share'].max():.2f}",
+            "context line: c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3),
+            "context line: c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3),
+            "cost model R² (Eq. 4, in sample)": f"{cmp.models[label].extra['fit']['target']['r2']:.3f}",
+            "Oracle speedup over plain decoding": iv.cell("speedup") if iv else "–",
+            "best static K (share of refits agreeing)": (f"{iv.best_static_k} ({iv.best_static_k_share:.0%})"
+                                                         if iv else "–"),
+            "Oracle gain over the best static K": iv.cell("gain_over_best_static") if iv else "–",
+            "Oracle against the measured sweep, largest |error|":
+                (f"{rep.validation.max_abs_rel_error:.1%} (K = {rep.validation.worst_k})"
+                 if rep.validation is not None else "–"),
+        })
+        cols[label] = col
+    out = pd.DataFrame(cols)
+    out.index.name = "quantity"
+    return out.reset_index()
+
+
+def transfer_table(cmp: "regime.MachineComparison") -> pd.DataFrame:
+    """Per m: the first machine's cost model pricing another machine's rounds (measured and predicted
+    mean T_T, their ratio with a generation-clustered 95% interval, the per-round MAPE, and the ratio
+    left after one scale for every m)."""
+    t = cmp.transfer
+    return pd.DataFrame({
+        "machine priced": t["machine"], "m": t["m"], "rounds": t["n"],
+        "measured T_T (ms)": t["measured_ms"].round(2), "predicted T_T (ms)": t["predicted_ms"].round(2),
+        "predicted / measured": [fmt_ci(r, lo, hi) for r, lo, hi in zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])],
+        "MAPE per round": (100 * t["mape"]).round(1).astype(str) + "%",
+        "after one scale": t["ratio_rescaled"].round(3)})
+
+
+def context_line_table(lines: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """One row per estimate: the weighted line c(m) = c0 + c1·m (:func:`speclimits.regime.slope_line`)
+    with 95% intervals in 10⁻³ ms per context token, and the p-value of its residuals."""
+    return pd.DataFrame([{"estimate": label, "c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3),
+                          "c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3),
+                          "line: p of its residuals": f"{ln['p']:.2g}"} for label, ln in lines.items()])
