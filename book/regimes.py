@@ -123,7 +123,8 @@ page.table(views.targets_by_m(targets), "tbl-regimes-targets",
 # which its $m$ query rows share, so $c$ does not depend on $m$. On the EPYC the KV cache of even
 # the longest context fits in cache, and the attention work itself (every query row against every
 # key, $m \cdot L$ products) is what grows: the slope on $L$ of a pass of $m$ rows should then be
-# $c(m) = c_0 + c_1 m$ (an explanation we infer from the rounds below, not one we timed kernel by kernel).
+# $c(m) = c_0 + c_1 m$ (inferred here from the rounds; {ref}`sec-regimes-context-design` plants the context
+# length to measure it by design, and names the attention kernel that ran).
 # {numref}`fig-regimes-context-slope` and {numref}`tbl-regimes-context-slope` test both descriptions on
 # the per-$K$ fits of $T_T = \beta_0 + \alpha\,\bar U + c\,L$ (the robustness section's "c across the
 # per-K fits"). On the twin, whose long-context prompts reach about 1,500 tokens, $c$ is well
@@ -177,70 +178,81 @@ for name, folder, width in (("twin", paths.TWIN_TRACE, max(designed)), ("bundled
 
 # %% [markdown]
 # (sec-regimes-machines)=
-# ## The same twin on two CPUs
+# ## The same twin on three CPUs
 #
 # The paper names cross-hardware transfer as untested: "the model requires recalibration when the
-# environment changes". Machines of this project's kind differ, so the twin's sweep was measured on two
-# of them with the same command, prompts and commit: the AMD EPYC of every other trace in this book, and
-# an Intel Xeon with AMX whose last-level cache is about nine times larger
-# (`data/traces/twin-eagle3-xeon-amx`, its README gives the provenance). Both run vLLM's CPU build in
-# float32 with one thread. {numref}`fig-regimes-machines` and {numref}`tbl-regimes-machines` set the
-# cost physics side by side; {numref}`tbl-regimes-transfer` asks what the EPYC's cost model says about
-# the Xeon's rounds.
+# environment changes". Machines of this project's kind differ, so the twin's sweep was measured with the
+# same command, prompts and models on three of them: **AMD EPYC A**, which made the other twin traces of
+# this book (`twin-eagle3`; its kernel flags include AVX-VNNI), **AMD EPYC B**, another EPYC of the same
+# name without AVX-VNNI and with a 32 MB L3, which also ran the context experiment below
+# (`twin-eagle3-epyc-b`), and an **Intel Xeon with AMX** and a 300 MB L3 (`twin-eagle3-xeon-amx`). Each
+# trace's README gives its provenance; all run vLLM's CPU build in float32 with one thread, nothing else
+# heavy running. {numref}`fig-regimes-machines` and {numref}`tbl-regimes-machines` set the cost physics side
+# by side; {numref}`tbl-regimes-transfer` asks what EPYC A's cost model says about the others' rounds.
 
 # %% tags=["hide-input"]
-machines = regime.compare_machines({"AMD EPYC": paths.TWIN_TRACE, "Intel Xeon (AMX)": paths.TWIN_TRACE_XEON},
-                                   n_boot=19 if smoke else 199, seed=seed)
+machine_traces = {label: path for label, path in paths.TWIN_TRACES_BY_CPU.items() if (path / "rounds.parquet").exists()}
+machines = regime.compare_machines(machine_traces, n_boot=19 if smoke else 199, seed=seed)
+reference = next(iter(machines.cpus))
 for label, cpu in machines.cpus.items():
-    print(f"{label}: {describe(cpu)}")
+    print(f"{label} (`{machine_traces[label].name}`): {describe(cpu)}")
+for label, (equal, matched) in machines.outputs.items():
+    print(f"greedy outputs of {label} equal to {reference}'s in {equal} of {matched} generations")
 page.figure(figures.machines_chart(machines.passes, machines.shares), "fig-regimes-machines",
-            "The memory-bound twin's K sweep on two CPUs: mean target time T_T by m (left) and the regression's "
-            "α(m) (right), generation-clustered 95% intervals. Look for one shape at two speeds. Data: measured "
-            "traces `twin-eagle3` (AMD EPYC) and `twin-eagle3-xeon-amx` (Intel Xeon with AMX), the same command.")
+            "The memory-bound twin's K sweep on each CPU: mean target time T_T by m (left) and the regression's α(m) "
+            "(right), generation-clustered 95% intervals. Look for one shape at several speeds. Data: measured traces "
+            + ", ".join(f"`{p.name}` ({label})" for label, p in machine_traces.items()) + ", the same command.")
 
 # %% tags=["hide-input"]
 page.table(views.machines_table(machines), "tbl-regimes-machines",
-           "The same analysis on two CPUs: pass times, the per-expert cost and its share of a pass, the context "
-           "line, the cost model's fit, and the Oracle (greedy references; 95% intervals over cost-model refits on "
-           "resampled generations). The Xeon trace predates the cache record: its caches were added from its README. "
-           "Data: measured traces `twin-eagle3` and `twin-eagle3-xeon-amx`.")
+           "The same analysis on each CPU: pass times, the per-expert cost and its share of a pass, the context line, "
+           "the cost model's fit, and the Oracle (greedy references; 95% intervals over cost-model refits on resampled "
+           "generations). Caches are shown where the trace recorded them (the Xeon's were added from its README). "
+           "Data: measured traces " + ", ".join(f"`{p.name}`" for p in machine_traces.values()) + ".")
 
 # %% [markdown]
-# A pass on the Xeon takes about twice as long at every $m$, and so does what one more unique expert
-# costs: its expert term explains about the same share of a pass on both machines, about one half at
-# $m \ge 5$. The larger cache does not make the twin cache-resident (its 805 MB of experts still stream).
-# The per-row context slope $c_1$ is the same on both CPUs, within its interval, while the intercept
-# $c_0$ differs: see the next part for why.
+# The work is the same on every CPU (the lines above compare the greedy outputs token by token), the shape
+# of its cost is similar and the speed is not. On every CPU the expert term explains about half of a pass
+# or more at $m \ge 5$, so the twin is memory-bound on all three, even under the Xeon's 300 MB cache (its
+# 805 MB of experts still stream). But what one more unique expert costs differs about twofold between
+# machines, and two EPYCs of the same name differ nearly as much as an EPYC and a Xeon: the name of a CPU
+# says little about the memory system a virtual machine gets. The per-row context slope $c_1$ is of one
+# size on all three, with overlapping intervals (the next part says why); the Oracle's best static K moves
+# with the machine, while its gain over that K stays within a few per cent.
 #
-# **What transfers without recalibration.** {numref}`tbl-regimes-transfer` prices the Xeon's rounds with
-# the EPYC's fitted cost model. Its error is first one factor, the machines' speed ratio, which no model
+# **What transfers without recalibration.** {numref}`tbl-regimes-transfer` prices each other CPU's rounds
+# with EPYC A's fitted cost model. Its error is first one factor, the machines' speed ratio, which no model
 # fitted on one CPU can know; after that one scale a shape error remains that moves with $m$. The
 # Oracle's decisions carry over better than its milliseconds, as the lines below show: the per-round
-# policy solved with the EPYC's costs and replayed at the Xeon's keeps most of the Xeon Oracle's gain
-# over its own best static K, while the EPYC's best static K is a worse static choice on the Xeon. A
-# per-state policy adapts to what each round offers; a single static K encodes one machine's price ratio.
+# policy solved with EPYC A's costs and replayed at another CPU's keeps most of that CPU's Oracle gain over
+# its own best static K, while EPYC A's best static K can be a poor static choice elsewhere. A per-state
+# policy adapts to what each round offers; a single static K encodes one machine's price ratio.
 
 # %% tags=["hide-input"]
 page.table(views.transfer_table(machines), "tbl-regimes-transfer",
-           "The EPYC's cost model (Eq. 4 fitted on `twin-eagle3`) pricing the Xeon's decode rounds, by m: measured "
-           "and predicted mean T_T, their ratio (generation-clustered 95% interval), the per-round MAPE, and the ratio "
-           "left after one scale for every m. Data: measured traces `twin-eagle3` and `twin-eagle3-xeon-amx`.")
+           f"{reference}'s cost model (Eq. 4 fitted on `{machine_traces[reference].name}`) pricing the other CPUs' "
+           "decode rounds, by m: predicted / measured mean T_T (generation-clustered 95% interval) and the ratio left "
+           "after one scale for every m. Data: measured traces " + ", ".join(f"`{p.name}`" for p in machine_traces.values())
+           + ".")
 for label, d in machines.decisions.items():
-    print(f"{label}: the Oracle's policy solved with the EPYC's cost model keeps {d['share_of_gain']:.0%} "
+    print(f"{label}: the Oracle's policy solved with {reference}'s cost model keeps {d['share_of_gain']:.0%} "
           f"[{d['share_lo']:.0%}; {d['share_hi']:.0%}] of this CPU's Oracle gain over its best static K "
-          f"(K = {d['best_static_k']}); the EPYC's best static K (K = {d['transferred_static_k']}) is "
+          f"(K = {d['best_static_k']}); {reference}'s best static K (K = {d['transferred_static_k']}) is "
           f"{d['static_loss']:+.1%} slower here than K = {d['best_static_k']}")
 
 # %% [markdown]
 # (sec-regimes-context-design)=
-# ## The context cost by design, on two CPUs
+# ## The context cost by design
 #
 # The per-$K$ fits read $c$ off whatever contexts the prompts happened to reach. As for $\alpha$, a
-# designed experiment sets the regressor itself: the twin's K sweep over prompts cut to planted lengths
-# (the first $L$ tokens of three long-context prompts, $L$ from 64 to 1,280, in a seeded random order),
-# with planted routing so that $\bar U$ is drawn pass by pass apart from $L$
-# (`scripts/make_context_experiment.sh`, trace `designed-context-w1024`). At each fixed $m$ the slope of
-# $T_T$ on $L$ is then $c(m)$ by design. The engine also records which attention path it ran.
+# designed experiment sets the regressor itself: the twin at $K = 0, 1, 3, 5, 7, 10$ over prompts cut to
+# planted lengths (the first $L$ tokens of each of the twelve long-context prompts, $L$ = 64, 448, 832,
+# 1,216), with planted routing so that $\bar U$ is drawn pass by pass apart from $L$
+# (`scripts/make_context_experiment.sh`, trace `designed-context-w1024`, on AMD EPYC B). Each prompt is a
+# block whose four lengths run back to back in a random order, and each block gets its own intercept: a
+# first run without blocks showed the machine's pass time drifting by up to 10 ms over a few seconds,
+# which a random order alone leaves in the estimate. At each fixed $m$ the slope of $T_T$ on $L$ within
+# blocks is then $c(m)$ by design; the engine records which attention path it ran.
 
 # %% tags=["hide-input"]
 context_trace = read_trace(paths.CONTEXT_TRACE) if (paths.CONTEXT_TRACE / "rounds.parquet").exists() else None
@@ -253,31 +265,33 @@ else:
     designed_c["c_line"] = designed_line["c0"] + designed_line["c1"] * designed_c["m"]
     print(f"measured on {context_trace.source_label}; attention path(s) vLLM ran: "
           f"{', '.join(context_trace.meta['engine'].get('attention') or ['not recorded'])}")
-    both = {"AMD EPYC, designed (planted L)": designed_c,
-            **{f"{label}, twin rounds (per-K fits)": s.by_k for label, s in machines.slopes.items()}}
-    page.figure(figures.context_slope_chart(both, legend="estimate"), "fig-regimes-context-design",
-                "Context slope c(m): the designed experiment on the EPYC (planted context lengths and routing, HC3 "
-                "95% intervals) beside the per-K fits of the twin's rounds on both CPUs (generation-clustered), each "
-                "with its weighted line in m (dashed). Look for one line through all three. Data: measured traces "
-                "`designed-context-w1024`, `twin-eagle3` and `twin-eagle3-xeon-amx`.")
-    page.table(views.context_line_table({"AMD EPYC, designed (planted L)": designed_line,
+    design_label = "AMD EPYC B, designed (planted L)"
+    page.figure(figures.context_slope_chart({design_label: designed_c,
+                                             **{f"{label}, twin rounds": s.by_k for label, s in machines.slopes.items()}},
+                                            legend="estimate"), "fig-regimes-context-design",
+                "Context slope c(m): the designed experiment (planted context lengths and routing, block intercepts, "
+                "generation-clustered 95% intervals) beside the per-K fits of the twin's rounds on each CPU, each with its "
+                "weighted line in m (dashed). Look for lines that agree. Data: measured traces `designed-context-w1024` "
+                "and " + ", ".join(f"`{p.name}`" for p in machine_traces.values()) + ".")
+    page.table(views.context_line_table({design_label: designed_line,
                                          **{f"{label}, twin rounds": s.line for label, s in machines.slopes.items()}}),
                "tbl-regimes-context-design",
                "The line c(m) = c0 + c1·m (10⁻³ ms per context token, 95% intervals) from the designed experiment and "
-               "from each CPU's twin rounds. Data: measured traces `designed-context-w1024`, `twin-eagle3`, "
-               "`twin-eagle3-xeon-amx`.")
+               "from each CPU's twin rounds. Data: measured traces `designed-context-w1024` and "
+               + ", ".join(f"`{p.name}`" for p in machine_traces.values()) + ".")
 
 # %% [markdown]
-# **Which attention path ran, and why the two CPUs share a slope.** vLLM's CPU attention chooses an
+# **Which attention path ran, and why the CPUs share a per-row slope.** vLLM's CPU attention chooses an
 # instruction-set path per engine: in vLLM 0.32 (`_get_attn_isa` in its `cpu_attn.py`) it takes the AMX
 # path only for **bfloat16** models with a block size that is a multiple of 32, and otherwise the `vec`
-# path of AVX-512. Every trace in this book runs float32, so the Xeon with AMX ran the same `vec` kernel as
-# the EPYC (the engine's record on the EPYC above says `CPU_ATTN (isa vec)`; the Xeon trace predates that
-# record, and the choice is read from vLLM's source). The wider AMX tile was never in play: with one
-# kernel on both CPUs, the per-row work $c_1$ (each of the $m$ query rows against every key) comes out the
-# same, while the per-token intercept $c_0$ and the per-expert cost $\alpha$, which read memory, follow each
-# machine's memory system. A bfloat16 trace on the Xeon would take the AMX path and is the experiment that
-# would show the tile.
+# path of AVX-512. Every trace here runs float32, so the Xeon with AMX ran the same `vec` kernel as the
+# EPYCs (the engine's record on EPYC B above says `CPU_ATTN (isa vec)`; the older traces predate that
+# record, and for them the choice is read from vLLM's source). The wider AMX tile was never in play: with
+# one kernel on every CPU, the per-row work $c_1$ (each of the $m$ query rows against every key) comes out
+# alike, while the per-token intercept $c_0$ and the per-expert cost $\alpha$ follow each machine. The
+# designed experiment agrees with the rounds' lines; its per-row slope is the least precise of its
+# estimates, so it confirms the size of $c(m)$ rather than sharpening $c_1$. A bfloat16 trace on the Xeon
+# would take the AMX path and is the experiment that would show the tile.
 
 # %% [markdown]
 # ## Every section in both regimes
@@ -292,5 +306,6 @@ else:
 
 # %% tags=["remove-input"]
 
-for folder in [*designed.values(), *targets.values(), paths.TWIN_TRACE_XEON]:
-    bs.version_report(read_trace(folder))
+for folder in [*designed.values(), *targets.values(), *machine_traces.values(), paths.CONTEXT_TRACE]:
+    if (folder / "meta.json").exists():
+        bs.version_report(read_trace(folder))

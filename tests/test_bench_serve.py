@@ -147,6 +147,7 @@ def test_tiny_served_load_end_to_end(tmp_path):
             assert doc["completed"] == 4 and doc["failed"] == 0 and doc["total_output_tokens"] == 4 * 16
             assert doc["request_rate"] == rate and doc["arm"] == arm and doc["git_commit"]
             assert len(doc["load_average_before"]) == 3 and doc["machine"]["cpu"]["model"]
+            assert "cache_kib" in doc["machine"]["cpu"] and isinstance(doc["machine"]["cpu"]["flags"], list)
             assert len(doc["generated_text_sha1"]) == 4
             if arm == "plain":
                 assert "spec_decode_acceptance_rate" not in doc and doc["speclimits_control"] is None

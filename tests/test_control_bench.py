@@ -198,6 +198,7 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
     assert prof["batch"] == 2 and set(prof["verify_ms"]) == {"1", "2", "3", "4"}  # m = 1: the k = 0 profiling rounds
     assert np.all(np.diff([prof["verify_ms"][m] for m in ("2", "3", "4")]) >= 0)
     assert res["engine"]["cpu"]["model"] and isinstance(res["engine"]["cpu"]["flags"], list)
+    assert "L3" in res["engine"]["cpu"]["cache_kib"] or not Path("/sys/devices/system/cpu/cpu0/cache").exists()
     assert all(b["load1"] >= 0 for b in res["blocks"])
     assert "does not apply" in res["note"]  # the smoke prompts have no greedy reference in the trace
 

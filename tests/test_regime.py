@@ -149,7 +149,12 @@ def test_designed_context_recovers_a_planted_slope_per_m_and_its_line():
         t = 5.0 + 0.8 * u + (c0 + c1 * m) * ctx + rng.normal(0, 0.1, size=300)
         frames.append(pd.DataFrame({"m": m, "K": m - 1, "generation_id": rng.integers(0, 18, size=300), "u_bar": u,
                                     "context_len": ctx, "t_target_ms": t, "phase": "decode"}))
-    by_m = regime.designed_context(pd.concat(frames, ignore_index=True))
+    rounds = pd.concat(frames, ignore_index=True)
+    # blocks with their own drift (ids <source>-L<length>): removed by the block intercepts
+    block = rounds["generation_id"] % 6
+    rounds["prompt_id"] = "src" + block.astype(str) + "-L" + rounds["context_len"].astype(str)
+    drifted = rounds.assign(t_target_ms=rounds["t_target_ms"] + 3.0 * block)
+    by_m = regime.designed_context(drifted)
     assert list(by_m["m"]) == list(range(1, 12))
     truth = c0 + c1 * by_m["m"]
     assert ((by_m["c_lo"] <= truth) & (truth <= by_m["c_hi"])).mean() >= 0.8  # 95% intervals, 11 of them
@@ -158,15 +163,19 @@ def test_designed_context_recovers_a_planted_slope_per_m_and_its_line():
     assert line["c1_se"] < c1 / 5
 
 
-def test_planted_context_prompts_cut_every_source_at_every_length_in_a_shuffled_order(tmp_path):
+def test_planted_context_prompts_cut_every_source_at_every_length_in_shuffled_blocks(tmp_path):
     src = tmp_path / "long.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt_token_ids": list(range(i, i + 300))}) + "\n"
                            for i in range(4)))
-    rows = regime.planted_context_prompts(src, lengths=(10, 100, 300), n_sources=2, seed=0)
-    assert len(rows) == 6 and len({r["id"] for r in rows}) == 6
-    assert sorted(len(r["prompt_token_ids"]) for r in rows) == [10, 10, 100, 100, 300, 300]
-    assert {r["id"].split("-")[0] for r in rows} == {"p0", "p2"}  # spread over the file
-    assert [r["id"] for r in rows] != sorted(r["id"] for r in rows, key=lambda i: (i.split("-")[0], int(i[4:])))
+    rows = regime.planted_context_prompts(src, lengths=(10, 100, 200, 300), n_sources=2, seed=0)
+    assert len(rows) == 8 and len({r["id"] for r in rows}) == 8
+    ids = [r["id"] for r in rows]
+    assert [i.split("-")[0] for i in ids] == ["p0"] * 4 + ["p2"] * 4  # a block per source, spread over the file
+    for r in rows:  # the first L tokens of the source
+        start, n = int(r["id"][1]), int(r["id"].split("-L")[1])
+        assert r["prompt_token_ids"] == list(range(start, start + n))
+    orders = [[int(i.split("-L")[1]) for i in ids[b:b + 4]] for b in (0, 4)]
+    assert all(sorted(o) == [10, 100, 200, 300] for o in orders) and orders[0] != orders[1]  # shuffled per block
     with pytest.raises(regime.SpeclimitsError, match="fewer than the longest planted context 400"):
         regime.planted_context_prompts(src, lengths=(10, 400), n_sources=2)
 
@@ -210,19 +219,26 @@ def test_decision_transfer_keeps_the_whole_gain_when_the_source_only_differs_by_
     assert blind["share_lo"] <= blind["share_of_gain"] <= blind["share_hi"]
 
 
-def test_the_bundled_xeon_trace_is_the_same_sweep_as_the_twin_on_another_cpu():
-    """The two CPUs' twin traces: one command, one commit's prompts, one sweep; the CPUs differ in what the
-    records say (AMX and a 300 MB L3 on the Xeon), and the comparison runs on them."""
+def test_the_twin_traces_of_three_cpus_are_one_sweep_and_the_comparison_runs_on_them():
+    """The twin's traces by CPU: one command's settings and prompts; the CPUs differ in what the records say
+    (AMX and a 300 MB L3 on the Xeon; AVX-VNNI on EPYC A, not B); the same greedy outputs everywhere; and the
+    comparison prices the others with the first's model (all slower than EPYC A: under-priced at every m)."""
     from speclimits.trace import read_meta
 
-    epyc, xeon = read_meta(paths.TWIN_TRACE), read_meta(paths.TWIN_TRACE_XEON)
-    for key in ("k_values", "method", "dtype"):
-        assert epyc[key] == xeon[key], key
-    assert epyc["sweep"]["prompts_sha256"] == xeon["sweep"]["prompts_sha256"]
-    assert "amx_tile" in xeon["cpu"]["flags"] and "amx_tile" not in epyc["cpu"]["flags"]
-    assert xeon["cpu"]["cache_kib"]["L3"] == 300 * 1024 and xeon["source"] == "vllm" and not xeon["simulated"]
-    cmp = regime.compare_machines({"EPYC": paths.TWIN_TRACE, "Xeon": paths.TWIN_TRACE_XEON}, n_boot=0)
-    assert set(cmp.passes["machine"]) == {"EPYC", "Xeon"} and set(cmp.transfer["machine"]) == {"Xeon"}
-    # the Xeon is slower at every m, so the EPYC's model under-prices each of its m
+    metas = {label: read_meta(path) for label, path in paths.TWIN_TRACES_BY_CPU.items()}
+    ref = metas["AMD EPYC A"]
+    for label, meta in metas.items():
+        for key in ("k_values", "method", "dtype"):
+            assert meta[key] == ref[key], (label, key)
+        assert meta["sweep"]["prompts_sha256"] == ref["sweep"]["prompts_sha256"], label
+        assert meta["source"] == "vllm" and not meta["simulated"] and meta["complete"], label
+    xeon, epyc_b = metas["Intel Xeon (AMX)"]["cpu"], metas["AMD EPYC B"]["cpu"]
+    assert "amx_tile" in xeon["flags"] and xeon["cache_kib"]["L3"] == 300 * 1024
+    assert "avx_vnni" in ref["cpu"]["flags"] and "avx_vnni" not in epyc_b["flags"] and epyc_b["cache_kib"]["L3"] == 32768
+    assert metas["AMD EPYC B"]["engine"]["attention"] == ["CPU_ATTN (isa vec)"]
+    cmp = regime.compare_machines(paths.TWIN_TRACES_BY_CPU, n_boot=0)
+    assert set(cmp.passes["machine"]) == set(metas) and set(cmp.transfer["machine"]) == set(metas) - {"AMD EPYC A"}
+    assert all(equal == matched == 616 for equal, matched in cmp.outputs.values())
     assert (cmp.transfer["ratio_hi"] < 1).all()
-    assert 0 < cmp.decisions["Xeon"]["share_of_gain"] <= 1.0
+    for d in cmp.decisions.values():
+        assert 0 < d["share_lo"] <= d["share_of_gain"] <= d["share_hi"] <= 1.0

@@ -68,6 +68,13 @@ def test_selfdraft_trace_is_valid_and_accepts_every_draft(selfdraft):
     assert {k: meta["models"]["target"][k] for k in ("n_layers", "n_experts", "top_k")} == \
         {"n_layers": 2, "n_experts": 16, "top_k": 4}
     assert meta["engine"]["version"] == "0.32.0" and meta["method"] == "draft_model"
+    # the machine in the record: CPU model, caches and kernel flags, as this machine reads them, and the
+    # attention path the engine ran (vLLM's CPU attention, float32: the vec path on either CPU)
+    from speclimits.machine import cache_kib, cpu_info
+
+    assert meta["cpu"]["model"] == cpu_info()["model"] and meta["cpu"]["cache_kib"] == cache_kib()
+    assert meta["cpu"]["flags"] == cpu_info()["flags"] and meta["dtype_choice"]["dtype"] == "float32"
+    assert meta["engine"]["attention"] == ["CPU_ATTN (isa vec)"]
     r = tr.rounds
     dec = r[(r["phase"] == "decode") & (r["K"] == 3)]
     assert len(dec) > 0

@@ -31,8 +31,12 @@ BUNDLED_TRACE = TRACES_DIR / "measured-eagle3"
 TWIN_TRACE = TRACES_DIR / "twin-eagle3"
 #: the designed experiment on the context cost (planted context lengths, planted routing; the twin)
 CONTEXT_TRACE = TRACES_DIR / "designed-context-w1024"
-#: the same sweep of the twin, measured on a second CPU of the project's kind (Intel Xeon with AMX, L3 300 MB)
+#: the same sweep of the twin, measured on other CPUs of the project's kind: an Intel Xeon with AMX (L3 300 MB),
+#: and a second AMD EPYC (without AVX-VNNI, L3 32 MB) that also ran the context experiment
 TWIN_TRACE_XEON = TRACES_DIR / "twin-eagle3-xeon-amx"
+TWIN_TRACE_EPYC_B = TRACES_DIR / "twin-eagle3-epyc-b"
+#: the twin's sweep by the machine that measured it (the regimes page's comparison; the first is the reference)
+TWIN_TRACES_BY_CPU = {"AMD EPYC A": TWIN_TRACE, "AMD EPYC B": TWIN_TRACE_EPYC_B, "Intel Xeon (AMX)": TWIN_TRACE_XEON}
 #: The key results of the book built on the other regime's trace, shown beside this build's
 #: (``speclimits.book.present.Contrast``; written by ``scripts/make_contrast.sh``).
 REGIME_CONTRAST = DATA_DIR / "regime" / "contrast"

@@ -211,12 +211,14 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
 CONTEXT_GRID = (64, 448, 832, 1216)
 
 
-def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRID, n_sources: int = 9,
+def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRID, n_sources: int = 12,
                             seed: int = 0) -> list[dict[str, Any]]:
     """Prompts of planted lengths for the context-cost experiment: the first ``length`` token ids of
     each of ``n_sources`` prompts spread over ``source`` (a token-id prompt file such as
-    ``data/prompts/long-context.jsonl``), every (source, length) once, in a seeded random order so that
-    the machine's drift over the run is not confounded with the length. Raises when a source is
+    ``data/prompts/long-context.jsonl``). Each source is a **block**: its lengths run one after the
+    other, in a seeded random order, so that the machine's drift (on a shared host it moves a pass by
+    several ms over a minute) is nearly constant within a block and :func:`designed_context` can
+    remove it with one intercept per block. Ids read ``<source>-L<length>``. Raises when a source is
     shorter than the longest length."""
     from speclimits.trace.prompts import read_prompts
 
@@ -224,31 +226,37 @@ def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRI
     sources = sources[::max(1, len(sources) // n_sources)][:n_sources]  # spread over the file's kinds
     if len(sources) < n_sources:
         raise SpeclimitsError(f"{source}: needs {n_sources} prompts given as token ids, found {len(sources)}")
+    rng = np.random.default_rng(seed)
     rows = []
     for p in sources:
         if len(p.token_ids) < max(lengths):
             raise SpeclimitsError(f"{source}: prompt {p.id!r} has {len(p.token_ids)} tokens, fewer than the "
                                   f"longest planted context {max(lengths)}")
         rows += [{"id": f"{p.id}-L{n}", "category": f"context-{n}", "prompt_token_ids": list(p.token_ids[:n])}
-                 for n in lengths]
-    order = np.random.default_rng(seed).permutation(len(rows))
-    return [rows[i] for i in order]
+                 for n in rng.permutation(np.asarray(lengths))]
+    return rows
 
 
 def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """c(m) from the context experiment's trace: per m, OLS of T_T on the context length and the planted
     Ū, one row per m with ``c``, ``c_lo``, ``c_hi`` (ms per context token), ``n``, ``generations`` and
     the context range. Both regressors are set by design: the length by the prompt, Ū by the planted
-    routing, drawn independently of it. Standard errors are clustered by generation: the rounds of one
-    generation share its length and the machine's state while it ran, so the generations, not the
-    rounds, are the replicates."""
+    routing, drawn independently of it. Where ``prompt_id`` names blocks (``<source>-L<length>``, as
+    :func:`planted_context_prompts` writes them) each block gets its own intercept, so c is read within
+    blocks, away from the machine's drift. Standard errors are clustered by generation: the rounds of
+    one generation share its length and the machine's state while it ran, so the generations, not
+    the rounds, are the replicates."""
     import statsmodels.api as sm
 
     d = decode_rounds(rounds)
+    blocks = d["prompt_id"].astype(str).str.replace(r"-L\d+$", "", regex=True) if "prompt_id" in d else None
     rows = []
     for m, g in d.groupby("m"):
         cols = ["context_len"] + (["u_bar"] if g["u_bar"].nunique() > 1 else [])
-        fit = sm.OLS(g["t_target_ms"].to_numpy(float), sm.add_constant(g[cols].to_numpy(float))).fit(
+        x = g[cols].to_numpy(float)
+        if blocks is not None and blocks[g.index].nunique() > 1:  # one intercept per block: the drift removed
+            x = np.column_stack([x, pd.get_dummies(blocks[g.index], drop_first=True).to_numpy(float)])
+        fit = sm.OLS(g["t_target_ms"].to_numpy(float), sm.add_constant(x)).fit(
             cov_type="cluster", cov_kwds={"groups": g["generation_id"].to_numpy()})
         lo, hi = fit.conf_int(1 - level)[1]
         rows.append({"m": int(m), "K": int(m) - 1, "n": len(g), "generations": int(g["generation_id"].nunique()),
@@ -364,6 +372,21 @@ def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, 
             "static_loss": float(static_there / b.best_static_ms - 1.0)}
 
 
+def same_outputs(reference: Path, other: Path) -> tuple[int, int]:
+    """How many generations of ``reference`` (matched on K and prompt id) ``other`` produced with the
+    same output tokens: ``(equal, matched)``. Other kernels round differently, so greedy outputs can
+    part between CPUs; the cost comparison is of like work only where they do not."""
+    from speclimits.trace import read_generations
+
+    def outputs(folder: Path) -> dict[tuple[int, str], list[int]]:
+        return {(int(g["K"]), str(g["prompt_id"])): list(g.get("output_token_ids") or [])
+                for g in read_generations(folder).values()}
+
+    ref, oth = outputs(reference), outputs(other)
+    keys = [k for k in ref if k in oth]
+    return sum(ref[k] == oth[k] for k in keys), len(keys)
+
+
 @dataclass(frozen=True)
 class MachineComparison:
     """The same sweep measured on several CPUs (label -> trace), side by side.
@@ -373,7 +396,8 @@ class MachineComparison:
     ``models``: label -> the fitted cost model (``speclimits fit``); ``oracle``: label -> the Oracle
     report (headline references, bootstrap interval, validation); ``transfer``: :func:`transfer_error`
     of the first machine's model on each other machine's rounds (``machine`` = the priced one);
-    ``decisions``: label -> :func:`decision_transfer` from the first machine to it."""
+    ``decisions``: label -> :func:`decision_transfer` from the first machine to it; ``outputs``: label ->
+    :func:`same_outputs` against the first machine."""
 
     cpus: dict[str, dict[str, Any]]
     passes: pd.DataFrame
@@ -383,6 +407,7 @@ class MachineComparison:
     oracle: dict[str, Any]
     transfer: pd.DataFrame
     decisions: dict[str, dict[str, Any]]
+    outputs: dict[str, tuple[int, int]]
 
 
 def compare_machines(traces: dict[str, Path], n_boot: int = 99, seed: int = 0) -> MachineComparison:
@@ -410,8 +435,9 @@ def compare_machines(traces: dict[str, Path], n_boot: int = 99, seed: int = 0) -
                           for o in others], ignore_index=True)
     decisions = {o: decision_transfer(models[first], oracle[o].setup.for_kind(oracle[o].headline_kind))
                  for o in others}
+    outputs = {o: same_outputs(traces[first], traces[o]) for o in others}
     return MachineComparison(cpus, pd.concat(passes, ignore_index=True), pd.concat(shares, ignore_index=True),
-                             slopes, models, oracle, transfer, decisions)
+                             slopes, models, oracle, transfer, decisions, outputs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("source", type=Path, help="token-id prompts at least as long as the longest length")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--lengths", default=",".join(map(str, CONTEXT_GRID)))
-    c.add_argument("--sources", type=int, default=9, help="prompts of SOURCE to cut (spread over the file)")
+    c.add_argument("--sources", type=int, default=12, help="prompts of SOURCE to cut (spread over the file)")
     c.add_argument("--seed", type=int, default=0)
     x = sub.add_parser("context", help="print c(m) of a context-experiment trace and its line in m")
     x.add_argument("trace", type=Path)

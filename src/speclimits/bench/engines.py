@@ -7,9 +7,12 @@ CPU defaults, ``async_scheduling=False``, block size 32), with the worker extens
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from speclimits.machine import cpu_info, engine_dtype
 from speclimits.tracing import engine as eng
+from speclimits.tracing.inputs import model_config
 
 EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
 
@@ -21,6 +24,10 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
     with ``num_speculative_tokens = k``)."""
     vllm = eng.require_vllm()
     eng.check_vllm_api()
+    choice = engine_dtype(None, model_config(target), cpu_info()["flags"], dtype)  # an MLA target on AMX: bfloat16
+    if choice.reason:
+        print(f"speclimits control bench: {choice.reason}", file=sys.stderr)
+    dtype = choice.dtype
     kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
                            load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
     if extension:

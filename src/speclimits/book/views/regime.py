@@ -132,16 +132,18 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
 
 
 def transfer_table(cmp: "regime.MachineComparison") -> pd.DataFrame:
-    """Per m: the first machine's cost model pricing another machine's rounds (measured and predicted
-    mean T_T, their ratio with a generation-clustered 95% interval, the per-round MAPE, and the ratio
-    left after one scale for every m)."""
-    t = cmp.transfer
-    return pd.DataFrame({
-        "machine priced": t["machine"], "m": t["m"], "rounds": t["n"],
-        "measured T_T (ms)": t["measured_ms"].round(2), "predicted T_T (ms)": t["predicted_ms"].round(2),
-        "predicted / measured": [fmt_ci(r, lo, hi) for r, lo, hi in zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])],
-        "MAPE per round": (100 * t["mape"]).round(1).astype(str) + "%",
-        "after one scale": t["ratio_rescaled"].round(3)})
+    """Per m (rows): the first machine's cost model pricing each other machine's rounds (columns per
+    machine priced): predicted / measured mean T_T with a generation-clustered 95% interval, and the
+    ratio left after one scale for every m."""
+    out = None
+    for label, t in cmp.transfer.groupby("machine", sort=False):
+        cols = pd.DataFrame({
+            "m": t["m"].to_numpy(),
+            f"{label}: predicted / measured": [fmt_ci(r, lo, hi) for r, lo, hi in
+                                               zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])],
+            f"{label}: after one scale": t["ratio_rescaled"].round(3).to_numpy()})
+        out = cols if out is None else out.merge(cols, on="m", how="outer")
+    return out
 
 
 def context_line_table(lines: dict[str, dict[str, float]]) -> pd.DataFrame:
