@@ -39,6 +39,8 @@
 # expert costs.
 
 # %% tags=["remove-cell"]
+import textwrap
+
 import speclimits.book_support as bs
 from speclimits import figures, paths, regime
 from speclimits.machine import describe
@@ -60,7 +62,7 @@ fits = regime.designed_fits(designed)
 natural_u = regime.decode_rounds(read_table(paths.BUNDLED_TRACE, "rounds")).groupby("m")["u_bar"].mean()
 share = regime.share_by_width(fits, natural_u)
 machine = describe(read_meta(next(iter(designed.values())))["cpu"])
-print(f"designed experiments at expert widths {list(designed)}; measured on {machine}, one thread")
+print(textwrap.fill(f"designed experiments at expert widths {list(designed)}; measured on {machine}, one thread", 100))
 
 # %% [markdown]
 # ## The per-expert cost, by experiment
@@ -195,9 +197,11 @@ machine_traces = {label: path for label, path in paths.TWIN_TRACES_BY_CPU.items(
 machines = regime.compare_machines(machine_traces, n_boot=19 if smoke else 199, seed=seed)
 reference = next(iter(machines.cpus))
 for label, cpu in machines.cpus.items():
-    print(f"{label} (`{machine_traces[label].name}`): {describe(cpu)}")
+    print(textwrap.fill(f"{label} ({machine_traces[label].name}): {describe(cpu)}", 100, subsequent_indent="  "))
 for label, (equal, matched) in machines.outputs.items():
     print(f"greedy outputs of {label} equal to {reference}'s in {equal} of {matched} generations")
+
+# %% tags=["hide-input"]
 page.figure(figures.machines_chart(machines.passes, machines.shares), "fig-regimes-machines",
             "The memory-bound twin's K sweep on each CPU: mean target time T_T by m (left) and the regression's α(m) "
             "(right), generation-clustered 95% intervals. Look for one shape at several speeds. Data: measured traces "
@@ -234,11 +238,13 @@ page.table(views.transfer_table(machines), "tbl-regimes-transfer",
            "decode rounds, by m: predicted / measured mean T_T (generation-clustered 95% interval) and the ratio left "
            "after one scale for every m. Data: measured traces " + ", ".join(f"`{p.name}`" for p in machine_traces.values())
            + ".")
+
+# %% tags=["hide-input"]
 for label, d in machines.decisions.items():
-    print(f"{label}: the Oracle's policy solved with {reference}'s cost model keeps {d['share_of_gain']:.0%} "
-          f"[{d['share_lo']:.0%}; {d['share_hi']:.0%}] of this CPU's Oracle gain over its best static K "
-          f"(K = {d['best_static_k']}); {reference}'s best static K (K = {d['transferred_static_k']}) is "
-          f"{d['static_loss']:+.1%} slower here than K = {d['best_static_k']}")
+    print(f"{label}, the Oracle's policy solved with {reference}'s costs:\n"
+          f"  keeps {d['share_of_gain']:.1%} [{d['share_lo']:.1%}; {d['share_hi']:.1%}] of this CPU's Oracle gain "
+          f"over its best static K = {d['best_static_k']}\n"
+          f"  ({reference}'s best static K = {d['transferred_static_k']} is {d['static_loss']:.1%} slower here)")
 
 # %% [markdown]
 # (sec-regimes-context-design)=
@@ -263,9 +269,12 @@ else:
     designed_c = regime.designed_context(context_trace.rounds)
     designed_line = regime.slope_line(designed_c)
     designed_c["c_line"] = designed_line["c0"] + designed_line["c1"] * designed_c["m"]
-    print(f"measured on {context_trace.source_label}; attention path(s) vLLM ran: "
-          f"{', '.join(context_trace.meta['engine'].get('attention') or ['not recorded'])}")
-    design_label = "AMD EPYC B, designed (planted L)"
+    print(textwrap.fill(context_trace.source_label, 100))
+    print(f"attention path(s) vLLM ran: {', '.join(context_trace.meta['engine'].get('attention') or ['not recorded'])}")
+
+# %% tags=["hide-input"]
+design_label = "AMD EPYC B, designed (planted L)"
+if context_trace is not None:
     page.figure(figures.context_slope_chart({design_label: designed_c,
                                              **{f"{label}, twin rounds": s.by_k for label, s in machines.slopes.items()}},
                                             legend="estimate"), "fig-regimes-context-design",
@@ -273,6 +282,9 @@ else:
                 "generation-clustered 95% intervals) beside the per-K fits of the twin's rounds on each CPU, each with its "
                 "weighted line in m (dashed). Look for lines that agree. Data: measured traces `designed-context-w1024` "
                 "and " + ", ".join(f"`{p.name}`" for p in machine_traces.values()) + ".")
+
+# %% tags=["hide-input"]
+if context_trace is not None:
     page.table(views.context_line_table({design_label: designed_line,
                                          **{f"{label}, twin rounds": s.line for label, s in machines.slopes.items()}}),
                "tbl-regimes-context-design",

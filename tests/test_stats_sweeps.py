@@ -365,7 +365,12 @@ def test_one_default_dtype_for_every_engine_command():
     assert DEFAULT_DTYPE == "float32"
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     trace = sub.choices["trace"]
-    assert trace.get_default("dtype") == DEFAULT_DTYPE
+    # left unset, --dtype resolves to the default wherever the CPU's engine can run it (speclimits.machine)
+    from speclimits.machine import engine_dtype
+
+    assert trace.get_default("dtype") is None
+    assert engine_dtype(None, {"architectures": ["Qwen3MoeForCausalLM"]}, ["avx512f", "amx_tile"], DEFAULT_DTYPE).dtype \
+        == DEFAULT_DTYPE
     assert SweepConfig.__dataclass_fields__["dtype"].default == DEFAULT_DTYPE
     for name, fn in inspect.getmembers(control_engine, inspect.isfunction):
         param = inspect.signature(fn).parameters.get("dtype")

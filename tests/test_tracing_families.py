@@ -79,6 +79,15 @@ def test_family_traces_validate_and_fit(family, method, family_traces, tmp_path,
     assert np.allclose(dec.loc[dec["m"] == 1, "u_bar"], top_k)  # one token routes to exactly top_k experts
     assert dec["u_bar"].between(top_k, n_experts).all()
     assert (dec.loc[dec["K"] > 0, "n_draft"] > 0).any()  # both drafters proposed something
+    # the dtype this CPU's engine can run (an MLA target on an AMX CPU: bfloat16), recorded as what ran
+    from speclimits.machine import cpu_info, engine_dtype
+    from speclimits.trace import read_meta
+    from speclimits.vocabulary import DEFAULT_DTYPE
+
+    meta = read_meta(trace)
+    expected = engine_dtype(None, {**COMMON, **FAMILIES[family][0]}, cpu_info()["flags"], DEFAULT_DTYPE)
+    assert meta["dtype_choice"] == expected.record() and meta["dtype"] == expected.dtype
+    assert meta["cpu"]["flags"] == cpu_info()["flags"] and meta["engine"]["attention"]
     capsys.readouterr()
     assert main(["fit", str(trace), "--n-boot", "19", "--out", str(tmp_path / "cm.json")]) == 0
     out = capsys.readouterr().out

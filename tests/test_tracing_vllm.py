@@ -73,7 +73,7 @@ def test_selfdraft_trace_is_valid_and_accepts_every_draft(selfdraft):
     from speclimits.machine import cache_kib, cpu_info
 
     assert meta["cpu"]["model"] == cpu_info()["model"] and meta["cpu"]["cache_kib"] == cache_kib()
-    assert meta["cpu"]["flags"] == cpu_info()["flags"] and meta["dtype_choice"]["dtype"] == "float32"
+    assert meta["cpu"]["flags"] == cpu_info()["flags"] and meta["dtype"] == "float32"
     assert meta["engine"]["attention"] == ["CPU_ATTN (isa vec)"]
     r = tr.rounds
     dec = r[(r["phase"] == "decode") & (r["K"] == 3)]

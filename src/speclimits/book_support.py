@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import textwrap
 import uuid
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -108,7 +109,8 @@ def version_report(trace: Trace) -> None:
     print("Package versions:")
     for name, ver in versions().items():
         print(f"  {name:14s} {ver}")
-    print(f"\nTrace: {trace.path}\n  {trace.source_label}")
+    print(f"\nTrace: {trace.path}")
+    print(textwrap.fill(trace.source_label, 100, initial_indent="  ", subsequent_indent="    "))
     for key in sorted(trace.meta):
         text = json.dumps(trace.meta[key], sort_keys=True, default=str, ensure_ascii=False)
         if len(text) > 96:
