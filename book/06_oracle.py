@@ -50,7 +50,7 @@ from speclimits.oracle.prepare import oracle_data_missing
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.calibration import calibration_table
 from speclimits.oracle.delta import delta_space
-from speclimits.control.offline import compare_policies
+from speclimits.control.compare import compare_policies
 from speclimits.oracle.report import best_online, oracle_report
 from speclimits.oracle.validation import validation_by_surrogate
 from speclimits.vocabulary import HEADLINE_KIND, TEACHER_FORCED

@@ -11,7 +11,7 @@ from speclimits.book.present import fmt_ci
 from speclimits.book.views import oracle as view
 from speclimits.oracle import prepare_oracle
 from speclimits.oracle.ablation import alpha_ablation
-from speclimits.control.offline import compare_policies
+from speclimits.control.compare import compare_policies
 from speclimits.oracle.report import best_online, oracle_report, policy_kind
 from speclimits.oracle.validation import validation_by_surrogate
 

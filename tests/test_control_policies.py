@@ -403,7 +403,7 @@ def test_sections_6_and_8_give_a_policy_the_same_number(smoke_trace):
     """Section 6's comparison (fit, then evaluate) and section 8's offline table, given the same fit and
     seed, give every policy the same expected time under the surrogate; fitting inside compare_policies
     gives the same fit as fitting the trace."""
-    from speclimits.control.offline import compare_policies
+    from speclimits.control.compare import compare_policies
 
     fit = fit_policy(smoke_trace, k_max=4, seed=2)
     setup = greedy_setup(smoke_trace)

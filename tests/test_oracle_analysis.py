@@ -15,7 +15,7 @@ from speclimits.oracle import evaluate_policy, load_inputs, solve
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
-from speclimits.control.offline import compare_policies
+from speclimits.control.compare import compare_policies
 from speclimits.control.fit import mean_u_bar, split_sequences
 from speclimits.control.offline import draw_accept_lengths, evaluate_exact, rollout, state_actions
 from speclimits.control.rules import ConfidenceThreshold, DeltaRule, StaticK

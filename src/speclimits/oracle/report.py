@@ -23,14 +23,14 @@ from speclimits.trace import Trace
 from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
 
 
-#: The label :func:`speclimits.control.offline.compare_policies` gives the bound's row of its table.
+#: The label :func:`speclimits.control.compare.compare_policies` gives the bound's row of its table.
 ORACLE_POLICY = "Oracle (bound)"
 
 
 def policy_kind(label: str) -> str:
     """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table``.
 
-    :func:`speclimits.control.offline.compare_policies` writes the kind as a column (``kind``);
+    :func:`speclimits.control.compare.compare_policies` writes the kind as a column (``kind``);
     this reads it off the two labels that function gives, for tables written before it did.
     """
     label = str(label)

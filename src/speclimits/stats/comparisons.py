@@ -18,6 +18,7 @@ from speclimits import paper
 from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
                                    cross_validate, fit_ols, predict, solve_normal, t_interval)
+from speclimits.stats.requirements import REQUIREMENTS
 
 BASE_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
 POOLED_DESIGN = Design.linear("u_bar", "context_len", "K", label="Ū + L + γK (pooled)")
@@ -140,8 +141,6 @@ def smooth_designs(hinge_at: int = paper.BOUNDARY_M) -> dict[str, Design]:
 
 
 def _smooth_requirement(name: str) -> str:
-    from speclimits.stats.final import REQUIREMENTS  # the one list of what each table needs
-
     return REQUIREMENTS.get(f"smooth:{name}", REQUIREMENTS["smooth:hinge"] if name.startswith("hinge") else
                             REQUIREMENTS["leave_one_k_out"])
 
@@ -197,8 +196,6 @@ def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_ca
         except SpeclimitsError as exc:
             if skipped is None:
                 raise
-            from speclimits.stats.final import REQUIREMENTS  # the one list of what each table needs
-
             skipped[f"ladder row '{name}'"] = f"{REQUIREMENTS['ladder']} ({exc})"
             rows.append({"spec": name, **nan_row})
             continue

