@@ -18,10 +18,11 @@
 # one pass, and on a Mixture-of-Experts target they share the experts that pass loads: the unique
 # experts of a step grow with the *union* of the batch's routed tokens and saturate at the expert
 # count $E$, so the price of one more draft token depends on everyone else in the batch. Reported
-# elsewhere (not measured here; `../shared/notes/anchors.md`): vLLM's adaptive verification gains
-# 5–10% over the best fixed $K$ up to concurrency 64 and every fixed $K$ falls below no speculation at
-# 256 on DeepSeek-V4-Pro; SGLang's best step count falls from 4 at batch 1 to 2 at batch 64 on
-# Qwen3-235B-A22B; vLLM's `num_speculative_tokens_per_batch_size` takes a hand-made batch-size→$K$ table.
+# elsewhere (not measured here): vLLM's adaptive verification (vLLM PR #47808 and its blog post of
+# 2026-08-14) gains 5–10% over the best fixed $K$ up to concurrency 64 and every fixed $K$ falls below no
+# speculation at 256 on DeepSeek-V4-Pro; SGLang's best step count falls from 4 at batch 1 to 2 at batch 64
+# on Qwen3-235B-A22B (SGLang issue #22246); vLLM's `num_speculative_tokens_per_batch_size` (vLLM PR #32374)
+# takes a hand-made batch-size→$K$ table.
 # Nobody reports a measured expert-aware cost model at batch $b > 1$ or a bound there.
 #
 # This section measures it on the pair of the page's trace (a batch sweep traced in vLLM: $b \in \{1, 2, 4, 8,

@@ -24,7 +24,7 @@ TARGET_MODEL = MODELS_DIR / "target"
 EAGLE3_MODEL = MODELS_DIR / "eagle3"
 
 
-#: The two regimes (DESIGN.md section 7): the bundled pair as trained is *cache-resident* (a pass costs
+#: The two regimes (the book's regimes page): the bundled pair as trained is *cache-resident* (a pass costs
 #: mostly framework time); its memory-bound twin (``speclimits models twin``: wider experts, the same
 #: function) streams its routed experts as the paper's GPU does. Both measured with the same prompts.
 BUNDLED_TRACE = TRACES_DIR / "measured-eagle3"

@@ -5,7 +5,7 @@ append ``W - I`` rows of any finite values to ``W_gate`` and ``W_up`` and the sa
 columns to ``W_down``: the extra units are computed and multiplied by zero, so ``y`` is unchanged
 (up to the summation order of the kernel), while every routed expert now streams ``W / I`` times
 the bytes. Routing, acceptance and an EAGLE-3 head's inputs stay those of the trained pair; only the
-cost physics of a verification pass changes (DESIGN.md section 7: the bundled target is
+cost physics of a verification pass changes (the book's regimes page: the bundled target is
 *cache-resident*, the twin is meant to be *memory-bound*, as the paper's A100 is).
 
 The twin is rebuilt, deterministically and in seconds, from the bundled target
