@@ -62,7 +62,7 @@ fits = regime.designed_fits(designed)
 natural_u = regime.decode_rounds(read_table(paths.BUNDLED_TRACE, "rounds")).groupby("m")["u_bar"].mean()
 share = regime.share_by_width(fits, natural_u)
 machine = describe(read_meta(next(iter(designed.values())))["cpu"])
-print(textwrap.fill(f"designed experiments at expert widths {list(designed)}; measured on {machine}, one thread", 100))
+print(textwrap.fill(f"designed experiments at expert widths {list(designed)}; measured on {machine}, one thread", 76))
 
 # %% [markdown]
 # ## The per-expert cost, by experiment
@@ -197,9 +197,9 @@ machine_traces = {label: path for label, path in paths.TWIN_TRACES_BY_CPU.items(
 machines = regime.compare_machines(machine_traces, n_boot=19 if smoke else 199, seed=seed)
 reference = next(iter(machines.cpus))
 for label, cpu in machines.cpus.items():
-    print(textwrap.fill(f"{label} ({machine_traces[label].name}): {describe(cpu)}", 100, subsequent_indent="  "))
+    print(textwrap.fill(f"{label} ({machine_traces[label].name}): {describe(cpu)}", 76, subsequent_indent="  "))
 for label, (equal, matched) in machines.outputs.items():
-    print(f"greedy outputs of {label} equal to {reference}'s in {equal} of {matched} generations")
+    print(f"{label}: greedy outputs equal to {reference}'s in {equal} of {matched} generations")
 
 # %% tags=["hide-input"]
 page.figure(figures.machines_chart(machines.passes, machines.shares), "fig-regimes-machines",
@@ -269,7 +269,7 @@ else:
     designed_c = regime.designed_context(context_trace.rounds)
     designed_line = regime.slope_line(designed_c)
     designed_c["c_line"] = designed_line["c0"] + designed_line["c1"] * designed_c["m"]
-    print(textwrap.fill(context_trace.source_label, 100))
+    print(textwrap.fill(context_trace.source_label, 76))
     print(f"attention path(s) vLLM ran: {', '.join(context_trace.meta['engine'].get('attention') or ['not recorded'])}")
 
 # %% tags=["hide-input"]

@@ -110,7 +110,7 @@ def version_report(trace: Trace) -> None:
     for name, ver in versions().items():
         print(f"  {name:14s} {ver}")
     print(f"\nTrace: {trace.path}")
-    print(textwrap.fill(trace.source_label, 100, initial_indent="  ", subsequent_indent="    "))
+    print(textwrap.fill(trace.source_label, 78, initial_indent="  ", subsequent_indent="    "))
     for key in sorted(trace.meta):
         text = json.dumps(trace.meta[key], sort_keys=True, default=str, ensure_ascii=False)
         if len(text) > 96:

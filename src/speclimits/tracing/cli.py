@@ -69,7 +69,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help=f"model dtype passed to vLLM (default: {DEFAULT_DTYPE}, as speclimits control bench, except for "
                         "an MLA target (DeepSeek-V2/V3) on a CPU with AMX, whose attention backend in vLLM's CPU build "
-                        "takes 16-bit weights: bfloat16 there; 'auto' is bfloat16 on vLLM's CPU build; meta.json "
+                        "takes bfloat16 weights only: bfloat16 there; 'auto' is bfloat16 on vLLM's CPU build; meta.json "
                         "records what ran under dtype and dtype_choice)")
     p.add_argument("--load-format", default="auto",
                    help="vLLM load format; 'dummy' gives random weights (tests, config-only models)")
