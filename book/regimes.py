@@ -200,6 +200,8 @@ for label, cpu in machines.cpus.items():
     print(textwrap.fill(f"{label} ({machine_traces[label].name}): {describe(cpu)}", 76, subsequent_indent="  "))
 for label, (equal, matched) in machines.outputs.items():
     print(f"{label}: greedy outputs equal to {reference}'s in {equal} of {matched} generations")
+for note in machines.notes:
+    print(textwrap.fill(note, 76, subsequent_indent="  "))
 
 # %% tags=["hide-input"]
 page.figure(figures.machines_chart(machines.passes, machines.shares), "fig-regimes-machines",
@@ -276,7 +278,7 @@ else:
 design_label = "AMD EPYC B, designed (planted L)"
 if context_trace is not None:
     page.figure(figures.context_slope_chart({design_label: designed_c,
-                                             **{f"{label}, twin rounds": s.by_k for label, s in machines.slopes.items()}},
+                                             **{f"{label}, twin rounds": s.by_k for label, s in machines.slopes.items() if s is not None}},
                                             legend="estimate"), "fig-regimes-context-design",
                 "Context slope c(m): the designed experiment (planted context lengths and routing, block intercepts, "
                 "generation-clustered 95% intervals) beside the per-K fits of the twin's rounds on each CPU, each with its "
@@ -286,7 +288,7 @@ if context_trace is not None:
 # %% tags=["hide-input"]
 if context_trace is not None:
     page.table(views.context_line_table({design_label: designed_line,
-                                         **{f"{label}, twin rounds": s.line for label, s in machines.slopes.items()}}),
+                                         **{f"{label}, twin rounds": s.line for label, s in machines.slopes.items() if s is not None}}),
                "tbl-regimes-context-design",
                "The line c(m) = c0 + c1·m (10⁻³ ms per context token, 95% intervals) from the designed experiment and "
                "from each CPU's twin rounds. Data: measured traces `designed-context-w1024` and "

@@ -242,3 +242,22 @@ def test_the_twin_traces_of_three_cpus_are_one_sweep_and_the_comparison_runs_on_
     assert (cmp.transfer["ratio_hi"] < 1).all()
     for d in cmp.decisions.values():
         assert 0 < d["share_lo"] <= d["share_of_gain"] <= d["share_hi"] <= 1.0
+
+
+def test_compare_machines_on_simulated_traces_of_other_k_grids_recovers_one_physics(tmp_path):
+    """Two SIMULATED traces of one planted cost physics on different K grids (0..6 and 0, 2, 4): the first's
+    cost model prices the second's rounds at a ratio of 1 at every m; the grid with two K > 0 cannot give a
+    context slope, which is left out with a note, not an error; the Oracle runs to the drafts each prices."""
+    from speclimits.simulate import preset, simulate
+
+    paths_ = {}
+    for name, ks in (("wide", list(range(7))), ("thin", [0, 2, 4])):
+        paths_[name] = tmp_path / name
+        simulate(preset("smoke", k_values=ks), seed=3, out=paths_[name], progress=False)
+    cmp = regime.compare_machines(paths_, n_boot=0)
+    assert cmp.slopes["wide"] is not None and cmp.slopes["thin"] is None
+    assert any(n.startswith("thin: no context slope") for n in cmp.notes)
+    t = cmp.transfer.set_index("m")
+    assert list(t.index) == [1, 3, 5] and np.allclose(t["ratio"], 1.0, atol=0.01)
+    assert cmp.oracle["thin"].result.k_max == 4 and "thin" in cmp.decisions
+    assert cmp.outputs["thin"] == (0, 0)  # simulated traces keep no generation log

@@ -241,7 +241,7 @@ def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """c(m) from the context experiment's trace: per m, OLS of T_T on the context length and the planted
     Ū, one row per m with ``c``, ``c_lo``, ``c_hi`` (ms per context token), ``n``, ``generations`` and
     the context range. Both regressors are set by design: the length by the prompt, Ū by the planted
-    routing, drawn independently of it. Where ``prompt_id`` names blocks (``<source>-L<length>``, as
+    routing, drawn independently of it. Where every ``prompt_id`` names a block (``<source>-L<length>``, as
     :func:`planted_context_prompts` writes them) each block gets its own intercept, so c is read within
     blocks, away from the machine's drift. Standard errors are clustered by generation: the rounds of
     one generation share its length and the machine's state while it ran, so the generations, not
@@ -249,7 +249,9 @@ def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     import statsmodels.api as sm
 
     d = decode_rounds(rounds)
-    blocks = d["prompt_id"].astype(str).str.replace(r"-L\d+$", "", regex=True) if "prompt_id" in d else None
+    ids = d["prompt_id"].astype(str) if "prompt_id" in d else None
+    planted = ids is not None and bool(ids.str.contains(r"-L\d+$").all())  # ids as planted_context_prompts writes
+    blocks = ids.str.replace(r"-L\d+$", "", regex=True) if planted else None
     rows = []
     for m, g in d.groupby("m"):
         cols = ["context_len"] + (["u_bar"] if g["u_bar"].nunique() > 1 else [])
@@ -391,53 +393,73 @@ def same_outputs(reference: Path, other: Path) -> tuple[int, int]:
 class MachineComparison:
     """The same sweep measured on several CPUs (label -> trace), side by side.
 
-    ``cpus``: label -> the trace's recorded CPU (:func:`speclimits.machine.cpu_info`'s dict). ``passes``: :func:`pass_times` with a
-    ``machine`` column; ``shares``: :func:`expert_share` likewise; ``slopes``: label -> :class:`ContextSlope`;
-    ``models``: label -> the fitted cost model (``speclimits fit``); ``oracle``: label -> the Oracle
-    report (headline references, bootstrap interval, validation); ``transfer``: :func:`transfer_error`
-    of the first machine's model on each other machine's rounds (``machine`` = the priced one);
-    ``decisions``: label -> :func:`decision_transfer` from the first machine to it; ``outputs``: label ->
-    :func:`same_outputs` against the first machine."""
+    ``cpus``: label -> the trace's recorded CPU (:func:`speclimits.machine.cpu_info`'s dict). ``passes``:
+    :func:`pass_times` with a ``machine`` column; ``shares``: :func:`expert_share` likewise; ``slopes``:
+    label -> :class:`ContextSlope` (None where the trace cannot give it); ``models``: label -> the fitted
+    cost model (``speclimits fit``); ``oracle``: label -> the Oracle report (headline references, bootstrap
+    interval, validation; None without Oracle data); ``transfer``: :func:`transfer_error` of the first
+    machine's model on each other machine's rounds (``machine`` = the priced one); ``decisions``: label ->
+    :func:`decision_transfer` from the first machine to it (where both have Oracle data); ``outputs``:
+    label -> :func:`same_outputs` against the first machine; ``notes``: one line per thing left out, and why."""
 
     cpus: dict[str, dict[str, Any]]
     passes: pd.DataFrame
     shares: pd.DataFrame
-    slopes: dict[str, ContextSlope]
+    slopes: dict[str, ContextSlope | None]
     models: dict[str, Any]
     oracle: dict[str, Any]
     transfer: pd.DataFrame
     decisions: dict[str, dict[str, Any]]
     outputs: dict[str, tuple[int, int]]
+    notes: tuple[str, ...] = ()
 
 
 def compare_machines(traces: dict[str, Path], n_boot: int = 99, seed: int = 0) -> MachineComparison:
     """:class:`MachineComparison` of ``traces`` (label -> trace folder; the first is the reference whose
-    cost model and decisions are carried to the others). ``n_boot``: the Oracle's bootstrap replicates."""
+    cost model and decisions are carried to the others). ``n_boot``: the Oracle's bootstrap replicates.
+    What a trace cannot give (a context slope from fewer than three K, an Oracle without ``oracle.parquet``)
+    is left out with a note; the Oracle runs up to the longest draft its cost model prices."""
+    from speclimits.oracle.prepare import oracle_data_missing, prepare_oracle
     from speclimits.oracle.report import oracle_report
     from speclimits.stats import fit_cost_model
     from speclimits.trace import read_trace
 
     if len(traces) < 2:
         raise SpeclimitsError(f"a comparison of machines needs two traces or more, got {len(traces)}")
-    cpus, passes, shares, slopes, models, oracle = {}, [], [], {}, {}, {}
+    cpus, passes, shares, slopes, models, oracle, notes = {}, [], [], {}, {}, {}, []
     for label, folder in traces.items():
         tr = read_trace(folder)
         rounds = tr.rounds
         cpus[label] = dict(tr.meta.get("cpu") or {"model": tr.meta.get("hardware", "?")})
         passes.append(pass_times(rounds).assign(machine=label))
         shares.append(expert_share(rounds).assign(machine=label))
-        slopes[label] = context_slope(rounds)
+        try:
+            slopes[label] = context_slope(rounds)
+        except SpeclimitsError as exc:
+            slopes[label] = None
+            notes.append(f"{label}: no context slope ({exc})")
         models[label] = fit_cost_model(rounds, top_k=tr.top_k, source=f"{label}: {tr.path.name}")
-        oracle[label] = oracle_report(tr, cost_model=models[label], n_boot=n_boot, seed=seed)
+        why = oracle_data_missing(Path(folder))
+        if why is None:
+            setup = prepare_oracle(tr, models[label])
+            oracle[label] = oracle_report(tr, n_boot=n_boot, seed=seed, setup=setup, k_max=setup.priced_k_max()[0])
+        else:
+            oracle[label] = None
+            notes.append(f"{label}: no Oracle ({why})")
     first = next(iter(traces))
     others = [label for label in traces if label != first]
     transfer = pd.concat([transfer_error(models[first], read_trace(traces[o]).rounds).assign(machine=o)
                           for o in others], ignore_index=True)
-    decisions = {o: decision_transfer(models[first], oracle[o].setup.for_kind(oracle[o].headline_kind))
-                 for o in others}
+    decisions = {}
+    for o in others:
+        if oracle[first] is None or oracle[o] is None:
+            continue
+        target = oracle[o].setup.for_kind(oracle[o].headline_kind)
+        k_max = min(oracle[o].result.k_max, max(models[first].ms) - 1)  # what both cost models price
+        decisions[o] = decision_transfer(models[first], target, k_max=k_max)
     outputs = {o: same_outputs(traces[first], traces[o]) for o in others}
     return MachineComparison(cpus, pd.concat(passes, ignore_index=True), pd.concat(shares, ignore_index=True),
-                             slopes, models, oracle, transfer, decisions, outputs)
+                             slopes, models, oracle, transfer, decisions, outputs, tuple(notes))
 
 
 def main(argv: list[str] | None = None) -> int:

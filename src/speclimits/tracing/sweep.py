@@ -276,8 +276,6 @@ class SweepPlan:
     #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
     #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
     plant_routing: int | None = None
-    #: how the dtype was chosen (:meth:`speclimits.machine.DtypeChoice.record`), kept in meta.json
-    dtype_choice: dict[str, Any] | None = None
 
     def install_options(self, K: int) -> dict[str, Any]:
         """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""

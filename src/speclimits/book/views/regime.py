@@ -104,9 +104,9 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
         se = (big["alpha_hi"] - big["alpha_lo"]) / (2 * 1.96)
         w = 1.0 / se ** 2
         a, a_se = float((w * big["alpha"]).sum() / w.sum()), float(np.sqrt(1.0 / w.sum()))
-        ln = cmp.slopes[label].line
+        ln = cmp.slopes[label].line if cmp.slopes[label] is not None else None
         rep = cmp.oracle[label]
-        iv = rep.interval
+        iv = rep.interval if rep is not None else None
         col = {"CPU": describe(cmp.cpus[label])}
         for m in m_values:
             if m in p.index:
@@ -114,8 +114,8 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
         col.update({
             "α, m ≥ 5 (ms per unique expert)": _ci(a, a_se),
             "expert share of a pass, m ≥ 5": f"{big['share'].min():.2f}–{big['share'].max():.2f}",
-            "context line: c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3),
-            "context line: c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3),
+            "context line: c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3) if ln else "–",
+            "context line: c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3) if ln else "–",
             "cost model R² (Eq. 4, in sample)": f"{cmp.models[label].extra['fit']['target']['r2']:.3f}",
             "Oracle speedup over plain decoding": iv.cell("speedup") if iv else "–",
             "best static K (share of refits agreeing)": (f"{iv.best_static_k} ({iv.best_static_k_share:.0%})"
@@ -123,7 +123,7 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
             "Oracle gain over the best static K": iv.cell("gain_over_best_static") if iv else "–",
             "Oracle against the measured sweep, largest |error|":
                 (f"{rep.validation.max_abs_rel_error:.1%} (K = {rep.validation.worst_k})"
-                 if rep.validation is not None else "–"),
+                 if rep is not None and rep.validation is not None else "–"),
         })
         cols[label] = col
     out = pd.DataFrame(cols)
