@@ -269,6 +269,35 @@ def link_missing_labels(nb, page: str = "notebook") -> dict[str, str]:
     return placed
 
 
+def page_kernel_manager() -> type:
+    """The kernel manager of a page: jupyter_client's, without the SIGINT it sends before every shutdown.
+
+    After the last cell there is nothing to interrupt; a SIGINT that lands while the idle kernel handles
+    a late message is logged by the kernel as "KeyboardInterrupt caught in kernel", a stray error in a
+    build that went well. Its sockets are IPC files in a private folder (the kernel warns about plain
+    TCP otherwise)."""
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+
+    class PageKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+            self.ip = str(Path(tempfile.mkdtemp(prefix="speclimits-kernel-")) / "k")
+
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                shutil.rmtree(Path(self.ip).parent, ignore_errors=True)
+
+    return PageKernelManager
+
+
 def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, chdir: bool = True) -> float:
     # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
@@ -292,7 +321,8 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
         # (once, in the full test run, some kernels started in the repository's book/ folder)
         papermill.execute_notebook(str(raw), str(out), parameters=parameters, kernel_name="python3",
                                    cwd=str(out.parent) if chdir else None, progress_bar=False, log_output=False,
-                                   resources={"metadata": {"path": str(out.parent)}})
+                                   resources={"metadata": {"path": str(out.parent)}},
+                                   kernel_manager_class=page_kernel_manager())
     except papermill.PapermillExecutionError as exc:
         raise SpeclimitsError(
             f"notebook {src.relative_to(REPO_ROOT)} failed in cell {exc.exec_count}: {exc.ename}: {exc.evalue}\n"
