@@ -86,8 +86,8 @@ if page.shows("the per-$K$ fits", res.why_missing("per_k")):
     page.table(view.per_k(res), "tbl-final-per-k",
                "Per-$K$ fits of $T_T = \\beta_0 + \\alpha\\,\\bar U_r + c\\,L$: estimates with 95% intervals "
                "(generation-clustered) and the held-out error.", full=res.per_k)
-    if res.skipped_within("per-K"):
-        page.cannot_show("every per-$K$ fit or its held-out error", res.skipped_within("per-K"))
+    if res.skipped_within("per_k", "per_k_cv"):
+        page.cannot_show("every per-$K$ fit or its held-out error", res.skipped_within("per_k", "per_k_cv"))
 
 # %% tags=["hide-input"]
 if res.why_missing("per_k") is None:
@@ -185,7 +185,7 @@ if page.shows("the pooled linear model", res.why_missing("pooled")):
 if page.shows("the comparison of the three models", res.why_missing("comparison")):
     page.table(view.comparison(res), "tbl-final-comparison",
                "Three target-time models in sample ($R^2$) and on held-out generations (GroupKFold; $t$ intervals "
-               "over folds), beside the paper's.", decimals=3, full=res.comparison.reset_index())
+               "over folds), beside the paper's.", decimals=3, full=view.comparison_full(res))
 
 # %% tags=["hide-input"]
 if res.pooled_std is not None:  # missing with the pooled model, said above
@@ -243,8 +243,8 @@ if page.shows("the smooth forms in $m$", res.why_missing("smooth")):
     page.table(view.smooth(res), "tbl-final-smooth",
                "Smooth forms in $m$ scored by leave-one-$K$-out MAPE (mean over $K$ with its 95% bootstrap "
                "interval, and the worst $K$). The paper: 6.5–7.4%.", decimals={"MAPE at worst K (%)": 2})
-    if res.skipped_within("smooth form"):
-        page.cannot_show("every smooth form", res.skipped_within("smooth form"))
+    if res.skipped_within("smooth"):
+        page.cannot_show("every smooth form", res.skipped_within("smooth"))
 
 # %% [markdown]
 # Interpolation predicts each $K$ from the mean of its neighbours' per-$K$ coefficients: within a
@@ -276,9 +276,9 @@ if page.shows("interpolation at the paper's split", res.why_missing("interpolati
 if page.shows("the specification ladder", res.why_missing("ladder")):
     page.table(view.ladder(res), "tbl-final-ladder",
                "The specification ladder: in-sample $R^2$ and GroupKFold MAPE of nested models, with 95% "
-               "bootstrap intervals, beside the paper's.", full=res.ladder.reset_index())
-    if res.skipped_within("ladder row"):
-        page.cannot_show("every rung of the ladder", res.skipped_within("ladder row"))
+               "bootstrap intervals, beside the paper's.", full=view.ladder_full(res))
+    if res.skipped_within("ladder"):
+        page.cannot_show("every rung of the ladder", res.skipped_within("ladder"))
 
 # %% tags=["hide-input"]
 if res.ladder is not None:

@@ -74,7 +74,7 @@
 # $m$. An $m$ with fewer than 20 decode rounds, or rounds from fewer than 3 generations, is pooled
 # with the next larger $m$ until the group meets both minimums (a sparse group at the top joins the
 # one below; $m = 1$ is never pooled): the group shares one $\beta_0$ and one $\alpha$, written for
-# each of its $m$, and is named in the output (`speclimits.stats.final.pool_sparse_m`). An $m$
+# each of its $m$, and is named in the output (`speclimits.stats.costfit.pool_sparse_m`). An $m$
 # missing between two present ones (a grid such as K = 0, 2, 4) gets $\beta_0$ and $\alpha$
 # interpolated linearly in $m$. Cluster-bootstrap replicates that draw no generation of a cell the
 # design needs are counted, reported and left out of the intervals.

@@ -22,22 +22,34 @@ def smoke_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smoke_book(smoke_trace, tmp_path_factory):
-    """The whole book built once on the smoke trace with smoke parameters (every section executed).
-
-    Returns the build folder: executed notebooks under ``source/book/<name>.ipynb``, the site under
-    ``_build/html``. Section tests read their executed notebook from here instead of running it again.
-    """
+def default_book(tmp_path_factory):
+    """The one full build of a test run: the book as ``speclimits book`` builds it (the bundled
+    measured trace), with smoke parameters. Returns the build folder: executed notebooks under
+    ``source/book/<name>.ipynb``, the site under ``_build/html``."""
     from speclimits.book import build_book
 
     out = tmp_path_factory.mktemp("book") / "site"
-    build_book(smoke_trace, smoke=True, out=out, progress=False)
+    build_book(None, smoke=True, out=out, progress=False)
     return out
 
 
-def executed_notebook_text(smoke_book, name: str) -> str:
-    """The executed notebook ``book/<name>`` of the smoke build, as JSON text."""
-    return (smoke_book / "source" / "book" / f"{name}.ipynb").read_text()
+#: The sections whose simulated-trace paths the tests read (executed, no site built).
+SIMULATED_PAGES = ["02_factors", "03_final_model", "04_draft_model", "05_robustness", "06_oracle", "07_linguistic"]
+
+
+@pytest.fixture(scope="session")
+def simulated_pages(smoke_trace, tmp_path_factory):
+    """:data:`SIMULATED_PAGES` executed on the SIMULATED smoke trace with smoke parameters (no site)."""
+    from speclimits.book import build_book
+
+    out = tmp_path_factory.mktemp("simulated-pages") / "site"
+    build_book(smoke_trace, smoke=True, out=out, progress=False, pages=SIMULATED_PAGES, site=False)
+    return out
+
+
+def executed_notebook_text(build, name: str) -> str:
+    """The executed notebook ``book/<name>`` of a build folder, as JSON text."""
+    return (build / "source" / "book" / f"{name}.ipynb").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +73,18 @@ def tiny_moe(vllm_mod, tmp_path_factory):
 # Parallel runs (scripts/test.sh: pytest-xdist, -n N --dist loadfile --no-loadscope-reorder)
 # ---------------------------------------------------------------------------
 
-#: Test files that read the session's smoke book: one work unit, so it is built on one worker only.
-SMOKE_BOOK_FILES = ("test_book.py", "test_book_browser.py", "test_linguistic_cli_book.py",
+#: Test files that read the session's book builds: one work unit, so each is built on one worker only.
+BOOK_FILES = ("test_book.py", "test_book_browser.py", "test_linguistic_cli_book.py",
                     "test_oracle_analysis.py", "test_stats_cli_book.py")
+BOOK_FIXTURES = {"default_book", "simulated_pages"}
 #: How much a marked test weighs when ordering the work units (Ray sessions and engines are the slow ones).
 MARK_WEIGHT = {"ray": 3, "vllm": 2, "book": 2, "browser": 2}
 
 
 def work_unit(nodeid: str) -> str:
-    """The work unit of a test: its file, or one unit for the files that read the smoke book."""
+    """The work unit of a test: its file, or one unit for the files that read the book builds."""
     path = nodeid.split("::", 1)[0]
-    return "smoke-book" if path.rsplit("/", 1)[-1] in SMOKE_BOOK_FILES else path
+    return "book" if path.rsplit("/", 1)[-1] in BOOK_FILES else path
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -83,11 +96,11 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class SmokeBookFileScheduling(LoadScopeScheduling):
+    class BookFileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
-    return SmokeBookFileScheduling(config, log)
+    return BookFileScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -96,13 +109,13 @@ def pytest_collection_modifyitems(config, items):
     left with one long unit at the end (longest first; with ``--no-loadscope-reorder`` the units
     are handed out in collection order). Every worker collects and sorts the same items alike.
 
-    Everywhere: a test file that uses ``smoke_book`` must be listed in :data:`SMOKE_BOOK_FILES`
-    (the scheduler sees node ids only, not fixtures), else the book would be built on two workers."""
-    unlisted = sorted({item.path.name for item in items if "smoke_book" in getattr(item, "fixturenames", ())}
-                      - set(SMOKE_BOOK_FILES))
+    Everywhere: a test file that uses a book fixture must be listed in :data:`BOOK_FILES`
+    (the scheduler sees node ids only, not fixtures), else a book would be built on two workers."""
+    unlisted = sorted({item.path.name for item in items if BOOK_FIXTURES & set(getattr(item, "fixturenames", ()))}
+                      - set(BOOK_FILES))
     if unlisted:
-        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to SMOKE_BOOK_FILES "
-                                "(files that use the smoke_book fixture share one xdist work unit)")
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to BOOK_FILES "
+                                "(files that use a book fixture share one xdist work unit)")
     if not hasattr(config, "workerinput"):
         return
     weight: dict[str, int] = {}

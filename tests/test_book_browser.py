@@ -1,7 +1,7 @@
 """The built book in a real browser: headless Chromium (Debian's package) opens every page offline.
 
 The checker itself is tested on a handmade site with one defect of each kind; then the default build
-(the bundled measured trace, smoke settings) and the simulated smoke build must pass it.
+(the bundled measured trace, smoke settings: the test run's one full build) must pass it.
 Without Chromium or Playwright these tests skip, unless SPECLIMITS_REQUIRE_BROWSER_TESTS=1 (as in
 scripts/test.sh, so CI cannot pass without running them).
 """
@@ -9,7 +9,6 @@ scripts/test.sh, so CI cannot pass without running them).
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
@@ -102,18 +101,8 @@ def _assert_reads_well(html_dir, shots):
 
 
 @pytest.mark.book
-def test_default_build_reads_well_in_a_browser(browser_ready, tmp_path_factory):
+def test_default_build_reads_well_in_a_browser(browser_ready, default_book):
     """The book as `speclimits book` builds it (bundled measured trace), with smoke settings."""
-    from speclimits.book import build_book
-
-    out = tmp_path_factory.mktemp("default-book") / "site"
-    index = build_book(None, smoke=True, out=out, progress=False)
-    pages = _assert_reads_well(index.parent, out / "screenshots")
+    pages = _assert_reads_well(default_book / "_build" / "html", default_book / "screenshots")
     intro = pages["book/intro.html"]
     assert any("Key results of every section" in t for t in intro.tables)
-    shutil.rmtree(out / "source", ignore_errors=True)
-
-
-@pytest.mark.book
-def test_simulated_build_reads_well_in_a_browser(browser_ready, smoke_book):
-    _assert_reads_well(smoke_book / "_build" / "html", smoke_book / "screenshots")

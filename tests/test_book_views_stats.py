@@ -67,12 +67,10 @@ def _factor_res():
         "r2": [0.60, 0.80, 0.01], "r2_ci": [0.10, 0.05, 0.01],
         "rmse": [0.58, 0.4, 0.9], "rmse_ci": [0.1, 0.1, 0.1],
         "drmse": [np.nan, 0.04, 0.146], "drmse_ci": [np.nan, 0.01, 0.008],
-        "paper_r2": ["strongest single factor", "≈0.52", "weak alone"],
-        "paper_drmse": [np.nan, "0.014 ± 0.003", "0.146 ± 0.008"],
     }, index=pd.Index(["u_bar", "m", "context_len"], name="factor"))
     by_k = pd.DataFrame({"K": [1, 1, 10, 10], "term": ["u_bar", "context_len"] * 2,
                          "beta_std": [0.2, 0.9, 0.95, 0.3], "lower": [0.19, 0.88, 0.94, 0.29],
-                         "upper": [0.21, 0.92, 0.96, 0.31], "paper": [0.20, 0.96, 0.93, 0.31]})
+                         "upper": [0.21, 0.92, 0.96, 0.31]})
     corr = pd.DataFrame([[1.0, 0.05], [0.05, 1.0]], index=["u_bar", "context_len"], columns=["u_bar", "context_len"])
     return SimpleNamespace(table=table, by_k=by_k, corr=corr, k_values=(1, 10))
 
@@ -114,8 +112,7 @@ def test_robustness_key_results_pick_the_bootstrap_and_clustered_huber_rows():
         "alpha_upper": [0.22, 0.23, 0.195, 0.22], "c": [1e-3] * 4, "c_lower": [0.9e-3] * 4, "c_upper": [1.1e-3] * 4,
         "interval": ["t", "bootstrap percentile", "RLM covariance, not clustered", "sandwich clustered by generation"],
     })
-    ranges = pd.DataFrame({"ours_min": [0.19, 0.9, 0.8], "ours_max": [0.2, 1.1, 1.2],
-                           "paper_min": [0.2642, 1.1, 1.098], "paper_max": [0.265, 1.105, 1.107]},
+    ranges = pd.DataFrame({"ours_min": [0.19, 0.9, 0.8], "ours_max": [0.2, 1.1, 1.2]},
                           index=["alpha, ms/expert (K=8, all checks)", "c, 1e-3 ms/token (K=8, all checks)",
                                  "c, 1e-3 ms/token, across per-K fits"])
     res = SimpleNamespace(estimates=e, ranges=ranges, k=8)

@@ -61,8 +61,8 @@ def test_cli_errors_name_the_missing_table(smoke_trace, tmp_path, capsys):
 
 
 @pytest.mark.book
-def test_linguistic_notebook_executes_with_smoke_parameters(smoke_book):
-    text = executed_notebook_text(smoke_book, "07_linguistic")
+def test_linguistic_notebook_executes_with_smoke_parameters(simulated_pages):
+    text = executed_notebook_text(simulated_pages, "07_linguistic")
     assert "SIMULATED" in text and "Traceback" not in text
     # the k*-by-context shares (table and the comparison with the paper), the planted routing
     # difference and the labeller's agreement are shown

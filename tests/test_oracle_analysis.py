@@ -295,9 +295,11 @@ def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys)
 
 
 @pytest.mark.book
-def test_oracle_notebook_executes_with_smoke_parameters(smoke_book):
-    text = executed_notebook_text(smoke_book, "06_oracle")
+def test_oracle_notebook_executes_with_smoke_parameters(simulated_pages, default_book):
+    text = executed_notebook_text(simulated_pages, "06_oracle")
     assert "SIMULATED" in text and "Traceback" not in text
+    text = executed_notebook_text(default_book, "06_oracle")
+    assert "SIMULATED" not in text and "Traceback" not in text
     assert "Oracle speedup over autoregressive" in text and "Gain captured (%)" in text
 
 

@@ -14,8 +14,8 @@ from speclimits.cli import main
 from speclimits.costmodel import BatchCostModel, CostModel, union_unique
 from speclimits.errors import SpeclimitsError
 from speclimits.simulate import paper_cost_model
-from speclimits.simulate import twin
-from speclimits.simulate.twin import BatchSim, preset, simulate, simulate_batch
+from speclimits.simulate import moe
+from speclimits.simulate import BatchSim, preset, simulate, simulate_batch
 from speclimits.trace import read_trace, validate_trace
 
 SIZES = (1, 2, 4, 8)
@@ -107,9 +107,9 @@ def test_expert_sets_route_independently():
     rng = np.random.default_rng(0)
     E, L = 128, 48
     sizes = rng.integers(8, 60, size=(16, L))
-    packed = twin._expert_sets(sizes, E, rng)
-    assert packed.shape == (16, L, 16) and np.array_equal(twin._popcount(packed), sizes)
-    draws = np.stack([twin._popcount(np.bitwise_or.reduce(twin._expert_sets(sizes, E, rng), axis=0))
+    packed = moe._expert_sets(sizes, E, rng)
+    assert packed.shape == (16, L, 16) and np.array_equal(np.bitwise_count(packed).sum(axis=-1), sizes)
+    draws = np.stack([np.bitwise_count(np.bitwise_or.reduce(moe._expert_sets(sizes, E, rng), axis=0)).sum(axis=-1)
                       for _ in range(200)])  # (200, L): the union of the 16 requests per layer
     expected = union_unique(sizes, E, axis=0)
     z = (draws.mean(axis=0) - expected) / (draws.std(axis=0, ddof=1) / np.sqrt(len(draws)) + 1e-12)
@@ -125,8 +125,8 @@ def test_planted_truth_batch1_part_from_paper_per_request_terms_planted(sim):
         base.beta0, base.alpha, base.c, base.a, base.b)
     assert (truth.base.a, truth.base.b) == (paper.DRAFT["a"][0], paper.DRAFT["b"][0])
     # the per-request terms are the module's planted constants
-    assert truth.gamma == {m: pytest.approx(twin.BATCH_GAMMA_BASE + twin.BATCH_GAMMA_PER_ROW * m) for m in base.ms}
-    assert (truth.a_req, truth.b_req) == (twin.BATCH_A_REQ, twin.BATCH_B_REQ)
+    assert truth.gamma == {m: pytest.approx(moe.BATCH_GAMMA_BASE + moe.BATCH_GAMMA_PER_ROW * m) for m in base.ms}
+    assert (truth.a_req, truth.b_req) == (moe.BATCH_A_REQ, moe.BATCH_B_REQ)
     assert (truth.n_experts, truth.top_k) == (128, 8) == (cfg.n_experts, cfg.top_k)
     assert cfg.n_layers == 48
     # and the trace says so
@@ -134,7 +134,7 @@ def test_planted_truth_batch1_part_from_paper_per_request_terms_planted(sim):
     assert tr.simulated and tr.meta["simulated"] is True and "SIMULATED" in tr.meta["description"]
     assert BatchCostModel.from_dict(tr.meta["truth"]) == truth
     assert tr.meta["batch_sizes"] == list(SIZES) and tr.meta["batch_size"] == max(SIZES)
-    assert tr.meta["batch_simulator"]["gamma_base"] == twin.BATCH_GAMMA_BASE
+    assert tr.meta["batch_simulator"]["gamma_base"] == moe.BATCH_GAMMA_BASE
     assert "not the paper" in tr.meta["description"]
 
 

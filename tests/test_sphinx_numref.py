@@ -52,3 +52,22 @@ def test_same_html_and_each_target_page_read_once_for_numrefs(tmp_path):
     # to write b (a: 4 references); with the extension b is read once for numrefs and once to write it
     assert plain_loads["b"] == 6 and plain_loads["a"] == 5
     assert once_loads["b"] == 2 and once_loads["a"] == 2
+
+
+def test_a_reference_to_a_table_not_shown_reads_so_and_links_to_the_note(tmp_path):
+    """A label on a "cannot show" note (class not-shown, as the book build puts it) resolves to
+    "Table (not shown on this trace)" / "Fig. (not shown on this trace)"; another unnumbered
+    label still warns (undefined), as in Sphinx."""
+    pages = {"index": ".. toctree::\n\n   c\n\nTop\n===\n\nSee :numref:`tbl-c` and :numref:`fig-c`.\n",
+             "c": "Page C\n======\n\n.. _tbl-c:\n.. _fig-c:\n\n.. note::\n   :class: not-shown\n\n"
+                  "   This trace cannot show it.\n\nAlso :numref:`tbl-c`.\n"}
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    (src / "conf.py").write_text("extensions = ['speclimits.sphinx_numref']\nnumfig = True\n")
+    for name, text in pages.items():
+        (src / f"{name}.rst").write_text(text)
+    sphinx_app.Sphinx(str(src), str(src), str(out), str(tmp_path / "doctrees"), "html", status=None,
+                      warning=None, freshenv=True).build()
+    index, c = (out / "index.html").read_text(), (out / "c.html").read_text()
+    assert "Table (not shown on this trace)" in index and "Fig. (not shown on this trace)" in index
+    assert 'href="c.html#tbl-c"' in index and "Table (not shown on this trace)" in c

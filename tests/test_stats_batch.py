@@ -13,7 +13,7 @@ import pytest
 from speclimits.cli import main
 from speclimits.costmodel import BatchCostModel, CostModel
 from speclimits.errors import SpeclimitsError
-from speclimits.simulate.twin import BatchSim, preset, simulate_batch
+from speclimits.simulate import BatchSim, preset, simulate_batch
 from speclimits.stats import batch as sb
 from speclimits.stats import fit_cost_model
 from speclimits.trace import read_trace

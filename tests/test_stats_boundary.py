@@ -101,9 +101,9 @@ def test_paper_split_rows_and_rule_rows_on_planted_regime_elsewhere():
     # interpolation tables are labelled by their own split
     assert set(res.interpolation.loc[res.interpolation["scheme"] == "transfer", "m"]) == {7, 8}
     assert set(res.interpolation_paper.loc[res.interpolation_paper["scheme"] == "transfer", "m"]) == {4, 5}
-    # the headline and regime rows are numbers; the book's view writes their cells
+    # the headline and split rows are numbers; the book's view writes their cells beside the paper's
     head = res.headline()
-    for col in ("est", "lo", "hi", "est2", "lo2", "hi2", "se", "se_prompt", "half", "paper_est", "paper_se"):
+    for col in ("est", "lo", "hi", "est2", "lo2", "hi2", "se", "se_prompt", "half"):
         assert pd.api.types.is_float_dtype(head[col]), col
     assert head.loc["regime boundary (last m of the small regime)", "est"] == 7
     from speclimits.book.views import final_model as view

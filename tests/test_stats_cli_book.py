@@ -47,10 +47,10 @@ def test_fit_out_writes_the_bytes_of_the_one_trace_route(smoke_trace, tmp_path, 
 
 
 @pytest.mark.book
-def test_book_cost_model_is_what_fit_out_writes(smoke_trace, smoke_book, tmp_path, capsys):
-    assert main(["fit", str(smoke_trace), "--n-boot", "9", "--out", str(tmp_path / "cli.json")]) == 0
+def test_book_cost_model_is_what_fit_out_writes(default_book, tmp_path, capsys):
+    assert main(["fit", str(paths.default_trace()), "--n-boot", "9", "--out", str(tmp_path / "cli.json")]) == 0
     capsys.readouterr()
-    built = smoke_book / "source" / "_static" / "cost_model.json"  # written by section 3 in the build
+    built = default_book / "source" / "_static" / "cost_model.json"  # written by section 3 in the build
     assert built.read_bytes() == (tmp_path / "cli.json").read_bytes()
 
 
@@ -103,8 +103,8 @@ SHOWN = {
 
 @pytest.mark.book
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes_with_smoke_parameters(name, smoke_book):
-    text = executed_notebook_text(smoke_book, name)
+def test_notebook_executes_with_smoke_parameters(name, simulated_pages):
+    text = executed_notebook_text(simulated_pages, name)
     assert "SIMULATED" in text
     assert "Traceback" not in text
     for needle in SHOWN[name]:

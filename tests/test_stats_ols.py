@@ -13,7 +13,7 @@ from speclimits.bootstrap import draw_counts
 from speclimits.errors import SpeclimitsError
 from speclimits.stats import (CellMoments, Design, cluster_bootstrap, cross_validate, fit_ols,
                               group_folds, t_interval)
-from speclimits.stats.final import categorical_design, fit_joint
+from speclimits.stats.costfit import categorical_design, fit_joint
 
 
 def _rounds(n_gen: int = 30, seed: int = 0) -> pd.DataFrame:

@@ -11,7 +11,6 @@ import statsmodels.api as sm
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import mean_absolute_percentage_error, median_absolute_error
 from sklearn.model_selection import GroupKFold
-from statsmodels.stats.diagnostic import het_breuschpagan
 
 from speclimits import stats
 from speclimits.stats import diagnostics as diag
@@ -103,7 +102,7 @@ def test_leave_one_k_out_matches_explicit_refits():
 def test_smooth_form_matches_explicit_columns():
     df = planted(seed=5)
     mom = CellMoments.from_rounds(df)
-    design = smooth_designs()["log m"]
+    design = smooth_designs()["log m"][1]
     fit = fit_ols(mom, design)
     lm = np.log(df["m"].to_numpy(float))
     x = np.column_stack([np.ones(len(df)), df["u_bar"], lm, lm * df["u_bar"], df["context_len"]])
@@ -213,16 +212,19 @@ def test_run_halves_follow_the_engine_step_not_the_id(robust):
 
 
 @pytest.mark.parametrize("hetero", [0.0, 1.5])
-def test_both_breusch_pagan_versions_match_statsmodels(hetero):
+def test_breusch_pagan_on_a_categorical_design(hetero):
+    """A categorical design (one intercept per K, no constant column, which het_breuschpagan wants) gives
+    the tests of the same column space written with a constant, at df = rank - 1; planted variance that
+    grows with Ū is found."""
     df = planted(seed=9, hetero=hetero, shift_sd=0.0)
-    d = df[df["K"] == 3]
-    x = sm.add_constant(d[["u_bar", "context_len"]].to_numpy(float))
-    resid = sm.OLS(d["t_target_ms"].to_numpy(), x).fit().resid
-    ours = diag.breusch_pagan(resid, x)
-    for robust_, key in ((False, "classic"), (True, "koenker")):
-        lm, p, _, _ = het_breuschpagan(resid, x, robust=robust_)
-        assert ours[f"{key}_lm"] == pytest.approx(lm, rel=1e-9)
-        assert ours[f"{key}_p"] == pytest.approx(p, rel=1e-6, abs=1e-300)
+    d = df[df["K"].isin([2, 3])]
+    dummies, xs = pd.get_dummies(d["K"]).to_numpy(float), d[["u_bar", "context_len"]].to_numpy(float)
+    x_const = np.column_stack([np.ones(len(d)), dummies[:, 1:], xs])
+    resid = sm.OLS(d["t_target_ms"].to_numpy(), x_const).fit().resid
+    ours, const = diag.breusch_pagan(resid, np.column_stack([dummies, xs])), diag.breusch_pagan(resid, x_const)
+    assert ours["df"] == const["df"] == 3 and ours["n"] == len(d)
+    for key in ("classic_lm", "classic_p", "koenker_lm", "koenker_p"):
+        assert ours[key] == pytest.approx(const[key], rel=1e-8, abs=1e-300)
     if hetero:
         assert ours["classic_p"] < 1e-6 and ours["koenker_p"] < 1e-3  # planted: variance grows with Ū
     else:

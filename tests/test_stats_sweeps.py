@@ -187,9 +187,31 @@ def test_ngram_like_trace_fits_and_its_bootstraps_survive(ngram_like_trace, tmp_
         assert "bootstrap replicates missed every generation" in cap.err
 
 
+@pytest.mark.parametrize("from_meta", [True, False])
+def test_the_weighted_fit_at_unit_weights_is_the_full_fit(ngram_like_trace, from_meta):
+    """One fit: every generation weighted 1 gives the full sample's model under every design rule this
+    trace exercises (sparse m pooled, an m interpolated, the m = 1 convention with top_k from meta or
+    observed, the draft line through the origin), only the summation order differs; a generation
+    weighted 0 is a generation left out."""
+    from speclimits.stats.costfit import CostMoments, fit_costs
+    from speclimits.trace import read_trace
+
+    tr = read_trace(ngram_like_trace)
+    mom = CostMoments.of(tr.rounds, tr.top_k if from_meta else None)
+    (full,) = fit_costs(mom)
+    assert full.extra["fit"]["target"]["pooled_m"] and full.extra["fit"]["target"]["interpolated_m"] == [4]
+    assert full.b == 0.0 and not all(full.extra["fit"]["target"]["alpha_identified"].values())
+    unit, dropped = fit_costs(mom, np.stack([np.ones(mom.n_generations), np.r_[0.0, np.ones(mom.n_generations - 1)]]))
+    for got, want in ((unit, full), (dropped, fit_costs(CostMoments.of(
+            tr.rounds[tr.rounds["generation_id"] != tr.rounds["generation_id"].min()], mom.top_k))[0])):
+        assert got.ms == want.ms and got.b == want.b == 0.0 and not got.extra
+        np.testing.assert_allclose([got.c, got.a, *got.beta0.values(), *got.alpha.values()],
+                                   [want.c, want.a, *want.beta0.values(), *want.alpha.values()], rtol=1e-11)
+
+
 def test_pool_sparse_m_rule_by_hand():
     from speclimits.stats import CellMoments
-    from speclimits.stats.final import pool_sparse_m
+    from speclimits.stats.costfit import pool_sparse_m
 
     rng = np.random.default_rng(0)
     rows = []
@@ -306,7 +328,7 @@ def test_trace_bad_input_is_one_line_before_vllm(case, expect, tmp_path, capsys,
 
 def test_engine_construction_failure_is_one_line(tmp_path):
     from speclimits.errors import SpeclimitsError
-    from speclimits.tracing.inputs import build_engine
+    from speclimits.tracing.engine import build_engine
 
     model = _model_dir(tmp_path)
 
@@ -381,7 +403,7 @@ def test_one_default_dtype_for_every_engine_command():
 def test_an_error_inside_vllm_while_running_is_one_line(tmp_path):
     """An error raised in vLLM's code (innermost frame under a ``/vllm/`` path) becomes one line; one
     raised in speclimits' own code keeps its traceback (None)."""
-    from speclimits.tracing.inputs import vllm_failure
+    from speclimits.tracing.engine import vllm_failure
 
     model = _model_dir(tmp_path)
     namespace: dict = {}
@@ -400,7 +422,7 @@ def test_an_error_inside_vllm_while_running_is_one_line(tmp_path):
 
 
 def test_a_bare_assert_inside_vllm_is_one_line_naming_where(tmp_path):
-    from speclimits.tracing.inputs import vllm_failure
+    from speclimits.tracing.engine import vllm_failure
 
     model = _model_dir(tmp_path)
     fake = tmp_path / "site-packages" / "vllm" / "attention.py"

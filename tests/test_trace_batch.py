@@ -56,7 +56,7 @@ def test_batches_ids_and_jobs(tmp_path):
     from speclimits.tracing.ray_sweep import plan_jobs
 
     plan = _plan(tmp_path)
-    assert plan.batched and plan.n_total == 2 * 2 * 5
+    assert plan.batch_sweep and plan.n_total == 2 * 2 * 5
     # gid = (b_index * n_K + k_index) * n_prompts + prompt_index
     assert plan.gid(1, 3, 0) == 8 and plan.gid(0, 0, 1) == 10 and plan.gid(1, 4, 1) == 19
     batches = plan.batches()
@@ -83,7 +83,7 @@ def test_batches_ids_and_jobs(tmp_path):
     cfg1 = SweepConfig(target="t", prompts="-", out=str(tmp_path / "tr"), k_values=[0, 2])
     p1 = SweepPlan(cfg1, plan.prompts, tmp_path / "tr", {}, [0, 2], None, [(ki, K, pi) for ki, K in enumerate([0, 2])
                                                                           for pi in range(5)])
-    assert not p1.batched and [bt.gids for bt in p1.batches()] == [(g,) for g in range(10)]
+    assert not p1.batch_sweep and [bt.gids for bt in p1.batches()] == [(g,) for g in range(10)]
     assert all(j.name.startswith("part-k") and j.sizes == () for j in plan_jobs(p1, 2))
     assert "batch_sizes" not in cfg1.settings("x") and plan.cfg.settings("x")["batch_sizes"] == [1, 2]
 

@@ -62,13 +62,13 @@ AUTO, RAW, CALIBRATED, EXACT = SURROGATES
 #: bfloat16, which parts from a float32 run's greedy output within tens of tokens).
 DEFAULT_DTYPE = "float32"
 
-#: The sparse-cell rule of the cost-model fit (:func:`speclimits.stats.final.pool_sparse_m`): an m
+#: The sparse-cell rule of the cost-model fit (:func:`speclimits.stats.costfit.pool_sparse_m`): an m
 #: with fewer decode rounds, or rounds from fewer generations, than these is pooled with its neighbour.
 MIN_CELL_ROUNDS = 20
 MIN_CELL_GENERATIONS = 3
 
 #: What ``speclimits fit`` needs of a sweep, in words (``fit --help``, the README, the methods page);
-#: each table's own requirement is :data:`speclimits.stats.final.REQUIREMENTS`.
+#: each table's own requirement is :data:`speclimits.stats.requirements.REQUIREMENTS`.
 MINIMUM_SWEEP = (
     "The cost model (written by --out first, whatever else fails): Eq. 4 per m present needs rounds at some "
     "m >= 2 whose Ū varies; K = 0 rounds add m = 1, the plain-decoding cost (without them the Oracle reports no "

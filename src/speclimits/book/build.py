@@ -344,13 +344,18 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
     return dt
 
 
-def _select(notebooks: list[Path], pages: list[str], stage: Path) -> list[Path]:
-    """The notebooks named in ``pages``; every other page must have been executed by an earlier build."""
+def _select(notebooks: list[Path], pages: list[str], stage: Path, site: bool = True) -> list[Path]:
+    """The notebooks named in ``pages``. For a site, every other page must have been executed by an
+    earlier build; without one, the pages they depend on (:func:`dependencies`) are added instead."""
     by_name = {p.stem: p for p in notebooks}
     unknown = [p for p in pages if Path(p).stem not in by_name]
     if unknown:
         raise SpeclimitsError(f"--pages: {', '.join(unknown)} not in _toc.yml (pages: {', '.join(by_name)})")
     wanted = {Path(p).stem for p in pages}
+    if not site:
+        deps = dependencies(notebooks, "")
+        wanted |= {d for w in wanted for d in deps[w]}
+        return [p for p in notebooks if p.stem in wanted]
     missing = [p.name for p in notebooks if p.stem not in wanted
                and not (stage / p.relative_to(REPO_ROOT)).with_suffix(".ipynb").exists()]
     if missing:
@@ -496,13 +501,15 @@ def _run_pool(notebooks: list[Path], todo: list[Path], deps: dict[str, set[str]]
 
 def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
                seed: int = 0, progress: bool = True, pages: list[str] | None = None,
-               jobs: int | None = None) -> Path:
+               jobs: int | None = None, site: bool = True) -> Path:
     """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site.
 
     ``pages`` (names such as ``03_final_model``): execute only these again and keep the other
     pages' executed notebooks from the last build in ``out`` (for editing one section quickly).
     ``jobs``: notebooks executed at once (default :func:`default_jobs`; 1 = one after another),
-    respecting :func:`dependencies`. Returns the path of the site's ``index.html``.
+    respecting :func:`dependencies`. Returns the path of the site's ``index.html``; with
+    ``site=False``, only ``pages`` and the pages they depend on are executed, in a fresh folder, and
+    the folder of the executed notebooks is returned (``<out>/source``; no site is built).
     """
     jobs = default_jobs() if jobs is None else int(jobs)
     trace_path = Path(trace) if trace else default_trace()
@@ -518,9 +525,9 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     expected = previous_times(log_path)
     toc = toc_files()
     with log_path.open("w") as log:
-        notebooks = _stage(stage, toc, keep=bool(pages))
+        notebooks = _stage(stage, toc, keep=bool(pages) and site)
         if pages:
-            notebooks = _select(notebooks, pages, stage)
+            notebooks = _select(notebooks, pages, stage, site)
         # the root page gathers every section's key results: execute it last
         notebooks.sort(key=lambda p: p.relative_to(REPO_ROOT).with_suffix("").as_posix() == toc[0])
         # section 3 writes the fitted cost model here; sections 6 and 7 read it (one fit per build)
@@ -533,6 +540,8 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         times = _execute_all(notebooks, stage, params, log, jobs=jobs, root=toc[0], progress=progress,
                              expected=expected)
         log.write("execution times (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()) + "\n")
+        if not site:
+            return stage
         jb = Path(sys.executable).with_name("jupyter-book")
         cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--path-output", str(out_dir),
                "-W", "--keep-going"]

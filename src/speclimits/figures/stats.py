@@ -50,7 +50,8 @@ def factor_cv_chart(res: Any) -> alt.HConcatChart:
 
 def standardized_by_k_chart(res: Any) -> alt.LayerChart:
     """β* of T_T on Ū and on L within each K with 95% CIs (H3); the paper's endpoints as open squares."""
-    df = res.by_k.assign(term_label=res.by_k["term"].map(TERM_LABELS))
+    df = res.by_k.assign(term_label=res.by_k["term"].map(TERM_LABELS), paper=[
+        paper.STANDARDIZED_BY_K.get(k, (np.nan, np.nan))[t != "u_bar"] for k, t in zip(res.by_k["K"], res.by_k["term"])])
     color = alt.Color("term_label:N", title="standardized association with")
     line = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("K:O"), y=alt.Y("beta_std:Q", title="β* (σ of T_T per σ of the factor)"), color=color,

@@ -9,7 +9,7 @@ from pathlib import Path
 from speclimits.cliutil import parse_assignments, parse_batch_sizes
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import read_json
-from speclimits.simulate.twin import PRESETS, BatchSim, preset, simulate, simulate_batch
+from speclimits.simulate.moe import PRESETS, BatchSim, preset, simulate, simulate_batch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "simulate",
         help="write a SIMULATED trace with a planted ground truth",
         description=(
-            "Generate a trace from the speclimits digital twin of the paper's setting (48 MoE layers x "
+            "Generate a trace from the speclimits simulator of the paper's setting (48 MoE layers x "
             "128 experts, top-8; K sweep; categorical cost with the m=4/5 regime change). Presets: "
             "smoke (seconds, for tests), default (the book's bundled data, ~120k rounds), paper "
             "(~925k decode rounds, as in the paper). meta.json records source=simulator, every "
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", default=None, metavar="B,B,...",
                    help="batch sizes to sweep, e.g. 1,2,4,8,16: writes a SIMULATED batch trace (prompts in closed "
                         "batches of b, every K at every b; rounds with b and batch_id, a steps table, the planted "
-                        "batch cost model in meta.json; see speclimits.simulate.twin.simulate_batch). "
+                        "batch cost model in meta.json; see speclimits.simulate.moe.simulate_batch). "
                         "Default, or --batch 1: the batch-1 trace")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cli)

@@ -12,8 +12,8 @@ from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, O
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.draft import DraftResults, fit_draft_line, fit_draft_model
 from speclimits.stats.factors import FactorResults, analyze_factors
-from speclimits.stats.final import (FinalModelResults, JointResults, fit_cost_model, fit_final_model, fit_joint,
-                                   fit_trace_cost_model)
+from speclimits.stats.costfit import JointResults, fit_cost_model, fit_joint, fit_trace_cost_model
+from speclimits.stats.final import FinalModelResults, fit_final_model
 from speclimits.stats.robustness import RobustnessResults, robustness_checks
 
 __all__ = [

@@ -46,8 +46,7 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     v = v[np.isfinite(v)]
     if v.size < 2:
         return (float(v.mean()) if v.size else math.nan, math.nan)
-    half = sps.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return float(v.mean()), float(half)
+    return float(v.mean()), float(sps.t.interval(level, v.size - 1)[1] * v.std(ddof=1) / math.sqrt(v.size))
 
 
 # ---------------------------------------------------------------------------
@@ -414,6 +413,18 @@ class OLSResults(ResultsMixin):
         return head + self.to_frame().to_string(float_format=lambda v: f"{v:.6g}")
 
 
+def cluster_cov(xtx: np.ndarray, scores: np.ndarray, clusters: np.ndarray, nobs: int) -> np.ndarray:
+    """The cluster-robust covariance ``(X'X)⁻¹ (Σ_g s_g s_g') (X'X)⁻¹`` with statsmodels' small-sample
+    factor ``G/(G-1) · (N-1)/(N-p)`` (NaN for one cluster): ``scores`` (rows or cells, p) are summed
+    within ``clusters`` (codes 0..G-1); ``nobs`` N rows. statsmodels' ``cov_type="cluster"`` on the rows."""
+    g, p = int(clusters.max()) + 1, scores.shape[1]
+    s = np.zeros((g, p))
+    np.add.at(s, clusters, scores)
+    bread = np.linalg.inv(xtx)
+    corr = (g / (g - 1.0)) * ((nobs - 1.0) / (nobs - p)) if g > 1 and nobs > p else math.nan
+    return corr * bread @ (s.T @ s) @ bread
+
+
 def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] | None = None) -> OLSResults:
     """OLS of the response on ``design`` over all cells of ``mom``, SEs clustered by generation."""
     a = design.matrices(mom)
@@ -421,16 +432,8 @@ def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] 
     cols = design.columns
     xtx, xty = xtx_c.sum(0), xty_c.sum(0)
     beta = solve_normal(xtx, xty, cols)
-    nobs, p = mom.n_rows, len(cols)
-    # per-cell scores, summed per cluster
-    scores_c = xty_c - xtx_c @ beta
-    g = mom.n_clusters
-    scores = np.zeros((g, p))
-    np.add.at(scores, mom.cells["cluster"].to_numpy(), scores_c)
-    bread = np.linalg.inv(xtx)
-    meat = scores.T @ scores
-    corr = (g / (g - 1.0)) * ((nobs - 1.0) / (nobs - p)) if g > 1 and nobs > p else math.nan
-    cov = corr * bread @ meat @ bread
+    nobs, g = mom.n_rows, mom.n_clusters
+    cov = cluster_cov(xtx, xty_c - xtx_c @ beta, mom.cells["cluster"].to_numpy(), nobs)  # per-cell scores
     yy, ysum = mom.yy.sum(), mom.zy[:, 0].sum()
     ssr = yy - 2 * beta @ xty + beta @ xtx @ beta
     sst = yy - ysum ** 2 / nobs

@@ -38,6 +38,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
+from scipy import stats as sps
+from statsmodels.stats.sandwich_covariance import cov_cluster
 
 from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve, union_unique
 from speclimits.errors import CostModelError, SpeclimitsError
@@ -152,32 +154,12 @@ class _Fit:
         return [est - half, est + half]
 
 
-def _jackknife_cov(x: np.ndarray, y: np.ndarray, codes: np.ndarray, beta: np.ndarray) -> np.ndarray | None:
-    """CV3, the cluster jackknife: ``(G - 1) / G * sum_g (b_(-g) - b)(b_(-g) - b)'`` with ``b_(-g)``
-    the OLS estimate without cluster g (from the per-cluster X'X and X'y). None when leaving some
-    cluster out leaves the design singular."""
-    g = int(codes.max()) + 1
-    p = x.shape[1]
-    order = np.argsort(codes, kind="stable")
-    xs, ys, cs = x[order], y[order], codes[order]
-    bounds = np.flatnonzero(np.diff(cs)) + 1
-    xtx, xty = x.T @ x, x.T @ y
-    d = np.sqrt(np.diag(xtx))
-    dev = np.empty((g, p))
-    for j, (xg, yg) in enumerate(zip(np.split(xs, bounds), np.split(ys, bounds))):
-        a = (xtx - xg.T @ xg) / np.outer(d, d)
-        if np.linalg.cond(a) > 1e12:
-            return None
-        dev[j] = np.linalg.solve(a, (xty - xg.T @ yg) / d) / d - beta
-    return (g - 1.0) / g * dev.T @ dev
-
-
 def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: str = "jackknife") -> _Fit:
     """statsmodels OLS of ``y`` on ``x``.
 
     With ``groups``: statsmodels' cluster-robust covariance (``cov_type="cluster"``, its small-sample
     correction, t(G - 1)) is always computed (``cov_cr1``); the intervals use the cluster jackknife
-    (:func:`_jackknife_cov`, ``cov_type="jackknife"``, the default, t(G - 1)) or statsmodels' one
+    (statsmodels' CV3, ``cov_type="jackknife"``, the default, t(G - 1)) or its CR1
     (``"cr1"``). Without groups: the classical OLS covariance.
     """
     if cov_type not in COV_TYPES:
@@ -186,7 +168,7 @@ def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: st
     if groups is None:
         res = model.fit()
         cov = res.cov_params()
-        q = _t_quantile(res.df_resid)
+        q = float(sps.t.interval(0.95, max(res.df_resid, 1))[1])
         return _Fit(res.params, cov, cov, q, int(res.nobs), None, float(res.rsquared), "classical OLS")
     codes = pd.factorize(groups, sort=True)[0]
     if codes.max() < 1:
@@ -196,19 +178,13 @@ def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: st
     cr1 = res.cov_params()
     cov, label = cr1, "cluster-robust CR1 (statsmodels)"
     if cov_type == "jackknife":
-        jk = _jackknife_cov(x.to_numpy(dtype=float), np.asarray(y, dtype=float), codes, res.params.to_numpy())
-        if jk is not None:
-            cov, label = pd.DataFrame(jk, index=x.columns, columns=x.columns), "cluster jackknife CV3"
-        else:
+        try:
+            cov = pd.DataFrame(cov_cluster(res, codes, crv_type="cluster-crv3"), index=x.columns, columns=x.columns)
+            label = "cluster jackknife CV3"
+        except ValueError:  # leaving some cluster out leaves the design rank-deficient
             label = "cluster-robust CR1 (statsmodels; the jackknife was singular: some cluster is needed to identify a coefficient)"
-    return _Fit(res.params, cov, cr1, _t_quantile(n_clusters - 1), int(res.nobs), n_clusters, float(res.rsquared),
-                label)
-
-
-def _t_quantile(df: float) -> float:
-    from scipy import stats as sps
-
-    return float(sps.t.ppf(0.975, max(df, 1)))
+    q = float(sps.t.interval(0.95, max(n_clusters - 1, 1))[1])
+    return _Fit(res.params, cov, cr1, q, int(res.nobs), n_clusters, float(res.rsquared), label)
 
 
 def _varies(v: np.ndarray, rel: float = 1e-10) -> bool:
@@ -268,7 +244,7 @@ def _fit_target(df: pd.DataFrame, top_k: int, clusters: str | None, cov_type: st
             var = {w: (getattr(res, w).loc[a_name, a_name], getattr(res, w).loc[b_name, b_name])
                    for w in ("cov", "cov_cr1")}
         else:
-            # the batch-1 convention (speclimits.stats.final.M1_NOTE): alpha from the nearest identified m
+            # the batch-1 convention (speclimits.stats.costfit.M1_NOTE): alpha from the nearest identified m
             donor = min(ident, key=lambda v: (abs(v - mv), v))
             a_name = f"alpha[{donor}]"
             tk = float(top_k)

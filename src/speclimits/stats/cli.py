@@ -125,7 +125,8 @@ def _fit(args: argparse.Namespace) -> int:
         return _fit_batch(args)
     from speclimits.errors import SpeclimitsError
     from speclimits.stats.draft import draft_model_or_reason  # heavy: see the module docstring
-    from speclimits.stats.final import fit_final_model, fit_trace_cost_model
+    from speclimits.stats.costfit import fit_trace_cost_model
+    from speclimits.stats.final import fit_final_model
     from speclimits.trace import read_trace
 
     tr = read_trace(args.trace)

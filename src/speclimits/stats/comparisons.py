@@ -14,11 +14,11 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits import paper
 from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
                                    cross_validate, fit_ols, predict, solve_normal, t_interval)
-from speclimits.stats.requirements import REQUIREMENTS
+from speclimits.stats.m_split import FIXED_SPLIT
+from speclimits.stats.requirements import REQUIREMENTS, Skips
 
 BASE_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
 POOLED_DESIGN = Design.linear("u_bar", "context_len", "K", label="Ū + L + γK (pooled)")
@@ -43,20 +43,16 @@ LADDER = [
 
 def comparison_table(mom: CellMoments, cat_fit: OLSResults, cvs: dict[str, CVResult]) -> pd.DataFrame:
     """Ū + L, the pooled model with γK and the categorical model: in-sample R², GroupKFold R², RMSE,
-    MAPE (mean and 95% t half-width over folds) and the paper's. ``cvs`` keyed ``base``, ``pooled``,
+    MAPE (mean and 95% t half-width over folds). ``cvs`` keyed ``base``, ``pooled``,
     ``categorical``. ``attrs``: ``pooled_drmse`` (mean, half-width of the paired fold RMSE
     reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
     rows = []
-    cat_mape, cat_r2 = (float(v) for v in paper.LADDER["categorical (Eq. 4)"])
-    for name, fit, key, p_r2, p_mape in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base", paper.POOLED_R2[0],
-                                          float(paper.LADDER["Ū + L"][0])),
-                                         ("Ū + L + γK (pooled)", fit_ols(mom, POOLED_DESIGN), "pooled",
-                                          paper.POOLED_R2[1], None),
-                                         ("categorical (Eq. 4)", cat_fit, "categorical", cat_r2, cat_mape)):
-        r = {"model": name, "r2": fit.rsquared, "paper_r2": p_r2}
+    for name, fit, key in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base"),
+                           ("Ū + L + γK (pooled)", fit_ols(mom, POOLED_DESIGN), "pooled"),
+                           ("categorical (Eq. 4)", cat_fit, "categorical")):
+        r = {"model": name, "r2": fit.rsquared}
         for met in ("r2", "rmse", "mape"):
             r[f"cv_{met}"], r[f"cv_{met}_ci"] = cvs[key].mean_ci(met)
-        r["paper_cv_mape"] = p_mape
         rows.append(r)
     comparison = pd.DataFrame(rows).set_index("model")
     d_rmse = t_interval(cvs["base"].folds["rmse"].to_numpy() - cvs["pooled"].folds["rmse"].to_numpy())
@@ -67,23 +63,20 @@ def comparison_table(mom: CellMoments, cat_fit: OLSResults, cvs: dict[str, CVRes
 
 
 def pooled_standardized(pooled: OLSResults) -> pd.DataFrame:
-    """β* of the pooled model's K, Ū and L beside the paper's."""
-    st = pooled.standardized()
-    return pd.DataFrame({"beta_std": st["beta_std"], "paper": pd.Series(paper.POOLED_STD)}).loc[
-        ["K", "u_bar", "context_len"]]
+    """β* of the pooled model's K, Ū and L (column ``beta_std``, index the terms)."""
+    return pooled.standardized()[["beta_std"]].loc[["K", "u_bar", "context_len"]]
 
 
 def mape_by_k(mom: CellMoments, oof: dict[str, np.ndarray], per_k: pd.DataFrame) -> pd.DataFrame:
-    """MAPE (%) by K of out-of-fold predictions (``oof`` keyed ``pooled``, ``categorical``), the per-K
-    fits' own CV MAPE, and the paper's pooled value where it gives one."""
+    """MAPE (%) by K of out-of-fold predictions (``oof`` keyed ``pooled``, ``categorical``) and the per-K
+    fits' own CV MAPE."""
     row_k = mom.row_attr("K")
     rows = []
     for k in sorted(np.unique(row_k)):
         sel = row_k == k
         rows.append({"K": int(k), "pooled": float(ape(mom.y[sel], oof["pooled"][sel]).mean()),
                      "categorical": float(ape(mom.y[sel], oof["categorical"][sel]).mean()),
-                     "per_k": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0]),
-                     "paper_pooled": paper.POOLED_MAPE_BY_K.get(int(k), np.nan)})
+                     "per_k": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0])})
     return pd.DataFrame(rows)
 
 
@@ -107,14 +100,13 @@ def loko_predictions(mom: CellMoments, design: Design) -> np.ndarray:
 
 
 def loko_table(mom: CellMoments, loko_pred: np.ndarray, per_k: pd.DataFrame) -> pd.DataFrame:
-    """Leave-one-K-out MAPE (%) of the pooled form per K beside the within-K CV MAPE and the paper's peaks."""
+    """Leave-one-K-out MAPE (%) of the pooled form per K beside the within-K CV MAPE."""
     row_k = mom.row_attr("K")
     rows = []
     for k in sorted(np.unique(row_k)):
         sel = row_k == k
         rows.append({"K": int(k), "loko_mape": float(ape(mom.y[sel], loko_pred[sel]).mean()),
-                     "within_k_mape": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0]),
-                     "paper_loko": paper.LOKO_PEAKS.get(int(k), np.nan)})
+                     "within_k_mape": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0])})
     return pd.DataFrame(rows)
 
 
@@ -124,43 +116,36 @@ def _in_m(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> list[Term]:
     return [Term(name, "const", None, None, scale), Term(f"{name}·Ū", "u_bar", None, None, scale)]
 
 
-def smooth_designs(hinge_at: int = paper.BOUNDARY_M) -> dict[str, Design]:
-    """Smooth parameterizations of β0(m) and α(m) (one shared c), for leave-one-K-out.
-
-    linear, quadratic and log m, and a hinge (piecewise linear in m, kink after ``hinge_at``,
-    the paper's split, fixed in advance, not tuned inside the folds)."""
+def smooth_designs(hinge_at: int = FIXED_SPLIT) -> dict[str, tuple[str, Design]]:
+    """Smooth parameterizations of β0(m) and α(m) (one shared c), for leave-one-K-out: ``{name:
+    (requirement key, design)}``. linear, quadratic and log m, and a hinge (piecewise linear in m,
+    kink after ``hinge_at``, fixed in advance, not tuned inside the folds)."""
     const, u, ctx = Term("const", "const"), Term("u_bar", "u_bar"), Term("context_len", "context_len")
     forms = {
-        "linear m (β0 and α linear in m)": _in_m("m", lambda m: m),
-        "quadratic m": _in_m("m", lambda m: m) + _in_m("m²", lambda m: m ** 2),
-        "log m": _in_m("log m", np.log),
-        f"hinge after m = {hinge_at} (fixed)": _in_m("m", lambda m: m)
-        + _in_m(f"(m-{hinge_at})+", lambda m: np.maximum(m - hinge_at, 0.0)),
+        "linear m (β0 and α linear in m)": ("smooth_linear", _in_m("m", lambda m: m)),
+        "quadratic m": ("smooth_quadratic", _in_m("m", lambda m: m) + _in_m("m²", lambda m: m ** 2)),
+        "log m": ("smooth_log", _in_m("log m", np.log)),
+        f"hinge after m = {hinge_at} (fixed)": ("smooth_hinge", _in_m("m", lambda m: m)
+                                                + _in_m(f"(m-{hinge_at})+", lambda m: np.maximum(m - hinge_at, 0.0))),
     }
-    return {name: Design(tuple([const, u, *terms, ctx]), name) for name, terms in forms.items()}
+    return {name: (need, Design(tuple([const, u, *terms, ctx]), name)) for name, (need, terms) in forms.items()}
 
 
-def _smooth_requirement(name: str) -> str:
-    return REQUIREMENTS.get(f"smooth:{name}", REQUIREMENTS["smooth:hinge"] if name.startswith("hinge") else
-                            REQUIREMENTS["leave_one_k_out"])
-
-
-def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skipped: dict[str, str] | None = None,
-                 have: str = "") -> tuple[pd.DataFrame | None, dict[str, np.ndarray]]:
+def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips | None = None
+                 ) -> tuple[pd.DataFrame | None, dict[str, np.ndarray]]:
     """Leave-one-K-out MAPE (%) of each smooth parameterization: the mean over K and the worst K.
 
     The pooled form (γK) comes first (left out when ``pooled_loko`` is None). Returns the table and
-    the (N,) predictions by form. With ``skipped`` (a dict), a form that some leave-one-K-out fit
-    cannot identify is left out and recorded there (``have`` describes the trace), instead of
-    raising; the table is None when no form is left."""
+    the (N,) predictions by form. With ``skips``, a form that some leave-one-K-out fit cannot
+    identify is left out and recorded there instead of raising; the table is None when no form is left."""
     preds = {POOLED_LOKO_FORM: pooled_loko} if pooled_loko is not None else {}
-    for name, d in smooth_designs().items():
+    for name, (need, d) in smooth_designs().items():
         try:
             preds[name] = loko_predictions(mom, d)
         except SpeclimitsError as exc:
-            if skipped is None:
+            if skips is None:
                 raise
-            skipped[f"smooth form '{name}'"] = f"{_smooth_requirement(name)} (this trace: {have}; {exc})"
+            skips.add("smooth", f"smooth form '{name}'", REQUIREMENTS[need], exc)
     if not preds:
         return None, {}
     row_k = mom.row_attr("K")
@@ -179,11 +164,11 @@ def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skipped: dict
 
 
 def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_cat: CVResult | None,
-                 skipped: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
+                 skips: Skips | None = None) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
     """Nested specifications plus the categorical form: in-sample R², GroupKFold MAPE (mean, 95% t
-    half-width), RMSE, and the paper's. Returns the table and ``{spec: (design, cv)}``.
+    half-width), RMSE. Returns the table and ``{spec: (design, cv)}``.
 
-    With ``skipped`` (a dict), a specification the trace cannot identify (e.g. linear m on a single
+    With ``skips``, a specification the trace cannot identify (e.g. linear m on a single
     K) keeps its row with NaN numbers and is recorded there, instead of raising; so is the
     categorical row when ``cv_cat`` is None."""
     rows, fitted = [], {}
@@ -194,9 +179,9 @@ def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_ca
             cv = cross_validate(mom, d, folds)
             r2 = fit_ols(mom, d).rsquared
         except SpeclimitsError as exc:
-            if skipped is None:
+            if skips is None:
                 raise
-            skipped[f"ladder row '{name}'"] = f"{REQUIREMENTS['ladder']} ({exc})"
+            skips.add("ladder", f"ladder row '{name}'", exc=exc)
             rows.append({"spec": name, **nan_row})
             continue
         fitted[name] = (d, cv)
@@ -207,10 +192,7 @@ def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_ca
     else:
         rows.append({"spec": "categorical (Eq. 4)", "r2": cat_fit.rsquared, "cv_mape": cv_cat.mean_ci("mape")[0],
                      "cv_mape_ci": cv_cat.mean_ci("mape")[1], "cv_rmse": cv_cat.mean_ci("rmse")[0]})
-    ladder = pd.DataFrame(rows).set_index("spec")
-    ladder["paper_cv_mape"] = [paper.LADDER[s][0] for s in ladder.index]
-    ladder["paper_r2"] = [paper.LADDER[s][1] for s in ladder.index]
-    return ladder, fitted
+    return pd.DataFrame(rows).set_index("spec"), fitted
 
 
 # ---------------------------------------------------------------------------

@@ -17,38 +17,36 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 from scipy import stats as sps
+from statsmodels.stats.diagnostic import het_breuschpagan
+from statsmodels.tools.sm_exceptions import SingularMatrixWarning
 
 from speclimits.stats._ols import CellMoments, Design, fit_ols
 
 
-def _ols_fit(y: np.ndarray, x: np.ndarray) -> np.ndarray:
-    return np.linalg.lstsq(x, y, rcond=None)[0]
-
-
 def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
     """Classic and studentized Breusch–Pagan tests of ``resid`` (N,) on ``exog`` (N, p), whose column
-    space must contain the constant. Returns ``classic_lm``, ``classic_p``, ``koenker_lm``,
-    ``koenker_p``, ``df`` (p - 1) and ``n``."""
-    e2 = np.asarray(resid, dtype=float) ** 2
+    space must contain the constant: statsmodels' ``het_breuschpagan`` with ``robust=False`` and ``True``.
+    It wants a constant column, which a categorical design spans without having one (one is added
+    then), and counts columns, so p-values here take df = rank(exog) - 1. Returns ``classic_lm``,
+    ``classic_p``, ``koenker_lm``, ``koenker_p``, ``df`` and ``n``."""
     x = np.asarray(exog, dtype=float)
-    n, p = x.shape
     df = int(np.linalg.matrix_rank(x)) - 1
-    # studentized (Koenker): n R² of e² on X
-    fit = x @ _ols_fit(e2, x)
-    r2 = 1 - ((e2 - fit) ** 2).sum() / ((e2 - e2.mean()) ** 2).sum()
-    koenker = n * r2
-    # classic: ESS / 2 of e² / σ̂² on X (σ̂² = SSR / n)
-    g = e2 / e2.mean()
-    ghat = x @ _ols_fit(g, x)
-    classic = 0.5 * ((ghat - g.mean()) ** 2).sum()
-    return {"classic_lm": float(classic), "classic_p": float(sps.chi2.sf(classic, df)),
-            "koenker_lm": float(koenker), "koenker_p": float(sps.chi2.sf(koenker, df)), "df": df, "n": int(n)}
+    if not (np.ptp(x, axis=0) == 0).any():
+        x = np.column_stack([np.ones(len(x)), x])
+    out: dict[str, float] = {"df": df, "n": len(x)}
+    with warnings.catch_warnings():  # the added constant is collinear: same column space, same R² and ESS
+        warnings.simplefilter("ignore", SingularMatrixWarning)
+        for key, robust in (("classic", False), ("koenker", True)):
+            lm = float(het_breuschpagan(resid, x, robust=robust)[0])
+            out.update({f"{key}_lm": lm, f"{key}_p": float(sps.chi2.sf(lm, df))})
+    return out
 
 
 def cluster_sandwich(bread: np.ndarray, scores: np.ndarray, clusters: np.ndarray, n_params: int) -> np.ndarray:

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits import paper
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, predict)
 from speclimits.stats.requirements import REQUIREMENTS
@@ -77,19 +76,18 @@ class DraftResults(ResultsMixin):
         return self.ols.conf_int(alpha).rename({"K": "a", "const": "b"})
 
     def table(self) -> pd.DataFrame:
-        """Ours beside the paper's."""
+        """The headline numbers, one row per ``quantity`` (``key`` a stable id): ``ours``, ``se_or_ci``."""
         ci = self.conf_int()
         rows = [
-            ("a (ms/step)", self.params["a"], self.bse["a"], f"{paper.DRAFT['a'][0]} ({paper.DRAFT['a'][1]})"),
-            ("b (ms)", self.params["b"], self.bse["b"], f"{paper.DRAFT['b'][0]} ({paper.DRAFT['b'][1]})"),
-            ("mean |dev| of mean T_D by K from line (%)", self.by_k["dev_pct"].abs().mean(), np.nan,
-             paper.DRAFT["mean_dev_pct"]),
-            ("CV MedAPE (%)", self.cv.mean_ci("medape")[0], self.cv.mean_ci("medape")[1], paper.DRAFT["cv_medape_pct"]),
-            ("per-round R²", self.ols.rsquared, np.nan, paper.DRAFT["r2"]),
-            ("rounds with |residual| > 1 ms (%)", 100 * self.tail_share, np.nan, paper.DRAFT["tail_share_pct"]),
-            ("records with a zero timing (%)", 100 * self.zero_share_any, np.nan, paper.DRAFT["zero_share_pct"]),
+            ("a (ms/step)", "a", self.params["a"], self.bse["a"]),
+            ("b (ms)", "b", self.params["b"], self.bse["b"]),
+            ("mean |dev| of mean T_D by K from line (%)", "mean_dev_pct", self.by_k["dev_pct"].abs().mean(), np.nan),
+            ("CV MedAPE (%)", "cv_medape_pct", self.cv.mean_ci("medape")[0], self.cv.mean_ci("medape")[1]),
+            ("per-round R²", "r2", self.ols.rsquared, np.nan),
+            ("rounds with |residual| > 1 ms (%)", "tail_share_pct", 100 * self.tail_share, np.nan),
+            ("records with a zero timing (%)", "zero_share_pct", 100 * self.zero_share_any, np.nan),
         ]
-        out = pd.DataFrame(rows, columns=["quantity", "ours", "se_or_ci", "paper"]).set_index("quantity")
+        out = pd.DataFrame(rows, columns=["quantity", "key", "ours", "se_or_ci"]).set_index("quantity")
         out.attrs["ci"] = ci
         return out
 

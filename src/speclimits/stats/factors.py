@@ -1,7 +1,7 @@
 """Factor analysis of target time (Table A2) and the standardized associations by K (H3).
 
 >>> res = analyze_factors(tr.rounds)            # doctest: +SKIP
->>> res.to_frame()                               # Table A2, paper beside ours
+>>> res.to_frame()                               # Table A2
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits import paper
 from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, t_interval)
@@ -54,7 +53,7 @@ class FactorResults(ResultsMixin):
     Attributes
     ----------
     table : one row per factor: ``r2``, ``r2_ci`` (95% t half-width, 4 df), ``rmse``, ``rmse_ci``,
-        ``drmse`` / ``drmse_ci`` (paired RMSE reduction of Ū + factor over Ū alone, ms), and the paper's.
+        ``drmse`` / ``drmse_ci`` (paired RMSE reduction of Ū + factor over Ū alone, ms).
     folds : per factor and fold: ``r2``, ``rmse``, ``rmse_with_u`` (Ū + factor), ``n_test``.
     by_k : per K and term (``u_bar``, ``context_len``): standardized β* with 95% CI (clustered).
     corr : Pearson correlations of the factors and T_T over the pooled rows.
@@ -149,8 +148,7 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
         rm, rmh = alone.mean_ci("rmse")
         dm, dh = t_interval(d) if name != "u_bar" else (np.nan, np.nan)
         rows.append({"factor": name, "label": label, "r2": r2, "r2_ci": r2h, "rmse": rm, "rmse_ci": rmh,
-                     "drmse": dm, "drmse_ci": dh, "paper_r2": paper.FACTORS[name]["r2"],
-                     "paper_drmse": paper.FACTORS[name]["drmse"]})
+                     "drmse": dm, "drmse_ci": dh})
         for i, f in alone.folds.iterrows():
             fold_rows.append({"factor": name, "fold": int(f["fold"]), "r2": f["r2"], "rmse": f["rmse"],
                               "rmse_with_u": both.folds["rmse"].iloc[i], "n_test": int(f["n_test"])})
@@ -166,10 +164,8 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
         fits[int(k)] = fit
         st = fit.standardized()
         for term in ("u_bar", "context_len"):
-            pk = paper.STANDARDIZED_BY_K.get(int(k))
             by_k.append({"K": int(k), "term": term, "beta_std": st.loc[term, "beta_std"],
-                         "lower": st.loc[term, "lower"], "upper": st.loc[term, "upper"],
-                         "paper": (pk[0] if term == "u_bar" else pk[1]) if pk else np.nan})
+                         "lower": st.loc[term, "lower"], "upper": st.loc[term, "upper"]})
     cols = {"t_target_ms": mom.y, **{f: (mom.row_attr("m").astype(float) if f == "m" else mom.column(f))
                                      for f in FACTORS}}
     with np.errstate(invalid="ignore", divide="ignore"):  # a constant factor (skipped above) correlates as NaN
@@ -179,5 +175,5 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
 
 
 #: Columns of :attr:`FactorResults.table` (before ``factor`` becomes the index) and of ``by_k``.
-TABLE_COLUMNS = ["factor", "label", "r2", "r2_ci", "rmse", "rmse_ci", "drmse", "drmse_ci", "paper_r2", "paper_drmse"]
-BY_K_COLUMNS = ["K", "term", "beta_std", "lower", "upper", "paper"]
+TABLE_COLUMNS = ["factor", "label", "r2", "r2_ci", "rmse", "rmse_ci", "drmse", "drmse_ci"]
+BY_K_COLUMNS = ["K", "term", "beta_std", "lower", "upper"]

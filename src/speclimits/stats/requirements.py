@@ -1,14 +1,20 @@
-"""What each table of the final-model section needs of a sweep: one dict, read by the fit
-(:mod:`speclimits.stats.final`), its comparisons (:mod:`speclimits.stats.comparisons`) and the draft
-model (:mod:`speclimits.stats.draft`), so that none of them imports another for it."""
+"""What each table of the final-model section needs of a sweep, as data.
+
+:data:`REQUIREMENTS` says what each step needs (the text a skip quotes; ``speclimits fit --help``
+and the methods page say the same in words, :data:`speclimits.vocabulary.MINIMUM_SWEEP`);
+:data:`TABLES` names the steps each table of :class:`speclimits.stats.final.FinalModelResults`
+rests on; :class:`Skips` records what a trace cannot give by step, never by the text of its name.
+"""
 
 from __future__ import annotations
 
-#: What each table of the final-model section needs (a sweep's K > 0 rounds; in an EAGLE-style
-#: sweep every round at K verifies m = K + 1 rows). The cost model itself (Eq. 4 per m present, the
-#: draft line) needs only rounds at some m whose Ū varies. A table a trace cannot give is skipped
-#: with this text (``FinalModelResults.skipped``); ``speclimits fit --help``, the README and the
-#: methods page quote the same list (:data:`MINIMUM_SWEEP`).
+from typing import Any, Callable, NamedTuple
+
+from speclimits.errors import SpeclimitsError
+
+#: Step -> what it needs (a sweep's K > 0 rounds; in an EAGLE-style sweep every round at K
+#: verifies m = K + 1 rows). The cost model itself (Eq. 4 per m present, the draft line) needs only
+#: rounds at some m whose Ū varies.
 REQUIREMENTS = {
     "per_k": "a per-K fit needs rounds at that K whose Ū and L vary",
     "per_k_cv": "per-K cross-validation needs >= 5 generations at that K (GroupKFold(5) by generation)",
@@ -20,10 +26,10 @@ REQUIREMENTS = {
                    "K > 0 and >= 5 generations"),
     "mape_by_k": "MAPE by K needs the pooled model and the categorical cross-validation (>= 2 values of K > 0)",
     "leave_one_k_out": "leave-one-K-out needs >= 3 values of K > 0",
-    "smooth:linear m (β0 and α linear in m)": "leave-one-K-out of the linear form in m needs >= 3 values of K > 0",
-    "smooth:quadratic m": "leave-one-K-out of the quadratic form in m needs >= 4 values of K > 0",
-    "smooth:log m": "leave-one-K-out of the log-m form needs >= 3 values of K > 0",
-    "smooth:hinge": ("leave-one-K-out of the hinge after m = 4 needs rounds on both sides of the hinge in every "
+    "smooth_linear": "leave-one-K-out of the linear form in m needs >= 3 values of K > 0",
+    "smooth_quadratic": "leave-one-K-out of the quadratic form in m needs >= 4 values of K > 0",
+    "smooth_log": "leave-one-K-out of the log-m form needs >= 3 values of K > 0",
+    "smooth_hinge": ("leave-one-K-out of the hinge after m = 4 needs rounds on both sides of the hinge in every "
                      "training set: >= 2 values of K <= 2 and >= 2 values of K >= 4 (e.g. K = 1..5)"),
     "boundary": ("the regime boundary needs >= 2 values of m among the K > 0 rounds and every m in the "
                  "training rounds of each fold (nested GroupKFold(5))"),
@@ -32,3 +38,52 @@ REQUIREMENTS = {
     "ladder": "a specification-ladder row needs its columns to vary and >= 5 generations",
     "draft": "the draft line needs >= 2 values of K > 0 with non-zero draft times and >= 5 generations for its CV",
 }
+
+#: The steps a skip is recorded at: a requirement's key, or ``smooth`` (any smooth form in m).
+STEPS = (*REQUIREMENTS, "smooth")
+
+#: Table (an attribute of ``FinalModelResults``) -> the steps whose skip leaves it None or empty, in
+#: the order they explain it (the first step skipped is the reason given).
+TABLES: dict[str, tuple[str, ...]] = {
+    "per_k": ("per_k",), "pooled": ("pooled",), "pooled_std": ("pooled",), "comparison": ("comparison",),
+    "mape_by_k": ("mape_by_k",), "loko": ("leave_one_k_out",), "smooth": ("leave_one_k_out",),
+    "boundary": ("boundary",), "regimes": ("regimes",), "interpolation": ("boundary", "regimes", "interpolation"),
+    "interpolation_paper": ("regimes", "interpolation"), "ladder": ("cross_validation",),
+}
+
+
+class Skip(NamedTuple):
+    """One thing a trace cannot give: its ``step`` (one of :data:`STEPS`), its ``name`` as printed
+    (``"per-K fit at K = 3"``) and ``why`` (the requirement and what this trace has)."""
+
+    step: str
+    name: str
+    why: str
+
+
+class Skips:
+    """Collects the :class:`Skip` records of one fit; ``have`` describes the trace (its K and generations)."""
+
+    def __init__(self, have: str):
+        self.have, self.records = have, []
+
+    def add(self, step: str, name: str, needs: str | None = None, exc: Exception | None = None) -> None:
+        """Record ``name`` as skipped at ``step``; ``needs`` defaults to the step's requirement."""
+        if step not in STEPS:
+            raise KeyError(f"unknown step {step!r}")
+        detail = self.have if exc is None else f"{self.have}; {exc}"
+        self.records.append(Skip(step, name, f"{needs or REQUIREMENTS[step]} (this trace: {detail})"))
+
+    def need(self, step: str, name: str, ok: bool, needs: str | None = None) -> bool:
+        """``ok``; when False, ``name`` is recorded as skipped."""
+        if not ok:
+            self.add(step, name, needs)
+        return ok
+
+    def run(self, step: str, name: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or None with ``name`` recorded when it raises a :class:`SpeclimitsError`."""
+        try:
+            return fn()
+        except SpeclimitsError as exc:
+            self.add(step, name, exc=exc)
+            return None

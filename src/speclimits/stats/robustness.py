@@ -17,12 +17,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from speclimits import paper
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.errors import SpeclimitsError
 from speclimits.stats import diagnostics as diag
 from speclimits.stats._ols import CellMoments, Design, OLSResults, ResultsMixin, cluster_bootstrap, fit_ols, predict
-from speclimits.stats.final import fit_joint
+from speclimits.stats.costfit import fit_joint
 from speclimits.trace import FilterReport, decode_rounds
 
 DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
@@ -72,8 +71,6 @@ class RobustnessResults(ResultsMixin):
         return pd.DataFrame({
             "ours_min": [e["alpha"].min(), 1e3 * e["c"].min(), 1e3 * c_spread.min()],
             "ours_max": [e["alpha"].max(), 1e3 * e["c"].max(), 1e3 * c_spread.max()],
-            "paper_min": [paper.ROBUST_ALPHA[0], 1e3 * paper.ROBUST_C[0], 1e3 * paper.C_RANGE[0]],
-            "paper_max": [paper.ROBUST_ALPHA[1], 1e3 * paper.ROBUST_C[1], 1e3 * paper.C_RANGE[1]],
         }, index=[f"alpha, ms/expert (K={self.k}, all checks)", f"c, 1e-3 ms/token (K={self.k}, all checks)",
                   "c, 1e-3 ms/token, across per-K fits"])
 
@@ -227,7 +224,7 @@ def _bp_table(dk: pd.DataFrame, resid: np.ndarray, all_mom: CellMoments, k: int)
         for version, key in (("classic (Breusch–Pagan 1979)", "classic"), ("studentized (Koenker 1981)", "koenker")):
             rows.append({"scope": scope, "version": version, "lm": bp[f"{key}_lm"], "df": bp["df"],
                          "p": bp[f"{key}_p"], "n": bp["n"]})
-    return pd.DataFrame(rows).assign(paper_p=paper.BP_P)
+    return pd.DataFrame(rows)
 
 
 def robust_k(rounds: pd.DataFrame, k: int = 8) -> tuple[int, str | None]:
@@ -271,7 +268,6 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     c_by_k = context_slope_by_k(all_mom)
     bins, trends = _residual_checks(dk, resid, n_bins)
     corr = {"k": float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1]),
-            "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1]),
-            "paper": paper.CORR_U_L}
+            "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1])}
     return RobustnessResults(k, base, pd.DataFrame(rows), boot, c_by_k, bins, trends,
                              _bp_table(dk, resid, all_mom, k), corr, loo_by, halves_info, report)

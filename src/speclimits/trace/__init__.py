@@ -1,6 +1,6 @@
 """The trace format, owned here: schema, reading and writing, filters, validation.
 
-A trace is a directory (DESIGN §4): ``meta.json`` plus Parquet tables ``rounds``, ``oracle``,
+A trace is a directory: ``meta.json`` plus Parquet tables ``rounds``, ``oracle``,
 ``tokens`` and, for a batch sweep (``speclimits trace --batch``), ``steps`` (each one file or a
 directory of parts), and, when the tracing harness wrote it,
 its logs (``generations.jsonl``, ``parts.jsonl``, ``shards/``).

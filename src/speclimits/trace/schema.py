@@ -1,4 +1,4 @@
-"""The data contract of a trace directory (DESIGN §4), written down once.
+"""The data contract of a trace directory, written down once.
 
 A trace is a directory holding ``meta.json`` and Parquet tables:
 
@@ -132,8 +132,8 @@ def column_names(table: str, required_only: bool = False) -> list[str]:
     return [c.name for c in TABLES[table] if c.required or not required_only]
 
 
-#: Arrow types of the harness's per-generation columns (:func:`speclimits.trace.io.columns_table`):
-#: these hold strings (``large_string``), these floats (float64); every other column is int64,
-#: and ``experts`` is a list of int16.
-STRING_COLUMNS = ("prompt_id", "phase", "seq_id", "text", "category", "reference_kind")
-FLOAT_COLUMNS = ("t_target_ms", "t_draft_ms", "u_bar", "e_max", "kv_usage", "new_experts")
+_KINDS = {c.name: c.kind for columns in TABLES.values() for c in columns}
+#: The harness writes these columns (any table) as ``large_string``, these as float64 and every other
+#: one as int64 (:func:`speclimits.trace.io.columns_table`).
+STRING_COLUMNS = tuple(name for name, kind in _KINDS.items() if kind == "str")
+FLOAT_COLUMNS = tuple(name for name, kind in _KINDS.items() if kind == "float")

@@ -1,4 +1,4 @@
-"""Check a trace directory against the data contract (DESIGN §4).
+"""Check a trace directory against the data contract (:mod:`speclimits.trace.schema`).
 
 Every defect is collected, not just the first, and reported in one message that names the
 file, the column and the first offending rows. Zero timings and prefill rounds are *not*
@@ -384,7 +384,7 @@ class OracleFrame:
 def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int | None = None,
                        top_k: float | None = None, n_experts: float | None = None
                        ) -> tuple[OracleFrame | None, list[Problem]]:
-    """Check an ``oracle.parquet`` table (DESIGN §4) and stack its list columns.
+    """Check an ``oracle.parquet`` table and stack its list columns.
 
     The one set of rules for Oracle inputs, applied by ``speclimits validate`` and by the
     Oracle's loader: required columns; at least one row; ``match_prob`` / ``draft_conf`` lists

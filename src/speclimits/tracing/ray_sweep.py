@@ -135,7 +135,7 @@ def plan_jobs(plan: SweepPlan, shard_size: int) -> list[Job]:
     if shard_size < 1:
         raise SpeclimitsError(f"--shard-size must be >= 1, got {shard_size}")
     jobs = []
-    if plan.batched:
+    if plan.batch_sweep:
         batches = plan.batches()
         for ki, K in enumerate(plan.k_values):
             for bi, b in enumerate(plan.batch_sizes):
@@ -421,7 +421,7 @@ class _Driver:
         self.record[job.name] = {"K": job.K, "generation_ids": list(job.gids), "where": result["where"],
                                  "attempts": self.attempts[job.name], "seconds": round(result["seconds"], 3),
                                  "skipped": result["skipped"], "engine_builds": result["engine_builds"]}
-        if self.plan.batched:
+        if self.plan.batch_sweep:
             self.bar.set_postfix_str(f"b={job.b} K={job.K} done: {job.name}")
         self.bar.update(len(job.gids))
         self._event("done", worker=slot.index, job=job.name, pid=result["where"].get("pid"))

@@ -178,8 +178,9 @@ class SweepConfig:
         return {"plant_routing": {"seed": int(self.plant_routing) * 1000 + int(K)}}
 
     @property
-    def batched(self) -> bool:
-        """True for a batch sweep (any batch size other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table."""
+    def batch_sweep(self) -> bool:
+        """True for a sweep over batch sizes (any other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table.
+        Every sweep submits its generations in :class:`Batch` groups; a batch-1 sweep's hold one each."""
         return sorted(set(int(b) for b in self.batch_sizes)) != [1]
 
     def settings(self, prompts_sha: str) -> dict[str, Any]:
@@ -192,7 +193,7 @@ class SweepConfig:
         }
         if self.plant_routing is not None:  # likewise: only a designed experiment records it
             out["plant_routing"] = int(self.plant_routing)
-        if self.batched:  # a batch-1 sweep records exactly the settings it always did
+        if self.batch_sweep:  # a batch-1 sweep records exactly the settings it always did
             out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
         return out
 
@@ -273,18 +274,10 @@ class SweepPlan:
     meta: dict[str, Any] | None
     todo: list[tuple[int, ...]]
     batch_sizes: list[int] = field(default_factory=lambda: [1])
-    #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
-    #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
-    plant_routing: int | None = None
-
-    def install_options(self, K: int) -> dict[str, Any]:
-        """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
-        if self.plant_routing is None:
-            return {}
-        return {"plant_routing": {"seed": int(self.plant_routing) * 1000 + int(K)}}
 
     @property
-    def batched(self) -> bool:
+    def batch_sweep(self) -> bool:
+        """A sweep over batch sizes (:attr:`SweepConfig.batch_sweep`)."""
         return self.batch_sizes != [1]
 
     @property
@@ -364,7 +357,7 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
     done = done_generations(root)
     plan = SweepPlan(cfg, prompts, root, settings, k_values, meta, [], batch_sizes)
     n_p = len(prompts)
-    if plan.batched:
+    if plan.batch_sweep:
         plan.todo = [(ki, K, pi, bi) for bi in range(len(batch_sizes)) for ki, K in enumerate(k_values)
                      for pi in range(n_p) if plan.gid(ki, pi, bi) not in done]
     else:
@@ -469,7 +462,7 @@ def run_batches(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, batches
     :class:`GenerationWriter`). Returns the part entry of the shard (None in buffered mode)."""
     if len({bt.b for bt in batches}) > 1:
         raise SpeclimitsError("internal: run_batches got batches of several batch sizes")
-    b = batches[0].b if (batches and plan.batched) else None
+    b = batches[0].b if (batches and plan.batch_sweep) else None
     writer = GenerationWriter(llm, plan.root, plan.cfg, K, top_k=top_k, tokenizer=holder.tokenizer,
                               with_category=plan.with_category, shard=shard, worker=worker, b=b)
     try:
@@ -520,7 +513,7 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
                    "routing of the pass that reads the token (round/row: the pass that produced it); see "
                    "speclimits.tracing.records and speclimits.trace.reference_tokens")
     extra: dict[str, Any] = {}
-    if cfg.batched:  # a batch-1 trace's meta.json stays as it always was
+    if cfg.batch_sweep:  # a batch-1 trace's meta.json stays as it always was
         extra["batch_sizes"] = batch_sizes
         conventions += ("; steps = one row per engine step of a batch (all its requests), rounds of a batch "
                         "repeat the step's times")
@@ -746,7 +739,7 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     done = done_generations(root)
     on_disk = set(list_parts(root, "rounds"))
     parts = {name: p for name, p in read_parts_log(root).items() if name in on_disk}
-    batched = bool(meta.get("batch_sizes"))
+    batch_sweep = bool(meta.get("batch_sizes"))
     n_b = len(meta.get("batch_sizes") or [1])
     n_expected = n_b * len(meta.get("k_values", [])) * _n_prompts(meta)
     by_k: dict[str, dict[str, int]] = {}
@@ -758,7 +751,7 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
     def stats(K: Any, b: Any = None) -> list[dict[str, int]]:
         out = [by_k.setdefault(str(K), new_stats())]
-        if batched:
+        if batch_sweep:
             out.append(by_b_k.setdefault(str(b), {}).setdefault(str(K), new_stats()))
         return out
 
@@ -797,7 +790,7 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
             mismatched.append(gid)
     meta = dict(meta)
     batch_checks: dict[str, Any] = {}
-    if batched:
+    if batch_sweep:
         batch_checks = {"by_b_K": by_b_k, "counters_mismatch_batches": sorted(
             bid for bid, pb in per_batch.items()
             if (pb["drafted"], pb["accepted"]) != (pb["vllm"]["drafted"], pb["vllm"]["accepted"]))}

@@ -1,7 +1,8 @@
-"""Reader tables of section 3 (the final target-time model), from :class:`speclimits.stats.FinalModelResult`.
+"""Reader tables of section 3 (the final target-time model), from :class:`speclimits.stats.FinalModelResults`.
 
 Each function returns a small frame (readable headers, units, an interval in one cell) for
-:func:`speclimits.book.present.table`; the raw frames stay on the result object for downloads.
+:func:`speclimits.book.present.table`, with the paper's values (:mod:`speclimits.paper`) set beside
+ours here; ``*_full`` frames are the downloads (the result's numbers and the paper's columns).
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from typing import Any
 
 import pandas as pd
 
-from speclimits.book.present import NOT_IDENTIFIED, ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
+from speclimits import paper
+from speclimits.book.present import NOT_IDENTIFIED, Result, ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
+from speclimits.stats.m_split import as_headline
 
 #: What a missing number reads as in the headline and regime tables.
 MISSING = "—"
 
-#: Decimals of each headline and regime quantity, by its ``key`` (:func:`speclimits.stats.final.headline_table`,
-#: :func:`speclimits.stats.regimes.regime_rows`); a pair has one per number. Intervals take the estimate's.
+#: Decimals of each headline and split quantity, by its ``key`` (:func:`speclimits.stats.final.headline_table`,
+#: :func:`speclimits.stats.m_split.split_rows`); a pair has one per number. Intervals take the estimate's.
 _DECIMALS: dict[str, int | tuple[int, int]] = {
     "alpha_one": 3, "alpha_small": 3, "alpha_large": 3, "beta0_one": 2, "beta0_small": 2, "beta0_first_large": 2,
     "alpha_ratio": 2, "interp_within": 2, "across_boundary": 1,
@@ -25,8 +28,24 @@ _DECIMALS: dict[str, int | tuple[int, int]] = {
     "r2_ladder": (3, 3), "cv_rmse_reduction": 4, "mape_ratio": 1, "pooled_mape_k5": 1,
     "pooled_mape_k1_k3": (1, 1), "loko_mean": 1, "loko_smooth": 1, "within_k_mape": 2, "categorical": (2, 3),
 }
-#: Decimals of the paper's estimate (SE) where the paper cell is written from its numbers.
-_PAPER_DECIMALS = {"pooled_u_bar": 4, "pooled_context_len": 2, "pooled_K": 3, "pooled_const": 3}
+#: The paper's value of each headline and split quantity, by ``key``: its text, or its numbers (a split, a
+#: value, an (estimate, SE) with the decimals to write them in, or a pair), written by :func:`_paper_cell`.
+_PAPER: dict[str, Any] = {
+    "boundary": paper.BOUNDARY_M, "alpha_one": "—", "beta0_one": "—",
+    "alpha_small": paper.fmt_range(paper.ALPHA_SMALL), "alpha_large": paper.fmt_range(paper.ALPHA_LARGE),
+    "beta0_small": paper.fmt_range(paper.BETA0_SMALL, digits=1), "beta0_first_large": f"{paper.BETA0_LARGE_START}",
+    "alpha_ratio": f"≈{paper.ALPHA_LEVEL_RATIO}", "interp_within": paper.fmt_range(paper.INTERP_WITHIN, digits=2),
+    "across_boundary": paper.fmt_range(paper.TRANSFER_ACROSS, digits=1),
+    "c_per_k": paper.fmt_range(paper.C_RANGE, 1e3), "c_joint": "—",
+    "pooled_u_bar": (*paper.POOLED["u_bar"], 4), "pooled_context_len": (*(v * 1e3 for v in paper.POOLED["context_len"]), 2),
+    "pooled_K": (*paper.POOLED["K"], 3), "pooled_const": (*paper.POOLED["const"], 3),
+    "r2_ladder": paper.POOLED_R2, "cv_rmse_reduction": paper.POOLED_DRMSE, "mape_ratio": paper.CATEGORICAL_MAPE_RATIO,
+    "pooled_mape_k5": paper.fmt_range(paper.POOLED_MAPE_LARGE, digits=1),
+    "pooled_mape_k1_k3": (paper.POOLED_MAPE_BY_K[1], paper.POOLED_MAPE_BY_K[3]), "loko_mean": paper.LOKO_MEAN,
+    "loko_smooth": paper.fmt_range(paper.SMOOTH_PARAMETERIZATIONS_MAPE, digits=1),
+    "within_k_mape": paper.fmt_range(paper.WITHIN_K_MAPE, digits=2),
+    "categorical": " / ".join(paper.LADDER["categorical (Eq. 4)"]),
+}
 #: How the two numbers of a pair are joined.
 _JOIN = {"r2_ladder": " → ", "pooled_mape_k1_k3": " / ", "categorical": " / "}
 #: A unit after the number (and the paper's), and text after the interval cell.
@@ -83,24 +102,22 @@ def headline_cells(row: Any) -> tuple[str, str, str]:
         ci = f"± {_num(row['half'], d1)}" + (f" ({note})" if note else "")
     else:
         raise ValueError(f"headline row {key!r}: unknown shape {shape!r}")
-    return ours, ci, _paper_cell(row, shape, unit)
+    return ours, ci, _paper_cell(key, shape, unit)
 
 
-def _paper_cell(row: Any, shape: str, unit: str) -> str:
-    text = _text(row.get("paper"))
-    if text is not None:
-        return text
-    est = row.get("paper_est")
-    if not _ok(est):
-        return MISSING
+def _paper_cell(key: str, shape: str, unit: str) -> str:
+    """The paper's cell of the quantity ``key`` (:data:`_PAPER`; none: "—")."""
+    value = _PAPER.get(key)
+    if value is None or isinstance(value, str):
+        return value or MISSING
     if shape == "split":
-        return f"{int(est)} (chosen by eye)"
+        return f"{int(value)} (chosen by eye)"
     if shape == "se":
-        d = _PAPER_DECIMALS.get(row["key"], 3)
-        return f"{fmt_num(float(est), d)} ({fmt_num(float(row['paper_se']), d)})"
+        est, se, d = value
+        return f"{fmt_num(float(est), d)} ({fmt_num(float(se), d)})"
     if shape == "pair":
-        return f"{float(est):g}{_JOIN.get(row['key'], ' / ')}{float(row['paper_est2']):g}"
-    return (f"≈{float(est):g}{unit}" if unit else f"{float(est):g}")
+        return f"{float(value[0]):g}{_JOIN.get(key, ' / ')}{float(value[1]):g}"
+    return f"≈{float(value):g}{unit}" if unit else f"{float(value):g}"
 
 
 def _cells_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -135,9 +152,7 @@ def outer_folds(res) -> pd.DataFrame:
 
 
 def regimes(res) -> pd.DataFrame:
-    """The regime-dependent rows at the rule's split and at the paper's, written as the headline's."""
-    from speclimits.stats.regimes import as_headline
-
+    """The rows that depend on the split in m, at the rule's split and at the paper's, written as the headline's."""
     return _cells_frame(as_headline(res.regimes))
 
 
@@ -161,8 +176,18 @@ def pooled(res) -> pd.DataFrame:
     return p[["Term", "Estimate [95% CI]", "SE", "p-value"]]
 
 
-def comparison(res) -> pd.DataFrame:
+def comparison_full(res) -> pd.DataFrame:
+    """The comparison of the three models (a row per ``model``) with the paper's ``paper_r2``, ``paper_cv_mape``."""
     c = res.comparison.reset_index()
+    cat_mape, cat_r2 = (float(v) for v in paper.LADDER["categorical (Eq. 4)"])
+    return c.assign(paper_r2=c["model"].map({"Ū + L": paper.POOLED_R2[0], "Ū + L + γK (pooled)": paper.POOLED_R2[1],
+                                             "categorical (Eq. 4)": cat_r2}),
+                    paper_cv_mape=c["model"].map({"Ū + L": float(paper.LADDER["Ū + L"][0]),
+                                                  "categorical (Eq. 4)": cat_mape}))
+
+
+def comparison(res) -> pd.DataFrame:
+    c = comparison_full(res)
     out = pd.DataFrame({"Model": c["model"]})
     out["$R^2$"] = c["r2"]
     out["Paper $R^2$"] = c["paper_r2"]
@@ -173,9 +198,9 @@ def comparison(res) -> pd.DataFrame:
 
 
 def standardized(res) -> pd.DataFrame:
-    s = res.pooled_std.reset_index().rename(columns={"index": "term"})
+    s = res.pooled_std.reset_index()
     return pd.DataFrame({"Term": s.iloc[:, 0].map(lambda t: _TERMS.get(t, t).split(" (")[0]),
-                         "Standardized β (ours)": s["beta_std"], "Paper": s["paper"]})
+                         "Standardized β (ours)": s["beta_std"], "Paper": s.iloc[:, 0].map(paper.POOLED_STD)})
 
 
 def cluster_se(res) -> pd.DataFrame:
@@ -186,8 +211,10 @@ def cluster_se(res) -> pd.DataFrame:
 
 
 def mape_by_k_full(res) -> pd.DataFrame:
-    """MAPE by K with the leave-one-K-out columns where the trace gives them (the table's download)."""
-    return res.mape_by_k.merge(res.loko, on="K") if res.loko is not None else res.mape_by_k.copy()
+    """MAPE by K with the leave-one-K-out columns where the trace gives them and the paper's
+    ``paper_pooled``, ``paper_loko`` (the table's download)."""
+    m = res.mape_by_k.assign(paper_pooled=res.mape_by_k["K"].map(paper.POOLED_MAPE_BY_K))
+    return m.merge(res.loko.assign(paper_loko=res.loko["K"].map(paper.LOKO_PEAKS)), on="K") if res.loko is not None else m
 
 
 def mape_by_k(res) -> pd.DataFrame:
@@ -216,8 +243,15 @@ def interpolation(frame: pd.DataFrame) -> pd.DataFrame:
                          "From": frame["sources"], "MAPE (%)": frame["mape"]})
 
 
-def ladder(res) -> pd.DataFrame:
+def ladder_full(res) -> pd.DataFrame:
+    """The specification ladder (a row per ``spec``) with the paper's ``paper_cv_mape``, ``paper_r2``."""
     l = res.ladder.reset_index()
+    return l.assign(paper_cv_mape=[paper.LADDER[s][0] for s in l["spec"]],
+                    paper_r2=[paper.LADDER[s][1] for s in l["spec"]])
+
+
+def ladder(res) -> pd.DataFrame:
+    l = ladder_full(res)
     return pd.DataFrame({
         "Specification": l["spec"],
         "$R^2$ [95% CI]": ci_cells(l["r2"], l["r2_lo"], l["r2_hi"]),
@@ -250,9 +284,6 @@ def joint_c_cell(res) -> str:
 
 def key_results(res) -> list:
     """The section's headline numbers beside the paper's (the key-results box)."""
-    from speclimits import paper
-    from speclimits.book.present import Result
-
     p_mape, p_r2 = paper.LADDER["categorical (Eq. 4)"]
     boundary_paper = f"m ≤ {paper.BOUNDARY_M} | m ≥ {paper.BOUNDARY_M + 1} (by eye)"
     rows = []
@@ -282,8 +313,6 @@ def key_results(res) -> list:
     reg = res.regimes
     ratio = reg[(reg["key"] == "alpha_ratio") & reg["basis"].str.startswith("paper")] if reg is not None else []
     if len(ratio):
-        from speclimits.stats.regimes import as_headline
-
         ours, ci, _ = headline_cells(as_headline(ratio).iloc[0])
         rows.append(Result("α level ratio, large over small regime (paper split)",
                            f"{ours} {ci.replace(', ', '; ')}".strip(), f"≈{paper.ALPHA_LEVEL_RATIO:g}",

@@ -2,8 +2,7 @@
 
 Each function takes the section's result object (:mod:`speclimits.stats`) and returns a narrow
 frame with readable headers: estimates and their 95% intervals in one cell (:func:`fmt_ci`), the
-paper's value in its own column (from :mod:`speclimits.paper` or the ``paper*`` columns the result
-frames carry), units in the headers. ``key_results_*`` give the rows of each section's box.
+paper's value (:mod:`speclimits.paper`) in its own column, units in the headers. ``key_results_*`` give the rows of each section's box.
 """
 
 from __future__ import annotations
@@ -43,10 +42,10 @@ def factor_table(res: Any) -> pd.DataFrame:
     return pd.DataFrame({
         "Factor": list(t["label"]),
         "CV $R^2$ [95% CI]": [_ci(e, h) for e, h in zip(t["r2"], t["r2_ci"])],
-        "Paper $R^2$": [_text(x) for x in t["paper_r2"]],
+        "Paper $R^2$": [_text(paper.FACTORS[f]["r2"]) for f in t.index],
         "CV RMSE (ms)": [_ci(e, h) for e, h in zip(t["rmse"], t["rmse_ci"])],
         "ΔRMSE over $\\bar U_r$ (ms)": [_ci(e, h) for e, h in zip(t["drmse"], t["drmse_ci"])],
-        "Paper ΔRMSE (ms)": [_text(x) for x in t["paper_drmse"]],
+        "Paper ΔRMSE (ms)": [_text(paper.FACTORS[f]["drmse"]) for f in t.index],
     })
 
 
@@ -57,7 +56,7 @@ def standardized_table(res: Any) -> pd.DataFrame:
     def column(term: str, what: str) -> list[str]:
         d = b[b["term"] == term].set_index("K").reindex(ks)
         if what == "paper":
-            return [_text(x) for x in d["paper"]]
+            return [_text(paper.STANDARDIZED_BY_K.get(k, (None, None))[term != "u_bar"]) for k in ks]
         return [fmt_ci(e, lo, hi) for e, lo, hi in zip(d["beta_std"], d["lower"], d["upper"])]
 
     ks = sorted(int(k) for k in b["K"].unique())
@@ -104,7 +103,7 @@ def key_results_factors(res: Any) -> list[Result]:
     if "context_len" in t.index:
         r = t.loc["context_len"]
         rows.append(Result.of("ΔRMSE of $L$ over $\\bar U_r$", r["drmse"], r["drmse"] - r["drmse_ci"],
-                              r["drmse"] + r["drmse_ci"], paper=_text(r["paper_drmse"]), unit="ms",
+                              r["drmse"] + r["drmse_ci"], paper=_text(paper.FACTORS["context_len"]["drmse"]), unit="ms",
                               ref="tbl-factors-a2"))
     if ("u_bar", k1) in bk.index:
         r = bk.loc[("u_bar", k1)]
@@ -136,7 +135,12 @@ def draft_table(res: Any) -> pd.DataFrame:
         else:
             ours.append(fmt_num(est, 3 if "R²" in q else 2))
     return pd.DataFrame({"Quantity": t["quantity"], "Ours [95% CI]": ours,
-                         "Paper": [_text(x) for x in t["paper"]]})
+                         "Paper": [_text(_DRAFT_PAPER[k]) for k in t["key"]]})
+
+
+#: The paper's draft-line numbers by the key of :meth:`DraftResults.table`.
+_DRAFT_PAPER = {**paper.DRAFT, "a": f"{paper.DRAFT['a'][0]} ({paper.DRAFT['a'][1]})",
+                "b": f"{paper.DRAFT['b'][0]} ({paper.DRAFT['b'][1]})"}
 
 
 def draft_by_k_table(res: Any) -> pd.DataFrame:
@@ -214,10 +218,11 @@ def _range(lo: float, hi: float, digits: int) -> str:
 
 def ranges_table(res: Any) -> pd.DataFrame:
     r = res.ranges.reset_index()
+    theirs = (paper.ROBUST_ALPHA, [1e3 * v for v in paper.ROBUST_C], [1e3 * v for v in paper.C_RANGE])  # ranges' rows
     return pd.DataFrame({
         "Quantity": r.iloc[:, 0],
         "Ours (min–max)": [_range(a, b, 3) for a, b in zip(r["ours_min"], r["ours_max"])],
-        "Paper (min–max)": [_range(a, b, 4 if a < 1 else 3) for a, b in zip(r["paper_min"], r["paper_max"])],
+        "Paper (min–max)": [_range(a, b, 4 if a < 1 else 3) for a, b in theirs],
     })
 
 
@@ -248,7 +253,7 @@ def breusch_pagan_table(res: Any) -> pd.DataFrame:
         "LM (df)": [f"{lm:.1f} ({int(df)})" for lm, df in zip(bp["lm"], bp["df"])],
         "Rounds": bp["n"].astype(int),
         "p": [fmt_p(p) for p in bp["p"]],
-        "Paper p": [f"≈ {p:.0e}" if np.isfinite(p) else "–" for p in bp["paper_p"]],
+        "Paper p": f"≈ {paper.BP_P:.0e}",
     })
 
 

@@ -1,4 +1,4 @@
-"""A seeded "digital twin" of the paper's setting that writes traces with a planted truth.
+"""A seeded simulated MoE of the paper's setting that writes SIMULATED traces with a planted truth.
 
 Everything the simulator does is driven by one :class:`SimConfig`, written whole into the
 trace's ``meta.json`` (``source: "simulator"``, ``simulated: true``) together with the planted
@@ -205,15 +205,16 @@ class SimConfig:
     kv_num_blocks: int = 8192
     graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32)
 
+    def __post_init__(self) -> None:  # lists from JSON or --set become tuples
+        for name in ("k_values", "graph_buckets"):
+            object.__setattr__(self, name, tuple(int(k) for k in getattr(self, name)))
+
     def truth(self) -> CostModel:
         """The planted cost model."""
         return CostModel.from_dict(self.cost_model, origin="simulator cost_model")
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["k_values"] = list(self.k_values)
-        out["graph_buckets"] = list(self.graph_buckets)
-        return out
+        return {**asdict(self), "k_values": list(self.k_values), "graph_buckets": list(self.graph_buckets)}
 
 
 PRESETS: dict[str, SimConfig] = {
@@ -236,8 +237,6 @@ def preset(name: str, **overrides: Any) -> SimConfig:
     bad = sorted(set(overrides) - valid)
     if bad:
         raise SpeclimitsError(f"unknown simulator parameter(s) {bad}; valid: {sorted(valid)}")
-    if "k_values" in overrides:
-        overrides["k_values"] = tuple(int(k) for k in overrides["k_values"])
     cfg = replace(PRESETS[name], **overrides)
     _check_config(cfg)
     return cfg
@@ -375,9 +374,10 @@ def _window_routing(cfg: SimConfig, rho: np.ndarray, rng: np.random.Generator, l
     return u_sum, u_max, u_layers
 
 
-def _new_experts(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray) -> np.ndarray:
-    """Experts per layer at token n not used at token n-1 (layer average), length N."""
-    rho = np.clip(ref.rho_token[:, None] + layer_off[None, :], 0.0, 0.98)
+def _new_experts(cfg: SimConfig, rho_token: np.ndarray, rng: np.random.Generator, layer_off: np.ndarray) -> np.ndarray:
+    """Experts per layer at each token not used at the token before (layer average), for tokens of
+    overlap ``rho_token`` (n,); (n,)."""
+    rho = np.clip(rho_token[:, None] + layer_off[None, :], 0.0, 0.98)
     p = (1.0 - rho) * (1.0 - cfg.top_k / cfg.n_experts)
     return rng.binomial(cfg.top_k, p).mean(axis=1)
 
@@ -395,26 +395,30 @@ def _bucket(cfg: SimConfig, m: np.ndarray) -> np.ndarray:
     return np.where(over, m, out)
 
 
-def _walk(accept_len: np.ndarray, n_tokens: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """States visited by a K run after the prefill (which emits y_1): (state, accepted, emitted)."""
-    states, acc, emit = [], [], []
-    n = 1
+def _walk(accept_len: np.ndarray, n_tokens: int, K: int) -> np.ndarray:
+    """Rounds of a K run, int64 (rounds, 3): state, accepted, emitted; the prefill (state 0, emits y_1) first."""
+    rounds, n = [(0, 0, 1)], 1
     while n < n_tokens:
         a = min(K, int(accept_len[n]), n_tokens - n)
-        e = min(a + 1, n_tokens - n)
-        states.append(n)
-        acc.append(a)
-        emit.append(e)
-        n += e
-    return np.asarray(states, dtype=np.int64), np.asarray(acc, dtype=np.int64), np.asarray(emit, dtype=np.int64)
+        rounds.append((n, a, min(a + 1, n_tokens - n)))
+        n += rounds[-1][2]
+    return np.array(rounds, dtype=np.int64)
 
 
-def _streams(seed: int) -> list[np.random.Generator]:
-    """The simulator's independent random streams: references, routing, timing, layer offsets and
-    the prefill tokens' routing (row 0 of ``tokens``). The fifth was added after the first four:
-    ``SeedSequence.spawn`` gives the same first children whatever the count, so the others did
-    not change."""
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(5)]
+def _stack_walks(walks: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The walks' rounds one after another: ``run`` (index into ``walks``), ``round``, ``state``, ``acc``,
+    ``emit``, (rows,) each."""
+    state, acc, emit = np.concatenate(walks).T
+    return {"run": np.repeat(np.arange(len(walks)), [len(w) for w in walks]),
+            "round": np.concatenate([np.arange(len(w)) for w in walks]), "state": state, "acc": acc, "emit": emit}
+
+
+def _streams(seed: int, n: int = 5) -> list[np.random.Generator]:
+    """The simulator's independent random streams: references, routing, timing, layer offsets, the
+    prefill tokens' routing (row 0 of ``tokens``) and, in batch mode, expert ids and step timing.
+    Streams were added at the end: ``SeedSequence.spawn`` gives the same first children whatever
+    the count, so the earlier ones did not change."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
 
 
 def layer_offsets(cfg: SimConfig, seed: int) -> np.ndarray:
@@ -449,11 +453,74 @@ def config_from_meta(meta: dict[str, Any]) -> SimConfig:
     if not meta.get("simulated") or not isinstance(raw, dict):
         raise SpeclimitsError("this trace is not simulated (meta.json has no 'simulator' section)")
     valid = {f.name for f in fields(SimConfig)}
-    kwargs = {k: v for k, v in raw.items() if k in valid}
-    for key in ("k_values", "graph_buckets"):
-        if key in kwargs:
-            kwargs[key] = tuple(kwargs[key])
-    return SimConfig(**kwargs)
+    return SimConfig(**{k: v for k, v in raw.items() if k in valid})
+
+
+def _references(cfg: SimConfig, seed: int, progress: bool, layers: bool = False
+                ) -> tuple[list[Reference], list[dict[str, np.ndarray]], dict[str, pd.DataFrame]]:
+    """The draws both modes share: the prompts' references, their window data (:func:`_window_data`,
+    ``layers`` as there; ``accept_len``, ``u_bar``, ``e_max``) and the ``oracle`` and ``tokens`` tables
+    of the first ``oracle_prompts`` (no entry when there are none)."""
+    rng_ref, rng_route, _, _, rng_prefill = _streams(seed)
+    layer_off = layer_offsets(cfg, seed)
+    cats = list(CATEGORIES)
+    refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
+    wins, oracle, tokens = [], [], []
+    for i, ref in enumerate(tqdm(refs, desc="references", unit="prompt", disable=not progress)):
+        win = _window_data(cfg, ref, rng_route, layer_off, layers=layers)
+        wins.append({k: win[k] for k in ("accept_len", "u_bar", "e_max", "u_layers") if k in win})
+        if i < cfg.oracle_prompts:
+            oracle.append(_oracle_rows(cfg, ref, win))
+            tokens.append(_token_rows(cfg, ref, rng_route, layer_off, rng_prefill))
+    if not oracle:
+        return refs, wins, {}
+    return refs, wins, {"oracle": pd.concat(oracle, ignore_index=True), "tokens": pd.concat(tokens, ignore_index=True)}
+
+
+def _passes(c: dict[str, np.ndarray], prompt_len: np.ndarray, K: Any) -> tuple[np.ndarray, ...]:
+    """Per request-round of ``c`` (``prompt``, ``round``, ``state``): the prefill mask, the prompt length P,
+    the rows m of the pass (P on the prefill, K + 1 after) and the context length (0 on the prefill)."""
+    prefill = c["round"] == 0
+    P = prompt_len[c["prompt"]]
+    return prefill, P, np.where(prefill, P, K + 1), np.where(prefill, 0, P + c["state"])
+
+
+def _prefill_experts(cfg: SimConfig, prompt_len: np.ndarray) -> np.ndarray:
+    """Unique experts per layer of a prefill: routing over the whole prompt nearly saturates each layer."""
+    return cfg.n_experts * (1 - (1 - cfg.top_k / cfg.n_experts) ** np.maximum(prompt_len * 0.3, 1))
+
+
+def _spikes(rng: np.random.Generator, n: int, share: float, mean_ms: float) -> np.ndarray:
+    """Rare timing spikes: exponential with mean ``mean_ms`` on about ``share`` of ``n`` records, else 0."""
+    return (rng.random(n) < share) * rng.exponential(mean_ms, n)
+
+
+def _draft_times(cfg: SimConfig, mean_ms: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Drafter times around ``mean_ms`` (n,): relative normal noise plus spikes, at least 0.01 ms."""
+    n = len(mean_ms)
+    return np.maximum(mean_ms * (1 + rng.normal(0, cfg.draft_noise_rel, n))
+                      + _spikes(rng, n, cfg.draft_spike_share, cfg.draft_spike_mean_ms), 0.01)
+
+
+def _rounds_frame(refs: list[Reference], c: dict[str, np.ndarray], K: Any, m: np.ndarray, ctx: np.ndarray,
+                  t_target: np.ndarray, t_draft: np.ndarray, u_bar: np.ndarray, e_max: np.ndarray, kv: np.ndarray,
+                  bucket: np.ndarray, **extra: np.ndarray) -> pd.DataFrame:
+    """``rounds`` in the contract's column order, then ``extra`` (the batch columns), from the request-rounds
+    ``c`` (``gid``, ``prompt``, ``round``, ``acc``, ``emit``) and per-row values, (n,) each (``K`` may be one)."""
+    prefill = c["round"] == 0
+
+    def per_prompt(attr: str) -> np.ndarray:
+        return np.array([getattr(r, attr) for r in refs], dtype=object)[c["prompt"]]
+
+    return pd.DataFrame({
+        "generation_id": c["gid"].astype(np.int64), "prompt_id": per_prompt("prompt_id"),
+        "K": np.broadcast_to(K, m.shape).astype(np.int32), "m": m.astype(np.int32),
+        "round": c["round"].astype(np.int32), "phase": np.where(prefill, "prefill", "decode").astype(object),
+        "t_target_ms": t_target, "t_draft_ms": t_draft, "u_bar": u_bar, "e_max": e_max,
+        "context_len": ctx.astype(np.int64), "kv_usage": kv, "graph_bucket": bucket.astype(np.int32),
+        "n_draft": np.where(prefill, 0, K).astype(np.int32), "n_accepted": c["acc"].astype(np.int32),
+        "n_emitted": c["emit"].astype(np.int32), "category": per_prompt("category"), **extra,
+    })
 
 
 def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progress: bool = True) -> dict[str, pd.DataFrame]:
@@ -463,110 +530,46 @@ def simulate(cfg: SimConfig, seed: int = 0, out: str | Path | None = None, progr
     so changing a cost parameter leaves the routing and acceptance draws unchanged.
     """
     _check_config(cfg)
-    rng_ref, rng_route, rng_time, _, rng_prefill = _streams(seed)
-    layer_off = layer_offsets(cfg, seed)
-    cats = list(CATEGORIES)
-    refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
-
-    model = cfg.truth()
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in (
-        "generation_id", "prompt", "K", "round", "state", "n_draft", "n_accepted", "n_emitted", "u_bar", "e_max",
-        "prefill")}
-    oracle_parts, token_parts = [], []
-    gen_id = 0
-    bar = tqdm(refs, desc="simulate", unit="prompt", disable=not progress)
-    for p_idx, ref in enumerate(bar):
-        win = _window_data(cfg, ref, rng_route, layer_off)
-        for K in cfg.k_values:
-            if K == 0 and p_idx >= max(1, round(cfg.k0_share * cfg.n_prompts)):
-                continue
-            states, acc, emit = _walk(win["accept_len"], ref.n, K)
-            r = len(states)
-            rows["generation_id"].append(np.full(r + 1, gen_id))
-            rows["prompt"].append(np.full(r + 1, p_idx))
-            rows["K"].append(np.full(r + 1, K))
-            rows["round"].append(np.arange(r + 1))
-            rows["state"].append(np.concatenate([[0], states]))
-            rows["n_draft"].append(np.concatenate([[0], np.full(r, K)]))
-            rows["n_accepted"].append(np.concatenate([[0], acc]))
-            rows["n_emitted"].append(np.concatenate([[1], emit]))
-            rows["u_bar"].append(np.concatenate([[np.nan], win["u_bar"][states, K]]))
-            rows["e_max"].append(np.concatenate([[np.nan], win["e_max"][states, K]]))
-            prefill = np.zeros(r + 1, dtype=bool)
-            prefill[0] = True
-            rows["prefill"].append(prefill)
-            gen_id += 1
-        if p_idx < cfg.oracle_prompts:
-            oracle_parts.append(_oracle_rows(cfg, ref, win))
-            token_parts.append(_token_rows(cfg, ref, rng_route, layer_off, rng_prefill))
-
-    cols = {k: np.concatenate(v) for k, v in rows.items()}
-    rounds = _finish_rounds(cfg, refs, cols, model, rng_time)
-    tables = {"rounds": rounds}
-    if oracle_parts:
-        tables["oracle"] = pd.concat(oracle_parts, ignore_index=True)
-        tables["tokens"] = pd.concat(token_parts, ignore_index=True)
-    if out is not None:
-        write_trace(out, make_meta(cfg, seed), **tables)
-    return tables
-
-
-def _finish_rounds(cfg: SimConfig, refs: list[Reference], cols: dict[str, np.ndarray], model: CostModel,
-                   rng: np.random.Generator) -> pd.DataFrame:
-    n = len(cols["K"])
-    prefill = cols["prefill"]
-    K = cols["K"]
-    prompt_len = np.array([r.prompt_len for r in refs])[cols["prompt"]]
-    L = np.where(prefill, 0, prompt_len + cols["state"])
-    m = np.where(prefill, prompt_len, K + 1)
-    # prefill: routing over the whole prompt nearly saturates each layer
-    sat = cfg.n_experts * (1 - (1 - cfg.top_k / cfg.n_experts) ** np.maximum(prompt_len * 0.3, 1))
-    u_bar = np.where(prefill, np.maximum(sat, cfg.top_k), cols["u_bar"])
-    e_max = np.where(prefill, np.minimum(cfg.n_experts, np.maximum(u_bar, sat + 3)), cols["e_max"])
-    dec = ~prefill
-    t_target = np.empty(n)
+    refs, wins, tables = _references(cfg, seed, progress)
+    rng = _streams(seed)[2]
+    n_k0 = max(1, round(cfg.k0_share * cfg.n_prompts))  # K = 0 runs on the first k0_share of prompts
+    runs = [(p, K) for p in range(cfg.n_prompts) for K in cfg.k_values if K > 0 or p < n_k0]
+    walks = [_walk(wins[p]["accept_len"], refs[p].n, K) for p, K in runs]
+    c = _stack_walks(walks)
+    run_prompt, run_k = np.array(runs, dtype=np.int64).reshape(-1, 2).T
+    c["gid"], c["prompt"], K = c["run"], run_prompt[c["run"]], run_k[c["run"]]
+    prefill, P, m, L = _passes(c, np.array([r.prompt_len for r in refs]), K)
+    # window data of every prompt stacked: row = the prompt's first row + state, column = K
+    window_row = np.concatenate([[0], np.cumsum([r.n for r in refs])[:-1]])[c["prompt"]] + c["state"]
+    sat = _prefill_experts(cfg, P)
+    u_bar = np.where(prefill, np.maximum(sat, cfg.top_k), np.concatenate([w["u_bar"] for w in wins])[window_row, K])
+    e_max = np.where(prefill, np.minimum(cfg.n_experts, np.maximum(u_bar, sat + 3)),
+                     np.concatenate([w["e_max"] for w in wins])[window_row, K])
+    dec, model = ~prefill, cfg.truth()
+    t_target = np.empty(len(m))
     mean_t = model.target_ms(m[dec], u_bar[dec], L[dec])
     # heteroscedastic: passes touching more experts than usual for their m are noisier
     u_dec = u_bar[dec]
     u_rel = u_dec / pd.Series(u_dec).groupby(m[dec]).transform("mean").to_numpy()
     noise = (rng.standard_t(cfg.target_noise_df, dec.sum()) * cfg.target_noise_rel * mean_t
              * u_rel ** cfg.target_noise_u_power)
-    spikes = (rng.random(dec.sum()) < cfg.target_spike_share) * rng.exponential(cfg.target_spike_mean_ms, dec.sum())
-    t_target[dec] = np.maximum(mean_t + noise + spikes, 0.05)
+    t_target[dec] = np.maximum(mean_t + noise + _spikes(rng, dec.sum(), cfg.target_spike_share,
+                                                        cfg.target_spike_mean_ms), 0.05)
     t_target[prefill] = (PREFILL_TARGET_MS[0]
-                         + PREFILL_TARGET_MS[1] * prompt_len[prefill] * (1 + rng.normal(0, 0.02, prefill.sum())))
-    t_draft = np.zeros(n)
+                         + PREFILL_TARGET_MS[1] * P[prefill] * (1 + rng.normal(0, 0.02, prefill.sum())))
+    t_draft = np.zeros(len(m))
     has_draft = dec & (K > 0)
-    mean_d = model.draft_ms(K[has_draft])
-    nd = has_draft.sum()
-    t_draft[has_draft] = np.maximum(
-        mean_d * (1 + rng.normal(0, cfg.draft_noise_rel, nd))
-        + (rng.random(nd) < cfg.draft_spike_share) * rng.exponential(cfg.draft_spike_mean_ms, nd), 0.01)
-    t_draft[prefill] = PREFILL_DRAFT_MS[0] + PREFILL_DRAFT_MS[1] * prompt_len[prefill]
+    t_draft[has_draft] = _draft_times(cfg, model.draft_ms(K[has_draft]), rng)
+    t_draft[prefill] = PREFILL_DRAFT_MS[0] + PREFILL_DRAFT_MS[1] * P[prefill]
     # zero timings (the paper saw 0.3% of records with one)
-    t_target[dec & (rng.random(n) < cfg.zero_target_share)] = 0.0
-    t_draft[has_draft & (rng.random(n) < cfg.zero_draft_share)] = 0.0
-    kv = np.ceil((L + np.where(prefill, prompt_len, m)) / cfg.kv_block_size) / cfg.kv_num_blocks
-    bucket = np.where(prefill, prompt_len, _bucket(cfg, m))
-    return pd.DataFrame({
-        "generation_id": cols["generation_id"].astype(np.int64),
-        "prompt_id": np.array([r.prompt_id for r in refs], dtype=object)[cols["prompt"]],
-        "K": K.astype(np.int32),
-        "m": m.astype(np.int32),
-        "round": cols["round"].astype(np.int32),
-        "phase": np.where(prefill, "prefill", "decode").astype(object),
-        "t_target_ms": t_target,
-        "t_draft_ms": t_draft,
-        "u_bar": u_bar,
-        "e_max": e_max,
-        "context_len": L.astype(np.int64),
-        "kv_usage": np.minimum(kv, 1.0),
-        "graph_bucket": bucket.astype(np.int32),
-        "n_draft": cols["n_draft"].astype(np.int32),
-        "n_accepted": cols["n_accepted"].astype(np.int32),
-        "n_emitted": cols["n_emitted"].astype(np.int32),
-        "category": np.array([r.category for r in refs], dtype=object)[cols["prompt"]],
-    })
+    t_target[dec & (rng.random(len(m)) < cfg.zero_target_share)] = 0.0
+    t_draft[has_draft & (rng.random(len(m)) < cfg.zero_draft_share)] = 0.0
+    kv = np.minimum(np.ceil((L + m) / cfg.kv_block_size) / cfg.kv_num_blocks, 1.0)
+    bucket = np.where(prefill, P, _bucket(cfg, m))
+    tables = {"rounds": _rounds_frame(refs, c, K, m, L, t_target, t_draft, u_bar, e_max, kv, bucket), **tables}
+    if out is not None:
+        write_trace(out, make_meta(cfg, seed), **tables)
+    return tables
 
 
 def _oracle_rows(cfg: SimConfig, ref: Reference, win: dict[str, np.ndarray]) -> pd.DataFrame:
@@ -610,22 +613,18 @@ def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_
     from the context's vocabulary, the planted context label, the script, the new experts per
     layer against the previous token, the category and ``reference_kind`` (``greedy``).
     """
-    offsets = {}
-    base = 0
-    for name in CONTEXT_NAMES:
-        offsets[name] = base
-        base += max(len(CONTEXT_PARAMS[name]["vocab"]), 1)
+    sizes = [max(len(CONTEXT_PARAMS[name]["vocab"]), 1) for name in CONTEXT_NAMES]
+    offsets, base = dict(zip(CONTEXT_NAMES, np.cumsum([0] + sizes[:-1]).tolist())), sum(sizes)
     context = np.concatenate([ref.context[:1], ref.context])
     script = np.concatenate([ref.script[:1], ref.script])
     pairs = [_token_text(t, int(c), int(s), offsets, base) for t, c, s in zip(range(-1, ref.n), context, script)]
-    rho0 = np.clip(ref.rho_token[0] + layer_off, 0.0, 0.98)
-    first = rng_prefill.binomial(cfg.top_k, (1.0 - rho0) * (1.0 - cfg.top_k / cfg.n_experts)).mean()
     return pd.DataFrame({
         "seq_id": ref.prompt_id,
         "pos": np.arange(ref.n + 1, dtype=np.int64),
         "token_id": np.asarray([i for _, i in pairs], dtype=np.int64),
         "text": [t for t, _ in pairs],
-        "new_experts": np.concatenate([[first], _new_experts(cfg, ref, rng, layer_off)]),
+        "new_experts": np.concatenate([_new_experts(cfg, ref.rho_token[:1], rng_prefill, layer_off),
+                                       _new_experts(cfg, ref.rho_token, rng, layer_off)]),
         "context": np.array(CONTEXT_NAMES, dtype=object)[context],
         "script": np.where(script == 1, v.CYRILLIC, v.LATIN).astype(object),
         "category": ref.category,
@@ -639,7 +638,7 @@ def make_meta(cfg: SimConfig, seed: int) -> dict[str, Any]:
         source="simulator",
         simulated=True,
         description=(
-            "SIMULATED trace from the speclimits digital twin. No model was run: timings, routing and "
+            "SIMULATED trace from the speclimits simulator. No model was run: timings, routing and "
             "acceptance are drawn from a generative model with a planted ground truth (see 'truth')."
         ),
         models={
@@ -710,9 +709,7 @@ class BatchSim:
             a_req=self.a_req, b_req=self.b_req)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["batch_sizes"] = list(self.batch_sizes)
-        return out
+        return {**asdict(self), "batch_sizes": list(self.batch_sizes)}
 
 
 def _check_batch(batch: BatchSim) -> tuple[int, ...]:
@@ -722,14 +719,6 @@ def _check_batch(batch: BatchSim) -> tuple[int, ...]:
     if batch.prefill_budget < 1:
         raise SpeclimitsError(f"prefill_budget must be >= 1, got {batch.prefill_budget}")
     return sizes
-
-
-def _popcount(packed: np.ndarray) -> np.ndarray:
-    """Set bits along the last axis of a uint8 array (the experts of a packed mask)."""
-    return _POPCOUNT[packed].sum(axis=-1, dtype=np.int64)
-
-
-_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
 
 
 def _expert_sets(sizes: np.ndarray, n_experts: int, rng: np.random.Generator) -> np.ndarray:
@@ -811,119 +800,79 @@ def simulate_batch(cfg: SimConfig, batch: BatchSim | None = None, seed: int = 0,
     sizes = _check_batch(batch)
     _check_config(cfg)
     truth = batch.truth(cfg)
-    # the first five streams are simulate()'s (same references, routing, Oracle and token rows);
-    # spawn() gives the same first children whatever the count
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(7)]
-    rng_ref, rng_route, _, _, rng_prefill, rng_ids, rng_time = streams
-    layer_off = layer_offsets(cfg, seed)
-    cats = list(CATEGORIES)
-    refs = [_make_reference(cfg, rng_ref, i, cats[i % len(cats)]) for i in range(cfg.n_prompts)]
-    wins, oracle_parts, token_parts = [], [], []
-    for p_idx, ref in enumerate(tqdm(refs, desc="references", unit="prompt", disable=not progress)):
-        win = _window_data(cfg, ref, rng_route, layer_off, layers=True)
-        wins.append({"accept_len": win["accept_len"], "u_layers": win["u_layers"]})
-        if p_idx < cfg.oracle_prompts:
-            oracle_parts.append(_oracle_rows(cfg, ref, win))
-            token_parts.append(_token_rows(cfg, ref, rng_route, layer_off, rng_prefill))
-
-    E, L = cfg.n_experts, cfg.n_layers
+    # the first five streams are simulate()'s (same references, routing, Oracle and token rows)
+    refs, wins, tables = _references(cfg, seed, progress, layers=True)
+    rng_ids, rng_time = _streams(seed, 7)[5:]
+    E, L, n = cfg.n_experts, cfg.n_layers, cfg.n_prompts
     prompt_len = np.array([r.prompt_len for r in refs], dtype=np.int64)
-    sat = E * (1 - (1 - cfg.top_k / E) ** np.maximum(prompt_len * 0.3, 1))
-    pre_size = np.clip(np.round(sat), cfg.top_k, E).astype(np.int64)
+    pre_size = np.clip(np.round(_prefill_experts(cfg, prompt_len)), cfg.top_k, E).astype(np.int64)
     prefill_sets = _expert_sets(np.repeat(pre_size[:, None], L, axis=1), E, rng_ids)
-    n_prompts, n_k = cfg.n_prompts, len(cfg.k_values)
-    round_parts, step_parts = [], []
-    step_counter = 0
-    bar = tqdm(total=n_k * len(sizes), desc="batch sweep", unit="(K, b)", disable=not progress)
+    round_parts, step_parts, step_counter = [], [], 0
+    bar = tqdm(total=len(cfg.k_values) * len(sizes), desc="batch sweep", unit="(K, b)", disable=not progress)
     for k_index, K in enumerate(cfg.k_values):
         walks = [_walk(w["accept_len"], ref.n, K) for w, ref in zip(wins, refs)]
-        n_dec = np.array([len(w[0]) for w in walks], dtype=np.int64)
-        dec_start = np.concatenate([[0], np.cumsum(n_dec)])
-        u_dec = np.concatenate([w["u_layers"][st, :, K] for w, (st, _, _) in zip(wins, walks)])
+        n_rounds = np.array([len(w) for w in walks], dtype=np.int64)
+        c = _stack_walks(walks)
+        c["prompt"] = c["run"]
+        u_dec = np.concatenate([w["u_layers"][walk[1:, 0], :, K] for w, walk in zip(wins, walks)])
         sets = np.concatenate([prefill_sets, _expert_sets(u_dec, E, rng_ids)])  # rows: prompts, then decode rounds
         own_u = np.concatenate([np.repeat(pre_size[:, None], L, axis=1), u_dec]).astype(np.float64)
+        c["set_row"] = np.where(c["round"] == 0, c["prompt"], n + np.cumsum(c["round"] > 0) - 1)
         for b_index, b in enumerate(sizes):
-            cols: dict[str, list[np.ndarray]] = {k: [] for k in (
-                "prompt", "round", "state", "acc", "emit", "step", "set_row", "gid", "batch_id")}
-            for first in range(0, n_prompts, b):
-                members = np.arange(first, min(first + b, n_prompts))
-                gid0 = (b_index * n_k + k_index) * n_prompts
-                pre = _prefill_steps(prompt_len[members], batch.prefill_budget)
-                for i, p in enumerate(members):
-                    st, acc, emit = walks[p]
-                    r = len(st)
-                    cols["prompt"].append(np.full(r + 1, p))
-                    cols["round"].append(np.arange(r + 1))
-                    cols["state"].append(np.concatenate([[0], st]))
-                    cols["acc"].append(np.concatenate([[0], acc]))
-                    cols["emit"].append(np.concatenate([[1], emit]))
-                    cols["step"].append(step_counter + pre[i] + np.arange(r + 1))
-                    cols["set_row"].append(np.concatenate([[p], n_prompts + dec_start[p] + np.arange(r)]))
-                    cols["gid"].append(np.full(r + 1, gid0 + p))
-                    cols["batch_id"].append(np.full(r + 1, gid0 + first))
-                step_counter += int(max(pre[i] + len(walks[p][0]) + 1 for i, p in enumerate(members)))
-            c = {k: np.concatenate(v) for k, v in cols.items()}
-            rr, ss = _batch_tables(cfg, truth, K, b, c, sets, own_u, prompt_len, rng_time)
+            gid0 = (b_index * len(cfg.k_values) + k_index) * n
+            first_step = np.empty(n, dtype=np.int64)  # engine step of each request's prefill
+            for first in range(0, n, b):
+                batch_of = slice(first, min(first + b, n))
+                first_step[batch_of] = step_counter + _prefill_steps(prompt_len[batch_of], batch.prefill_budget)
+                step_counter = int((first_step[batch_of] + n_rounds[batch_of]).max())
+            cb = {**c, "gid": gid0 + c["prompt"], "batch_id": gid0 + c["prompt"] // b * b,
+                  "step": first_step[c["prompt"]] + c["round"]}
+            rr, ss = _batch_tables(cfg, truth, refs, K, b, cb, sets, own_u, prompt_len, rng_time)
             round_parts.append(rr)
             step_parts.append(ss)
             bar.update()
     bar.close()
     rounds = pd.concat(round_parts, ignore_index=True).sort_values(["generation_id", "round"], kind="stable")
-    prompt = rounds.pop("_prompt").to_numpy()
-    rounds["prompt_id"] = np.array([r.prompt_id for r in refs], dtype=object)[prompt]
-    rounds["category"] = np.array([r.category for r in refs], dtype=object)[prompt]
-    rounds = rounds[_BATCH_ROUND_ORDER].reset_index(drop=True)
     steps = pd.concat(step_parts, ignore_index=True).sort_values(["batch_id", "step"], kind="stable")
-    tables = {"rounds": rounds, "steps": steps.reset_index(drop=True)}
-    if oracle_parts:
-        tables["oracle"] = pd.concat(oracle_parts, ignore_index=True)
-        tables["tokens"] = pd.concat(token_parts, ignore_index=True)
+    tables = {"rounds": rounds.reset_index(drop=True), "steps": steps.reset_index(drop=True), **tables}
     if out is not None:
-        write_batch_trace(out, make_batch_meta(cfg, batch, seed), tables)
+        write_trace(out, make_batch_meta(cfg, batch, seed), **tables)
     return tables
 
 
-_BATCH_ROUND_ORDER = ["generation_id", "prompt_id", "K", "m", "round", "phase", "t_target_ms", "t_draft_ms", "u_bar",
-                      "e_max", "context_len", "kv_usage", "graph_bucket", "n_draft", "n_accepted", "n_emitted",
-                      "category", "b", "batch_id", "step", "n_drafted_next"]
-
-
-def _batch_tables(cfg: SimConfig, truth: BatchCostModel, K: int, b: int, c: dict[str, np.ndarray],
-                  sets: np.ndarray, own_u: np.ndarray, prompt_len: np.ndarray,
+def _batch_tables(cfg: SimConfig, truth: BatchCostModel, refs: list[Reference], K: int, b: int,
+                  c: dict[str, np.ndarray], sets: np.ndarray, own_u: np.ndarray, prompt_len: np.ndarray,
                   rng: np.random.Generator) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The rounds and steps of one (K, b) sweep from its request-rounds ``c`` (see :func:`simulate_batch`)."""
-    prefill = c["round"] == 0
-    P = prompt_len[c["prompt"]]
-    m = np.where(prefill, P, K + 1)
-    ctx = np.where(prefill, 0, P + c["state"])
+    prefill, P, m, ctx = _passes(c, prompt_len, K)
     order = np.lexsort((c["prompt"], c["step"]))
     step_ids, starts = np.unique(c["step"][order], return_index=True)
     step_of_row = np.empty(len(order), dtype=np.int64)
     step_of_row[order] = np.searchsorted(step_ids, c["step"][order])
     n_steps = len(step_ids)
 
-    def per_step(values: np.ndarray, how: str = "sum") -> np.ndarray:
-        if how == "sum":
-            return np.bincount(step_of_row, weights=values, minlength=n_steps)
-        out = np.full(n_steps, -np.inf)
-        np.maximum.at(out, step_of_row, values)
-        return out
+    def per_step(values: np.ndarray) -> np.ndarray:
+        return np.bincount(step_of_row, weights=values, minlength=n_steps)
+
+    def union_counts(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The steps of ``rows`` (sorted by step) and, per step and layer, the experts in the union of their sets."""
+        at, firsts = np.unique(step_of_row[rows], return_index=True)
+        union = np.bitwise_or.reduceat(sets[c["set_row"][rows]], firsts, axis=0)
+        return at, np.bitwise_count(union).sum(axis=-1, dtype=np.int64)
 
     n_reqs = np.bincount(step_of_row, minlength=n_steps)
     n_decode = np.bincount(step_of_row, weights=~prefill, minlength=n_steps).astype(np.int64)
     n_tokens = per_step(m).astype(np.int64)
-    m_max = per_step(m.astype(float), "max").astype(np.int64)
+    m_max = np.maximum.reduceat(m[order], starts).astype(np.int64)
     prompt_rows = per_step(np.where(prefill, P, 0)).astype(np.int64)
     ctx_total = per_step(ctx).astype(np.int64)
     ctx_decode = per_step(np.where(prefill, 0, ctx))
-    union = np.bitwise_or.reduceat(sets[c["set_row"][order]], starts, axis=0)
-    u_layers = _popcount(union).astype(float)  # (steps, layers): unique experts over all rows of the step
+    u_layers = union_counts(order)[1].astype(float)  # (steps, layers): unique experts over all rows of the step
     dec_rows = order[~prefill[order]]
     u_decode = np.zeros(n_steps)
     if dec_rows.size:
-        d_steps, d_starts = np.unique(step_of_row[dec_rows], return_index=True)
-        d_union = np.bitwise_or.reduceat(sets[c["set_row"][dec_rows]], d_starts, axis=0)
-        u_decode[d_steps] = _popcount(d_union).mean(axis=1)
+        d_steps, d_u = union_counts(dec_rows)
+        u_decode[d_steps] = d_u.mean(axis=1)
     phase = np.where(n_decode == n_reqs, "decode", np.where(n_decode == 0, "prefill", "mixed")).astype(object)
     has_dec = n_decode > 0
     # target time of the step
@@ -932,7 +881,7 @@ def _batch_tables(cfg: SimConfig, truth: BatchCostModel, K: int, b: int, c: dict
         mean_t[has_dec] = truth.target_ms(n_decode[has_dec], np.full(has_dec.sum(), K + 1), u_decode[has_dec],
                                           ctx_decode[has_dec])
     noise = rng.standard_t(cfg.target_noise_df, n_steps) * cfg.target_noise_rel
-    spikes = (rng.random(n_steps) < cfg.target_spike_share) * rng.exponential(cfg.target_spike_mean_ms, n_steps)
+    spikes = _spikes(rng, n_steps, cfg.target_spike_share, cfg.target_spike_mean_ms)
     pre_noise = 1 + rng.normal(0, 0.02, n_steps)
     t_target = np.where(has_dec, np.maximum(mean_t * (1 + noise) + spikes, 0.05), PREFILL_TARGET_MS[0] * pre_noise)
     t_target += PREFILL_TARGET_MS[1] * prompt_rows * pre_noise
@@ -941,10 +890,8 @@ def _batch_tables(cfg: SimConfig, truth: BatchCostModel, K: int, b: int, c: dict
     # drafter time of the step
     t_draft = np.zeros(n_steps)
     if K > 0:
-        d_noise = 1 + rng.normal(0, cfg.draft_noise_rel, n_steps)
-        d_spike = (rng.random(n_steps) < cfg.draft_spike_share) * rng.exponential(cfg.draft_spike_mean_ms, n_steps)
-        t_draft = np.maximum(truth.draft_ms(n_reqs, np.full(n_steps, K)) * d_noise + d_spike, 0.01)
-        t_draft += PREFILL_DRAFT_MS[1] * prompt_rows
+        t_draft = (_draft_times(cfg, truth.draft_ms(n_reqs, np.full(n_steps, K)), rng)
+                   + PREFILL_DRAFT_MS[1] * prompt_rows)
         t_draft[has_dec & (rng.random(n_steps) < cfg.zero_draft_share)] = 0.0
     kv_blocks = per_step(np.ceil((ctx + m) / cfg.kv_block_size))
     kv = np.minimum(kv_blocks / cfg.kv_num_blocks, 1.0)
@@ -959,18 +906,10 @@ def _batch_tables(cfg: SimConfig, truth: BatchCostModel, K: int, b: int, c: dict
         "phase": phase, "n_drafted_next": (K * n_reqs).astype(np.int64),
     })
     own = own_u[c["set_row"]]
-    rounds = pd.DataFrame({
-        "generation_id": c["gid"].astype(np.int64), "_prompt": c["prompt"], "K": np.full(len(m), K, dtype=np.int32),
-        "m": m.astype(np.int32), "round": c["round"].astype(np.int32),
-        "phase": np.where(prefill, "prefill", "decode").astype(object),
-        "t_target_ms": t_target[step_of_row], "t_draft_ms": t_draft[step_of_row],
-        "u_bar": own.mean(axis=1), "e_max": own.max(axis=1), "context_len": ctx.astype(np.int64),
-        "kv_usage": kv[step_of_row], "graph_bucket": bucket[step_of_row].astype(np.int32),
-        "n_draft": np.where(prefill, 0, K).astype(np.int32), "n_accepted": c["acc"].astype(np.int32),
-        "n_emitted": c["emit"].astype(np.int32), "b": np.full(len(m), b, dtype=np.int64),
-        "batch_id": c["batch_id"].astype(np.int64), "step": c["step"].astype(np.int64),
-        "n_drafted_next": np.full(len(m), K, dtype=np.int64),
-    })
+    rounds = _rounds_frame(refs, c, K, m, ctx, t_target[step_of_row], t_draft[step_of_row], own.mean(axis=1),
+                           own.max(axis=1), kv[step_of_row], bucket[step_of_row], b=np.full(len(m), b, dtype=np.int64),
+                           batch_id=c["batch_id"].astype(np.int64), step=c["step"].astype(np.int64),
+                           n_drafted_next=np.full(len(m), K, dtype=np.int64))
     return rounds, steps
 
 
@@ -982,7 +921,7 @@ def make_batch_meta(cfg: SimConfig, batch: BatchSim, seed: int) -> dict[str, Any
     meta = make_meta(cfg, seed)
     meta.update(
         description=(
-            "SIMULATED batch trace from the speclimits digital twin: b requests share every engine step "
+            "SIMULATED batch trace from the speclimits simulator: b requests share every engine step "
             "(batch sizes " + ", ".join(map(str, sizes)) + "). No model was run: timings, routing and acceptance "
             "are drawn from a generative model with a planted ground truth (see 'truth'; its per-request terms "
             "gamma, a_req, b_req are simulator choices, not the paper's)."),
@@ -994,25 +933,3 @@ def make_batch_meta(cfg: SimConfig, batch: BatchSim, seed: int) -> dict[str, Any
                          "note": "k0_share is not used: every prompt runs at every K and batch size"},
     )
     return meta
-
-
-def write_batch_trace(out: str | Path, meta: dict[str, Any], tables: dict[str, pd.DataFrame]) -> Path:
-    """Write a batch trace: :func:`speclimits.trace.write_trace` for every table it knows; the
-    ``steps`` table directly when this checkout's trace schema does not list it yet."""
-    from speclimits.trace import TABLES
-
-    tables = dict(tables)
-    steps = tables.pop("steps", None)
-    if steps is not None and "steps" not in TABLES:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        root = Path(out)
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / ".steps.parquet.tmp"
-        pq.write_table(pa.Table.from_pandas(steps, preserve_index=False), tmp, compression="zstd")
-        tmp.replace(root / "steps.parquet")
-        meta = {**meta, "tables": {**meta.get("tables", {}), "steps": int(len(steps))}}
-    elif steps is not None:
-        tables["steps"] = steps
-    return write_trace(out, meta, **tables)

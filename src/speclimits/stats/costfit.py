@@ -1,0 +1,488 @@
+"""The cost-model fit: the joint categorical target model (Eq. 4) and the draft line, on cell moments.
+
+One fit serves every consumer: :func:`fit_costs` on the moments of a trace's decode rounds
+(:class:`CostMoments`), each generation weighted. Without weights it is the full sample with
+standard errors clustered by generation (:func:`fit_cost_model`: ``speclimits fit``, the Oracle's
+preparation, ``control.fit``); with a (B, G) matrix of draw counts it is B cluster-bootstrap
+replicates (the Oracle's bootstrap): a generation drawn w times adds w copies of its ``X'X`` and
+``X'y``, so a replicate is one weighted sum and a p x p solve, under the same design rules
+(sparse m pooled, α's identification, the m = 1 convention, the draft line through the origin on a
+single K) decided on the replicate's own sums.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from speclimits import vocabulary
+from speclimits.costmodel import CostModel
+from speclimits.errors import SpeclimitsError
+from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, Term, cross_products, fit_ols,
+                                   solve_normal)
+from speclimits.stats.draft import DRAFT_DESIGN
+from speclimits.stats.requirements import REQUIREMENTS
+from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
+
+M1_NOTE = ("m = 1 (K = 0, plain decoding): u_bar is constant (= top_k) so alpha(1) is not identified; "
+           "convention alpha(1) := alpha(2), beta0(1) := intercept(1) - alpha(1) * top_k")
+#: Base variables of the target fit.
+TARGET_BASE = ("u_bar", "context_len")
+
+
+# ---------------------------------------------------------------------------
+# joint categorical model (Eq. 4)
+# ---------------------------------------------------------------------------
+
+
+#: The sparse-cell rule (see :func:`pool_sparse_m`): an m whose decode rounds number fewer than
+#: ``MIN_CELL_ROUNDS`` or come from fewer than ``MIN_CELL_GENERATIONS`` generations is pooled.
+MIN_CELL_ROUNDS = vocabulary.MIN_CELL_ROUNDS
+MIN_CELL_GENERATIONS = vocabulary.MIN_CELL_GENERATIONS
+
+
+def _m_key(members: Sequence[int]) -> str:
+    """The coefficient label of a group of m values: ``"5"`` alone, ``"3,4,5"`` when pooled."""
+    return ",".join(str(int(m)) for m in members)
+
+
+@dataclass(frozen=True)
+class MPooling:
+    """Which m values the joint model fits together (the sparse-cell rule of :func:`pool_sparse_m`).
+
+    ``groups``: tuples of m values, ascending; a singleton is an m fitted on its own, a longer tuple
+    shares one ``beta0`` and one ``alpha``. ``counts``: per m present, ``n_rounds`` and
+    ``n_generations``. ``notes``: one line per pooled group (or per m kept below the minimum).
+    """
+
+    groups: tuple[tuple[int, ...], ...]
+    counts: pd.DataFrame
+    notes: tuple[str, ...] = ()
+    min_rounds: int = MIN_CELL_ROUNDS
+    min_generations: int = MIN_CELL_GENERATIONS
+
+    @property
+    def pooled(self) -> dict[str, list[int]]:
+        """``{label: members}`` of the groups with more than one m."""
+        return {_m_key(g): list(g) for g in self.groups if len(g) > 1}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_rounds": self.min_rounds, "min_generations": self.min_generations, "pooled": self.pooled,
+                "notes": list(self.notes)}
+
+
+def pool_sparse_m(mom: CellMoments, min_rounds: int = MIN_CELL_ROUNDS,
+                  min_generations: int = MIN_CELL_GENERATIONS) -> MPooling:
+    """The sparse-cell rule: which m values the joint model (Eq. 4) fits together.
+
+    An m is *sparse* when it has fewer than ``min_rounds`` decode rounds or rounds from fewer than
+    ``min_generations`` generations (the normal shape of an n-gram or draft-model trace: most
+    rounds at m = 1, a handful at larger m). Going up from the smallest m >= 2, a sparse m is
+    pooled with the next larger m until the group meets both minimums; a sparse group left at the
+    top joins the group below it. A pooled group shares one ``beta0`` and one ``alpha`` (written
+    for each of its m in the cost model) and is named in the notes. m = 1 is never pooled: Ū is
+    constant there (α(1) comes from the convention of :data:`M1_NOTE`). A full sweep (every m with
+    enough rounds) is left as it is.
+    """
+    cells = mom.cells
+    ms = sorted(int(v) for v in cells["m"].unique())
+    n_rounds = {m: int(mom.n[cells["m"].to_numpy() == m].sum()) for m in ms}
+    gens = {m: set(cells.loc[cells["m"] == m, "generation_id"].tolist()) for m in ms}
+    counts = pd.DataFrame({"m": ms, "n_rounds": [n_rounds[m] for m in ms],
+                           "n_generations": [len(gens[m]) for m in ms]})
+
+    def enough(group: list[int]) -> bool:
+        return (sum(n_rounds[m] for m in group) >= min_rounds
+                and len(set().union(*(gens[m] for m in group))) >= min_generations)
+
+    groups: list[list[int]] = [[1]] if 1 in ms else []
+    first_free = len(groups)
+    current: list[int] = []
+    for m in (v for v in ms if v >= 2):
+        current.append(m)
+        if enough(current):
+            groups.append(current)
+            current = []
+    if current:
+        if len(groups) > first_free:
+            groups[-1] = groups[-1] + current
+        else:
+            groups.append(current)
+    notes = []
+    for g in groups:
+        n = sum(n_rounds[m] for m in g)
+        n_gen = len(set().union(*(gens[m] for m in g)))
+        each = ", ".join(f"m = {m}: {n_rounds[m]} rounds / {len(gens[m])} generations" for m in g)
+        if len(g) > 1:
+            notes.append(f"sparse cells pooled: m = {_m_key(g)} share one beta0 and one alpha ({each}; the minimum "
+                         f"per m is {min_rounds} rounds from {min_generations} generations)")
+        elif not enough(g):
+            notes.append(f"m = {g[0]} has {n} rounds from {n_gen} generations, below the minimum of {min_rounds} "
+                         f"rounds from {min_generations} generations, and nothing to pool it with: its "
+                         "coefficients rest on these rounds alone")
+    return MPooling(tuple(tuple(g) for g in groups), counts, tuple(notes), min_rounds, min_generations)
+
+
+def _in_group(cells: pd.DataFrame, members: Sequence[int]) -> np.ndarray:
+    return np.isin(cells["m"].to_numpy(), list(members))
+
+
+def _u_sums(mom: CellMoments, members: Sequence[int]) -> tuple[float, float, float]:
+    """Rows, ΣŪ and ΣŪ² of the cells of a group of m."""
+    sel, iu = _in_group(mom.cells, members), mom.names.index("u_bar")
+    return mom.n[sel].sum(), mom.zz[sel, iu, 0].sum(), mom.zz[sel, iu, iu].sum()
+
+
+def _identified(n, s1, s2):
+    """Whether α is identified in a group of m from its rows ``n``, ΣŪ ``s1``, ΣŪ² ``s2`` (arrays or
+    scalars): Ū's variance above 1e-10 of max(1, mean²). Where it is not (Ū constant, as at m = 1),
+    the donor rule of :func:`_donor` supplies α."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = s1 / n
+        return s2 / n - mean ** 2 > 1e-10 * np.maximum(1.0, mean ** 2)
+
+
+def _donor(group: tuple[int, ...], ident: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The identified group whose α a group with unidentified α takes: the nearest in m (the smaller on a tie)."""
+    return min(ident, key=lambda v: (abs(v[0] - group[0]), v[0]))
+
+
+def joint_design(groups: Sequence[Sequence[int]], unidentified: Sequence[Sequence[int]] = ()) -> Design:
+    """Eq. 4 on groups of m values: ``beta0[g]`` per group, ``alpha[g]`` where identified, shared ``c``.
+
+    ``g`` is the group's label (:func:`_m_key`: ``"5"`` for an m on its own). A term is active on the
+    cells whose m is in its group, so the design applies to any moments (e.g. every K's rounds)."""
+    unident = {tuple(int(m) for m in g) for g in unidentified}
+    terms = []
+    for g in groups:
+        members = tuple(int(m) for m in g)
+        active = (lambda cells, mm=members: _in_group(cells, mm))
+        terms.append(Term(f"beta0[{_m_key(members)}]", "const", None, active))
+        if members not in unident:
+            terms.append(Term(f"alpha[{_m_key(members)}]", "u_bar", None, active))
+    terms.append(Term("c", "context_len"))
+    return Design(tuple(terms), "categorical: beta0(m) + alpha(m)·Ū + c·L")
+
+
+def categorical_design(mom: CellMoments, pooling: MPooling | None = None) -> tuple[Design, list[int]]:
+    """Eq. 4 on the m values present: ``beta0[m]`` and ``alpha[m]`` per m (per pooled group of
+    :func:`pool_sparse_m` where cells are sparse), shared ``c``.
+
+    Returns the design and the m values whose α is not identified (Ū constant within m).
+    """
+    groups = (pooling or pool_sparse_m(mom)).groups
+    unident = [g for g in groups if not _identified(*_u_sums(mom, g))]
+    return joint_design(groups, unident), [m for g in unident for m in g]
+
+
+@dataclass(frozen=True)
+class JointResults(ResultsMixin):
+    """The joint categorical fit: the regression and its per-m coefficient table.
+
+    ``by_m`` has one row per m: ``K``, ``n``, ``beta0``, ``beta0_se``, ``beta0_lower``/``upper``,
+    ``alpha`` (...), ``identified`` (False where the m = 1 convention supplied α); the m of a
+    pooled group (``pooling``, :func:`pool_sparse_m`) repeat the group's coefficients.
+    ``c``/``c_se`` the shared context coefficient; ``top_k`` and ``notes`` record conventions.
+    """
+
+    ols: OLSResults
+    by_m: pd.DataFrame
+    top_k: float | None
+    notes: tuple[str, ...] = ()
+    design: Design | None = field(default=None, repr=False)
+    pooling: MPooling | None = field(default=None, repr=False)
+
+    @property
+    def params(self) -> pd.Series:
+        return self.ols.params
+
+    @property
+    def bse(self) -> pd.Series:
+        return self.ols.bse
+
+    def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
+        return self.ols.conf_int(alpha)
+
+    @property
+    def c(self) -> float:
+        return float(self.ols.params["c"])
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.by_m
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fit": self.ols.to_dict(), "by_m": self.by_m, "c": self.c, "c_se": float(self.ols.bse["c"]),
+                "top_k": self.top_k, "notes": list(self.notes),
+                "pooling": None if self.pooling is None else self.pooling.to_dict()}
+
+    def summary(self) -> str:
+        return (f"Joint categorical model (Eq. 4), {self.ols.nobs:,} rounds, {self.ols.n_clusters:,} generations\n"
+                f"c = {self.c:.4e} ms/token (SE {self.ols.bse['c']:.2e})\n"
+                + self.by_m.to_string(float_format=lambda v: f"{v:.5g}") + "".join(f"\nnote: {n}" for n in self.notes))
+
+
+def _convention(mom: CellMoments, ols: OLSResults, group: tuple[int, ...], donor: tuple[int, ...],
+                top_k: float | None, notes: list[str]) -> tuple[float, float, float, float]:
+    """α, var α, β0, var β0 at a group of m whose α is unidentified: α := α(donor), β0 = intercept - α·top_k."""
+    p, cov = ols.params, ols.cov
+    n, s1, _ = _u_sums(mom, group)
+    u_obs = float(s1 / n)
+    tk = float(top_k) if top_k is not None else u_obs
+    m, d = _m_key(group), _m_key(donor)
+    if top_k is not None and abs(tk - u_obs) > 1e-6:
+        notes.append(f"m = {m}: top_k = {tk:g} differs from the observed constant u_bar = {u_obs:g}")
+    a_name, b_name = f"alpha[{d}]", f"beta0[{m}]"
+    alpha, alpha_var = p[a_name], cov.loc[a_name, a_name]
+    beta0 = p[b_name] - alpha * tk
+    beta0_var = cov.loc[b_name, b_name] + tk ** 2 * alpha_var - 2 * tk * cov.loc[b_name, a_name]
+    notes.append(f"m = {m}: alpha({m}) := alpha({d}) = {alpha:.4g}, beta0({m}) = intercept({m}) - "
+                 f"alpha({m}) * {tk:g} (top_k from {'the trace meta' if top_k is not None else 'the observed constant u_bar'}); "
+                 f"u_bar is constant at this m so alpha({m}) is not identified from the data")
+    return alpha, alpha_var, beta0, beta0_var
+
+
+def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | None = None) -> JointResults:
+    """Fit Eq. 4 jointly on every cell of ``mom``; apply the m = 1 convention where α is unidentified.
+
+    ``top_k`` is the constant Ū of an m = 1 pass (the target's experts per token); when None it is
+    taken from the data (the constant Ū observed at that m). Sparse m are pooled by
+    :func:`pool_sparse_m` (``pooling``: a rule already decided, e.g. on the full sample).
+    """
+    pooling = pooling or pool_sparse_m(mom)
+    design, unident = categorical_design(mom, pooling)
+    ols = fit_ols(mom, design)
+    q = sps.t.ppf(0.975, ols.df_t)
+    groups = [g for g in pooling.groups if _in_group(mom.cells, g).any()]
+    ident = [g for g in groups if g[0] not in unident]
+    if not ident:
+        raise SpeclimitsError("alpha is not identified at any m (u_bar is constant within every m: the trace "
+                              "needs rounds with drafts, K > 0, whose experts vary)")
+    notes: list[str] = list(pooling.notes)
+    rows = []
+    for g in groups:
+        key = _m_key(g)
+        if g in ident:
+            alpha, alpha_var = ols.params[f"alpha[{key}]"], ols.cov.loc[f"alpha[{key}]", f"alpha[{key}]"]
+            beta0, beta0_var = ols.params[f"beta0[{key}]"], ols.cov.loc[f"beta0[{key}]", f"beta0[{key}]"]
+        else:
+            donor = _donor(g, ident)
+            alpha, alpha_var, beta0, beta0_var = _convention(mom, ols, g, donor, top_k, notes)
+        b_se, a_se = math.sqrt(max(beta0_var, 0)), math.sqrt(max(alpha_var, 0))
+        for m in g:
+            sel = mom.cells["m"].to_numpy() == m
+            rows.append({"m": m, "K": int(mom.cells.loc[sel, "K"].iloc[0]), "n": int(mom.n[sel].sum()),
+                         "beta0": beta0, "beta0_se": b_se, "beta0_lower": beta0 - q * b_se,
+                         "beta0_upper": beta0 + q * b_se, "alpha": alpha, "alpha_se": a_se,
+                         "alpha_lower": alpha - q * a_se, "alpha_upper": alpha + q * a_se, "identified": g in ident})
+    return JointResults(ols, pd.DataFrame(rows), float(top_k) if top_k is not None else None, tuple(notes), design,
+                        pooling)
+
+
+# ---------------------------------------------------------------------------
+# the cost model, on generations weighted
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class CostMoments:
+    """A trace's rounds as the cost-model fit reads them.
+
+    ``target``: decode rounds with a non-zero target time (K = 0 gives m = 1), base ``u_bar``,
+    ``context_len``; ``draft``: decode rounds with K >= 1 and a non-zero draft time (None when there
+    are none); ``report``: what the target's filter left out; ``pooling``: the sparse-cell rule on these
+    rounds; ``top_k``: the target's experts per token (None: the constant Ū observed at m = 1).
+    ``target_gen`` (C,) / ``draft_gen``: each cell's generation, the column of the (B, G) weights of
+    :func:`fit_costs` (G = ``n_generations``, every generation of the rounds, sorted).
+    """
+
+    target: CellMoments
+    draft: CellMoments | None
+    report: FilterReport
+    pooling: MPooling
+    top_k: float | None
+    target_gen: np.ndarray
+    draft_gen: np.ndarray | None
+    n_generations: int
+
+    @classmethod
+    def of(cls, rounds: pd.DataFrame, top_k: float | None = None) -> "CostMoments":
+        gens = pd.Index(pd.factorize(rounds["generation_id"], sort=True)[1])
+        dec, report = decode_rounds(rounds, timing="target")
+        target = CellMoments.from_rounds(dec, base=TARGET_BASE)
+        dec_d, _ = decode_rounds(rounds, timing="draft")
+        draft = CellMoments.from_rounds(dec_d, response="t_draft_ms", base=()) if len(dec_d) else None
+        return cls(target, draft, report, pool_sparse_m(target), None if top_k is None else float(top_k),
+                   gens.get_indexer(target.cells["generation_id"]),
+                   None if draft is None else gens.get_indexer(draft.cells["generation_id"]), len(gens))
+
+
+def _draft_line(xtx: np.ndarray, xty: np.ndarray, one_k: bool) -> tuple[float, float]:
+    """``(a, b)`` of ``T_D = a·K + b`` from the draft design's ``X'X``, ``X'y``; with a single K > 0 (slope
+    and intercept collinear) the line through the origin, ``a = ΣT_D / ΣK``, ``b = 0``."""
+    if one_k:
+        return float(xty[0] / xtx[0, 1]), 0.0
+    b, a = solve_normal(xtx, xty, DRAFT_DESIGN.columns)
+    return float(a), float(b)
+
+
+def fit_costs(mom: CostMoments, weights: np.ndarray | None = None, source: str = "") -> list[CostModel | None]:
+    """The cost models of ``mom`` with each generation weighted.
+
+    ``weights`` None: the full sample, one model, standard errors clustered by generation, row
+    counts and conventions in ``extra["fit"]``; raises where a part cannot be fitted. ``weights``
+    (B, G) draw counts (:func:`speclimits.bootstrap.draw_counts` over ``mom.n_generations``): B
+    replicates, each drawn copy of a generation its own generation, no ``extra``; None for a
+    replicate whose design cannot be solved (α identified at no group, a singular design). The
+    groups of m are the full sample's; which are present and where α is identified, each
+    replicate's own.
+    """
+    if mom.draft is None:
+        raise SpeclimitsError(f"the draft line T_D = a·K + b cannot be fitted: {REQUIREMENTS['draft']} (no decode "
+                              "rounds with K >= 1 and a non-zero draft time)")
+    if weights is None:
+        return [_fit_full(mom, source)]
+    w = np.atleast_2d(np.asarray(weights, dtype=float))
+    if w.shape[1] != mom.n_generations:
+        raise ValueError(f"weights have {w.shape[1]} columns for {mom.n_generations} generations")
+    t, d, groups = mom.target, mom.draft, mom.pooling.groups
+
+    def weighted(values, gen, rows=slice(None)):  # (B, ...) sums of per-cell values, weighted by generation
+        per = np.zeros((mom.n_generations,) + values.shape[1:])
+        np.add.at(per, gen, values)
+        return np.einsum("bg,gij->bij", w[rows], per) if per.ndim == 3 else w[rows] @ per
+
+    # the design each replicate's rows give: which groups of m are present, where α is identified
+    iu = t.names.index("u_bar")
+    code = {m: i for i, g in enumerate(groups) for m in g}
+    onehot = np.eye(len(groups))[[code[int(m)] for m in t.cells["m"]]]
+    n, s1, s2 = (weighted(v[:, None] * onehot, mom.target_gen) for v in (t.n, t.zz[:, iu, 0], t.zz[:, iu, iu]))
+    ident_b = _identified(n, s1, s2)
+    d_xtx, d_xty = (weighted(v, mom.draft_gen) for v in cross_products(d, DRAFT_DESIGN.matrices(d)))
+    one_k = d.cells["K"].nunique() == 1
+    keys = [(tuple(g for g, p in zip(groups, n[b] > 0) if p),
+             tuple(g for g, p, ok in zip(groups, n[b] > 0, ident_b[b]) if p and not ok)) for b in range(len(w))]
+    out: list[CostModel | None] = [None] * len(w)
+    for key in dict.fromkeys(keys):
+        present, unident = key
+        ident = [g for g in present if g not in unident]
+        if not ident:
+            continue
+        design = joint_design(*key)
+        members = [b for b, k in enumerate(keys) if k == key]
+        xtx, xty = (weighted(v, mom.target_gen, members) for v in cross_products(t, design.matrices(t)))
+        for i, b in enumerate(members):
+            try:
+                p = dict(zip(design.columns, solve_normal(xtx[i], xty[i], design.columns)))
+                a, b_draft = _draft_line(d_xtx[b], d_xty[b], one_k)
+            except SpeclimitsError:
+                continue
+            beta0, alpha = {}, {}
+            for g in present:
+                key_g = _m_key(g)
+                if g in unident:  # the m = 1 convention (M1_NOTE), as fit_joint
+                    j = groups.index(g)
+                    tk = mom.top_k if mom.top_k is not None else float(s1[b, j] / n[b, j])
+                    a_g = float(p[f"alpha[{_m_key(_donor(g, ident))}]"])
+                    b_g = float(p[f"beta0[{key_g}]"] - a_g * tk)
+                else:
+                    a_g, b_g = float(p[f"alpha[{key_g}]"]), float(p[f"beta0[{key_g}]"])
+                for m in g:
+                    alpha[m], beta0[m] = a_g, b_g
+            beta0, alpha, _ = fill_missing_m(beta0, alpha)
+            out[b] = CostModel(c=float(p["c"]), beta0=beta0, alpha=alpha, a=a, b=b_draft,
+                               source=source or "bootstrap replicate")
+    return out
+
+
+def _fit_full(mom: CostMoments, source: str) -> CostModel:
+    """:func:`fit_costs` on the full sample: the joint model (:func:`fit_joint`) and the draft line with
+    their clustered standard errors."""
+    joint = fit_joint(mom.target, top_k=mom.top_k, pooling=mom.pooling)
+    d = mom.draft
+    if d.cells["K"].nunique() == 1:
+        k = int(d.cells["K"].iloc[0])
+        a, b = _draft_line(*(v.sum(0) for v in cross_products(d, DRAFT_DESIGN.matrices(d))), one_k=True)
+        draft_fit = {"n_rounds": d.n_rows, "n_generations": d.n_clusters, "convention": "through the origin (single K)"}
+        draft_note = (f"draft line: one value of K > 0 (K = {k}), so a and b are not both identified; convention "
+                      f"b := 0, a := mean T_D / K = {a * k:.4g} / {k} (a sweep with >= 2 values of K > 0 fits both)")
+    else:
+        draft = fit_ols(d, DRAFT_DESIGN)
+        a, b, draft_note = float(draft.params["K"]), float(draft.params["const"]), None
+        draft_fit = {"n_rounds": draft.nobs, "n_generations": draft.n_clusters, "r2": draft.rsquared,
+                     "a_se": float(draft.bse["K"]), "b_se": float(draft.bse["const"])}
+    by_m = joint.by_m.set_index("m")
+    beta0 = {int(m): float(r.beta0) for m, r in by_m.iterrows()}
+    alpha = {int(m): float(r.alpha) for m, r in by_m.iterrows()}
+    beta0, alpha, filled = fill_missing_m(beta0, alpha)
+    fit = {
+        "target": {"n_rounds": joint.ols.nobs, "n_generations": joint.ols.n_clusters, "r2": joint.ols.rsquared,
+                   "c_se": float(joint.ols.bse["c"]), "filter": mom.report.to_dict(),
+                   "se_by_m": {str(m): {"beta0": float(r.beta0_se), "alpha": float(r.alpha_se)}
+                               for m, r in by_m.iterrows()},
+                   "alpha_identified": {str(m): bool(r.identified) for m, r in by_m.iterrows()},
+                   "top_k": joint.top_k},
+        "draft": draft_fit,
+        "notes": list(joint.notes) + ["standard errors clustered by generation (statsmodels' correction)"],
+    }
+    if draft_note is not None:
+        fit["notes"].append(draft_note)
+    if joint.pooling.pooled:
+        fit["target"]["pooled_m"] = joint.pooling.pooled
+    if filled:
+        fit["target"]["interpolated_m"] = filled
+        fit["notes"].append(
+            f"m = {', '.join(map(str, filled))} not in the trace: beta0 and alpha interpolated linearly in m between "
+            "the nearest m present on either side (no standard errors)")
+    return CostModel(c=joint.c, beta0=beta0, alpha=alpha, a=a, b=b,
+                     source=source or "speclimits fit: joint categorical target model + draft line", extra={"fit": fit})
+
+
+def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str = "") -> CostModel:
+    """The cost model (the JSON of :mod:`speclimits.costmodel`) of a trace's ``rounds`` table.
+
+    Target: the joint categorical model (free ``beta0(m)``, ``alpha(m)``, shared ``c``) on every
+    decode round with a non-zero target time, K = 0 included (m = 1, see :data:`M1_NOTE`; ``top_k``
+    from ``meta["models"]["target"]["top_k"]``, else the constant Ū observed at m = 1). Draft:
+    ``T_D = a·K + b`` on decode rounds with K >= 1 and a non-zero draft time. Standard errors, row
+    counts and conventions go to ``extra`` (the JSON's ``"fit"``).
+    """
+    return fit_costs(CostMoments.of(rounds, top_k), source=source)[0]
+
+
+def fill_missing_m(beta0: dict[int, float], alpha: dict[int, float]
+                   ) -> tuple[dict[int, float], dict[int, float], list[int]]:
+    """Every m between the smallest and the largest present, the missing ones (a K grid with gaps,
+    e.g. K = 0, 2, 4: m = 2 and 4 absent) interpolated linearly in m from the nearest present m on
+    either side, so that the Oracle can price every draft length up to the largest. Returns the
+    completed ``beta0``, ``alpha`` and the interpolated m values (ascending)."""
+    ms = sorted(beta0)
+    filled = [m for m in range(ms[0], ms[-1] + 1) if m not in beta0]
+    if not filled:
+        return beta0, alpha, []
+    b, a = dict(beta0), dict(alpha)
+    for m in filled:
+        lo, hi = max(v for v in ms if v < m), min(v for v in ms if v > m)
+        w = (m - lo) / (hi - lo)
+        b[m] = (1 - w) * beta0[lo] + w * beta0[hi]
+        a[m] = (1 - w) * alpha[lo] + w * alpha[hi]
+    return dict(sorted(b.items())), dict(sorted(a.items())), filled
+
+
+def fit_trace_cost_model(trace: Trace | str | Path) -> CostModel:
+    """The cost model of a trace: the one route from a trace to a cost-model JSON.
+
+    :func:`fit_cost_model` on the trace's ``rounds`` with the target's ``top_k`` from
+    ``meta.json``. ``speclimits fit --out``, the book's section 3 and the Oracle's default (no
+    cost model given) all call this, so they write and solve with the same bytes. The recorded
+    ``source`` names the trace by its directory name and its source label, not by the path it
+    was opened with, so the JSON does not depend on the working directory or the machine.
+    """
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    return fit_cost_model(tr.rounds, top_k=tr.top_k,
+                          source=f"speclimits fit on trace {tr.path.resolve().name} ({tr.source_label})")
