@@ -75,7 +75,7 @@ else:
 #
 # A trace's `meta.json` says where it came from: `source: "vllm"` for a trace recorded by the
 # `speclimits trace` harness around a real vLLM engine, `source: "simulator"` for one written by
-# `speclimits simulate`, a seeded digital twin of the paper's setting (48 MoE layers × 128
+# `speclimits simulate`, a seeded simulation of the paper's setting (48 MoE layers × 128
 # experts, top-8, a $K$ sweep 1..10) with a **planted** ground truth. Figures computed on a
 # simulated trace are labelled SIMULATED; they show that the analysis recovers what was planted,
 # not how real hardware behaves.

@@ -7,7 +7,7 @@ Modules
 trace       read and write trace directories (``meta.json`` + Parquet tables)
 validate    check a trace against the data contract, naming file, column and rows
 costmodel   the cost-model JSON (target ``beta0(m)``, ``alpha(m)``, ``c``; draft ``a``, ``b``)
-simulate    a seeded "digital twin" that writes traces with a planted ground truth
+simulate    a seeded simulator that writes SIMULATED traces with a planted ground truth
 figures     one function per chart, each returning an ``altair.Chart``
 book        convert, execute and build the Jupyter Book
 """
