@@ -27,7 +27,7 @@ from scipy import stats as sps
 from statsmodels.stats.diagnostic import het_breuschpagan
 from statsmodels.tools.sm_exceptions import SingularMatrixWarning
 
-from speclimits.stats._ols import CellMoments, Design, fit_ols
+from speclimits.stats._ols import CellMoments, Design, cluster_cov, fit_ols
 
 
 def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
@@ -49,19 +49,6 @@ def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
     return out
 
 
-def cluster_sandwich(bread: np.ndarray, scores: np.ndarray, clusters: np.ndarray, n_params: int) -> np.ndarray:
-    """``bread⁻¹ (Σ_g s_g s_g') bread⁻¹`` with statsmodels' small-sample factor; ``scores`` (N, p) row
-    scores summed within ``clusters`` (N,)."""
-    codes, _ = pd.factorize(clusters)
-    g = codes.max() + 1
-    s = np.zeros((g, scores.shape[1]))
-    np.add.at(s, codes, scores)
-    inv = np.linalg.inv(bread)
-    n = scores.shape[0]
-    corr = (g / (g - 1.0)) * ((n - 1.0) / (n - n_params))
-    return corr * inv @ (s.T @ s) @ inv
-
-
 def huber_fit(y: np.ndarray, x: np.ndarray, clusters: np.ndarray, t: float = 1.345) -> dict[str, Any]:
     """Huber regression of ``y`` (N,) on ``x`` (N, p) by statsmodels RLM (MAD scale, HuberT(t)).
 
@@ -75,7 +62,7 @@ def huber_fit(y: np.ndarray, x: np.ndarray, clusters: np.ndarray, t: float = 1.3
     u = (y - x @ rlm.params) / s
     bread = (x * norm.psi_deriv(u)[:, None]).T @ x
     scores = x * norm.psi(u)[:, None]
-    cov = s ** 2 * cluster_sandwich(bread, scores, clusters, x.shape[1])
+    cov = s ** 2 * cluster_cov(bread, scores, pd.factorize(clusters)[0], len(scores))
     return {"params": np.asarray(rlm.params), "cov_rlm": np.asarray(rlm.cov_params()), "cov_cluster": cov,
             "scale": s, "df_t": int(len(np.unique(clusters)) - 1), "n": int(len(y))}
 
@@ -105,7 +92,7 @@ def bin_means_wald(resid: np.ndarray, bins: np.ndarray, clusters: np.ndarray) ->
     x = np.eye(codes.max() + 1)[codes]
     r = np.asarray(resid, dtype=float)
     b = np.bincount(codes, weights=r) / np.bincount(codes)
-    cov = cluster_sandwich(x.T @ x, x * (r - b[codes])[:, None], clusters, x.shape[1])
+    cov = cluster_cov(x.T @ x, x * (r - b[codes])[:, None], pd.factorize(clusters)[0], len(r))
     q = x.shape[1]
     g = len(np.unique(clusters))
     # a clustered covariance has rank at most G - 1: with no more clusters than bins the test is not
