@@ -25,6 +25,11 @@ def test_interval_cells_round_to_what_the_interval_supports():
     assert present.fmt_ci(0.0123456) == "0.0123"
     assert present.fmt_ci(float("nan"), 1, 2) == "–"
     assert present.fmt_num(25439) == "25\u2009439"
+    # est ± 1.96 se (scaled); columns x, x_lo, x_hi (a missing one reads as NaN)
+    assert present.se_ci(1.0e-3, 0.1e-3, scale=1e3) == "1.00 [0.80; 1.20]"
+    frame = pd.DataFrame({"x": [0.15603, 2.0], "x_lo": [0.11981, 1.0], "x_hi": [0.19225, 3.0]})
+    assert present.ci_column(frame, "x") == ["0.156 [0.120; 0.192]", "2.0 [1.0; 3.0]"]
+    assert present.ci_column(frame, "y") == ["–", "–"]
 
 
 def test_with_ci_puts_estimate_and_bounds_in_one_cell_in_place():

@@ -21,9 +21,8 @@ import altair as alt
 import pandas as pd
 
 from speclimits import vocabulary
-from speclimits.book.present import (NOT_IDENTIFIED, KeyResults, Page, Result, data_label_for, fmt_ci,  # noqa: F401
-                                     fmt_num, gathered_results, with_ci)
-from speclimits.trace.schema import META_REQUIRED, TABLES  # META_REQUIRED: read by the methods page
+from speclimits.book.present import NOT_IDENTIFIED, Page, Result, data_label_for, gathered_results  # noqa: F401 (bs.*)
+from speclimits.trace.schema import META_REQUIRED, TABLES  # noqa: F401  (META_REQUIRED: read by the methods page)
 from speclimits.trace import Trace
 
 # Notebooks import this module first. Progress bars are off in the book (TQDM_DISABLE), but

@@ -93,11 +93,8 @@ class PageReport:
 
 def find_chromium() -> str:
     """The Chromium binary (``SPECLIMITS_CHROMIUM`` overrides), or a clear error naming the package."""
-    env = os.environ.get("SPECLIMITS_CHROMIUM")
-    for cand in ([env] if env else []) + list(CHROMIUM_CANDIDATES):
-        if cand and Path(cand).exists():
-            return cand
-    found = shutil.which("chromium")
+    found = next((c for c in (os.environ.get("SPECLIMITS_CHROMIUM"), *CHROMIUM_CANDIDATES) if c and Path(c).exists()),
+                 None) or shutil.which("chromium")
     if found:
         return found
     raise SpeclimitsError("the browser check needs Chromium: apt-get install chromium (Debian), "

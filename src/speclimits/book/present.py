@@ -75,7 +75,7 @@ def fmt_num(x: Any, decimals: int | None = None, sig: int = 3) -> str:
     if decimals is None:
         if x == 0:
             return "0"
-        decimals = int(min(6, max(0, sig - 1 - math.floor(math.log10(abs(x))))))
+        decimals = decimals_for(abs(x), sig)
     return f"{x:.{decimals}f}"
 
 
@@ -129,6 +129,17 @@ def ci_cells(est: Iterable, lo: Iterable, hi: Iterable, decimals: int | None = N
         return x * scale if _finite(x) else x
 
     return [fmt_ci(sc(e), sc(l), sc(h), decimals) for e, l, h in zip(est, lo, hi)]
+
+
+def ci_column(frame: pd.DataFrame, col: str, decimals: int | None = None) -> list[str]:
+    """:func:`ci_cells` of columns ``col``, ``col_lo`` and ``col_hi`` (a missing column reads as NaN, "–")."""
+    nan = pd.Series(np.nan, index=frame.index)
+    return ci_cells(*(frame.get(c, nan) for c in (col, f"{col}_lo", f"{col}_hi")), decimals)
+
+
+def se_ci(est: Any, se: Any, scale: float = 1.0) -> str:
+    """:func:`fmt_ci` of ``est`` with the normal 95% interval ``est ± 1.96 se``, all times ``scale``."""
+    return fmt_ci(scale * est, scale * (est - 1.96 * se), scale * (est + 1.96 * se))
 
 
 def half_cells(est: Iterable, half: Iterable, decimals: int | None = None) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Mapping
 import altair as alt
 import pandas as pd
 
-from speclimits.figures._common import HEIGHT, WIDTH
+from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 
 def share_captured(long: pd.DataFrame) -> alt.FacetChart:
@@ -23,8 +23,7 @@ def share_captured(long: pd.DataFrame) -> alt.FacetChart:
                               yOffset="where:N")
     pts = base.mark_point(filled=True, size=60).encode(
         x=alt.X("share:Q", title="share of the Oracle's gain over the best static K"),
-        tooltip=["policy", "where", alt.Tooltip("share:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
-                 alt.Tooltip("hi:Q", format=".3f")])
+        tooltip=["policy", "where", *tips("share", "lo", "hi")])
     err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
     zero, whole = (alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(x=alt.datum(v)) for v in (0.0, 1.0))
     return alt.layer(zero, whole, err, pts, data=long).properties(width=WIDTH, height=HEIGHT * 0.8).facet(
@@ -67,8 +66,7 @@ def served_speed(long: pd.DataFrame) -> alt.FacetChart:
                               color=alt.Color("against:N", title="against"))
     line = base.mark_line(point=True).encode(
         y=alt.Y("speed:Q", title="speed ratio (> 1: the controller is faster)", scale=alt.Scale(zero=False)),
-        tooltip=["rate", "against", "reference", alt.Tooltip("speed:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
-                 alt.Tooltip("hi:Q", format=".3f"), alt.Tooltip("concurrency:Q", format=".1f")])
+        tooltip=["rate", "against", "reference", *tips("speed", "lo", "hi"), *tips("concurrency", fmt=".1f")])
     err = base.mark_rule().encode(y="lo:Q", y2="hi:Q")
     one = alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(y=alt.datum(1.0))
     return alt.layer(one, err, line, data=long).properties(width=WIDTH * 0.45, height=HEIGHT * 0.8).facet(

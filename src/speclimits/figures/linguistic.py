@@ -6,7 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from speclimits.figures._common import HEIGHT, WIDTH
+from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 __all__ = ["decision_panels", "k_by_context_chart", "k_star_distribution_chart", "routing_contrast_chart",
            "label_confusion_chart"]
@@ -78,8 +78,7 @@ def k_by_context_chart(table: pd.DataFrame, measure: str = "long") -> alt.LayerC
     bars = base.mark_rule(strokeWidth=2).encode(y=y, x=alt.X(f"{lo}:Q", scale=alt.Scale(domain=[0, 1]), title=title),
                                                x2=f"{hi}:Q")
     pts = base.mark_point(filled=True, size=60, color="black").encode(
-        y=y, x=f"{est}:Q", tooltip=["context", "n_decisions", "n_responses", alt.Tooltip(f"{est}:Q", format=".3f"),
-                                    alt.Tooltip(f"{lo}:Q", format=".3f"), alt.Tooltip(f"{hi}:Q", format=".3f")])
+        y=y, x=f"{est}:Q", tooltip=["context", "n_decisions", "n_responses", *tips(est, lo, hi)])
     layers = [bars, pts]
     paper_col = f"paper_{est}"
     if paper_col in df.columns and df[paper_col].notna().any():
@@ -125,8 +124,7 @@ def routing_contrast_chart(table: pd.DataFrame) -> alt.LayerChart:
         "lo:Q", title="Δ new experts per layer (event − preceding step)"), x2="hi:Q", color=color)
     pts = base.mark_point(filled=True, size=60).encode(
         y=y, yOffset=yoff, x="diff:Q", color=color,
-        tooltip=["contrast", "source", alt.Tooltip("diff:Q", format="+.3f"), alt.Tooltip("lo:Q", format="+.3f"),
-                 alt.Tooltip("hi:Q", format="+.3f"), "n"])
+        tooltip=["contrast", "source", *tips("diff", "lo", "hi", fmt="+.3f"), "n"])
     return alt.layer(zero, bars, pts).properties(width=WIDTH, height=max(HEIGHT // 2, 40 * len(order)))
 
 

@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 
 from speclimits import paper
-from speclimits.figures._common import HEIGHT, WIDTH
+from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 __all__ = ["context_slope_chart", "designed_alpha_chart", "expert_share_chart", "machines_chart"]
 
@@ -23,8 +23,7 @@ def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
     y = alt.Y("alpha:Q", title="α(m), ms per unique expert per layer", scale=alt.Scale(type="log"))
     pts = alt.Chart(f).mark_line(point=True).encode(
         x=alt.X("m:O", title="tokens verified per pass, m"), y=y, color=color,
-        tooltip=["width", "m", alt.Tooltip("alpha:Q", format=".3f"), alt.Tooltip("alpha_lo:Q", format=".3f"),
-                 alt.Tooltip("alpha_hi:Q", format=".3f"), "n"])
+        tooltip=["width", "m", *tips("alpha", "alpha_lo", "alpha_hi"), "n"])
     bars = alt.Chart(f).mark_rule().encode(x="m:O", y="alpha_lo:Q", y2="alpha_hi:Q", color=color)
     ref = pd.DataFrame([
         {"m": m, "paper": sum(paper.ALPHA_SMALL if m <= paper.BOUNDARY_M else paper.ALPHA_LARGE) / 2,
@@ -77,8 +76,7 @@ def context_slope_chart(slopes: dict[str, pd.DataFrame], legend: str = "target")
     bars = alt.Chart(d).mark_rule().encode(x=xs, y="lo:Q", y2="hi:Q", color=color)
     pts = alt.Chart(d).mark_point(filled=True).encode(
         x=xs, y=alt.Y("c_ms:Q", title="c, 10⁻³ ms per context token"), color=color,
-        tooltip=["target", "K", "m", alt.Tooltip("c_ms:Q", format=".3f", title="c"),
-                 alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f"), "context_max"])
+        tooltip=["target", "K", "m", alt.Tooltip("c_ms:Q", format=".3f", title="c"), *tips("lo", "hi"), "context_max"])
     line = alt.Chart(d).mark_line(strokeDash=[4, 3]).encode(x=x, y="line:Q", color=color)
     return (band + bars + pts + line).properties(width=WIDTH, height=HEIGHT)
 
@@ -95,8 +93,7 @@ def machines_chart(passes: pd.DataFrame, shares: pd.DataFrame) -> alt.HConcatCha
     def panel(d: pd.DataFrame, y: str, lo: str, hi: str, title: str) -> alt.LayerChart:
         pts = alt.Chart(d).mark_line(point=True).encode(
             x=x, y=alt.Y(f"{y}:Q", title=title), color=color,
-            tooltip=["machine", "m", alt.Tooltip(f"{y}:Q", format=".3f"), alt.Tooltip(f"{lo}:Q", format=".3f"),
-                     alt.Tooltip(f"{hi}:Q", format=".3f")])
+            tooltip=["machine", "m", *tips(y, lo, hi)])
         bars = alt.Chart(d).mark_rule().encode(x=x, y=f"{lo}:Q", y2=f"{hi}:Q", color=color)
         return (bars + pts).properties(width=WIDTH // 2, height=HEIGHT)
 

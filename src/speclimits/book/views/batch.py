@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num
+from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num, se_ci
 from speclimits.costmodel import BatchCostModel
 from speclimits.paths import BATCH_TRACES, REPO_ROOT
 from speclimits.trace import Trace, read_trace
@@ -75,15 +74,16 @@ def coefficients(table: pd.DataFrame, truth: BatchCostModel | None = None) -> pd
         row = {"coefficient": _NAMES.get(r.name, r.name), "m": "" if pd.isna(r.m) else int(r.m),
                "estimate [95% CI]": fmt_ci(r.estimate, r.lower, r.upper)}
         if truth is not None:
-            v = _planted(truth, r.name, None if pd.isna(r.m) else int(r.m))
+            v = _planted(truth, r)
             row["planted"] = fmt_num(v)
             row["covered"] = "yes" if r.lower <= v <= r.upper else "no"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _planted(truth: BatchCostModel, name: str, m: int | None) -> float:
-    base = truth.base
+def _planted(truth: BatchCostModel, row: Any) -> float:
+    """The planted value of a ``coefficient_table`` row (name, m)."""
+    base, name, m = truth.base, row.name, None if pd.isna(row.m) else int(row.m)
     return {"beta0": lambda: base.beta0[m], "alpha": lambda: base.alpha[m], "gamma": lambda: truth.gamma[m],
             "c": lambda: base.c, "a": lambda: base.a, "b": lambda: base.b, "a_req": lambda: truth.a_req,
             "b_req": lambda: truth.b_req}[name]()
@@ -91,8 +91,7 @@ def _planted(truth: BatchCostModel, name: str, m: int | None) -> float:
 
 def coverage(table: pd.DataFrame, truth: BatchCostModel) -> tuple[int, int]:
     """(covered, total): planted coefficients inside their fitted 95% intervals."""
-    hits = [r.lower <= _planted(truth, r.name, None if pd.isna(r.m) else int(r.m)) <= r.upper
-            for r in table.itertuples(index=False)]
+    hits = [r.lower <= _planted(truth, r) <= r.upper for r in table.itertuples(index=False)]
     return int(sum(hits)), len(hits)
 
 
@@ -161,8 +160,7 @@ def union_summary(union: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
         "b": t["b"].astype(int), "K": t["K"].astype(int), "steps": t["n_steps"].astype(int),
         "Ū measured": t["u_measured"], "Ū independent union": t["u_independent"],
         "Ū uniform saturation": t["u_saturation"],
-        "measured / independent": [fmt_ci(r, r - 1.96 * s, r + 1.96 * s) if np.isfinite(s) else fmt_num(r)
-                                   for r, s in zip(t["ratio_independent"], t["ratio_independent_se"])],
+        "measured / independent": [se_ci(r, s) for r, s in zip(t["ratio_independent"], t["ratio_independent_se"])],
         "measured / saturation": t["ratio_saturation"],
     })
     ks = sorted(full["K"].unique())[::2]

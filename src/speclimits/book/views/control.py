@@ -13,18 +13,21 @@ of the blocks); ms/token carries the interquartile range over blocks.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from speclimits.book.present import Result, fmt_ci, fmt_num
-from speclimits.book.views.control_runs import is_policy, share_long
 from speclimits import arms
 from speclimits.arms import POLICY_LABELS
+from speclimits.book.present import Result, ci_column, fmt_ci
+from speclimits.book.views.control_runs import (BENCH_DIR, TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs,
+                                                 share_long)
+from speclimits.jsonutil import read_json
+from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
+from speclimits.trace import read_meta
 
 
 def arm_name(key: str) -> str:
@@ -41,15 +44,9 @@ def offline(table: pd.DataFrame) -> pd.DataFrame:
         "Replay (ms/token)": table["replay_ms_per_token"].to_numpy(),
         "Replay tokens per round": table["replay_tokens_per_round"].to_numpy(),
         "Surrogate (ms/token)": table["surrogate_ms_per_token"].to_numpy(),
-        "Share captured, exact Oracle [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(
-            table["share_exact"], table["share_exact_lo"], table["share_exact_hi"])],
-        "Share captured, surrogate Oracle [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(
-            table["share_surrogate"], table["share_surrogate_lo"], table["share_surrogate_hi"])],
+        "Share captured, exact Oracle [95% CI]": ci_column(table, "share_exact"),
+        "Share captured, surrogate Oracle [95% CI]": ci_column(table, "share_surrogate"),
     })
-
-
-def _ci(est: Any, lo: Any, hi: Any, decimals: int = 3) -> str:
-    return fmt_ci(est, lo, hi, decimals=decimals)
 
 
 def engine(table: pd.DataFrame) -> pd.DataFrame:
@@ -75,17 +72,19 @@ def engine(table: pd.DataFrame) -> pd.DataFrame:
            for v, g in zip(table.get("decision_share", nan).astype(float), gross)]
     return pd.DataFrame({
         "Arm": [arm_name(a) for a in table["arm"]],
-        "ms/token [IQR]": [_ci(e, lo, hi, 2) for e, lo, hi in zip(
-            table["ms_per_token"], table["ms_per_token_lo"], table["ms_per_token_hi"])],
-        "Speed vs best stock K [95% CI]": [_ci(e, lo, hi) for e, lo, hi in zip(
-            table["vs_best_stock"], table["vs_best_stock_lo"], table["vs_best_stock_hi"])],
-        "Workload ratio, all blocks [95% CI]": [_ci(e, lo, hi) for e, lo, hi in zip(
-            table.get("workload_ratio", nan), table.get("workload_ratio_lo", nan), table.get("workload_ratio_hi", nan))],
+        "ms/token [IQR]": ci_column(table, "ms_per_token", 2),
+        "Speed vs best stock K [95% CI]": ci_column(table, "vs_best_stock", 3),
+        "Workload ratio, all blocks [95% CI]": ci_column(table, "workload_ratio", 3),
         "Pooled / predicted ms/token (error)": pred,
         "Mean k; deciding (% of round)": [
             d if not np.isfinite(k) else f"{k:.2f}" + ("" if d == "–" else f"; {d}")
             for k, d in zip(table.get("mean_k", nan).astype(float), dec)],
     })
+
+
+def side_of_one(lo: Any, hi: Any) -> str:
+    """Where a 95% interval lies against 1: ``"above"``, ``"below"`` or ``"holds 1"``."""
+    return "above" if float(lo) > 1 else "below" if float(hi) < 1 else "holds 1"
 
 
 def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]],
@@ -95,18 +94,14 @@ def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]]
     sizes both have; a policy is "replicated" where both intervals lie on the same side of 1 or both hold
     it. Empty without a second run."""
     def ratio(t: pd.DataFrame, arm: str, ref: str) -> str:
-        return f"{_ci(t.loc[arm, 'vs_best_stock'], t.loc[arm, 'vs_best_stock_lo'], t.loc[arm, 'vs_best_stock_hi'])} (K = {ref})"
-
-    def side(t: pd.DataFrame, arm: str) -> str:
-        lo, hi = float(t.loc[arm, "vs_best_stock_lo"]), float(t.loc[arm, "vs_best_stock_hi"])
-        return "above" if lo > 1 else "below" if hi < 1 else "holds 1"
+        return f"{ci_column(t.loc[[arm]], 'vs_best_stock', 3)[0]} (K = {ref})"
 
     rows = []
     for batch in sorted(set(tables) & set(again)):
         a, b = tables[batch].set_index("arm"), again[batch].set_index("arm")
         ref_a, ref_b = (r[batch]["choice"]["best_stock"].split(":")[-1] for r in (runs, runs_again))
         for arm in [x for x in a.index if is_policy(x) and x in b.index]:
-            sides = side(a, arm), side(b, arm)
+            sides = tuple(side_of_one(t.loc[arm, "vs_best_stock_lo"], t.loc[arm, "vs_best_stock_hi"]) for t in (a, b))
             rows.append({"Batch": batch, "Policy": arm_name(arm),
                          "Main run [95% CI] (best stock K)": ratio(a, arm, ref_a),
                          "Second run [95% CI] (best stock K)": ratio(b, arm, ref_b),
@@ -156,11 +151,8 @@ class EngineBest:
 
     @property
     def verdict(self) -> str:
-        if self.speed_lo > 1:
-            return "faster than"
-        if self.speed_hi < 1:
-            return "slower than"
-        return "not distinguishable from"
+        return {"above": "faster than", "below": "slower than",
+                "holds 1": "not distinguishable from"}[side_of_one(self.speed_lo, self.speed_hi)]
 
 
 def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
@@ -279,10 +271,6 @@ def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
     ``data/control/<sub>`` (the bundled, cache-resident pair's) or ``data/control/twin/<sub>`` (the
     memory-bound twin's); ``sub="replication"`` for the second runs. On the twin's trace without results
     of its own, the bundled pair's (first runs only), with a note that says so."""
-    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR, load_bench_runs
-    from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
-    from speclimits.trace import read_meta
-
     note = ""
     for folder in (BENCH_DIR / sub, TWIN_BENCH_DIR / sub):
         runs, note = load_bench_runs(trace.meta, folder)
@@ -310,8 +298,6 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
     (e.g. the memory-bound twin's and the cache-resident pair's): the best stock K (chosen on the even
     blocks / over all blocks by time per token), the paired speed ratio on the held-out blocks, the workload
     ratio over all blocks (95% intervals) and the share of the exact Oracle's gain."""
-    from speclimits.book.views.control_runs import engine_table
-
     def k_of(key: str | None) -> str:
         return str(arms.arm(key).k) if key else "–"
 
@@ -322,9 +308,9 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
             rows.append({"Regime": name, "Batch": batch,
                          "Best stock K (even / workload)": f"{k_of(b.best_static)} / {k_of(b.workload_static)}",
                          "Best policy": arm_name(b.policy),
-                         "Paired [95% CI]": _ci(b.speed, b.speed_lo, b.speed_hi),
-                         "Workload [95% CI]": _ci(b.workload, b.workload_lo, b.workload_hi),
-                         "Share of Oracle's gain [95% CI]": _ci(b.share, b.share_lo, b.share_hi, 2)})
+                         "Paired [95% CI]": fmt_ci(b.speed, b.speed_lo, b.speed_hi, 3),
+                         "Workload [95% CI]": fmt_ci(b.workload, b.workload_lo, b.workload_hi, 3),
+                         "Share of Oracle's gain [95% CI]": fmt_ci(b.share, b.share_lo, b.share_hi, 2)})
     return pd.DataFrame(rows)
 
 
@@ -339,9 +325,6 @@ SERVE_METRICS = (("mean_e2el_ms", "E2E latency"), ("mean_tpot_ms", "TPOT"), ("ou
 def serve_summary(trace) -> tuple[dict[str, Any] | None, str]:
     """The served-load summary (``summary.json`` of ``benchmarks/bench_serve.py``) run on ``trace``'s prompts:
     ``data/control/twin/serve/`` or ``data/control/serve/``; (None, why) when there is none."""
-    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR
-    from speclimits.jsonutil import read_json
-
     name = Path(str(trace.path)).name
     for folder in (TWIN_BENCH_DIR / "serve", BENCH_DIR / "serve"):
         path = folder / "summary.json"
@@ -403,7 +386,7 @@ def serve_table(summ: dict[str, Any]) -> pd.DataFrame:
     for rate, g in long.groupby("rate"):
         def cell(metric: str, ref: str) -> str:
             r = g[(g["metric"] == metric) & (g["against"] == ref)].iloc[0]
-            return _ci(r["speed"], r["lo"], r["hi"]) + (f" ({r['reference']})" if ref == "best stock K" and
+            return fmt_ci(r["speed"], r["lo"], r["hi"], 3) + (f" ({r['reference']})" if ref == "best stock K" and
                                                         metric == "E2E latency" else "")
         v = ver.loc[rate]
         rows.append({"rate (req/s), concurrency": f"{rate:g}, {v['concurrency']:.1f}",
@@ -419,12 +402,9 @@ def serve_table(summ: dict[str, Any]) -> pd.DataFrame:
 def serve_verdict(summ: dict[str, Any]) -> str:
     """Markdown: per load point, was the controller at least as fast as the best stock K and 0.95x plain?"""
     ver, cfg = serve_verdicts(summ), summ["config"]
-    def side(lo: float, hi: float) -> str:
-        return "interval above 1" if lo > 1 else ("interval below 1" if hi < 1 else "interval holds 1")
-
-    parts = [f"{r.rate:g} req/s (concurrency {r.concurrency:.1f}): {_ci(r.vs_stock, r.vs_stock_lo, r.vs_stock_hi)}× "
-             f"{r.best_stock} ({'met' if r.stock_met else 'missed'}, {side(r.vs_stock_lo, r.vs_stock_hi)}), "
-             f"{_ci(r.vs_plain, r.vs_plain_lo, r.vs_plain_hi)}× plain decoding ({'met' if r.plain_met else 'missed'})"
+    parts = [f"{r.rate:g} req/s (concurrency {r.concurrency:.1f}): {fmt_ci(r.vs_stock, r.vs_stock_lo, r.vs_stock_hi, 3)}× "
+             f"{r.best_stock} ({'met' if r.stock_met else 'missed'}, interval {side_of_one(r.vs_stock_lo, r.vs_stock_hi).removesuffix(' 1')} 1), "
+             f"{fmt_ci(r.vs_plain, r.vs_plain_lo, r.vs_plain_hi, 3)}× plain decoding ({'met' if r.plain_met else 'missed'})"
              for r in ver.itertuples()]
     n_ok = int((ver["stock_met"] & ver["plain_met"]).sum())
     n_clear = int((ver["vs_stock_lo"] > 1).sum())
@@ -459,9 +439,6 @@ def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
     """The batch replay of each piece of the batch decision, with the draft's confidences and with hindsight
     (``batch-rule-offline.json`` beside the trace's engine runs): per piece and batch size, the best speed ratio
     to the best static K over the λ scales tried (at λ as fitted in parentheses). (None, why) without one."""
-    from speclimits.book.views.control_runs import BENCH_DIR, TWIN_BENCH_DIR
-    from speclimits.jsonutil import read_json
-
     runs, _ = bench_runs(trace)
     if not runs:
         return None, "no engine runs for this trace, so no batch replay of the batch rule's pieces"

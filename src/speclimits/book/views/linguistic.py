@@ -14,7 +14,7 @@ import pandas as pd
 
 from speclimits import paper
 from speclimits import vocabulary as v
-from speclimits.book.present import Result, fmt_ci, fmt_num
+from speclimits.book.present import Result, ci_cells, fmt_ci, fmt_num
 
 #: How a context label reads in a table (the charts keep the short names).
 CONTEXT_NAMES = {
@@ -153,7 +153,7 @@ def comparison(cmp: pd.DataFrame) -> pd.DataFrame:
     """:func:`speclimits.linguistic.paper_comparison`: the appendix's quantities beside ours."""
     return pd.DataFrame({
         "Quantity": cmp["quantity"].str.replace(">=", "≥").str.replace("<->", "↔").to_numpy(),
-        "Ours [95% CI]": [fmt_ci(e, lo, hi) for e, lo, hi in zip(cmp["ours"], cmp["lo"], cmp["hi"])],
+        "Ours [95% CI]": ci_cells(cmp["ours"], cmp["lo"], cmp["hi"]),
         "Paper [95% CI]": [fmt_ci(e, lo, hi, _paper_decimals(q))
                            for q, e, lo, hi in zip(cmp["quantity"], cmp["paper"], cmp["paper_lo"], cmp["paper_hi"])],
         "n (responses)": [_count(n, m) if n else "–" for n, m in zip(cmp["n_decisions"], cmp["n_responses"])],

@@ -142,15 +142,18 @@ def by_kind(report) -> pd.DataFrame:
     })
 
 
-def _iv(report, quantity: str, fallback: float | None) -> str:
+def _estimate(report, quantity: str, fallback: float | None) -> tuple:
+    """``(estimate, lo, hi)`` of ``quantity`` from the report's bootstrap interval; ``(fallback, None, None)``
+    without one."""
     iv = report.interval
-    if iv is None:
-        return fmt_ci(fallback, decimals=3)
-    est = iv.estimate.get(quantity)
-    if est is None:
-        return "n/a"
-    lo, hi = iv.interval[quantity]
-    return fmt_ci(est, lo, hi)
+    return (fallback, None, None) if iv is None else (iv.estimate.get(quantity), *iv.interval[quantity])
+
+
+def _iv(report, quantity: str, fallback: float | None) -> str:
+    est, lo, hi = _estimate(report, quantity, fallback)
+    if report.interval is None:
+        return fmt_ci(est, decimals=3)
+    return "n/a" if est is None else fmt_ci(est, lo, hi)
 
 
 def bound(report) -> pd.DataFrame:
@@ -378,21 +381,13 @@ def key_results(report, online: tuple[str, float] | None = None) -> list[Result]
     ``online``: ``(policy, gain captured)`` of the best online rule on the held-out sequences
     (:func:`speclimits.oracle.report.best_online`); without it the last row is left out.
     """
-    bd, iv = report.headline.bounds, report.interval
-
-    def ci(q: str, fallback: float | None):
-        if iv is None:
-            return fallback, None, None
-        lo, hi = iv.interval[q]
-        return iv.estimate.get(q), lo, hi
-
-    kind = report.headline_kind
-    sp = ci("speedup", bd.speedup)
+    bd, kind = report.headline.bounds, report.headline_kind
+    sp = _estimate(report, "speedup", bd.speedup)
     rows = [
         Result.of(f"Oracle speedup over autoregressive ({kind})", *(sp if sp[0] is not None else ("n/a",)),
                   paper=NOT_IN_APPENDIX, ref="tbl-oracle-bound"),
         Result.of(f"Oracle gain over the best static K ({kind})",
-                  *ci("gain_over_best_static", bd.gain_over_best_static), paper=NOT_IN_APPENDIX,
+                  *_estimate(report, "gain_over_best_static", bd.gain_over_best_static), paper=NOT_IN_APPENDIX,
                   ref="tbl-oracle-bound"),
         Result.of("best static K (in hindsight)", str(bd.best_static_k), paper=NOT_IN_APPENDIX,
                   ref="tbl-oracle-bound"),

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import regime
-from speclimits.book.present import fmt_ci
+from speclimits.book.present import ci_column, fmt_ci, se_ci
 
 
 def width_table(fits: pd.DataFrame, share: pd.DataFrame) -> pd.DataFrame:
@@ -74,9 +74,8 @@ def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFram
             "per-K c, min–max": f"{1e3 * b['c'].min():.2f}–{1e3 * b['c'].max():.2f}",
             "per-K c, max / min": f"{s.spread:.2f}",
             "one c for every K: p": f"{s.flat['p']:.1g}",
-            "line: c0": fmt_ci(1e3 * ln["c0"], 1e3 * (ln["c0"] - 1.96 * ln["c0_se"]), 1e3 * (ln["c0"] + 1.96 * ln["c0_se"])),
-            "line: c1 per unit of m": fmt_ci(1e3 * ln["c1"], 1e3 * (ln["c1"] - 1.96 * ln["c1_se"]),
-                                             1e3 * (ln["c1"] + 1.96 * ln["c1_se"])),
+            "line: c0": se_ci(ln["c0"], ln["c0_se"], 1e3),
+            "line: c1 per unit of m": se_ci(ln["c1"], ln["c1_se"], 1e3),
             "line: p of its residuals": f"{ln['p']:.2g}",
             "per-K c over the line, max / min": f"{s.spread_line:.2f}",
         }
@@ -84,10 +83,6 @@ def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFram
 
 
 # -- the same twin on two CPUs --------------------------------------------------------------------
-
-def _ci(v: float, se: float, scale: float = 1.0) -> str:
-    return fmt_ci(scale * v, scale * (v - 1.96 * se), scale * (v + 1.96 * se))
-
 
 def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = (1, 5, 11)) -> pd.DataFrame:
     """One row per quantity, one column per machine: the CPU and its caches, T_T at a few m, α pooled
@@ -112,10 +107,10 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
             if m in p.index:
                 col[f"T_T at m = {m} (ms)"] = fmt_ci(p.loc[m, "t_ms"], p.loc[m, "t_lo"], p.loc[m, "t_hi"])
         col.update({
-            "α, m ≥ 5 (ms per unique expert)": _ci(a, a_se),
+            "α, m ≥ 5 (ms per unique expert)": se_ci(a, a_se),
             "expert share of a pass, m ≥ 5": f"{big['share'].min():.2f}–{big['share'].max():.2f}",
-            "context line: c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3) if ln else "–",
-            "context line: c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3) if ln else "–",
+            "context line: c0 (10⁻³ ms/token)": se_ci(ln["c0"], ln["c0_se"], 1e3) if ln else "–",
+            "context line: c1 per unit of m (10⁻³ ms/token)": se_ci(ln["c1"], ln["c1_se"], 1e3) if ln else "–",
             "cost model R² (Eq. 4, in sample)": f"{cmp.models[label].extra['fit']['target']['r2']:.3f}",
             "Oracle speedup over plain decoding": iv.cell("speedup") if iv else "–",
             "best static K (share of refits agreeing)": (f"{iv.best_static_k} ({iv.best_static_k_share:.0%})"
@@ -139,8 +134,7 @@ def transfer_table(cmp: "regime.MachineComparison") -> pd.DataFrame:
     for label, t in cmp.transfer.groupby("machine", sort=False):
         cols = pd.DataFrame({
             "m": t["m"].to_numpy(),
-            f"{label}: predicted / measured": [fmt_ci(r, lo, hi) for r, lo, hi in
-                                               zip(t["ratio"], t["ratio_lo"], t["ratio_hi"])],
+            f"{label}: predicted / measured": ci_column(t, "ratio"),
             f"{label}: after one scale": t["ratio_rescaled"].round(3).to_numpy()})
         out = cols if out is None else out.merge(cols, on="m", how="outer")
     return out
@@ -149,6 +143,6 @@ def transfer_table(cmp: "regime.MachineComparison") -> pd.DataFrame:
 def context_line_table(lines: dict[str, dict[str, float]]) -> pd.DataFrame:
     """One row per estimate: the weighted line c(m) = c0 + c1·m (:func:`speclimits.regime.slope_line`)
     with 95% intervals in 10⁻³ ms per context token, and the p-value of its residuals."""
-    return pd.DataFrame([{"estimate": label, "c0 (10⁻³ ms/token)": _ci(ln["c0"], ln["c0_se"], 1e3),
-                          "c1 per unit of m (10⁻³ ms/token)": _ci(ln["c1"], ln["c1_se"], 1e3),
+    return pd.DataFrame([{"estimate": label, "c0 (10⁻³ ms/token)": se_ci(ln["c0"], ln["c0_se"], 1e3),
+                          "c1 per unit of m (10⁻³ ms/token)": se_ci(ln["c1"], ln["c1_se"], 1e3),
                           "line: p of its residuals": f"{ln['p']:.2g}"} for label, ln in lines.items()])

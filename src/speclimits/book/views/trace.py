@@ -44,32 +44,19 @@ def timing_table(summary: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def overview(rounds: pd.DataFrame, summary: pd.DataFrame) -> dict[str, object]:
-    """Counts for the key results: decode rounds and generations used by the fits, the K range."""
-    ks = [int(k) for k in summary.index]
-    return {
-        "decode_rounds": int(summary["rounds"].sum()),
-        "generations": int(summary["generations"].sum()),
-        "prompts": int(rounds["prompt_id"].nunique()) if "prompt_id" in rounds else None,
-        "k_min": min(ks),
-        "k_max": max(ks),
-    }
-
-
 def key_results(rounds: pd.DataFrame, summary: pd.DataFrame, rates: pd.DataFrame) -> list[Result]:
     """The section's headline rows: what was traced, and what a round yields at the ends of the K range.
 
     The appendix quotes no per-K acceptance, so the paper column stays empty here (the third-party
     figures in :data:`speclimits.paper.THIRD_PARTY` are deliberately not shown as the paper's).
     """
-    ov = overview(rounds, summary)
-    rk = rates.set_index("K")
+    rk, gens = rates.set_index("K"), fmt_num(int(summary["generations"].sum()))
     drafted = [k for k in rk.index if k > 0 and np.isfinite(rk.loc[k, "acceptance"])]
     rows = [
-        Result.of("decode rounds used by the fits", fmt_num(ov["decode_rounds"]), ref="tbl-tracing-per-k"),
-        Result.of("generations", f"{fmt_num(ov['generations'])} ({fmt_num(ov['prompts'])} prompts)"
-                  if ov["prompts"] is not None else fmt_num(ov["generations"]), ref="tbl-tracing-per-k"),
-        Result.of("draft budgets K", f"{ov['k_min']}–{ov['k_max']}", ref="tbl-tracing-per-k"),
+        Result.of("decode rounds used by the fits", fmt_num(int(summary["rounds"].sum())), ref="tbl-tracing-per-k"),
+        Result.of("generations", f"{gens} ({fmt_num(int(rounds['prompt_id'].nunique()))} prompts)"
+                  if "prompt_id" in rounds else gens, ref="tbl-tracing-per-k"),
+        Result.of("draft budgets K", f"{int(min(summary.index))}–{int(max(summary.index))}", ref="tbl-tracing-per-k"),
     ]
     if drafted:
         k1, kmax = min(drafted), max(drafted)
