@@ -89,7 +89,7 @@ def test_trace_refuses_a_dtype_the_engine_cannot_run_before_building_it(tmp_path
     model.mkdir()
     (model / "config.json").write_text(json.dumps({**MLA, "model_type": "deepseek_v2", "vocab_size": 512}))
     monkeypatch.setattr(machine, "cpu_info", lambda *a, **k: info("xeon"))
-    monkeypatch.setattr("speclimits.tracing.inputs.require_vllm_findable", lambda: None)
+    monkeypatch.setattr("speclimits.tracing.engine.require_vllm_findable", lambda: None)
     argv = ["trace", "--target", str(model), "--method", "ngram", "--k", "0,2", "--prompts",
             str(DATA_DIR / "prompts" / "smoke.jsonl"), "--out", str(tmp_path / "t"), "--dtype", "float32"]
     assert main(argv) == 2

@@ -50,8 +50,6 @@ from speclimits.simulate import config_from_meta, expected_new_experts
 from speclimits.oracle.inputs import OracleInputs
 from speclimits.oracle.solver import OracleResult
 
-EVENT_COLUMNS = ["seq_id", "pos", "step", "before", "at", "diff"]
-
 
 @dataclass(frozen=True)
 class Contrast:

@@ -8,7 +8,6 @@ windows.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from speclimits.jsonutil import dumps
-from speclimits.models.eagle3 import FeatureCache, build_cache
+from speclimits.models.eagle3 import FeatureCache, build_cache, train_draft
 
 
 @dataclass
@@ -61,7 +60,6 @@ def distill_loss(model, batch: FeatureCache) -> tuple[torch.Tensor, torch.Tensor
 def train_dense(cfg: DenseConfig, target, train_seqs: np.ndarray, valid_seqs: np.ndarray, out: str | Path,
                 log: Callable[[str], None] = print, progress: bool = True) -> dict:
     """Distil the dense draft (seeded); save it (float32 safetensors) into ``out``; return metrics."""
-    from tqdm.auto import tqdm
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(cfg.seed)
@@ -75,26 +73,8 @@ def train_dense(cfg: DenseConfig, target, train_seqs: np.ndarray, valid_seqs: np
     cache = build_cache(target, train_seqs, None, progress=progress, desc="target distributions")
     valid = build_cache(target, valid_seqs, None)
     log(f"dense draft: target distributions of {len(cache)}+{len(valid)} sequences in {time.perf_counter() - t0:.0f} s")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    history, t0 = [], time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="dense draft", unit="step", disable=not progress)
-    for step in bar:
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        loss, agree = distill_loss(model, cache.take(torch.from_numpy(rng.integers(0, len(cache), cfg.batch))))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 10 == 0 or step == cfg.steps - 1:
-            rec = {"step": step, "loss": round(loss.item(), 4), "agree": round(agree.item(), 3),
-                   "seconds": round(time.perf_counter() - t0, 1)}
-            history.append(rec)
-            bar.set_postfix(loss=rec["loss"], agree=rec["agree"])
-            if step % 100 == 0:
-                log(f"dense step {step}: loss {rec['loss']} agreement {rec['agree']} ({rec['seconds']} s)")
-    train_s = time.perf_counter() - t0
+    history, train_s = train_draft(list(model.parameters()), cfg, cache, rng, lambda batch: distill_loss(model, batch),
+                                   "dense draft", log, progress)
     model.eval()
     with torch.no_grad():
         parts = [distill_loss(model, valid.take(slice(i, i + 8))) for i in range(0, len(valid), 8)]

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -295,8 +296,6 @@ def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict
                token_counts: np.ndarray, out: str | Path, log: Callable[[str], None] = print,
                progress: bool = True) -> dict:
     """Train the head on sequences ``train_seqs`` [N, seq_len] (ids); save the vLLM checkpoint into ``out``."""
-    from tqdm.auto import tqdm
-
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     n_layers = target.config.num_hidden_layers
@@ -315,29 +314,13 @@ def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict
     log(f"eagle3: target features of {len(cache)}+{sum(map(len, valid_caches.values()))} sequences "
         f"in {time.perf_counter() - t0:.0f} s")
     embed = target.get_input_embeddings()
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     weights = [cfg.step_decay ** i for i in range(cfg.ttt_steps)]
-    history, t0 = [], time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="eagle3", unit="step", disable=not progress)
-    for step in bar:
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        batch = cache.take(torch.from_numpy(rng.integers(0, len(cache), cfg.batch)))
+
+    def loss_fn(batch: FeatureCache) -> tuple[torch.Tensor, list[torch.Tensor]]:
         losses, agree = head_losses(head, embed, batch, d2t_ids, t2d, cfg.ttt_steps)
-        loss = sum(w * x for w, x in zip(weights, losses)) / sum(weights)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 10 == 0 or step == cfg.steps - 1:
-            rec = {"step": step, "loss": round(loss.item(), 4), "agree": [round(a.item(), 3) for a in agree],
-                   "seconds": round(time.perf_counter() - t0, 1)}
-            history.append(rec)
-            bar.set_postfix(loss=rec["loss"], agree1=rec["agree"][0])
-            if step % 100 == 0:
-                log(f"eagle3 step {step}: loss {rec['loss']} agreement per step {rec['agree']} ({rec['seconds']} s)")
-    train_s = time.perf_counter() - t0
+        return sum(w * x for w, x in zip(weights, losses)) / sum(weights), agree
+
+    history, train_s = train_draft(list(head.parameters()), cfg, cache, rng, loss_fn, "eagle3", log, progress)
     head.eval()
     valid = {name: evaluate_head(head, embed, c, d2t_ids, t2d, cfg.ttt_steps) for name, c in valid_caches.items()}
     log(f"eagle3 teacher-forced agreement per unrolled step (held out): {valid}")
@@ -347,6 +330,39 @@ def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict
                "draft_vocab_coverage": round(coverage, 4), "valid_agreement": valid, "history": history}
     (Path(out) / "train_metrics.json").write_text(dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def train_draft(params: list[torch.nn.Parameter], cfg: Any, cache: FeatureCache, rng: np.random.Generator,
+                loss_fn: Callable[[FeatureCache], tuple[torch.Tensor, Any]], name: str, log: Callable[[str], None],
+                progress: bool) -> tuple[list[dict], float]:
+    """The draft models' training loop: AdamW (betas 0.9, 0.95, no weight decay), ``cfg.warmup`` steps of
+    linear warm-up times a cosine from ``cfg.lr`` to 0.1 of it over ``cfg.steps``; each step ``cfg.batch``
+    sequences of ``cache`` drawn with ``rng``, gradients clipped at norm 1. ``loss_fn(batch) -> (loss,
+    agreement)``, agreement a scalar tensor or one per unrolled step. Returns the history (every 10th
+    step: loss, agreement, seconds) and the training seconds."""
+    from tqdm.auto import tqdm
+
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    history, t0 = [], time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc=name, unit="step", disable=not progress)
+    for step in bar:
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss, agree = loss_fn(cache.take(torch.from_numpy(rng.integers(0, len(cache), cfg.batch))))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 10 == 0 or step == cfg.steps - 1:
+            agree = [round(a.item(), 3) for a in agree] if isinstance(agree, (list, tuple)) else round(agree.item(), 3)
+            rec = {"step": step, "loss": round(loss.item(), 4), "agree": agree,
+                   "seconds": round(time.perf_counter() - t0, 1)}
+            history.append(rec)
+            bar.set_postfix(loss=rec["loss"], agree=agree)
+            if step % 100 == 0:
+                log(f"{name} step {step}: loss {rec['loss']} agreement {agree} ({rec['seconds']} s)")
+    return history, time.perf_counter() - t0
 
 
 @torch.no_grad()

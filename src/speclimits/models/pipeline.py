@@ -23,8 +23,6 @@ from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps, read_json
 
 STAGES = ("corpus", "tokenizer", "heldout", "target", "headdata", "eagle3", "dense", "serve")
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 class Pipeline:
@@ -37,27 +35,9 @@ class Pipeline:
         self.meta_path = self.out / "meta.json"
         self.meta = read_json(self.meta_path, "models meta", SpeclimitsError) if self.meta_path.exists() else {}
         self.log_file = open(self.out / "train.log", "a", encoding="utf-8")
-
-    # paths
-    @property
-    def corpus_dir(self) -> Path:
-        return self.scratch / "corpus"
-
-    @property
-    def streams_dir(self) -> Path:
-        return self.scratch / "streams"
-
-    @property
-    def target_dir(self) -> Path:
-        return self.out / "target"
-
-    @property
-    def head_dir(self) -> Path:
-        return self.out / "eagle3"
-
-    @property
-    def dense_dir(self) -> Path:
-        return self.out / "dense-draft"
+        self.corpus_dir, self.streams_dir = self.scratch / "corpus", self.scratch / "streams"
+        self.target_dir, self.head_dir = self.out / "target", self.out / "eagle3"
+        self.dense_dir = self.out / "dense-draft"
 
     def log(self, msg: str) -> None:
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
@@ -195,7 +175,9 @@ class Pipeline:
         return {"greedy": stats, "prompt_len": prompt_len, "generation_tok_s": got.get("tokens_per_second")}
 
     def _vllm_subprocess(self, args: list[str]) -> None:
-        env = {**os.environ, **VLLM_ENV, "OMP_NUM_THREADS": str(self.threads)}
+        from speclimits.tracing.engine import CPU_ENV_DEFAULTS  # the harness's CPU settings, threads our own
+
+        env = {**os.environ, **CPU_ENV_DEFAULTS, "OMP_NUM_THREADS": str(self.threads)}
         cmd = [sys.executable, "-m", "speclimits.models.serve_check", *args]
         self.log(f"running {' '.join(cmd)}")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

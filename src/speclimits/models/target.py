@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from speclimits.jsonutil import dumps
-from speclimits.models.corpus import DOMAINS
 
 
 @dataclass

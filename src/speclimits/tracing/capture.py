@@ -18,7 +18,7 @@ Rows follow the target forward's token order: requests in ``input_batch.req_ids`
 each contributing ``num_scheduled_tokens`` consecutive rows.
 
 Counting helpers work on numpy arrays of shape ``[rows, n_layers, top_k]``:
-:func:`unique_per_layer` (unique experts per layer over the rows) and
+:func:`unique_per_layer` (unique experts per layer over the rows, or over each group of them) and
 :func:`cumulative_unique` (the same for every prefix of the rows, i.e. windows m = 1..rows).
 """
 
@@ -118,63 +118,41 @@ class RoutingCapture:
             raise ValueError(f"asked for {n_rows} rows of a {self.max_tokens}-row buffer")
         return self.buffer[:n_rows].clone()
 
-    def read(self, n_rows: int) -> np.ndarray:
-        """The first ``n_rows`` rows as a numpy int16 array ``[n_rows, n_layers, top_k]``."""
-        return to_numpy(self.snapshot(n_rows))
-
 
 def to_numpy(t: Any) -> np.ndarray:
     """A (possibly device) tensor as a numpy array (synchronises on GPU)."""
     return t.detach().to("cpu").numpy()
 
 
-def unique_per_layer(rows: np.ndarray, n_experts: int) -> np.ndarray:
-    """Unique experts per layer over ``rows`` ([m, n_layers, top_k] int) -> int array [n_layers]."""
+def _seen(rows: np.ndarray, n_experts: int | None, groups: np.ndarray | None, n_groups: int) -> np.ndarray:
+    """Which experts each layer routed to, per group of rows: bool [n_groups, n_layers, n_experts].
+
+    ``rows``: int [m, n_layers, top_k]; negative ids are not experts. ``groups``: the group of each row
+    ((m,) ints in 0..n_groups-1; None: one group). ``n_experts`` None: the largest id + 1."""
     rows = np.asarray(rows)
     if rows.ndim != 3:
         raise ValueError(f"rows must have shape [m, n_layers, top_k], got {rows.shape}")
+    if n_experts is None:
+        n_experts = int(rows.max()) + 1 if rows.size else 1
     n_layers = rows.shape[1]
-    seen = np.zeros((n_layers, n_experts + 1), dtype=bool)
-    ids = np.where(rows < 0, n_experts, rows).astype(np.int64)
-    seen[np.arange(n_layers)[None, :, None], ids] = True
-    return seen[:, :n_experts].sum(axis=1)
+    ids = np.where(rows < 0, n_experts, rows.astype(np.int64))  # invalid ids land in a spare slot
+    group = np.zeros(len(rows), dtype=np.int64) if groups is None else np.asarray(groups)
+    seen = np.zeros((n_groups, n_layers, n_experts + 1), dtype=bool)
+    seen[group[:, None, None], np.arange(n_layers)[None, :, None], ids] = True
+    return seen[:, :, :n_experts]
+
+
+def unique_per_layer(rows: np.ndarray, n_experts: int | None = None, groups: np.ndarray | None = None,
+                     n_groups: int = 1) -> np.ndarray:
+    """Unique experts per layer over ``rows`` ([m, n_layers, top_k] int) -> int array [n_layers]; with
+    ``groups`` (the group of each row, 0..n_groups-1: e.g. the rounds of a generation, counted in one
+    scatter) int array [n_groups, n_layers]. ``n_experts`` None: the largest id + 1."""
+    counts = _seen(rows, n_experts, groups, n_groups).sum(axis=2)
+    return counts if groups is not None else counts[0]
 
 
 def cumulative_unique(rows: np.ndarray, n_experts: int) -> np.ndarray:
-    """Unique experts per layer over each prefix of ``rows``.
-
-    Parameters
-    ----------
-    rows : int array [m, n_layers, top_k] of expert ids (negative ids are ignored).
-    n_experts : number of experts per layer.
-
-    Returns
-    -------
-    int array [m, n_layers]: entry [j, l] = unique experts of layer l over rows 0..j.
-    """
-    rows = np.asarray(rows)
-    if rows.ndim != 3:
-        raise ValueError(f"rows must have shape [m, n_layers, top_k], got {rows.shape}")
-    m, n_layers, _ = rows.shape
-    seen = np.zeros((m, n_layers, n_experts + 1), dtype=bool)
-    ids = np.where(rows < 0, n_experts, rows).astype(np.int64)  # invalid ids land in a spare slot
-    r_idx = np.arange(m)[:, None, None]
-    l_idx = np.arange(n_layers)[None, :, None]
-    seen[r_idx, l_idx, ids] = True
-    seen = np.logical_or.accumulate(seen[:, :, :n_experts], axis=0)
-    return seen.sum(axis=2)
-
-
-def u_bar_e_max(rows: np.ndarray, n_experts: int) -> tuple[float, float]:
-    """(Ū, E_max) of a pass: mean and max over layers of the unique experts over ``rows``."""
-    counts = unique_per_layer(rows, n_experts)
-    return float(counts.mean()), float(counts.max())
-
-
-def new_experts(prev: np.ndarray, cur: np.ndarray) -> float:
-    """Experts per layer in ``cur`` ([n_layers, top_k]) absent from ``prev``, averaged over layers."""
-    n_layers = cur.shape[0]
-    out = 0
-    for layer in range(n_layers):
-        out += len(set(cur[layer].tolist()) - set(prev[layer].tolist()))
-    return out / n_layers
+    """Unique experts per layer over each prefix of ``rows`` ([m, n_layers, top_k] int; negative ids
+    are ignored): int array [m, n_layers], entry [j, l] = unique experts of layer l over rows 0..j."""
+    m = len(np.asarray(rows))
+    return np.logical_or.accumulate(_seen(rows, n_experts, np.arange(m), m), axis=0).sum(axis=2)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from speclimits.cliutil import parse_assignments
 from speclimits.errors import SpeclimitsError
+from speclimits.tracing import engine as eng
+from speclimits.tracing.inputs import check_trace_inputs, drafted_nothing, model_config
 from speclimits.vocabulary import DEFAULT_DTYPE
 
 
@@ -49,7 +51,7 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     """What to sweep: the models and method, the K values, the prompts, the output folder."""
     p.add_argument("--target", required=True, help="target MoE model (folder or hub id)")
     p.add_argument("--draft", default=None, help="draft model / EAGLE head folder (not needed for ngram)")
-    p.add_argument("--method", choices=("eagle3", "eagle", "draft_model", "ngram"), default="eagle3",
+    p.add_argument("--method", choices=eng.METHODS, default="eagle3",
                    help="speculative method (default: %(default)s)")
     p.add_argument("--k", default="1-10", help="K values: '1-10', '0,1,2,4' (0 = plain decoding) (default: %(default)s)")
     p.add_argument("--batch", default="1",
@@ -124,33 +126,20 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    from speclimits.tracing.inputs import (check_trace_inputs, drafted_nothing, require_vllm_findable,  # no vLLM
-                                           vllm_failure)
-
     # flags, model paths and prompt token ids first: a mistake is one line, before the vLLM import
-    if args.workers is None and args.ray_address is None:
-        require_vllm_findable()
-    check_trace_inputs(args)
-    dtype = _dtype_choice(args)
-    if args.oracle and args.method == "ngram":  # before the vLLM import and the sweep
-        raise SpeclimitsError("--oracle reads the draft's probabilities; --method ngram has none (use eagle, eagle3 "
-                              "or draft_model, or trace without --oracle)")
-    if args.oracle and args.oracle_k_max is not None and args.oracle_k_max < 1:
-        raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {args.oracle_k_max}")
-    # the harness modules are imported here, after the cheap checks: `speclimits --help` stays fast
-    from speclimits.tracing import engine as eng
-
     distributed = args.workers is not None or args.ray_address is not None
+    if not distributed:
+        eng.require_vllm_findable()
+    k_values, batch_sizes = check_trace_inputs(args)
+    dtype = _dtype_choice(args)
     if distributed:
         from speclimits.tracing.ray_sweep import require_ray  # Ray is optional: imported only when asked for
 
         require_ray()  # fail early, with the install hint
     else:
         eng.require_vllm()  # fail early, with the install hint
-    from speclimits.tracing.sweep import SweepConfig, parse_batch, parse_k, run_sweep
+    from speclimits.tracing.sweep import SweepConfig, run_sweep
 
-    k_values = parse_k(args.k)
-    batch_sizes = parse_batch(args.batch)
     cfg = SweepConfig(
         target=args.target, draft=args.draft, method=args.method, k_values=k_values, prompts=str(args.prompts),
         out=str(args.out), max_tokens=args.max_tokens, seed=args.seed, dtype=dtype.dtype, load_format=args.load_format,
@@ -167,7 +156,7 @@ def _cli(args: argparse.Namespace) -> int:
     try:
         meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it came from inside vLLM
-        failure = vllm_failure(exc, args.target, "the K sweep")
+        failure = eng.vllm_failure(exc, args.target, "the K sweep")
         if failure is None:
             raise
         raise failure from exc
@@ -189,7 +178,7 @@ def _cli(args: argparse.Namespace) -> int:
             try:
                 meta = trace_oracle(cfg, k_max=k_max, batch=args.oracle_batch)
             except Exception as exc:  # noqa: BLE001 - re-raised unless it came from inside vLLM
-                failure = vllm_failure(exc, args.target, f"the Oracle pass (--oracle-batch {args.oracle_batch})")
+                failure = eng.vllm_failure(exc, args.target, f"the Oracle pass (--oracle-batch {args.oracle_batch})")
                 if failure is None:
                     raise
                 hint = ("; the sweep is written: --resume --oracle-batch 1 runs the Oracle pass one reference at a "
@@ -206,7 +195,6 @@ def _dtype_choice(args: argparse.Namespace) -> object:
     """The dtype this machine's vLLM CPU build can run for the target (:func:`speclimits.machine.engine_dtype`),
     said in one line when it is not the default; a --dtype it cannot run is refused before any engine."""
     from speclimits.machine import cpu_info, engine_dtype
-    from speclimits.tracing.inputs import model_config
 
     extra = parse_assignments(args.engine_arg, "--engine-arg")
     backend = extra.get("attention_backend") or (extra.get("attention_config") or {}).get("backend")

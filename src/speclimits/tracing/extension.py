@@ -41,24 +41,13 @@ import numpy as np
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.capture import RoutingCapture, to_numpy, unique_per_layer
 from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmError, installed_version,
-                                         missing_on_runner, runner_kind, runner_members)
-
-#: vLLM versions the private hooks were verified against (the list lives in :mod:`~speclimits.tracing.vllm_api`).
-SUPPORTED_VLLM = VERIFIED_VLLM
-
-#: Private runner methods and attributes checked on the live runner: the rows marked ``live`` of
-#: the table :data:`speclimits.tracing.vllm_api.NEEDS`.
-RUNNER_METHODS, RUNNER_ATTRS = runner_members()
-
-#: Keys of one request entry of a step record (see :meth:`TracingWorkerExtension.speclimits_drain`).
-REQUEST_KEYS = ("req_id", "n_sched", "n_spec", "context_len", "n_prompt", "n_out_before", "row_offset",
-                "n_sampled", "sampled", "n_drafted", "u_layers", "routing", "routing_from")
+                                         missing_on_runner, runner_kind, v2_refused)
 
 
 def _unsupported(what: str) -> UnsupportedVllmError:
     version = installed_version()
     return UnsupportedVllmError(
-        f"speclimits tracing: {what} (installed vLLM {version}; supported: {', '.join(SUPPORTED_VLLM)} with "
+        f"speclimits tracing: {what} (installed vLLM {version}; supported: {', '.join(VERIFIED_VLLM)} with "
         f"the V1 model runner; on vLLM >= 0.33 set {V2_ENV}=0)")
 
 
@@ -68,8 +57,7 @@ def check_runner(runner: Any) -> None:
     kind = runner_kind(runner)
     name = f"{type(runner).__module__}.{type(runner).__name__}"
     if kind == "v2":
-        raise UnsupportedVllmError(f"speclimits tracing: the worker runs Model Runner V2 ({name}), which the tracer "
-                                   f"does not hook (it traces the V1 runner only); set {V2_ENV}=0 and run again")
+        raise v2_refused(f"the worker runs Model Runner V2 ({name})")
     if kind != "v1":
         raise _unsupported(f"the worker's model runner is {name}, not the V1 GPUModelRunner (or its CPU subclass)")
     missing = missing_on_runner(runner)
@@ -290,7 +278,7 @@ class TracingWorkerExtension:
         self._speclimits_installed = False
 
     def speclimits_drain(self) -> list[dict[str, Any]]:
-        """Step records since the last drain (and forget them). See :data:`REQUEST_KEYS`.
+        """Step records since the last drain (and forget them).
 
         Each record: ``step``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket`` (padded token
         count), ``num_tokens`` (unpadded), ``kv_usage``, ``u_layers_step`` (unique experts per
@@ -343,15 +331,6 @@ class TracingWorkerExtension:
         self._speclimits_oracle_out = {}
         self._speclimits_forced_flips = 0
         return out
-
-    @property
-    def speclimits_step(self) -> _Step | None:
-        """The engine step under way, read-only: opened by the wrapped ``execute_model`` (unless it
-        returns a result, when no sampling follows), filled by the forward and the draft proposal
-        (``drafted``: drafts per request, ``t_draft``: the proposal's time, ms on CPU, a pair of CUDA
-        events on GPU), closed by ``sample_tokens``. ``None`` between steps and before
-        :meth:`speclimits_hook`."""
-        return getattr(self, "_speclimits_step", None)
 
     # -- wrapping ------------------------------------------------------------------------
 

@@ -52,8 +52,9 @@ from speclimits.trace.io import list_parts, read_generations, read_meta, read_ta
 from speclimits.trace.reference_tokens import (CHOICE_COLUMNS, GENERATION_COLUMNS, first_greedy_tokens,
                                                reference_generations, reference_tokens)
 from speclimits.tracing import engine as eng
+from speclimits.tracing.inputs import check_oracle
 from speclimits.vocabulary import GREEDY, TEACHER_FORCED
-from speclimits.tracing.prompts import read_prompts, reference_ids
+from speclimits.tracing.prompts import read_prompts
 from speclimits.tracing.sweep import sweep_engine_kwargs
 
 
@@ -78,7 +79,7 @@ def plan_requests(ref: Reference, k_max: int) -> list[tuple[int, list[int], int,
     return out
 
 
-def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], n_experts: int) -> pd.DataFrame:
+def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]]) -> pd.DataFrame:
     """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos)."""
     y = np.asarray(ref.output_ids)
     n_states = len(y) - 1
@@ -128,51 +129,6 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
     return df
 
 
-def run_oracle(llm: Any, refs: Sequence[Reference], k_max: int, n_experts: int, *, batch: int = 64,
-               on_sequence: Any = None, progress: bool = True) -> dict[str, Any]:
-    """Run every state of every reference through ``llm`` (an engine with K = ``k_max`` and the
-    tracing extension installed). ``on_sequence(ref, df)`` receives each finished sequence's rows.
-    Returns ``{"states": n, "forced_flips": n}``."""
-    from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
-    total = sum(max(len(r.output_ids) - 1, 0) for r in refs)
-    bar = tqdm(total=total, desc="oracle", unit="state", disable=not progress)
-    counter = {"states": 0, "forced_flips": 0}
-    for ref in refs:
-        if len(ref.output_ids) < 2:
-            continue
-        plan = plan_requests(ref, k_max)
-        results: dict[int, dict[str, Any]] = {}
-        for start in range(0, len(plan), batch):
-            chunk = plan[start: start + batch]
-            # request ids LLM.generate will assign: it counts requests per engine
-            next_id = int(getattr(getattr(llm, "request_counter", None), "counter", -1))
-            if next_id < 0:
-                raise SpeclimitsError("Oracle: cannot read vLLM's request counter (LLM.request_counter.counter); "
-                                      "supported vLLM: 0.32.0")
-            ids = [str(next_id + i) for i in range(len(chunk))]
-            arm = {rid: {"forced": forced, "ref": chain} for rid, (_, _, forced, chain) in zip(ids, chunk)}
-            llm.collective_rpc("speclimits_set_oracle", args=(arm,))
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for (_, p, _, _) in chunk], params, use_tqdm=False)
-            got = llm.collective_rpc("speclimits_drain_oracle")[0]
-            llm.collective_rpc("speclimits_set_oracle", args=(None,))
-            if [o.request_id for o in outs] != ids:
-                raise SpeclimitsError(f"Oracle: vLLM assigned request ids {[o.request_id for o in outs][:3]}..., "
-                                      f"expected {ids[:3]}...; the request counter moved unexpectedly")
-            counter["forced_flips"] += int(got["forced_flips"])
-            for rid, (pos, _, _, _) in zip(ids, chunk):
-                results[pos] = got["results"].get(rid, {})
-            bar.update(len(chunk))
-        df = oracle_rows(ref, k_max, results, n_experts)
-        counter["states"] += len(df)
-        if on_sequence is not None:
-            on_sequence(ref, df)
-    bar.close()
-    return counter
-
-
 def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
                           held_out: dict[str, list[int]] | None = None) -> list[Reference]:
     """References: per prompt, the sweep generation with K = ``k_ref`` (its output; in a batch
@@ -210,27 +166,21 @@ class OraclePlan:
 
 def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
     """The Oracle pass's work on the sweep trace at ``cfg.out`` (see :func:`trace_oracle`)."""
-    if k_max < 1:
-        raise SpeclimitsError(f"--oracle-k-max must be >= 1, got {k_max}")
-    if cfg.method == "ngram":
-        raise SpeclimitsError("Oracle mode reads the draft's probabilities; ngram has none (use eagle, eagle3 or "
-                              "draft_model)")
+    check_oracle(cfg.method, k_max)
     root = Path(cfg.out)
     meta = read_meta(root)
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     k_ref = min(meta["k_values"])
-    held_out = {}
-    for p in prompts:
-        if p.reference_token_ids is not None or p.reference_text is not None:
-            if p.reference_text is not None and p.reference_token_ids is None:
-                raise SpeclimitsError(f"prompt {p.id!r}: text references need a tokenizer; give "
-                                      "'reference_token_ids' (tokenizer-backed references are not wired yet)")
-            held_out[p.id] = reference_ids(p, None)
+    held_out = {p.id: list(p.reference_token_ids) for p in prompts if p.reference_token_ids is not None}
+    text_only = [p.id for p in prompts if p.reference_text is not None and p.reference_token_ids is None]
+    if text_only:
+        raise SpeclimitsError(f"prompt {text_only[0]!r}: text references need a tokenizer; give "
+                              "'reference_token_ids' (tokenizer-backed references are not wired yet)")
     refs = references_from_sweep(root, prompts, k_ref, held_out)
     old = meta.get("oracle") or {}
     if old and int(old.get("k_max", k_max)) != k_max:
         raise SpeclimitsError(f"--resume: the trace's Oracle data use k_max = {old['k_max']}, not {k_max}")
-    done = {int(name[len(ORACLE_PART):]) for name in oracle_parts(root)}
+    done = oracle_done(root)
     todo = [(i, r) for i, r in enumerate(refs) if i not in done]
     return OraclePlan(root, prompts, k_max, k_ref, batch, held_out, refs, todo)
 
@@ -239,10 +189,11 @@ def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
 ORACLE_PART = "part-s"
 
 
-def oracle_parts(root: str | Path) -> dict[str, Path]:
-    """The Oracle pass's part files on disk, by name."""
+def oracle_done(root: str | Path) -> set[int]:
+    """Indices of the sequences whose Oracle part is on disk."""
     folder = Path(root) / "oracle.parquet"
-    return {p.stem: p for p in folder.glob(f"{ORACLE_PART}*.parquet")} if folder.is_dir() else {}
+    parts = folder.glob(f"{ORACLE_PART}*.parquet") if folder.is_dir() else ()
+    return {int(p.stem[len(ORACLE_PART):]) for p in parts}
 
 
 def oracle_engine(cfg: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]]) -> tuple[Any, dict[str, Any]]:
@@ -256,16 +207,49 @@ def oracle_engine(cfg: Any, plan: OraclePlan, todo: Sequence[tuple[int, Referenc
 
 def run_oracle_parts(llm: Any, info: dict[str, Any], plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
                      progress: bool = True) -> dict[str, Any]:
-    """Run the references of ``todo`` on ``llm`` and write each one's part as it finishes (a
-    sequence whose part is on disk is skipped, so a retried shard repeats nothing done)."""
-    left = [(i, r) for i, r in todo if f"{ORACLE_PART}{i:05d}" not in oracle_parts(plan.root)]
-    index = {id(r): i for i, r in left}
+    """Run every state of the references of ``todo`` through ``llm`` (an engine with K = k_max and the
+    tracing extension installed; ``info``, its model info, is not needed here) and write each one's part
+    as it finishes (a sequence whose part is on disk is skipped, so a retried shard repeats nothing
+    done). Returns ``{"states": n, "forced_flips": n}``."""
+    from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
+    from vllm.inputs import TokensPrompt
 
-    def save(ref: Reference, df: pd.DataFrame) -> None:
-        write_part(plan.root, "oracle", f"{ORACLE_PART}{index[id(ref)]:05d}", df)
-
-    return run_oracle(llm, [r for _, r in left], plan.k_max, int(info["n_experts"]), batch=plan.batch,
-                      on_sequence=save, progress=progress)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
+    done = oracle_done(plan.root)
+    left = [(i, r) for i, r in todo if i not in done]
+    total = sum(max(len(r.output_ids) - 1, 0) for _, r in left)
+    bar = tqdm(total=total, desc="oracle", unit="state", disable=not progress)
+    counter = {"states": 0, "forced_flips": 0}
+    for index, ref in left:
+        if len(ref.output_ids) < 2:
+            continue
+        states = plan_requests(ref, plan.k_max)
+        results: dict[int, dict[str, Any]] = {}
+        for start in range(0, len(states), plan.batch):
+            chunk = states[start: start + plan.batch]
+            # request ids LLM.generate will assign: it counts requests per engine
+            next_id = int(getattr(getattr(llm, "request_counter", None), "counter", -1))
+            if next_id < 0:
+                raise SpeclimitsError("Oracle: cannot read vLLM's request counter (LLM.request_counter.counter); "
+                                      "supported vLLM: 0.32.0")
+            ids = [str(next_id + i) for i in range(len(chunk))]
+            arm = {rid: {"forced": forced, "ref": chain} for rid, (_, _, forced, chain) in zip(ids, chunk)}
+            llm.collective_rpc("speclimits_set_oracle", args=(arm,))
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for (_, p, _, _) in chunk], params, use_tqdm=False)
+            got = llm.collective_rpc("speclimits_drain_oracle")[0]
+            llm.collective_rpc("speclimits_set_oracle", args=(None,))
+            if [o.request_id for o in outs] != ids:
+                raise SpeclimitsError(f"Oracle: vLLM assigned request ids {[o.request_id for o in outs][:3]}..., "
+                                      f"expected {ids[:3]}...; the request counter moved unexpectedly")
+            counter["forced_flips"] += int(got["forced_flips"])
+            for rid, (pos, _, _, _) in zip(ids, chunk):
+                results[pos] = got["results"].get(rid, {})
+            bar.update(len(chunk))
+        df = oracle_rows(ref, plan.k_max, results)
+        write_part(plan.root, "oracle", f"{ORACLE_PART}{index:05d}", df)
+        counter["states"] += len(df)
+    bar.close()
+    return counter
 
 
 def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -273,7 +257,7 @@ def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = Non
     (:func:`write_reference_tokens`) and ``meta["oracle"]``, its counts read from the data on
     disk (states, and forced flips = states whose reference token overrode the target's choice),
     so a serial, a distributed and a resumed pass record the same numbers."""
-    missing = [i for i, _ in enumerate(plan.refs) if f"{ORACLE_PART}{i:05d}" not in oracle_parts(plan.root)]
+    missing = sorted(set(range(len(plan.refs))) - oracle_done(plan.root))
     if missing:
         raise SpeclimitsError(f"Oracle: sequences {missing[:5]} ({len(missing)} in all) have no part in "
                               f"{plan.root / 'oracle.parquet'}; run the pass again (it resumes)")

@@ -1,4 +1,4 @@
-"""Prompts for the tracing harness: tokenizing them and their held-out references.
+"""Prompts for the tracing harness: tokenizing them.
 
 The prompt file format and its reader (:class:`Prompt`, :func:`read_prompts`) live with the trace,
 in :mod:`speclimits.trace.prompts`, because a trace keeps a copy of the file it ran.
@@ -30,14 +30,3 @@ def tokenize(prompt: Prompt, tokenizer: Any, chat_template: bool = True) -> list
             ids = ids["input_ids"]
         return list(ids)
     return list(tokenizer.encode(prompt.text))
-
-
-def reference_ids(prompt: Prompt, tokenizer: Any) -> list[int] | None:
-    """Token ids of the prompt's held-out reference continuation, if it has one."""
-    if prompt.reference_token_ids is not None:
-        return list(prompt.reference_token_ids)
-    if prompt.reference_text is None:
-        return None
-    if tokenizer is None:
-        raise SpeclimitsError(f"prompt {prompt.id!r} has a text reference but the model has no tokenizer")
-    return list(tokenizer.encode(prompt.reference_text, add_special_tokens=False))

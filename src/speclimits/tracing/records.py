@@ -34,27 +34,17 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
 from speclimits.errors import SpeclimitsError
 from speclimits.trace.schema import STRING_COLUMNS
+from speclimits.tracing.capture import unique_per_layer
 from speclimits.tracing.extension import external_request_id
 from speclimits.vocabulary import GREEDY
 
 
-def request_steps(records: Sequence[dict[str, Any]], external_id: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(step record, request entry) pairs of one request, in step order."""
-    out = []
-    for rec in records:
-        for r in rec["reqs"]:
-            if external_request_id(r["req_id"]) == external_id:
-                out.append((rec, r))
-    return out
-
-
 def steps_by_request(records: Sequence[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """:func:`request_steps` of every request in ``records`` at once, by external request id
-    (one pass over the records: a batch's requests share them)."""
+    """(step record, request entry) pairs of each request in ``records``, in step order, by external
+    request id (one pass over the records: a batch's requests share them)."""
     out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for rec in records:
         for r in rec["reqs"]:
@@ -80,19 +70,11 @@ def step_columns(records: Sequence[dict[str, Any]], *, batch_id: int, b: int, K:
     reqs = [rec["reqs"] for rec in records]
     n_reqs = _ints((len(rs) for rs in reqs), n)
     n_decode = _ints((sum(1 for r in rs if r["n_out_before"] >= 1) for rs in reqs), n)
-    u_bar = np.full(n, float(top_k))
-    e_max = np.full(n, float(top_k))
-    for i, rec in enumerate(records):
-        u = rec.get("u_layers_step")
-        if u is not None and len(u):
-            u_bar[i] = float(np.mean(u))
-            e_max[i] = float(np.max(u))
-    phase = np.where(n_decode == 0, "prefill", np.where(n_decode == n_reqs, "decode", "mixed")).astype(object)
-    return {
+    u_bar, e_max = _mean_max([rec.get("u_layers_step") for rec in records], top_k)
+    cols = _record_columns(records, K) | {
         "batch_id": np.full(n, batch_id, dtype=np.int64),
         "b": np.full(n, b, dtype=np.int64),
         "K": np.full(n, K, dtype=np.int64),
-        "step": _ints((rec["step"] for rec in records), n),
         "n_reqs": n_reqs,
         "n_decode": n_decode,
         "n_tokens": _ints((sum(int(r["n_sched"]) for r in rs) for rs in reqs), n),
@@ -100,14 +82,10 @@ def step_columns(records: Sequence[dict[str, Any]], *, batch_id: int, b: int, K:
         "u_bar": u_bar,
         "e_max": e_max,
         "context_total": _ints((sum(int(r["context_len"]) for r in rs) for rs in reqs), n),
-        "t_target_ms": _floats((rec["t_target_ms"] for rec in records), n),
-        "t_draft_ms": _floats((rec["t_draft_ms"] for rec in records), n) if K > 0 else np.zeros(n),
-        "graph_bucket": _ints((rec["graph_bucket"] for rec in records), n),
-        "kv_usage": _floats((rec["kv_usage"] for rec in records), n),
-        "phase": phase,
-        "n_drafted_next": (_ints((sum(int(r.get("n_drafted", 0)) for r in rs) for rs in reqs), n) if K > 0
-                           else np.zeros(n, dtype=np.int64)),
+        "phase": np.where(n_decode == 0, "prefill", np.where(n_decode == n_reqs, "decode", "mixed")).astype(object),
+        "n_drafted_next": _drafted((sum(int(r.get("n_drafted", 0)) for r in rs) for rs in reqs), n, K),
     }
+    return {c: cols[c] for c in STEP_COLUMNS}
 
 
 #: Round columns built here, in order (``category`` is added by the caller when known).
@@ -118,21 +96,6 @@ ROUND_COLUMNS = ("generation_id", "prompt_id", "K", "m", "round", "phase", "t_ta
 #: (a row of -1: routing not recorded, written as null by :func:`speclimits.trace.io.columns_table`).
 TOKEN_COLUMNS = ("seq_id", "pos", "token_id", "text", "new_experts", "experts", "generation_id", "K", "round", "row",
                  "context_len", "reference_kind")
-
-
-def _unique_by_round(routing: list[np.ndarray], round_of_row: np.ndarray, n_rounds: int) -> np.ndarray:
-    """Unique experts per layer of each round over its rows: int array [n_rounds, n_layers].
-
-    ``routing`` holds each round's rows ([rows, n_layers, top_k] int; negative ids are not
-    experts), ``round_of_row`` the round of each concatenated row. One scatter for the whole
-    generation instead of one count per round."""
-    rows = np.concatenate(routing).astype(np.int64)
-    n_layers = rows.shape[1]
-    n_ids = int(rows.max()) + 1 if rows.size else 1
-    rows = np.where(rows < 0, n_ids, rows)  # invalid ids land in a spare slot
-    seen = np.zeros((n_rounds, n_layers, n_ids + 1), dtype=bool)
-    seen[round_of_row[:, None, None], np.arange(n_layers)[None, :, None], rows] = True
-    return seen[:, :, :n_ids].sum(axis=2)
 
 
 def generation_columns(
@@ -148,10 +111,15 @@ def generation_columns(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, Any]]:
     """Round (and token) columns of one finished generation as numpy arrays, plus a check summary.
 
-    The work is vectorised over rounds and tokens (the sweep calls this once per generation
-    and buffers the arrays; see :func:`generation_tables` for DataFrames). Column names and
-    order: :data:`ROUND_COLUMNS`, :data:`TOKEN_COLUMNS`; string columns are object arrays;
-    ``experts`` is int16 ``[tokens, n_layers * top_k]`` (layer-major).
+    ``steps``: the generation's (step record, request entry) pairs (:func:`steps_by_request`);
+    ``output_ids``: the token ids vLLM returned; ``decode``: ``callable(token_id) -> str`` for the
+    ``text`` column (``""`` when None). The work is vectorised over rounds and tokens (the sweep
+    calls this once per generation and buffers the arrays; :func:`speclimits.trace.io.columns_table`
+    makes them one Arrow table). Column names and order: :data:`ROUND_COLUMNS`,
+    :data:`TOKEN_COLUMNS`; string columns are object arrays; ``experts`` is int16
+    ``[tokens, n_layers * top_k]`` (layer-major). ``check`` holds the ``drafted``, ``accepted`` and
+    ``emitted`` totals, ``output_len`` and ``tokens_match`` (the sampled ids, cut at the output
+    length, equal vLLM's output).
 
     Steps: :func:`_emitted_per_round` (tokens each round gained, after vLLM's stop checks),
     :func:`_experts_per_round` (Ū and E_max), :func:`_round_columns`, :func:`_check_summary`
@@ -183,6 +151,36 @@ def _floats(values: Any, n: int) -> np.ndarray:
     return np.fromiter(values, dtype=np.float64, count=n)
 
 
+def _drafted(values: Any, n: int, K: int) -> np.ndarray:
+    """``n_drafted_next``: drafts proposed for the next round (0 at K = 0)."""
+    return _ints(values, n) if K > 0 else np.zeros(n, dtype=np.int64)
+
+
+def _record_columns(recs: Sequence[dict[str, Any]], K: int) -> dict[str, np.ndarray]:
+    """The columns a step record gives each of its rows (a step, or a request's round): its number,
+    times (``t_draft_ms`` 0 at K = 0), padded token count and KV use; each (n,)."""
+    n = len(recs)
+    return {
+        "step": _ints((rec["step"] for rec in recs), n),
+        "t_target_ms": _floats((rec["t_target_ms"] for rec in recs), n),
+        "t_draft_ms": _floats((rec["t_draft_ms"] for rec in recs), n) if K > 0 else np.zeros(n),
+        "graph_bucket": _ints((rec["graph_bucket"] for rec in recs), n),
+        "kv_usage": _floats((rec["kv_usage"] for rec in recs), n),
+    }
+
+
+def _mean_max(counts: Sequence[Any], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(u_bar, e_max), each (n,) float: mean / max over layers of each pass's unique experts per layer
+    (a pass without routing, None or empty, keeps ``top_k``)."""
+    u_bar = np.full(len(counts), float(top_k))
+    e_max = np.full(len(counts), float(top_k))
+    for i, u in enumerate(counts):
+        if u is not None and len(u):
+            u_bar[i] = float(np.mean(u))
+            e_max[i] = float(np.max(u))
+    return u_bar, e_max
+
+
 def _emitted_per_round(reqs: list[dict[str, Any]], n_out: int, where: str
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n_sampled, cumulative sampled, emitted), each (n_rounds,) int: a round emits what it
@@ -203,22 +201,14 @@ def _experts_per_round(reqs: list[dict[str, Any]], top_k: int) -> tuple[np.ndarr
     worker computed it (prefill rounds, whose rows are not all kept); otherwise it is counted
     here from the entry's ``routing`` (decode rounds keep every row). A round without routing
     rows keeps ``top_k``."""
-    n = len(reqs)
-    u_bar = np.full(n, float(top_k))
-    e_max = np.full(n, float(top_k))
+    counts = [r.get("u_layers") for r in reqs]
     missing = [i for i, r in enumerate(reqs) if "u_layers" not in r and len(r["routing"])]
     if missing:
-        counts = _unique_by_round([np.asarray(reqs[i]["routing"]) for i in missing],
-                                  np.repeat(np.arange(len(missing)), [len(reqs[i]["routing"]) for i in missing]),
-                                  len(missing))
-        u_bar[missing] = counts.mean(axis=1)
-        e_max[missing] = counts.max(axis=1)
-    for i, r in enumerate(reqs):
-        u = r.get("u_layers")
-        if u is not None and len(u):
-            u_bar[i] = float(np.mean(u))
-            e_max[i] = float(np.max(u))
-    return u_bar, e_max
+        rows = np.concatenate([np.asarray(reqs[i]["routing"]) for i in missing])
+        group = np.repeat(np.arange(len(missing)), [len(reqs[i]["routing"]) for i in missing])
+        for i, u in zip(missing, unique_per_layer(rows, groups=group, n_groups=len(missing))):
+            counts[i] = u
+    return _mean_max(counts, top_k)
 
 
 def _round_columns(reqs: list[dict[str, Any]], recs: list[dict[str, Any]], *, n_sampled: np.ndarray,
@@ -227,28 +217,24 @@ def _round_columns(reqs: list[dict[str, Any]], recs: list[dict[str, Any]], *, n_
     """The :data:`ROUND_COLUMNS` of one generation, each an (n_rounds,) array."""
     n = len(reqs)
     n_spec = _ints((r["n_spec"] for r in reqs), n)
-    return {
+    cols = _record_columns(recs, K) | {
         "generation_id": np.full(n, generation_id, dtype=np.int64),
         "prompt_id": np.full(n, prompt_id, dtype=object),
         "K": np.full(n, K, dtype=np.int64),
         "m": _ints((r["n_sched"] for r in reqs), n),
         "round": np.arange(n, dtype=np.int64),
         "phase": np.where(prefill, "prefill", "decode").astype(object),
-        "t_target_ms": _floats((rec["t_target_ms"] for rec in recs), n),
-        "t_draft_ms": _floats((rec["t_draft_ms"] for rec in recs), n) if K > 0 else np.zeros(n),
         "u_bar": u_bar,
         "e_max": e_max,
         "context_len": _ints((r["context_len"] for r in reqs), n),
-        "kv_usage": _floats((rec["kv_usage"] for rec in recs), n),
-        "graph_bucket": _ints((rec["graph_bucket"] for rec in recs), n),
         "n_draft": n_spec,
         "n_accepted": np.where((n_spec > 0) & (n_sampled > 0), n_sampled - 1, 0),
         "n_emitted": emitted,
         "n_sampled": n_sampled,
         "prompt_len": _ints((r["n_prompt"] for r in reqs), n),
-        "step": _ints((rec["step"] for rec in recs), n),
-        "n_drafted_next": _ints((r.get("n_drafted", 0) for r in reqs), n) if K > 0 else np.zeros(n, dtype=np.int64),
+        "n_drafted_next": _drafted((r.get("n_drafted", 0) for r in reqs), n, K),
     }
+    return {c: cols[c] for c in ROUND_COLUMNS}
 
 
 def _check_summary(rounds: dict[str, np.ndarray], sampled: np.ndarray, output_ids: Sequence[int]) -> dict[str, Any]:
@@ -316,45 +302,3 @@ def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.
         "context_len": n_prompt + pos,
         "reference_kind": np.full(t, GREEDY, dtype=object),
     }
-
-
-def columns_frame(cols: dict[str, np.ndarray], category: str | None = None) -> pd.DataFrame:
-    """A DataFrame of :func:`generation_columns` output (``experts`` as a column of int16 arrays)."""
-    data = {k: ([None if (row < 0).all() else row for row in v] if k == "experts" and v.shape[1] else
-                list(v) if k == "experts" else v) for k, v in cols.items()}
-    df = pd.DataFrame(data)
-    if category is not None:
-        df["category"] = category
-    return df
-
-
-def generation_tables(
-    steps: list[tuple[dict[str, Any], dict[str, Any]]],
-    *,
-    output_ids: Sequence[int],
-    generation_id: int,
-    prompt_id: str,
-    K: int,
-    category: str | None = None,
-    top_k: int,
-    decode: Any = None,
-    with_tokens: bool = True,
-) -> tuple[pd.DataFrame, pd.DataFrame | None, dict[str, Any]]:
-    """Rounds (and token) rows of one finished generation as DataFrames, plus a check summary.
-
-    Parameters
-    ----------
-    steps : :func:`request_steps` of the generation's request.
-    output_ids : the token ids vLLM returned for the generation.
-    decode : ``callable(token_id) -> str`` for the ``text`` column (``""`` when None).
-
-    Returns
-    -------
-    (rounds, tokens or None, check) where ``check`` holds ``drafted``, ``accepted``,
-    ``emitted`` totals and ``tokens_match`` (the sampled ids, cut at the output length,
-    equal vLLM's output). See :func:`generation_columns` (the same, as numpy columns).
-    """
-    rounds, tokens, check = generation_columns(steps, output_ids=output_ids, generation_id=generation_id,
-                                               prompt_id=prompt_id, K=K, top_k=top_k, decode=decode,
-                                               with_tokens=with_tokens)
-    return (columns_frame(rounds, category), None if tokens is None else columns_frame(tokens, category), check)

@@ -233,9 +233,13 @@ def refuse_v2_runner(version: str, cuda: bool, env: dict[str, str] | None = None
         reason = f"{V2_ENV}={value} selects Model Runner V2"
     else:
         return
-    raise UnsupportedVllmError(
-        f"speclimits tracing: {reason}, which the tracer does not hook (it traces the V1 runner only); "
-        f"set {V2_ENV}=0 and run again")
+    raise v2_refused(reason)
+
+
+def v2_refused(reason: str) -> UnsupportedVllmError:
+    """The error that refuses Model Runner V2 (``reason``: what selects it)."""
+    return UnsupportedVllmError(f"speclimits tracing: {reason}, which the tracer does not hook (it traces the V1 "
+                                f"runner only); set {V2_ENV}=0 and run again")
 
 
 def require_supported(*, cuda: bool = False, env: dict[str, str] | None = None) -> None:
