@@ -124,6 +124,7 @@ from speclimits.trace.io import (
 )
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
+from speclimits.tracing.inputs import model_config
 from speclimits.tracing.records import generation_columns, step_columns, steps_by_request
 
 #: Settings that must match for ``resume`` to continue a trace.
@@ -206,16 +207,6 @@ def parse_k(spec: str) -> list[int]:
 def parse_batch(spec: str) -> list[int]:
     """``"1,2,4,8"`` or ``"1-4"`` -> sorted unique list of batch sizes >= 1 (``--batch``)."""
     return parse_int_list(spec, "--batch", "'1,2,4,8' or '1-4'", "batch size", 1)
-
-
-def read_model_config(path: str | Path) -> dict[str, Any]:
-    cfg = Path(path) / "config.json"
-    if not cfg.exists():
-        return {}
-    try:
-        return json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def file_sha256(path: str | Path) -> str:
@@ -484,7 +475,7 @@ def sweep_engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_value
                         batch: int = 1, prefix_caching: bool = False, extra_len: int = 0) -> dict[str, Any]:
     longest = max((len(p.token_ids) if p.token_ids is not None else 4 * len(p.text or "") + 64) for p in prompts)
     max_len = cfg.max_model_len or (longest + cfg.max_tokens + max(k_values) + extra_len + 8)
-    model_cfg = read_model_config(cfg.target)
+    model_cfg = model_config(cfg.target)
     limit = model_cfg.get("max_position_embeddings")
     if cfg.max_model_len is None and limit:
         max_len = min(max_len, int(limit))
@@ -497,7 +488,7 @@ def sweep_engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_value
 def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, info: dict[str, Any],
                  kwargs: dict[str, Any]) -> dict[str, Any]:
     """meta.json of a new vLLM trace (``complete`` False until :func:`finalize_meta`)."""
-    target_cfg = read_model_config(cfg.target)
+    target_cfg = model_config(cfg.target)
     models: dict[str, Any] = {
         "target": {"path": str(cfg.target), "architecture": (target_cfg.get("architectures") or ["?"])[0],
                    "n_layers": info["n_layers"], "n_experts": info["n_experts"], "top_k": info["top_k"],
@@ -506,7 +497,7 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
     if cfg.method == "ngram":
         models["draft"] = {"method": "ngram", **cfg.spec_extra}
     elif cfg.draft is not None:
-        draft_cfg = read_model_config(cfg.draft)
+        draft_cfg = model_config(cfg.draft)
         models["draft"] = {"path": str(cfg.draft), "architecture": (draft_cfg.get("architectures") or ["?"])[0]}
     batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
     conventions = ("round = engine step (target pass + drafter call of that step); tokens.experts/new_experts = "
