@@ -181,7 +181,7 @@ if union is not None:
 import tempfile
 
 from speclimits.simulate import BatchSim, simulate_batch
-from speclimits.simulate.twin import preset
+from speclimits.simulate import preset
 
 sim_cfg = preset("paper", n_prompts=16 if smoke else 48, response_median=120 if smoke else 200,
                  response_max=240 if smoke else 400, k_values=tuple(range(0, k_max + 1)))
@@ -225,7 +225,9 @@ page.table(view.frontier(sim_front), "tbl-batch-sim-frontier",
 # two requests is solved too, which measures how loose the relaxation is.
 
 # %% tags=["hide-input"]
-from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_references, trace_order
+from speclimits.oracle.batch import batch_bounds
+from speclimits.oracle.batch_problem import headline_references, trace_order
+from speclimits.oracle.batch_tables import DEFAULT_SAMPLES
 from speclimits.oracle.prepare import oracle_data_missing, prepare_oracle
 from speclimits.vocabulary import HEADLINE_KIND
 

@@ -282,7 +282,7 @@ def test_cli_without_m1_and_with_missing_m(smoke, smoke_trace, tmp_path, capsys)
     no_m5 = _write_model(tmp_path, model, drop=(5,))
     # without --k-max the Oracle stops at the longest draft the model can price, and says so
     assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m5), "--json"]) == 0
-    assert "K_max = 3 of the trace's" in capsys.readouterr().err
+    assert "so K_max is 3 here" in capsys.readouterr().err
     # a --k-max beyond it is refused, naming the missing m
     assert main(["oracle", str(smoke_trace), "--n-boot", "0", "--cost-model", str(no_m5), "--k-max", "6"]) == 2
     assert "m = [5]" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The Oracle at batch > 1 (speclimits.oracle.batch) against brute force and naive recursions on small random
-instances; the relaxation bound below every static K, table and the exact b = 2 Oracle; the command line."""
+"""The Oracle at batch > 1 (speclimits.oracle.batch and its modules) against brute force and naive recursions on
+small random instances; the relaxation bound below every static K, table and the exact b = 2 Oracle; the command line."""
 
 from __future__ import annotations
 
@@ -14,8 +14,13 @@ import pytest
 from speclimits.cli import main
 from speclimits.costmodel import BatchCostModel, union_unique
 from speclimits.errors import SpeclimitsError
-from speclimits.oracle import solve
-from speclimits.oracle import batch as B
+from speclimits.oracle import batch_pair, solve
+from speclimits.oracle.batch import batch_bounds
+from speclimits.oracle.batch_pair import pair_oracle
+from speclimits.oracle.batch_problem import BatchProblem, group_matrix, groups, headline_references, trace_order
+from speclimits.oracle.batch_relaxation import _rho, relaxation_bound, relaxed_cost_model
+from speclimits.oracle.batch_tables import (DEFAULT_SAMPLES, EXACT_DP, EXACT_SIMULATION, MONTE_CARLO, evaluate_tables,
+                                            search_table, simulate)
 
 from oracle_instances import random_inputs, random_model
 
@@ -119,7 +124,7 @@ def table_of(k_by_n):
 def test_pair_oracle_equals_enumeration_of_joint_action_sequences(seed):
     inputs, model, rng = instance(seed, 2, 4, n_experts=16)  # u up to ~26 > E: the union clips
     k_max, allow_k0 = int(rng.integers(1, 4)), bool(seed % 2)
-    po = B.pair_oracle(inputs, model, k_max=k_max, deterministic=True, allow_k0=allow_k0, pairs=[(0, 1)])
+    po = pair_oracle(inputs, model, k_max=k_max, deterministic=True, allow_k0=allow_k0, pairs=[(0, 1)])
     assert po.value_ms[0] == pytest.approx(enumerate_deterministic(inputs, model, (0, 1), k_max, allow_k0), abs=1e-9)
 
 
@@ -129,7 +134,7 @@ def test_pair_oracle_equals_naive_bellman(seed, deterministic):
     inputs, model, rng = instance(100 + seed, 5, 6, n_experts=int(np.random.default_rng(seed).choice([16, 32])),
                                   negative_alpha=seed % 3 == 0)
     k_max, allow_k0 = int(rng.integers(1, 4)), bool(seed % 2)
-    po = B.pair_oracle(inputs, model, k_max=k_max, deterministic=deterministic, allow_k0=allow_k0)
+    po = pair_oracle(inputs, model, k_max=k_max, deterministic=deterministic, allow_k0=allow_k0)
     assert [tuple(p) for p in po.pairs] == [(0, 1), (2, 3)] and list(po.singles_ms) == [4]
     for g, pair in enumerate(po.pairs):
         ref = naive_value(inputs, model, tuple(int(s) for s in pair), k_max, deterministic, allow_k0)
@@ -153,9 +158,9 @@ def test_pair_oracle_equals_naive_bellman(seed, deterministic):
 
 def test_pair_oracle_chunks_and_unequal_lengths_agree(monkeypatch):
     inputs, model, _ = instance(7, 9, 12)
-    whole = B.pair_oracle(inputs, model, k_max=3)
-    monkeypatch.setattr(B, "_PAIR_MAX_BYTES", 1.0)  # one pair per chunk
-    chunked = B.pair_oracle(inputs, model, k_max=3)
+    whole = pair_oracle(inputs, model, k_max=3)
+    monkeypatch.setattr(batch_pair, "_PAIR_MAX_BYTES", 1.0)  # one pair per chunk
+    chunked = pair_oracle(inputs, model, k_max=3)
     np.testing.assert_allclose(chunked.value_ms, whole.value_ms, rtol=1e-13)
     assert (chunked.policy == whole.policy).all()
 
@@ -171,23 +176,23 @@ def test_b2_evaluation_equals_naive_recursion_and_simulation(seed):
     k_max = 3
     tables = [0, 1, 2, 3, {1: 2, 2: 0}, {1: 0, 2: 3}, {1: 3, 2: 1}]
     for det in (False, True):
-        dp = B.evaluate_tables(inputs, model, 2, tables, k_max=k_max, deterministic=det, method=B.EXACT_DP)
-        assert dp.exact and (dp.lo == dp.total_ms).all()
+        dp = evaluate_tables(inputs, model, 2, tables, k_max=k_max, deterministic=det, method=EXACT_DP)
+        assert (dp.lo == dp.total_ms).all() and (dp.hi == dp.total_ms).all()
         for t, total in zip(dp.tables, dp.total_ms):
             ref = sum(naive_value(inputs, model, tuple(int(s) for s in g), k_max, det, True, policy=t)
-                      for g in B.groups(inputs, 2))
+                      for g in groups(inputs, 2))
             assert total == pytest.approx(ref, abs=1e-9)
         if det:  # one closed-batch simulation is exact
-            sim = B.evaluate_tables(inputs, model, 2, tables, k_max=k_max, deterministic=True)
-            assert sim.method == B.EXACT_SIMULATION
+            sim = evaluate_tables(inputs, model, 2, tables, k_max=k_max, deterministic=True)
+            assert sim.method == EXACT_SIMULATION
             np.testing.assert_allclose(sim.total_ms, dp.total_ms, rtol=1e-12)
         else:  # Monte Carlo agrees within its interval (the default at b = 2 is the exact evaluation)
-            mc = B.evaluate_tables(inputs, model, 2, tables, k_max=k_max, method=B.MONTE_CARLO, n_samples=4000,
+            mc = evaluate_tables(inputs, model, 2, tables, k_max=k_max, method=MONTE_CARLO, n_samples=4000,
                                    seed=seed)
-            assert mc.method == B.MONTE_CARLO and mc.n_samples == 4000
+            assert mc.method == MONTE_CARLO and mc.n_samples == 4000
             half = (mc.hi - mc.lo) / 2
             assert (np.abs(mc.total_ms - dp.total_ms) <= 1.5 * half + 1e-9).all()
-            assert B.evaluate_tables(inputs, model, 2, tables, k_max=k_max).method == B.EXACT_DP
+            assert evaluate_tables(inputs, model, 2, tables, k_max=k_max).method == EXACT_DP
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -195,38 +200,39 @@ def test_b3_monte_carlo_and_simulation_against_naive_recursion(seed):
     inputs, model, _ = instance(300 + seed, 4, 3, k_list=2)
     tables = [0, 1, 2, {1: 1, 2: 2, 3: 0}]
     for det in (False, True):
-        res = B.evaluate_tables(inputs, model, 3, tables, k_max=2, deterministic=det, n_samples=4000, seed=seed)
+        res = evaluate_tables(inputs, model, 3, tables, k_max=2, deterministic=det, n_samples=4000, seed=seed)
         refs = np.array([sum(naive_value(inputs, model, tuple(int(s) for s in g), 2, det, True, policy=t)
-                             for g in B.groups(inputs, 3)) for t in res.tables])
+                             for g in groups(inputs, 3)) for t in res.tables])
         if det:
             np.testing.assert_allclose(res.total_ms, refs, rtol=1e-12)
         else:
-            assert res.method == B.MONTE_CARLO
+            assert res.method == MONTE_CARLO
             assert (np.abs(res.total_ms - refs) <= 1.5 * (res.hi - res.lo) / 2 + 1e-9).all()
 
 
-def test_static_k_rows_are_every_k_and_plain_is_k0():
+def test_plain_decoding_is_static_k0_whatever_the_surrogate():
     inputs, model, _ = instance(5, 6, 8)
-    st = B.static_k(inputs, model, 3, k_max=3, deterministic=True)
-    assert [int(t[1]) for t in st.tables] == [0, 1, 2, 3]
-    without = B.static_k(inputs, model, 3, k_max=3, deterministic=True, allow_k0=False)
-    np.testing.assert_allclose(without.total_ms, st.total_ms[1:])
+    exact = evaluate_tables(inputs, model, 3, [0, 1], k_max=3, deterministic=True).total_ms
     # plain decoding: one token per round, every request, whatever the surrogate
-    plain = B.static_k(inputs, model, 3, k_max=3, n_samples=16).total_ms[0]
-    assert plain == pytest.approx(st.total_ms[0], rel=1e-12)
+    plain = evaluate_tables(inputs, model, 3, 0, k_max=3, n_samples=16).total_ms[0]
+    assert plain == pytest.approx(exact[0], rel=1e-12) and exact[0] != exact[1]
+
+
+def best_table(inputs, model, b, n_samples=DEFAULT_SAMPLES, seed=0, **problem):
+    return search_table(BatchProblem.build(inputs, model, **problem), groups(inputs, b), b, n_samples, seed)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_best_table_is_a_coordinate_wise_optimum(seed):
     inputs, model, _ = instance(400 + seed, 7, 8)
     b = 3
-    best = B.best_table(inputs, model, b, k_max=3, deterministic=True)
-    static = B.static_k(inputs, model, b, k_max=3, deterministic=True)
+    best = best_table(inputs, model, b, k_max=3, deterministic=True)
+    static = evaluate_tables(inputs, model, b, [0, 1, 2, 3], k_max=3, deterministic=True)
     assert best.total_ms <= static.total_ms.min() + 1e-9
     assert best.start_k == int(np.argmin(static.total_ms))
     for n in range(1, b + 1):
         cand = [{**best.table, n: k} for k in range(4)]
-        vals = B.evaluate_tables(inputs, model, b, cand, k_max=3, deterministic=True).total_ms
+        vals = evaluate_tables(inputs, model, b, cand, k_max=3, deterministic=True).total_ms
         assert vals.min() >= best.total_ms * (1 - 1e-12)
 
 
@@ -236,31 +242,31 @@ def test_runs_continued_from_a_snapshot_equal_runs_from_the_start(deterministic)
     # once n requests are left; their totals must be those of a whole simulation, to the bit
     inputs, model, _ = instance(21, 9, 9)
     b = 4
-    ctx = B._Context.build(inputs, model, 3, deterministic, None)
-    grps = B.groups(inputs, b)
-    grp = B._group_matrix(grps)
+    ctx = BatchProblem.build(inputs, model, 3, deterministic, None)
+    grps = groups(inputs, b)
+    grp = group_matrix(grps)
     cur = ctx.tables(b, [{1: 2, 2: 1, 3: 3, 4: 2}])[0]
-    whole, snaps = B._simulate(ctx, grp, cur[None], 32, 5, snapshots=range(1, b))
-    np.testing.assert_array_equal(whole, B._simulate(ctx, grp, cur[None], 32, 5))
+    whole, snaps = simulate(ctx, grp, cur[None], 32, 5, snapshots=range(1, b))
+    np.testing.assert_array_equal(whole, simulate(ctx, grp, cur[None], 32, 5))
     for n in range(1, b):
         cand = np.repeat(cur[None], len(ctx.actions), axis=0)
         cand[:, n] = ctx.actions
         cand[:, 0] = cand[:, 1]
         start = (snaps[n][0][0], snaps[n][1][0])
-        np.testing.assert_array_equal(B._simulate(ctx, grp, cand, 32, 5, start=start),
-                                      B._simulate(ctx, grp, cand, 32, 5))
+        np.testing.assert_array_equal(simulate(ctx, grp, cand, 32, 5, start=start),
+                                      simulate(ctx, grp, cand, 32, 5))
         # and a snapshot taken at the wrong n does not give them (the test can fail)
         if n > 1:
             wrong = (snaps[n - 1][0][0], snaps[n - 1][1][0])
-            assert not np.array_equal(B._simulate(ctx, grp, cand, 32, 5, start=wrong),
-                                      B._simulate(ctx, grp, cand, 32, 5))
+            assert not np.array_equal(simulate(ctx, grp, cand, 32, 5, start=wrong),
+                                      simulate(ctx, grp, cand, 32, 5))
 
 
 def test_best_table_monte_carlo_reports_fresh_draws():
     inputs, model, _ = instance(9, 6, 6)
-    best = B.best_table(inputs, model, 3, k_max=2, n_samples=64, seed=3)
-    assert best.method == B.MONTE_CARLO and best.search_ms is not None
-    fresh = B.evaluate_tables(inputs, model, 3, [best.table], k_max=2, n_samples=64, seed=4)
+    best = best_table(inputs, model, 3, k_max=2, n_samples=64, seed=3)
+    assert best.method == MONTE_CARLO and best.search_ms is not None
+    fresh = evaluate_tables(inputs, model, 3, [best.table], k_max=2, n_samples=64, seed=4)
     assert best.total_ms == pytest.approx(fresh.total_ms[0]) and best.lo < best.total_ms < best.hi
 
 
@@ -277,7 +283,7 @@ def test_union_share_lemma():
         n = int(rng.integers(1, b + 1))
         x = float(rng.uniform(0.01, 1.0))
         u = rng.uniform(0, 1, n) ** rng.uniform(0.2, 3) * x * e
-        assert union_unique(u, e) / u.sum() >= B._rho(x, b) * (1 - 1e-9)  # union_unique's own rounding
+        assert union_unique(u, e) / u.sum() >= _rho(x, b) * (1 - 1e-9)  # union_unique's own rounding
 
 
 @pytest.mark.parametrize("negative_alpha", [False, True])
@@ -288,7 +294,7 @@ def test_relaxed_shares_never_exceed_the_shared_round(negative_alpha):
         model = random_batch_model(rng, 5, int(rng.choice([16, 32, 128])), negative_alpha=negative_alpha)
         b, e = int(rng.integers(1, 9)), model.n_experts
         x = {m: float(rng.uniform(0.05, 1.0)) for m in range(1, 6)}
-        relaxed = B.relaxed_cost_model(model, b, x)
+        relaxed = relaxed_cost_model(model, b, x)
         for n in range(1, b + 1):
             k = int(rng.integers(0, 5))
             u = rng.uniform(0, 1, n) * x[k + 1] * e
@@ -301,7 +307,7 @@ def test_relaxed_shares_never_exceed_the_shared_round(negative_alpha):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_relaxation_at_b1_is_the_batch1_oracle(seed, deterministic):
     inputs, model, _ = instance(500 + seed, 4, 10, n_experts=64)  # u <= E: no clipping
-    res = B.relaxation_bound(inputs, model, 1, k_max=3, deterministic=deterministic)
+    res = relaxation_bound(inputs, model, 1, k_max=3, deterministic=deterministic)
     ref = solve(inputs, model.base, k_max=3, allow_k0=True, deterministic=deterministic)
     assert res.total_ms == ref.bounds.oracle_ms
     assert res.model.to_dict()["target"] == model.base.to_dict()["target"]
@@ -314,10 +320,10 @@ def test_relaxation_at_b1_is_the_batch1_oracle(seed, deterministic):
 def test_bound_never_above_static_k_tables_or_the_exact_pair_oracle(seed, deterministic):
     inputs, model, rng = instance(600 + seed, 6, 5, k_list=2, negative_alpha=seed == 4)
     k_max = 2
-    exact2 = B.pair_oracle(inputs, model, k_max=k_max, deterministic=deterministic).total_ms
+    exact2 = pair_oracle(inputs, model, k_max=k_max, deterministic=deterministic).total_ms
     previous = np.inf
     for b in (1, 2, 3, 4):
-        bound = B.relaxation_bound(inputs, model, b, k_max=k_max, deterministic=deterministic)
+        bound = relaxation_bound(inputs, model, b, k_max=k_max, deterministic=deterministic)
         assert bound.total_ms <= previous + 1e-9  # a larger b relaxes more
         previous = bound.total_ms
         if b >= 2:
@@ -327,49 +333,49 @@ def test_bound_never_above_static_k_tables_or_the_exact_pair_oracle(seed, determ
         tables += [[0] + [int(v) for v in rng.integers(0, k_max + 1, b)] for _ in range(3)]
         for t in tables:
             exact = sum(naive_value(inputs, model, tuple(int(s) for s in g), k_max, deterministic, True, policy=t)
-                        for g in B.groups(inputs, b))
+                        for g in groups(inputs, b))
             assert bound.total_ms <= exact + 1e-9
-        best = B.best_table(inputs, model, b, k_max=k_max, deterministic=deterministic, n_samples=200)
-        assert bound.total_ms <= (best.total_ms if best.method != B.MONTE_CARLO else best.hi) + 1e-9
+        best = best_table(inputs, model, b, k_max=k_max, deterministic=deterministic, n_samples=200)
+        assert bound.total_ms <= (best.total_ms if best.method != MONTE_CARLO else best.hi) + 1e-9
         assert bound.speedup is None or bound.speedup >= bound.plain_ms / best.hi - 1e-12
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_batch_bounds_per_b(deterministic):
     inputs, model, _ = instance(700, 9, 8)
-    res = B.batch_bounds(inputs, model, [4, 1, 2], k_max=3, deterministic=deterministic, n_samples=64)
+    res = batch_bounds(inputs, model, [4, 1, 2], k_max=3, deterministic=deterministic, n_samples=64)
     assert list(res.by_b) == [1, 2, 4]
     frame = res.frame()
     assert list(frame.b) == [1, 2, 4] and {"static_0_ms_per_token", "static_3_ms_per_token", "slack"} <= set(frame)
     one, two, four = res.by_b[1], res.by_b[2], res.by_b[4]
     assert one.exact_ms == pytest.approx(one.bound.total_ms) and one.slack == pytest.approx(0.0, abs=1e-12)
-    assert two.exact_ms == pytest.approx(B.pair_oracle(inputs, model, k_max=3, deterministic=deterministic).total_ms)
+    assert two.exact_ms == pytest.approx(pair_oracle(inputs, model, k_max=3, deterministic=deterministic).total_ms)
     assert two.slack >= -1e-12 and four.exact_ms is None and four.slack is None
     for bb in res.by_b.values():
         assert bb.best_static_ms == min(bb.static_ms.values()) and bb.plain_ms == bb.static_ms[0]
         assert bb.gain_static == pytest.approx(bb.best_static_ms / bb.bound.total_ms)
-        assert bb.gain_table <= bb.gain_static * (1 + 1e-12) or bb.table.method == B.MONTE_CARLO
+        assert bb.gain_table <= bb.gain_static * (1 + 1e-12) or bb.table.method == MONTE_CARLO
         assert bb.gain_static >= 1 - 1e-12
-    assert res.by_b[4].method.startswith(B.EXACT_SIMULATION if deterministic else B.MONTE_CARLO)
+    assert res.by_b[4].method.startswith(EXACT_SIMULATION if deterministic else MONTE_CARLO)
     json.dumps(res.to_json())
     assert "slack" in res.summary()
 
 
 def test_groups_follow_the_given_order():
     inputs, _, _ = instance(1, 5, 3)
-    assert [g.tolist() for g in B.groups(inputs, 2)] == [[0, 1], [2, 3], [4]]
+    assert [g.tolist() for g in groups(inputs, 2)] == [[0, 1], [2, 3], [4]]
     order = ["4", "extra", "2", "0", "1", "3"]
-    assert [g.tolist() for g in B.groups(inputs, 3, order)] == [[4, 2, 0], [1, 3]]
+    assert [g.tolist() for g in groups(inputs, 3, order)] == [[4, 2, 0], [1, 3]]
     with pytest.raises(SpeclimitsError, match="every sequence"):
-        B.groups(inputs, 2, ["0", "1"])
+        groups(inputs, 2, ["0", "1"])
     with pytest.raises(SpeclimitsError, match=">= 1"):
-        B.groups(inputs, 0)
+        groups(inputs, 0)
 
 
 def test_batch1_cost_model_is_refused():
     inputs, model, _ = instance(2, 2, 3)
     with pytest.raises(Exception, match="BatchCostModel"):
-        B.pair_oracle(inputs, model.base)
+        pair_oracle(inputs, model.base)
 
 
 # ---------------------------------------------------------------------------
@@ -397,16 +403,16 @@ def test_cli_batch_json_matches_the_library(measured_batch_model, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["b"] for r in out["batch"]] == [1, 2, 3] and out["deterministic"] and out["allow_k0"]
     setup = prepare_oracle(MEASURED, cost_model=model.base, surrogate="exact")
-    refs, order = B.headline_references(setup)  # the greedy references, as the batch-1 headline
+    refs, order = headline_references(setup)  # the greedy references, as the batch-1 headline
     assert refs.inputs.n_sequences < setup.inputs.n_sequences
-    ref = B.batch_bounds(refs.inputs, model, [1, 2, 3], k_max=2, deterministic=True, order=order)
+    ref = batch_bounds(refs.inputs, model, [1, 2, 3], k_max=2, deterministic=True, order=order)
     for row, (b, bb) in zip(out["batch"], ref.by_b.items()):
         assert row["bound_ms"] == pytest.approx(bb.bound.total_ms) and row["best_static_k"] == bb.best_static_k
         assert row["static_ms"] == {str(k): pytest.approx(v) for k, v in bb.static_ms.items()}
     assert out["batch"][1]["exact_ms"] >= out["batch"][1]["bound_ms"]
     # the traced batches follow the prompt file, not the sorted ids
-    order = B.trace_order(setup.trace)
-    assert [setup.inputs.seq_ids[i] for i in B.groups(setup.inputs, 2, order)[4]] == order[8:10]
+    order = trace_order(setup.trace)
+    assert [setup.inputs.seq_ids[i] for i in groups(setup.inputs, 2, order)[4]] == order[8:10]
 
 
 def test_cli_batch_table_and_errors(measured_batch_model, capsys):
@@ -429,4 +435,4 @@ def test_cli_batch_table_and_errors(measured_batch_model, capsys):
 def test_cli_help_names_the_default_sample_count(capsys):
     with pytest.raises(SystemExit):
         main(["oracle", "--help"])
-    assert f"default {B.DEFAULT_SAMPLES}" in capsys.readouterr().out
+    assert f"default {DEFAULT_SAMPLES}" in capsys.readouterr().out

@@ -64,7 +64,8 @@ def test_cross_fitting_by_hand(smoke_trace):
 
 def test_compare_surrogates_against_the_reference_solver(smoke_trace):
     """Each row of the comparison equals the pure-Python reference solver on the same surrogate."""
-    from speclimits.oracle import compare_surrogates, prepare_oracle, solve_python
+    from speclimits.oracle import compare_surrogates, prepare_oracle
+    from reference_oracle import solve_python
 
     tr = read_trace(smoke_trace)
     model = CostModel.from_dict(tr.meta["truth"])

@@ -13,9 +13,10 @@ from scipy.sparse.csgraph import dijkstra
 
 from speclimits.costmodel import CostModel
 from speclimits.errors import CostModelError, SpeclimitsError, TraceFormatError
-from speclimits.oracle import OracleInputs, evaluate_policy, solve, solve_python
+from speclimits.oracle import OracleInputs, evaluate_policy, solve
 
 from oracle_instances import random_inputs, random_model
+from reference_oracle import solve_python
 
 
 def policy_value(inputs: OracleInputs, model: CostModel, seq: int, actions, k_max: int, deterministic: bool) -> float:

@@ -1,9 +1,11 @@
-"""The fast paths of the Oracle against the slow ones they replace.
+"""The Oracle's one solver and the bootstrap against the reference copies in ``reference_oracle.py``.
 
-* :func:`solve_and_evaluate` (one sweep: Bellman step, the Oracle's breakdown, every static K)
-  against backward induction followed by separate :func:`evaluate_arrays` passes: bit for bit;
-* :func:`first_values` (V(0) under many cost models at once) against :func:`solve`, one model at a time;
-* the bootstrap's refit from per-generation sums (:class:`RefitSums`) against
+* :func:`backward_induction` with the policy evaluations (one sweep: Bellman step, the Oracle's breakdown,
+  every static K) against the plain backward induction followed by separate :func:`evaluate_arrays`
+  passes: bit for bit;
+* the same sweep under many cost models at once (:func:`first_values`) against :func:`solve`, one model at a
+  time: bit for bit;
+* the bootstrap's refit (:func:`fit_costs` with draw counts as weights) against
   :func:`fit_cost_model` on the resampled rounds and against statsmodels on the same rows;
 * :func:`bootstrap_bound` against :func:`direct_replicates` (resample, refit, solve, per replicate).
 """
@@ -18,16 +20,18 @@ import statsmodels.api as sm
 from speclimits.bootstrap import draw_counts
 from speclimits.costmodel import CostModel
 from speclimits.errors import CostModelError
-from speclimits.oracle import OracleInputs, prepare_oracle, solve
+from speclimits.oracle import prepare_oracle, solve
 from speclimits.oracle import solver as solver_module
 from speclimits.oracle.inputs import CostTable
-from speclimits.oracle.solver import (PART_NAMES, _Layout, accepted_at, backward_induction, evaluate_arrays,
-                                      first_values, solve_and_evaluate, survival)
-from speclimits.oracle.uncertainty import RefitSums, bootstrap_bound, direct_replicates, replicate_quantities
+from speclimits.oracle.solver import (PART_NAMES, Layout, accepted_at, backward_induction, evaluate_arrays,
+                                      first_values, survival)
+from speclimits.oracle.uncertainty import bootstrap_bound, replicate_quantities
 from speclimits.stats import fit_cost_model
+from speclimits.stats.costfit import CostMoments, fit_costs
 from speclimits.trace import decode_rounds, read_trace
 
 from oracle_instances import random_inputs, random_model
+import reference_oracle
 
 
 CASES = [(seed, k_max, allow_k0, det) for seed, k_max in [(0, 1), (1, 3), (2, 6), (3, 6)]
@@ -44,11 +48,13 @@ def test_one_sweep_equals_separate_evaluations_bit_for_bit(seed, k_max, allow_k0
     n_tokens = [1, 2, 40, 3, 17, 1, 60, 9][: 5 + seed]
     inputs = random_inputs(rng, n_tokens, k_list=6)
     table = CostTable.build(inputs, random_model(rng, 7), k_max)
-    value, k_star, q, oracle_first, static_first = solve_and_evaluate(inputs, table, allow_k0, deterministic)
-    # the procedure it replaces: solve, then evaluate the Oracle's policy and every static K separately
-    v_ref, k_ref, q_ref = backward_induction(inputs, table, allow_k0, deterministic)
     surv = survival(inputs, k_max, deterministic)
-    layout = _Layout.build(inputs)
+    value, k_star, q, oracle_first, static_first = backward_induction(
+        inputs, lambda rows: surv[rows], table.fixed[None], table.slope[None], np.array([table.model.c]),
+        0 if allow_k0 else 1, table=table)
+    # the procedure it replaces: solve, then evaluate the Oracle's policy and every static K separately
+    v_ref, k_ref, q_ref = reference_oracle.backward_induction(inputs, table, allow_k0, deterministic)
+    layout = Layout.build(inputs)
     first = inputs.offsets[:-1]
     parts = table.parts(k_ref)
     rewards = np.column_stack([parts[p] for p in PART_NAMES]
@@ -79,7 +85,7 @@ def test_first_values_under_many_models_equal_one_solve_each(allow_k0, determini
     first = inputs.offsets[:-1]
     want = np.array([solve(inputs, m, k_max=k_max, allow_k0=allow_k0, deterministic=deterministic).value[first]
                      for m in models])
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert np.array_equal(got, want)
     # chunking the models (here one per chunk) changes nothing
     assert np.array_equal(first_values(inputs, surv, fixed, slope, c, allow_k0=allow_k0, max_bytes=1), got)
 
@@ -115,9 +121,9 @@ def test_refit_from_sums_equals_fit_on_the_resampled_rounds(smoke_trace, from_me
     trace = read_trace(smoke_trace)
     rounds = trace.rounds
     top_k = trace.top_k if from_meta else None  # None: the m = 1 convention uses the observed constant Ū
-    sums = RefitSums.of(rounds, top_k=top_k)
-    counts = draw_counts(sums.n_generations, 3, seed=5)
-    models = sums.models(counts)
+    mom = CostMoments.of(rounds, top_k=top_k)
+    counts = draw_counts(mom.n_generations, 3, seed=5)
+    models = fit_costs(mom, counts)
     for row, model in zip(counts, models):
         sample = resample(rounds, row)
         assert_same_model(model, fit_cost_model(sample, top_k=top_k))
@@ -155,27 +161,27 @@ def test_refit_when_a_replicate_lacks_an_m(smoke_trace):
     draws no K = 10 generation cannot price k = 10: both exactly as the refit on the rows says."""
     trace = read_trace(smoke_trace)
     rounds = trace.rounds
-    sums = RefitSums.of(rounds, top_k=trace.top_k)
+    mom = CostMoments.of(rounds, top_k=trace.top_k)
     k_of_gen = rounds.groupby("generation_id")["K"].first().sort_index().to_numpy()
     no_k0 = np.where(k_of_gen == 0, 0.0, 1.0)
     no_k0[np.flatnonzero(k_of_gen == 3)[:7]] += 1.0  # still one draw per generation on average
-    (model,) = sums.models(no_k0[None, :])
+    (model,) = fit_costs(mom, no_k0[None, :])
     want = fit_cost_model(resample(rounds, no_k0), top_k=trace.top_k)
     assert 1 not in model.ms
     assert_same_model(model, want)
     setup = prepare_oracle(smoke_trace)
     reps = replicate_quantities(setup, [model])
-    direct = direct_replicates(setup, no_k0[None, :])
+    direct = reference_oracle.direct_replicates(setup, no_k0[None, :])
     assert np.isnan(reps["speedup"].iloc[0]) and np.isnan(direct["speedup"].iloc[0])
     np.testing.assert_allclose(reps["gain_over_best_static"], direct["gain_over_best_static"], rtol=1e-12)
 
     no_k10 = np.where(k_of_gen == 10, 0.0, 1.0)
-    (model,) = sums.models(no_k10[None, :])
+    (model,) = fit_costs(mom, no_k10[None, :])
     assert 11 not in model.ms
     with pytest.raises(CostModelError):
         replicate_quantities(setup, [model])
     with pytest.raises(CostModelError):
-        direct_replicates(setup, no_k10[None, :])
+        reference_oracle.direct_replicates(setup, no_k10[None, :])
 
 
 @pytest.mark.parametrize("allow_k0", [False, True])
@@ -184,7 +190,7 @@ def test_bootstrap_bound_equals_the_direct_procedure(smoke_trace, allow_k0):
     n_boot, seed = 6, 3
     fast = bootstrap_bound(setup, n_boot=n_boot, seed=seed, allow_k0=allow_k0)
     n_gen = setup.trace.rounds["generation_id"].nunique()
-    direct = direct_replicates(setup, draw_counts(n_gen, n_boot, seed), allow_k0=allow_k0)
+    direct = reference_oracle.direct_replicates(setup, draw_counts(n_gen, n_boot, seed), allow_k0=allow_k0)
     assert fast.n_boot == n_boot
     for q in ("speedup", "gain_over_best_static", "ms_per_token"):
         np.testing.assert_allclose(fast.replicates[q], direct[q], rtol=1e-12)

@@ -15,10 +15,9 @@ cost model and surrogate), :mod:`~speclimits.oracle.inputs` (arrays and costs),
 
 from speclimits.oracle.inputs import CostTable, OracleInputs
 from speclimits.oracle.prepare import SURROGATES, OracleSetup, compare_surrogates, load_inputs, prepare_oracle
-from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, solve_python, sweep_k_max
+from speclimits.oracle.solver import OracleBounds, OracleResult, evaluate_policy, solve, sweep_k_max
 
 __all__ = [
     "SURROGATES", "CostTable", "OracleInputs", "OracleBounds", "OracleResult", "OracleSetup", "compare_surrogates",
-    "evaluate_policy", "load_inputs", "prepare_oracle", "solve", "solve_python",
-    "sweep_k_max",
+    "evaluate_policy", "load_inputs", "prepare_oracle", "solve", "sweep_k_max",
 ]

@@ -58,48 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "is not combined with it")
     p.add_argument("--n-samples", type=int, default=None, metavar="S",
                    help="with --batch: Monte Carlo closed-batch runs per group for the probabilistic surrogate at "
-                        "b > 2 (default 256: speclimits.oracle.batch.DEFAULT_SAMPLES)")
+                        "b > 2 (default 256: speclimits.oracle.batch_tables.DEFAULT_SAMPLES)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cli)
-
-
-def require_oracle_data(trace: Path) -> None:
-    """One line, before anything is loaded, when ``trace`` is a trace directory without Oracle data
-    (``speclimits trace`` without ``--oracle``: rounds and tokens only, which ``validate`` passes)."""
-    from speclimits.oracle.prepare import oracle_data_missing
-
-    why = oracle_data_missing(trace) if (trace / "meta.json").is_file() else None
-    if why is not None:
-        raise SpeclimitsError(f"{trace}: {why}")
-
-
-def _default_k_max(args: argparse.Namespace) -> int | None:
-    """K_max when --k-max is not given: the length of the trace's match_prob lists, capped at the
-    longest draft the cost model prices (every m from 2 up; a sweep K = 0..4 prices drafts of up to
-    4 tokens, though the Oracle data may hold 10 positions), with a note on stderr when capped.
-    None: leave it to the Oracle (the lists' length)."""
-    import pyarrow.parquet as pq
-
-    from speclimits.costmodel import CostModel
-
-    if not (args.trace / "oracle.parquet").exists() or not (args.trace / "rounds.parquet").exists():
-        return None  # the trace's own check reports what is missing, in one line
-    lists = pq.read_table(args.trace / "oracle.parquet", columns=["match_prob"]).column("match_prob")
-    k_list = len(lists[0].as_py()) if len(lists) else None
-    if args.cost_model is not None:
-        ms, origin = set(CostModel.read(args.cost_model).ms), f"the cost model {args.cost_model}"
-    else:  # the fit on the trace's rounds covers every m from the smallest to the largest present
-        rounds = pq.read_table(args.trace / "rounds.parquet", columns=["m", "phase"]).to_pandas()
-        dec = rounds.loc[rounds["phase"].astype(str) == "decode", "m"]
-        ms, origin = set(range(int(dec.min()), int(dec.max()) + 1)), "the cost model fitted on its rounds"
-    top = 1
-    while top + 1 in ms:
-        top += 1
-    if k_list is None or top - 1 >= k_list or top < 2:
-        return None
-    print(f"speclimits oracle: note: {origin} prices drafts of up to {top - 1} tokens (m = 2..{top}), so "
-          f"K_max = {top - 1} of the trace's {k_list} draft positions; pass --k-max to choose", file=sys.stderr)
-    return top - 1
 
 
 def _batch_cost_model(args: argparse.Namespace):
@@ -115,27 +76,22 @@ def _batch_cost_model(args: argparse.Namespace):
         path = args.trace
     if not path.is_dir():
         return BatchCostModel.read(path)
-    try:
-        from speclimits.stats.batch import fit_batch_cost_model
-    except ImportError as exc:
-        raise SpeclimitsError(f"--batch-cost-model {path} is a directory, whose batch cost model is fitted by "
-                              "speclimits.stats.batch.fit_batch_cost_model, which this installation does not have "
-                              f"({exc}); pass a batch cost-model JSON instead") from None
+    from speclimits.stats.batch import fit_batch_cost_model
+
     return fit_batch_cost_model(read_trace(path))
 
 
 def _batch_cli(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from speclimits.oracle.batch import DEFAULT_SAMPLES, batch_bounds, headline_references
+    from speclimits.oracle.batch import batch_bounds
+    from speclimits.oracle.batch_problem import headline_references
+    from speclimits.oracle.batch_tables import DEFAULT_SAMPLES
     from speclimits.oracle.prepare import prepare_oracle
 
     if args.cost_model is not None:
         raise SpeclimitsError("--cost-model does not combine with --batch: the batch cost model's batch-1 part "
                               "prices rounds with one request (edit that JSON for a what-if)")
-    n_samples = DEFAULT_SAMPLES if args.n_samples is None else args.n_samples
-    if n_samples < 2:
-        raise SpeclimitsError(f"--n-samples must be >= 2, got {n_samples}")
     model = _batch_cost_model(args)
     if args.alpha_scale != 1.0:
         model = replace(model, base=model.base.with_alpha_scale(args.alpha_scale))
@@ -143,46 +99,49 @@ def _batch_cli(args: argparse.Namespace) -> int:
     batch_trace = args.batch_cost_model if args.batch_cost_model is not None and args.batch_cost_model.is_dir() else None
     setup, order = headline_references(setup, batch_trace)
     result = batch_bounds(setup.inputs, model, args.batch, k_max=args.k_max, deterministic=setup.deterministic,
-                          n_samples=n_samples, seed=args.seed, order=order)
+                          n_samples=args.n_samples or DEFAULT_SAMPLES, seed=args.seed, order=order)
     notes = [f"batch cost model {args.batch_cost_model or args.trace} ({model.base.source or 'no source recorded'}); "
              f"E = {model.n_experts} experts, top-{model.top_k}", *setup.notes[1:]]
     if args.json:
-        out = {"trace": str(args.trace), "surrogate": setup.surrogate, "notes": notes, **result.to_json()}
-        print(dumps(out, indent=2))
+        print(dumps({"trace": str(args.trace), "surrogate": setup.surrogate, "notes": notes, **result.to_json()},
+                    indent=2))
     else:
-        print("\n".join(notes))
-        print(result.summary())
+        print("\n".join(notes + [result.summary()]))
     return 0
 
 
 def _cli(args: argparse.Namespace) -> int:
     # imported when the command runs: the Oracle pulls in statsmodels and scikit-learn, which
     # `speclimits --help` and the other subcommands should not wait for
+    from speclimits.oracle.prepare import oracle_data_missing, prepare_oracle
     from speclimits.oracle.report import oracle_report
 
-    if args.k_max is not None and args.k_max < 1:
-        raise SpeclimitsError(f"--k-max must be >= 1, got {args.k_max}")
+    for name, least in (("k_max", 1), ("n_boot", 0), ("n_samples", 2)):
+        if getattr(args, name) is not None and getattr(args, name) < least:
+            raise SpeclimitsError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
     if args.batch is not None:
         args.batch = parse_batch_sizes(args.batch)
-    require_oracle_data(args.trace)
+    why = oracle_data_missing(args.trace) if (args.trace / "meta.json").is_file() else None
+    if why is not None:  # a trace without Oracle data: one line, before anything is loaded
+        raise SpeclimitsError(f"{args.trace}: {why}")
     if args.batch is not None:
         return _batch_cli(args)
     if args.batch_cost_model is not None or args.n_samples is not None:
         raise SpeclimitsError("--batch-cost-model and --n-samples need --batch")
-    if args.n_boot < 0:
-        raise SpeclimitsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    k_max = args.k_max if args.k_max is not None else _default_k_max(args)
-    report = oracle_report(args.trace, args.cost_model, "exact" if args.deterministic else args.surrogate,
-                           k_max=k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale,
-                           n_boot=args.n_boot, seed=args.seed, progress=sys.stderr.isatty())
+    setup = prepare_oracle(args.trace, args.cost_model, "exact" if args.deterministic else args.surrogate)
+    k_max = args.k_max
+    if k_max is None:  # the lists' length, capped at the longest draft the cost model prices (said when capped)
+        capped, why = setup.priced_k_max()
+        if why is not None:
+            print(f"speclimits oracle: note: {why}; pass --k-max to choose", file=sys.stderr)
+            k_max = capped
+    report = oracle_report(args.trace, k_max=k_max, allow_k0=args.allow_k0, alpha_scale=args.alpha_scale,
+                           n_boot=args.n_boot, seed=args.seed, setup=setup, progress=sys.stderr.isatty())
     warnings = list(report.warnings)
     if report.interval is not None and report.interval.n_failed:
         warnings.append(f"{report.interval.n_failed} of {args.n_boot} cost-model bootstrap replicates missed every "
                         "generation of a cell the fit needs and are left out of the intervals")
     for warning in warnings:
         print(f"speclimits oracle: warning: {warning}", file=sys.stderr)
-    if args.json:
-        print(dumps(report.to_json(), indent=2))
-    else:
-        print(report.summary())
+    print(dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0

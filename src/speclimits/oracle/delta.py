@@ -34,24 +34,19 @@ def delta_points(result: OracleResult) -> pd.DataFrame:
     k_lo = 0 if result.allow_k0 else 1
     ks = np.arange(k_lo, result.k_max)
     n = inp.n_states
-    remaining = inp.remaining
-    cost = result.cost
-    surv = result.survival
+    cost, surv = result.cost, result.survival
     rows = np.repeat(np.arange(n), len(ks))
     k = np.tile(ks, n)
-    keep = k + 1 < remaining[rows]
+    keep = k + 1 < inp.remaining[rows]
     rows, k = rows[keep], k[keep]
+    seq = inp.seq_index[rows]
     # value of the successor states n + k + 1 and n + k + 2 (0 once past the end)
-    nxt1 = inp.pos[rows] + k + 1
-    nxt2 = nxt1 + 1
-    seq_end = inp.n_tokens[inp.seq_index[rows]]
-    base = inp.offsets[inp.seq_index[rows]]
-    v1 = np.where(nxt1 < seq_end, result.value[np.minimum(base + nxt1, n - 1)], 0.0)
-    v2 = np.where(nxt2 < seq_end, result.value[np.minimum(base + nxt2, n - 1)], 0.0)
+    v1, v2 = (np.where(p < inp.n_tokens[seq], result.value[np.minimum(inp.offsets[seq] + p, n - 1)], 0.0)
+              for p in (inp.pos[rows] + k + 1, inp.pos[rows] + k + 2))
     k_star = result.k_star[rows]
     return pd.DataFrame({
-        "seq_id": inp.seq_ids[inp.seq_index[rows]],
-        "seq": inp.seq_index[rows],
+        "seq_id": inp.seq_ids[seq],
+        "seq": seq,
         "pos": inp.pos[rows],
         "k": k,
         "delta_accept": surv[rows, k],
@@ -132,13 +127,11 @@ class DeltaLine:
 
     def verdict(self) -> str:
         """One sentence: does the slope equal λ within its interval?"""
-        ratio = self.slope / self.lambda_
+        line = f"the separating slope s = {self.slope:.3f} [{self.slope_ci[0]:.3f}; {self.slope_ci[1]:.3f}] ms per token"
         if self.lambda_inside_interval:
-            return (f"the separating slope s = {self.slope:.3f} [{self.slope_ci[0]:.3f}; {self.slope_ci[1]:.3f}] ms "
-                    f"per token contains λ = {self.lambda_:.3f}: the prediction V(n) ≈ λ(N − n) holds here")
-        return (f"the separating slope s = {self.slope:.3f} [{self.slope_ci[0]:.3f}; {self.slope_ci[1]:.3f}] ms "
-                f"per token excludes λ = {self.lambda_:.3f} (s/λ = {ratio:.2f}): the prediction V(n) ≈ λ(N − n) "
-                "does not hold as a separating line")
+            return f"{line} contains λ = {self.lambda_:.3f}: the prediction V(n) ≈ λ(N − n) holds here"
+        return (f"{line} excludes λ = {self.lambda_:.3f} (s/λ = {self.slope / self.lambda_:.2f}): the prediction "
+                "V(n) ≈ λ(N − n) does not hold as a separating line")
 
     def to_frame(self) -> pd.DataFrame:
         """Table (quantity, value, paper) for the book; the paper column quotes the abstract."""

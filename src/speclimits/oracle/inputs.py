@@ -19,6 +19,8 @@ from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.trace.validate import read_oracle_frame
 
 FILE = "oracle.parquet"
+#: The per-state arrays of :class:`OracleInputs` (one row per state).
+PER_STATE = ("pos", "context_len", "accept_len", "match_prob", "draft_conf", "u_bar_window")
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +52,7 @@ class OracleInputs:
 
     def __post_init__(self) -> None:
         # the solver gathers rows with np.take, which copies a non-contiguous array on every call
-        for name in ("pos", "context_len", "accept_len", "match_prob", "draft_conf", "u_bar_window"):
+        for name in PER_STATE:
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name)))
 
     # -- shape helpers ------------------------------------------------------
@@ -84,28 +86,25 @@ class OracleInputs:
         """(n,) tokens still to emit in each state, N - pos (>= 1)."""
         return self.n_tokens[self.seq_index] - self.pos
 
+    def _states(self, rows: np.ndarray, n_tokens: np.ndarray, **changes: Any) -> "OracleInputs":
+        """The states ``rows`` (every per-state array gathered) as sequences of ``n_tokens`` states."""
+        offsets = np.concatenate([[0], np.cumsum(n_tokens)]).astype(np.int64)
+        return replace(self, offsets=offsets, _cache={}, **{n: getattr(self, n)[rows] for n in PER_STATE}, **changes)
+
     def subset(self, seqs: np.ndarray | list[int]) -> "OracleInputs":
         """The inputs restricted to the sequences with indices ``seqs`` (in that order)."""
         seqs = np.asarray(seqs, dtype=np.int64)
         rows = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1]) for s in seqs]) if len(seqs) else \
             np.zeros(0, np.int64)
-        offsets = np.concatenate([[0], np.cumsum(self.n_tokens[seqs])]).astype(np.int64)
-        return OracleInputs(
-            seq_ids=self.seq_ids[seqs], offsets=offsets, pos=self.pos[rows], context_len=self.context_len[rows],
-            accept_len=self.accept_len[rows], match_prob=self.match_prob[rows], draft_conf=self.draft_conf[rows],
-            u_bar_window=self.u_bar_window[rows],
-            category=None if self.category is None else self.category[seqs], origin=self.origin)
+        return self._states(rows, self.n_tokens[seqs], seq_ids=self.seq_ids[seqs],
+                            category=None if self.category is None else self.category[seqs])
 
     def head(self, n_states: int) -> "OracleInputs":
         """The first ``n_states`` states of every sequence (a generation of ``n_states + 1`` tokens, the
         first of which comes from the prefill)."""
         if n_states < 1:
             raise SpeclimitsError(f"n_states must be >= 1, got {n_states}")
-        keep = self.pos < n_states
-        offsets = np.concatenate([[0], np.cumsum(np.minimum(self.n_tokens, n_states))]).astype(np.int64)
-        return replace(self, offsets=offsets, pos=self.pos[keep], context_len=self.context_len[keep],
-                       accept_len=self.accept_len[keep], match_prob=self.match_prob[keep],
-                       draft_conf=self.draft_conf[keep], u_bar_window=self.u_bar_window[keep], _cache={})
+        return self._states(self.pos < n_states, np.minimum(self.n_tokens, n_states))
 
     def to_frame(self) -> pd.DataFrame:
         """Scalar per-state columns: ``seq_id``, ``pos``, ``remaining``, ``context_len``, ``accept_len``."""

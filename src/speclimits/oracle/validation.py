@@ -87,15 +87,6 @@ def measured_by_k(rounds: pd.DataFrame, prompt_ids: np.ndarray | list[str]) -> p
     return out
 
 
-def predicted_by_k(result: OracleResult) -> pd.DataFrame:
-    """Per static K of the Oracle's model: ``ms_per_token`` (and K = 0 when the model has m = 1)."""
-    bd = result.bounds
-    rows = {int(k): v / bd.n_tokens for k, v in bd.static_ms.items()}
-    if bd.autoregressive_ms is not None:
-        rows[0] = bd.autoregressive_ms / bd.n_tokens
-    return pd.DataFrame({"ms_per_token": pd.Series(rows)}).sort_index()
-
-
 def validate_against_sweep(setup: OracleSetup, kind: str | None = HEADLINE_KIND, k_max: int | None = None,
                            result: OracleResult | None = None) -> SweepValidation:
     """Compare the Oracle's static-K speedups with the measured sweep on the same prompts.
@@ -109,21 +100,22 @@ def validate_against_sweep(setup: OracleSetup, kind: str | None = HEADLINE_KIND,
     """
     sub = setup if kind is None else setup.for_kind(kind)
     res = sub.solve(k_max=k_max) if result is None else result
-    measured = measured_by_k(sub.trace.rounds, sub.inputs.seq_ids)
-    predicted = predicted_by_k(res)
-    ks = [k for k in measured.index if k >= 1 and k in predicted.index]
+    measured = measured_by_k(sub.trace.rounds, sub.inputs.seq_ids)["ms_per_token"]
+    bd = res.bounds  # the Oracle's model's ms per token of each static K, and of K = 0 when it has m = 1
+    predicted = {int(k): v / bd.n_tokens for k, v in bd.static_ms.items()}
+    if bd.autoregressive_ms is not None:
+        predicted[0] = bd.autoregressive_ms / bd.n_tokens
+    ks = [k for k in measured.index if k >= 1 and k in predicted]
     if not ks:
         raise SpeclimitsError("the sweep and the Oracle have no static K >= 1 in common")
-    table = pd.DataFrame({"K": ks, "measured_ms_per_token": measured.loc[ks, "ms_per_token"].to_numpy(),
-                          "predicted_ms_per_token": predicted.loc[ks, "ms_per_token"].to_numpy()})
-    has_base = 0 in measured.index and 0 in predicted.index
-    if has_base:
-        table["measured_speedup"] = measured.loc[0, "ms_per_token"] / table["measured_ms_per_token"]
-        table["predicted_speedup"] = predicted.loc[0, "ms_per_token"] / table["predicted_ms_per_token"]
+    table = pd.DataFrame({"K": ks, "measured_ms_per_token": measured.loc[ks].to_numpy(),
+                          "predicted_ms_per_token": [predicted[k] for k in ks]})
+    if 0 in measured.index and 0 in predicted:
+        table["measured_speedup"] = measured.loc[0] / table["measured_ms_per_token"]
+        table["predicted_speedup"] = predicted[0] / table["predicted_ms_per_token"]
         table["rel_error"] = table["predicted_speedup"] / table["measured_speedup"] - 1
     else:
-        table["measured_speedup"] = np.nan
-        table["predicted_speedup"] = np.nan
+        table["measured_speedup"] = table["predicted_speedup"] = np.nan
         table["rel_error"] = table["predicted_ms_per_token"] / table["measured_ms_per_token"] - 1
     return SweepValidation(table=table, kind=kind or "all", surrogate=sub.surrogate_label,
                            n_sequences=sub.inputs.n_sequences)
