@@ -61,8 +61,8 @@ for _p in (BENCH_DIR, BENCH_DIR.parent / "src"):  # run from a source tree witho
     if str(_p) not in sys.path:
         sys.path.append(str(_p))
 
-from speclimits.planted import (fit_expert_cost, planted_layers, regime_step, routing_weights,  # noqa: E402
-                                u_bar_grid, unique_per_layer)
+from speclimits.planted import fit_expert_cost, planted_layers, regime_step, routing_weights, u_bar_grid  # noqa: E402
+from speclimits.tracing.capture import unique_per_layer  # noqa: E402
 
 #: Qwen3-30B-A3B's config.json, the fields this benchmark reads (Qwen3-Coder-30B-A3B has the same MoE shape).
 QWEN3_30B_A3B = {"name": "Qwen3-30B-A3B", "model_type": "qwen3_moe", "hidden_size": 2048,
@@ -330,7 +330,7 @@ def measure(args: argparse.Namespace, shape: dict[str, Any], n_layers: int, todo
 
     def draw(m: int, u: int) -> dict[str, np.ndarray]:
         ids = planted_layers(n_layers, m, shape["top_k"], shape["n_experts"], u, rng)
-        assert (unique_per_layer(ids) == u).all()
+        assert (unique_per_layer(ids.swapaxes(0, 1)) == u).all()
         return stack.routing_arrays(ids, routing_weights(m, shape["top_k"], rng), path)
 
     # one input, one set of routing buffers (and one graph) per config

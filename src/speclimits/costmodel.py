@@ -13,6 +13,7 @@ Target time of a pass with ``m`` rows, ``u_bar`` unique experts per layer and co
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,6 +32,24 @@ def _finite(value: Any, where: str, origin: str) -> float:
     if not np.isfinite(out):
         raise CostModelError(f"{origin}: '{where}' must be finite, got {value!r}")
     return out
+
+
+def _by_m(values: Mapping[int, float], m: np.ndarray) -> np.ndarray:
+    """``values[m]`` for an int array ``m``, as floats of its shape."""
+    return np.vectorize(values.__getitem__, otypes=[float])(m) if m.size else m * 0.0
+
+
+def _write(path: str | Path, data: dict[str, Any], *checks: tuple[str, Mapping[str, float]]) -> Path:
+    """Write ``data`` as strict JSON after ``checks`` ``(what, {name: coefficient})``: a non-finite
+    coefficient raises :class:`CostModelError` instead of writing a file that ``read`` would refuse."""
+    for what, values in checks:
+        bad = [name for name, v in values.items() if not np.isfinite(v)]
+        if bad:
+            raise CostModelError(f"{what} {path}: not written, non-finite coefficients {', '.join(bad)}")
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(dumps(data, indent=2) + "\n")
+    return p
 
 
 @dataclass(frozen=True)
@@ -64,8 +83,7 @@ class CostModel:
                 raise CostModelError(f"{origin}: missing '{where}{key}'")
             return obj[key]
 
-        def num(value: Any, where: str) -> float:
-            return _finite(value, where, origin)
+        num = partial(_finite, origin=origin)
 
         target = need(data, "target", "")
         draft = need(data, "draft", "")
@@ -110,20 +128,14 @@ class CostModel:
         out.update(self.extra)
         return out
 
+    def _coefficients(self) -> dict[str, float]:
+        return {"target.c": self.c, "draft.a": self.a, "draft.b": self.b,
+                **{f"target.by_m.{m}.beta0": v for m, v in self.beta0.items()},
+                **{f"target.by_m.{m}.alpha": v for m, v in self.alpha.items()}}
+
     def write(self, path: str | Path) -> Path:
-        """Write the JSON (strict, as every writer of the package: :func:`speclimits.jsonutil.dumps`);
-        a non-finite coefficient raises :class:`CostModelError` instead of writing a file that
-        :meth:`read` would refuse."""
-        coefficients = {"target.c": self.c, "draft.a": self.a, "draft.b": self.b,
-                        **{f"target.by_m.{m}.beta0": v for m, v in self.beta0.items()},
-                        **{f"target.by_m.{m}.alpha": v for m, v in self.alpha.items()}}
-        bad = [name for name, v in coefficients.items() if not np.isfinite(v)]
-        if bad:
-            raise CostModelError(f"cost model {path}: not written, non-finite coefficients {', '.join(bad)}")
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(dumps(self.to_dict(), indent=2) + "\n")
-        return p
+        """Write the JSON (strict; non-finite coefficients raise :class:`CostModelError`)."""
+        return _write(path, self.to_dict(), ("cost model", self._coefficients()))
 
     def with_alpha_scale(self, scale: float) -> "CostModel":
         """The same model with every ``alpha(m)`` multiplied by ``scale`` (0 = the α = 0 ablation)."""
@@ -148,9 +160,8 @@ class CostModel:
         """Target time (ms) for arrays of ``m``, ``u_bar``, ``context_len`` (broadcast)."""
         m_arr = np.asarray(m, dtype=np.int64)
         self.require_ms(sorted(set(np.unique(m_arr).tolist())))
-        b0 = np.vectorize(self.beta0.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
-        al = np.vectorize(self.alpha.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
-        return b0 + al * np.asarray(u_bar, dtype=float) + self.c * np.asarray(context_len, dtype=float)
+        return (_by_m(self.beta0, m_arr) + _by_m(self.alpha, m_arr) * np.asarray(u_bar, dtype=float)
+                + self.c * np.asarray(context_len, dtype=float))
 
     def draft_ms(self, k: Any) -> np.ndarray:
         """Draft time (ms) of ``k`` draft steps; 0 when k = 0 (plain autoregressive step)."""
@@ -165,8 +176,7 @@ class CostModel:
         return self.draft_ms(k_arr) + self.target_ms(k_arr + 1, u_bar, context_len)
 
     def coefficients_by_m(self, m_max: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(beta0, alpha)`` as arrays indexed by m = 0..m_max; NaN where the model has no such m
-        (index 0 is always NaN)."""
+        """``(beta0, alpha)`` indexed by m = 0..m_max; NaN where the model has no such m (always at 0)."""
         beta0 = np.full(m_max + 1, np.nan)
         alpha = np.full(m_max + 1, np.nan)
         for m in range(1, m_max + 1):
@@ -184,12 +194,10 @@ class CostModel:
 
     def round_prices(self, k_max: int, u_bar: Any, context_len: Any = None,
                      terms: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """The price of a round of k = 0..k_max: :meth:`round_ms` in its line form, ``fixed[k] + slope[k] ·
-        u_bar[..., k]`` (+ ``c · context_len[...]`` when given), with ``u_bar`` (..., k_max + 1) the Ū each
-        action's window of m = k + 1 rows touches: a state's counterfactual window (the Oracle's cost table)
-        or a predicted Ū per m (:meth:`mean_round_prices`). The one formula the Oracle, the policies, their
-        fit, the profiled prices and the offline replay price a round with. ``terms``: :meth:`action_terms`
-        computed once by a caller that prices many times."""
+        """The price of a round of k = 0..k_max, :meth:`round_ms` in its line form: ``fixed[k] + slope[k] ·
+        u_bar[..., k]`` (+ ``c · context_len[...]`` when given), ``u_bar`` (..., k_max + 1) the Ū of each
+        action's window of m = k + 1 rows. The one formula the Oracle, the policies, their fit, the profiled
+        prices and the offline replay price a round with. ``terms``: :meth:`action_terms`, computed once."""
         fixed, slope = self.action_terms(k_max) if terms is None else terms
         out = np.array(u_bar, dtype=float)
         out *= slope
@@ -268,8 +276,7 @@ class BatchCostModel:
                                  "fit one on a batch trace: speclimits fit --batch TRACE)")
         base = CostModel.from_dict({k: v for k, v in data.items() if k != "batch"}, origin=origin)
 
-        def num(value: Any, where: str) -> float:
-            return _finite(value, where, origin)
+        num = partial(_finite, origin=origin)
 
         for key in ("n_experts", "top_k", "by_m", "draft"):
             if key not in batch:
@@ -308,16 +315,10 @@ class BatchCostModel:
         return out
 
     def write(self, path: str | Path) -> Path:
-        """Write the JSON (strict); non-finite coefficients raise :class:`CostModelError`."""
+        """Write the JSON (strict; non-finite coefficients raise :class:`CostModelError`)."""
         values = {"batch.draft.a_req": self.a_req, "batch.draft.b_req": self.b_req,
                   **{f"batch.by_m.{m}.gamma": v for m, v in self.gamma.items()}}
-        bad = [name for name, v in values.items() if not np.isfinite(v)]
-        if bad:
-            raise CostModelError(f"batch cost model {path}: not written, non-finite coefficients {', '.join(bad)}")
-        self.base.write(path)  # checks the batch-1 coefficients
-        p = Path(path)
-        p.write_text(dumps(self.to_dict(), indent=2) + "\n")
-        return p
+        return _write(path, self.to_dict(), ("batch cost model", values), ("cost model", self.base._coefficients()))
 
     @property
     def ms(self) -> list[int]:
@@ -326,10 +327,8 @@ class BatchCostModel:
     def target_ms(self, n: Any, m: Any, u_step: Any, context_total: Any) -> np.ndarray:
         """Target time (ms) of a step with ``n`` requests of ``m`` rows each (arrays broadcast)."""
         m_arr = np.asarray(m, dtype=np.int64)
-        self.base.require_ms(sorted(set(np.unique(m_arr).tolist())))
-        gamma = np.vectorize(self.gamma.__getitem__, otypes=[float])(m_arr) if m_arr.size else m_arr * 0.0
-        return (self.base.target_ms(m_arr, u_step, context_total)
-                + gamma * (np.asarray(n, dtype=float) - 1.0))
+        base = self.base.target_ms(m_arr, u_step, context_total)  # checks every m is priced (gamma has them all)
+        return base + _by_m(self.gamma, m_arr) * (np.asarray(n, dtype=float) - 1.0)
 
     def draft_ms(self, n: Any, k: Any) -> np.ndarray:
         """Drafter time (ms) of ``k`` steps for ``n`` requests; 0 when k = 0."""

@@ -1,16 +1,10 @@
 """Which machine a timing belongs to, and what the engine can run on it.
 
-The same pair of models ran plain decoding at 10.6–11.0 ms/token on a CPU with AVX-512 and at
-20–28 ms/token on one with AVX2 alone, and their greedy outputs differed (other kernels, other
-rounding): a number without its machine cannot be compared. :func:`cpu_info` is the one reader every
-record uses (trace ``meta.json``, the engine and served benchmarks' JSON, the book's machine line): the
-CPU's model, its core count, its cache sizes (whether a model is cache-resident or memory-bound
-depends on the last-level cache) and the instruction-set flags of :data:`KERNEL_FLAGS`, which choose
-kernels in PyTorch and in vLLM's CPU build.
-
-:func:`engine_dtype` says which weight dtype vLLM's CPU build can run for a target on a CPU: on a CPU
-with AMX it serves MLA attention (DeepSeek-V2/V3, Kimi) with its AMX backend, which takes 16-bit or
-quantized weights only.
+Other kernels give other timings and other rounding (the same pair ran at 10.6–11.0 ms/token with
+AVX-512 and 20–28 ms/token with AVX2 alone): a number without its machine cannot be compared.
+:func:`cpu_info` is the one reader every record uses: model, core count, cache sizes (cache-resident or
+memory-bound depends on the last-level cache) and the flags of :data:`KERNEL_FLAGS`. :func:`engine_dtype`
+says which weight dtype vLLM's CPU build can run for a target (its AMX MLA backend takes 16-bit weights).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The preprint (arXiv 2609.22156) is available to us as its abstract and appendix only
 (kept outside this repository). Values are quoted as the appendix states them: a number, a range
 ``(low, high)``, or a string where the paper gives only a bound; ``None`` means the appendix
-reports nothing comparable. :data:`SOURCES` names the appendix part of each constant. Numbers
+reports nothing comparable. The comment above each constant names its appendix part. Numbers
 that only third-party summaries attribute to the paper are kept apart, in
 :data:`THIRD_PARTY`, and are never shown as the paper's own.
 """
@@ -50,7 +50,7 @@ CATEGORICAL_MAPE_RATIO = 12.0  # CV MAPE of Ū + L over that of the categorical 
 POOLED_MAPE_BY_K = {1: 7.2, 3: 12.7}  # %; 0.6-4.1% at K >= 5
 POOLED_MAPE_LARGE = (0.6, 4.1)
 
-#: Leave-one-K-out (pooled form) and interpolation.
+#: Leave-one-K-out (pooled form) and interpolation vs transfer.
 LOKO_MEAN = 5.2
 LOKO_PEAKS = {1: 12.7, 3: 15.1}
 WITHIN_K_MAPE = (0.26, 0.59)
@@ -73,12 +73,10 @@ DRAFT = {"a": (0.459, 0.001), "b": (0.073, 0.003), "mean_dev_pct": 0.5, "cv_meda
          "tail_share_pct": 0.27, "zero_share_pct": 0.3}
 
 #: Robustness on K = 8.
-ROBUST_K = 8
 ROBUST_ALPHA = (0.2642, 0.2650)
 ROBUST_C = (1.100e-3, 1.105e-3)
-BP_P = 1e-28
-CORR_U_L = 0.03
-N_CATEGORIES = 14
+BP_P = 1e-28  # Breusch–Pagan p-value
+CORR_U_L = 0.03  # corr(Ū, L), factor analysis
 
 
 def fmt_range(r: tuple[float, float], scale: float = 1.0, digits: int = 3) -> str:
@@ -107,8 +105,6 @@ K_BY_CONTEXT: dict[str, dict[str, float]] = {
                       "share_k1": 0.937, "k1_lo": 0.867, "k1_hi": 0.990},
     MODE_CHANGE: {"share_long": 0.697},
 }
-#: Responses in the appendix's linguistic sample.
-N_RESPONSES = 39
 #: New experts per layer at the event step and the step before; 95% interval of the difference.
 ROUTING: dict[str, dict[str, float]] = {
     SCRIPT_CHANGE: {"before": 2.66, "at": 3.12, "diff": 0.46, "diff_lo": 0.26, "diff_hi": 0.66},
@@ -131,45 +127,4 @@ THIRD_PARTY: dict[str, dict[str, Any]] = {
                               "note": "mean accepted length saturates around 2.1 tokens"},
     "oracle_draft_len": {"value": 2.8, "label": "third-party, unverified",
                          "note": "the Oracle limits drafts to about 2.8 tokens"},
-}
-
-#: Where each constant comes from (appendix part), for captions and the methods page.
-SOURCES: dict[str, str] = {
-    "FACTORS": "appendix, factor analysis (Table A2)",
-    "STANDARDIZED_BY_K": "appendix, standardized associations by K (H3)",
-    "ALPHA_SMALL": "appendix, final model (Eq. 4), per-K fits",
-    "ALPHA_LARGE": "appendix, final model (Eq. 4), per-K fits",
-    "BETA0_SMALL": "appendix, final model (Eq. 4), per-K fits",
-    "BETA0_LARGE_START": "appendix, final model (Eq. 4), per-K fits",
-    "C_RANGE": "appendix, final model (Eq. 4), per-K fits",
-    "BOUNDARY_M": "appendix, final model (regime split m <= 4 | m >= 5)",
-    "ALPHA_LEVEL_RATIO": "appendix, final model ('ratio of characteristic levels is about 3.2')",
-    "BANDWIDTH_ESTIMATE": "appendix, final model (choice of parameters: the bandwidth estimate of α)",
-    "POOLED": "appendix, pooled comparison",
-    "POOLED_STD": "appendix, pooled comparison",
-    "POOLED_R2": "appendix, pooled comparison",
-    "POOLED_DRMSE": "appendix, pooled comparison",
-    "CATEGORICAL_MAPE_RATIO": "appendix, pooled comparison",
-    "POOLED_MAPE_BY_K": "appendix, pooled comparison",
-    "POOLED_MAPE_LARGE": "appendix, pooled comparison",
-    "LOKO_MEAN": "appendix, leave-one-K-out",
-    "LOKO_PEAKS": "appendix, leave-one-K-out",
-    "WITHIN_K_MAPE": "appendix, leave-one-K-out",
-    "INTERP_WITHIN": "appendix, interpolation vs transfer",
-    "TRANSFER_ACROSS": "appendix, interpolation vs transfer",
-    "LADDER": "appendix, specification ladder",
-    "SMOOTH_PARAMETERIZATIONS_MAPE": "appendix, leave-one-K-out (other smooth parameterizations, exploratory)",
-    "DRAFT": "appendix, draft model",
-    "ROBUST_K": "appendix, robustness",
-    "ROBUST_ALPHA": "appendix, robustness",
-    "ROBUST_C": "appendix, robustness",
-    "BP_P": "appendix, robustness (Breusch–Pagan)",
-    "CORR_U_L": "appendix, factor analysis",
-    "N_CATEGORIES": "appendix, robustness (leave-one-category-out)",
-    "CASE_BOUNDARIES": "appendix, α = 0 ablation (C1–C4)",
-    "CASE_MATCH_RANGE": "appendix, α = 0 ablation (C1–C4)",
-    "K_BY_CONTEXT": "appendix, linguistic study",
-    "N_RESPONSES": "appendix, linguistic study",
-    "ROUTING": "appendix, linguistic study (routing)",
-    "THIRD_PARTY": "third-party summaries, unverified (not the appendix)",
 }

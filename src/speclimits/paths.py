@@ -12,7 +12,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BOOK_DIR = REPO_ROOT / "book"
 BOOK_CONFIG = REPO_ROOT / "_config.yml"
 BOOK_TOC = REPO_ROOT / "_toc.yml"
-BOOK_STATIC = BOOK_DIR / "_static"
 
 #: Bundled data.
 DATA_DIR = REPO_ROOT / "data"

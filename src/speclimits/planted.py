@@ -1,25 +1,16 @@
 """Planted routing for designed experiments on the per-expert cost of MoE layers.
 
-The paper's α(m) comes from a regression on observed rounds, where the number of unique experts
-Ū_r moves together with the budget m and with what the text routes to. A designed experiment
-holds m fixed and *plants* the routing: every MoE layer of a pass of m tokens touches exactly
-``u_bar`` unique experts, for ``u_bar`` from ``top_k`` to ``min(m * top_k, n_experts)``; timing
-passes at every (m, u_bar), interleaved and repeated, and fitting ``t = beta0(m) + alpha(m) * u_bar``
-per m measures the per-expert cost causally (DESIGN section 7).
-
-Used by ``benchmarks/bench_expert_cost.py`` (stand-alone MoE layers) and meant for the same
-experiment inside a serving engine, so the two functions keep these signatures:
-
-* :func:`planted_topk_ids` — one layer: an ``(m, top_k)`` array of expert ids;
-* :func:`planted_layers` — a pass: ``(n_layers, m, top_k)``.
-
-:func:`fit_expert_cost` fits the per-m lines (statsmodels, HC3 standard errors). Only numpy is
-imported with this module; pandas and statsmodels are imported by the fit.
+The paper's α(m) comes from a regression on observed rounds, where the unique experts Ū_r move with
+the budget m and with the text. A designed experiment holds m fixed and *plants* the routing: every
+MoE layer of a pass of m tokens touches exactly ``u_bar`` unique experts, ``top_k`` to
+``min(m * top_k, n_experts)``; fitting ``t = beta0(m) + alpha(m) * u_bar`` per m (:func:`fit_expert_cost`,
+HC3 standard errors) measures the per-expert cost causally. Used by ``benchmarks/bench_expert_cost.py``
+and the tracing harness (``speclimits trace --plant-routing``). Only numpy is imported with this module.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -97,15 +88,6 @@ def planted_layers(n_layers: int, m: int, top_k: int, n_experts: int, u_bar: int
     if int(n_layers) < 1:
         raise ValueError(f"n_layers must be at least 1, got {n_layers}")
     return np.stack([planted_topk_ids(m, top_k, n_experts, u_bar, rng) for _ in range(int(n_layers))])
-
-
-def unique_per_layer(ids: np.ndarray) -> np.ndarray:
-    """Unique experts of each layer of a ``(n_layers, m, top_k)`` (or one ``(m, top_k)``) routing:
-    shape ``(n_layers,)`` (or ``(1,)``)."""
-    ids = np.asarray(ids)
-    if ids.ndim == 2:
-        ids = ids[None]
-    return np.array([np.unique(layer).size for layer in ids])
 
 
 def routing_weights(m: int, top_k: int, rng: np.random.Generator) -> np.ndarray:
@@ -190,10 +172,3 @@ def regime_step(fit: Any, boundary: int = 4, level: float = 0.95) -> dict[str, A
                    largest_jump_at=f"{at}/{at + 1}" if at is not None else None)
         out["step"] = bool((out["jump_lo"] > 0 or out["jump_hi"] < 0) and at == boundary)
     return out
-
-
-def describe_samples(samples: Sequence[dict[str, Any]]) -> str:
-    """One line: passes, budgets and u_bar values in a list of ``{"m", "u_bar", "t_ms"}`` records."""
-    ms = sorted({int(s["m"]) for s in samples})
-    us = sorted({int(s["u_bar"]) for s in samples})
-    return (f"{len(samples)} passes, m {ms[0]}..{ms[-1]}, u_bar {us[0]}..{us[-1]}" if samples else "no passes")

@@ -1,16 +1,11 @@
 """Regimes: when the expert cost binds (cache-resident vs memory-bound), measured.
 
-Two kinds of evidence, both read from traces the tracing harness wrote:
-
-* the **designed experiment** (``speclimits trace --plant-routing``, ``scripts/make_regime.sh``): every
-  target pass routes by a planted routing whose unique experts per layer Ū are drawn per pass, so
-  at a fixed width m, ``T_T = β0(m) + α(m)·Ū`` is a causal line: :func:`designed_alpha`;
-* the **observational trace** of the same target (its own routing): its mean Ū by m gives the share of a
-  pass that the expert term explains, ``α(m)·Ū(m) / (β0(m) + α(m)·Ū(m))`` (:func:`share_by_width`), and
-  its regression α (:func:`regression_alpha`) stands beside the experiment's.
-
-``python -m speclimits.regime record TRACE --target DIR`` adds to a trace's ``meta.json`` how its
-target was made (the twin recipe, or the bundled target's hash) and the machine's load average.
+Two kinds of evidence, both from traces the tracing harness wrote: the **designed experiment**
+(``speclimits trace --plant-routing``), whose planted Ū per pass makes ``T_T = β0(m) + α(m)·Ū`` a causal
+line at each m (:func:`designed_alpha`); and the **observational trace** of the same target, whose mean Ū
+by m gives the share of a pass the expert term explains (:func:`share_by_width`) and whose regression α
+(:func:`regression_alpha`) stands beside the experiment's. ``python -m speclimits.regime record TRACE
+--target DIR`` adds how the target was made and the load average to a trace's ``meta.json``.
 """
 
 from __future__ import annotations
@@ -85,17 +80,19 @@ def designed_alpha(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     return fit_expert_cost(pd.DataFrame({"m": d["m"], "u_bar": d["u_bar"], "t_ms": d["t_target_ms"]}), level=level)
 
 
+def _inverse_variance_mean(values: np.ndarray, se: np.ndarray) -> tuple[float, float]:
+    """``(mean, se)``: the inverse-variance weighted mean of ``values`` and its standard error."""
+    w = 1.0 / se ** 2
+    return float(np.sum(w * values) / w.sum()), float(np.sqrt(1.0 / w.sum()))
+
+
 def pooled_alpha(fit: pd.DataFrame, m_min: int = 5) -> dict[str, float]:
     """Inverse-variance mean of the identified α(m) at m ≥ ``m_min`` with a normal 95% interval."""
     f = fit[(fit["m"] >= m_min) & np.isfinite(fit["alpha"]) & (fit["alpha_se"] > 0)]
     if f.empty:
         return {"alpha": float("nan"), "lo": float("nan"), "hi": float("nan"), "m_min": m_min}
-    w = 1.0 / f["alpha_se"].to_numpy() ** 2
-    a = float(np.sum(w * f["alpha"].to_numpy()) / w.sum())
-    se = float(np.sqrt(1.0 / w.sum()))
+    a, se = _inverse_variance_mean(f["alpha"].to_numpy(), f["alpha_se"].to_numpy())
     return {"alpha": a, "lo": a - 1.96 * se, "hi": a + 1.96 * se, "m_min": m_min}
-
-
 
 
 # -- the designed experiments of every width, and the share of a pass they explain ---------------
@@ -192,12 +189,10 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     if len(by_k) < 3:
         raise SpeclimitsError(f"the context slope needs per-K fits at >= 3 values of K >= 1 with varied contexts "
                               f"(got {len(by_k)})")
-    w = 1.0 / by_k["c_se"].to_numpy() ** 2
-    c = by_k["c"].to_numpy()
-    mean = float(np.sum(w * c) / w.sum())
-    q_flat = float(np.sum(w * (c - mean) ** 2))
-    flat = {"c": mean, "c_se": float(np.sqrt(1.0 / w.sum())), "q": q_flat, "df": len(c) - 1,
-            "p": float(sps.chi2.sf(q_flat, len(c) - 1))}
+    c, se = by_k["c"].to_numpy(), by_k["c_se"].to_numpy()
+    mean, mean_se = _inverse_variance_mean(c, se)
+    q_flat = float(np.sum(1.0 / se ** 2 * (c - mean) ** 2))
+    flat = {"c": mean, "c_se": mean_se, "q": q_flat, "df": len(c) - 1, "p": float(sps.chi2.sf(q_flat, len(c) - 1))}
     # the per-K SEs are the weights; the line's SEs are scaled up (never down) by the residual dispersion
     line = slope_line(by_k)
     by_k["c_line"] = line["c0"] + line["c1"] * by_k["m"]
@@ -353,6 +348,7 @@ def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, 
     part of the target Oracle's gain over its best static K that the transferred policy keeps, with a
     95% percentile interval over reference sequences resampled (``share_lo``, ``share_hi``);
     ``static_loss``: how much slower the source's best static K is than the target's own."""
+    from speclimits.bootstrap import draw_indices
     from speclimits.oracle import evaluate_policy
 
     own = target_setup.solve(k_max=k_max)
@@ -362,7 +358,7 @@ def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, 
     b, ps = own.bounds, own.per_sequence
     best = ps[f"static_{b.best_static_k}_ms"].to_numpy(float)
     oracle = ps["value_ms"].to_numpy(float)
-    draws = np.random.default_rng(seed).integers(0, len(best), (n_boot, len(best)))
+    draws = draw_indices(len(best), n_boot, seed)
     share = (best[draws].sum(1) - kept[draws].sum(1)) / (best[draws].sum(1) - oracle[draws].sum(1))
     moved_static = moved.bounds.best_static_k
     static_there = b.static_ms[moved_static]

@@ -1,47 +1,28 @@
 """A seeded simulated MoE of the paper's setting that writes SIMULATED traces with a planted truth.
 
-Everything the simulator does is driven by one :class:`SimConfig`, written whole into the
-trace's ``meta.json`` (``source: "simulator"``, ``simulated: true``) together with the planted
-cost model, so a fit on the trace can be checked against the truth that produced it.
+One :class:`SimConfig` drives everything and is written whole into ``meta.json`` (``source:
+"simulator"``, ``simulated: true``) with the planted cost model, so a fit can be checked against it.
 
 Generative story
 ----------------
-1. **Prompts.** Each prompt has a category (14, as in the paper's leave-one-category-out), a
-   prompt length ``P`` and a reference continuation of ``N`` tokens: the target's greedy
-   output, which at greedy decoding is the same for every K.
-2. **Latent text context.** The continuation is a chain of segments (code / prose / markup,
-   Latin or Cyrillic script). Each token carries one context label (``code_format``,
-   ``prose_vocab``, ``script_change``, ...), which sets its draft match probability and its
-   routing overlap with the preceding tokens.
-3. **Acceptance.** At state ``n`` the draft's step ``i`` matches ``y_{n+i}`` with probability
-   ``q_{n,i} = q(y_{n+i}) * depth_decay**(i-1)`` given the chain matched so far; the greedy
-   match length ``accept_len[n]`` is drawn once from these, so every K run of the prompt sees
-   the same acceptance pattern, as greedy decoding does.
-4. **Routing.** Per MoE layer a token routes to ``top_k`` of ``n_experts`` experts. A new
-   position adds ``Binomial(top_k, (1 - rho) * (1 - U / n_experts))`` experts to the ``U``
-   already touched in that layer, where ``rho`` is the token's overlap with its neighbours
-   (context-dependent, plus a fixed per-layer offset). ``u_bar`` averages ``U`` over layers,
-   ``e_max`` is the largest. The window ``[y_n, d_1..d_k]`` uses the reference token's overlap
-   for matched drafts and, after the first mismatch (the junk tail), the same overlap plus
-   ``junk_rho_shift``.
-5. **Cost.** ``T_T = beta0(m) + alpha(m) * u_bar + c * L + noise`` (noise multiplicative,
-   Student-t, with a spread that grows with ``(u_bar / mean u_bar at m) ** target_noise_u_power``,
-   plus rare spikes); ``T_D = a * K + b + noise`` with rare
-   large spikes; a small share of records gets a zero timing, as the paper saw.
+1. **Prompts.** 14 categories (as in the paper's leave-one-category-out); a prompt length ``P`` and
+   a reference continuation of ``N`` tokens, the target's greedy output (the same for every K).
+2. **Latent text context.** Segments of code / prose / markup, Latin or Cyrillic; each token's
+   context label (``code_format``, ``script_change``, ...) sets its match probability and overlap.
+3. **Acceptance.** At state ``n`` draft step ``i`` matches with probability ``q(y_{n+i}) *
+   depth_decay**(i-1)`` given the chain so far; ``accept_len[n]`` is drawn once, so every K run
+   of a prompt sees the same acceptance pattern, as greedy decoding does.
+4. **Routing.** A new position adds ``Binomial(top_k, (1 - rho) * (1 - U / n_experts))`` experts
+   to the ``U`` a layer has touched (``rho``: the token's overlap, plus a per-layer offset; after
+   the first mismatch plus ``junk_rho_shift``); ``u_bar`` averages ``U`` over layers, ``e_max`` is
+   the largest.
+5. **Cost.** ``T_T = beta0(m) + alpha(m) * u_bar + c * L`` times Student-t noise whose spread grows
+   with ``(u_bar / mean u_bar at m) ** target_noise_u_power``, plus rare spikes; ``T_D = a * K + b``
+   plus noise and spikes; a small share of zero timings, as the paper saw.
 
-Tables written: ``rounds.parquet`` (the K sweep, prefill rounds included), ``oracle.parquet``
-(dense per-position data for the Oracle) and ``tokens.parquet`` (per-token text, latent
-context and new experts per layer, for the routing and linguistic studies; one row more per
-sequence than the Oracle has states: row ``pos`` is the token the context ends with at state
-``pos``, as in the vLLM harness, see :func:`_token_rows`).
-
-Batch mode (:func:`simulate_batch`, ``speclimits simulate --batch 1,2,4,8,16``): the same
-references served in closed batches of b prompts that share engine steps; each request's expert
-ids are drawn per layer independently of the others and a step's Ū is their counted union; step
-times come from a planted :class:`~speclimits.costmodel.BatchCostModel` whose batch-1 part is the
-paper's (:func:`paper_cost_model`) and whose per-request terms are the simulator's
-(:data:`BATCH_GAMMA_BASE`, :data:`BATCH_GAMMA_PER_ROW`, :data:`BATCH_A_REQ`, :data:`BATCH_B_REQ`).
-It also writes ``steps.parquet``.
+Tables: ``rounds`` (the K sweep, prefill rounds included), ``oracle`` (dense per-position rows) and
+``tokens`` (per-token text, context and new experts; one row more per sequence than the Oracle has
+states, see :func:`_token_rows`). Batch mode (:func:`simulate_batch`) also writes ``steps``.
 """
 
 from __future__ import annotations
@@ -55,7 +36,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from speclimits import paper
-from speclimits.costmodel import BatchCostModel, CostModel
+from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve
 from speclimits.errors import SpeclimitsError
 from speclimits.trace import new_meta, write_trace
 from speclimits import vocabulary as v
@@ -123,16 +104,13 @@ PREFILL_DRAFT_MS = (0.8, 0.004)
 
 
 def paper_cost_model() -> dict[str, Any]:
-    """The planted truth of the ``paper`` preset, in cost-model JSON form, read from :mod:`speclimits.paper`.
+    """The planted truth of the presets, in cost-model JSON form, read from :mod:`speclimits.paper`.
 
-    ``alpha(m)`` spans :data:`~speclimits.paper.ALPHA_SMALL` over m = 2..4 and
-    :data:`~speclimits.paper.ALPHA_LARGE` over m = 5..11; ``beta0`` spans
-    :data:`~speclimits.paper.BETA0_SMALL` over m = 2..4 then drops to
-    :data:`~speclimits.paper.BETA0_LARGE_START`; ``c`` is the middle of
-    :data:`~speclimits.paper.C_RANGE` to two significant figures (1.1e-3 ms/token); the draft line
-    is :data:`~speclimits.paper.DRAFT`'s ``a`` and ``b``. Where the appendix gives only a range, the
-    shape inside it is this module's (:data:`LARGE_ALPHA_POSITION`, :data:`LARGE_BETA0_STEP`);
-    m = 1 (plain decoding, K = 0) is not in the paper and is planted in the small regime.
+    ``alpha(m)`` spans ``paper.ALPHA_SMALL`` over m = 2..4 and ``paper.ALPHA_LARGE`` over m = 5..11;
+    ``beta0`` spans ``paper.BETA0_SMALL`` over m = 2..4 then drops to ``paper.BETA0_LARGE_START``; ``c``
+    is the middle of ``paper.C_RANGE`` to two significant figures; the draft line is ``paper.DRAFT``'s.
+    The shape inside a range is this module's (:data:`LARGE_ALPHA_POSITION`, :data:`LARGE_BETA0_STEP`);
+    m = 1 (K = 0, not in the paper) is planted in the small regime.
     """
     (a_lo, a_hi), (b_lo, b_hi) = paper.ALPHA_SMALL, paper.BETA0_SMALL
     small = {1: (b_lo - BETA0_M1_BELOW_SMALL, a_lo), 2: (b_lo, a_lo), 3: ((b_lo + b_hi) / 2, (a_lo + a_hi) / 2),
@@ -229,14 +207,17 @@ PRESETS: dict[str, SimConfig] = {
 }
 
 
+#: The names of :class:`SimConfig`'s fields (what ``--set`` and a trace's ``simulator`` section may name).
+CONFIG_FIELDS = frozenset(f.name for f in fields(SimConfig))
+
+
 def preset(name: str, **overrides: Any) -> SimConfig:
     """A named preset with optional field overrides (unknown names raise)."""
     if name not in PRESETS:
         raise SpeclimitsError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    valid = {f.name for f in fields(SimConfig)}
-    bad = sorted(set(overrides) - valid)
+    bad = sorted(set(overrides) - CONFIG_FIELDS)
     if bad:
-        raise SpeclimitsError(f"unknown simulator parameter(s) {bad}; valid: {sorted(valid)}")
+        raise SpeclimitsError(f"unknown simulator parameter(s) {bad}; valid: {sorted(CONFIG_FIELDS)}")
     cfg = replace(PRESETS[name], **overrides)
     _check_config(cfg)
     return cfg
@@ -415,9 +396,8 @@ def _stack_walks(walks: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 def _streams(seed: int, n: int = 5) -> list[np.random.Generator]:
     """The simulator's independent random streams: references, routing, timing, layer offsets, the
-    prefill tokens' routing (row 0 of ``tokens``) and, in batch mode, expert ids and step timing.
-    Streams were added at the end: ``SeedSequence.spawn`` gives the same first children whatever
-    the count, so the earlier ones did not change."""
+    prefill tokens' routing (row 0 of ``tokens``) and, in batch mode, expert ids and step timing
+    (``SeedSequence.spawn`` gives the same first children whatever the count)."""
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
 
 
@@ -452,8 +432,7 @@ def config_from_meta(meta: dict[str, Any]) -> SimConfig:
     raw = meta.get("simulator")
     if not meta.get("simulated") or not isinstance(raw, dict):
         raise SpeclimitsError("this trace is not simulated (meta.json has no 'simulator' section)")
-    valid = {f.name for f in fields(SimConfig)}
-    return SimConfig(**{k: v for k, v in raw.items() if k in valid})
+    return SimConfig(**{k: v for k, v in raw.items() if k in CONFIG_FIELDS})
 
 
 def _references(cfg: SimConfig, seed: int, progress: bool, layers: bool = False
@@ -487,7 +466,7 @@ def _passes(c: dict[str, np.ndarray], prompt_len: np.ndarray, K: Any) -> tuple[n
 
 def _prefill_experts(cfg: SimConfig, prompt_len: np.ndarray) -> np.ndarray:
     """Unique experts per layer of a prefill: routing over the whole prompt nearly saturates each layer."""
-    return cfg.n_experts * (1 - (1 - cfg.top_k / cfg.n_experts) ** np.maximum(prompt_len * 0.3, 1))
+    return saturation_curve(np.maximum(prompt_len * 0.3, 1), cfg.n_experts, cfg.top_k)
 
 
 def _spikes(rng: np.random.Generator, n: int, share: float, mean_ms: float) -> np.ndarray:
@@ -760,41 +739,26 @@ def simulate_batch(cfg: SimConfig, batch: BatchSim | None = None, seed: int = 0,
     """Generate a SIMULATED batch trace: every K of ``cfg.k_values`` at every batch size of
     ``batch.batch_sizes``, closed batches of prompts in file order, in the batch-trace contract.
 
-    Tables: ``rounds`` (per request and round, as a batch-1 trace, plus ``b``, ``batch_id``,
-    ``step`` and ``n_drafted_next``; ``t_target_ms`` / ``t_draft_ms`` are the shared step's),
-    ``steps`` (one row per engine step), and ``oracle`` / ``tokens`` exactly as
-    :func:`simulate` writes them for the same ``cfg`` and ``seed`` (same draws).
+    Tables: ``rounds`` (per request and round, plus ``b``, ``batch_id``, ``step``, ``n_drafted_next``;
+    the timings are the shared step's), ``steps`` (one row per engine step), and ``oracle`` /
+    ``tokens`` exactly as :func:`simulate` writes them for the same ``cfg`` and ``seed``.
 
-    Generative story (beyond :func:`simulate`'s):
+    * **Requests.** Tokens, acceptance and own routing do not depend on the batch (greedy decoding):
+      a request's rounds are the batch-1 walk of its reference at K. Every prompt runs at every K.
+    * **Steps.** A batch's prompts are prefilled in order, :attr:`BatchSim.prefill_budget` prompt tokens
+      per step (a step that prefills some and decodes others is ``mixed``); then every unfinished
+      request verifies K drafts (m = K + 1 rows) per step until it has emitted its reference.
+    * **Routing.** Each request-round draws a set of expert ids per layer independently of the others
+      (:func:`_expert_sets`), a prefill ``saturation(0.3 P)`` per layer; a step's ``u_bar`` / ``e_max``
+      are the mean / max over layers of the counted union of its rows' ids.
+    * **Cost.** :meth:`BatchSim.truth`'s ``target(n_decode, K + 1, Ū of the decoding rows, their summed
+      context)`` times ``1 + target_noise_rel * t(target_noise_df)`` plus rare spikes, zero timings on
+      ``zero_target_share`` of decode steps, plus :data:`PREFILL_TARGET_MS` per prefill token (and its
+      base on a prefill-only step, 2% noise). Drafter: ``draft(n_reqs, K)`` with noise, spikes and zeros
+      as in :func:`simulate`, plus :data:`PREFILL_DRAFT_MS`'s per-token term.
 
-    * **Requests.** A request's tokens, acceptance and own routing do not depend on the batch
-      (greedy decoding): its rounds are the batch-1 walk of its reference at K, and its own Ū is
-      the batch-1 window's (:func:`_window_data`, per layer). Every prompt runs at every K
-      (unlike :func:`simulate`, whose K = 0 runs cover ``k0_share`` of the prompts).
-    * **Steps.** A batch's requests are prefilled in order, :attr:`BatchSim.prefill_budget`
-      prompt tokens per step (later prompts wait; a step that prefills some and decodes others
-      is ``mixed``), then every unfinished request verifies K drafts in every step (m = K + 1
-      rows each; vLLM drafts one K for all) until it has emitted its reference; a finished
-      request leaves the batch.
-    * **Routing of a step.** Each request-round's experts are a set of ids per layer drawn
-      independently of the other requests (:func:`_expert_sets`: uniform given the window's
-      unique-expert count, as the window process implies); a prompt's prefill touches
-      ``saturation(0.3 P)`` experts per layer, as in :func:`simulate`. The step's ``u_bar`` /
-      ``e_max`` are the mean / max over layers of the *union of those ids* over all rows of
-      the step (counted, not the union formula).
-    * **Cost.** Decode part: the planted :class:`BatchCostModel` (:meth:`BatchSim.truth`)
-      ``target(n_decode, K + 1, Ū of the decoding requests' rows, their summed context)``
-      times ``1 + target_noise_rel * t(target_noise_df)``, plus rare spikes
-      (``target_spike_share``, mean ``target_spike_mean_ms``: the conditional mean is the truth
-      plus share x mean on the intercept) and a zero timing on ``zero_target_share`` of decode
-      steps. Prefill rows add :data:`PREFILL_TARGET_MS` per token (and its base on a step that
-      only prefills, with 2% noise). Drafter (K > 0): ``draft(n_reqs, K)`` (every request of
-      the step drafts K next, as vLLM's drafter runs over the whole batch) times ``1 +
-      draft_noise_rel * N(0, 1)`` plus spikes and zero timings as in :func:`simulate`, plus
-      :data:`PREFILL_DRAFT_MS`'s per-token term for prefill rows.
-
-    A sweep of ``batch_sizes == (1,)`` is still a batch trace here (it has ``steps``); the CLI
-    writes today's batch-1 trace (:func:`simulate`) for ``--batch 1``.
+    ``batch_sizes == (1,)`` still gives a batch trace (with ``steps``); the CLI's ``--batch 1`` writes
+    :func:`simulate`'s.
     """
     batch = batch or BatchSim()
     sizes = _check_batch(batch)

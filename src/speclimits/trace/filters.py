@@ -61,20 +61,10 @@ TIMING_COLUMNS = {"target": ("t_target_ms",), "draft": ("t_draft_ms",), "both": 
 
 
 def decode_rounds(rounds: pd.DataFrame, timing: str = "target") -> tuple[pd.DataFrame, FilterReport]:
-    """Rounds usable for a fit: decode phase and a non-zero timing.
-
-    For ``timing="draft"`` (and ``"both"``) rounds with K = 0 (plain decoding: no draft, so a
-    zero draft time by design) are excluded first and counted as ``n_no_draft``.
-
-    Parameters
-    ----------
-    rounds : the ``rounds`` table.
-    timing : ``"target"`` (drop zero ``t_target_ms``), ``"draft"`` (zero ``t_draft_ms``) or ``"both"``.
-
-    Returns
-    -------
-    (kept rows with a fresh 0..n-1 index, FilterReport)
-    """
+    """Rounds usable for a fit: decode phase and a non-zero timing; ``(kept rows, fresh 0..n-1 index;
+    FilterReport)``. ``timing``: ``"target"`` (drop zero ``t_target_ms``), ``"draft"`` (zero ``t_draft_ms``)
+    or ``"both"``; for the last two, K = 0 rounds (no draft, a zero draft time by design) are excluded
+    first and counted as ``n_no_draft``."""
     if timing not in TIMING_COLUMNS:
         raise ValueError(f"timing must be one of {sorted(TIMING_COLUMNS)}, got {timing!r}")
     is_decode = rounds["phase"].astype(str).to_numpy() == "decode"

@@ -1,15 +1,11 @@
 """Read and write trace directories: tables, ``meta.json``, part files and the sweep's logs.
 
->>> tr = read_trace("data/traces/sim-default")           # doctest: +SKIP
->>> tr.rounds.shape                                       # doctest: +SKIP
-
-Whole tables (:func:`write_table`, :func:`write_trace`) are single Parquet files. The tracing
-harness writes each table as a directory of *parts* instead (:func:`write_part`), one per group
-of finished generations (``rounds``, ``tokens`` and, for batch traces, ``steps``), and two JSON-lines logs beside them (:func:`append_lines`,
-:func:`read_generations`, :func:`read_parts_log`); a distributed sweep writes each job's log
-lines as one atomic file under ``shards/`` (:func:`write_shard_log`). Every file is written
-atomically (dot-prefixed temp file, then ``os.replace``) and readers skip dot/underscore files,
-so a killed writer never leaves a half-written file that counts.
+Whole tables (:func:`write_trace`) are single Parquet files. The tracing harness writes each table
+as a directory of *parts* (:func:`write_part`), one per group of finished generations, with two
+JSON-lines logs beside them (``generations.jsonl``, ``parts.jsonl``); a distributed sweep writes each
+job's log lines as one file under ``shards/``. Every file is written atomically (dot-prefixed temp
+file, then ``os.replace``) and readers skip dot/underscore files, so a killed writer leaves no
+half-written file that counts.
 """
 
 from __future__ import annotations
@@ -57,9 +53,7 @@ def read_table(root: str | Path, name: str) -> pd.DataFrame | None:
             table = pq.read_table(str(path))
     except (pa.ArrowInvalid, OSError) as exc:
         raise TraceFormatError(str(root), [Problem(path.name, None, f"cannot be read as Parquet: {exc}")]) from None
-    df = table.to_pandas()
-    # list columns come back as numpy object arrays of arrays; keep them that way
-    return df
+    return table.to_pandas()  # list columns come back as object arrays of arrays
 
 
 def read_meta(root: str | Path) -> dict[str, Any]:
@@ -175,20 +169,15 @@ def new_meta(**fields: Any) -> dict[str, Any]:
     return meta
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes | pa.Table) -> None:
+    """Write ``data`` (bytes, or a table as zstd Parquet) to a dot-prefixed temp file, then rename it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    os.close(fd)
-    pq.write_table(table, tmp, compression="zstd")
+        if isinstance(data, pa.Table):
+            pq.write_table(data, fh, compression="zstd")
+        else:
+            fh.write(data)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
@@ -196,7 +185,7 @@ def _atomic_write_parquet(path: Path, table: pa.Table) -> None:
 def write_meta(path: str | Path, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically (sorted keys, so equal metas give equal bytes)."""
     text = dumps(meta, indent=2, sort_keys=True) + "\n"
-    _atomic_write_bytes(Path(path) / "meta.json", text.encode())
+    _atomic_write(Path(path) / "meta.json", text.encode())
 
 
 def write_table(path: str | Path, name: str, df: pd.DataFrame | pa.Table) -> Path:
@@ -208,10 +197,8 @@ def write_table(path: str | Path, name: str, df: pd.DataFrame | pa.Table) -> Pat
         raise ValueError(f"unknown table {name!r}; expected one of {sorted(TABLES)}")
     table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
     order = [c.name for c in TABLES[name] if c.name in table.column_names]
-    order += [c for c in table.column_names if c not in order]
-    table = table.select(order)
     target = _table_path(Path(path), name)
-    _atomic_write_parquet(target, table)
+    _atomic_write(target, table.select(order + [c for c in table.column_names if c not in order]))
     return target
 
 
@@ -232,8 +219,6 @@ def write_trace(path: str | Path, meta: dict[str, Any], **tables: pd.DataFrame |
     return root
 
 
-
-
 # ---------------------------------------------------------------------------
 # Part files: a table written as a directory of parts, one per batch of generations
 # ---------------------------------------------------------------------------
@@ -251,7 +236,7 @@ def write_part(root: str | Path, table: str, name: str, df: pd.DataFrame | pa.Ta
     """Write ``root/<table>.parquet/<name>.parquet`` atomically (dot-temp file + rename)."""
     arrow = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
     target = _table_path(Path(root), table) / f"{name}.parquet"
-    _atomic_write_parquet(target, arrow)
+    _atomic_write(target, arrow)
     return target
 
 
@@ -355,7 +340,7 @@ def write_shard_log(root: str | Path, name: str, part: dict[str, Any], generatio
     the same file and a retried job simply replaces its own."""
     text = json.dumps(jsonable({"part": part, "generations": generations}), sort_keys=True) + "\n"
     target = Path(root) / SHARDS_DIR / f"{name}.json"
-    _atomic_write_bytes(target, text.encode())
+    _atomic_write(target, text.encode())
     return target
 
 

@@ -7,24 +7,19 @@ The layout (the book's methods page, "Reference kinds and positions"; the join i
   context ends with at Oracle state ``pos``; a sequence with S states has S + 1 rows.
 * **Routing on the reading row.** ``experts`` / ``new_experts`` of row r are those of the target
   pass that *reads* row r's token (the forward row whose input it is), against the pass that
-  reads row r − 1. The harness writes it so (:mod:`speclimits.tracing.records`); a generation's
-  last token is never read, so its routing is missing. ``round`` / ``row`` still name the round
-  and row of the pass that *produced* the token.
-* **Reference kind.** ``reference_kind`` is ``"greedy"`` for a sweep generation (the target's own
-  output) and ``"teacher-forced"`` for a held-out continuation. A teacher-forced sequence's rows
-  hold the held-out text (the prompt's ``reference_token_ids``), not what the target generated;
-  its routing is missing (the target's routing on that text is not recorded per token) and so
-  are ``generation_id``, ``K``, ``round`` and ``row`` (no sweep generation produced it).
+  reads row r − 1 (:mod:`speclimits.tracing.records`); a generation's last token is never read, so
+  its routing is missing. ``round`` / ``row`` name the pass that *produced* the token.
+* **Reference kind.** ``"greedy"`` for a sweep generation (the target's own output),
+  ``"teacher-forced"`` for a held-out continuation (the prompt's ``reference_token_ids``), whose
+  routing, ``generation_id``, ``K``, ``round`` and ``row`` are missing (no sweep generation made it).
 * **The target's own choice** where known: ``target_agrees`` (did the target's greedy choice,
   given the reference prefix, equal the token? from ``oracle.parquet``'s ``forced`` at state
   ``pos``; on a greedy reference also True at the last row, which no state forces) and
   ``target_token_id`` (the token itself where the target agrees, the K = 0 generation's first
   token at row 0, else null).
 
-:func:`reference_tokens` builds that table from a sweep's tokens rows and the Oracle pass's rows;
-the harness calls it at the end of ``speclimits trace --oracle``. :func:`to_reading_rows` is only
-for traces written before the harness wrote the reading rows itself
-(``scripts/migrate_tokens_reference.py``).
+:func:`reference_tokens` builds that table at the end of ``speclimits trace --oracle``;
+:func:`to_reading_rows` serves ``scripts/migrate_tokens_reference.py`` (older traces).
 """
 
 from __future__ import annotations

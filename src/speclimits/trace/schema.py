@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speclimits import vocabulary
-
 SCHEMA_VERSION = 1
 
 #: Values allowed in meta.json's ``source``.
@@ -62,10 +60,6 @@ ROUNDS_COLUMNS: tuple[Column, ...] = (
     Column("batch_id", "int", "the batch: generation id of its first generation (batch traces only)",
            required=False),
 )
-
-#: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``),
-#: defined in :mod:`speclimits.vocabulary`.
-REFERENCE_KINDS = vocabulary.REFERENCE_KINDS
 
 ORACLE_COLUMNS: tuple[Column, ...] = (
     Column("seq_id", "str", "reference sequence id"),

@@ -1,20 +1,11 @@
 """Check a trace directory against the data contract (:mod:`speclimits.trace.schema`).
 
-Every defect is collected, not just the first, and reported in one message that names the
-file, the column and the first offending rows. Zero timings and prefill rounds are *not*
-defects: fits exclude them through :func:`speclimits.trace.decode_rounds`, which counts them.
-
-``steps.parquet`` (batch traces) is checked on its own (:func:`check_steps`) and against the
-rounds of the same steps (:func:`check_steps_against_rounds`: every (batch_id, step) of the
-rounds has a step row, whose ``n_tokens`` is the sum of their ``m`` and ``n_reqs`` their count).
-
-``oracle.parquet`` has one checker, :func:`check_oracle_frame`, used by :func:`validate_trace`
-(``speclimits validate``) and by the Oracle's loader
-(:meth:`speclimits.oracle.inputs.OracleInputs.from_frame`) alike; it also hands back the
-stacked list columns so that the loader does not parse them twice.
-
-Command line: ``speclimits validate TRACE`` (:mod:`speclimits.trace.cli`; exit 0 when valid,
-2 with the message otherwise).
+Every defect is collected and reported in one message naming the file, the column and the first
+offending rows. Zero timings and prefill rounds are *not* defects: fits exclude them through
+:func:`speclimits.trace.decode_rounds`, which counts them. ``steps.parquet`` (batch traces) is checked on
+its own and against the rounds of the same steps. ``oracle.parquet`` has one checker,
+:func:`check_oracle_frame`, used by ``speclimits validate`` and by the Oracle's loader
+(:meth:`speclimits.oracle.inputs.OracleInputs.from_frame`) alike; it hands back the stacked list columns.
 """
 
 from __future__ import annotations
@@ -29,7 +20,8 @@ import pandas as pd
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.trace.filters import list_lengths, stack_lists
 from speclimits.trace.io import read_meta, read_table, target_top_k
-from speclimits.trace.schema import META_REQUIRED, REFERENCE_KINDS, SOURCES, STEP_PHASES, TABLES, Column
+from speclimits.trace.schema import META_REQUIRED, SOURCES, STEP_PHASES, TABLES, Column
+from speclimits.vocabulary import REFERENCE_KINDS
 
 MAX_ROWS_SHOWN = 5
 
@@ -128,7 +120,7 @@ def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     decode = _rounds_timings_and_phase(c, f, df, ok)
     _rounds_budget(c, f, df, ok, decode, meta.get("k_values"))
     _rounds_counts(c, f, df, ok)
-    _rounds_routing(c, f, df, ok, *_experts_range(meta))
+    _routing(c, f, df, ok, meta)
     _rounds_ranges(c, f, df, ok, decode)
     _rounds_order(c, f, df, ok)
     _rounds_batches(c, f, df, ok, meta.get("batch_sizes"))
@@ -174,13 +166,17 @@ def _rounds_counts(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> Non
     c.rows(f, "n_emitted", (ne < 0) | (ne > na + 1), "emitted must lie in [0, n_accepted + 1]")
 
 
-def _rounds_routing(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], lo: float | None,
-                    hi: float | None) -> None:
-    """top_k <= u_bar <= e_max <= n_experts (bounds from meta.json where it gives them)."""
+def _routing(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], meta: dict[str, Any],
+             floor: float | None = None) -> None:
+    """top_k <= u_bar <= e_max <= n_experts (bounds from meta.json where it gives them; ``floor``
+    stands in for a top_k it does not give)."""
+    top_k, hi = _experts_range(meta)
+    lo = top_k if top_k is not None else floor
     if "u_bar" in ok:
         u = df["u_bar"].to_numpy(float)
         if lo is not None:
-            c.rows(f, "u_bar", u < lo - 1e-9, f"must be >= top_k = {lo:g} (meta.json models.target.top_k)")
+            where = f"top_k = {lo:g} (meta.json models.target.top_k)" if top_k is not None else f"{lo:g}"
+            c.rows(f, "u_bar", u < lo - 1e-9, f"must be >= {where}")
         if hi is not None:
             c.rows(f, "u_bar", u > hi + 1e-9, f"must be <= n_experts = {hi:g} (meta.json models.target.n_experts)")
         if "e_max" in ok:
@@ -224,14 +220,20 @@ def _rounds_order(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None
         c.rows(f, "K", nk > 1, "one generation must have a single K")
 
 
+def _listed(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], col: str, minimum: int,
+            allowed: Any, key: str) -> None:
+    """``col`` >= ``minimum`` and, where meta.json lists ``allowed`` values (under ``key``), one of them."""
+    if col in ok:
+        values = df[col].to_numpy()
+        c.rows(f, col, values < minimum, f"must be >= {minimum}")
+        if isinstance(allowed, list) and allowed:
+            c.rows(f, col, ~np.isin(values, allowed), f"value not listed in meta.json '{key}' {allowed}")
+
+
 def _rounds_batches(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], sizes: Any) -> None:
     """Batch traces (``b`` / ``batch_id`` present): b >= 1 and listed in meta's ``batch_sizes``,
     0 <= batch_id <= generation_id, and one b and one batch_id per generation."""
-    if "b" in ok:
-        b = df["b"].to_numpy()
-        c.rows(f, "b", b < 1, "must be >= 1")
-        if isinstance(sizes, list) and sizes:
-            c.rows(f, "b", ~np.isin(b, sizes), f"value not listed in meta.json 'batch_sizes' {sizes}")
+    _listed(c, f, df, ok, "b", 1, sizes, "batch_sizes")
     if "batch_id" in ok:
         bid = df["batch_id"].to_numpy()
         c.rows(f, "batch_id", bid < 0, "must be >= 0")
@@ -270,18 +272,7 @@ def check_steps(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
             c.rows(f, "n_tokens", col["n_tokens"] < col["n_reqs"], "must be >= n_reqs (each request has a row)")
     if {"m_max", "n_tokens"} <= ok:
         c.rows(f, "m_max", (col["m_max"] < 1) | (col["m_max"] > col["n_tokens"]), "must lie in [1, n_tokens]")
-    top_k, hi = _experts_range(meta)
-    lo = top_k if top_k is not None else 1.0
-    if "u_bar" in ok:
-        u = col["u_bar"].astype(float)
-        where = f"top_k = {lo:g} (meta.json models.target.top_k)" if top_k is not None else "1"
-        c.rows(f, "u_bar", u < lo - 1e-9, f"must be >= {where}")
-        if hi is not None:
-            c.rows(f, "u_bar", u > hi + 1e-9, f"must be <= n_experts = {hi:g} (meta.json models.target.n_experts)")
-        if "e_max" in ok:
-            c.rows(f, "e_max", col["e_max"].astype(float) < u - 1e-6, "must be >= u_bar (a maximum over layers)")
-    if "e_max" in ok and hi is not None:
-        c.rows(f, "e_max", col["e_max"].astype(float) > hi + 1e-9, f"must be <= n_experts = {hi:g}")
+    _routing(c, f, df, ok, meta, floor=1.0)
     if "phase" in ok:
         phase = df["phase"].astype(str).to_numpy()
         if not c.rows(f, "phase", ~np.isin(phase, STEP_PHASES), "must be 'prefill', 'decode' or 'mixed'") \
@@ -301,16 +292,8 @@ def check_steps(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
         c.rows(f, "kv_usage", (kv < 0) | (kv > 1), "must lie in [0, 1]")
     if {"graph_bucket", "n_tokens"} <= ok:
         c.rows(f, "graph_bucket", col["graph_bucket"] < col["n_tokens"], "padded token count must be >= n_tokens")
-    if "K" in ok:
-        c.rows(f, "K", col["K"] < 0, "must be >= 0")
-        ks = meta.get("k_values")
-        if isinstance(ks, list) and ks:
-            c.rows(f, "K", ~np.isin(col["K"], ks), f"value not listed in meta.json 'k_values' {ks}")
-    if "b" in ok:
-        c.rows(f, "b", col["b"] < 1, "must be >= 1")
-        sizes = meta.get("batch_sizes")
-        if isinstance(sizes, list) and sizes:
-            c.rows(f, "b", ~np.isin(col["b"], sizes), f"value not listed in meta.json 'batch_sizes' {sizes}")
+    _listed(c, f, df, ok, "K", 0, meta.get("k_values"), "k_values")
+    _listed(c, f, df, ok, "b", 1, meta.get("batch_sizes"), "batch_sizes")
     if {"batch_id", "step"} <= ok:
         c.rows(f, "step", df.duplicated(["batch_id", "step"]).to_numpy(), "duplicate (batch_id, step)")
 
@@ -413,8 +396,7 @@ def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int 
     _oracle_list_values(c, file, lists, top_k, n_experts)
     ints = _oracle_scalars(c, file, df, lists["k_max"])
     if "reference_kind" in df.columns:
-        c.rows(file, "reference_kind", ~df["reference_kind"].astype(str).isin(REFERENCE_KINDS).to_numpy(),
-               f"must be one of {', '.join(REFERENCE_KINDS)}")
+        _reference_kind(c, file, df)
     if c.problems:
         return None, c.problems
     _oracle_positions(c, file, df["seq_id"].astype(str).to_numpy(), ints["pos"])
@@ -537,8 +519,12 @@ def check_tokens(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
         if hi is not None:
             c.rows(f, "new_experts", ne > hi, f"must be <= n_experts = {hi:g}")
     if "reference_kind" in ok:
-        c.rows(f, "reference_kind", ~df["reference_kind"].astype(str).isin(REFERENCE_KINDS).to_numpy(),
-               f"must be one of {', '.join(REFERENCE_KINDS)}")
+        _reference_kind(c, f, df)
+
+
+def _reference_kind(c: _Collector, f: str, df: pd.DataFrame) -> None:
+    c.rows(f, "reference_kind", ~df["reference_kind"].astype(str).isin(REFERENCE_KINDS).to_numpy(),
+           f"must be one of {', '.join(REFERENCE_KINDS)}")
 
 
 def find_problems(path: str | Path) -> list[Problem]:
