@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
     f.set_defaults(func=run_fit)
+    d = sub.add_parser("decompose", help="where the Oracle's gain goes: one row per rung, on the held-out references")
+    d.add_argument("policy", help="policy JSON written by `control fit` (its split and prices are used)")
+    d.add_argument("--trace", default=None, help="trace directory (default: the one the policy was fitted on)")
+    d.add_argument("--bench", nargs="*", default=[], help="bench result JSON files: one table per batch size")
+    d.add_argument("--out", default=None, help="write PREFIX-batchB.csv per table")
+    d.set_defaults(func=run_decompose)
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -50,4 +56,24 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
           f"(train Oracle {fit.lambda_oracle:.3f}); train {len(fit.train_seq_ids)} / test {len(fit.test_seq_ids)} "
           "greedy references")
+    return 0
+
+
+def run_decompose(args: argparse.Namespace) -> int:
+    import json
+
+    from speclimits.control.decompose import gap_decomposition
+    from speclimits.control.fit import greedy_setup
+    from speclimits.control.rules import PolicyFit
+
+    fit = PolicyFit.read(args.policy)
+    setup = greedy_setup(args.trace or fit.data["trace"], fit.cost_model)
+    for bench in [json.loads(open(b).read()) for b in args.bench] or [None]:
+        table = gap_decomposition(fit, setup, bench=bench)
+        batch = int(table["batch"].iloc[0])
+        print(f"batch {batch} ({table.attrs['shown']} shown):")
+        print(table[["rung", "name", "ms_per_token_replay", "speed_replay", "share_replay", "share_replay_lo",
+                     "share_replay_hi", "loss"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if args.out:
+            table.to_csv(f"{args.out}-batch{batch}.csv", index=False)
     return 0
