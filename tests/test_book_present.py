@@ -66,16 +66,10 @@ def test_table_markdown_is_a_numbered_myst_table_without_index(tmp_path):
     assert md.splitlines()[2:] == ["| 0.81 [0.32;\u00a01.25] |", "| 2.66\u00a0→\u00a03.12 |", "| 1.66\u00a0/\u00a01.65 |"]
 
 
-@pytest.mark.parametrize("name", ["fig-ok", "tbl_bad", "Tbl-x", "tbl-"])
-def test_labels_are_checked(name):
-    if name == "fig-ok":
-        with pytest.raises(ValueError, match="tbl-"):
-            present.table_markdown(pd.DataFrame({"a": [1]}), name, "caption")
-    else:
-        with pytest.raises(ValueError):
-            present.table_markdown(pd.DataFrame({"a": [1]}), name, "caption")
-    with pytest.raises(ValueError, match="caption"):
-        present.table_markdown(pd.DataFrame({"a": [1]}), "tbl-ok", "  ")
+@pytest.mark.parametrize("name", ["fig-ok", "tbl_bad", "Tbl-x", "tbl-", None])
+def test_labels_and_captions_are_checked(name):
+    with pytest.raises(ValueError, match="tbl-" if name == "fig-ok" else "caption" if name is None else None):
+        present.table_markdown(pd.DataFrame({"a": [1]}), name or "tbl-ok", "  " if name is None else "caption")
 
 
 def _code_cell(outputs):

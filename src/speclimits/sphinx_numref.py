@@ -1,16 +1,10 @@
-"""Sphinx extension used by the book build: resolve numbered references without re-reading pages.
+"""Sphinx extension used by the book build: numbered references that read each target page once.
 
-Sphinx 7.4's standard domain resolves every ``{numref}`` by unpickling the whole doctree of the
-page its target is on (``env.get_doctree``), only to look up one node's type and id. The book has
-about 180 numbered references to figures and tables, and its pages embed Vega specs, so those
-reloads took 6.1 s of a 14.6 s Sphinx pass (profiled with cProfile on the default build: 191
-``pickle.loads`` under ``_resolve_numref_xref``).
-
-This extension registers a subclass of the standard domain (``app.add_domain(..., override=True)``,
-Sphinx's documented way to replace a domain) whose numref resolution reads each page's doctree
-once per build and serves later lookups from that copy. The copy is private to numref resolution
-and never changed or written: every other caller of ``env.get_doctree`` still gets a fresh
-doctree, as before. The built HTML is byte-for-byte the same (checked on the default build).
+Sphinx 7.4's standard domain resolves every ``{numref}`` by unpickling the whole doctree of its
+target's page (``env.get_doctree``), and the book's pages embed Vega specs. This subclass of the
+standard domain (``app.add_domain(..., override=True)``) reads each page's doctree once per build
+for numref resolution only (never changed; every other caller gets a fresh doctree), and resolves a
+reference to a table or figure a page could not show to its "cannot show" note.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ class NumrefOnceDomain(StandardDomain):
                 copies[docname] = load(docname)
             return copies[docname]
 
-        # shadow the method for this call only (the parent class reads the target's doctree
-        # through env.get_doctree and only inspects it); the class method is back afterwards
+        # shadow the method for this call only (the parent only inspects the doctree it reads)
         env.get_doctree = read_once
         try:
             resolved = super()._resolve_numref_xref(env, *args, **kwargs)
@@ -45,10 +38,9 @@ class NumrefOnceDomain(StandardDomain):
 
     def _not_shown(self, env: Any, fromdocname: str, builder: Any, typ: str, target: str, node: Any,
                    contnode: Any) -> Any:
-        """A numbered reference to a table or figure the page could not show on this trace: its label
-        sits on the page's "cannot show" note (class :data:`NOT_SHOWN_CLASS`, put there by
-        :func:`speclimits.book.build.link_missing_labels`); the reference reads "not shown on this
-        trace" (after "Table" or "Fig.") and links to the note. None (Sphinx's undefined-label warning) for any other target."""
+        """A reference to a label on a "cannot show" note (class :data:`NOT_SHOWN_CLASS`, put there by
+        :func:`speclimits.book.build.link_missing_labels`) reads "Table (not shown on this trace)" (or
+        "Fig. ...") and links to the note; None (Sphinx's undefined-label warning) for any other."""
         docname, labelid = self.anonlabels.get(target, ("", ""))
         if not docname:
             return None

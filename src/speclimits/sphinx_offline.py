@@ -1,9 +1,6 @@
-"""Sphinx extension used by the book build: keep pages free of CDN references.
-
-Jupyter Book 1 always loads ``sphinx_thebe``, which writes a script constant pointing at
-thebe on a CDN into every page (thebe is only fetched when a reader starts a live kernel,
-which this book does not offer). This extension drops script entries that reference a CDN
-from each page's context, so the built site neither fetches nor names remote code.
+"""Sphinx extension used by the book build: drop the script entries that reference a CDN (Jupyter
+Book 1 always loads ``sphinx_thebe``, whose script names thebe on a CDN; this book offers no live
+kernel), so the built site neither fetches nor names remote code.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Open every page of a built book in headless Chromium, as a reader would, and check it.
 
-``check_site(html_dir)`` serves the site on 127.0.0.1 (an ephemeral port), opens each page in
-Debian's Chromium driven by Playwright, with every request that does not go to that server
-refused (the site must read offline), and checks on each page:
-
-- every chart rendered: each ``.speclimits-chart`` holds the SVG or canvas that Vega drew, no
-  error text, and sits inside a figure;
-- every figure and every table in the article has a caption with a number ("Fig. 3.2",
-  "Table 6.1");
-- no table, chart or display equation is wider than the content column (a table's scroll
-  container does not overflow either);
-- MathJax typeset the page without a math error;
-- nothing was logged to the console as an error, no script threw, no request failed.
-
-A full-page screenshot of each page goes to ``screenshots/`` in the build folder. Run it with
-``speclimits book --check`` (after a build) or from the book's browser test.
+``check_site(html_dir)`` serves the site on 127.0.0.1, opens each page in Debian's Chromium driven by
+Playwright with every other request refused (the site must read offline), and checks that every chart
+rendered inside a figure, every figure and table has a numbered caption, nothing is wider than the
+content column, MathJax typeset without error, and the console logged no error, no script threw and
+no request failed. A full-page screenshot of each page goes to ``screenshots/`` (``speclimits book --check``).
 """
 
 from __future__ import annotations

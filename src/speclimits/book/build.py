@@ -1,23 +1,12 @@
 """Build the book: jupytext sources -> executed notebooks (papermill) -> static site (Jupyter Book 1).
 
-Steps (``speclimits book``):
-
-1. validate the trace the book will run on (the bundled default unless ``--trace``);
-2. stage a clean source tree under ``<out>/source``: ``_config.yml``, ``_toc.yml``, the
-   pages listed in the toc, and ``_static`` with ``book/_static`` (the site's CSS) and one
-   Vega/Vega-Lite/Vega-Embed bundle made by ``vl-convert``;
-3. convert each ``book/*.py`` listed in ``_toc.yml`` to a notebook and execute it with
-   papermill, injecting ``trace``, ``smoke`` and ``seed`` into its ``parameters`` cell;
-   (``cost_model``, the path of the build's cost-model JSON, goes to the notebooks that declare
-   it: section 3 writes it, the Oracle sections read it; ``results``, the folder where each
-   section's key-results box writes its rows, goes to every section and to the intro, which is
-   executed last and gathers them into one table);
-   then turn outputs marked as figures into numbered figures (:func:`promote_figures`);
-4. run ``jupyter-book build -W`` (warnings are errors) with execution off, so the site
-   shows exactly papermill's outputs;
-5. copy MathJax 3 (from the Python package ``django-static-mathjax``) into the site's ``_static``
-   and check that no page references a CDN: the site reads offline. ``speclimits book --check``
-   then opens every page in headless Chromium (:mod:`speclimits.book.browser`).
+``speclimits book`` validates the trace, stages ``_config.yml``, ``_toc.yml``, the pages and ``_static``
+(the site's CSS and a Vega bundle made by ``vl-convert``) under ``<out>/source``, executes each page
+with papermill (``trace``, ``smoke``, ``seed`` and ``results`` injected into its ``parameters`` cell;
+``cost_model`` where the cell declares it: section 3 writes it, later sections read it; the intro runs
+last and gathers every section's key results), turns marked outputs into numbered figures, runs
+``jupyter-book build -W`` with execution off, copies MathJax 3 (from the Python package
+``django-static-mathjax``) into the site and checks that no page references a CDN.
 """
 
 from __future__ import annotations
@@ -56,35 +45,20 @@ VENDOR_DIR = BUILD_DIR / "vendor"
 
 def toc_files(toc_path: Path = BOOK_TOC) -> list[str]:
     """Page paths (without suffix) in ``_toc.yml`` order, root first."""
+    def walk(entry: dict):
+        if "file" in entry:
+            yield entry["file"]
+        for key in ("sections", "chapters", "parts"):
+            for child in entry.get(key) or []:
+                yield from walk(child)
+
     toc = yaml.safe_load(toc_path.read_text())
-    files = [toc["root"]]
-
-    def walk(entries: list[dict]) -> None:
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            for key in ("sections", "chapters"):
-                walk(entry.get(key, []))
-            for part in entry.get("parts", []):
-                walk(part.get("chapters", []))
-
-    walk(toc.get("chapters", []))
-    for part in toc.get("parts", []):
-        walk(part.get("chapters", []))
-    return files
-
-
-# ---------------------------------------------------------------------------
-# offline assets
-# ---------------------------------------------------------------------------
+    return [toc["root"], *walk(toc)]
 
 
 def mathjax_dir() -> Path:
-    """MathJax 3's es5 folder, copied once from the Python package that ships it.
-
-    ``django-static-mathjax`` (a plain wheel of MathJax's files; Django itself is not needed or
-    installed) is a dependency of the ``book`` extra, so a fresh machine needs Python alone.
-    """
+    """MathJax 3's es5 folder, copied once from ``django-static-mathjax`` (a plain wheel of MathJax's
+    files, in the ``book`` extra; Django itself is not needed)."""
     target = VENDOR_DIR / f"mathjax-{MATHJAX_VERSION}"
     if (target / "tex-chtml.js").exists():
         return target
@@ -100,8 +74,7 @@ def mathjax_dir() -> Path:
         raise SpeclimitsError(f"{MATHJAX_DIST} {version} has no es5/tex-chtml.js; install "
                               f"{MATHJAX_DIST}=={MATHJAX_DIST_VERSION}")
     es5 = Path(entry.locate()).parent
-    # a staging folder of this process's own, renamed into place: two builds at once (parallel
-    # test workers) never see a half-copied folder
+    # staged in a folder of this process's own and renamed into place: builds at once never see half a copy
     staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -120,7 +93,6 @@ def mathjax_dir() -> Path:
 
 def vega_bundle() -> Path:
     """One self-contained script defining ``vegaEmbed``, ``vegaLite`` and ``vega`` on ``window``."""
-    # imported here: the chart toolchain is only needed (and only installed) for book builds
     import altair as alt
     import vl_convert
 
@@ -138,11 +110,6 @@ def vega_bundle() -> Path:
     return target
 
 
-# ---------------------------------------------------------------------------
-# the build
-# ---------------------------------------------------------------------------
-
-
 def _stage(stage: Path, pages: list[str], keep: bool = False) -> list[Path]:
     """Staging tree (fresh unless ``keep``); returns the jupytext notebooks of ``pages`` (toc order)."""
     if not keep:
@@ -151,9 +118,8 @@ def _stage(stage: Path, pages: list[str], keep: bool = False) -> list[Path]:
     shutil.copy2(BOOK_CONFIG, stage / "_config.yml")
     shutil.copy2(BOOK_TOC, stage / "_toc.yml")
     static = stage / "_static"
-    # MathJax is copied into the built site after Sphinx ran (see build_book): Jupyter Book adds
-    # every .js file under _static to every page, and MathJax's lazily loaded parts would then all
-    # load at once and clash ("State CONTEXT_MENU already exists" in the browser's console)
+    # MathJax goes into the built site after Sphinx ran: Jupyter Book adds every .js file under _static
+    # to every page, and MathJax's lazily loaded parts would all load at once and clash
     shutil.rmtree(static / "mathjax", ignore_errors=True)
     if (BOOK_DIR / "_static").is_dir():
         shutil.copytree(BOOK_DIR / "_static", static, dirs_exist_ok=True)
@@ -190,12 +156,9 @@ COMMON_PARAMETERS = ("trace", "smoke", "seed")
 
 
 def promote_figures(nb, page: str = "notebook") -> int:
-    """Turn outputs that :func:`speclimits.book.present.figure` marked into numbered figures.
-
-    The mark (output metadata ``speclimits.figure``: name and caption) becomes the cell's
-    ``mystnb.figure`` options, which myst-nb applies to the cell's rich outputs. A cell may hold one
-    figure and no other rich output (it would land inside the same figure). Returns the count.
-    """
+    """Turn outputs that :meth:`speclimits.book.present.Page.figure` marked (output metadata
+    ``speclimits.figure``: name, caption) into the cell's ``mystnb.figure`` options, which myst-nb
+    applies to the cell's rich outputs: a figure cell shows nothing else. Returns the count."""
     from speclimits.book.present import FIGURE_KEY
 
     count = 0
@@ -221,22 +184,13 @@ _CODE_LABEL = re.compile(r"""["']((?:tbl|fig)-[a-z0-9][a-z0-9-]*)["']""")
 _NAME_OPTION = re.compile(r"^:name:\s*((?:tbl|fig)-[a-z0-9-]+)\s*$", re.M)
 
 
-def _markdown_outputs(cell) -> list[dict]:
-    return [o for o in cell.get("outputs", []) if "text/markdown" in o.get("data", {})]
-
-
-def link_missing_labels(nb, page: str = "notebook") -> dict[str, str]:
+def link_missing_labels(nb) -> dict[str, str]:
     """Put the labels of the tables and figures a page could not show on its "cannot show" note.
-
-    A page that cannot give a table or figure on its trace skips the cell's display and shows a
-    :func:`speclimits.book.present.cannot_show` note instead (in that cell or in one before it). The
-    page's prose still refers to the label (``{numref}`tbl-final-smooth```), which would be undefined.
-    Every label written literally in a code cell and defined nowhere in the executed notebook (no
-    ``:name:`` in a table, no figure mark) becomes a MyST target on the nearest note at or before that
-    cell, and :mod:`speclimits.sphinx_numref` renders a reference to it as "Table (not shown on this
-    trace)" (or "Fig. ..."), linked to the note. A label with no note before it is left alone (the build then fails on the
-    undefined reference: a page must say what it cannot show). Returns ``{label: cell index of its note}``.
-    """
+    A label written literally in a code cell and defined nowhere in the executed notebook (no table
+    ``:name:``, no figure mark) becomes a MyST target on the nearest note at or before that cell, so the
+    prose's ``{numref}`` resolves (:mod:`speclimits.sphinx_numref` renders "Table (not shown on this
+    trace)"). A label with no note before it stays undefined and fails the build. Returns
+    ``{label: cell index of its note}``."""
     from speclimits.book.present import FIGURE_KEY, NOT_SHOWN_CLASS
 
     defined: set[str] = set()
@@ -254,7 +208,8 @@ def link_missing_labels(nb, page: str = "notebook") -> dict[str, str]:
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        notes = [o for o in _markdown_outputs(cell) if NOT_SHOWN_CLASS in "".join(o["data"]["text/markdown"])]
+        notes = [o for o in cell.get("outputs", [])
+                 if NOT_SHOWN_CLASS in "".join(o.get("data", {}).get("text/markdown", ""))]
         if notes:
             note = (index, notes[-1])
         missing = [x for x in dict.fromkeys(_CODE_LABEL.findall(cell.source)) if x not in defined and x not in placed]
@@ -270,12 +225,8 @@ def link_missing_labels(nb, page: str = "notebook") -> dict[str, str]:
 
 
 def page_kernel_manager() -> type:
-    """The kernel manager of a page: jupyter_client's, without the SIGINT it sends before every shutdown.
-
-    After the last cell there is nothing to interrupt; a SIGINT that lands while the idle kernel handles
-    a late message is logged by the kernel as "KeyboardInterrupt caught in kernel", a stray error in a
-    build that went well. Its sockets are IPC files in a private folder (the kernel warns about plain
-    TCP otherwise)."""
+    """jupyter_client's kernel manager without the SIGINT it sends before every shutdown (which an idle
+    kernel logs as "KeyboardInterrupt caught in kernel"), on IPC sockets in a private folder."""
     import tempfile
 
     from jupyter_client.manager import AsyncKernelManager
@@ -299,7 +250,6 @@ def page_kernel_manager() -> type:
 
 
 def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, chdir: bool = True) -> float:
-    # imported here: the notebook toolchain is only needed (and only installed) for book builds
     import jupytext
     import nbformat
     import papermill
@@ -314,11 +264,8 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
     nbformat.write(nb, raw)
     t0 = time.perf_counter()
     try:
-        # papermill's cwd= changes the working directory of this whole process around the run (the
-        # kernel inherits it when it starts): with notebooks run in threads the caller sets it once.
-        # The kernel's folder is also named to nbclient (resources' metadata path, its cwd at start), so a
-        # page writes its downloads beside its executed copy whatever the process's directory is then
-        # (once, in the full test run, some kernels started in the repository's book/ folder)
+        # papermill's cwd= changes this whole process's folder (threads: the caller sets it once); the
+        # kernel's folder is also named to nbclient, so downloads land beside the executed copy
         papermill.execute_notebook(str(raw), str(out), parameters=parameters, kernel_name="python3",
                                    cwd=str(out.parent) if chdir else None, progress_bar=False, log_output=False,
                                    resources={"metadata": {"path": str(out.parent)}},
@@ -337,7 +284,7 @@ def _execute(src: Path, stage: Path, parameters: dict, log, lock: Any = None, ch
         if "injected-parameters" in tags and "remove-cell" not in tags:
             tags.append("remove-cell")
     promote_figures(executed, str(src.relative_to(REPO_ROOT)))
-    link_missing_labels(executed, str(src.relative_to(REPO_ROOT)))
+    link_missing_labels(executed)
     nbformat.write(executed, out)
     with lock if lock is not None else contextlib.nullcontext():
         log.write(f"executed {src.name} in {dt:.1f} s\n")
@@ -377,8 +324,7 @@ def _check_offline(html_dir: Path) -> None:
 
 
 def default_jobs() -> int:
-    """Notebooks executed at once by default: one per core, at most 2 (each kernel runs one thread
-    of Python; more than the cores only makes every page slower)."""
+    """Notebooks executed at once by default: one per core, at most 2."""
     return max(1, min(2, os.cpu_count() or 1))
 
 
@@ -389,9 +335,8 @@ COST_MODEL_WRITER = "03_final_model"
 
 def dependencies(notebooks: list[Path], root: str) -> dict[str, set[str]]:
     """Per page (file stem), the pages that must finish first: readers of the cost model wait for
-    :data:`COST_MODEL_WRITER`; the root page (the intro, which gathers every section's key
-    results) waits for all others. Pages not being executed (``--pages``) are not waited for."""
-    import jupytext  # the notebook toolchain is only needed for book builds
+    :data:`COST_MODEL_WRITER`, the root page (the intro) for all others; only pages in ``notebooks``."""
+    import jupytext
 
     stems = {p.stem for p in notebooks}
     root_stem = Path(root).stem
@@ -424,11 +369,9 @@ def previous_times(log_path: Path) -> dict[str, float]:
 
 def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs: int, root: str,
                  progress: bool, expected: dict[str, float] | None = None) -> dict[str, float]:
-    """Execute the notebooks, up to ``jobs`` at once (threads; each notebook runs in its own kernel
-    process), each as soon as the pages it depends on (:func:`dependencies`) are done. Among the
-    ready ones, pages others wait for go first, then the longest (``expected`` seconds per page,
-    from the last build; without them later sections first, which build on the earlier ones and
-    are the heavier). Returns seconds per page."""
+    """Execute the notebooks, up to ``jobs`` at once (threads, a kernel each), each after the pages it
+    depends on. Ready pages others wait for go first, then the longest (``expected`` seconds per page,
+    from the last build; else later sections first). Returns seconds per page."""
     deps = dependencies(notebooks, root)
     waiting_on_me = {s: sum(s in d for d in deps.values()) for s in deps}
     order = {p.stem: i for i, p in enumerate(notebooks)}
@@ -436,9 +379,8 @@ def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs:
     todo = sorted(notebooks, key=lambda p: (-waiting_on_me[p.stem], -expected.get(p.stem, 0.0), -order[p.stem]))
     lock = threading.Lock()
 
-    # every page's kernel must start in its executed copy's folder (pages write their CSV downloads
-    # there); papermill sets it by changing this process's directory, which threads share, so the
-    # folder is set once here, and pages in different folders run one at a time
+    # a kernel starts in its executed copy's folder (its downloads go there); papermill sets it by changing
+    # the process's folder, which threads share: set once here, pages in different folders one at a time
     folders = {(stage / p.relative_to(REPO_ROOT)).parent for p in notebooks}
     if len(folders) != 1:
         jobs = 1
@@ -462,10 +404,8 @@ def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs:
 
 
 def _unset_papermill_folder() -> None:
-    """Unset the folder papermill's file writes change into. papermill keeps it process-wide and each run
-    restores the value it found on entry, so runs in threads can leave one run's folder set after all
-    end; a later build in the process (a staging folder since deleted) then failed to save its pages.
-    Every path given to papermill here is absolute, so no folder is needed."""
+    """Unset the folder papermill's file writes change into: it is process-wide and each run restores what
+    it found, so runs in threads can leave a (later deleted) staging folder set. Every path here is absolute."""
     from papermill.iorw import papermill_io
 
     papermill_io.get_handler("local").cwd(None)
@@ -502,15 +442,10 @@ def _run_pool(notebooks: list[Path], todo: list[Path], deps: dict[str, set[str]]
 def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
                seed: int = 0, progress: bool = True, pages: list[str] | None = None,
                jobs: int | None = None, site: bool = True) -> Path:
-    """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site.
-
-    ``pages`` (names such as ``03_final_model``): execute only these again and keep the other
-    pages' executed notebooks from the last build in ``out`` (for editing one section quickly).
-    ``jobs``: notebooks executed at once (default :func:`default_jobs`; 1 = one after another),
-    respecting :func:`dependencies`. Returns the path of the site's ``index.html``; with
-    ``site=False``, only ``pages`` and the pages they depend on are executed, in a fresh folder, and
-    the folder of the executed notebooks is returned (``<out>/source``; no site is built).
-    """
+    """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site; returns its ``index.html``.
+    ``pages`` (e.g. ``03_final_model``): execute only these and reuse the others from the last build in
+    ``out``. ``jobs``: notebooks at once (default :func:`default_jobs`). ``site=False``: execute only
+    ``pages`` and what they depend on, in a fresh folder, and return ``<out>/source`` (no site)."""
     jobs = default_jobs() if jobs is None else int(jobs)
     trace_path = Path(trace) if trace else default_trace()
     if not trace_path.exists():
@@ -528,9 +463,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         notebooks = _stage(stage, toc, keep=bool(pages) and site)
         if pages:
             notebooks = _select(notebooks, pages, stage, site)
-        # the root page gathers every section's key results: execute it last
         notebooks.sort(key=lambda p: p.relative_to(REPO_ROOT).with_suffix("").as_posix() == toc[0])
-        # section 3 writes the fitted cost model here; sections 6 and 7 read it (one fit per build)
         params = {"trace": str(trace_path.resolve()), "smoke": bool(smoke), "seed": int(seed),
                   "cost_model": str((stage / "_static" / "cost_model.json").resolve()),
                   "results": str((out_dir / "results").resolve())}

@@ -1,26 +1,11 @@
 """How the book shows numbers: captioned, numbered figures and tables, and key-results boxes.
 
-Every figure and table on a page goes through one of three calls, so each has a label that the
-prose (and other pages) can cross-reference with ``{numref}`` and a caption that ends by naming
-the data it was computed on (measured, or SIMULATED). A notebook holds them on its :class:`Page`
-(``page = book_support.setup(results)``; ``page.load(trace)`` names the trace every later caption
-ends with), which passes the page's data label and results folder to the plain functions below:
-
-``figure(chart, name, caption, data_label=...)``
-    Displays the chart and records ``name`` and the caption in the output's metadata. The book
-    build (:func:`speclimits.book.build.promote_figures`) moves them to the cell's ``mystnb.figure``
-    options, and myst-nb wraps the output in a numbered figure ("Fig. 3.2").
-``table(frame, name, caption, data_label=...)``
-    Renders the frame as a MyST ``{table}`` directive (a ``text/markdown`` output; the book sets
-    ``nb_render_markdown_format: myst``): no pandas index, numbers rounded, optionally the full
-    frame written as a CSV download beside the page.
-``KeyResults(section, title, results_dir=...)``
-    The box of headline numbers at the top of a section: shown as a placeholder where the page
-    opens and filled in (IPython display update) once the section has computed them; the rows are
-    also written as JSON for the intro's table of all sections.
-
-Numbers with an interval are written in one cell, ``0.156 [0.120; 0.192]``, with as many decimals
-as the interval supports (:func:`fmt_ci`).
+A notebook holds a :class:`Page` (``page = book_support.setup(results)``; ``page.load(trace)`` names the
+trace every later caption ends with, measured or SIMULATED). ``page.figure`` marks a chart's output with
+its label and caption (the build's :func:`speclimits.book.build.promote_figures` makes it a numbered
+myst-nb figure); ``page.table`` shows a frame as a MyST ``{table}`` directive; :class:`KeyResults` is
+the box of headline numbers at the top of a section, also written as JSON for the intro. Numbers with
+an interval are one cell, ``0.156 [0.120; 0.192]``, with the decimals the interval supports (:func:`fmt_ci`).
 """
 
 from __future__ import annotations
@@ -42,12 +27,9 @@ FIGURE_KEY = "speclimits"
 #: Label shapes: figures ``fig-…``, tables ``tbl-…`` (lower case, digits, dashes).
 _LABEL = re.compile(r"^(fig|tbl)-[a-z0-9][a-z0-9-]*$")
 
-# ---------------------------------------------------------------------------
-# numbers
-# ---------------------------------------------------------------------------
 
-
-def _finite(x: Any) -> bool:
+def finite(x: Any) -> bool:
+    """``x`` reads as a finite float (None, NaN and words do not)."""
     try:
         return x is not None and math.isfinite(float(x))
     except (TypeError, ValueError):
@@ -56,7 +38,7 @@ def _finite(x: Any) -> bool:
 
 def decimals_for(width: float, sig: int = 2) -> int:
     """Decimals that show ``sig`` significant digits of ``width`` (an interval's half-width)."""
-    if not _finite(width) or width <= 0:
+    if not finite(width) or width <= 0:
         return 3
     return int(min(6, max(0, sig - 1 - math.floor(math.log10(abs(width))))))
 
@@ -69,7 +51,7 @@ def fmt_num(x: Any, decimals: int | None = None, sig: int = 3) -> str:
         return "yes" if x else "no"
     if isinstance(x, (int, np.integer)):
         return f"{int(x):,}".replace(",", "\u2009")
-    if not _finite(x):
+    if not finite(x):
         return str(x)
     x = float(x)
     if decimals is None:
@@ -79,15 +61,24 @@ def fmt_num(x: Any, decimals: int | None = None, sig: int = 3) -> str:
     return f"{x:.{decimals}f}"
 
 
-def fmt_ci(est: Any, lo: Any = None, hi: Any = None, decimals: int | None = None, unit: str = "") -> str:
-    """``"0.156 [0.120; 0.192]"``: the estimate and its interval in one cell.
+def fmt_fixed(x: Any, decimals: int, missing: str = "–") -> str:
+    """``x`` with ``decimals`` fixed decimals, or ``missing`` where it is no finite number."""
+    return f"{float(x):.{decimals}f}" if finite(x) else missing
 
-    Without ``decimals`` the interval decides: two significant digits of its half-width. Without
-    an interval the estimate gets three significant digits.
-    """
-    if not _finite(est):
+
+def fmt_paper(x: Any, unit: str = "") -> str:
+    """A value as the paper prints it (``:g``, then ``unit``), its text as it is, "–" for none."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
-    has_ci = _finite(lo) and _finite(hi)
+    return x if isinstance(x, str) else f"{x:g}" + (f" {unit}" if unit else "")
+
+
+def fmt_ci(est: Any, lo: Any = None, hi: Any = None, decimals: int | None = None, unit: str = "") -> str:
+    """``"0.156 [0.120; 0.192]"``: without ``decimals``, two significant digits of the interval's
+    half-width (three significant digits of the estimate without an interval)."""
+    if not finite(est):
+        return "–"
+    has_ci = finite(lo) and finite(hi)
     if decimals is None:
         decimals = decimals_for((float(hi) - float(lo)) / 2) if has_ci else None
     text = fmt_num(float(est), decimals)
@@ -126,7 +117,7 @@ def ci_cells(est: Iterable, lo: Iterable, hi: Iterable, decimals: int | None = N
              scale: float = 1.0) -> list[str]:
     """:func:`fmt_ci` over three columns (each value multiplied by ``scale``, e.g. 1e3 for per-1k units)."""
     def sc(x: Any) -> Any:
-        return x * scale if _finite(x) else x
+        return x * scale if finite(x) else x
 
     return [fmt_ci(sc(e), sc(l), sc(h), decimals) for e, l, h in zip(est, lo, hi)]
 
@@ -145,8 +136,8 @@ def se_ci(est: Any, se: Any, scale: float = 1.0) -> str:
 def half_cells(est: Iterable, half: Iterable, decimals: int | None = None) -> list[str]:
     """Interval cells from estimates and symmetric half-widths (``est ± half``)."""
     est, half = list(est), list(half)
-    return ci_cells(est, [e - h if _finite(e) and _finite(h) else None for e, h in zip(est, half)],
-                    [e + h if _finite(e) and _finite(h) else None for e, h in zip(est, half)], decimals)
+    return ci_cells(est, [e - h if finite(e) and finite(h) else None for e, h in zip(est, half)],
+                    [e + h if finite(e) and finite(h) else None for e, h in zip(est, half)], decimals)
 
 
 def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None = None,
@@ -158,11 +149,6 @@ def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None =
     out = out.drop(columns=[est, lo, hi])
     out.insert(at, label or est, cells)
     return out
-
-
-# ---------------------------------------------------------------------------
-# the data a page runs on
-# ---------------------------------------------------------------------------
 
 
 def data_label_for(trace: Any) -> str:
@@ -185,11 +171,6 @@ def _check_label(name: str, kind: str) -> None:
         raise ValueError(f"label {name!r}: use '{kind}-' followed by lower-case words joined by dashes")
 
 
-# ---------------------------------------------------------------------------
-# figures
-# ---------------------------------------------------------------------------
-
-
 def _bundle(obj: Any) -> tuple[dict, dict]:
     rep = obj._repr_mimebundle_() if hasattr(obj, "_repr_mimebundle_") else None
     if rep is None:
@@ -198,25 +179,6 @@ def _bundle(obj: Any) -> tuple[dict, dict]:
         data, meta = rep
         return dict(data), dict(meta or {})
     return dict(rep), {}
-
-
-def figure(chart: Any, name: str, caption: str, *, data_label: str | None = None) -> None:
-    """Show ``chart`` as numbered figure ``name`` with ``caption`` (MyST; ``data_label``, the
-    sentence naming the page's data, is appended unless the caption names its data itself).
-
-    One figure per cell: the build wraps the cell's rich output in the figure.
-    """
-    from IPython.display import display
-
-    _check_label(name, "fig")
-    data, meta = _bundle(chart)
-    meta[FIGURE_KEY] = {"figure": {"name": name, "caption": _caption(caption, data_label)}}
-    display(data, raw=True, metadata=meta)
-
-
-# ---------------------------------------------------------------------------
-# tables
-# ---------------------------------------------------------------------------
 
 
 def _cell(x: Any, decimals: int | None) -> str:
@@ -266,7 +228,7 @@ def markdown_table(frame: pd.DataFrame, decimals: dict[str, int] | int | None = 
 def table_markdown(frame: pd.DataFrame, name: str, caption: str, decimals: dict[str, int] | int | None = None,
                    download: str | None = None, align: dict[str, str] | None = None,
                    data_label: str | None = None) -> str:
-    """The MyST ``{table}`` directive for ``frame`` (what :func:`table` displays)."""
+    """The MyST ``{table}`` directive for ``frame`` (what :meth:`Page.table` displays)."""
     _check_label(name, "tbl")
     cap = _caption(caption, data_label)
     if download:
@@ -285,42 +247,16 @@ class _Markdown:
         return {"text/markdown": self.text, "text/plain": self.plain}
 
 
-def table(frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, int] | int | None = None,
-          full: pd.DataFrame | None = None, align: dict[str, str] | None = None,
-          data_label: str | None = None) -> None:
-    """Show ``frame`` as numbered table ``name`` (its index is dropped; reset it first to keep it).
-
-    ``full``: a wider or longer version written as ``tables/<name>.csv`` beside the page and linked
-    from the caption as a download. ``data_label``: as for :func:`figure`.
-    """
-    from IPython.display import display
-
-    if not isinstance(frame, pd.DataFrame):
-        raise TypeError(f"table {name}: expected a DataFrame, got {type(frame).__name__}")
-    download = None
-    if full is not None:
-        path = Path("tables") / f"{name}.csv"
-        path.parent.mkdir(exist_ok=True)
-        full.to_csv(path, index=False)
-        download = path.as_posix()
-    md = table_markdown(frame, name, caption, decimals, download, align, data_label)
-    display(_Markdown(md, frame.to_string(index=False)))
-
-
-#: A key result the trace cannot give (the page says why, in a :func:`cannot_show` note).
+#: A key result the trace cannot give (the page says why, in a :meth:`Page.cannot_show` note).
 NOT_IDENTIFIED = "not identified on this trace"
-#: The class of a :func:`cannot_show` note. The book build puts the labels of the tables and figures a
-#: page could not show on the note before them (:func:`speclimits.book.build.link_missing_labels`), and
-#: a numbered reference to one of them reads "Table (not shown on this trace)" and links to the note
-#: (:mod:`speclimits.sphinx_numref`).
+#: The class of a "cannot show" note: the build puts the labels of what a page could not show on it
+#: (:func:`speclimits.book.build.link_missing_labels`), and :mod:`speclimits.sphinx_numref` links there.
 NOT_SHOWN_CLASS = "not-shown"
 
 
 def cannot_show_markdown(what: str, why: str) -> str:
-    """The one visible sentence a page shows where the trace cannot give ``what``: a MyST note
-    admonition, ``"This trace cannot show <what>: <why>."`` (``why`` says what the table needs,
-    what this trace has, and so what sweep would allow it; e.g. a reason from a results object's
-    ``skipped``, :meth:`speclimits.stats.FinalModelResults.why_missing`)."""
+    """A MyST note, ``"This trace cannot show <what>: <why>."`` (``why``: what the table needs and what
+    this trace has, e.g. :meth:`speclimits.stats.FinalModelResults.why_missing`)."""
     what, why = what.strip(), why.strip().rstrip(".")
     if not what or not why:
         raise ValueError("a 'cannot show' note needs what is not shown and why")
@@ -338,19 +274,6 @@ def _literal_dashes(text: str) -> str:
     return "`".join(_FLAG.sub(r"`\1`", p) if i % 2 == 0 else p for i, p in enumerate(parts))
 
 
-def cannot_show(what: str, why: str) -> None:
-    """Display :func:`cannot_show_markdown` (in place of a table or figure the trace cannot give)."""
-    from IPython.display import display
-
-    md = cannot_show_markdown(what, why)
-    display(_Markdown(md, md.splitlines()[3]))
-
-
-# ---------------------------------------------------------------------------
-# key results
-# ---------------------------------------------------------------------------
-
-
 @dataclass
 class Result:
     """One headline number: ours (with its interval) beside the paper's, if the paper has one."""
@@ -364,20 +287,20 @@ class Result:
     def of(cls, quantity: str, est: Any, lo: Any = None, hi: Any = None, paper: Any = None, unit: str = "",
            decimals: int | None = None, ref: str | None = None) -> "Result":
         ours = fmt_ci(est, lo, hi, decimals, unit) if not isinstance(est, str) else est
-        if paper is None or (isinstance(paper, float) and math.isnan(paper)):
-            ptext = "–"
-        elif isinstance(paper, str):
-            ptext = paper
-        else:
-            ptext = f"{paper:g}" + (f" {unit}" if unit else "")  # as the paper prints it
-        return cls(quantity, ours, ptext, ref)
+        return cls(quantity, ours, fmt_paper(paper, unit), ref)
+
+
+def _quantity(r: Result) -> str:
+    """The quantity with a link to where it is computed (``{ref}`` for a section, else ``{numref}``)."""
+    if not r.ref:
+        return r.quantity
+    return f"{r.quantity} ({{{'ref' if r.ref.startswith('sec-') else 'numref'}}}`{r.ref}`)"
 
 
 def _results_frame(rows: Sequence[Result], contrast: "Contrast | None" = None,
                    section: str | None = None) -> pd.DataFrame:
     frame = pd.DataFrame({
-        "Quantity": [r.quantity + (f" ({{numref}}`{r.ref}`)" if r.ref and not r.ref.startswith("sec-")
-                                   else (f" ({{ref}}`{r.ref}`)" if r.ref else "")) for r in rows],
+        "Quantity": [_quantity(r) for r in rows],
         "Ours": [r.ours for r in rows],
         "Paper": [r.paper for r in rows],
     })
@@ -398,13 +321,9 @@ def _row_key(quantity: str) -> str:
 @dataclass
 class Contrast:
     """The key results of the book built on the *other* regime's trace, shown beside this build's.
-
-    ``folder`` holds one ``<section>.json`` per section (what :class:`KeyResults` writes) and a
-    ``contrast.json`` naming the trace it was computed on (``trace``), the column header
-    (``column``), the traces whose pages show it (``applies_to``: folder names) and the command and
-    commit that made it. Rows are matched by quantity with numbers ignored; a row the other build
-    did not have shows "–".
-    """
+    ``folder``: one ``<section>.json`` per section (as :class:`KeyResults` writes them) and
+    ``contrast.json`` (``trace`` it was computed on, ``column`` header, ``applies_to``: the trace folder
+    names whose pages show it). Rows match by quantity with numbers ignored; a row missing there shows "–"."""
 
     folder: Path
     column: str
@@ -412,8 +331,7 @@ class Contrast:
 
     @classmethod
     def load(cls, folder: str | Path | None, current_trace: str | Path | None = None) -> "Contrast | None":
-        """The contrast in ``folder`` for a page on ``current_trace`` (None where the folder has none, or
-        where the trace is not one it applies to: no column then)."""
+        """The contrast in ``folder`` for a page on ``current_trace``; None where there is none for it."""
         if not folder or current_trace is None:
             return None
         folder = Path(folder)
@@ -426,8 +344,7 @@ class Contrast:
         return cls(folder, info["column"], info["trace"])
 
     def values(self, section: str, rows: Sequence[Result]) -> list[str]:
-        """The other build's value of each of ``rows`` (rows whose quantities differ only in numbers, such as
-        "batch 1, …" and "batch 4, …", are matched in order of appearance)."""
+        """The other build's value of each of ``rows`` (quantities equal but for numbers match in order)."""
         path = self.folder / f"{section}.json"
         other: dict[str, list[str]] = {}
         if path.exists():
@@ -445,13 +362,9 @@ class Contrast:
 
 
 class KeyResults:
-    """The key-results box of a section: ``box = KeyResults("sec-oracle", "Oracle", results_dir=...)``
-    where the page opens (or ``page.key_results(...)``), ``box.fill([...])`` once the numbers exist.
-
-    The box is a numbered table inside a tip admonition. ``fill`` also writes the rows to
-    ``<results_dir>/<section>.json`` (the build's ``results`` parameter), which the intro gathers;
-    without ``results_dir`` nothing is written.
-    """
+    """A section's key-results box (a numbered table in a tip admonition): shown as a placeholder where
+    the page opens (``page.key_results(...)``), filled by ``box.fill([...])``, which also writes the rows
+    to ``<results_dir>/<section>.json`` for the intro (nothing without ``results_dir``)."""
 
     def __init__(self, section: str, title: str, results_dir: str | Path | None = None,
                  contrast: Contrast | None = None) -> None:
@@ -494,13 +407,8 @@ class KeyResults:
 
 @dataclass
 class Page:
-    """One notebook's presentation context: the folder its key results go to and the sentence its
-    captions end with. ``book_support.setup(results)`` makes it; ``load`` (or ``use``) sets the label.
-
-    >>> page = Page()                                          # doctest: +SKIP
-    >>> tr = page.load(None)  # the bundled default trace      # doctest: +SKIP
-    >>> page.table(frame, "tbl-x-y", "What it shows.")         # doctest: +SKIP
-    """
+    """One notebook's presentation context: where its key results go and the sentence its captions
+    end with (``book_support.setup(results)`` makes it; :meth:`load` or :meth:`use` sets the sentence)."""
 
     results_dir: Path | None = None
     data_label: str | None = None
@@ -513,9 +421,8 @@ class Page:
         self.results_dir = Path(self.results_dir) if self.results_dir else None
 
     def use(self, trace: Any) -> Any:
-        """Captions from here on name ``trace`` (measured, or SIMULATED); returns it. Key-results boxes
-        opened after this show the other regime's values beside this trace's (:class:`Contrast`), unless
-        ``trace`` is the one they were computed on."""
+        """Captions from here on name ``trace``; key-results boxes show the other regime's values beside
+        this trace's (:class:`Contrast`). Returns ``trace``."""
         self.data_label = data_label_for(trace)
         self.contrast = Contrast.load(self.contrast_dir, getattr(trace, "path", None))
         for box in self._boxes:  # boxes open before the trace is loaded; they fill later
@@ -530,20 +437,42 @@ class Page:
         return self.use(read_trace(trace if trace else default_trace()))
 
     def figure(self, chart: Any, name: str, caption: str) -> None:
-        """:func:`figure` with this page's data label."""
-        figure(chart, name, caption, data_label=self.data_label)
+        """Show ``chart`` as numbered figure ``name``, alone in its cell (the build wraps the cell's rich
+        output); the caption ends with the page's data label unless it names its data itself."""
+        from IPython.display import display
 
-    def table(self, frame: pd.DataFrame, name: str, caption: str, **kwargs: Any) -> None:
-        """:func:`table` (``decimals``, ``full``, ``align``) with this page's data label."""
-        table(frame, name, caption, data_label=self.data_label, **kwargs)
+        _check_label(name, "fig")
+        data, meta = _bundle(chart)
+        meta[FIGURE_KEY] = {"figure": {"name": name, "caption": _caption(caption, self.data_label)}}
+        display(data, raw=True, metadata=meta)
+
+    def table(self, frame: pd.DataFrame, name: str, caption: str, *, decimals: dict[str, int] | int | None = None,
+              full: pd.DataFrame | None = None, align: dict[str, str] | None = None) -> None:
+        """Show ``frame`` as numbered table ``name`` (index dropped); ``full``: a wider or longer version
+        written as ``tables/<name>.csv`` beside the page and linked from the caption."""
+        from IPython.display import display
+
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(f"table {name}: expected a DataFrame, got {type(frame).__name__}")
+        download = None
+        if full is not None:
+            path = Path("tables") / f"{name}.csv"
+            path.parent.mkdir(exist_ok=True)
+            full.to_csv(path, index=False)
+            download = path.as_posix()
+        md = table_markdown(frame, name, caption, decimals, download, align, self.data_label)
+        display(_Markdown(md, frame.to_string(index=False)))
 
     def cannot_show(self, what: str, why: str) -> None:
-        """:func:`cannot_show`: one visible sentence in place of what this trace cannot give."""
-        cannot_show(what, why)
+        """One visible sentence (:func:`cannot_show_markdown`) in place of what this trace cannot give."""
+        from IPython.display import display
+
+        md = cannot_show_markdown(what, why)
+        display(_Markdown(md, md.splitlines()[3]))
 
     def shows(self, what: str, why: str | None) -> bool:
-        """True when ``why`` is None (nothing is missing); else shows the :meth:`cannot_show` note for
-        ``what`` and returns False. For a cell: ``if page.shows("the pooled model", res.why_missing("pooled")):``."""
+        """True when ``why`` is None; else shows the :meth:`cannot_show` note for ``what`` and returns False
+        (``if page.shows("the pooled model", res.why_missing("pooled")):``)."""
         if why is None:
             return True
         self.cannot_show(what, why)
@@ -558,8 +487,7 @@ class Page:
 
 def gathered_results(results_dir: str | Path | None, sections: Sequence[str],
                      contrast: Contrast | None = None) -> pd.DataFrame | None:
-    """The key results of ``sections`` (in that order) as one frame for the intro, or ``None``
-    (``contrast``: the other regime's values in a column beside ours)."""
+    """The key results of ``sections`` (in that order) as one frame for the intro, or ``None``."""
     if not results_dir:
         return None
     frames = []

@@ -1,8 +1,5 @@
-"""One figure, one function: each takes results or tables and returns an ``altair.Chart``.
-
-No I/O happens here; captions and figure labels live in the book's MyST text.
-Submodules by book section; everything is re-exported so notebooks call
-``speclimits.figures.<name>(...)``.
+"""One figure, one function: results or tables in, an ``altair`` chart out, no I/O (captions and
+labels live in the book's MyST). Submodules by section, re-exported: ``speclimits.figures.<name>(...)``.
 """
 
 from speclimits.figures.trace import *  # noqa: F401,F403  (section 1: tracing)

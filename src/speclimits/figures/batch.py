@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.costmodel import saturation_curve
-from speclimits.figures._common import HEIGHT, WIDTH, sample_rows
+from speclimits.figures._common import HEIGHT, WIDTH, sample_rows, tips
 
 __all__ = ["batch_time_per_token", "batch_step_union", "batch_bounds"]
 
@@ -57,7 +57,7 @@ def batch_step_union(steps: pd.DataFrame, n_experts: int, top_k: int, seed: int 
     pts = alt.Chart(df).mark_circle(size=14, opacity=0.45).encode(
         x=x, y=alt.Y("u_step:Q", title="unique experts per layer (Ū of the step)"),
         color=alt.Color("b:O", title="batch size b"),
-        tooltip=["b", "n_tokens", alt.Tooltip("u_step:Q", format=".2f")])
+        tooltip=["b", "n_tokens", *tips("u_step", fmt=".2f")])
     line = alt.Chart(curve).mark_line(color="black").encode(x=x, y="u:Q")
     cap = alt.Chart(pd.DataFrame({"u": [float(n_experts)]})).mark_rule(strokeDash=[3, 3], color="gray").encode(y="u:Q")
     return alt.layer(pts, line, cap).properties(width=WIDTH, height=HEIGHT)
@@ -74,5 +74,5 @@ def batch_bounds(bounds: pd.DataFrame) -> alt.Chart:
                 axis=alt.Axis(values=sorted(bounds["b"].unique().tolist()))),
         y=alt.Y("speedup:Q", title="speedup over plain decoding at the same b", scale=alt.Scale(zero=False)),
         color=alt.Color("what:N", title=None, sort=present),
-        tooltip=["b", "what", alt.Tooltip("speedup:Q", format=".3f")],
+        tooltip=["b", "what", *tips("speedup")],
     ).properties(width=WIDTH, height=HEIGHT)

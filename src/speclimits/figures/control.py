@@ -11,42 +11,32 @@ import pandas as pd
 from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 
-def share_captured(long: pd.DataFrame) -> alt.FacetChart:
-    """Share of the exact-greedy Oracle's gain over the best static K captured, per policy, offline
-    (95% interval over references) and in the engine (range over blocks), one panel per batch size.
-
-    ``long``: :func:`speclimits.book.views.control_runs.share_long` rows (``policy``, ``where``, ``share``, ``lo``,
-    ``hi``, ``batch``).
-    """
-    # every layer inherits the facet's data (a layer with data of its own would repeat in every panel)
-    base = alt.Chart().encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
-                              yOffset="where:N")
-    pts = base.mark_point(filled=True, size=60).encode(
-        x=alt.X("share:Q", title="share of the Oracle's gain over the best static K"),
-        tooltip=["policy", "where", *tips("share", "lo", "hi")])
-    err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
-    zero, whole = (alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(x=alt.datum(v)) for v in (0.0, 1.0))
-    return alt.layer(zero, whole, err, pts, data=long).properties(width=WIDTH, height=HEIGHT * 0.8).facet(
-        row=alt.Row("batch:O", title="batch size"))
-
-
 def share_captured_by_batch(frames: Mapping[int, pd.DataFrame]) -> alt.VConcatChart:
-    """:func:`share_captured` for each batch size (``{b: share_long rows of b}``), stacked with one x scale
-    and the legend below.
+    """Share of the exact-greedy Oracle's gain over the best static K captured, per policy, offline (95%
+    interval over references) and in the engine (range over blocks): one faceted chart per batch size
+    (``{b: rows}``, :func:`speclimits.book.views.control_runs.share_long`: ``policy``, ``where``, ``share``,
+    ``lo``, ``hi``, ``batch``), stacked with one x scale. One chart of all batches would show every batch's
+    points in every panel: its layers carry their own data."""
+    def panel(long: pd.DataFrame) -> alt.FacetChart:
+        # every layer inherits the facet's data (a layer with data of its own would repeat in every panel)
+        base = alt.Chart().encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
+                                  yOffset="where:N")
+        pts = base.mark_point(filled=True, size=60).encode(
+            x=alt.X("share:Q", title="share of the Oracle's gain over the best static K"),
+            tooltip=["policy", "where", *tips("share", "lo", "hi")])
+        err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
+        zero, whole = (alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(x=alt.datum(v)) for v in (0.0, 1.0))
+        return alt.layer(zero, whole, err, pts, data=long).properties(width=WIDTH, height=HEIGHT * 0.8).facet(
+            row=alt.Row("batch:O", title="batch size"))
 
-    One faceted chart per batch: the layers carry their own data, so one faceted chart of all batches
-    would show every batch's points in every panel.
-    """
-    return (alt.vconcat(*[share_captured(frame) for frame in frames.values()])
+    return (alt.vconcat(*[panel(frame) for frame in frames.values()])
             .resolve_scale(x="shared").configure_legend(orient="bottom"))
 
 
 def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
     """The k each policy chose at the states its replayed walk visited, beside the Oracles' k*.
-
     ``frame``: :func:`speclimits.control.offline.k_chosen_along` (``pos``, ``k_star_exact``,
-    ``k_star_surrogate`` and one column per policy).
-    """
+    ``k_star_surrogate`` and one column per policy)."""
     cols = ["k_star_exact", "k_star_surrogate", *policies]
     long = frame.melt(id_vars="pos", value_vars=cols, var_name="who", value_name="k").dropna()
     return alt.Chart(long).mark_line(point=True, strokeWidth=1).encode(
@@ -58,10 +48,8 @@ def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
 def served_speed(long: pd.DataFrame) -> alt.FacetChart:
     """The controller's speed under served load against the best stock K at each rate and against plain decoding,
     per metric (95% interval over repeats), against the request rate.
-
     ``long``: :func:`speclimits.book.views.control.serve_long` rows (``rate``, ``metric``, ``against``, ``speed``,
-    ``lo``, ``hi``, ``concurrency``).
-    """
+    ``lo``, ``hi``, ``concurrency``)."""
     base = alt.Chart().encode(x=alt.X("rate:Q", title="request rate (req/s, Poisson)", scale=alt.Scale(type="log")),
                               color=alt.Color("against:N", title="against"))
     line = base.mark_line(point=True).encode(

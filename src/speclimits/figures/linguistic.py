@@ -16,12 +16,10 @@ STATUS_COLORS = {"match": "#4c9a5a", "first mismatch": "#d1495b", "after mismatc
 
 def decision_panels(panels: pd.DataFrame, width: int = WIDTH, row_height: int = 22) -> alt.FacetChart:
     """One panel per decision from :func:`speclimits.linguistic.gallery.panel_data`.
-
     Target continuation on the top row, draft continuation below; cells coloured by status
     (match green, first mismatch red, after mismatch grey) and faded past k*; a solid black
     line after step k*, a dashed line after the modal advancement a_mode, and (α = 0 panels) a
-    dotted orange line after k* of the α = 0 re-solve.
-    """
+    dotted orange line after k* of the α = 0 re-solve."""
     df = panels.copy()
     df["x0"] = df["step"] - 0.5
     df["x1"] = df["step"] + 0.5
@@ -96,7 +94,7 @@ def k_star_distribution_chart(shares: pd.DataFrame, contexts: list[str] | None =
         x=alt.X("share:Q", stack="normalize", title="share of decisions"),
         color=alt.Color("k_star:O", scale=alt.Scale(scheme="viridis"), title="k*"),
         order=alt.Order("k_star:Q"),
-        tooltip=["context", "k_star", "n", alt.Tooltip("share:Q", format=".3f")],
+        tooltip=["context", "k_star", "n", *tips("share")],
     ).properties(width=WIDTH, height=max(HEIGHT // 2, 24 * df["context"].nunique()))
 
 
@@ -139,7 +137,7 @@ def label_confusion_chart(confusion: pd.DataFrame) -> alt.Chart:
     base = alt.Chart(df).encode(x=alt.X("labelled:N", sort=order, title="rule-based label"),
                                 y=alt.Y("planted:N", sort=order, title="planted context"))
     heat = base.mark_rect().encode(color=alt.Color("share:Q", scale=alt.Scale(scheme="blues", domain=[0, 1])),
-                                   tooltip=["planted", "labelled", "n", alt.Tooltip("share:Q", format=".3f")])
+                                   tooltip=["planted", "labelled", "n", *tips("share")])
     txt = base.mark_text(fontSize=9).encode(text=alt.Text("share:Q", format=".2f"),
                                             color=alt.condition("datum.share > 0.5", alt.value("white"),
                                                                 alt.value("black")))

@@ -7,7 +7,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from speclimits.figures._common import HEIGHT, MAX_POINTS, WIDTH, sample_rows
+from speclimits.figures._common import HEIGHT, MAX_POINTS, WIDTH, sample_rows, tips
 
 __all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_speedup_by_k_max", "oracle_validation",
            "oracle_delta_space", "oracle_ablation_moves", "oracle_policy_comparison"]
@@ -15,13 +15,11 @@ __all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_
 
 def oracle_value_along_sequence(states: pd.DataFrame, seq_id: str) -> alt.VConcatChart:
     """V(n) (ms still to spend) and k*(n) against position n for one sequence.
-
-    ``states``: :meth:`OracleResult.to_frame` (columns ``seq_id``, ``pos``, ``value_ms``, ``k_star``).
-    """
+    ``states``: :meth:`OracleResult.to_frame` (columns ``seq_id``, ``pos``, ``value_ms``, ``k_star``)."""
     df = states.loc[states["seq_id"] == seq_id, ["pos", "value_ms", "k_star", "remaining"]]
     base = alt.Chart(df).encode(x=alt.X("pos:Q", title="state n (tokens already emitted)"))
     value = base.mark_line().encode(y=alt.Y("value_ms:Q", title="V(n), ms to finish"),
-                                    tooltip=["pos", alt.Tooltip("value_ms:Q", format=".1f"), "k_star"])
+                                    tooltip=["pos", *tips("value_ms", fmt=".1f"), "k_star"])
     k_star = base.mark_bar(width=1.5).encode(y=alt.Y("k_star:Q", title="k*(n)"), tooltip=["pos", "k_star"])
     return alt.vconcat(value.properties(width=WIDTH, height=HEIGHT * 0.7),
                        k_star.properties(width=WIDTH, height=HEIGHT * 0.45))
@@ -32,16 +30,14 @@ def oracle_k_star_distribution(states: pd.DataFrame) -> alt.Chart:
     share = states["k_star"].value_counts(normalize=True).sort_index().rename("share").reset_index()
     return alt.Chart(share).mark_bar().encode(
         x=alt.X("k_star:O", title="k* (Oracle's draft length)"), y=alt.Y("share:Q", title="share of states"),
-        tooltip=["k_star", alt.Tooltip("share:Q", format=".3f")],
+        tooltip=["k_star", *tips("share")],
     ).properties(width=WIDTH, height=HEIGHT)
 
 
 def oracle_speedup_by_k_max(sweep: pd.DataFrame) -> alt.Chart:
     """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`).
-
     Without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN) the chart
-    shows ms per token instead. (The appendix reports no Oracle speedup to draw beside it.)
-    """
+    shows ms per token instead. (The appendix reports no Oracle speedup to draw beside it.)"""
     df = sweep.copy()
     if df["speedup"].notna().any():
         cols, title = ["speedup", "best_static_speedup"], "speedup over autoregressive"
@@ -53,7 +49,7 @@ def oracle_speedup_by_k_max(sweep: pd.DataFrame) -> alt.Chart:
     lines = alt.Chart(long).mark_line(point=True).encode(
         x=alt.X("k_max:Q", title="K_max", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y("x:Q", title=title, scale=alt.Scale(zero=False)),
-        color=alt.Color("bound:N", title=None), tooltip=["k_max", "bound", alt.Tooltip("x:Q", format=".3f")])
+        color=alt.Color("bound:N", title=None), tooltip=["k_max", "bound", *tips("x")])
     return lines.properties(width=WIDTH, height=HEIGHT)
 
 
@@ -61,16 +57,14 @@ def oracle_delta_space(points: pd.DataFrame, slope: float, lambda_: float, n: in
                        seed: int = 0) -> alt.LayerChart:
     """Delta Space: (ΔE[a], ΔE[Cost]) per state and extension, accepted vs rejected by k*, with the
     fitted through-origin line (slope s) and the line of slope λ (Oracle time per token).
-
-    ``points``: :func:`speclimits.oracle.delta.delta_points` output (a seeded sample is drawn).
-    """
+    ``points``: :func:`speclimits.oracle.delta.delta_points` output (a seeded sample is drawn)."""
     df = sample_rows(points, n, seed)[["delta_accept", "delta_cost", "accepted", "k"]].copy()
     df["label"] = np.where(df["accepted"], "accepted (k+1 ≤ k*)", "rejected")
     pts = alt.Chart(df).mark_circle(size=10, opacity=0.35).encode(
         x=alt.X("delta_accept:Q", title="ΔE[a] = P(a ≥ k+1)"),
         y=alt.Y("delta_cost:Q", title="ΔE[Cost] = C(n, k+1) − C(n, k), ms"),
         color=alt.Color("label:N", title=None, scale=alt.Scale(range=["#1f77b4", "#d62728"])),
-        tooltip=["k", alt.Tooltip("delta_accept:Q", format=".3f"), alt.Tooltip("delta_cost:Q", format=".3f")])
+        tooltip=["k", *tips("delta_accept", "delta_cost")])
     xmax = float(df["delta_accept"].max()) if len(df) else 1.0
     lines = pd.DataFrame({"delta_accept": [0, xmax, 0, xmax],
                           "delta_cost": [0, slope * xmax, 0, lambda_ * xmax],
@@ -82,9 +76,7 @@ def oracle_delta_space(points: pd.DataFrame, slope: float, lambda_: float, n: in
 
 def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
     """Heat map of states by (k* with the full cost, k* with α = 0).
-
-    ``transitions``: :attr:`AlphaAblation.transitions` (``k_star``, ``k_star_alpha0``, ``n_states``).
-    """
+    ``transitions``: :attr:`AlphaAblation.transitions` (``k_star``, ``k_star_alpha0``, ``n_states``)."""
     base = alt.Chart(transitions).encode(
         x=alt.X("k_star_alpha0:O", title="k* with α = 0"), y=alt.Y("k_star:O", title="k* with the full cost"))
     heat = base.mark_rect().encode(color=alt.Color("n_states:Q", title="states", scale=alt.Scale(type="log")),
@@ -95,9 +87,7 @@ def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
 
 def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
     """Expected time on held-out sequences per policy (points) with ±2 s.e. for rollout estimates.
-
-    ``table``: :attr:`PolicyComparison.table` (``policy``, ``time_ms``, ``time_se``, ``evaluation``).
-    """
+    ``table``: :attr:`PolicyComparison.table` (``policy``, ``time_ms``, ``time_se``, ``evaluation``)."""
     df = table[["policy", "time_ms", "time_se", "evaluation"]].copy()
     df["lo"], df["hi"] = df["time_ms"] - 2 * df["time_se"], df["time_ms"] + 2 * df["time_se"]
     order = df.sort_values("time_ms")["policy"].tolist()
@@ -106,7 +96,7 @@ def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
         x=alt.X("time_ms:Q", title="expected time on held-out sequences (ms)", scale=alt.Scale(zero=False)),
         # legend below: the policy names already take the left of the column
         color=alt.Color("evaluation:N", title="evaluation", legend=alt.Legend(orient="bottom")),
-        tooltip=["policy", alt.Tooltip("time_ms:Q", format=".1f"), alt.Tooltip("time_se:Q", format=".1f")])
+        tooltip=["policy", *tips("time_ms", "time_se", fmt=".1f")])
     err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
     return (bars + err).properties(width=WIDTH, height=max(HEIGHT, 16 * len(df)))
 
@@ -127,5 +117,5 @@ def oracle_validation(stacked: pd.DataFrame) -> alt.LayerChart:
                                 color=color)
     lines = base.mark_line(point=True).encode(
         strokeDash=alt.condition("datum.source == 'measured sweep'", alt.value([1, 0]), alt.value([5, 3])),
-        tooltip=["source", "K", alt.Tooltip("speedup:Q", format=".3f"), alt.Tooltip("rel_error:Q", format="+.1%")])
+        tooltip=["source", "K", *tips("speedup"), *tips("rel_error", fmt="+.1%")])
     return lines.properties(width=WIDTH, height=HEIGHT)

@@ -47,8 +47,8 @@ def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
         x=alt.X("width:Q", title="expert width (intermediate units)", scale=alt.Scale(type="log", base=2)),
         y=alt.Y("expert_share:Q", title="expert share of a pass", scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("m:N", title="m", sort=sorted(s["m"].unique(), key=int)),
-        tooltip=["width", "m", alt.Tooltip("u_natural:Q", format=".1f"), alt.Tooltip("alpha:Q", format=".3f"),
-                 alt.Tooltip("t_pass_ms:Q", format=".2f"), alt.Tooltip("expert_share:Q", format=".2f")])
+        tooltip=["width", "m", *tips("u_natural", fmt=".1f"), *tips("alpha"),
+                 *tips("t_pass_ms", "expert_share", fmt=".2f")])
     return (band + lines).properties(width=WIDTH, height=HEIGHT)
 
 

@@ -1,7 +1,5 @@
-"""Charts of the cost-model sections (factors, final model, draft model, robustness).
-
-Each function takes a results object from :mod:`speclimits.stats` and returns an ``alt.Chart``
-built from its small aggregated tables (never the rounds themselves).
+"""Charts of the cost-model sections (factors, final model, draft model, robustness), from the small
+aggregated tables of :mod:`speclimits.stats` results (never the rounds themselves).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
-from speclimits.figures._common import HEIGHT, WIDTH
+from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 __all__ = ["factor_cv_chart", "standardized_by_k_chart", "factor_corr_chart", "coefficients_by_m_chart",
            "boundary_chart", "mape_by_k_chart", "ladder_chart", "draft_line_chart", "robustness_chart",
@@ -55,8 +53,7 @@ def standardized_by_k_chart(res: Any) -> alt.LayerChart:
     color = alt.Color("term_label:N", title="standardized association with")
     line = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("K:O"), y=alt.Y("beta_std:Q", title="β* (σ of T_T per σ of the factor)"), color=color,
-        tooltip=["K", "term", alt.Tooltip("beta_std:Q", format=".3f"), alt.Tooltip("lower:Q", format=".3f"),
-                 alt.Tooltip("upper:Q", format=".3f")])
+        tooltip=["K", "term", *tips("beta_std", "lower", "upper")])
     band = alt.Chart(df).mark_rule().encode(x="K:O", y="lower:Q", y2="upper:Q", color=color)
     pap = alt.Chart(df.dropna(subset=["paper"])).mark_point(shape="square", size=90, filled=False).encode(
         x="K:O", y="paper:Q", color=color, tooltip=["K", "term", "paper"])
@@ -121,8 +118,7 @@ def boundary_chart(res: Any) -> alt.LayerChart:
         x=x, y="fold_rmse_mean:Q", color=alt.Color("reported:N", title=None,
                                                    scale=alt.Scale(domain=["candidate", "reported"],
                                                                    range=["#4c78a8", "#d62728"])),
-        tooltip=["candidate", alt.Tooltip("fold_rmse_mean:Q", format=".5f"),
-                 alt.Tooltip("fold_rmse_se:Q", format=".5f"), alt.Tooltip("cv_rmse:Q", format=".5f")])
+        tooltip=["candidate", *tips("fold_rmse_mean", "fold_rmse_se", "cv_rmse", fmt=".5f")])
     none = c[c["candidate"] == "none"].iloc[0]
     band = alt.Chart(pd.DataFrame({"lo": [none["lo"]], "hi": [none["hi"]]})).mark_rect(
         opacity=0.15, color="gray").encode(y="lo:Q", y2="hi:Q")
@@ -145,8 +141,7 @@ def mape_by_k_chart(res: Any) -> alt.LayerChart:
     color = alt.Color("model:N", title=None)
     line = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("K:O"), y=alt.Y("mape:Q", title="MAPE (%)", scale=alt.Scale(type="log")), color=color,
-        tooltip=["K", "model", alt.Tooltip("mape:Q", format=".3f"), alt.Tooltip("lo:Q", format=".3f"),
-                 alt.Tooltip("hi:Q", format=".3f")])
+        tooltip=["K", "model", *tips("mape", "lo", "hi")])
     bars = alt.Chart(df).mark_rule().encode(x="K:O", y="lo:Q", y2="hi:Q", color=color)
     return (bars + line).properties(width=WIDTH, height=HEIGHT)
 
@@ -158,7 +153,7 @@ def ladder_chart(res: Any) -> alt.LayerChart:
     y = alt.Y("spec:N", sort=list(d["spec"]), title=None)
     pts = alt.Chart(d).mark_point(filled=True, size=60).encode(
         y=y, x=alt.X("cv_mape:Q", title="GroupKFold MAPE (%)", scale=alt.Scale(type="log")),
-        tooltip=["spec", alt.Tooltip("cv_mape:Q", format=".3f"), alt.Tooltip("r2:Q", format=".4f")])
+        tooltip=["spec", *tips("cv_mape"), *tips("r2", fmt=".4f")])
     bars = alt.Chart(d).mark_rule().encode(y=y, x="lo:Q", x2="hi:Q")
     return (bars + pts).properties(width=WIDTH, height=HEIGHT // 1.5)
 
@@ -168,7 +163,7 @@ def draft_line_chart(res: Any) -> alt.LayerChart:
     d = res.by_k
     pts = alt.Chart(d).mark_point(filled=True, size=60).encode(
         x=alt.X("K:Q", title="K (draft steps)"), y=alt.Y("mean_t_draft_ms:Q", title="mean T_D (ms)"),
-        tooltip=["K", "n", alt.Tooltip("mean_t_draft_ms:Q", format=".4f"), alt.Tooltip("dev_pct:Q", format=".2f")])
+        tooltip=["K", "n", *tips("mean_t_draft_ms", fmt=".4f"), *tips("dev_pct", fmt=".2f")])
     line = alt.Chart(d).mark_line(color="#d62728").encode(x="K:Q", y="line_ms:Q")
     return (line + pts).properties(width=WIDTH, height=HEIGHT)
 
@@ -187,8 +182,7 @@ def robustness_chart(res: Any, param: str = "alpha") -> alt.LayerChart:
     pts = alt.Chart(e).mark_point(filled=True).encode(
         y=y, x=alt.X("est:Q", title=("α, ms per unique expert" if param == "alpha" else "c, ms per token"),
                      scale=alt.Scale(zero=False)),
-        tooltip=["check", alt.Tooltip("est:Q", format=".6g"), alt.Tooltip("lo:Q", format=".6g"),
-                 alt.Tooltip("hi:Q", format=".6g")])
+        tooltip=["check", *tips("est", "lo", "hi", fmt=".6g")])
     return (band + bars + pts).properties(width=WIDTH // 1.4, height=max(HEIGHT, 14 * len(e)))
 
 

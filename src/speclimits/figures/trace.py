@@ -6,7 +6,7 @@ import altair as alt
 import pandas as pd
 
 from speclimits.describe import acceptance_by_position, histogram, quantiles_by
-from speclimits.figures._common import HEIGHT, WIDTH
+from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 __all__ = ["rounds_per_k", "quantile_boxes", "histogram_chart", "acceptance_positions", "emitted_per_k"]
 
@@ -50,7 +50,7 @@ def acceptance_positions(rounds: pd.DataFrame) -> alt.Chart:
         x=alt.X("position:O", title="draft position i"),
         y=alt.Y("share:Q", title="share of rounds with position i accepted", scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("K:O", scale=alt.Scale(scheme="viridis")),
-        tooltip=["K", "position", alt.Tooltip("share:Q", format=".3f")],
+        tooltip=["K", "position", *tips("share")],
     ).properties(width=WIDTH, height=HEIGHT)
 
 
@@ -60,5 +60,5 @@ def emitted_per_k(summary: pd.DataFrame) -> alt.Chart:
                                     var_name="quantity", value_name="tokens")
     return alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("K:O"), y=alt.Y("tokens:Q", title="tokens per round"), color="quantity:N",
-        tooltip=["K", "quantity", alt.Tooltip("tokens:Q", format=".3f")],
+        tooltip=["K", "quantity", *tips("tokens")],
     ).properties(width=WIDTH, height=HEIGHT)

@@ -1,8 +1,5 @@
-"""Reader tables of the "Beyond batch 1" section, from :mod:`speclimits.stats.batch` and
-:mod:`speclimits.oracle.batch` results.
-
-Nothing here fits or solves: the functions find the batch trace that belongs to a trace, select,
-rename and format the frames the analysis returns, and phrase the key results.
+"""Reader tables of the "Beyond batch 1" section (:mod:`speclimits.stats.batch`,
+:mod:`speclimits.oracle.batch`), the batch trace that belongs to a trace, and the key results.
 """
 
 from __future__ import annotations
@@ -15,11 +12,13 @@ import pandas as pd
 from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num, se_ci
 from speclimits.costmodel import BatchCostModel
 from speclimits.paths import BATCH_TRACES, REPO_ROOT
-from speclimits.trace import Trace, read_trace
+from speclimits.trace import Trace, read_meta, read_trace
 
 
-def _target_path(meta: dict[str, Any]) -> str | None:
-    return ((meta.get("models") or {}).get("target") or {}).get("path")
+def _model_paths(meta: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The target's and the drafter's paths in a trace's ``meta.json``."""
+    models = meta.get("models") or {}
+    return (models.get("target") or {}).get("path"), (models.get("draft") or {}).get("path")
 
 
 def measured_batch_trace(trace: Trace, batch_trace: str | Path | None = None) -> Trace | None:
@@ -31,14 +30,9 @@ def measured_batch_trace(trace: Trace, batch_trace: str | Path | None = None) ->
         return read_trace(batch_trace)
     if trace.simulated:
         return None
-    draft = ((trace.meta.get("models") or {}).get("draft") or {}).get("path")
     for path in BATCH_TRACES:
-        if not (path / "meta.json").exists():
-            continue
-        bt = read_trace(path)
-        if (_target_path(bt.meta) == _target_path(trace.meta)
-                and ((bt.meta.get("models") or {}).get("draft") or {}).get("path") == draft):
-            return bt
+        if (path / "meta.json").exists() and _model_paths(read_meta(path)) == _model_paths(trace.meta):
+            return read_trace(path)
     return None
 
 

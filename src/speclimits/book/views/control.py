@@ -1,14 +1,7 @@
-"""Reader-facing tables of the online-control section (book section 8).
-
-The offline prediction (:func:`speclimits.control.offline.offline_table`) and the measured engine
-benchmark (:func:`.control_runs.engine_table` on ``data/control/bench-*.json``) as
-small frames with readable headers, estimates and their intervals in one cell; the headline
-sentence per batch size (did a policy beat the best stock static K in the engine?) and the
-key-results rows.
-
-Intervals: offline shares carry 95% bootstrap intervals over references; engine speed ratios carry
-95% bootstrap intervals over the benchmark's paired blocks (the best stock K chosen on the other half
-of the blocks); ms/token carries the interquartile range over blocks.
+"""Reader tables of the online-control section (8): the offline prediction
+(:func:`speclimits.control.offline.offline_table`) and the engine benchmarks (:mod:`.control_runs`), the
+verdict per batch size and the key results. Intervals: 95% bootstrap over references (offline shares)
+and over the paired blocks (engine speed ratios); ms/token carries the interquartile range over blocks.
 """
 
 from __future__ import annotations
@@ -50,16 +43,12 @@ def offline(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def engine(table: pd.DataFrame) -> pd.DataFrame:
-    """One benchmark result (:func:`~.control_runs.engine_table`) for the reader: measured
-    ms/token [interquartile range over blocks], the paired speed ratio to the best stock static K [95% CI,
-    held-out blocks], the pooled ms/token (all blocks' time over all their tokens), the offline prediction
-    priced with the run's profiled costs and its error against the pooled figure (the quantity it predicts;
-    "rescaled": the same prediction at the machine's price level the run measured, see
-    :func:`~speclimits.bench.control.with_prediction`), the
-    decision time as a share of a round (net of vLLM's argmax where the controller makes the draft's token
-    choice itself, the gross time beside it), the mean k drafted, and the workload ratio: the best stock
-    K's time per token over all blocks (chosen on them) over the arm's, with its paired 95% interval
-    (:func:`~speclimits.bench.control.workload_ratios`; what a user's workload sees)."""
+    """One benchmark result (:func:`~.control_runs.engine_table`) for the reader, a row per arm: ms/token
+    [IQR over blocks], the paired speed ratio to the best stock K [95% CI, held-out blocks], the workload
+    ratio over all blocks (:func:`~speclimits.bench.control.workload_ratios`), the pooled ms/token beside
+    the offline prediction and its error (also at the run's measured price level,
+    :func:`~speclimits.bench.control.with_prediction`), the mean k and the decision time's share of a round
+    (net of vLLM's argmax where the controller chooses the draft's tokens; the gross beside it)."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
     pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"
@@ -144,10 +133,6 @@ class EngineBest:
     workload: float = np.nan
     workload_lo: float = np.nan
     workload_hi: float = np.nan
-
-    @property
-    def beat(self) -> bool:
-        return self.speed_lo > 1
 
     @property
     def verdict(self) -> str:
@@ -314,16 +299,14 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
     return pd.DataFrame(rows)
 
 
-# ---------------------------------------------------------------------------
-# Served load (benchmarks/bench_serve.py)
-# ---------------------------------------------------------------------------
+# -- Served load (benchmarks/bench_serve.py) -------------------------------------------------------
 
 #: the served-load metrics shown, as (summary key, label); each turned into a speed (> 1: the arm is faster)
 SERVE_METRICS = (("mean_e2el_ms", "E2E latency"), ("mean_tpot_ms", "TPOT"), ("output_throughput", "throughput"))
 
 
 def serve_summary(trace) -> tuple[dict[str, Any] | None, str]:
-    """The served-load summary (``summary.json`` of ``benchmarks/bench_serve.py``) run on ``trace``'s prompts:
+    """The served-load ``summary.json`` (``benchmarks/bench_serve.py``) run on ``trace``'s prompts, from
     ``data/control/twin/serve/`` or ``data/control/serve/``; (None, why) when there is none."""
     name = Path(str(trace.path)).name
     for folder in (TWIN_BENCH_DIR / "serve", BENCH_DIR / "serve"):
@@ -424,9 +407,7 @@ def serve_key_rows(summ: dict[str, Any] | None, ref: str = "tbl-control-served")
             for r in serve_verdicts(summ).itertuples()]
 
 
-# ---------------------------------------------------------------------------
-# The batch rule, piece by piece (benchmarks/batch_replay_sweep.py --hindsight)
-# ---------------------------------------------------------------------------
+# -- The batch rule, piece by piece (benchmarks/batch_replay_sweep.py --hindsight) -----------------
 
 #: the pieces of a step's price, in the order they are added, as (rule key, label)
 BATCH_PIECES = (("delta-fixed:alone", "each request priced alone"),

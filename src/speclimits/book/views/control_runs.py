@@ -1,9 +1,5 @@
-"""Section 8's reading of the committed engine benchmarks, set beside the Oracle and the offline prediction.
-
-The benchmark JSON files live in :data:`BENCH_DIR` (``data/control/bench-*.json``, written by
-``speclimits control bench``; measured, see their ``label`` and ``produced_by``). Everything here is
-arithmetic on those files: the book's section 8 and the note read the same numbers
-(:mod:`speclimits.book.views.control` presents them).
+"""Arithmetic on the committed engine benchmarks (``data/control/bench-*.json``, written by
+``speclimits control bench``), set beside the Oracle and the offline prediction.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""Section 3's panel on the per-expert cost measured by experiment (``benchmarks/bench_expert_cost.py``).
-
-Each run is one JSON under ``data/expert_cost/`` (planted routing, interleaved repeated passes, α(m)
-fitted per m). These functions read them and return small reader frames: α(m) by experiment beside
-the paper's regression α and the memory-bandwidth floor, and the step test at m = 4/5.
+"""Section 3's panel on the per-expert cost measured by experiment (``benchmarks/bench_expert_cost.py``,
+one JSON per run under ``data/expert_cost/``): α(m) beside the paper's regression α and the bandwidth
+floor, and the step test at m = 4/5.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from speclimits import paper, paths
-from speclimits.book.present import fmt_ci, fmt_num
+from speclimits.book.present import finite, fmt_ci, fmt_fixed
 
 #: An empty cell (the book's tables read it as empty, so number columns stay right-aligned).
 MISSING = "–"
@@ -42,21 +39,6 @@ def run_label(run: dict[str, Any]) -> str:
     return f"{run['regime']} ({run['run']['path']})"
 
 
-def _ok(x: Any) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
-def _ci(est: Any, lo: Any, hi: Any, decimals: int = 3) -> str:
-    return fmt_ci(est, lo, hi, decimals=decimals) if _ok(est) else MISSING
-
-
-def _num(x: Any, decimals: int) -> str:
-    return fmt_num(float(x), decimals) if _ok(x) else MISSING
-
-
 def alpha_table_compact(runs: list[dict[str, Any]]) -> pd.DataFrame:
     """:func:`alpha_table` narrowed to fit a page: α and β0 with intervals, α over the floor and over the
     paper's α (the floor and the paper's values are in the full table)."""
@@ -77,13 +59,13 @@ def alpha_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
             lo, hi = r.get("paper_alpha_lo"), r.get("paper_alpha_hi")
             rows.append({
                 "Run": run_label(run), "m": int(r["m"]),
-                "α by experiment (ms/expert)": _ci(r["alpha_all_layers"], r["alpha_lo_all_layers"],
-                                                   r["alpha_hi_all_layers"], 4),
-                "β₀ (ms)": _ci(r["beta0_all_layers"], r["beta0_lo_all_layers"], r["beta0_hi_all_layers"], 3),
-                "Bandwidth floor (ms/expert)": _num(floor, 4),
-                "α / floor": _num(r.get("ratio_to_floor"), 2),
-                "Paper α, regression (ms/expert)": f"{lo:.3f}–{hi:.3f}" if _ok(lo) else MISSING,
-                "α / paper": _num(r.get("ratio_to_paper"), 2),
+                "α by experiment (ms/expert)": fmt_ci(r["alpha_all_layers"], r["alpha_lo_all_layers"],
+                                                      r["alpha_hi_all_layers"], 4),
+                "β₀ (ms)": fmt_ci(r["beta0_all_layers"], r["beta0_lo_all_layers"], r["beta0_hi_all_layers"], 3),
+                "Bandwidth floor (ms/expert)": fmt_fixed(floor, 4),
+                "α / floor": fmt_fixed(r.get("ratio_to_floor"), 2),
+                "Paper α, regression (ms/expert)": f"{lo:.3f}–{hi:.3f}" if finite(lo) else MISSING,
+                "α / paper": fmt_fixed(r.get("ratio_to_paper"), 2),
             })
     return pd.DataFrame(rows)
 
@@ -97,10 +79,10 @@ def step_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
         s = run["analysis"]["step"]
         rows.append({
             "Run": run_label(run),
-            "Mean α, m ≤ 4 (ms/expert)": _num(s.get("alpha_small_mean"), 4),
-            "Mean α, m ≥ 5 (ms/expert)": _num(s.get("alpha_large_mean"), 4),
-            "Ratio (paper ≈ 3.2)": _num(s.get("ratio_large_to_small"), 2),
-            "α(5) − α(4) (ms)": _ci(s.get("jump"), s.get("jump_lo"), s.get("jump_hi"), 4),
+            "Mean α, m ≤ 4 (ms/expert)": fmt_fixed(s.get("alpha_small_mean"), 4),
+            "Mean α, m ≥ 5 (ms/expert)": fmt_fixed(s.get("alpha_large_mean"), 4),
+            "Ratio (paper ≈ 3.2)": fmt_fixed(s.get("ratio_large_to_small"), 2),
+            "α(5) − α(4) (ms)": fmt_ci(s.get("jump"), s.get("jump_lo"), s.get("jump_hi"), 4),
             "Largest jump at m": s.get("largest_jump_at") or MISSING,
             "Step at 4/5": MISSING if s.get("step") is None else ("yes" if s["step"] else "no"),
         })
@@ -120,7 +102,7 @@ def summary(runs: list[dict[str, Any]]) -> str:
         lines.append(f"- `{run['file']}`: {run_label(run)}; {sh['hidden']}/{sh['inter']}, {sh['n_experts']} experts, "
                      f"top-{sh['top_k']}, {run['layers_used']} of {sh['n_layers']} layers, {run['dtype']}; "
                      f"{len(run['samples'])} passes ({run['run'].get('repeats_done', run['repeats'])} repeats), "
-                     f"{run['date_utc']}; copy bandwidth {_num(copy, 1)} GB/s.")
+                     f"{run['date_utc']}; copy bandwidth {fmt_fixed(copy, 1)} GB/s.")
     if not any(is_gpu(r) for r in runs):
         est = paper.BANDWIDTH_ESTIMATE
         lines.append(f"\nNo GPU run is committed yet (no GPU was available to the session that built the "

@@ -1,19 +1,16 @@
-"""Reader tables of section 3 (the final target-time model), from :class:`speclimits.stats.FinalModelResults`.
-
-Each function returns a small frame (readable headers, units, an interval in one cell) for
-:func:`speclimits.book.present.table`, with the paper's values (:mod:`speclimits.paper`) set beside
-ours here; ``*_full`` frames are the downloads (the result's numbers and the paper's columns).
+"""Reader tables of section 3 (:class:`speclimits.stats.FinalModelResults`) with the paper's values
+(:mod:`speclimits.paper`) beside ours; ``*_full`` frames are the downloads.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
 from speclimits import paper
-from speclimits.book.present import NOT_IDENTIFIED, Result, ci_cells, fmt_ci, fmt_num, fmt_p, half_cells, with_ci
+from speclimits.book.present import (NOT_IDENTIFIED, Result, ci_cells, finite, fmt_ci, fmt_fixed, fmt_p, half_cells,
+                                     with_ci)
 from speclimits.stats.m_split import as_headline
 
 #: What a missing number reads as in the headline and regime tables.
@@ -53,20 +50,13 @@ _UNIT = {"mape_ratio": "×"}
 _CI_SUFFIX = {"c_per_k": " (×1e-3)"}
 
 
-def _ok(x: Any) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
 def _num(x: Any, decimals: int) -> str:
-    return fmt_num(float(x), decimals) if _ok(x) else MISSING
+    return fmt_fixed(x, decimals, MISSING)
 
 
 def _bracket(lo: Any, hi: Any, decimals: int) -> str:
     """``[lo, hi]`` (the section's interval cells), empty without an interval."""
-    return f"[{fmt_num(float(lo), decimals)}, {fmt_num(float(hi), decimals)}]" if _ok(lo) and _ok(hi) else ""
+    return f"[{fmt_fixed(lo, decimals)}, {fmt_fixed(hi, decimals)}]" if finite(lo) and finite(hi) else ""
 
 
 def _text(x: Any) -> str | None:
@@ -80,22 +70,22 @@ def headline_cells(row: Any) -> tuple[str, str, str]:
     d1, d2 = dec if isinstance(dec, tuple) else (dec, dec)
     unit, note = _UNIT.get(key, ""), _text(row.get("note"))
     if shape == "split":
-        ours, ci = ("none" if not _ok(row["est"]) else str(int(row["est"]))), note or ""
+        ours, ci = ("none" if not finite(row["est"]) else str(int(row["est"]))), note or ""
     elif shape == "range":
-        ours = MISSING if not _ok(row["est"]) else f"{_num(row['est'], d1)}–{_num(row['est2'], d1)}"
-        has_ci = any(_ok(row.get(c)) for c in ("lo", "hi", "lo2", "hi2"))
+        ours = MISSING if not finite(row["est"]) else f"{_num(row['est'], d1)}–{_num(row['est2'], d1)}"
+        has_ci = any(finite(row.get(c)) for c in ("lo", "hi", "lo2", "hi2"))
         ci = note or (f"min {_bracket(row['lo'], row['hi'], d1)}; max {_bracket(row['lo2'], row['hi2'], d1)}"
                       + _CI_SUFFIX.get(key, "") if has_ci else "")
     elif shape == "value":
-        ours = _num(row["est"], d1) + (unit if _ok(row["est"]) else "")
+        ours = _num(row["est"], d1) + (unit if finite(row["est"]) else "")
         ci = note or _bracket(row["lo"], row["hi"], d1)
     elif shape == "se":
         ours = f"{_num(row['est'], d1)} ({_num(row['se'], d1)})"
-        ci = f"SE by prompt {_num(row['se_prompt'], d1)}" if _ok(row["se_prompt"]) else ""
+        ci = f"SE by prompt {_num(row['se_prompt'], d1)}" if finite(row["se_prompt"]) else ""
     elif shape == "pair":
         join = _JOIN.get(key, " / ")
         ours = f"{_num(row['est'], d1)}{join}{_num(row['est2'], d2)}"
-        ci = join.join(_bracket(row[lo], row[hi], d) if _ok(row[est]) else MISSING
+        ci = join.join(_bracket(row[lo], row[hi], d) if finite(row[est]) else MISSING
                        for est, lo, hi, d in (("est", "lo", "hi", d1), ("est2", "lo2", "hi2", d2)))
     elif shape == "reduction":
         ours = f"{_num(row['est'], d1)} ({_num(row['est2'], 1)}%)"
@@ -114,7 +104,7 @@ def _paper_cell(key: str, shape: str, unit: str) -> str:
         return f"{int(value)} (chosen by eye)"
     if shape == "se":
         est, se, d = value
-        return f"{fmt_num(float(est), d)} ({fmt_num(float(se), d)})"
+        return f"{fmt_fixed(est, d)} ({fmt_fixed(se, d)})"
     if shape == "pair":
         return f"{float(value[0]):g}{_JOIN.get(key, ' / ')}{float(value[1]):g}"
     return f"≈{float(value):g}{unit}" if unit else f"{float(value):g}"

@@ -1,8 +1,5 @@
-"""Reader-facing tables of the linguistic section (book section 7).
-
-Each function takes a result frame of :mod:`speclimits.linguistic` and returns a small frame with
-readable headers, estimates and their 95% intervals in one cell and the paper's values in their
-own column, for :func:`speclimits.book.present.table`. The full frames go to the CSV downloads.
+"""Reader tables of the linguistic section (7), from :mod:`speclimits.linguistic`, with the paper's
+values in their own column.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Reader tables of section 6 (the Oracle), from the objects of :mod:`speclimits.oracle`.
-
-Each function takes what the Oracle modules return (``OracleReport``, ``DeltaSpace``,
-``AlphaAblation``, ``PolicyComparison``, validation and calibration frames) and returns a small
-frame with readable headers, units and intervals in one cell, for
-:func:`speclimits.book.present.table`. Nothing here computes an Oracle number: it only selects,
-renames and formats. Functions that return ``(shown, full)`` give the columns that fit the page
-and the complete frame for the download.
+"""Reader tables of section 6 (the Oracle), from the objects of :mod:`speclimits.oracle`. Functions that
+return ``(shown, full)`` give the columns that fit the page and the complete frame for the download.
 """
 
 from __future__ import annotations
@@ -64,9 +58,7 @@ def _pct(x: Any, decimals: int = 1) -> str:
     return "–" if x is None or not np.isfinite(float(x)) else f"{100 * float(x):.{decimals}f}"
 
 
-# ---------------------------------------------------------------------------
-# the surrogate and the validation
-# ---------------------------------------------------------------------------
+# -- the surrogate and the validation --------------------------------------------------------------
 
 
 def calibration(table: pd.DataFrame) -> pd.DataFrame:
@@ -95,11 +87,9 @@ def _surrogate_order(valid: pd.DataFrame, used: str) -> list[str]:
 
 def validation(valid: pd.DataFrame, used: str) -> pd.DataFrame:
     """Relative error (%) of the static-K speedup per surrogate, beside the measured speedup.
-
     ``valid``: :func:`speclimits.oracle.validation.validation_by_surrogate`; ``used``: the label
     of the surrogate the Oracle solves with (first error column, marked "used"). A last row gives
-    each surrogate's largest absolute error and the K where it occurs.
-    """
+    each surrogate's largest absolute error and the K where it occurs."""
     order = _surrogate_order(valid, used)
     err = valid.pivot(index="K", columns="surrogate", values="rel_error")[order] * 100
     measured = valid.drop_duplicates("K").set_index("K")["measured_speedup"].reindex(err.index)
@@ -123,9 +113,7 @@ def validation_sentence(valid: pd.DataFrame, used: str, tolerance: float = 0.05)
             f"({verdict} the {tolerance:.0%} tolerance)")
 
 
-# ---------------------------------------------------------------------------
-# the bound
-# ---------------------------------------------------------------------------
+# -- the bound -------------------------------------------------------------------------------------
 
 
 def by_kind(report) -> pd.DataFrame:
@@ -214,9 +202,7 @@ def example_sequence(report) -> tuple[str, int]:
 
 def k_max_sweep(sweeps: Mapping[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The bound as K_max grows, per reference kind (``sweep_k_max`` frames): ``(shown, full)``.
-
-    Shown: speedup, gain over the best static K and accepted drafts per round for each kind.
-    """
+    Shown: speedup, gain over the best static K and accepted drafts per round for each kind."""
     first = next(iter(sweeps.values()))
     shown = pd.DataFrame({"$K_{\\max}$": first["k_max"].astype(int).to_numpy()})
     full = []
@@ -229,9 +215,7 @@ def k_max_sweep(sweeps: Mapping[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.Da
     return shown, pd.concat(full, ignore_index=True)
 
 
-# ---------------------------------------------------------------------------
-# Delta Space
-# ---------------------------------------------------------------------------
+# -- Delta Space -----------------------------------------------------------------------------------
 
 
 def delta_line(line) -> pd.DataFrame:
@@ -262,9 +246,7 @@ def delta_by_k(points: pd.DataFrame) -> pd.DataFrame:
                          "Points": t["points"].astype(int), "Accepted by the Oracle (%)": 100 * t["share"]})
 
 
-# ---------------------------------------------------------------------------
-# the α = 0 ablation
-# ---------------------------------------------------------------------------
+# -- the α = 0 ablation ----------------------------------------------------------------------------
 
 
 def ablation(ab) -> pd.DataFrame:
@@ -324,9 +306,7 @@ def top_cases(ab, n: int = 8) -> tuple[pd.DataFrame, pd.DataFrame]:
     return shown, c.reset_index(drop=True)
 
 
-# ---------------------------------------------------------------------------
-# online policies
-# ---------------------------------------------------------------------------
+# -- online policies -------------------------------------------------------------------------------
 
 
 def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
@@ -343,10 +323,8 @@ def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
 
 def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Policies on the held-out sequences against the bound: ``(shown, full)``.
-
     Shown: the best static K on the training half (what a deployment would pick), the best static
-    K in hindsight on the held-out half (the reference), every online rule, the Oracle.
-    """
+    K in hindsight on the held-out half (the reference), every online rule, the Oracle."""
     t = pc.table.copy()
     keep_static = {f"static K = {pc.best_static_k_train}", f"static K = {pc.best_static_k_test}"}
     kind = t["kind"] if "kind" in t.columns else t["policy"].map(policy_kind)
@@ -370,17 +348,13 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     return shown.reset_index(drop=True), pc.table
 
 
-# ---------------------------------------------------------------------------
-# key results
-# ---------------------------------------------------------------------------
+# -- key results -----------------------------------------------------------------------------------
 
 
 def key_results(report, online: tuple[str, float] | None = None) -> list[Result]:
     """The section's headline rows: bound, gain, best static K, accepted drafts, gap captured.
-
     ``online``: ``(policy, gain captured)`` of the best online rule on the held-out sequences
-    (:func:`speclimits.oracle.report.best_online`); without it the last row is left out.
-    """
+    (:func:`speclimits.oracle.report.best_online`); without it the last row is left out."""
     bd, kind = report.headline.bounds, report.headline_kind
     sp = _estimate(report, "speedup", bd.speedup)
     rows = [

@@ -1,39 +1,19 @@
-"""Reader-facing tables of the statistics sections: factors (2), the draft model (4), robustness (5).
-
-Each function takes the section's result object (:mod:`speclimits.stats`) and returns a narrow
-frame with readable headers: estimates and their 95% intervals in one cell (:func:`fmt_ci`), the
-paper's value (:mod:`speclimits.paper`) in its own column, units in the headers. ``key_results_*`` give the rows of each section's box.
-"""
+"""Reader tables of the statistics sections, factors (2), the draft model (4) and robustness (5): the
+section's result object (:mod:`speclimits.stats`) as a narrow frame, intervals in one cell, the paper's
+value (:mod:`speclimits.paper`) in its own column; ``key_results_*``: the rows of each section's box."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from speclimits import paper
-from speclimits.book.present import NOT_IDENTIFIED, Result, fmt_ci, fmt_num, fmt_p, fmt_se
+from speclimits.book.present import (NOT_IDENTIFIED, Result, ci_cells, fmt_ci, fmt_num, fmt_p, fmt_paper, fmt_se,
+                                     half_cells)
 
 
-def _text(x: Any) -> str:
-    """A paper cell: the paper's own text, or "–" where it reports nothing."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return x if isinstance(x, str) else f"{x:g}"
-
-
-def _ci(est: Any, half: Any) -> str:
-    """A mean with a symmetric 95% half-width as one cell."""
-    if not (np.isfinite(est) and np.isfinite(half)):
-        return fmt_ci(est)
-    return fmt_ci(est, est - half, est + half)
-
-
-# ---------------------------------------------------------------------------
-# section 2: factors
-# ---------------------------------------------------------------------------
+# -- section 2: factors ----------------------------------------------------------------------------
 
 
 def factor_table(res: Any) -> pd.DataFrame:
@@ -41,11 +21,11 @@ def factor_table(res: Any) -> pd.DataFrame:
     t = res.table
     return pd.DataFrame({
         "Factor": list(t["label"]),
-        "CV $R^2$ [95% CI]": [_ci(e, h) for e, h in zip(t["r2"], t["r2_ci"])],
-        "Paper $R^2$": [_text(paper.FACTORS[f]["r2"]) for f in t.index],
-        "CV RMSE (ms)": [_ci(e, h) for e, h in zip(t["rmse"], t["rmse_ci"])],
-        "ΔRMSE over $\\bar U_r$ (ms)": [_ci(e, h) for e, h in zip(t["drmse"], t["drmse_ci"])],
-        "Paper ΔRMSE (ms)": [_text(paper.FACTORS[f]["drmse"]) for f in t.index],
+        "CV $R^2$ [95% CI]": half_cells(t["r2"], t["r2_ci"]),
+        "Paper $R^2$": [fmt_paper(paper.FACTORS[f]["r2"]) for f in t.index],
+        "CV RMSE (ms)": half_cells(t["rmse"], t["rmse_ci"]),
+        "ΔRMSE over $\\bar U_r$ (ms)": half_cells(t["drmse"], t["drmse_ci"]),
+        "Paper ΔRMSE (ms)": [fmt_paper(paper.FACTORS[f]["drmse"]) for f in t.index],
     })
 
 
@@ -56,8 +36,8 @@ def standardized_table(res: Any) -> pd.DataFrame:
     def column(term: str, what: str) -> list[str]:
         d = b[b["term"] == term].set_index("K").reindex(ks)
         if what == "paper":
-            return [_text(paper.STANDARDIZED_BY_K.get(k, (None, None))[term != "u_bar"]) for k in ks]
-        return [fmt_ci(e, lo, hi) for e, lo, hi in zip(d["beta_std"], d["lower"], d["upper"])]
+            return [fmt_paper(paper.STANDARDIZED_BY_K.get(k, (None, None))[term != "u_bar"]) for k in ks]
+        return ci_cells(d["beta_std"], d["lower"], d["upper"])
 
     ks = sorted(int(k) for k in b["K"].unique())
     return pd.DataFrame({
@@ -97,13 +77,13 @@ def key_results_factors(res: Any) -> list[Result]:
             Result.of("strongest single factor (H1)", strongest_factor(res), paper=paper_strongest_factor(res),
                       ref="tbl-factors-a2"),
             Result.of(f"CV $R^2$ of {t.loc[best, 'label']}", t.loc[best, "r2"], t.loc[best, "r2"] - t.loc[best, "r2_ci"],
-                      t.loc[best, "r2"] + t.loc[best, "r2_ci"], paper=_text(paper.FACTORS.get(best, {}).get("r2")),
+                      t.loc[best, "r2"] + t.loc[best, "r2_ci"], paper=fmt_paper(paper.FACTORS.get(best, {}).get("r2")),
                       ref="tbl-factors-a2"),
         ]
     if "context_len" in t.index:
         r = t.loc["context_len"]
         rows.append(Result.of("ΔRMSE of $L$ over $\\bar U_r$", r["drmse"], r["drmse"] - r["drmse_ci"],
-                              r["drmse"] + r["drmse_ci"], paper=_text(paper.FACTORS["context_len"]["drmse"]), unit="ms",
+                              r["drmse"] + r["drmse_ci"], paper=fmt_paper(paper.FACTORS["context_len"]["drmse"]), unit="ms",
                               ref="tbl-factors-a2"))
     if ("u_bar", k1) in bk.index:
         r = bk.loc[("u_bar", k1)]
@@ -114,9 +94,7 @@ def key_results_factors(res: Any) -> list[Result]:
     return rows
 
 
-# ---------------------------------------------------------------------------
-# section 4: the draft model
-# ---------------------------------------------------------------------------
+# -- section 4: the draft model --------------------------------------------------------------------
 
 
 def draft_table(res: Any) -> pd.DataFrame:
@@ -131,11 +109,11 @@ def draft_table(res: Any) -> pd.DataFrame:
         elif q.startswith("b "):
             ours.append(fmt_ci(est, ci.loc["b", "lower"], ci.loc["b", "upper"]))
         elif q.startswith("CV MedAPE"):
-            ours.append(_ci(medape, medape_h))
+            ours.append(half_cells([medape], [medape_h])[0])
         else:
             ours.append(fmt_num(est, 3 if "R²" in q else 2))
     return pd.DataFrame({"Quantity": t["quantity"], "Ours [95% CI]": ours,
-                         "Paper": [_text(_DRAFT_PAPER[k]) for k in t["key"]]})
+                         "Paper": [fmt_paper(_DRAFT_PAPER[k]) for k in t["key"]]})
 
 
 #: The paper's draft-line numbers by the key of :meth:`DraftResults.table`.
@@ -191,23 +169,17 @@ def key_results_draft(res: Any, why: str | None = None) -> list[Result]:
     ]
 
 
-# ---------------------------------------------------------------------------
-# section 5: robustness
-# ---------------------------------------------------------------------------
+# -- section 5: robustness -------------------------------------------------------------------------
 
 
 def robustness_table(res: Any) -> pd.DataFrame:
     """Every re-estimate of α and c (c in 1e-3 ms/token), each with its interval and how it was made."""
     e = res.estimates
-
-    def c(col: str) -> pd.Series:
-        return e[col] * 1e3
     return pd.DataFrame({
         "Check": [f"{m}: {v}" for m, v in zip(e["method"], e["variant"])],
         "Rounds": e["n"].astype(int),
-        "α (ms/expert) [95% CI]": [fmt_ci(a, lo, hi) for a, lo, hi in
-                                   zip(e["alpha"], e["alpha_lower"], e["alpha_upper"])],
-        "c (10⁻³ ms/token) [95% CI]": [fmt_ci(a, lo, hi) for a, lo, hi in zip(c("c"), c("c_lower"), c("c_upper"))],
+        "α (ms/expert) [95% CI]": ci_cells(e["alpha"], e["alpha_lower"], e["alpha_upper"]),
+        "c (10⁻³ ms/token) [95% CI]": ci_cells(e["c"], e["c_lower"], e["c_upper"], scale=1e3),
         "Interval": e["interval"],
     })
 

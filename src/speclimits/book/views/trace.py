@@ -1,8 +1,5 @@
-"""Reader-facing tables of the tracing section (book section 1).
-
-:func:`per_k_table` and :func:`timing_table` turn :func:`speclimits.describe.per_k_summary` and
-:func:`speclimits.describe.per_k_rates` (the per-K means with cluster-bootstrap intervals) into
-narrow tables with one interval cell per quantity.
+"""Reader tables of the tracing section (1), from :func:`speclimits.describe.per_k_summary` and
+:func:`speclimits.describe.per_k_rates`.
 """
 
 from __future__ import annotations
@@ -46,10 +43,8 @@ def timing_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def key_results(rounds: pd.DataFrame, summary: pd.DataFrame, rates: pd.DataFrame) -> list[Result]:
     """The section's headline rows: what was traced, and what a round yields at the ends of the K range.
-
     The appendix quotes no per-K acceptance, so the paper column stays empty here (the third-party
-    figures in :data:`speclimits.paper.THIRD_PARTY` are deliberately not shown as the paper's).
-    """
+    figures in :data:`speclimits.paper.THIRD_PARTY` are deliberately not shown as the paper's)."""
     rk, gens = rates.set_index("K"), fmt_num(int(summary["generations"].sum()))
     drafted = [k for k in rk.index if k > 0 and np.isfinite(rk.loc[k, "acceptance"])]
     rows = [
