@@ -54,7 +54,8 @@ def main() -> int:
     from speclimits.errors import SpeclimitsError
     from speclimits.paths import DATA_DIR
     from speclimits.tracing.ray_sweep import RaySettings, run_sweep_ray
-    from speclimits.tracing.sweep import SweepConfig, parse_k, run_sweep
+    from speclimits.tracing.inputs import parse_k
+    from speclimits.tracing.sweep import SweepConfig, run_sweep
     from speclimits.tracing.tinymodel import write_tiny_moe
 
     tiny = args.work / "tiny"

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from speclimits.cli import main
-from speclimits.tracing.sweep import parse_k
+from speclimits.tracing.inputs import parse_k
 
 #: K grid -> the final-model tables (attributes) the trace cannot give at all, and the smooth forms
 #: left out of a smooth-forms table that is still shown.

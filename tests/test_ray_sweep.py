@@ -98,10 +98,10 @@ def test_retried_job_with_its_shard_on_disk_is_skipped(tmp_path):
     write_part(plan.root, "rounds", job.name, pd.DataFrame({"generation_id": [0, 1]}))
     worker = SweepWorker(dict(plan.cfg.__dict__), plan.prompts, plan.k_values)
     try:
-        got = worker.run_job(job, top_k=2)  # no engine exists: building one would fail on target 't'
+        got = worker.run_job(job, 2)  # no engine exists: building one would fail on target 't'
     finally:
         worker.close()
-    assert got["skipped"] and got["engine_builds"] == 0 and worker.holder.llm is None
+    assert got["skipped"] and worker.usage()["engine_builds"] == 0 and worker.holder.llm is None
 
 
 def test_workers_without_ray_fail_with_the_install_command(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.tracing.sweep import parse_k
+from speclimits.tracing.inputs import parse_k
 
 SMOOTH = {"linear": "smooth form 'linear m (β0 and α linear in m)'", "quadratic": "smooth form 'quadratic m'",
           "log": "smooth form 'log m'", "hinge": "smooth form 'hinge after m = 4 (fixed)'"}

@@ -25,7 +25,7 @@ from speclimits.trace import write_table, write_trace
 from speclimits.tracing.capture import unique_per_layer
 from speclimits.tracing.prompts import Prompt
 from speclimits.tracing.records import generation_columns, step_columns, steps_by_request
-from speclimits.tracing.sweep import SweepConfig, SweepPlan, parse_batch
+from speclimits.tracing.sweep import SweepConfig, SweepPlan
 
 PROMPTS = DATA_DIR / "prompts" / "smoke.jsonl"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -43,13 +43,6 @@ def _plan(tmp_path, n_prompts=5, k_values=(0, 2), batch_sizes=(1, 2), done=()):
     plan.todo = [(ki, K, pi, bi) for bi in range(len(batch_sizes)) for ki, K in enumerate(k_values)
                  for pi in range(n_prompts) if plan.gid(ki, pi, bi) not in set(done)]
     return plan
-
-
-def test_parse_batch():
-    assert parse_batch("1,2,4,8") == [1, 2, 4, 8] and parse_batch("4,1-2") == [1, 2, 4] and parse_batch("1") == [1]
-    for bad in ("0", "", "a", "2-1"):
-        with pytest.raises(SpeclimitsError, match="--batch"):
-            parse_batch(bad)
 
 
 def test_batches_ids_and_jobs(tmp_path):

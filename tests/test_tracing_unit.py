@@ -16,7 +16,7 @@ from speclimits.tracing.capture import cumulative_unique, to_numpy, unique_per_l
 from speclimits.tracing.oracle_mode import Reference, oracle_rows, plan_requests
 from speclimits.tracing.prompts import read_prompts
 from speclimits.tracing.records import generation_columns
-from speclimits.tracing.sweep import parse_k
+from speclimits.tracing.inputs import parse_k
 
 
 def _brute_cumulative(rows: np.ndarray) -> np.ndarray:

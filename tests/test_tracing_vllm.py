@@ -389,15 +389,15 @@ def test_writer_flush_policy_and_interrupted_generations(vllm_mod, tmp_path):
     prompt = Prompt("p", token_ids=(1, 2, 3, 4, 5))
     w = GenerationWriter(llm, root, cfg, 2, top_k=2)
     for gid in (0, 1, 2):
-        w.run(prompt, [1, 2, 3, 4, 5], gid, keep_tokens=gid == 0)
+        w.run_batch([prompt], [[1, 2, 3, 4, 5]], [gid], keep_tokens=gid == 0)
     assert done_generations(root) == {0, 1} and w.pending == 1  # flushed after two
     w.close()  # an exception between generations: what is buffered is complete, so it is written
     assert done_generations(root) == {0, 1, 2}
     w = GenerationWriter(llm, root, cfg, 2, top_k=2)
-    w.run(prompt, [1, 2, 3, 4, 5], 3, keep_tokens=False)
+    w.run_batch([prompt], [[1, 2, 3, 4, 5]], [3], keep_tokens=False)
     llm.fail_at = llm.n + 1
     with pytest.raises(KeyboardInterrupt):
-        w.run(prompt, [1, 2, 3, 4, 5], 4, keep_tokens=False)
+        w.run_batch([prompt], [[1, 2, 3, 4, 5]], [4], keep_tokens=False)
     w.close()  # the interrupted generation's drafts are in vLLM's counters: gid 3 is dropped, not mis-checked
     assert done_generations(root) == {0, 1, 2} and not (root / "rounds.parquet" / "part-g000003.parquet").exists()
     parts = read_parts_log(root)
@@ -407,7 +407,7 @@ def test_writer_flush_policy_and_interrupted_generations(vllm_mod, tmp_path):
     cfg.check_counters, cfg.flush_every, cfg.flush_seconds = "generation", 100, 0.0
     w = GenerationWriter(llm, root, cfg, 2, top_k=2)
     for gid in (5, 6):
-        w.run(prompt, [1, 2, 3, 4, 5], gid, keep_tokens=False)
+        w.run_batch([prompt], [[1, 2, 3, 4, 5]], [gid], keep_tokens=False)
         assert w.pending == 0
     gens = read_generations(root)
     assert all(gens[g]["vllm"] == {k: gens[g]["trace"][k] for k in ("drafted", "accepted")} for g in (5, 6))

@@ -88,13 +88,18 @@ def check_prompt_vocabulary(prompts: list[Any], target: str | Path, prompts_file
                     f"beyond the vocabulary of --target {target} (vocab_size {size} in its config.json)")
 
 
+def parse_k(spec: str) -> list[int]:
+    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> sorted unique list of K >= 0 (``--k``)."""
+    return parse_int_list(spec, "--k", "'1-10' or '0,1,2,4'", "K", 0)
+
+
 def check_trace_inputs(args: Any) -> tuple[list[int], list[int]]:
     """The checks of ``speclimits trace`` that need neither vLLM nor an engine; returns the parsed
     K values and batch sizes. ``args``: the command's namespace (``k``, ``batch``, ``target``,
     ``draft``, ``method``, ``prompts``, ``limit``, ``oracle``, ``oracle_k_max``)."""
     from speclimits.trace.prompts import read_prompts  # the one reader of prompt files
 
-    k_values = parse_int_list(args.k, "--k", "'1-10' or '0,1,2,4'", "K", 0)
+    k_values = parse_k(args.k)
     batch_sizes = parse_batch_sizes(args.batch)
     check_model_path("--target", args.target)
     if args.method != "ngram" and any(k > 0 for k in k_values) and args.draft is None:

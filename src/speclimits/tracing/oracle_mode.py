@@ -196,21 +196,20 @@ def oracle_done(root: str | Path) -> set[int]:
     return {int(p.stem[len(ORACLE_PART):]) for p in parts}
 
 
-def oracle_engine(cfg: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]]) -> tuple[Any, dict[str, Any]]:
-    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``todo``."""
-    longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in todo)
+def oracle_engine(cfg: Any, plan: OraclePlan) -> Any:
+    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``plan.todo``."""
+    longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in plan.todo)
     kwargs = sweep_engine_kwargs(cfg, plan.k_max, plan.prompts, [plan.k_max], batch=plan.batch, prefix_caching=True,
                                  extra_len=max(0, longest - cfg.max_tokens))
     kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
-    return eng.make_llm(kwargs)
+    return eng.make_llm(kwargs)[0]
 
 
-def run_oracle_parts(llm: Any, info: dict[str, Any], plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
-                     progress: bool = True) -> dict[str, Any]:
+def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
+                     progress: bool = True) -> None:
     """Run every state of the references of ``todo`` through ``llm`` (an engine with K = k_max and the
-    tracing extension installed; ``info``, its model info, is not needed here) and write each one's part
-    as it finishes (a sequence whose part is on disk is skipped, so a retried shard repeats nothing
-    done). Returns ``{"states": n, "forced_flips": n}``."""
+    tracing extension installed) and write each one's part as it finishes (a sequence whose part is
+    on disk is skipped, so a retried shard repeats nothing done)."""
     from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
@@ -219,7 +218,6 @@ def run_oracle_parts(llm: Any, info: dict[str, Any], plan: OraclePlan, todo: Seq
     left = [(i, r) for i, r in todo if i not in done]
     total = sum(max(len(r.output_ids) - 1, 0) for _, r in left)
     bar = tqdm(total=total, desc="oracle", unit="state", disable=not progress)
-    counter = {"states": 0, "forced_flips": 0}
     for index, ref in left:
         if len(ref.output_ids) < 2:
             continue
@@ -241,15 +239,11 @@ def run_oracle_parts(llm: Any, info: dict[str, Any], plan: OraclePlan, todo: Seq
             if [o.request_id for o in outs] != ids:
                 raise SpeclimitsError(f"Oracle: vLLM assigned request ids {[o.request_id for o in outs][:3]}..., "
                                       f"expected {ids[:3]}...; the request counter moved unexpectedly")
-            counter["forced_flips"] += int(got["forced_flips"])
             for rid, (pos, _, _, _) in zip(ids, chunk):
                 results[pos] = got["results"].get(rid, {})
             bar.update(len(chunk))
-        df = oracle_rows(ref, plan.k_max, results)
-        write_part(plan.root, "oracle", f"{ORACLE_PART}{index:05d}", df)
-        counter["states"] += len(df)
+        write_part(plan.root, "oracle", f"{ORACLE_PART}{index:05d}", oracle_rows(ref, plan.k_max, results))
     bar.close()
-    return counter
 
 
 def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -285,9 +279,9 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
     """
     plan = plan_oracle(cfg, k_max, batch)
     if plan.todo:
-        llm, info = oracle_engine(cfg, plan, plan.todo)
+        llm = oracle_engine(cfg, plan)
         try:
-            run_oracle_parts(llm, info, plan, plan.todo, progress=cfg.progress)
+            run_oracle_parts(llm, plan, plan.todo, progress=cfg.progress)
         finally:
             eng.close_llm(llm)
     return finish_oracle(cfg, plan)

@@ -1,106 +1,58 @@
 """K sweeps on the real vLLM engine, written as they run, resumable: the loop.
 
-The files are owned by :mod:`speclimits.trace.io` (part files, logs, meta); this module runs
-the engines and decides what to write when. :mod:`speclimits.tracing.ray_sweep` runs the same
-jobs on a Ray cluster.
-
-One engine configuration per K (K = 0: plain decoding, no speculative config), greedy,
-batch size 1 by default. Finished generations are buffered (as numpy columns) and written
-together, every ``flush_every`` generations or ``flush_seconds`` seconds and at the end of each
-K (and batch size), as one *part* named after its first generation id ``gid`` (each file
-atomic: dot-temp file, then ``os.replace``), in this order:
-
-``tokens.parquet/part-g{gid:06d}.parquet``   token rows (see below), when tokens are kept
-``steps.parquet/part-g{gid:06d}.parquet``    step rows (batch sweeps only, see below)
-``generations.jsonl``                        one line per generation: output ids, checks, wall time
-``parts.jsonl``                              one line per part: its generation ids and vLLM's
-                                             spec-decode counter deltas over them
-``rounds.parquet/part-g{gid:06d}.parquet``   round rows; its presence marks the part's generations done
-
-(A distributed sweep, :mod:`speclimits.tracing.ray_sweep`, writes one part per job instead,
-named by the job, with the job's log lines as one file ``shards/<name>.json``; readers merge
-both layouts.)
-
-A generation counts as done only once its rounds are on disk: a killed sweep leaves a valid
-partial trace, and ``resume=True`` runs only the generations without rounds (none duplicated,
-none lost; the unflushed ones of the killed run are simply run again, and token parts left
+The files are owned by :mod:`speclimits.trace.io`; this module runs the engines and decides what to
+write when (:mod:`speclimits.tracing.ray_sweep` runs the same jobs on Ray, one part per job with its
+log lines in ``shards/<name>.json``). One engine per K (K = 0: plain decoding), greedy. Finished
+generations are buffered and written every ``flush_every`` generations or ``flush_seconds`` seconds
+and at the end of each K (and b) as one *part* named after its first generation id, each file atomic,
+in this order: ``tokens.parquet/part-g{gid:06d}.parquet`` (when tokens are kept),
+``steps.parquet/…`` (batch sweeps), ``generations.jsonl`` (a line per generation: output ids, checks,
+wall time), ``parts.jsonl`` (a line per part: its generation ids and vLLM's counter deltas over them),
+``rounds.parquet/…`` last: a generation is done once its rounds are on disk, so a killed sweep is a
+valid partial trace and ``resume=True`` runs only the generations without rounds (token parts left
 without their rounds part are deleted first). Generation ids are fixed by position:
-``gid = k_index * n_prompts + prompt_index``.
+``gid = (b_index * n_K + k_index) * n_prompts + prompt_index``.
 
-Batch sweeps (``batch_sizes``, ``speclimits trace --batch 1,2,4,8``): for each batch size b the
-prompts are grouped in file order, batch j = prompts ``j*b .. (j+1)*b - 1`` (the last one may
-be smaller), and all prompts of a batch are submitted together in one ``generate()`` to the
-K's engine, built once per K with ``max_num_seqs`` = the largest b and reused for every b
-(warmed up as before, on one prompt). Generation ids become
-``gid = (b_index * n_K + k_index) * n_prompts + prompt_index`` (b_index 0 with one b: the
-formula above) and a batch's ``batch_id`` is the gid of its first generation. Parts are written
-only at batch boundaries (a part holds whole batches of one (b, K)), so a batch is either fully
-on disk or run again by a resume. With ``batch_sizes = [1]`` (the default) the trace is exactly
-the batch-1 trace described here: no ``b`` / ``batch_id`` columns, no ``steps`` table, no
-``batch_sizes`` in meta.json.
+Batch sweeps (``batch_sizes``, ``--batch 1,2,4,8``): batch j of size b holds prompts
+``j*b .. (j+1)*b - 1`` in file order, submitted together in one ``generate()`` to the K's engine
+(``max_num_seqs`` = the largest b, reused for every b); ``batch_id`` is the gid of its first
+generation; parts hold whole batches of one (b, K). With ``batch_sizes = [1]`` (the default) the
+trace is the batch-1 trace: no ``b`` / ``batch_id`` columns, no ``steps`` table, no ``batch_sizes``
+in meta.json.
 
 Cross-check against vLLM: its cumulative counters (``get_metrics()``, ~5 ms a read) are read
 once per engine after the warm-up and at every flush, so each part's drafted / accepted totals
 are checked exactly against the counter deltas over the same generations (hence per K too).
 ``check_counters="generation"`` reads them after every generation instead and also records the
 per-generation deltas (``vllm`` in ``generations.jsonl``). The counters are engine-wide, so in a
-batch sweep they are read at batch boundaries only: a part's totals equal the deltas over its
-batches, and ``check_counters="generation"`` records each batch's delta on every generation of
-the batch (``vllm_batch``; checked per batch, ``checks.counters_mismatch_batches``).
+batch sweep they are read at batch boundaries only and ``check_counters="generation"`` records
+each batch's delta on every generation of the batch (``vllm_batch``).
 
-Tables (beyond the contract columns of :mod:`speclimits.trace.schema`):
-
-``rounds``  ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
-            ``step`` (engine step number), ``n_drafted_next`` (drafts proposed in this step),
-            ``category`` (when the prompt file has one); in batch sweeps also ``b`` (batch size
-            of the run) and ``batch_id``. Each request's rows are what batch 1 records; in a batch
-            its ``t_target_ms`` / ``t_draft_ms`` are the shared step's times. See
-            :mod:`speclimits.tracing.records` for what a round, ``m``, ``t_draft_ms`` and Ū mean here.
-``steps``   (batch sweeps only) one row per engine step of a traced batch, all its requests
-            together: ``batch_id``, ``b``, ``K``, ``step`` (as in rounds; (batch_id, step) is
-            unique), ``n_reqs``, ``n_decode`` (requests with an output token before the step),
-            ``n_tokens`` (rows of the forward = the sum of the rounds' m), ``m_max``, ``u_bar`` /
-            ``e_max`` (unique experts per layer over ALL rows of the step, counted in the worker
-            extension), ``context_total``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket``,
-            ``kv_usage``, ``phase`` (prefill / decode / mixed) and ``n_drafted_next``
-            (:func:`speclimits.tracing.records.step_columns`). ``step`` is the engine's own step
-            counter (it restarts with each engine, e.g. after a resume): only its order and
-            differences within a batch mean anything.
-``tokens``  ``seq_id`` (= prompt id), ``pos`` (0 = first generated token), ``token_id``,
-            ``text`` (``""`` without a tokenizer), ``new_experts`` and ``experts`` (list of
-            n_layers × top_k int16 expert ids, layer-major: ``experts[l*top_k:(l+1)*top_k]``
-            is layer l) of the pass that *reads* the token (missing on a generation's last
-            token), ``generation_id``, ``K``, ``round``, ``row`` (the round and row of the pass
-            that *produced* it), ``context_len`` (= prompt_len + pos), ``reference_kind``
-            (``"greedy"``). By default only the reference generation of each prompt (the
-            smallest K of the sweep, at the smallest batch size) is kept; ``tokens="all"``
-            keeps every K (and b), ``"none"`` none. Batch sweeps add ``b`` and ``batch_id``
-            here too. The Oracle pass (:mod:`speclimits.tracing.oracle_mode`) then rewrites the
-            reference rows in the layout of :mod:`speclimits.trace.reference_tokens`
-            (teacher-forced sequences hold their held-out text; ``target_agrees``,
-            ``target_token_id``).
-
-``meta.json`` records the engine version, method, models (target with ``n_layers``,
-``n_experts``, ``top_k``), hardware, dtype, seed, ``batch_size`` (the largest batch size, 1
-for a batch-1 trace), ``batch_sizes`` (batch sweeps only), the sweep settings and, when
-complete, the cross-checks against vLLM's own spec-decode counters (by K, and for batch sweeps
-also ``by_b_K``).
+Columns: those of :mod:`speclimits.trace.schema` (their conventions: :mod:`speclimits.tracing.records`)
+plus, in ``rounds``, ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
+``step`` (the engine's step counter: it restarts with each engine, so only its order and differences
+within a batch mean anything) and ``n_drafted_next``; in ``tokens``, ``generation_id``, ``K``,
+``round``, ``row``, ``context_len`` and ``experts`` (n_layers × top_k int16 ids, layer-major).
+By default only each prompt's reference generation (the smallest K, at the smallest batch size) keeps
+its tokens; ``tokens="all"`` keeps every K (and b), ``"none"`` none. The Oracle pass
+(:mod:`speclimits.tracing.oracle_mode`) then rewrites the reference rows in the layout of
+:mod:`speclimits.trace.reference_tokens`. ``meta.json`` adds the engine, models (target with
+``n_layers``, ``n_experts``, ``top_k``), ``batch_size`` (the largest b), the sweep settings and, when
+complete, the cross-checks (by K, and ``by_b_K`` in a batch sweep).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
 from speclimits.vocabulary import DEFAULT_DTYPE
 from speclimits.machine import cpu_info
@@ -197,20 +149,6 @@ class SweepConfig:
         if self.batch_sweep:  # a batch-1 sweep records exactly the settings it always did
             out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
         return out
-
-
-def parse_k(spec: str) -> list[int]:
-    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> sorted unique list of K >= 0."""
-    return parse_int_list(spec, "--k", "'1-10' or '0,1,2,4'", "K", 0)
-
-
-def parse_batch(spec: str) -> list[int]:
-    """``"1,2,4,8"`` or ``"1-4"`` -> sorted unique list of batch sizes >= 1 (``--batch``)."""
-    return parse_int_list(spec, "--batch", "'1,2,4,8' or '1-4'", "batch size", 1)
-
-
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 # ---------------------------------------------------------------------------
@@ -335,7 +273,7 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
     _check_config(cfg, k_values, batch_sizes)
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     root = Path(cfg.out)
-    settings = cfg.settings(file_sha256(cfg.prompts))
+    settings = cfg.settings(hashlib.sha256(Path(cfg.prompts).read_bytes()).hexdigest())
     meta = None
     if (root / "meta.json").exists():
         if not cfg.resume:
@@ -400,10 +338,10 @@ class EngineHolder:
         self.llm, self.K = None, None
 
 
-def ensure_meta(plan: SweepPlan, holder: EngineHolder, vllm_version: str) -> dict[str, Any]:
+def ensure_meta(plan: SweepPlan, info: dict[str, Any], kwargs: dict[str, Any], vllm_version: str) -> dict[str, Any]:
     """The trace's meta.json: the resumed one, or a new one written from the engine's model info."""
     if plan.meta is None:
-        plan.meta = initial_meta(plan.cfg, plan.settings, vllm_version, holder.info, holder.kwargs)
+        plan.meta = initial_meta(plan.cfg, plan.settings, vllm_version, info, kwargs)
         plan.root.mkdir(parents=True, exist_ok=True)
         write_meta(plan.root, plan.meta)
     return plan.meta
@@ -424,7 +362,7 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
                 continue
             bar.set_postfix_str(f"K={K}: building engine")
             llm = holder.ensure(K, warmup_prompt=mine[0].prompts[0])  # one engine per K, for every b
-            meta = ensure_meta(plan, holder, getattr(vllm, "__version__", "?"))
+            meta = ensure_meta(plan, holder.info, holder.kwargs, getattr(vllm, "__version__", "?"))
             for bi in range(len(plan.batch_sizes)):
                 group = [bt for bt in mine if bt.b_index == bi]
                 if group:  # one writer per (b, K): a part holds whole batches of one batch size
@@ -436,21 +374,11 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
     return finalize_meta(plan.root, meta)
 
 
-def run_generations(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, jobs: list[tuple[int, int]], *,
-                     top_k: int, bar: Any = None, shard: str | None = None,
-                     worker: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Run ``jobs`` ((gid, prompt index) pairs) of a batch-1 sweep one at a time on ``llm`` (K);
-    :func:`run_batches` with batches of one."""
-    batches = [Batch(0, 1, -1, K, (pi,), (gid,)) for gid, pi in jobs]
-    return run_batches(plan, holder, llm, K, batches, top_k=top_k, bar=bar, shard=shard, worker=worker)
-
-
 def run_batches(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, batches: list[Batch], *,
                 top_k: int, bar: Any = None, shard: str | None = None,
-                worker: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                worker: dict[str, Any] | None = None) -> None:
     """Run ``batches`` (all of one batch size) on ``llm`` (K), each in one ``generate()``, and
-    write them: in buffered parts, or, with ``shard``, as that one shard (see
-    :class:`GenerationWriter`). Returns the part entry of the shard (None in buffered mode)."""
+    write them: in buffered parts, or, with ``shard``, as that one shard (see :class:`GenerationWriter`)."""
     if len({bt.b for bt in batches}) > 1:
         raise SpeclimitsError("internal: run_batches got batches of several batch sizes")
     b = batches[0].b if (batches and plan.batch_sweep) else None
@@ -468,7 +396,6 @@ def run_batches(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, batches
         writer.flush()
     finally:
         writer.close()
-    return writer.last_part
 
 
 def sweep_engine_kwargs(cfg: SweepConfig, K: int, prompts: list[Prompt], k_values: list[int],
@@ -553,10 +480,9 @@ def _warmup(llm: Any, prompt_ids: list[int]) -> None:
 class GenerationWriter:
     """Runs traced generations on one engine (one K) and writes them in buffered parts.
 
-    Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run` does
-    one generation and keeps its columns, :meth:`run_batch` one batch (its prompts submitted
-    together; with ``b`` given, a batch sweep's: ``b`` / ``batch_id`` columns and step rows);
-    the buffers are only ever flushed between batches. :meth:`flush` writes the buffered generations as one
+    Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run_batch` runs
+    one batch (its prompts submitted together; with ``b`` given, a batch sweep's: ``b`` / ``batch_id``
+    columns and step rows); the buffers are only ever flushed between batches. :meth:`flush` writes the buffered generations as one
     part (see the module docstring for the files and their order) and runs whenever
     ``cfg.flush_every`` generations are buffered or the oldest is ``cfg.flush_seconds`` old.
     :meth:`close` (always call it) flushes when that is exact, i.e. unless a generation was
@@ -566,7 +492,7 @@ class GenerationWriter:
     With ``shard`` (a distributed job's part name) everything is buffered until :meth:`flush`,
     which writes the one part under that name and its log lines as ``shards/<shard>.json``
     (:func:`~speclimits.trace.io.write_shard_log`; ``worker`` says where it ran) instead of
-    appending to the shared logs. ``last_part`` is the part entry last written.
+    appending to the shared logs.
     """
 
     def __init__(self, llm: Any, root: Path, cfg: SweepConfig, K: int, *, top_k: int, tokenizer: Any = None,
@@ -587,7 +513,6 @@ class GenerationWriter:
         self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
         self._interrupted = False
         self.shard, self.worker = shard, worker
-        self.last_part: dict[str, Any] | None = None
         self._c0 = eng.spec_counters(llm)
 
     def sync_counters(self, count: bool = True) -> dict[str, int]:
@@ -600,10 +525,6 @@ class GenerationWriter:
             for k in delta:
                 self._vllm[k] += delta[k]
         return delta
-
-    def run(self, prompt: Prompt, prompt_ids: list[int], gid: int, *, keep_tokens: bool) -> None:
-        """Generate for one prompt, check it against vLLM's output and buffer its rows."""
-        self.run_batch([prompt], [prompt_ids], [gid], keep_tokens=keep_tokens)
 
     def run_batch(self, prompts: list[Prompt], prompt_ids: list[list[int]], gids: list[int], *,
                   keep_tokens: bool) -> None:
@@ -699,7 +620,6 @@ class GenerationWriter:
             part["worker"] = self.worker
             write_shard_log(self.root, name, part, [p["entry"] for p in pending])
         write_part(self.root, "rounds", name, columns_table([p["rounds"] for p in pending], cats))
-        self.last_part = part
         self._pending = []
         self._steps = []
         self._since = None
@@ -807,7 +727,3 @@ def _n_prompts(meta: dict[str, Any]) -> int:
         return len(read_prompts(sweep["prompts"], limit=sweep.get("limit")))
     except (KeyError, SpeclimitsError):
         return 0
-
-
-def sweep_config_dict(cfg: SweepConfig) -> dict[str, Any]:
-    return asdict(cfg)
