@@ -443,3 +443,18 @@ def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
     table = pd.DataFrame({"piece": [label for _, label in BATCH_PIECES],
                           **{c: [v.get(k, "–") for k, _ in BATCH_PIECES] for c, v in cols.items()}})
     return table, str(path.relative_to(BENCH_DIR.parent.parent))
+
+
+def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False) -> pd.DataFrame:
+    """One table of :func:`speclimits.control.decompose.gap_decomposition`'s results: per rung, the loss named
+    from the rung above and, per batch size, the share of the exact Oracle's gain over the best static K
+    (replay world, 95% interval where the rung has one); ``full`` adds each batch size's speed over the best
+    static K (the download)."""
+    first = next(iter(gaps.values()))
+    out = pd.DataFrame({"rung": [f"{r}. {n}" for r, n in zip(first["rung"], first["name"])],
+                        "lost from the rung above": first["loss"].replace("", "–").fillna("–")})
+    for batch, gap in sorted(gaps.items()):
+        if full:
+            out[f"batch {batch}: speed"] = ci_column(gap, "speed_replay", 3)
+        out[f"batch {batch}: share" if full else f"batch {batch}"] = ci_column(gap, "share_replay", 3)
+    return out
