@@ -204,15 +204,6 @@ def test_script_change_routing_recovers_the_planted_difference(reference):
     assert ev["before"] == lab.loc[(ev["seq_id"], ev["pos"] - 1), "new_experts"]
 
 
-def test_planted_new_experts_matches_the_simulated_means(reference):
-    truth = ling.planted_new_experts(reference["meta"])
-    obs = reference["lab"].groupby("context")["new_experts"].agg(["mean", "std", "size"])
-    for ctx, r in obs.iterrows():
-        assert abs(r["mean"] - truth[ctx]) < 4 * r["std"] / np.sqrt(r["size"]), ctx
-    with pytest.raises(SpeclimitsError, match="simulated"):
-        ling.planted_new_experts({"simulated": False})
-
-
 def test_first_mismatch_reference_contrast_recovers_the_planted_difference(sim):
     c = ling.first_mismatch_contrast(sim["res"], sim["lab"], source="reference")
     inp = sim["res"].inputs

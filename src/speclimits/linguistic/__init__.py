@@ -10,25 +10,20 @@ drafts row ``pos + 1`` first),
 (the response-clustered bootstrap is :mod:`speclimits.bootstrap`, shared with the statistics and Delta Space).
 """
 
-from speclimits.linguistic.align import (
-    alignment_check, require_convention, state_tokens, token_row, window_routing_check)
+from speclimits.linguistic.align import alignment_check, require_convention, state_tokens, window_routing_check
 from speclimits.linguistic.gallery import panel_data, select_ablation_cases, select_gallery
 from speclimits.linguistic.contexts import (
     K_LONG, decision_table, k_by_context, k_star_shares, modal_advancement, write_decisions)
 from speclimits.linguistic.labels import LabelAgreement, label_agreement, label_tokens, label_trace_tokens
 from speclimits.linguistic.routing import (
-    Contrast, first_mismatch_contrast, planted_contrast, planted_new_experts, routing_table,
-    script_change_contrast)
-from speclimits.linguistic.study import (
-    HEADLINE_KIND, KindStudy, all_contrasts, headline, paper_comparison, study_by_kind)
+    Contrast, first_mismatch_contrast, planted_contrast, routing_table, script_change_contrast)
+from speclimits.linguistic.study import KindStudy, headline, paper_comparison, study_by_kind
 from speclimits.vocabulary import BOUNDARY_LABELS, CONTEXTS, FINE_LABELS
 
 __all__ = [
-    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "HEADLINE_KIND", "K_LONG", "KindStudy",
-    "LabelAgreement",
-    "alignment_check", "all_contrasts", "decision_table", "headline", "require_convention", "state_tokens",
-    "paper_comparison", "study_by_kind", "token_row", "window_routing_check", "write_decisions", "first_mismatch_contrast", "k_by_context",
-    "k_star_shares", "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement",
-    "panel_data", "planted_contrast", "planted_new_experts", "routing_table", "script_change_contrast",
-    "select_ablation_cases", "select_gallery",
+    "BOUNDARY_LABELS", "CONTEXTS", "Contrast", "FINE_LABELS", "K_LONG", "KindStudy", "LabelAgreement",
+    "alignment_check", "decision_table", "first_mismatch_contrast", "headline", "k_by_context", "k_star_shares",
+    "label_agreement", "label_tokens", "label_trace_tokens", "modal_advancement", "panel_data", "paper_comparison",
+    "planted_contrast", "require_convention", "routing_table", "script_change_contrast", "select_ablation_cases",
+    "select_gallery", "state_tokens", "study_by_kind", "window_routing_check", "write_decisions",
 ]

@@ -1,33 +1,17 @@
 """The one join between Oracle states (``oracle.parquet``) and reference tokens (``tokens.parquet``).
 
 The convention (the book's methods page, "Reference kinds and positions"), shared by the vLLM
-harness and the simulator:
-
-* Row ``pos`` of a sequence in ``tokens.parquet`` holds the token the context **already ends
-  with** at Oracle state ``pos``: the token that opens the verification window
-  ``[row pos, d_1, ..., d_k]``.
-* Draft step ``i`` (1-based) of state ``pos`` predicts row ``pos + i``; so a state's decision is
-  labelled with row ``pos + 1``, and the draft's first mismatch, after ``a`` matched drafts, is
-  row ``pos + a + 1``.
-* A sequence with S Oracle states has S + 1 token rows (``pos`` 0..S). In the harness row 0 is
-  ``y_1``, the token the prefill emits, and state ``pos`` has ``y_1..y_{pos+1}`` emitted; the
-  simulator writes, as row 0, the token its simulated prefill emitted before state 0.
-
-A measured trace can be checked against it (:func:`alignment_check`): where ``accept_len >= 1``
-the first draft token (``oracle.parquet`` ``draft_tokens[0]``) must equal the id of row
-``pos + 1`` in every greedy-reference state (and of teacher-forced ones, where the reference
-is the text the Oracle walks).
+harness and the simulator: row ``pos`` of a sequence holds the token the context **already ends
+with** at Oracle state ``pos`` (it opens the verification window); draft step ``i`` (1-based) of
+state ``pos`` predicts row ``pos + i``, so a decision is labelled with row ``pos + 1`` and the first
+mismatch after ``a`` matched drafts is row ``pos + a + 1``. S states have S + 1 token rows.
+:func:`alignment_check` tests it on a measured trace (the first draft token equals row ``pos + 1``).
 
 Routing (``new_experts``, ``experts``) of row r is that of the target pass that **reads** row r's
-token (the forward row whose input it is), against the pass that reads row r − 1: the same
-rows whose experts make up the verification window's ``Ū``. The Oracle's windows therefore check
-it: where ``accept_len >= 1`` at state ``pos`` the window's first two rows read rows ``pos`` and
-``pos + 1``, so ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s ``new_experts``
-(:func:`window_routing_check`). The harness writes it so (:mod:`speclimits.tracing.records`;
-the last token of a generation is never read: its routing is missing); traces written before it
-did, which stored the *producing* row (the pass that emitted the token, which reads the row
-before), are moved onto the reading rows by ``scripts/migrate_tokens_reference.py``. The
-simulator draws row r's count from row r's own planted context, the same reading-row meaning.
+token, against the pass that reads row r − 1: the rows whose experts make up the window's ``Ū``,
+so where ``accept_len >= 1`` ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s
+``new_experts`` (:func:`window_routing_check`). Older traces that stored the *producing* row are
+moved onto reading rows by ``scripts/migrate_tokens_reference.py``.
 """
 
 from __future__ import annotations
@@ -37,22 +21,24 @@ import pandas as pd
 
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 
-def token_row(pos: np.ndarray | int, step: np.ndarray | int = 1) -> np.ndarray | int:
-    """The ``tokens.parquet`` row that draft step ``step`` (1-based) of state ``pos`` predicts.
 
-    ``step = 0`` is the token that opens the state's verification window (the last emitted).
-    Works elementwise on arrays.
-    """
-    return pos + step
-
-
-def _token_keys(tokens: pd.DataFrame, origin: str) -> pd.DataFrame:
-    missing = [c for c in ("seq_id", "pos") if c not in tokens.columns]
+def require_columns(df: pd.DataFrame, cols, origin: str, why: str = "") -> None:
+    """Raise :class:`TraceFormatError` naming every column of ``cols`` that ``df`` lacks (``why``: what needs it)."""
+    missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise TraceFormatError(origin, [Problem(origin, c, "required column is missing (joining states to tokens)")
-                                        for c in missing])
+        what = "required column is missing" + (f" ({why})" if why else "")
+        raise TraceFormatError(origin, [Problem(origin, c, what) for c in missing])
+
+
+def token_table(tokens: pd.DataFrame, need, origin: str = "tokens.parquet", why: str = "",
+                sort: bool = False) -> pd.DataFrame:
+    """A copy of ``tokens`` with ``seq_id`` as str (sorted by ``seq_id``, ``pos`` when ``sort``); raises
+    when a column of ``need`` is missing or a ``(seq_id, pos)`` pair repeats."""
+    require_columns(tokens, need, origin, why)
     tok = tokens.copy()
     tok["seq_id"] = tok["seq_id"].astype(str)
+    if sort:
+        tok = tok.sort_values(["seq_id", "pos"], kind="stable").reset_index(drop=True)
     dup = tok.duplicated(["seq_id", "pos"]).to_numpy()
     if dup.any():
         rows = np.flatnonzero(dup)
@@ -75,28 +61,18 @@ def state_tokens(states: pd.DataFrame, tokens: pd.DataFrame, step: np.ndarray | 
     Returns a frame with the index of ``states``: ``token_pos`` (the row joined) and the token
     columns; states whose row is not in ``tokens`` get missing values and ``has_token`` False.
     """
-    tok = _token_keys(tokens, origin)
+    tok = token_table(tokens, ("seq_id", "pos"), origin, "joining states to tokens")
     cols = [c for c in (columns if columns is not None else tok.columns) if c not in ("seq_id", "pos")]
-    absent = [c for c in cols if c not in tok.columns]
-    if absent:
-        raise TraceFormatError(origin, [Problem(origin, c, "required column is missing") for c in absent])
-    target = np.asarray(token_row(np.asarray(states["pos"], dtype=np.int64), np.asarray(step, dtype=np.int64)))
+    require_columns(tok, cols, origin)
+    target = np.asarray(states["pos"], dtype=np.int64) + np.asarray(step, dtype=np.int64)
     target = np.broadcast_to(target, (len(states),))
     keys = pd.MultiIndex.from_arrays([states["seq_id"].astype(str).to_numpy(), target])
-    found = tok.set_index(["seq_id", "pos"])[cols].reindex(keys)
-    out = found.reset_index(drop=True)
+    indexed = tok.set_index(["seq_id", "pos"])
+    out = indexed[cols].reindex(keys).reset_index(drop=True)
     out.index = states.index
     out.insert(0, "token_pos", target.astype(np.int64))
-    out["has_token"] = keys.isin(tok.set_index(["seq_id", "pos"]).index)
+    out["has_token"] = keys.isin(indexed.index)
     return out
-
-
-def _first_drafts(oracle: pd.DataFrame, origin: str) -> np.ndarray:
-    if "draft_tokens" not in oracle.columns:
-        raise TraceFormatError(origin, [Problem(origin, "draft_tokens", "required column is missing (the alignment "
-                                                                          "check needs the draft's own tokens)")])
-    vals = oracle["draft_tokens"].to_numpy()
-    return np.fromiter((int(v[0]) if v is not None and len(v) else -1 for v in vals), np.int64, len(vals))
 
 
 def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str, str] | None = None) -> pd.DataFrame:
@@ -112,8 +88,9 @@ def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str,
     ``accept_len >= 1`` and a token row), ``share_row_pos_plus_1`` (the convention: must be 1),
     ``share_row_pos`` (the other rule, for contrast).
     """
+    require_columns(oracle, ("draft_tokens",), "oracle.parquet", "the alignment check needs the draft's own tokens")
     o = oracle[oracle["accept_len"].to_numpy() >= 1]
-    first = _first_drafts(o, "oracle.parquet")
+    first = np.fromiter((int(d[0]) if d is not None and len(d) else -1 for d in o["draft_tokens"]), np.int64, len(o))
     states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))
     at_next = state_tokens(states, tokens, step=1, columns=["token_id"])
     at_same = state_tokens(states, tokens, step=0, columns=["token_id"])
@@ -128,23 +105,14 @@ def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str,
     return pd.DataFrame(rows, columns=["reference_kind", "n_states", "share_row_pos_plus_1", "share_row_pos"])
 
 
-#: The tokens row whose ``new_experts`` the window pair (rows pos, pos + 1) measures: the reading-row convention.
-ROUTING_ROW_OFFSET = 1
+def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset: int = 1) -> pd.DataFrame:
+    """The Oracle's window routing against the tokens' ``new_experts`` (see the module docs).
 
-
-def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset: int = ROUTING_ROW_OFFSET
-                         ) -> pd.DataFrame:
-    """The Oracle's window routing against the tokens' ``new_experts`` (reading-row convention).
-
-    Where ``accept_len >= 1`` at state ``pos`` the window's first two rows read the reference
-    pair (row pos, row pos + 1), so ``u_bar_window[1] − u_bar_window[0]`` is the new experts of
-    the pass that reads row pos + 1. Returns one row per such state with a finite ``new_experts``
-    at row ``pos + row_offset`` (1 under the convention; 2 finds the producing-row tables of
-    traces written before the harness recorded reading rows): ``seq_id``, ``pos``, ``window_new``, ``token_new`` and ``abs_diff``.
+    One row per state with ``accept_len >= 1`` and a finite ``new_experts`` at row ``pos + row_offset``
+    (1 under the convention; 2 finds the producing-row tables of older traces): ``seq_id``, ``pos``,
+    ``window_new`` (``u_bar_window[1] − u_bar_window[0]``), ``token_new`` and ``abs_diff``.
     """
-    if "u_bar_window" not in oracle.columns:
-        raise TraceFormatError("oracle.parquet", [Problem("oracle.parquet", "u_bar_window",
-                                                          "required column is missing")])
+    require_columns(oracle, ("u_bar_window",), "oracle.parquet")
     o = oracle[oracle["accept_len"].to_numpy() >= 1]
     u = np.stack([np.asarray(v, dtype=float)[:2] for v in o["u_bar_window"]]) if len(o) else np.zeros((0, 2))
     states = o[["seq_id", "pos"]].assign(seq_id=o["seq_id"].astype(str))

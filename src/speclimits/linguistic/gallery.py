@@ -1,17 +1,12 @@
 """Decision panels: the target's continuation above the draft's, with k*, the first mismatch and a_mode.
 
-A panel shows one decision (one Oracle state ``pos``): steps i = 1..K_max, the reference tokens that
-draft step i predicts (``tokens`` rows ``pos + i``, :func:`speclimits.linguistic.align.token_row`)
-on top and the draft's tokens below. Each step has a status: ``match`` (i <= a, the observed greedy
-match length), ``first mismatch`` (i = a + 1) or ``after mismatch``; steps past k* are marked
-``past_kstar``. The draft's own tokens
-come from an ``oracle.parquet`` list column ``draft_text`` (strings) or ``draft_tokens`` (ids, shown
-through the reference's id → text map, else as ``#id``) when the trace has one; otherwise the
-draft row shows the reference token where the draft matched, :data:`MISMATCH_GLYPH` at the first
-mismatch and :data:`UNKNOWN_GLYPH` after it (the trace does not carry those tokens).
-
-Two selections feed the panels: :func:`select_ablation_cases` (the α = 0 cases) and
-:func:`select_gallery` (the stratified gallery of 12; the rule is in its docstring).
+A panel shows one decision (Oracle state ``pos``) over steps i = 1..K_max: the reference token
+draft step i predicts (``tokens`` row ``pos + i``) on top, the draft's token below. A step is a
+``match`` (i <= a, the observed greedy match length), the ``first mismatch`` (i = a + 1) or ``after
+mismatch``, and ``past_kstar`` past k*. The draft's tokens come from ``oracle.parquet``'s
+``draft_text`` or ``draft_tokens`` when the trace has them; otherwise the draft row shows the
+reference up to the match, :data:`MISMATCH_GLYPH` at the mismatch and :data:`UNKNOWN_GLYPH` after.
+The panels show :func:`select_ablation_cases` (the α = 0 cases) and :func:`select_gallery`.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.linguistic.align import token_row
 from speclimits.linguistic.contexts import K_LONG, modal_advancement
 from speclimits.vocabulary import BOUNDARY_LABELS, COMMENT, CONTROL_FLOW, FUNCTION_START, SCRIPT_CHANGE
 from speclimits.oracle.solver import OracleResult
@@ -218,11 +212,10 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
     n_steps = result.k_max if n_steps is None else int(n_steps)
     seq = inp.seq_ids[inp.seq_index].astype(str)
     row_of = {(s, int(p)): i for i, (s, p) in enumerate(zip(seq, inp.pos))}
-    tok = labelled.copy()
-    tok["seq_id"] = tok["seq_id"].astype(str)
-    text_of = dict(zip(zip(tok["seq_id"], tok["pos"].astype(int)), tok["text"].astype(str)))
-    label_of = dict(zip(zip(tok["seq_id"], tok["pos"].astype(int)), tok["label"].astype(str))) \
-        if "label" in tok.columns else {}
+    tok = labelled.assign(seq_id=labelled["seq_id"].astype(str))
+    keys = list(zip(tok["seq_id"], tok["pos"].astype(int)))
+    text_of = dict(zip(keys, tok["text"].astype(str)))
+    label_of = dict(zip(keys, tok["label"].astype(str))) if "label" in tok.columns else {}
     drafts = _draft_texts(oracle, tok)
     a_mode = modal_advancement(result.survival, result.k_star, inp.remaining)
     records = []
@@ -241,7 +234,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
         draft = None if drafts is None else drafts.get((s, p))
         for i in range(1, steps + 1):
             status = "match" if i <= a else "first mismatch" if i == a + 1 else "after mismatch"
-            target_text = text_of.get((s, token_row(p, i)), "")
+            target_text = text_of.get((s, p + i), "")
             if draft is not None and i - 1 < len(draft):
                 draft_text, source = draft[i - 1], "trace"
             else:
@@ -251,7 +244,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
                       "step": i, "status": status, "past_kstar": i > k, "match_prob": float(inp.match_prob[r, i - 1]),
                       "p_reach": float(result.survival[r, i - 1]) if i <= result.k_max else np.nan, "k_star": k,
                       "a_mode": int(a_mode[r]), "accept_len": a, "k_star_alpha0": k0,
-                      "label": label_of.get((s, token_row(p, 1)), ""), "draft_source": source}
+                      "label": label_of.get((s, p + 1), ""), "draft_source": source}
             records.append({**common, "row": "target", "text": show_token(target_text), "raw_text": target_text})
             records.append({**common, "row": "draft", "text": show_token(draft_text), "raw_text": draft_text})
     return pd.DataFrame(records)

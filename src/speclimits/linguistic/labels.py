@@ -16,29 +16,15 @@ Every continuation token gets one **context** label, the appendix's groups:
                    script of the last token with letters before it
 ============== ==============================================================================
 
-and one **fine** label (or ``""``) for the closer reading of examples: ``function_start``
-(a definition keyword and the name after it), ``control_flow`` (``if``, ``else``, ``for``,
-``while``, ``return``, ``break``, ...), ``comment`` (code from a comment marker to the end of
-the line) and ``word_continuation`` (a token glued to the previous one with no space between,
-letters/digits/underscore on both sides: a sub-word piece continuing a word).
+and one **fine** label or ``""`` (:func:`fine_labels`): ``function_start``, ``control_flow``,
+``comment``, ``word_continuation``.
 
-How the mode is decided
------------------------
-Each token gets an evidence score for each mode (code, prose, markup) from what it looks like
-(:func:`token_evidence`): identifiers with ``_`` or camelCase, operators, brackets and
-indentation point to code; English function words, capitalised words and Cyrillic words to
-prose; ``$``, LaTeX commands, HTML tags and ``**`` to markup; words shared by code and prose
-(``if``, ``for``, ``data``) and bare punctuation score for both or neither. A Viterbi pass
-(:func:`segment_modes`) then chooses the mode sequence with the largest total evidence minus
-``switch_cost`` per change, so that one odd token does not flip the mode, and puts each change at
-the first token that shows the new mode (ties are broken toward the later switch), or at the
-start of the word when that token continues a word. Markdown delimiters override the evidence
-(:func:`_forced_modes`): tokens between code fences are code (the fences markup), inline math
-between ``$`` signs is markup and inline code between backticks is code.
-
-Precedence of the context label: script change, then mode change, then the label of the mode.
-The first token of a response can be neither kind of change. These rules describe the observed
-text fragment; the labels are used only to compare groups (appendix).
+The mode (code, prose, markup) comes from per-token evidence (:func:`token_evidence`), Markdown
+delimiters that override it (:func:`_forced_modes`) and a Viterbi pass with a cost per change
+(:func:`segment_modes`), so that one odd token does not flip the mode; a change lands on the first
+token that shows the new mode, or on the start of the word it continues. Precedence of the context
+label: script change, then mode change, then the label within the mode; the first token of a
+response is neither change. The labels describe the observed fragment and only compare groups.
 """
 
 from __future__ import annotations
@@ -53,6 +39,7 @@ import pandas as pd
 
 from speclimits.errors import Problem, TraceFormatError
 from speclimits import vocabulary as v
+from speclimits.linguistic.align import token_table
 from speclimits.vocabulary import CONTEXTS, MODES
 
 #: The labeller's order of the modes (:data:`speclimits.vocabulary.MODES`) in its evidence
@@ -84,7 +71,7 @@ ENGLISH_KEYWORDS = frozenset({
     "in", "is", "and", "or", "not", "as", "with", "from", "this", "new", "do", "case", "match", "default",
     "select", "where", "let", "global", "public", "private", "protected", "then", "done", "until", "use",
 })
-STRUCTURE_KEYWORDS = (CODE_ONLY_KEYWORDS & DEFINITION_KEYWORDS) | CONTROL_KEYWORDS | DEFINITION_KEYWORDS | {
+STRUCTURE_KEYWORDS = CONTROL_KEYWORDS | DEFINITION_KEYWORDS | {
     "import", "from", "in", "not", "and", "or", "is", "as", "pass", "global", "nonlocal", "assert", "del",
     "include", "define", "public", "private", "protected", "static", "const", "var", "let", "new", "async", "await",
     "select", "where", "use", "export", "module", "package",
@@ -128,7 +115,10 @@ def _word(text: str) -> str:
 
 
 def token_evidence(text: str) -> tuple[float, float, float]:
-    """Evidence ``(prose, code, markup)`` for one token from its own string (see the module docs).
+    """Evidence ``(prose, code, markup)`` for one token from its own string: identifiers with ``_`` or
+    camelCase, operators, brackets and indentation point to code; English function words, capitalised
+    and Cyrillic words to prose; ``$``, LaTeX commands, HTML tags and ``**`` to markup; words shared by
+    code and prose (``if``, ``for``) score for both.
 
     Scores: 3 strong, 2 clear, 1 weak, 0 none. Bare whitespace, newlines, digits and the
     punctuation shared by code and prose (``, . :``) are neutral (0, 0, 0).
@@ -391,18 +381,8 @@ def label_trace_tokens(tokens: pd.DataFrame, switch_cost: float = 2.5, origin: s
     context), ``label_mode``, ``label_fine`` and ``label_script``. Planted columns of a simulated
     trace (``context``, ``script``) are kept as they are, for :func:`label_agreement`.
     """
-    missing = [c for c in ("seq_id", "pos", "text") if c not in tokens.columns]
-    if missing:
-        raise TraceFormatError(origin, [Problem(origin, c, "required column is missing (the linguistic labeller "
-                                                           "works from the token text)") for c in missing])
-    df = tokens.copy()
-    df["seq_id"] = df["seq_id"].astype(str)
-    df = df.sort_values(["seq_id", "pos"], kind="stable").reset_index(drop=True)
-    dup = df.duplicated(["seq_id", "pos"]).to_numpy()
-    if dup.any():
-        rows = np.flatnonzero(dup)
-        raise TraceFormatError(origin, [Problem(origin, "pos", "duplicate (seq_id, pos) rows",
-                                                tuple(rows[:5].tolist()), int(rows.size))])
+    df = token_table(tokens, ("seq_id", "pos", "text"), origin, "the linguistic labeller works from the token text",
+                     sort=True)
     parts = []
     groups = df.groupby("seq_id", sort=False)
     if progress:

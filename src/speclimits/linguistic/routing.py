@@ -1,41 +1,30 @@
 """New experts at linguistic events: Latin↔Cyrillic script changes and the draft's first mismatch.
 
 "New experts" at a step = experts per MoE layer (averaged over layers) used at this position and
-not at the preceding one; ``tokens.parquet`` row r's ``new_experts`` is that of the target pass
-that reads row r's token (the reading-row convention of :mod:`speclimits.linguistic.align`, checked
-against the Oracle's windows by :func:`~speclimits.linguistic.align.window_routing_check`). It is measured only where the target
-was run on the tokens: on a teacher-forced reference the bundled trace has it missing (NaN), and
-the reference-token contrasts have no events there. Each comparison is aligned by continuation step: the event step
-against the step right before it in the same continuation, with a bootstrap over responses
-(clusters) for the interval of the difference (appendix; paper: script change 2.66 → 3.12,
-+0.46 [+0.26; +0.66]; first mismatch 3.30 → 3.31, +0.01 [−0.05; +0.07]).
-
-Three contrasts are built here:
+not at the preceding one; ``tokens.parquet``'s ``new_experts`` of row r is that of the pass that
+reads row r (:mod:`speclimits.linguistic.align`). It is measured only where the target ran on the
+tokens (missing, NaN, on teacher-forced references). Each event step is compared with the step
+right before it in the same continuation, with a bootstrap over responses for the interval of the
+difference (appendix; paper: script change 2.66 → 3.12, +0.46 [+0.26; +0.66]; first mismatch
+3.30 → 3.31, +0.01 [−0.05; +0.07]). The three contrasts:
 
 ``script_change`` (:func:`script_change_contrast`)
-    Reference tokens with letters whose script differs from the script of the last token with
-    letters before them (the labeller's ``label_script``, so it works on any trace with text),
-    against the token right before, from ``tokens.parquet``'s ``new_experts``. Each token is one
-    event (a token that many decisions share is counted once).
+    A reference token with letters whose script (``label_script``) differs from that of the last
+    token with letters, against the token before it; one event per token.
 ``first_mismatch_reference`` (:func:`first_mismatch_contrast`, ``source="reference"``)
-    Per decision (state ``pos``) with observed greedy match length a < K_max: the reference token the
-    draft missed (``tokens`` row ``pos + a + 1``, :func:`~speclimits.linguistic.align.token_row`)
-    against the token before it, from ``new_experts``
-    of the reference. This asks whether the target's own routing jumps where the draft fails.
+    Per state with observed match length a < K_max: the reference token the draft missed (row
+    ``pos + a + 1``) against the row before it: does the target's own routing jump where the draft fails?
 ``first_mismatch_window`` (``source="window"``)
-    Per decision with 1 <= a < K_max: the target's routing on the draft chain, from
-    ``u_bar_window``. The increment ``Δ_j = Ū(window of j+1) − Ū(window of j)`` is the experts per
-    layer the draft token d_j adds to the window; the event is Δ at the first wrong draft (j = a+1,
-    the start of the junk tail) against Δ at the last matched one (j = a). Because the window's
-    unique count saturates, Δ shrinks with j even without any event; so the contrast also reports
-    a **step-adjusted** difference: the event's difference minus the mean difference of matched
-    pairs (both d_{j-1} and d_j correct) at the same step j, estimated inside every bootstrap
-    replicate.
+    Per state with 1 <= a < K_max, on the draft chain (``u_bar_window``): ``Δ_j = Ū(window of j+1) −
+    Ū(window of j)`` is what draft token d_j adds; the event is Δ at the first wrong draft (j = a + 1)
+    against Δ at the last matched one (j = a). The window's unique count saturates, so Δ shrinks with
+    j anyway; the **step-adjusted** difference subtracts the mean difference of matched pairs at the
+    same step j, inside every bootstrap replicate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,7 +34,7 @@ from speclimits import paper
 from speclimits.vocabulary import SCRIPT_CHANGE
 from speclimits.errors import Problem, SpeclimitsError, TraceFormatError
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.linguistic.align import state_tokens
+from speclimits.linguistic.align import state_tokens, token_table
 from speclimits.simulate import config_from_meta, expected_new_experts
 from speclimits.oracle.inputs import OracleInputs
 from speclimits.oracle.solver import OracleResult
@@ -68,7 +57,6 @@ class Contrast:
     events: pd.DataFrame
     controls: pd.DataFrame | None = None
     note: str = ""
-    _reps: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_events(self) -> int:
@@ -89,9 +77,6 @@ class Contrast:
     def replicates(self, n_boot: int = 999, seed: int = 0) -> dict[str, np.ndarray]:
         """Bootstrap replicates (responses resampled with replacement) of ``before``, ``at``,
         ``diff`` and, with controls, ``adjusted``; each an (n_boot,) array."""
-        key = (n_boot, seed)
-        if key in self._reps:
-            return self._reps[key]
         ev = self.events
         clusters = np.unique(np.concatenate([ev["seq_id"].astype(str).to_numpy()] + (
             [] if self.controls is None else [self.controls["seq_id"].astype(str).to_numpy()])))
@@ -105,7 +90,6 @@ class Contrast:
             out = {"before": tot[:, 0] / tot[:, 3], "at": tot[:, 1] / tot[:, 3], "diff": tot[:, 2] / tot[:, 3]}
             if self.controls is not None:
                 out["adjusted"] = self._adjusted(w, idx)
-        self._reps[key] = out
         return out
 
     def _step_sums(self, df: pd.DataFrame, idx: dict, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,18 +138,10 @@ class Contrast:
         return out
 
 
-def _require(df: pd.DataFrame, cols: tuple[str, ...], origin: str, why: str) -> None:
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise TraceFormatError(origin, [Problem(origin, c, f"required column is missing ({why})") for c in missing])
-
-
-def _sorted_tokens(tokens: pd.DataFrame) -> pd.DataFrame:
-    df = tokens.copy()
-    df["seq_id"] = df["seq_id"].astype(str)
-    df = df.sort_values(["seq_id", "pos"], kind="stable").reset_index(drop=True)
-    # NaN is allowed (e.g. the first token of a sequence has no previous token): such events are
-    # left out. A column with no number at all is an error.
+def _sorted_tokens(tokens: pd.DataFrame, cols: tuple[str, ...], why: str) -> pd.DataFrame:
+    """The tokens table sorted by ``seq_id``, ``pos``, with ``new_experts`` as float. NaN is allowed
+    (those events are left out); a column with no number at all is an error."""
+    df = token_table(tokens, cols, why=why, sort=True)
     ne = pd.to_numeric(df["new_experts"], errors="coerce").to_numpy(dtype=float)
     if len(df) and not np.isfinite(ne).any():
         raise TraceFormatError("tokens.parquet", [Problem("tokens.parquet", "new_experts",
@@ -182,8 +158,7 @@ def script_change_contrast(labelled: pd.DataFrame, script_col: str = "label_scri
     Events carry ``direction`` and, when the trace has planted labels, ``context_before`` /
     ``context_at``.
     """
-    _require(labelled, ("seq_id", "pos", "new_experts", script_col), "tokens.parquet", "routing at script changes")
-    df = _sorted_tokens(labelled)
+    df = _sorted_tokens(labelled, ("seq_id", "pos", "new_experts", script_col), "routing at script changes")
     script = df[script_col].astype(str).where(df[script_col].astype(str).isin(["latin", "cyrillic"]))
     last = script.groupby(df["seq_id"]).shift(1)
     last = last.groupby(df["seq_id"]).ffill()
@@ -224,8 +199,7 @@ def first_mismatch_contrast(result: OracleResult | OracleInputs, tokens: pd.Data
     if source == "reference":
         if tokens is None:
             raise SpeclimitsError("first_mismatch_contrast(source='reference') needs the tokens table")
-        _require(tokens, ("seq_id", "pos", "new_experts"), "tokens.parquet", "routing at the first mismatch")
-        tok = _sorted_tokens(tokens)
+        tok = _sorted_tokens(tokens, ("seq_id", "pos", "new_experts"), "routing at the first mismatch")
         ok = (a < k_max) & (a < inp.remaining)
         states = pd.DataFrame({"seq_id": seq[ok], "pos": inp.pos[ok]})
         cols = ["new_experts"] + (["context"] if "context" in tok.columns else [])
@@ -276,24 +250,12 @@ def routing_table(contrasts: list[Contrast], n_boot: int = 999, seed: int = 0, l
     return pd.DataFrame(rows).reindex(columns=cols)
 
 
-# ---------------------------------------------------------------------------
-# Planted truth (simulated traces only)
-# ---------------------------------------------------------------------------
-
-
-def planted_new_experts(meta: dict[str, Any]) -> dict[str, float]:
-    """Expected new experts per layer of a reference token, by planted context, for a simulated
-    trace (the simulator's own :func:`speclimits.simulate.expected_new_experts` for the trace's
-    config and seed). Raises for a trace that is not simulated."""
-    return expected_new_experts(config_from_meta(meta), int(meta["seed"]))
-
-
 def planted_contrast(contrast: Contrast, meta: dict[str, Any]) -> float:
-    """The planted difference for a contrast's own events: mean over events of
-    E[new experts | context at] − E[new experts | context before] (simulated traces with planted
-    ``context``; reference-token contrasts only)."""
+    """The planted difference for a contrast's own events: mean over events of E[new experts | context
+    at] − E[new experts | context before] (:func:`speclimits.simulate.expected_new_experts`; simulated
+    traces with planted ``context``, reference-token contrasts only; raises for a measured trace)."""
     ev = contrast.events
     if "context_at" not in ev.columns:
         raise SpeclimitsError(f"contrast {contrast.name!r} has no planted contexts (simulated reference tokens only)")
-    truth = planted_new_experts(meta)
+    truth = expected_new_experts(config_from_meta(meta), int(meta["seed"]))
     return float((ev["context_at"].map(truth) - ev["context_before"].map(truth)).mean())

@@ -19,8 +19,7 @@ from speclimits import vocabulary as v
 from speclimits.linguistic.contexts import decision_table, k_by_context
 from speclimits.linguistic.routing import Contrast, first_mismatch_contrast, routing_table, script_change_contrast
 from speclimits.oracle.solver import OracleResult
-
-from speclimits.vocabulary import HEADLINE_KIND  # noqa: F401  (re-exported: the kind the headline uses)
+from speclimits.vocabulary import HEADLINE_KIND
 
 
 @dataclass(frozen=True)
@@ -51,12 +50,6 @@ class KindStudy:
         return int(self.decisions["seq_id"].nunique())
 
 
-def all_contrasts(result: OracleResult, labelled: pd.DataFrame) -> list[Contrast]:
-    """The three routing contrasts on all sequences: script change, first mismatch (reference, window)."""
-    return [script_change_contrast(labelled), first_mismatch_contrast(result, labelled, source="reference"),
-            first_mismatch_contrast(result, source="window")]
-
-
 def _routing_note(labelled: pd.DataFrame, seqs: set[str]) -> str:
     if "new_experts" not in labelled.columns:
         return "the tokens table has no new_experts: the reference-token contrasts have no events"
@@ -79,7 +72,8 @@ def study_by_kind(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarra
     n_boot, seed : bootstrap replicates and seed (the same for every kind).
     """
     dec = decision_table(result, labelled, kinds)
-    contrasts = all_contrasts(result, labelled)
+    contrasts = [script_change_contrast(labelled), first_mismatch_contrast(result, labelled, source="reference"),
+                 first_mismatch_contrast(result, source="window")]
     present = list(pd.unique(dec["reference_kind"]))
     order = sorted(present, key=lambda k: (k != HEADLINE_KIND, k))
     out = {}

@@ -55,10 +55,6 @@ class HeadConfig:
     seed: int = 0
 
 
-def default_aux_ids(n_layers: int) -> tuple[int, int, int]:
-    return (2, n_layers // 2, n_layers - 3)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -151,21 +147,15 @@ class Eagle3Head(nn.Module):
             q, k, v = attn_mod.qkv(x, pos)
             if j == 1:
                 k1, v1 = k, v
-                scores = (q @ k1.transpose(-1, -2)) * scale
-                mask = torch.ones(n, n, dtype=torch.bool).tril()
-                out = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v1
-            else:
-                k1n, v1n = k1[:, :, :n], v1[:, :, :n]
-                scores = (q @ k1n.transpose(-1, -2)) * scale
-                mask = torch.ones(n, n, dtype=torch.bool).tril()
-                scores = scores.masked_fill(~mask, float("-inf"))
-                diag = [(q * kk[:, :, :n]).sum(-1, keepdim=True) * scale for kk, _ in keys] + \
-                       [(q * k).sum(-1, keepdim=True) * scale]
-                w = torch.cat([scores, *diag], -1).softmax(-1)
-                out = w[..., :n] @ v1n
-                vs = [vv[:, :, :n] for _, vv in keys] + [v]
-                for i, vv in enumerate(vs):
-                    out = out + w[..., n + i: n + i + 1] * vv
+            mask = torch.ones(n, n, dtype=torch.bool).tril()
+            scores = ((q @ k1[:, :, :n].transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
+            # step j > 1 also attends to the keys of steps 2..j at its own origin
+            own = [(kk[:, :, :n], vv[:, :, :n]) for kk, vv in keys] + ([(k, v)] if j > 1 else [])
+            w = torch.cat([scores, *[(q * kk).sum(-1, keepdim=True) * scale for kk, _ in own]], -1).softmax(-1)
+            out = w[..., :n] @ v1[:, :, :n]
+            for i, (_, vv) in enumerate(own):
+                out = out + w[..., n + i: n + i + 1] * vv
+            if j > 1:
                 keys.append((k, v))
             out = out.transpose(1, 2).reshape(b, n, -1)
             logits, prenorm = self._layer_out(attn_mod.o_proj(out), residual)
@@ -286,12 +276,6 @@ def head_losses(head: Eagle3Head, embed, batch: FeatureCache, d2t_ids: torch.Ten
     return losses, agree
 
 
-def target_to_draft(d2t_ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    t2d = torch.full((vocab,), -1, dtype=torch.long)
-    t2d[d2t_ids] = torch.arange(d2t_ids.numel())
-    return t2d
-
-
 def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict[str, np.ndarray],
                token_counts: np.ndarray, out: str | Path, log: Callable[[str], None] = print,
                progress: bool = True) -> dict:
@@ -299,13 +283,14 @@ def train_head(cfg: HeadConfig, target, train_seqs: np.ndarray, valid_sets: dict
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     n_layers = target.config.num_hidden_layers
-    aux_ids = tuple(cfg.aux_layer_ids or default_aux_ids(n_layers))
+    aux_ids = tuple(cfg.aux_layer_ids or (2, n_layers // 2, n_layers - 3))
     hidden = target.config.hidden_size
     head = Eagle3Head(hidden, len(aux_ids), cfg)
     draft_ids = draft_vocab_from_counts(token_counts, cfg.draft_vocab)
     coverage = float(token_counts[draft_ids].sum() / token_counts.sum())
     d2t_ids = torch.from_numpy(draft_ids).long()
-    t2d = target_to_draft(d2t_ids, target.config.vocab_size)
+    t2d = torch.full((target.config.vocab_size,), -1, dtype=torch.long)  # target id -> draft id (-1: none)
+    t2d[d2t_ids] = torch.arange(d2t_ids.numel())
     log(f"eagle3 head: {sum(p.numel() for p in head.parameters()) / 1e6:.2f}M parameters, aux layers {aux_ids}, "
         f"draft vocab {cfg.draft_vocab} covering {coverage:.3f} of training-corpus tokens")
     t0 = time.perf_counter()
@@ -390,12 +375,7 @@ def save_head(head: Eagle3Head, out: str | Path, hidden: int, aux_ids: tuple[int
     t2d[draft_ids] = True
     state["t2d"] = torch.from_numpy(t2d)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = head_config_dict(hidden, aux_ids, target_config, cfg)
-    (out / "config.json").write_text(dumps(config, indent=2) + "\n")
-
-
-def head_config_dict(hidden: int, aux_ids: tuple[int, ...], target_config, cfg: HeadConfig) -> dict:
-    return {
+    config = {
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "hidden_size": hidden, "target_hidden_size": hidden, "intermediate_size": cfg.intermediate,
         "num_hidden_layers": 1, "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads,
@@ -407,6 +387,7 @@ def head_config_dict(hidden: int, aux_ids: tuple[int, ...], target_config, cfg: 
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_ids), "use_aux_hidden_state": True},
         "torch_dtype": "float32",
     }
+    (out / "config.json").write_text(dumps(config, indent=2) + "\n")
 
 
 def load_head(path: str | Path) -> tuple[Eagle3Head, torch.Tensor, tuple[int, ...]]:

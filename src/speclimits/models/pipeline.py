@@ -3,7 +3,8 @@
 Every stage is seeded and records what it did in ``<out>/train.log`` and ``<out>/meta.json``.
 Scratch data (downloaded packages, the corpus, token streams, generated sequences) stays in
 ``--scratch``; only models, tokenizer and metadata land in ``--out``. Stages whose outputs exist
-are skipped unless ``--force`` (so an interrupted run resumes where it stopped).
+are skipped unless ``--force`` (so an interrupted run resumes where it stopped). Each stage imports
+torch and the model code itself, so that the other commands do not load them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from speclimits.errors import SpeclimitsError
 from speclimits.jsonutil import dumps, read_json
+from speclimits.paths import DATA_DIR
 
 STAGES = ("corpus", "tokenizer", "heldout", "target", "headdata", "eagle3", "dense", "serve")
 
@@ -52,7 +54,6 @@ class Pipeline:
         return stage in self.meta.get("stages", {})
 
     def run(self, stages: list[str], force: bool = False) -> None:
-        # imported when this step runs: it loads torch, which the other commands do not need
         import torch
 
         torch.set_num_threads(self.threads)
@@ -72,7 +73,6 @@ class Pipeline:
 
     # stages
     def stage_corpus(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.corpus import CorpusConfig, build_corpus
 
         cfg = CorpusConfig()
@@ -84,7 +84,6 @@ class Pipeline:
         return {"splits": meta["splits"]}
 
     def stage_tokenizer(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.corpus import read_corpus
         from speclimits.models.tokenizer import encode_corpus, train_tokenizer
 
@@ -96,10 +95,9 @@ class Pipeline:
 
     def stage_heldout(self) -> dict:
         """Held-out corpus passages as prompts with teacher-forced references (for the Oracle trace)."""
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_streams
 
-        path = Path(__file__).resolve().parents[3] / "data" / "prompts" / "heldout-corpus.jsonl"
+        path = DATA_DIR / "prompts" / "heldout-corpus.jsonl"
         if self.smoke:
             path = self.out / "heldout-corpus.jsonl"
         n = write_heldout_prompts(load_streams(self.streams_dir, "valid"), path, self._tokenizer(),
@@ -108,13 +106,11 @@ class Pipeline:
         return {"path": str(path), "prompts": n}
 
     def _tokenizer(self):
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_tokenizer
 
         return load_tokenizer(self.target_dir)
 
     def target_config(self):
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.target import TargetConfig
 
         cfg = TargetConfig(seed=self.seed)
@@ -123,7 +119,6 @@ class Pipeline:
         return cfg
 
     def stage_target(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.target import train_target
         from speclimits.models.tokenizer import EOS, load_streams
 
@@ -134,7 +129,6 @@ class Pipeline:
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def head_config(self):
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.eagle3 import HeadConfig
 
         cfg = HeadConfig(seed=self.seed)
@@ -147,7 +141,6 @@ class Pipeline:
         """Target-greedy continuations (vLLM, plain decoding) of corpus prefixes, train and held-out."""
         hc = self.head_config()
         rng = np.random.default_rng(self.seed + 1)
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.tokenizer import load_streams
 
         prompt_len, n_train, n_valid = (16, 8, 4) if self.smoke else (32, 640, 32)
@@ -188,19 +181,19 @@ class Pipeline:
             if line.startswith("RESULT "):
                 self.log("  vllm: " + line[7:])
 
-    def _mixed_sequences(self, seq_len: int, split: str, n_corpus: int) -> np.ndarray:
-        """Target-greedy sequences plus ``n_corpus`` corpus windows of the same length (train or valid split)."""
-        # imported when this step runs: it loads torch, which the other commands do not need
+    def _mixed_sequences(self, seq_len: int, split: str, n_corpus: int | None = None) -> np.ndarray:
+        """Target-greedy sequences plus ``n_corpus`` corpus windows of the same length (train or valid split;
+        default: 3 windows per 7 greedy sequences, at least 4)."""
         from speclimits.models.target import WindowSampler
         from speclimits.models.tokenizer import load_streams
 
         greedy = np.load(self.scratch / f"greedy_{split}.npy")[:, :seq_len]
+        n_corpus = max(4, len(greedy) * 3 // 7) if n_corpus is None else n_corpus
         sampler = WindowSampler(load_streams(self.streams_dir, split), seq_len - 1, self.seed + 2)
         corpus = sampler.batch(n_corpus)[0].numpy()
         return np.concatenate([greedy, corpus])
 
     def stage_eagle3(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.eagle3 import train_head
         from speclimits.models.target import WindowSampler, load_target
         from speclimits.models.tokenizer import load_streams
@@ -209,8 +202,7 @@ class Pipeline:
         target = load_target(self.target_dir)
         train_streams = load_streams(self.streams_dir, "train")
         counts = np.bincount(np.concatenate(list(train_streams.values())), minlength=target.config.vocab_size)
-        n_greedy = len(np.load(self.scratch / "greedy_train.npy"))
-        train = self._mixed_sequences(cfg.seq_len, "train", n_corpus=max(4, n_greedy * 3 // 7))
+        train = self._mixed_sequences(cfg.seq_len, "train")
         valid_corpus = WindowSampler(load_streams(self.streams_dir, "valid"), cfg.seq_len - 1, self.seed + 3)
         valid = {"target_greedy": np.load(self.scratch / "greedy_valid.npy")[:, : cfg.seq_len],
                  "corpus_heldout": valid_corpus.batch(4 if self.smoke else 24)[0].numpy()}
@@ -218,7 +210,6 @@ class Pipeline:
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def stage_dense(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.dense_draft import DenseConfig, train_dense
         from speclimits.models.target import load_target
 
@@ -226,17 +217,15 @@ class Pipeline:
         if self.smoke:
             cfg = replace(cfg, layers=1, seq_len=48, batch=4, steps=4, warmup=2)
         target = load_target(self.target_dir)
-        n_greedy = len(np.load(self.scratch / "greedy_train.npy"))
-        train = self._mixed_sequences(cfg.seq_len, "train", n_corpus=max(4, n_greedy * 3 // 7))
+        train = self._mixed_sequences(cfg.seq_len, "train")
         valid = self._mixed_sequences(cfg.seq_len, "valid", n_corpus=4 if self.smoke else 24)
         metrics = train_dense(cfg, target, train, valid, self.dense_dir, log=self.log, progress=self.progress)
         return {k: v for k, v in metrics.items() if k != "history"}
 
     def stage_serve(self) -> dict:
-        # imported when this step runs: it loads torch, which the other commands do not need
         from speclimits.models.serve_check import agreement_check
 
-        prompts = Path(__file__).resolve().parents[3] / "data" / "prompts" / "speclimits.jsonl"
+        prompts = DATA_DIR / "prompts" / "speclimits.jsonl"
         res = self.scratch / "serve.json"
         req = {"target": str(self.target_dir), "eagle3": str(self.head_dir), "dense": str(self.dense_dir),
                "prompts": str(prompts), "max_tokens": 24 if self.smoke else 128,
@@ -261,7 +250,6 @@ def write_heldout_prompts(streams: dict[str, np.ndarray], path: Path, tokenizer,
     Passages that cross a document boundary (an end-of-text id) are moved forward to the next
     clean window; ``category`` is ``heldout-<domain>``.
     """
-    # imported when this step runs: it loads torch, which the other commands do not need
     from speclimits.models.tokenizer import EOS
 
     eos = tokenizer.convert_tokens_to_ids(EOS)

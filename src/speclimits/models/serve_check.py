@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from speclimits.trace.prompts import read_prompts as read_project_prompts
+from speclimits.trace.prompts import read_prompts
 from speclimits.tracing.engine import spec_counters
 
 _TIMES: dict[str, list] = {"forward": [], "propose": []}
@@ -86,25 +86,17 @@ def generate(req: dict) -> dict:
     return out
 
 
-def read_prompts(path: str | Path) -> list[dict]:
-    """Rows of the prompts JSONL (``id``, ``category``, ``prompt``), read by the one prompts reader
-    (:func:`speclimits.trace.prompts.read_prompts`, whose errors name the line); every prompt here
-    needs text and a category."""
-    rows = []
-    for p in read_project_prompts(path):
+def pick_prompts(path: str | Path, n: int) -> list[dict]:
+    """``n`` prompts of the prompts JSONL (:func:`speclimits.trace.prompts.read_prompts`) spread over
+    categories (round robin in file order), as ``id``, ``category``, ``prompt``; each needs text and a category."""
+    by_cat: dict[str, list[dict]] = {}
+    for p in read_prompts(path):
         if p.text is None or p.category is None:
             raise ValueError(f"{path}: prompt {p.id!r} needs 'prompt' text and a 'category'")
-        rows.append({"id": p.id, "category": p.category, "prompt": p.text})
-    return rows
-
-
-def pick_prompts(rows: list[dict], n: int) -> list[dict]:
-    """``n`` prompts spread over categories (round robin in file order)."""
-    by_cat: dict[str, list[dict]] = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r)
+        by_cat.setdefault(p.category, []).append({"id": p.id, "category": p.category, "prompt": p.text})
+    n = min(n, sum(map(len, by_cat.values())))
     picked, i = [], 0
-    while len(picked) < min(n, len(rows)):
+    while len(picked) < n:
         for cat in sorted(by_cat):
             if i < len(by_cat[cat]) and len(picked) < n:
                 picked.append(by_cat[cat][i])
@@ -129,7 +121,7 @@ def _timed_runs(llm, prompts, max_tokens: int) -> dict:
 def check(req: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
-    rows = pick_prompts(read_prompts(req["prompts"]), req["n_prompts"])
+    rows = pick_prompts(req["prompts"], req["n_prompts"])
     k_max, max_tokens, seed = req["k_max"], req["max_tokens"], req.get("seed", 0)
     runs = {
         "plain": None,
@@ -213,10 +205,8 @@ def agreement_check(target_dir: str | Path, head_dir: str | Path, greedy_outputs
     token after the first, so origins with ``p + 2`` in ``[|P| + 1, |P| + |y| - 1]`` are scored
     against ``y``.
     """
-    # imported when this step runs: it loads torch, which the other commands do not need
     import torch
 
-    # imported when this step runs: it loads torch, which the other commands do not need
     from speclimits.models.eagle3 import build_cache, load_head
     from speclimits.models.target import load_target
 

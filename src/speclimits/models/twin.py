@@ -81,11 +81,8 @@ def _width_key(config: dict[str, Any], path: Path) -> str:
     raise SpeclimitsError(f"{path}: no expert width in config.json (looked for {', '.join(_WIDTH_KEYS)})")
 
 
-def _role(name: str) -> str | None:
-    for pattern, role in _EXPERT_WEIGHTS:
-        if pattern.search(name):
-            return role
-    return None
+def _role(name: str, patterns=_EXPERT_WEIGHTS) -> str | None:
+    return next((role for pattern, role in patterns if pattern.search(name)), None)
 
 
 _SHARED_WEIGHTS = (
@@ -94,72 +91,52 @@ _SHARED_WEIGHTS = (
 )
 
 
-def _pad(t: Any, role: str, extra: int, gen: Any) -> Any:
-    """``t`` with ``extra`` random rows (``rows``: a projection into the units) or zero columns (``cols``)."""
+def _widen(tensors: dict[str, Any], patterns, seed: int, extra) -> tuple[dict[str, Any], set[int]]:
+    """``tensors`` (in name order) with every weight ``patterns`` names padded by ``extra(name, units)``
+    units: random rows for a projection into the units (``rows``, drawn with the matrix's own std, so the
+    extra units' activations are of the usual size), zero columns for the one out (``cols``, so they never
+    reach the output). Returns the tensors and the widths found."""
     import torch
 
-    if role == "rows":
-        std = float(t.float().std()) or 0.02
-        pad = (torch.randn((extra, t.shape[1]), generator=gen) * std).to(t.dtype)
-        return torch.cat([t, pad], dim=0).contiguous()
-    pad = torch.zeros((t.shape[0], extra), dtype=t.dtype)
-    return torch.cat([t, pad], dim=1).contiguous()
+    gen = torch.Generator().manual_seed(int(seed))
+    out = {name: tensors[name] for name in sorted(tensors)}
+    old: set[int] = set()
+    for name, t in list(out.items()):
+        role = _role(name, patterns)
+        if role is None:
+            continue
+        inter = int(t.shape[0] if role == "rows" else t.shape[1])
+        old.add(inter)
+        n = extra(name, inter)
+        if role == "rows":
+            std = float(t.float().std()) or 0.02
+            pad = (torch.randn((n, t.shape[1]), generator=gen) * std).to(t.dtype)
+            out[name] = torch.cat([t, pad], dim=0).contiguous()
+        else:
+            out[name] = torch.cat([t, torch.zeros((t.shape[0], n), dtype=t.dtype)], dim=1).contiguous()
+    return out, old
 
 
 def widen_shared(tensors: dict[str, Any], old_width: int, width: int, n_shared: int, seed: int = 0) -> dict[str, Any]:
     """Shared experts sized ``n_shared × old_width`` widened to ``n_shared × width`` (a family whose
-    shared-expert width follows ``moe_intermediate_size``), the same way as the routed experts.
-    Raises if a shared expert has another width (then it does not follow the key, and needs no change:
-    the caller only calls this for such families)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(int(seed) + 1)
-    out = dict(tensors)
-    for name in sorted(tensors):
-        role = next((r for pat, r in _SHARED_WEIGHTS if pat.search(name)), None)
-        if role is None:
-            continue
-        t = tensors[name]
-        inter = t.shape[0] if role == "rows" else t.shape[1]
+    shared-expert width follows ``moe_intermediate_size``); raises for a shared expert of another width."""
+    def extra(name: str, inter: int) -> int:
         if inter != n_shared * old_width:
             raise SpeclimitsError(f"{name}: {inter} units, not n_shared_experts × {old_width} = {n_shared * old_width}: "
                                   "cannot tell how the config sizes it")
-        out[name] = _pad(t, role, n_shared * (width - old_width), gen)
-    return out
+        return n_shared * (width - old_width)
+    return _widen(tensors, _SHARED_WEIGHTS, int(seed) + 1, extra)[0]
 
 
 def widen_tensors(tensors: dict[str, Any], width: int, seed: int = 0) -> tuple[dict[str, Any], int]:
-    """The twin's tensors: every expert projection widened to ``width`` intermediate units.
-
-    Parameters
-    ----------
-    tensors : name -> torch tensor, a checkpoint's state dict (per-expert SwiGLU weights).
-    width : the new intermediate width ``W`` (>= the current one).
-    seed : seeds the values of the extra gate/up rows (drawn with each matrix's own std, so the extra
-        units' activations are of the usual size; their value never reaches the output).
-
-    Returns
-    -------
-    (new tensors, the old width). Raises :class:`SpeclimitsError` if no expert weight is found or
-    the widths disagree.
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(int(seed))
-    out: dict[str, Any] = {}
-    old: set[int] = set()
-    for name in sorted(tensors):
-        t = tensors[name]
-        role = _role(name)
-        if role is None:
-            out[name] = t
-            continue
-        inter = t.shape[0] if role == "rows" else t.shape[1]
-        old.add(int(inter))
-        extra = width - inter
-        if extra < 0:
+    """The twin's tensors (name -> torch tensor, per-expert SwiGLU weights): every expert projection widened
+    to ``width`` intermediate units, the extra gate/up rows seeded by ``seed``. Returns the tensors and the
+    old width; raises if no expert weight is found or the widths disagree."""
+    def extra(name: str, inter: int) -> int:
+        if inter > width:
             raise SpeclimitsError(f"--expert-width {width} is narrower than the experts' {inter} units ({name})")
-        out[name] = _pad(t, role, extra, gen)
+        return width - inter
+    out, old = _widen(tensors, _EXPERT_WEIGHTS, seed, extra)
     if not old:
         raise SpeclimitsError("no expert weights found (expected ...experts.N.gate_proj/up_proj/down_proj.weight "
                               "or Mixtral's w1/w3/w2)")

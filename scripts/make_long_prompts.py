@@ -7,8 +7,8 @@ training (:func:`speclimits.models.corpus.is_heldout`: Python standard-library m
 to ``prompt_tokens`` tokens, so that a 128-token generation runs at contexts of about 1,400–1,530
 tokens, within the target's 2,048 positions.
 
-``python -m speclimits.models.long_prompts --out data/prompts/long-context.jsonl`` writes them (the
-committed file is the record; the documents on another machine may differ).
+``.venv/bin/python scripts/make_long_prompts.py`` writes them (the committed file is the record; the
+documents on another machine may differ).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 
 from speclimits.models.corpus import CorpusConfig, is_heldout, iter_code, iter_en_docs
-from speclimits.paths import TARGET_MODEL
+from speclimits.paths import DATA_DIR, TARGET_MODEL
 
 #: Where the committed long-context prompts live.
-LONG_PROMPTS = Path(__file__).resolve().parents[3] / "data" / "prompts" / "long-context.jsonl"
+LONG_PROMPTS = DATA_DIR / "prompts" / "long-context.jsonl"
 
 
 def long_prompts(n_per_domain: int = 4, prompt_tokens: int = 1400, tokenizer: Path = TARGET_MODEL / "tokenizer.json",
