@@ -52,13 +52,9 @@ def _mean_truth(cfg) -> BatchCostModel:
 def _z_scores(model: BatchCostModel, truth: BatchCostModel) -> pd.DataFrame:
     """Every fitted coefficient against the truth: estimate, 95% interval, truth, inside, z."""
     tab = sb.coefficient_table(model)
-    values = []
-    for _, r in tab.iterrows():
-        name, m = r["name"], r["m"]
-        values.append({"beta0": lambda: truth.base.beta0[m], "gamma": lambda: truth.gamma[m],
-                       "alpha": lambda: truth.base.alpha[m], "c": lambda: truth.base.c, "a": lambda: truth.base.a,
-                       "b": lambda: truth.base.b, "a_req": lambda: truth.a_req, "b_req": lambda: truth.b_req}[name]())
-    tab["truth"] = values
+    by_m = {"beta0": truth.base.beta0, "gamma": truth.gamma, "alpha": truth.base.alpha}
+    scalar = {"c": truth.base.c, "a": truth.base.a, "b": truth.base.b, "a_req": truth.a_req, "b_req": truth.b_req}
+    tab["truth"] = [by_m[n][m] if n in by_m else scalar[n] for n, m in zip(tab["name"], tab["m"])]
     tab["inside"] = (tab["truth"] >= tab["lower"]) & (tab["truth"] <= tab["upper"])
     half = (tab["upper"] - tab["lower"]) / 2
     tab["z"] = (tab["estimate"] - tab["truth"]) / (half / 1.97)

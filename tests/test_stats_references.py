@@ -1,6 +1,6 @@
-"""Every analysis the statistics sections show, against an independent reference: scikit-learn's
-metrics and refits, statsmodels (z-scored OLS, RLM, clustered OLS, het_breuschpagan, f_test),
-and hand-built refits on planted data."""
+"""The sufficient-statistics OLS engine and every analysis the statistics sections show, against an
+independent reference: scikit-learn's metrics and refits, statsmodels (clustered, z-scored OLS, RLM,
+het_breuschpagan, f_test), scipy, and hand-built refits on planted data."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import statsmodels.api as sm
+from scipy import stats as sps
 from sklearn.linear_model import LinearRegression
 from sklearn.metrics import mean_absolute_percentage_error, median_absolute_error
 from sklearn.model_selection import GroupKFold
 
 from speclimits import stats
+from speclimits.errors import SpeclimitsError
 from speclimits.stats import diagnostics as diag
 from speclimits.stats import uncertainty as unc
-from speclimits.stats import CellMoments, ClusterSums, Design, cross_validate, fit_ols, group_folds
+from speclimits.stats import (CellMoments, ClusterSums, Design, cluster_bootstrap, cross_validate, fit_joint, fit_ols,
+                              group_folds, t_interval)
 from speclimits.stats.comparisons import cluster_sensitivity, smooth_designs
+from speclimits.trace import read_trace
 
 
 def planted(n_gen_per_k: int = 16, ks=range(1, 6), seed: int = 0, hetero: float = 0.0,
@@ -46,18 +50,98 @@ def _cluster_ols(y, x, groups):
     return sm.OLS(y, x).fit(cov_type="cluster", cov_kwds={"groups": pd.factorize(groups)[0]}, use_t=True)
 
 
-def test_cv_mape_and_medape_match_sklearn():
+def _categorical_x(df):
+    cols = []
+    for m in sorted(df["m"].unique()):
+        d = (df["m"] == m).to_numpy(float)
+        cols += [d, d * df["u_bar"].to_numpy()]
+    return np.column_stack(cols + [df["context_len"].to_numpy(float)])
+
+
+def _log_m_x(df):
+    lm = np.log(df["m"].to_numpy(float))
+    return np.column_stack([np.ones(len(df)), df["u_bar"], lm, lm * df["u_bar"], df["context_len"]])
+
+
+@pytest.mark.parametrize("design, x, columns", [
+    (lambda mom: Design.linear("u_bar", "context_len", "K"),
+     lambda df: sm.add_constant(df[["u_bar", "context_len", "K"]].to_numpy(float)), None),
+    (lambda mom: fit_joint(mom).design, _categorical_x,
+     [f"{name}[{m}]" for m in range(2, 7) for name in ("beta0", "alpha")] + ["c"]),
+    (lambda mom: smooth_designs()["log m"][1], _log_m_x, None),
+], ids=["pooled", "categorical", "log m"])
+def test_clustered_ols_matches_statsmodels(design, x, columns):
+    df = planted(seed=12, hetero=1.0)
+    mom = CellMoments.from_rounds(df)
+    res = fit_ols(mom, design(mom))
+    ref = _cluster_ols(df["t_target_ms"].to_numpy(), x(df), df["generation_id"])
+    assert columns is None or list(res.params.index) == columns
+    np.testing.assert_allclose(res.params.to_numpy(), ref.params, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(res.bse.to_numpy(), ref.bse, rtol=1e-8)
+    np.testing.assert_allclose(res.conf_int().to_numpy(), ref.conf_int(), rtol=1e-8)
+    np.testing.assert_allclose(res.pvalues.to_numpy(), ref.pvalues, rtol=1e-6, atol=1e-300)
+    assert res.rsquared == pytest.approx(ref.rsquared, rel=1e-10)
+    assert res.n_clusters == 80 and res.nobs == len(df)
+
+
+def test_m1_convention_when_u_bar_is_constant():
+    df = planted(seed=2, ks=(1, 2, 3))
+    rng = np.random.default_rng(5)
+    extra = []
+    for g in range(100, 110):  # K = 0 generations: u_bar = top_k exactly
+        n, L = 20, np.arange(20) + 300
+        extra.append(pd.DataFrame({"generation_id": g, "K": 0, "m": 1, "u_bar": 8.0, "context_len": L,
+                                   "t_target_ms": 7.0 + 0.1 * 8 + 1e-3 * L + rng.normal(0, 0.05, n),
+                                   "kv_usage": L / 5000, "graph_bucket": 1, "e_max": 8.0, "round": np.arange(n)}))
+    joint = fit_joint(CellMoments.from_rounds(pd.concat([df, *extra], ignore_index=True)), top_k=8)
+    assert "alpha[1]" not in joint.params.index and "beta0[1]" in joint.params.index
+    row1, row2 = joint.by_m.set_index("m").loc[1], joint.by_m.set_index("m").loc[2]
+    assert not row1["identified"] and row1["alpha"] == row2["alpha"]
+    assert row1["beta0"] == pytest.approx(joint.params["beta0[1]"] - row2["alpha"] * 8)
+    assert any("alpha(1) := alpha(2)" in n for n in joint.notes)
+
+
+def test_t_interval_matches_scipy():
+    v = np.array([0.81, 0.79, 0.86, 0.83, 0.80])
+    mean, half = t_interval(v)
+    lo, hi = sps.t.interval(0.95, df=4, loc=v.mean(), scale=sps.sem(v))
+    assert mean == pytest.approx(v.mean())
+    assert mean - half == pytest.approx(lo) and mean + half == pytest.approx(hi)
+
+
+def test_folds_never_split_a_generation_and_cv_matches_sklearn():
     df = planted(seed=1)
     mom = CellMoments.from_rounds(df)
     folds = group_folds(mom, 5)
-    cv = cross_validate(mom, Design.linear("u_bar", "context_len"), folds)
+    assert set(folds.tolist()) == set(range(5))
     row_fold = folds[mom.row_attr("cluster")]
+    assert (pd.Series(row_fold).groupby(df["generation_id"].to_numpy()).nunique() == 1).all()
+    cv = cross_validate(mom, Design.linear("u_bar", "context_len"), folds)
+    x = df[["u_bar", "context_len"]].to_numpy(float)
     for f in range(5):
-        te = row_fold == f
+        tr, te = row_fold != f, row_fold == f
         y, yhat = mom.y[te], cv.oof[te]
+        np.testing.assert_allclose(yhat, LinearRegression().fit(x[tr], mom.y[tr]).predict(x[te]), rtol=1e-9)
+        assert cv.folds.loc[f, "rmse"] == pytest.approx(np.sqrt(np.mean((y - yhat) ** 2)), rel=1e-9)
+        assert cv.folds.loc[f, "r2"] == pytest.approx(1 - ((y - yhat) ** 2).sum() / ((y - y.mean()) ** 2).sum())
         assert cv.folds.loc[f, "mape"] == pytest.approx(100 * mean_absolute_percentage_error(y, yhat), rel=1e-12)
         assert cv.folds.loc[f, "medape"] == pytest.approx(100 * median_absolute_error(np.ones_like(y), yhat / y),
                                                           rel=1e-12)
+
+
+def test_bad_input_names_the_problem():
+    df = planted().drop(columns=["context_len"])
+    with pytest.raises(SpeclimitsError, match="context_len"):
+        CellMoments.from_rounds(df)
+    df = planted()
+    df.loc[7, "u_bar"] = np.nan
+    with pytest.raises(SpeclimitsError, match=r"row 7.*u_bar"):
+        CellMoments.from_rounds(df)
+    mom = CellMoments.from_rounds(planted())
+    with pytest.raises(SpeclimitsError, match="collinear|singular"):
+        fit_ols(mom, Design.linear("u_bar", "u_bar"))
+    with pytest.raises(SpeclimitsError, match="GroupKFold"):
+        group_folds(mom.subset(mom.cells["cluster"].to_numpy() < 3), 5)
 
 
 def test_standardized_coefficients_match_a_fit_on_z_scored_data():
@@ -99,18 +183,6 @@ def test_leave_one_k_out_matches_explicit_refits():
         assert res.loko.set_index("K").loc[k, "loko_mape"] == pytest.approx(ref, rel=1e-9)
 
 
-def test_smooth_form_matches_explicit_columns():
-    df = planted(seed=5)
-    mom = CellMoments.from_rounds(df)
-    design = smooth_designs()["log m"][1]
-    fit = fit_ols(mom, design)
-    lm = np.log(df["m"].to_numpy(float))
-    x = np.column_stack([np.ones(len(df)), df["u_bar"], lm, lm * df["u_bar"], df["context_len"]])
-    ref = _cluster_ols(df["t_target_ms"].to_numpy(), x, df["generation_id"])
-    np.testing.assert_allclose(fit.params.to_numpy(), ref.params, rtol=1e-8)
-    np.testing.assert_allclose(fit.bse.to_numpy(), ref.bse, rtol=1e-6)
-
-
 def test_prompt_clustered_se_matches_statsmodels():
     df = planted(seed=6)
     mom = CellMoments.from_rounds(df)
@@ -124,7 +196,7 @@ def test_prompt_clustered_se_matches_statsmodels():
     assert (table["n_prompts"] == 16).all()
 
 
-def test_bootstrap_r2_and_stratified_counts():
+def test_bootstrap_from_sufficient_statistics_equals_refits():
     df = planted(seed=7)
     mom = CellMoments.from_rounds(df)
     w = unc.stratified_counts(mom, 12, seed=3)
@@ -134,9 +206,10 @@ def test_bootstrap_r2_and_stratified_counts():
         assert (w[:, per_k == k].sum(1) == (per_k == k).sum()).all()
     design = Design.linear("u_bar", "context_len")
     beta, r2 = ClusterSums.of(mom, design).replicates(w)
+    np.testing.assert_array_equal(cluster_bootstrap(mom, design, w).to_numpy(), beta)
     gens = mom.cells.drop_duplicates("cluster").sort_values("cluster")["generation_id"].to_numpy()
     by_gen = dict(tuple(df.groupby("generation_id")))
-    for b in range(3):
+    for b in range(len(w)):
         sample = pd.concat([by_gen[g] for g, c in zip(gens, w[b].astype(int)) for _ in range(c)])
         ref = sm.OLS(sample["t_target_ms"].to_numpy(), sm.add_constant(sample[["u_bar", "context_len"]].to_numpy(float))).fit()
         np.testing.assert_allclose(beta[b], ref.params, rtol=1e-8)
@@ -265,3 +338,30 @@ def test_binned_means_wald_and_trend_match_statsmodels():
     assert tr["slope"] == pytest.approx(ref.params[1], rel=1e-9)
     assert tr["p"] == pytest.approx(ref.pvalues[1], rel=1e-6)
     assert tr["p"] < 0.01  # the planted step shows as a trend
+
+
+def test_wald_test_of_binned_means_is_nan_with_fewer_clusters_than_bins():
+    rng = np.random.default_rng(0)
+    resid = rng.normal(size=200)
+    bins = np.repeat(np.arange(10), 20)
+    few = diag.bin_means_wald(resid, bins, np.tile(np.arange(4), 50))  # 4 generations, 10 bins
+    assert np.isnan(few["wald_f"]) and np.isnan(few["wald_p"]) and few["wald_df"] == 10
+    many = diag.bin_means_wald(resid, bins, np.arange(200) % 40)
+    assert np.isfinite(many["wald_f"]) and 0 < many["wald_p"] < 1
+
+
+def test_a_half_without_varying_experts_is_a_not_identified_row(smoke_trace):
+    """On a thin trace a refit a subset cannot identify is a row that says so; the other checks stand."""
+    rounds = read_trace(smoke_trace).rounds.copy()
+    at8 = rounds["K"] == 8
+    gens = np.sort(rounds.loc[at8, "generation_id"].unique())
+    second = rounds["generation_id"].isin(gens[len(gens) // 2:]) & at8
+    rounds.loc[second, "u_bar"] = 12.0  # no variation of Ū in the second half of the run
+    res = stats.robustness_checks(rounds, k=8, n_boot=19)
+    est = res.estimates.set_index("variant")
+    first = est.loc["first half of the run"]
+    assert np.isfinite(first["alpha"]) and np.isfinite(first["c"])
+    late = [v for v in est.index if v.startswith("second half of the run (not identified: design is singular")]
+    assert len(late) == 1 and np.isnan(est.loc[late[0], "alpha"])
+    assert 0 < est.loc[late[0], "n"] < est.loc["all rounds", "n"]  # the rounds it had, not zero
+    assert np.isfinite(est.loc["all rounds", "alpha"])  # the full fit still uses the first half's variation

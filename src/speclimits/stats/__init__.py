@@ -10,7 +10,7 @@ out-of-sample metrics. Results objects carry ``params``, ``bse``, ``conf_int()``
 from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, cluster_bootstrap,
                                    cross_validate, fit_ols, group_folds, t_interval)
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
-from speclimits.stats.draft import DraftResults, fit_draft_line, fit_draft_model
+from speclimits.stats.draft import DraftResults, fit_draft_model
 from speclimits.stats.factors import FactorResults, analyze_factors
 from speclimits.stats.costfit import JointResults, fit_cost_model, fit_joint, fit_trace_cost_model
 from speclimits.stats.final import FinalModelResults, fit_final_model
@@ -19,6 +19,6 @@ from speclimits.stats.robustness import RobustnessResults, robustness_checks
 __all__ = [
     "BoundaryResults", "CVResult", "CellMoments", "ClusterSums", "Design", "DraftResults", "FactorResults", "FinalModelResults",
     "JointResults", "OLSResults", "RobustnessResults", "analyze_factors", "cluster_bootstrap",
-    "cross_validate", "detect_boundary", "fit_cost_model", "fit_draft_line", "fit_draft_model", "fit_final_model",
+    "cross_validate", "detect_boundary", "fit_cost_model", "fit_draft_model", "fit_final_model",
     "fit_joint", "fit_ols", "fit_trace_cost_model", "group_folds", "robustness_checks", "t_interval",
 ]

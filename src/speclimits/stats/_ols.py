@@ -1,30 +1,20 @@
 """OLS from per-cell sufficient statistics, with standard errors clustered by generation.
 
-Every regression in this package is a linear model whose columns are *base variables*
-(``const``, ``u_bar``, ``context_len``, ...) multiplied by quantities that are constant within
-a **cell** (one generation at one m; a generation is one prompt at one K, so a cell is usually
-the whole generation). For such a design the per-cell cross-products are linear maps of the
-per-cell moments of the base variables::
-
-    X_c = Z_c A_c      =>   X_c'X_c = A_c' (Z_c'Z_c) A_c,   X_c'y_c = A_c' Z_c'y_c
-
-so one pass over the rows (``Z'Z``, ``Z'y``, ``y'y`` per cell, :class:`CellMoments`) serves the
-per-K fits, the joint categorical model, the pooled model, every cross-validation fold and
-every bootstrap resample. Cluster-robust covariances need only the per-cluster scores
-``s_g = X_g'y_g - X_g'X_g b``, which are also linear in the moments, so they are exact, not an
-approximation. The small-sample correction and the t reference with ``G - 1`` degrees of freedom
-are those of statsmodels' ``OLS.fit(cov_type="cluster", use_t=True)``; tests check the match.
-
-Row-level quantities that are not moments (MAPE, medians, residual bins) use the kept row arrays:
-``predict`` turns the coefficients into per-cell coefficients on the base variables,
-``b_c = A_c β``, and the prediction of a row is ``Z_row · b_cell``.
+Every regression here has columns that are *base variables* (``const``, ``u_bar``,
+``context_len``, ...) times quantities constant within a **cell** (one generation at one m), so
+``X_c = Z_c A_c`` and the per-cell cross-products ``X_c'X_c = A_c' (Z_c'Z_c) A_c``,
+``X_c'y_c = A_c' Z_c'y_c`` follow from the cell moments (:class:`CellMoments`). One pass over the
+rows serves every fit, fold and bootstrap resample; cluster scores ``s_g = X_g'y_g - X_g'X_g b`` are
+linear in the moments too, so clustered covariances are exact (statsmodels' ``cov_type="cluster"``
+correction, t with ``G - 1`` df; tests check the match). Row-level quantities (MAPE, residuals)
+use the kept rows: the prediction of a row is ``Z_row · (A_cell β)``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -128,7 +118,6 @@ class CellMoments:
             if col in rounds.columns:
                 cells[col] = rounds[col].astype(str).to_numpy()[first]
         cells["cluster"] = pd.factorize(cells["generation_id"], sort=True)[0]
-        cells["first_row"] = first
         return cls(("const", *base), zz, zy, yy, n, cells, z, y, cell_of_row, response)
 
     # -- selection ----------------------------------------------------------
@@ -172,9 +161,6 @@ class CellMoments:
     def recluster(self, column: str) -> "CellMoments":
         """The same moments with clusters defined by a cell column (e.g. ``prompt_id``: one prompt's
         generations at every K form one cluster). For standard errors only; folds stay by generation."""
-        if column not in self.cells.columns:
-            raise SpeclimitsError(f"cannot cluster by {column!r}: the rounds had no such column "
-                                  f"(cell columns: {list(self.cells.columns)})")
         cells = self.cells.copy()
         cells["cluster"] = pd.factorize(cells[column], sort=True)[0]
         return CellMoments(self.names, self.zz, self.zy, self.yy, self.n, cells, self.z, self.y,
@@ -224,23 +210,6 @@ class Design:
     def linear(cls, *specs: str, const: bool = True, label: str = "") -> "Design":
         terms = ([Term("const", "const")] if const else []) + [parse_term(s) for s in specs]
         return cls(tuple(terms), label or " + ".join(specs))
-
-    @classmethod
-    def grouped(cls, groups: Callable[[pd.DataFrame], np.ndarray], levels: Iterable[Any],
-                varying: Sequence[str], shared: Sequence[str], fmt: str = "{term}[{level}]",
-                label: str = "") -> "Design":
-        """Free coefficients of the ``varying`` terms per level of ``groups(cells)``; ``shared`` terms common.
-
-        ``varying`` may include ``"const"``. Names come from ``fmt`` (``{term}``, ``{level}``).
-        """
-        terms = []
-        for level in levels:
-            for spec in varying:
-                base = Term("const", "const") if spec == "const" else parse_term(spec)
-                terms.append(Term(fmt.format(term=spec, level=level), base.base, base.mult,
-                                  (lambda cells, lv=level: groups(cells) == lv)))
-        terms += [Term("const", "const") if s == "const" else parse_term(s) for s in shared]
-        return cls(tuple(terms), label)
 
     @property
     def columns(self) -> list[str]:
@@ -425,10 +394,10 @@ def cluster_cov(xtx: np.ndarray, scores: np.ndarray, clusters: np.ndarray, nobs:
     return corr * bread @ (s.T @ s) @ bread
 
 
-def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] | None = None) -> OLSResults:
+def fit_ols(mom: CellMoments, design: Design) -> OLSResults:
     """OLS of the response on ``design`` over all cells of ``mom``, SEs clustered by generation."""
     a = design.matrices(mom)
-    xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
+    xtx_c, xty_c = cross_products(mom, a)
     cols = design.columns
     xtx, xty = xtx_c.sum(0), xty_c.sum(0)
     beta = solve_normal(xtx, xty, cols)
@@ -450,11 +419,23 @@ def fit_ols(mom: CellMoments, design: Design, xp: tuple[np.ndarray, np.ndarray] 
 
 
 def predict(mom: CellMoments, design: Design, params: np.ndarray | pd.Series,
-            a: np.ndarray | None = None) -> np.ndarray:
-    """Row-level fitted values of ``design`` with coefficients ``params`` (N,)."""
+            a: np.ndarray | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+    """Fitted values of ``design`` with coefficients ``params`` on every row (N,), or on the ``rows`` (mask)."""
     a = design.matrices(mom) if a is None else a
     b = a @ np.asarray(params, dtype=float)  # (C, q): coefficients on the base variables per cell
-    return np.einsum("nq,nq->n", mom.z, b[mom.cell_of_row])
+    if rows is None:
+        return np.einsum("nq,nq->n", mom.z, b[mom.cell_of_row])
+    return np.einsum("nq,nq->n", mom.z[rows], b[mom.cell_of_row[rows]])
+
+
+def held_out_fits(mom: CellMoments, design: Design, cell_group: np.ndarray,
+                  xp: tuple[np.ndarray, np.ndarray] | None = None):
+    """For each value ``g`` of ``cell_group`` (C,), ascending: ``(g, β)``, ``design`` fitted on the cells of
+    every other group (a fold, a K left out). ``xp``: the per-cell cross-products, when already made."""
+    xtx_c, xty_c = xp if xp is not None else cross_products(mom, design.matrices(mom))
+    for g in np.unique(cell_group):
+        tr = cell_group != g
+        yield g, solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
 
 
 # ---------------------------------------------------------------------------
@@ -519,18 +500,13 @@ def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVRes
     R² is ``1 - SSE/SST`` around the held-out fold's mean (as scikit-learn's ``r2_score``).
     """
     a = design.matrices(mom)
-    xtx_c, xty_c = cross_products(mom, a)
     cell_fold = folds[mom.cells["cluster"].to_numpy()]
     row_fold = cell_fold[mom.cell_of_row]
     oof = np.full(mom.n_rows, np.nan)
     recs = []
-    for f in np.unique(folds):
-        tr = cell_fold != f
-        beta = solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+    for f, beta in held_out_fits(mom, design, cell_fold, cross_products(mom, a)):
         rows = row_fold == f
-        b = a @ beta
-        yhat = np.einsum("nq,nq->n", mom.z[rows], b[mom.cell_of_row[rows]])
-        oof[rows] = yhat
+        yhat = oof[rows] = predict(mom, design, beta, a, rows)
         y = mom.y[rows]
         sse = float(((y - yhat) ** 2).sum())
         sst = float(((y - y.mean()) ** 2).sum())
@@ -540,16 +516,13 @@ def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVRes
     return CVResult(design.label, pd.DataFrame(recs), oof)
 
 
-def cv_fold_sse(mom: CellMoments, design: Design, folds: np.ndarray,
-                xp: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def cv_fold_sse(mom: CellMoments, design: Design, folds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Held-out SSE and rows of every fold (two (F,) arrays, folds in sorted order), from moments only."""
-    a = design.matrices(mom)
-    xtx_c, xty_c = xp if xp is not None else cross_products(mom, a)
+    xtx_c, xty_c = cross_products(mom, design.matrices(mom))
     cell_fold = folds[mom.cells["cluster"].to_numpy()]
     sse, n = [], []
-    for f in np.unique(cell_fold):
-        tr, te = cell_fold != f, cell_fold == f
-        beta = solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
+    for f, beta in held_out_fits(mom, design, cell_fold, (xtx_c, xty_c)):
+        te = cell_fold == f
         sse.append(mom.yy[te].sum() - 2 * beta @ xty_c[te].sum(0) + beta @ xtx_c[te].sum(0) @ beta)
         n.append(mom.n[te].sum())
     return np.array(sse, dtype=float), np.array(n, dtype=float)

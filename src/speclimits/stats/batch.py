@@ -1,31 +1,19 @@
 """The cost model at batch > 1: fit, validation by (b, K), the union of a step's experts, and where
 speculation stops paying.
 
-A batch trace (``speclimits trace --batch``, ``speclimits simulate --batch``) has a ``steps``
-table, one row per engine step shared by ``n_reqs`` requests (columns:
-:data:`speclimits.trace.schema.STEPS_COLUMNS`). The model (:class:`speclimits.costmodel.BatchCostModel`)::
+A batch trace has a ``steps`` table, one row per engine step shared by ``n_reqs`` requests
+(:data:`speclimits.trace.schema.STEPS_COLUMNS`). The model (:class:`speclimits.costmodel.BatchCostModel`)::
 
     target(n, m, Ū, L) = beta0(m) + gamma(m) * (n - 1) + alpha(m) * Ū + c * L
     draft(n, k)        = a * k + b + (n - 1) * (a_req * k + b_req)          (0 at k = 0)
 
-with Ū the unique experts per layer of the whole step (averaged over layers) and L its summed
-context. Both parts are fitted by OLS (statsmodels) on the **uniform decode steps**
-(:func:`uniform_decode_steps`: every request decoding, every one verifying the same m rows) with
-standard errors clustered by batch (``batch_id``; statsmodels' small-sample correction and a
-t reference with G - 1 degrees of freedom, as the batch-1 fits use): one regression for the target
-with free ``beta0``, ``gamma``, ``alpha`` per m and one shared ``c``; one for the drafter on the
-steps with K > 0. Steps with a zero timing (a failed measurement) are left out of the part
-whose timing is zero.
-
-At n = 1 the design is the batch-1 one (:func:`speclimits.stats.fit_cost_model`): on a sweep
-with b = 1 only, ``gamma`` and ``a_req``, ``b_req`` are not identified and are set to 0 (noted),
-and ``alpha(1)`` (Ū constant at m = 1, n = 1) takes the batch-1 convention alpha(1) :=
-alpha(2), beta0(1) := intercept(1) - alpha(1) * top_k.
-
-What the model does **not** cover: prefill and mixed steps (a request prefilling beside others
-decoding), and decode steps whose requests verify different m (a request with fewer drafts).
-:func:`validate_by_batch_k` counts their measured time as-is on both sides of the comparison and
-reports their share, so its error is the error of the modelled steps diluted by that share.
+with Ū the step's unique experts per layer and L its summed context, each part fitted by OLS
+(statsmodels) on the **uniform decode steps** (every request decoding at the same m) with standard
+errors clustered by batch; steps with a zero timing are left out of that part. At n = 1 it is the
+batch-1 model (:func:`speclimits.stats.fit_cost_model`, its alpha(1) convention included); with
+b = 1 only, ``gamma``, ``a_req`` and ``b_req`` are not identified and set to 0 (noted). Prefill, mixed
+and non-uniform steps are not modelled: :func:`validate_by_batch_k` counts them as measured on both
+sides and reports their share.
 """
 
 from __future__ import annotations
@@ -41,11 +29,11 @@ import statsmodels.api as sm
 from scipy import stats as sps
 from statsmodels.stats.sandwich_covariance import cov_cluster
 
-from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve, union_unique
+from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve
 from speclimits.errors import CostModelError, SpeclimitsError
 from speclimits.stats._ols import ResultsMixin
+from speclimits.stats.costfit import m1_convention
 from speclimits.trace import Trace, read_trace
-from speclimits.trace.io import read_table
 
 #: Columns of the steps table this module reads.
 STEP_COLUMNS = ("batch_id", "b", "K", "step", "n_reqs", "n_decode", "n_tokens", "m_max", "u_bar", "context_total",
@@ -61,14 +49,10 @@ BATCH1_NOTE = ("m = {m}: alpha({m}) := alpha({donor}) = {alpha:.4g}, beta0({m}) 
 # ---------------------------------------------------------------------------
 
 
-def _trace(trace: Trace | str | Path) -> Trace:
-    return trace if isinstance(trace, Trace) else read_trace(trace)
-
-
 def trace_steps(trace: Trace | str | Path) -> pd.DataFrame:
     """The ``steps`` table of a batch trace; :class:`SpeclimitsError` naming the trace when it has none."""
-    tr = _trace(trace)
-    steps = tr.steps if hasattr(type(tr), "steps") else read_table(tr.path, "steps")
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    steps = tr.steps
     if steps is None:
         raise SpeclimitsError(
             f"trace {tr.path} has no steps table (steps.parquet): it is not a batch trace "
@@ -81,12 +65,17 @@ def trace_steps(trace: Trace | str | Path) -> pd.DataFrame:
     return steps
 
 
-def _experts(tr: Trace) -> tuple[int, int]:
+def _batch_trace(trace: Trace | str | Path) -> tuple[Trace, pd.DataFrame, pd.DataFrame | None, int, int]:
+    """A batch trace's parts: the trace, its steps, its rounds where they join the steps (``batch_id``,
+    ``step``; else None), and the target's ``n_experts`` and ``top_k`` from meta.json."""
+    tr = trace if isinstance(trace, Trace) else read_trace(trace)
+    steps = trace_steps(tr)
     n_experts = ((tr.meta.get("models") or {}).get("target") or {}).get("n_experts")
     if n_experts is None or tr.top_k is None:
         raise SpeclimitsError(f"trace {tr.path}: meta.json lacks models.target.n_experts / top_k "
                               "(the union of a step's experts needs both)")
-    return int(n_experts), int(tr.top_k)
+    rounds = tr.rounds if {"batch_id", "step"} <= set(tr.rounds.columns) else None
+    return tr, steps, rounds, int(n_experts), int(tr.top_k)
 
 
 def uniform_decode_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -146,22 +135,15 @@ class _Fit:
     rsquared: float
     cov_type: str
 
-    def se(self, name: str, which: str = "cov") -> float:
-        return math.sqrt(max(float(getattr(self, which).loc[name, name]), 0.0))
-
-    def interval(self, name: str) -> list[float]:
-        est, half = float(self.params[name]), self.q * self.se(name)
-        return [est - half, est + half]
+    def var(self, name: str) -> tuple[float, float]:
+        """The variance of ``name`` under ``cov`` and under ``cov_cr1``."""
+        return self.cov.loc[name, name], self.cov_cr1.loc[name, name]
 
 
 def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: str = "jackknife") -> _Fit:
-    """statsmodels OLS of ``y`` on ``x``.
-
-    With ``groups``: statsmodels' cluster-robust covariance (``cov_type="cluster"``, its small-sample
-    correction, t(G - 1)) is always computed (``cov_cr1``); the intervals use the cluster jackknife
-    (statsmodels' CV3, ``cov_type="jackknife"``, the default, t(G - 1)) or its CR1
-    (``"cr1"``). Without groups: the classical OLS covariance.
-    """
+    """statsmodels OLS of ``y`` on ``x``. With ``groups``: statsmodels' cluster-robust covariance (CR1,
+    t(G - 1)) as ``cov_cr1``, and behind the intervals the cluster jackknife (statsmodels' CV3, the
+    default) or CR1; without: the classical OLS covariance."""
     if cov_type not in COV_TYPES:
         raise SpeclimitsError(f"cov_type must be one of {COV_TYPES}, got {cov_type!r}")
     model = sm.OLS(y, x)
@@ -185,6 +167,31 @@ def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: st
             label = "cluster-robust CR1 (statsmodels; the jackknife was singular: some cluster is needed to identify a coefficient)"
     q = float(sps.t.interval(0.95, max(n_clusters - 1, 1))[1])
     return _Fit(res.params, cov, cr1, q, int(res.nobs), n_clusters, float(res.rsquared), label)
+
+
+def _put(out: dict[str, Any], res: _Fit, name: str, est: float, var: tuple[float, float] | None,
+         m: int | None = None) -> None:
+    """Record one coefficient in ``out``: the estimate at ``out[name]`` (``[m]``), its ``se``, ``se_cr1`` and
+    95% ``ci`` at ``out[kind][name]`` (``[str(m)]``) from ``var``, its variances under ``res.cov`` and
+    ``res.cov_cr1``; None where it was set by a convention (``var`` None)."""
+    se = None if var is None else math.sqrt(max(float(var[0]), 0.0))
+    values = (None,) * 3 if var is None else (se, math.sqrt(max(float(var[1]), 0.0)),
+                                              [float(est) - res.q * se, float(est) + res.q * se])
+    for kind, v in zip(("se", "se_cr1", "ci"), values):
+        if m is None:
+            out[kind][name] = v
+        else:
+            out[kind][name][str(m)] = v
+    if m is None:
+        out[name] = float(est)
+    else:
+        out[name][m] = float(est)
+
+
+def _fit_info(res: _Fit, notes: list[str]) -> dict[str, Any]:
+    """The parts of a fit's record other than its coefficients."""
+    return {"notes": notes, "n_steps": res.nobs, "n_clusters": res.n_clusters, "r2": res.rsquared,
+            "t_quantile": res.q, "cov_type": res.cov_type}
 
 
 def _varies(v: np.ndarray, rel: float = 1e-10) -> bool:
@@ -226,62 +233,38 @@ def _fit_target(df: pd.DataFrame, top_k: int, clusters: str | None, cov_type: st
         if alpha_id[mv]:
             cols[f"alpha[{mv}]"] = sel * u
     cols["c"] = df["context_total"].to_numpy(dtype=float)
-    x = pd.DataFrame(cols)
     ident = [mv for mv in ms if alpha_id[mv]]
     if not ident:
         raise SpeclimitsError("alpha is not identified at any m (the step's Ū is constant everywhere)")
-    res = _ols(df["t_target_ms"].to_numpy(dtype=float), x, _groups(df, clusters), cov_type)
-    p, q = res.params, res.q
+    res = _ols(df["t_target_ms"].to_numpy(dtype=float), pd.DataFrame(cols), _groups(df, clusters), cov_type)
+    p, notes = res.params, []
     names = ("beta0", "alpha", "gamma")
     out: dict[str, Any] = {n: {} for n in names}
-    out.update({"ci": {n: {} for n in names}, "se": {n: {} for n in names}, "se_cr1": {n: {} for n in names},
-                "notes": []})
+    out.update({kind: {n: {} for n in names} for kind in ("ci", "se", "se_cr1")})
     for mv in ms:
-        b_name = f"beta0[{mv}]"
+        a_name, b_name = f"alpha[{mv}]", f"beta0[{mv}]"
         if alpha_id[mv]:
-            a_name = f"alpha[{mv}]"
-            alpha, beta0 = p[a_name], p[b_name]
-            var = {w: (getattr(res, w).loc[a_name, a_name], getattr(res, w).loc[b_name, b_name])
-                   for w in ("cov", "cov_cr1")}
-        else:
-            # the batch-1 convention (speclimits.stats.costfit.M1_NOTE): alpha from the nearest identified m
-            donor = min(ident, key=lambda v: (abs(v - mv), v))
-            a_name = f"alpha[{donor}]"
-            tk = float(top_k)
-            alpha = p[a_name]
-            beta0 = p[b_name] - alpha * tk
-            var = {}
-            for w in ("cov", "cov_cr1"):
-                c = getattr(res, w)
-                var[w] = (c.loc[a_name, a_name],
-                          c.loc[b_name, b_name] + tk ** 2 * c.loc[a_name, a_name] - 2 * tk * c.loc[b_name, a_name])
-            out["notes"].append(BATCH1_NOTE.format(m=mv, donor=donor, alpha=alpha, tk=tk))
+            _put(out, res, "alpha", p[a_name], res.var(a_name), mv)
+            _put(out, res, "beta0", p[b_name], res.var(b_name), mv)
+        else:  # the batch-1 convention (costfit.m1_convention)
+            donor, tk = min(ident, key=lambda v: (abs(v - mv), v)), float(top_k)
+            (alpha, a_var, beta0, b_var), (_, a_cr1, _, b_cr1) = (
+                m1_convention(p, cov, b_name, f"alpha[{donor}]", tk) for cov in (res.cov, res.cov_cr1))
+            _put(out, res, "alpha", alpha, (a_var, a_cr1), mv)
+            _put(out, res, "beta0", beta0, (b_var, b_cr1), mv)
+            notes.append(BATCH1_NOTE.format(m=mv, donor=donor, alpha=alpha, tk=tk))
             u_obs = float(u[m == mv].mean())
             if abs(u_obs - tk) > 1e-6:
-                out["notes"].append(f"m = {mv}: top_k = {tk:g} differs from the observed constant u_bar = {u_obs:g}")
-        for i, (name, est) in enumerate((("alpha", alpha), ("beta0", beta0))):
-            se = math.sqrt(max(float(var["cov"][i]), 0.0))
-            out[name][mv] = float(est)
-            out["se"][name][mv] = se
-            out["se_cr1"][name][mv] = math.sqrt(max(float(var["cov_cr1"][i]), 0.0))
-            out["ci"][name][mv] = [float(est) - q * se, float(est) + q * se]
-        if gamma_id[mv]:
-            g_name = f"gamma[{mv}]"
-            out["gamma"][mv] = float(p[g_name])
-            out["se"]["gamma"][mv] = res.se(g_name)
-            out["se_cr1"]["gamma"][mv] = res.se(g_name, "cov_cr1")
-            out["ci"]["gamma"][mv] = res.interval(g_name)
-        else:
-            out["gamma"][mv] = 0.0
-            out["se"]["gamma"][mv] = out["se_cr1"]["gamma"][mv] = out["ci"]["gamma"][mv] = None
-            out["notes"].append(f"m = {mv}: gamma({mv}) := 0, not identified: every fitted step at this m has n = 1 "
-                                "(the batch-1 form)")
-    out["c"] = float(p["c"])
-    out["se"]["c"], out["se_cr1"]["c"], out["ci"]["c"] = res.se("c"), res.se("c", "cov_cr1"), res.interval("c")
+                notes.append(f"m = {mv}: top_k = {tk:g} differs from the observed constant u_bar = {u_obs:g}")
+        g_name = f"gamma[{mv}]"
+        _put(out, res, "gamma", p[g_name] if gamma_id[mv] else 0.0, res.var(g_name) if gamma_id[mv] else None, mv)
+        if not gamma_id[mv]:
+            notes.append(f"m = {mv}: gamma({mv}) := 0, not identified: every fitted step at this m has n = 1 "
+                         "(the batch-1 form)")
+    _put(out, res, "c", p["c"], res.var("c"))
     out["identified"] = {"alpha": {str(k): bool(v) for k, v in alpha_id.items()},
                          "gamma": {str(k): bool(v) for k, v in gamma_id.items()}}
-    out.update(n_steps=res.nobs, n_clusters=res.n_clusters, r2=res.rsquared, t_quantile=q, cov_type=res.cov_type)
-    return out
+    return {**out, **_fit_info(res, notes)}
 
 
 def _fit_draft(df: pd.DataFrame, clusters: str | None, cov_type: str) -> dict[str, Any]:
@@ -298,18 +281,12 @@ def _fit_draft(df: pd.DataFrame, clusters: str | None, cov_type: str) -> dict[st
     if per_req:
         cols.update({"b_req": n1, "a_req": n1 * k})
     res = _ols(df["t_draft_ms"].to_numpy(dtype=float), pd.DataFrame(cols), _groups(df, clusters), cov_type)
-    out: dict[str, Any] = {"notes": [], "ci": {}, "se": {}, "se_cr1": {}}
+    out: dict[str, Any] = {"ci": {}, "se": {}, "se_cr1": {}}
     for name in ("a", "b", "a_req", "b_req"):
-        if name in res.params.index:
-            out[name] = float(res.params[name])
-            out["se"][name], out["se_cr1"][name] = res.se(name), res.se(name, "cov_cr1")
-            out["ci"][name] = res.interval(name)
-        else:
-            out[name], out["se"][name], out["se_cr1"][name], out["ci"][name] = 0.0, None, None, None
-    if not per_req:
-        out["notes"].append("a_req, b_req := 0, not identified: every fitted step has n = 1 (the batch-1 form)")
-    out.update(n_steps=res.nobs, n_clusters=res.n_clusters, r2=res.rsquared, t_quantile=res.q, cov_type=res.cov_type)
-    return out
+        fitted = name in res.params.index
+        _put(out, res, name, res.params[name] if fitted else 0.0, res.var(name) if fitted else None)
+    notes = [] if per_req else ["a_req, b_req := 0, not identified: every fitted step has n = 1 (the batch-1 form)"]
+    return {**out, **_fit_info(res, notes)}
 
 
 def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, n_experts: int, top_k: int,
@@ -329,28 +306,17 @@ def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, 
     with_draft = uni.loc[(uni["K"] > 0) & (uni["k"] > 0)]
     n_zero_d = int((with_draft["t_draft_ms"] <= 0).sum())
     drf = _fit_draft(with_draft.loc[with_draft["t_draft_ms"] > 0].reset_index(drop=True), clusters, cov_type)
-    ms = sorted(tgt["beta0"])
-    base = CostModel(c=tgt["c"], beta0={m: tgt["beta0"][m] for m in ms}, alpha={m: tgt["alpha"][m] for m in ms},
-                     a=drf["a"], b=drf["b"],
+    base = CostModel(c=tgt["c"], beta0=tgt["beta0"], alpha=tgt["alpha"], a=drf["a"], b=drf["b"],
                      source=source or "speclimits fit --batch: batch cost model on the uniform decode steps")
 
-    def by_m(d: dict[int, Any]) -> dict[str, Any]:
-        return {str(m): d[m] for m in ms}
+    def record(part: dict[str, Any], n_zero: int) -> dict[str, Any]:
+        return {"n_steps": part["n_steps"], "n_clusters": part["n_clusters"], "r2": part["r2"],
+                "n_zero_timing_excluded": n_zero, "ci95": part["ci"], "se": part["se"], "se_cr1": part["se_cr1"],
+                "cov_type": part["cov_type"], "t_quantile": part["t_quantile"]}
 
     fit = {
-        "target": {"n_steps": tgt["n_steps"], "n_clusters": tgt["n_clusters"], "r2": tgt["r2"],
-                   "n_zero_timing_excluded": n_zero_t,
-                   "ci95": {"beta0": by_m(tgt["ci"]["beta0"]), "alpha": by_m(tgt["ci"]["alpha"]),
-                            "gamma": by_m(tgt["ci"]["gamma"]), "c": tgt["ci"]["c"]},
-                   "se": {"beta0": by_m(tgt["se"]["beta0"]), "alpha": by_m(tgt["se"]["alpha"]),
-                          "gamma": by_m(tgt["se"]["gamma"]), "c": tgt["se"]["c"]},
-                   "se_cr1": {"beta0": by_m(tgt["se_cr1"]["beta0"]), "alpha": by_m(tgt["se_cr1"]["alpha"]),
-                              "gamma": by_m(tgt["se_cr1"]["gamma"]), "c": tgt["se_cr1"]["c"]},
-                   "cov_type": tgt["cov_type"], "t_quantile": tgt["t_quantile"],
-                   "identified": tgt["identified"]},
-        "draft": {"n_steps": drf["n_steps"], "n_clusters": drf["n_clusters"], "r2": drf["r2"],
-                  "n_zero_timing_excluded": n_zero_d, "ci95": drf["ci"], "se": drf["se"], "se_cr1": drf["se_cr1"],
-                  "cov_type": drf["cov_type"], "t_quantile": drf["t_quantile"]},
+        "target": {**record(tgt, n_zero_t), "identified": tgt["identified"]},
+        "draft": record(drf, n_zero_d),
         "n_steps_total": int(len(steps)), "n_uniform_decode": int(len(uni)),
         "batch_sizes": sorted(int(b) for b in uni["b"].unique()),
         "clusters": clusters,
@@ -361,40 +327,27 @@ def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, 
             + (f" by {clusters}, t(G - 1)" if clusters else "")
             + "; se_cr1: statsmodels' cluster-robust standard errors (what the batch-1 fit reports)"],
     }
-    return BatchCostModel(base=base, gamma={m: tgt["gamma"][m] for m in ms}, a_req=drf["a_req"], b_req=drf["b_req"],
+    return BatchCostModel(base=base, gamma=tgt["gamma"], a_req=drf["a_req"], b_req=drf["b_req"],
                           n_experts=int(n_experts), top_k=int(top_k), extra={"fit": fit})
 
 
 def fit_batch_cost_model(trace: Trace | str | Path, *, clusters: str | None = "batch_id",
                          batch_sizes: Sequence[int] | None = None, cov_type: str = "jackknife") -> BatchCostModel:
-    """Fit the :class:`~speclimits.costmodel.BatchCostModel` of a batch trace.
+    """Fit the :class:`~speclimits.costmodel.BatchCostModel` of a batch trace (see the module docstring).
 
-    Target, per m: ``t_target = beta0(m) + gamma(m) * (n - 1) + alpha(m) * Ū_step + c * L_total``,
-    one OLS over all m with m-specific intercepts and slopes and ``c`` shared; drafter:
-    ``t_draft = a * k + b + (n - 1) * (a_req * k + b_req)`` on the steps with K > 0 (k = drafts
-    per request of the step, ``n_drafted_next / n_reqs``). Both on :func:`uniform_decode_steps`
-    (zero timings dropped), statsmodels OLS with covariance clustered by ``clusters`` (default
-    ``batch_id``). The model's ``extra["fit"]`` (the JSON's ``batch.fit``) holds the 95%
-    intervals (``ci95``) and standard errors of every coefficient (null where a coefficient was
-    not identified and set by convention), which were identified, the steps fitted, clusters,
-    R² and notes.
+    Drafter steps: K > 0, ``k = n_drafted_next / n_reqs`` drafts per request. ``clusters``: the steps
+    column the covariance is clustered by (default ``batch_id``); ``batch_sizes``: fit on those b only
+    (b = 1 only: the batch-1 model). ``extra["fit"]`` (the JSON's ``batch.fit``) holds every
+    coefficient's 95% interval (``ci95``) and standard errors (null where set by a convention), which
+    were identified, the steps, clusters, R² and notes; ``n_experts`` and ``top_k`` come from meta.json.
 
-    **Intervals.** ``cov_type="jackknife"`` (default): the cluster jackknife (CV3: the spread of
-    the estimates leaving one batch out, scaled by (G - 1) / G), with t(G - 1). statsmodels'
-    cluster-robust covariance (CR1, ``se_cr1`` in the JSON; ``cov_type="cr1"`` to use it for
-    the intervals) is too small here: gamma(m) is identified mostly by the few large batches
-    (at b = 16 a sweep of a few dozen prompts has 2 batches per K), high-leverage clusters whose
-    residuals OLS shrinks. On the simulator, refitting one design with fresh noise 60 times, the
-    estimates spread 1.2-1.35x the mean CR1 standard error of beta0, gamma and alpha (c: 1.03x);
-    the jackknife removes that (see ``tests/test_stats_batch.py``). ``batch_sizes`` restricts the fit to those b; with b = 1 only it reduces to
-    the batch-1 model (see the module docstring). ``n_experts`` and ``top_k`` come from meta.json.
+    **Intervals.** ``cov_type="jackknife"`` (default): the cluster jackknife (CV3, leave one batch out),
+    t(G - 1). statsmodels' CR1 (``se_cr1``; ``cov_type="cr1"`` to use it) is too small here: gamma(m)
+    rests mostly on the few large batches, high-leverage clusters whose residuals OLS shrinks (on the
+    simulator the estimates spread 1.2-1.35x the mean CR1 standard error; ``tests/test_stats_batch.py``).
     """
-    tr = _trace(trace)
-    steps = trace_steps(tr)
-    n_experts, top_k = _experts(tr)
-    rounds = tr.rounds
-    use_rounds = rounds if {"batch_id", "step"} <= set(rounds.columns) else None
-    return fit_batch_steps(steps, use_rounds, n_experts=n_experts, top_k=top_k, clusters=clusters,
+    tr, steps, rounds, n_experts, top_k = _batch_trace(trace)
+    return fit_batch_steps(steps, rounds, n_experts=n_experts, top_k=top_k, clusters=clusters,
                            batch_sizes=batch_sizes, cov_type=cov_type,
                            source=f"speclimits fit --batch on trace {tr.path.resolve().name} ({tr.source_label})")
 
@@ -445,11 +398,6 @@ def _step_prediction(model: BatchCostModel, uni: pd.DataFrame) -> np.ndarray:
     return target + model.draft_ms(uni["n"].to_numpy(), uni["k"].to_numpy())
 
 
-def _modelled_mask(steps: pd.DataFrame, uni_keys: pd.MultiIndex) -> np.ndarray:
-    key = pd.MultiIndex.from_arrays([steps["batch_id"].to_numpy(), steps["step"].to_numpy()])
-    return key.isin(uni_keys)
-
-
 def batch_folds(steps: pd.DataFrame, folds: int = 2) -> pd.Series:
     """Fold of every batch (indexed by ``batch_id``): within each (b, K) the batches, in
     ``batch_id`` order, alternate over folds 0, 1, ..., folds - 1."""
@@ -469,28 +417,18 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
     (``n_emitted``, the prefill's token included).
 
     **Predicted**: the same sum with each uniform decode step with non-zero timings priced by a
-    model; every other step (prefill, mixed, decode steps with different m per request, steps
-    with a zero timing, a failed measurement, and steps at K > 0 whose drafter proposed nothing)
-    is counted as measured on both sides: the model does not price it. ``unmodelled_share`` is the share of the measured time in those
-    steps, so the errors below are the modelled steps' error diluted by that share.
+    model; every other step (prefill, mixed, non-uniform, a zero timing, a drafter that proposed
+    nothing at K > 0) counts as measured on both sides. ``unmodelled_share`` is their share of the
+    measured time: the errors are the modelled steps' errors diluted by that share.
 
-    * ``pred_cross`` / ``err_cross_pct``: each batch priced by the model fitted
-      (:func:`fit_batch_steps`, same clusters) on the batches of the other folds
-      (:func:`batch_folds`: within each (b, K) batches alternate over ``folds`` in ``batch_id``
-      order). A (b, K) with one batch is priced by a model fitted without any batch of that
-      (b, K) (an extrapolation from the other b at that K).
-    * ``pred_model`` / ``err_model_pct``: priced by ``model`` (default: fitted on the whole
-      trace, i.e. in sample).
-
+    ``pred_cross`` / ``err_cross_pct``: each batch priced by the model fitted on the other folds'
+    batches (:func:`batch_folds`; a (b, K) with one batch is an extrapolation from the other b at that
+    K); ``pred_model`` / ``err_model_pct``: priced by ``model`` (default: fitted on the whole trace).
     Errors are ``100 * (predicted - measured) / measured``. Returns a DataFrame sorted by b, K;
-    ``attrs["worst"]`` (also :func:`worst_error`) names the (b, K) with the largest cross-fitted
-    |error|.
+    ``attrs["worst"]`` (:func:`worst_error`) names the (b, K) with the largest cross-fitted |error|.
     """
-    tr = _trace(trace)
-    steps = trace_steps(tr)
-    n_experts, top_k = _experts(tr)
+    tr, steps, use_rounds, n_experts, top_k = _batch_trace(trace)
     rounds = tr.rounds
-    use_rounds = rounds if {"batch_id", "step"} <= set(rounds.columns) else None
     for col in ("b", "K", "n_emitted"):
         if col not in rounds.columns:
             raise SpeclimitsError(f"trace {tr.path}: rounds table lacks column {col!r} (a batch trace's rounds have b)")
@@ -516,8 +454,8 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
             raise SpeclimitsError(f"trace {tr.path}: cross-fit fold {f} of {folds}: {exc}") from None
     in_model = _step_prediction(model, uni)
     measured_step = steps["t_target_ms"].to_numpy(dtype=float) + steps["t_draft_ms"].to_numpy(dtype=float)
-    key_uni = pd.MultiIndex.from_arrays([uni["batch_id"].to_numpy(), uni["step"].to_numpy()])
-    modelled = _modelled_mask(steps, key_uni)
+    modelled = pd.MultiIndex.from_arrays([steps["batch_id"].to_numpy(), steps["step"].to_numpy()]).isin(
+        pd.MultiIndex.from_arrays([uni["batch_id"].to_numpy(), uni["step"].to_numpy()]))
     meas_uni = uni["t_target_ms"].to_numpy(dtype=float) + uni["t_draft_ms"].to_numpy(dtype=float)
     base = pd.DataFrame({"b": steps["b"].to_numpy(), "K": steps["K"].to_numpy(), "measured": measured_step,
                          "unmodelled": np.where(modelled, 0.0, measured_step), "one": 1.0,
@@ -580,12 +518,10 @@ class UnionTable(ResultsMixin):
     """Measured Ū of the uniform decode steps against independent routing and the saturation curve.
 
     ``steps``: one row per uniform decode step: ``batch_id``, ``b``, ``K``, ``step``, ``n``, ``m``,
-    ``n_tokens``, ``u_measured`` (the step's Ū), ``u_independent`` (:func:`union_unique` of the
-    step's requests' own Ū: their rounds' ``u_bar``), ``u_saturation``
-    (:func:`saturation_curve` of the step's tokens), ``ratio_independent`` and
-    ``ratio_saturation`` (measured over each). ``by_batch_k``: per (b, K) the number of steps and
-    batches, the means of the three Ū, the mean ratios and the standard error of the mean
-    ``ratio_independent`` over batches (per-batch means, their sd / sqrt(batches)).
+    ``n_tokens``, ``u_measured`` (the step's Ū), ``u_independent`` (the union of its requests' own Ū
+    under independent routing), ``u_saturation`` (:func:`saturation_curve` of its tokens) and the
+    ratios measured over each. ``by_batch_k``: per (b, K) the counts, means and the standard error of
+    the mean ``ratio_independent`` over batches (per-batch means, their sd / sqrt(batches)).
     """
 
     steps: pd.DataFrame
@@ -614,11 +550,8 @@ def step_union_table(trace: Trace | str | Path) -> UnionTable:
     with routing that differs by layer in the same way for every request it slightly
     overstates the mean over layers of the per-layer unions.
     """
-    tr = _trace(trace)
-    steps = trace_steps(tr)
-    E, top_k = _experts(tr)
-    rounds = tr.rounds
-    if not {"batch_id", "step"} <= set(rounds.columns):
+    tr, steps, rounds, E, top_k = _batch_trace(trace)
+    if rounds is None:
         raise SpeclimitsError(f"trace {tr.path}: rounds table lacks batch_id / step (needed to join requests to steps)")
     uni = uniform_decode_steps(steps, rounds)
     dec = rounds.loc[rounds["phase"].astype(str) == "decode", ["batch_id", "step", "u_bar"]]

@@ -1,18 +1,12 @@
 """Where (and whether) the budget regime changes: a parsimonious rule on a cross-validated curve.
 
-Candidates are "no split" (one regime: intercept, slope in m, α and c shared by every m) and,
-for each m but the largest, the two-regime model ``m <= s | m > s`` (per regime a free intercept,
-slope in m and α; c shared). Each candidate is scored by GroupKFold(5) by generation.
-
-**The rule.** A split is declared only when it beats "no split" by more than one standard error:
-with ``RMSE_f`` the held-out RMSE of fold f, the candidate with the smallest mean ``RMSE_f`` is
-``s*``; if ``mean RMSE(no split) <= mean RMSE(s*) + SE(s*)`` (SE: the standard deviation of
-``s*``'s fold RMSEs over sqrt(folds), the one-standard-error rule of Hastie, Tibshirani &
-Friedman §7.10) the simpler model stands and no regime is declared. **Stability.** The rule is
-repeated inside every outer GroupKFold training set (nested CV); the split is reported only if
-every outer fold's rule selects the same split as the rule on all the data. Otherwise the
-section reports "no regime" and says why. The paper's split (m <= 4 | m >= 5, chosen by eye)
-is reported beside the rule's in every regime-dependent row, whatever the rule says.
+Candidates: "no split" (intercept, slope in m, α and c shared by every m) and, for each m but the
+largest, ``m <= s | m > s`` (per regime a free intercept, slope in m and α; c shared), each scored
+by GroupKFold(5) by generation. **The rule** (one standard error, Hastie, Tibshirani & Friedman
+§7.10): ``s*``, the candidate with the smallest mean fold RMSE, is declared only if no split's mean
+fold RMSE exceeds ``s*``'s by more than ``s*``'s SE (sd of its fold RMSEs / sqrt(folds)).
+**Stability**: the rule is repeated inside every outer training set (nested CV) and the split kept
+only if every outer fold selects it; otherwise "no regime", with why.
 """
 
 from __future__ import annotations

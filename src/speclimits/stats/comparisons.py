@@ -14,15 +14,14 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
-                                   cross_validate, fit_ols, predict, solve_normal, t_interval)
+                                   cross_validate, fit_ols, held_out_fits, predict, t_interval)
 from speclimits.stats.m_split import FIXED_SPLIT
 from speclimits.stats.requirements import REQUIREMENTS, Skips
 
+#: ``T_T ~ Ū + L``: the per-K fits' design and the base of the pooled comparison.
 BASE_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
 POOLED_DESIGN = Design.linear("u_bar", "context_len", "K", label="Ū + L + γK (pooled)")
-PER_K_DESIGN = Design.linear("u_bar", "context_len", label="Ū + L (per K)")
 #: The first row of the smooth-forms table: the pooled form (γK), left out of each K in turn.
 POOLED_LOKO_FORM = "pooled Ū + L + γK"
 
@@ -41,16 +40,14 @@ LADDER = [
 # ---------------------------------------------------------------------------
 
 
-def comparison_table(mom: CellMoments, cat_fit: OLSResults, cvs: dict[str, CVResult]) -> pd.DataFrame:
+def comparison_table(fits: dict[str, OLSResults], cvs: dict[str, CVResult]) -> pd.DataFrame:
     """Ū + L, the pooled model with γK and the categorical model: in-sample R², GroupKFold R², RMSE,
-    MAPE (mean and 95% t half-width over folds). ``cvs`` keyed ``base``, ``pooled``,
+    MAPE (mean and 95% t half-width over folds). ``fits`` and ``cvs`` keyed ``base``, ``pooled``,
     ``categorical``. ``attrs``: ``pooled_drmse`` (mean, half-width of the paired fold RMSE
     reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
     rows = []
-    for name, fit, key in (("Ū + L", fit_ols(mom, BASE_DESIGN), "base"),
-                           ("Ū + L + γK (pooled)", fit_ols(mom, POOLED_DESIGN), "pooled"),
-                           ("categorical (Eq. 4)", cat_fit, "categorical")):
-        r = {"model": name, "r2": fit.rsquared}
+    for name, key in (("Ū + L", "base"), ("Ū + L + γK (pooled)", "pooled"), ("categorical (Eq. 4)", "categorical")):
+        r = {"model": name, "r2": fits[key].rsquared}
         for met in ("r2", "rmse", "mape"):
             r[f"cv_{met}"], r[f"cv_{met}_ci"] = cvs[key].mean_ci(met)
         rows.append(r)
@@ -70,14 +67,15 @@ def pooled_standardized(pooled: OLSResults) -> pd.DataFrame:
 def mape_by_k(mom: CellMoments, oof: dict[str, np.ndarray], per_k: pd.DataFrame) -> pd.DataFrame:
     """MAPE (%) by K of out-of-fold predictions (``oof`` keyed ``pooled``, ``categorical``) and the per-K
     fits' own CV MAPE."""
+    pooled, cat, within = _by_k(mom, oof["pooled"]), _by_k(mom, oof["categorical"]), per_k.set_index("K")["cv_mape"]
+    return pd.DataFrame([{"K": k, "pooled": pooled[k], "categorical": cat[k], "per_k": float(within.loc[k])}
+                         for k in pooled])
+
+
+def _by_k(mom: CellMoments, pred: np.ndarray) -> dict[int, float]:
+    """``{K: MAPE (%)}`` of the (N,) predictions ``pred`` on each K's rows, K ascending."""
     row_k = mom.row_attr("K")
-    rows = []
-    for k in sorted(np.unique(row_k)):
-        sel = row_k == k
-        rows.append({"K": int(k), "pooled": float(ape(mom.y[sel], oof["pooled"][sel]).mean()),
-                     "categorical": float(ape(mom.y[sel], oof["categorical"][sel]).mean()),
-                     "per_k": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0])})
-    return pd.DataFrame(rows)
+    return {int(k): float(ape(mom.y[row_k == k], pred[row_k == k]).mean()) for k in np.unique(row_k)}
 
 
 # ---------------------------------------------------------------------------
@@ -88,26 +86,19 @@ def mape_by_k(mom: CellMoments, oof: dict[str, np.ndarray], per_k: pd.DataFrame)
 def loko_predictions(mom: CellMoments, design: Design) -> np.ndarray:
     """(N,) prediction of every row by ``design`` fitted on the rounds of all other K."""
     a = design.matrices(mom)
-    xtx_c, xty_c = cross_products(mom, a)
-    cell_k = mom.cells["K"].to_numpy()
     row_k = mom.row_attr("K")
     out = np.full(mom.n_rows, np.nan)
-    for k in np.unique(cell_k):
-        beta = solve_normal(xtx_c[cell_k != k].sum(0), xty_c[cell_k != k].sum(0), design.columns)
+    for k, beta in held_out_fits(mom, design, mom.cells["K"].to_numpy(), cross_products(mom, a)):
         rows = row_k == k
-        out[rows] = np.einsum("nq,nq->n", mom.z[rows], (a @ beta)[mom.cell_of_row[rows]])
+        out[rows] = predict(mom, design, beta, a, rows)
     return out
 
 
 def loko_table(mom: CellMoments, loko_pred: np.ndarray, per_k: pd.DataFrame) -> pd.DataFrame:
     """Leave-one-K-out MAPE (%) of the pooled form per K beside the within-K CV MAPE."""
-    row_k = mom.row_attr("K")
-    rows = []
-    for k in sorted(np.unique(row_k)):
-        sel = row_k == k
-        rows.append({"K": int(k), "loko_mape": float(ape(mom.y[sel], loko_pred[sel]).mean()),
-                     "within_k_mape": float(per_k.loc[per_k["K"] == k, "cv_mape"].iloc[0])})
-    return pd.DataFrame(rows)
+    within = per_k.set_index("K")["cv_mape"]
+    return pd.DataFrame([{"K": k, "loko_mape": v, "within_k_mape": float(within.loc[k])}
+                         for k, v in _by_k(mom, loko_pred).items()])
 
 
 def _in_m(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> list[Term]:
@@ -131,30 +122,26 @@ def smooth_designs(hinge_at: int = FIXED_SPLIT) -> dict[str, tuple[str, Design]]
     return {name: (need, Design(tuple([const, u, *terms, ctx]), name)) for name, (need, terms) in forms.items()}
 
 
-def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips | None = None
+def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips
                  ) -> tuple[pd.DataFrame | None, dict[str, np.ndarray]]:
     """Leave-one-K-out MAPE (%) of each smooth parameterization: the mean over K and the worst K.
 
     The pooled form (γK) comes first (left out when ``pooled_loko`` is None). Returns the table and
-    the (N,) predictions by form. With ``skips``, a form that some leave-one-K-out fit cannot
-    identify is left out and recorded there instead of raising; the table is None when no form is left."""
+    the (N,) predictions by form. A form that some leave-one-K-out fit cannot identify is left out and
+    recorded in ``skips``; the table is None when no form is left."""
     preds = {POOLED_LOKO_FORM: pooled_loko} if pooled_loko is not None else {}
     for name, (need, d) in smooth_designs().items():
-        try:
-            preds[name] = loko_predictions(mom, d)
-        except SpeclimitsError as exc:
-            if skips is None:
-                raise
-            skips.add("smooth", f"smooth form '{name}'", REQUIREMENTS[need], exc)
+        pred = skips.run("smooth", f"smooth form '{name}'", lambda: loko_predictions(mom, d), REQUIREMENTS[need])
+        if pred is not None:
+            preds[name] = pred
     if not preds:
         return None, {}
-    row_k = mom.row_attr("K")
-    ks = sorted(np.unique(row_k))
     rows = []
     for name, pred in preds.items():
-        by_k = [float(ape(mom.y[row_k == k], pred[row_k == k]).mean()) for k in ks]
-        rows.append({"form": name, "loko_mape_mean": float(np.mean(by_k)), "loko_mape_max": max(by_k),
-                     "worst_k": int(ks[int(np.argmax(by_k))])})
+        by_k = _by_k(mom, pred)
+        worst = max(by_k, key=by_k.get)
+        rows.append({"form": name, "loko_mape_mean": float(np.mean(list(by_k.values()))),
+                     "loko_mape_max": by_k[worst], "worst_k": worst})
     return pd.DataFrame(rows).set_index("form"), preds
 
 
@@ -164,34 +151,28 @@ def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips 
 
 
 def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_cat: CVResult | None,
-                 skips: Skips | None = None) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
+                 skips: Skips) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
     """Nested specifications plus the categorical form: in-sample R², GroupKFold MAPE (mean, 95% t
     half-width), RMSE. Returns the table and ``{spec: (design, cv)}``.
 
-    With ``skips``, a specification the trace cannot identify (e.g. linear m on a single
-    K) keeps its row with NaN numbers and is recorded there, instead of raising; so is the
-    categorical row when ``cv_cat`` is None."""
+    A specification the trace cannot identify (e.g. linear m on a single K) keeps its row with NaN
+    numbers and is recorded in ``skips``; the categorical row has NaN CV numbers when ``cv_cat`` is None."""
     rows, fitted = [], {}
-    nan_row = {"r2": np.nan, "cv_mape": np.nan, "cv_mape_ci": np.nan, "cv_rmse": np.nan}
+
+    def row(name: str, r2: float = np.nan, cv: CVResult | None = None) -> None:
+        mape, half = cv.mean_ci("mape") if cv is not None else (np.nan, np.nan)
+        rows.append({"spec": name, "r2": r2, "cv_mape": mape, "cv_mape_ci": half,
+                     "cv_rmse": cv.mean_ci("rmse")[0] if cv is not None else np.nan})
+
     for name, specs in LADDER:
         d = Design.linear(*specs, label=name)
-        try:
-            cv = cross_validate(mom, d, folds)
-            r2 = fit_ols(mom, d).rsquared
-        except SpeclimitsError as exc:
-            if skips is None:
-                raise
-            skips.add("ladder", f"ladder row '{name}'", exc=exc)
-            rows.append({"spec": name, **nan_row})
-            continue
-        fitted[name] = (d, cv)
-        rows.append({"spec": name, "r2": r2, "cv_mape": cv.mean_ci("mape")[0],
-                     "cv_mape_ci": cv.mean_ci("mape")[1], "cv_rmse": cv.mean_ci("rmse")[0]})
-    if cv_cat is None:
-        rows.append({"spec": "categorical (Eq. 4)", **nan_row, "r2": cat_fit.rsquared})
-    else:
-        rows.append({"spec": "categorical (Eq. 4)", "r2": cat_fit.rsquared, "cv_mape": cv_cat.mean_ci("mape")[0],
-                     "cv_mape_ci": cv_cat.mean_ci("mape")[1], "cv_rmse": cv_cat.mean_ci("rmse")[0]})
+        got = skips.run("ladder", f"ladder row '{name}'", lambda: (cross_validate(mom, d, folds),
+                                                                   fit_ols(mom, d).rsquared))
+        cv, r2 = got if got is not None else (None, np.nan)
+        if cv is not None:
+            fitted[name] = (d, cv)
+        row(name, r2, cv)
+    row("categorical (Eq. 4)", cat_fit.rsquared, cv_cat)
     return pd.DataFrame(rows).set_index("spec"), fitted
 
 
@@ -213,7 +194,7 @@ def interpolation_table(mom: CellMoments, fits: dict[int, OLSResults], split: in
 
     def score(m: int, params: np.ndarray) -> float:
         sub = mom.where(m=m)
-        return float(ape(sub.y, predict(sub, PER_K_DESIGN, params)).mean())
+        return float(ape(sub.y, predict(sub, BASE_DESIGN, params)).mean())
 
     rows = []
     for m in sorted(by_m):

@@ -1,13 +1,11 @@
 """The cost-model fit: the joint categorical target model (Eq. 4) and the draft line, on cell moments.
 
-One fit serves every consumer: :func:`fit_costs` on the moments of a trace's decode rounds
-(:class:`CostMoments`), each generation weighted. Without weights it is the full sample with
-standard errors clustered by generation (:func:`fit_cost_model`: ``speclimits fit``, the Oracle's
-preparation, ``control.fit``); with a (B, G) matrix of draw counts it is B cluster-bootstrap
-replicates (the Oracle's bootstrap): a generation drawn w times adds w copies of its ``X'X`` and
-``X'y``, so a replicate is one weighted sum and a p x p solve, under the same design rules
-(sparse m pooled, α's identification, the m = 1 convention, the draft line through the origin on a
-single K) decided on the replicate's own sums.
+One fit, :func:`fit_costs`, on a trace's decode rounds (:class:`CostMoments`) with each generation
+weighted: unweighted, the full sample with standard errors clustered by generation
+(:func:`fit_cost_model`: ``speclimits fit``, the Oracle's preparation, ``control.fit``); with (B, G)
+draw counts, B cluster-bootstrap replicates (the Oracle's bootstrap), each one weighted sum of
+per-generation ``X'X``, ``X'y`` and a p x p solve under the same design rules, decided on the
+replicate's own sums.
 """
 
 from __future__ import annotations
@@ -30,8 +28,6 @@ from speclimits.stats.draft import DRAFT_DESIGN
 from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
 
-M1_NOTE = ("m = 1 (K = 0, plain decoding): u_bar is constant (= top_k) so alpha(1) is not identified; "
-           "convention alpha(1) := alpha(2), beta0(1) := intercept(1) - alpha(1) * top_k")
 #: Base variables of the target fit.
 TARGET_BASE = ("u_bar", "context_len")
 
@@ -39,12 +35,6 @@ TARGET_BASE = ("u_bar", "context_len")
 # ---------------------------------------------------------------------------
 # joint categorical model (Eq. 4)
 # ---------------------------------------------------------------------------
-
-
-#: The sparse-cell rule (see :func:`pool_sparse_m`): an m whose decode rounds number fewer than
-#: ``MIN_CELL_ROUNDS`` or come from fewer than ``MIN_CELL_GENERATIONS`` generations is pooled.
-MIN_CELL_ROUNDS = vocabulary.MIN_CELL_ROUNDS
-MIN_CELL_GENERATIONS = vocabulary.MIN_CELL_GENERATIONS
 
 
 def _m_key(members: Sequence[int]) -> str:
@@ -57,15 +47,14 @@ class MPooling:
     """Which m values the joint model fits together (the sparse-cell rule of :func:`pool_sparse_m`).
 
     ``groups``: tuples of m values, ascending; a singleton is an m fitted on its own, a longer tuple
-    shares one ``beta0`` and one ``alpha``. ``counts``: per m present, ``n_rounds`` and
-    ``n_generations``. ``notes``: one line per pooled group (or per m kept below the minimum).
+    shares one ``beta0`` and one ``alpha``. ``notes``: one line per pooled group (or per m kept below
+    the minimum).
     """
 
     groups: tuple[tuple[int, ...], ...]
-    counts: pd.DataFrame
     notes: tuple[str, ...] = ()
-    min_rounds: int = MIN_CELL_ROUNDS
-    min_generations: int = MIN_CELL_GENERATIONS
+    min_rounds: int = vocabulary.MIN_CELL_ROUNDS
+    min_generations: int = vocabulary.MIN_CELL_GENERATIONS
 
     @property
     def pooled(self) -> dict[str, list[int]]:
@@ -77,25 +66,21 @@ class MPooling:
                 "notes": list(self.notes)}
 
 
-def pool_sparse_m(mom: CellMoments, min_rounds: int = MIN_CELL_ROUNDS,
-                  min_generations: int = MIN_CELL_GENERATIONS) -> MPooling:
+def pool_sparse_m(mom: CellMoments, min_rounds: int = vocabulary.MIN_CELL_ROUNDS,
+                  min_generations: int = vocabulary.MIN_CELL_GENERATIONS) -> MPooling:
     """The sparse-cell rule: which m values the joint model (Eq. 4) fits together.
 
     An m is *sparse* when it has fewer than ``min_rounds`` decode rounds or rounds from fewer than
-    ``min_generations`` generations (the normal shape of an n-gram or draft-model trace: most
-    rounds at m = 1, a handful at larger m). Going up from the smallest m >= 2, a sparse m is
-    pooled with the next larger m until the group meets both minimums; a sparse group left at the
-    top joins the group below it. A pooled group shares one ``beta0`` and one ``alpha`` (written
-    for each of its m in the cost model) and is named in the notes. m = 1 is never pooled: Ū is
-    constant there (α(1) comes from the convention of :data:`M1_NOTE`). A full sweep (every m with
-    enough rounds) is left as it is.
+    ``min_generations`` generations (an n-gram or draft-model trace: most rounds at m = 1, a handful
+    at larger m). Going up from the smallest m >= 2, a sparse m is pooled with the next larger m until
+    the group meets both minimums; a sparse group left at the top joins the group below it. A pooled
+    group shares one ``beta0`` and one ``alpha`` and is named in the notes. m = 1 is never pooled (Ū is
+    constant there: :func:`fit_joint`'s convention).
     """
     cells = mom.cells
     ms = sorted(int(v) for v in cells["m"].unique())
     n_rounds = {m: int(mom.n[cells["m"].to_numpy() == m].sum()) for m in ms}
     gens = {m: set(cells.loc[cells["m"] == m, "generation_id"].tolist()) for m in ms}
-    counts = pd.DataFrame({"m": ms, "n_rounds": [n_rounds[m] for m in ms],
-                           "n_generations": [len(gens[m]) for m in ms]})
 
     def enough(group: list[int]) -> bool:
         return (sum(n_rounds[m] for m in group) >= min_rounds
@@ -126,7 +111,7 @@ def pool_sparse_m(mom: CellMoments, min_rounds: int = MIN_CELL_ROUNDS,
             notes.append(f"m = {g[0]} has {n} rounds from {n_gen} generations, below the minimum of {min_rounds} "
                          f"rounds from {min_generations} generations, and nothing to pool it with: its "
                          "coefficients rest on these rounds alone")
-    return MPooling(tuple(tuple(g) for g in groups), counts, tuple(notes), min_rounds, min_generations)
+    return MPooling(tuple(tuple(g) for g in groups), tuple(notes), min_rounds, min_generations)
 
 
 def _in_group(cells: pd.DataFrame, members: Sequence[int]) -> np.ndarray:
@@ -168,17 +153,6 @@ def joint_design(groups: Sequence[Sequence[int]], unidentified: Sequence[Sequenc
             terms.append(Term(f"alpha[{_m_key(members)}]", "u_bar", None, active))
     terms.append(Term("c", "context_len"))
     return Design(tuple(terms), "categorical: beta0(m) + alpha(m)·Ū + c·L")
-
-
-def categorical_design(mom: CellMoments, pooling: MPooling | None = None) -> tuple[Design, list[int]]:
-    """Eq. 4 on the m values present: ``beta0[m]`` and ``alpha[m]`` per m (per pooled group of
-    :func:`pool_sparse_m` where cells are sparse), shared ``c``.
-
-    Returns the design and the m values whose α is not identified (Ū constant within m).
-    """
-    groups = (pooling or pool_sparse_m(mom)).groups
-    unident = [g for g in groups if not _identified(*_u_sums(mom, g))]
-    return joint_design(groups, unident), [m for g in unident for m in g]
 
 
 @dataclass(frozen=True)
@@ -227,24 +201,14 @@ class JointResults(ResultsMixin):
                 + self.by_m.to_string(float_format=lambda v: f"{v:.5g}") + "".join(f"\nnote: {n}" for n in self.notes))
 
 
-def _convention(mom: CellMoments, ols: OLSResults, group: tuple[int, ...], donor: tuple[int, ...],
-                top_k: float | None, notes: list[str]) -> tuple[float, float, float, float]:
-    """α, var α, β0, var β0 at a group of m whose α is unidentified: α := α(donor), β0 = intercept - α·top_k."""
-    p, cov = ols.params, ols.cov
-    n, s1, _ = _u_sums(mom, group)
-    u_obs = float(s1 / n)
-    tk = float(top_k) if top_k is not None else u_obs
-    m, d = _m_key(group), _m_key(donor)
-    if top_k is not None and abs(tk - u_obs) > 1e-6:
-        notes.append(f"m = {m}: top_k = {tk:g} differs from the observed constant u_bar = {u_obs:g}")
-    a_name, b_name = f"alpha[{d}]", f"beta0[{m}]"
+def m1_convention(p: pd.Series, cov: pd.DataFrame, b_name: str, a_name: str, tk: float
+                  ) -> tuple[float, float, float, float]:
+    """The m = 1 convention where α is not identified (Ū constant, = top_k, as in plain decoding): α := the
+    nearest identified m's (``a_name``, α(1) := α(2)), β0 := intercept ``b_name`` - α·tk. Returns α, var α,
+    β0, var β0 from the estimates ``p`` and their covariance ``cov``."""
     alpha, alpha_var = p[a_name], cov.loc[a_name, a_name]
-    beta0 = p[b_name] - alpha * tk
-    beta0_var = cov.loc[b_name, b_name] + tk ** 2 * alpha_var - 2 * tk * cov.loc[b_name, a_name]
-    notes.append(f"m = {m}: alpha({m}) := alpha({d}) = {alpha:.4g}, beta0({m}) = intercept({m}) - "
-                 f"alpha({m}) * {tk:g} (top_k from {'the trace meta' if top_k is not None else 'the observed constant u_bar'}); "
-                 f"u_bar is constant at this m so alpha({m}) is not identified from the data")
-    return alpha, alpha_var, beta0, beta0_var
+    return (alpha, alpha_var, p[b_name] - alpha * tk,
+            cov.loc[b_name, b_name] + tk ** 2 * alpha_var - 2 * tk * cov.loc[b_name, a_name])
 
 
 def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | None = None) -> JointResults:
@@ -255,11 +219,12 @@ def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | 
     :func:`pool_sparse_m` (``pooling``: a rule already decided, e.g. on the full sample).
     """
     pooling = pooling or pool_sparse_m(mom)
-    design, unident = categorical_design(mom, pooling)
+    unident = [g for g in pooling.groups if not _identified(*_u_sums(mom, g))]
+    design = joint_design(pooling.groups, unident)
     ols = fit_ols(mom, design)
     q = sps.t.ppf(0.975, ols.df_t)
     groups = [g for g in pooling.groups if _in_group(mom.cells, g).any()]
-    ident = [g for g in groups if g[0] not in unident]
+    ident = [g for g in groups if g not in unident]
     if not ident:
         raise SpeclimitsError("alpha is not identified at any m (u_bar is constant within every m: the trace "
                               "needs rounds with drafts, K > 0, whose experts vary)")
@@ -267,12 +232,21 @@ def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | 
     rows = []
     for g in groups:
         key = _m_key(g)
+        a_name, b_name = f"alpha[{key}]", f"beta0[{key}]"
         if g in ident:
-            alpha, alpha_var = ols.params[f"alpha[{key}]"], ols.cov.loc[f"alpha[{key}]", f"alpha[{key}]"]
-            beta0, beta0_var = ols.params[f"beta0[{key}]"], ols.cov.loc[f"beta0[{key}]", f"beta0[{key}]"]
-        else:
-            donor = _donor(g, ident)
-            alpha, alpha_var, beta0, beta0_var = _convention(mom, ols, g, donor, top_k, notes)
+            alpha, alpha_var = ols.params[a_name], ols.cov.loc[a_name, a_name]
+            beta0, beta0_var = ols.params[b_name], ols.cov.loc[b_name, b_name]
+        else:  # the m = 1 convention (m1_convention)
+            d, (n, s1, _) = _m_key(_donor(g, ident)), _u_sums(mom, g)
+            u_obs = float(s1 / n)
+            tk = float(top_k) if top_k is not None else u_obs
+            if top_k is not None and abs(tk - u_obs) > 1e-6:
+                notes.append(f"m = {key}: top_k = {tk:g} differs from the observed constant u_bar = {u_obs:g}")
+            alpha, alpha_var, beta0, beta0_var = m1_convention(ols.params, ols.cov, b_name, f"alpha[{d}]", tk)
+            notes.append(f"m = {key}: alpha({key}) := alpha({d}) = {alpha:.4g}, beta0({key}) = intercept({key}) - "
+                         f"alpha({key}) * {tk:g} (top_k from "
+                         f"{'the trace meta' if top_k is not None else 'the observed constant u_bar'}); "
+                         f"u_bar is constant at this m so alpha({key}) is not identified from the data")
         b_se, a_se = math.sqrt(max(beta0_var, 0)), math.sqrt(max(alpha_var, 0))
         for m in g:
             sel = mom.cells["m"].to_numpy() == m
@@ -385,7 +359,7 @@ def fit_costs(mom: CostMoments, weights: np.ndarray | None = None, source: str =
             beta0, alpha = {}, {}
             for g in present:
                 key_g = _m_key(g)
-                if g in unident:  # the m = 1 convention (M1_NOTE), as fit_joint
+                if g in unident:  # the m = 1 convention (m1_convention), as fit_joint
                     j = groups.index(g)
                     tk = mom.top_k if mom.top_k is not None else float(s1[b, j] / n[b, j])
                     a_g = float(p[f"alpha[{_m_key(_donor(g, ident))}]"])
@@ -447,7 +421,7 @@ def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str =
     """The cost model (the JSON of :mod:`speclimits.costmodel`) of a trace's ``rounds`` table.
 
     Target: the joint categorical model (free ``beta0(m)``, ``alpha(m)``, shared ``c``) on every
-    decode round with a non-zero target time, K = 0 included (m = 1, see :data:`M1_NOTE`; ``top_k``
+    decode round with a non-zero target time, K = 0 included (m = 1, see :func:`m1_convention`; ``top_k``
     from ``meta["models"]["target"]["top_k"]``, else the constant Ū observed at m = 1). Draft:
     ``T_D = a·K + b`` on decode rounds with K >= 1 and a non-zero draft time. Standard errors, row
     counts and conventions go to ``extra`` (the JSON's ``"fit"``).

@@ -1,17 +1,10 @@
 """Residual diagnostics and the Huber fit of the robustness section, on row-level arrays.
 
-* :func:`breusch_pagan`: both versions of the Breusch–Pagan test on the same residuals.
-  The **classic** test (Breusch & Pagan 1979) regresses ``e²/σ̂²`` on the regressors and takes
-  half the explained sum of squares; it assumes normal errors, so heavy tails alone can make it
-  reject. The **studentized** test (Koenker 1981) takes ``n·R²`` of ``e²`` on the regressors; it
-  is robust to non-normal errors but rare large spikes inflate the variance of ``e²`` and swamp
-  it. Both test whether the residual variance moves with the regressors (df = regressors - 1).
-* :func:`huber_fit`: Huber M-estimation (statsmodels ``RLM``, ``HuberT``) with two covariances:
-  RLM's own (rows treated as independent, **not clustered**) and a sandwich clustered by generation.
-* :func:`binned_residuals`: mean residual per quantile bin with generation-clustered SEs, and
-  :func:`trend_test`: the clustered slope of the residual on the binned variable, plus a clustered
-  Wald test that every bin mean is zero (a shape test: for a regressor of the model the linear
-  slope is zero by construction, since OLS residuals are orthogonal to the regressors).
+Breusch–Pagan in both versions: the **classic** test (1979, half the explained sum of squares of
+``e²/σ̂²``) assumes normal errors, so heavy tails alone can make it reject; the **studentized** one
+(Koenker 1981, ``n·R²`` of ``e²``) is robust to that, but rare large spikes swamp it. The binned
+residuals come with a clustered Wald test that every bin mean is zero: a shape test, since for a
+regressor of the model the linear slope of OLS residuals is zero by construction.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
-"""Draft-time model ``T_D = a·K + b`` (the draft head is dense: no routing term).
+"""Draft-time model ``T_D = a·K + b`` (the draft head is dense: no routing term), on decode rounds with
+K >= 1 and a non-zero draft time, SEs clustered by generation, GroupKFold(5) for the CV MedAPE.
 
-Fitted on decode rounds with K >= 1 and a non-zero draft time (:func:`decode_rounds` with
-``timing="draft"``), SEs clustered by generation, GroupKFold(5) by generation for the CV MedAPE.
-
-**Zero timings.** A zero draft time is a failed measurement (the round did draft), so the
-reported line excludes those rounds; :attr:`DraftResults.zero_comparison` shows the same line
-fitted with them included (the appendix fits "all 925,752 rounds" and reports 0.3% of records
-with a zero timing without saying which it did).
+A zero draft time is a failed measurement (the round did draft), so the reported line excludes those
+rounds; :attr:`DraftResults.zero_comparison` shows it fitted with them too (the appendix fits "all
+925,752 rounds" and reports 0.3% of records with a zero timing without saying which it did).
 """
 
 from __future__ import annotations
@@ -17,29 +14,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from speclimits.errors import SpeclimitsError
 from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, predict)
 from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, decode_rounds
 
 DRAFT_DESIGN = Design.linear("K", label="a·K + b")
-
-
-def _draft_moments(rounds: pd.DataFrame) -> tuple[CellMoments, FilterReport]:
-    dec, report = decode_rounds(rounds, timing="draft")
-    return CellMoments.from_rounds(dec, response="t_draft_ms", base=()), report
-
-
-def _with_zeros_moments(rounds: pd.DataFrame) -> CellMoments:
-    """Decode rounds with K >= 1, zero draft timings kept."""
-    keep = (rounds["phase"].astype(str).to_numpy() == "decode") & (rounds["K"].to_numpy() > 0)
-    return CellMoments.from_rounds(rounds.loc[keep].reset_index(drop=True), response="t_draft_ms", base=())
-
-
-def fit_draft_line(rounds: pd.DataFrame) -> OLSResults:
-    """OLS ``t_draft_ms ~ K`` (params ``const`` = b, ``K`` = a), SEs clustered by generation."""
-    mom, _ = _draft_moments(rounds)
-    return fit_ols(mom, DRAFT_DESIGN)
 
 
 @dataclass(frozen=True)
@@ -109,7 +90,8 @@ class DraftResults(ResultsMixin):
 
 def fit_draft_model(rounds: pd.DataFrame, n_splits: int = 5) -> DraftResults:
     """Fit and check the draft line on the ``rounds`` table of a trace."""
-    mom, report = _draft_moments(rounds)
+    dec, report = decode_rounds(rounds, timing="draft")
+    mom = CellMoments.from_rounds(dec, response="t_draft_ms", base=())
     fit = fit_ols(mom, DRAFT_DESIGN)
     resid = mom.y - predict(mom, DRAFT_DESIGN, fit.params)
     k = mom.row_attr("K")
@@ -130,8 +112,6 @@ def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[Draf
     requirement (:data:`speclimits.stats.requirements.REQUIREMENTS` ``["draft"]``), what this trace has and the
     fit's own message (what ``speclimits fit`` prints as its skipped line; e.g. an n-gram trace
     with one K > 0)."""
-    from speclimits.errors import SpeclimitsError
-
     try:
         return fit_draft_model(rounds, n_splits=n_splits), None
     except SpeclimitsError as exc:
@@ -142,8 +122,9 @@ def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[Draf
 
 
 def _zero_comparison(rounds: pd.DataFrame, fit: OLSResults) -> pd.DataFrame:
-    """The draft line without and with the rounds whose draft time is zero."""
-    mom = _with_zeros_moments(rounds)
+    """The draft line without and with the rounds whose draft time is zero (decode rounds, K >= 1)."""
+    keep = (rounds["phase"].astype(str).to_numpy() == "decode") & (rounds["K"].to_numpy() > 0)
+    mom = CellMoments.from_rounds(rounds.loc[keep].reset_index(drop=True), response="t_draft_ms", base=())
     with_zeros = fit_ols(mom, DRAFT_DESIGN)
     n_zero = int((mom.y <= 0).sum())
     rows = {}

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
+from speclimits.stats._ols import (CellMoments, Design, ResultsMixin, cross_validate, fit_ols,
                                    group_folds, t_interval)
+from speclimits.stats.comparisons import BASE_DESIGN
 from speclimits.trace import FilterReport, decode_rounds
 
 #: The six candidate factors, in Table A2 order, with display labels.
@@ -68,7 +69,6 @@ class FactorResults(ResultsMixin):
     n_rows: int
     n_generations: int
     k_values: tuple[int, ...]
-    per_k_fits: dict[int, OLSResults] = field(default_factory=dict, repr=False)
     #: ``{what: why, and what sweep would allow it}`` for each factor or K the trace cannot give
     #: (left out of ``table`` / ``by_k``)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -154,14 +154,13 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
                               "rmse_with_u": both.folds["rmse"].iloc[i], "n_test": int(f["n_test"])})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS).set_index("factor")
 
-    by_k, fits = [], {}
+    by_k = []
     for k in ks:
         try:
-            fit = fit_ols(mom.where(K=int(k)), Design.linear("u_bar", "context_len"))
+            fit = fit_ols(mom.where(K=int(k)), BASE_DESIGN)
         except SpeclimitsError as exc:
             skipped[f"standardized associations at K = {k}"] = f"{FACTOR_REQUIREMENTS['by_k']} ({exc})"
             continue
-        fits[int(k)] = fit
         st = fit.standardized()
         for term in ("u_bar", "context_len"):
             by_k.append({"K": int(k), "term": term, "beta_std": st.loc[term, "beta_std"],
@@ -171,7 +170,7 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     with np.errstate(invalid="ignore", divide="ignore"):  # a constant factor (skipped above) correlates as NaN
         corr = pd.DataFrame(np.corrcoef(np.vstack(list(cols.values()))), index=list(cols), columns=list(cols))
     return FactorResults(table, pd.DataFrame(fold_rows), pd.DataFrame(by_k, columns=BY_K_COLUMNS), corr, report,
-                         mom.n_rows, mom.n_clusters, tuple(ks), fits, skipped)
+                         mom.n_rows, mom.n_clusters, tuple(ks), skipped)
 
 
 #: Columns of :attr:`FactorResults.table` (before ``factor`` becomes the index) and of ``by_k``.

@@ -1,31 +1,23 @@
-"""The final target-time model (Eq. 4) and everything the appendix compares it with.
-
-* per-K OLS ``T_T ~ Ū + L`` (SEs clustered by generation; GroupKFold(5) out-of-sample metrics);
-* the joint categorical model: free ``β0(m)``, ``α(m)`` per m, shared ``c``
-  (:func:`speclimits.stats.costfit.fit_joint`, the target half of the cost-model fit);
-* the pooled linear model with ``γ·K``, MAPE by K, leave-one-K-out, other smooth forms in m
-  (:mod:`speclimits.stats.comparisons`);
-* whether and where the regime changes, by a parsimonious rule (:mod:`speclimits.stats.boundary`),
-  and every row that depends on the split in m both at the rule's split and at the appendix's
-  m <= 4 | m >= 5 (:mod:`speclimits.stats.m_split`);
-* 95% cluster-bootstrap intervals on the headline cells (:mod:`speclimits.stats.uncertainty`) and
-  the headline SEs clustered by generation and by prompt side by side.
+"""The final target-time model (Eq. 4) and everything the appendix compares it with: per-K OLS
+``T_T ~ Ū + L``, the joint categorical model (:func:`speclimits.stats.costfit.fit_joint`), the
+comparisons of :mod:`~speclimits.stats.comparisons`, the regime rule (:mod:`~speclimits.stats.boundary`)
+with the rows that depend on the split in m (:mod:`~speclimits.stats.m_split`), and 95%
+cluster-bootstrap intervals (:mod:`~speclimits.stats.uncertainty`) on the headline cells.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from speclimits.errors import SpeclimitsError
+from speclimits.bootstrap import percentile_interval
 from speclimits.stats import comparisons as cmp
 from speclimits.stats import uncertainty as unc
-from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate,
+from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, ResultsMixin, cross_validate,
                                    failed_replicates, fit_ols, group_folds)
-from speclimits.stats.comparisons import PER_K_DESIGN
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.costfit import JointResults, fit_joint
 from speclimits.stats.factors import select_k
@@ -39,34 +31,20 @@ from speclimits.trace import FilterReport, decode_rounds
 # ---------------------------------------------------------------------------
 
 
-def fit_per_k(mom: CellMoments, n_splits: int = 5, skips: Skips | None = None
-              ) -> tuple[pd.DataFrame, dict[int, OLSResults], dict[int, CVResult]]:
-    """Per-K OLS ``T_T ~ Ū + L`` with clustered SEs and GroupKFold metrics within each K.
-
-    Returns (table with one row per K, fits by K, CV results by K). With ``skips``, a K whose fit
-    is not identified is left out and a K with too few generations for the folds gets NaN CV
-    columns, each recorded there, instead of raising.
+def fit_per_k(mom: CellMoments, n_splits: int, skips: Skips) -> tuple[pd.DataFrame, dict[int, OLSResults]]:
+    """Per-K OLS ``T_T ~ Ū + L`` with clustered SEs and GroupKFold metrics within each K: the table
+    (:data:`PER_K_COLUMNS`, one row per K) and the fits by K. A K whose fit is not identified is left
+    out, and one with too few generations for the folds gets NaN CV columns, each recorded in ``skips``.
     """
-    rows, fits, cvs = [], {}, {}
+    rows, fits = [], {}
     for k in sorted(int(v) for v in mom.cells["K"].unique()):
         sub = mom.where(K=k)
-        try:
-            fit = fit_ols(sub, PER_K_DESIGN)
-        except SpeclimitsError as exc:
-            if skips is None:
-                raise
-            skips.add("per_k", f"per-K fit at K = {k}", exc=exc)
+        fit = skips.run("per_k", f"per-K fit at K = {k}", lambda: fit_ols(sub, cmp.BASE_DESIGN))
+        if fit is None:
             continue
-        try:
-            cv = cross_validate(sub, PER_K_DESIGN, group_folds(sub, n_splits))
-        except SpeclimitsError as exc:
-            if skips is None:
-                raise
-            cv = None
-            skips.add("per_k_cv", f"per-K cross-validation at K = {k}", exc=exc)
+        cv = skips.run("per_k_cv", f"per-K cross-validation at K = {k}",
+                       lambda: cross_validate(sub, cmp.BASE_DESIGN, group_folds(sub, n_splits)))
         fits[k] = fit
-        if cv is not None:
-            cvs[k] = cv
         ci = fit.conf_int()
         # an EAGLE-style K verifies m = K + 1 rows every round; a K whose drafter sometimes proposes
         # fewer (n-gram) spans several m, and its row stands for the full budget, the largest m
@@ -79,7 +57,7 @@ def fit_per_k(mom: CellMoments, n_splits: int = 5, skips: Skips | None = None
         for met in ("r2", "rmse", "mape"):
             row[f"cv_{met}"], row[f"cv_{met}_ci"] = cv.mean_ci(met) if cv is not None else (np.nan, np.nan)
         rows.append(row)
-    return pd.DataFrame(rows, columns=PER_K_COLUMNS), fits, cvs
+    return pd.DataFrame(rows, columns=PER_K_COLUMNS), fits
 
 
 #: Columns of the per-K table (:func:`fit_per_k`).
@@ -95,20 +73,15 @@ PER_K_COLUMNS = ["K", "m", "n", "n_generations"] + [f"{name}{suffix}" for name i
 
 @dataclass(frozen=True)
 class FinalModelResults(ResultsMixin):
-    """Everything of the final-model section (see the module docstring); tables are DataFrames.
+    """Everything of the final-model section; tables are DataFrames.
 
-    ``regimes``: the rows that depend on the split in m, at the rule's split (``basis`` "rule") and at
-    the appendix's :data:`~speclimits.stats.m_split.FIXED_SPLIT` (``basis`` "paper split"), see
-    :func:`speclimits.stats.m_split.split_rows`. ``interpolation`` / ``interpolation_paper``:
-    interpolation vs transfer at those two splits.
-    ``smooth``: leave-one-K-out MAPE of the smooth forms in m. ``cluster_se``: the headline SEs
-    clustered by generation and by prompt. Columns ending ``_lo``/``_hi`` are 95% cluster-bootstrap
+    ``regimes``: the rows that depend on the split in m (:func:`~speclimits.stats.m_split.split_rows`) at
+    the rule's split and at the appendix's; ``interpolation`` / ``interpolation_paper``: interpolation vs
+    transfer at those two. ``smooth``: leave-one-K-out MAPE of the smooth forms in m. ``cluster_se``: the
+    SEs clustered by generation and by prompt. Columns ending ``_lo``/``_hi`` are 95% cluster-bootstrap
     intervals (``n_boot`` resamples of generations within K); ``intervals`` holds the scalar ones.
-
-    A table the trace cannot give (too few values of K, generations or rounds at some m; see
-    :mod:`speclimits.stats.requirements`) is None (``pooled``, ``boundary``, the DataFrames) and its
-    step recorded in ``skips``. ``notes``: the sparse-cell pooling and the bootstrap replicates that
-    missed a cell (left out of the intervals, counted).
+    A table the trace cannot give is None and its step recorded in ``skips``
+    (:mod:`~speclimits.stats.requirements`). ``notes``: bootstrap replicates that missed a cell.
     """
 
     per_k: pd.DataFrame
@@ -130,7 +103,6 @@ class FinalModelResults(ResultsMixin):
     n_rows: int
     n_generations: int
     n_boot: int
-    per_k_fits: dict[int, OLSResults] = field(default_factory=dict, repr=False)
     skips: tuple[Skip, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -336,15 +308,13 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
 
 
 def _per_k_replicates(mom: CellMoments, per_k: pd.DataFrame, weights: np.ndarray,
-                      failed: dict[str, int] | None = None) -> dict[str, pd.DataFrame]:
+                      failed: dict[str, int]) -> dict[str, pd.DataFrame]:
     """(B, nK) bootstrap replicates of the per-K α, β0 and c (columns: m, in per_k's order); the
     replicates of a K that could not be solved are NaN and counted in ``failed``."""
-    reps = unc.coefficient_replicates(mom, PER_K_DESIGN, weights, [("K", int(k)) for k in per_k["K"]])
-    if failed is not None:
-        for k, rep in reps.items():
-            n_bad = failed_replicates(rep.to_numpy())
-            if n_bad:
-                failed[f"per-K fit at K = {k}"] = n_bad
+    reps = unc.coefficient_replicates(mom, cmp.BASE_DESIGN, weights, [("K", int(k)) for k in per_k["K"]])
+    for k, rep in reps.items():
+        if failed_replicates(rep.to_numpy()):
+            failed[f"per-K fit at K = {k}"] = failed_replicates(rep.to_numpy())
     out = {}
     for name, col in (("alpha", "u_bar"), ("beta0", "const"), ("c", "context_len")):
         out[name] = pd.DataFrame({int(m): reps[int(k)][col].to_numpy() for k, m in zip(per_k["K"], per_k["m"])})
@@ -352,29 +322,18 @@ def _per_k_replicates(mom: CellMoments, per_k: pd.DataFrame, weights: np.ndarray
 
 
 def _metric_intervals(mom: CellMoments, folds: np.ndarray, weights: np.ndarray, ladder: pd.DataFrame,
-                      fitted: dict[str, tuple[Design, CVResult]], failed: dict[str, int] | None = None) -> pd.DataFrame:
+                      fitted: dict[str, tuple[Design, CVResult]], failed: dict[str, int]) -> pd.DataFrame:
     """The ladder with 95% bootstrap intervals: ``r2_lo/hi`` (refitted), ``cv_mape_lo/hi`` (held-out
     errors resampled, fold fits fixed). Replicates whose refit cannot be solved (a resample that
     missed every generation of a cell) are left out of the R² interval and counted in ``failed``."""
     out = ladder.copy()
     for spec, (design, cv) in fitted.items():
-        r2 = unc.r2_replicates(mom, design, weights)
-        if failed is not None and (~np.isfinite(r2)).any():
+        r2 = ClusterSums.of(mom, design).replicates(weights)[1]
+        if (~np.isfinite(r2)).any():
             failed[f"ladder: {spec}"] = int((~np.isfinite(r2)).sum())
-        out.loc[spec, ["r2_lo", "r2_hi"]] = unc.interval(r2)
-        out.loc[spec, ["cv_mape_lo", "cv_mape_hi"]] = unc.interval(
+        out.loc[spec, ["r2_lo", "r2_hi"]] = percentile_interval(r2)
+        out.loc[spec, ["cv_mape_lo", "cv_mape_hi"]] = percentile_interval(
             unc.fold_mape_replicates(mom, cv.oof, folds, weights))
-    return out
-
-
-def _by_k_intervals(mom: CellMoments, preds: dict[str, np.ndarray], weights: np.ndarray,
-                    ks: Sequence[int]) -> dict[str, np.ndarray]:
-    """(B, nK) replicates of the MAPE by K of each prediction array (held-out rows resampled)."""
-    row_k = mom.row_attr("K")
-    out = {}
-    for name, pred in preds.items():
-        cols = [unc.mape_replicates(weights, *unc.ape_sums(mom, pred, row_k == k)) for k in ks]
-        out[name] = np.column_stack(cols)
     return out
 
 
@@ -413,7 +372,7 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     mom = CellMoments.from_rounds(select_k(dec, k_values))
     ks = [int(k) for k in sorted(mom.cells["K"].unique())]
     sk = Skips(f"K = {', '.join(map(str, ks))}; {mom.n_clusters} generations")
-    per_k, fits, _ = fit_per_k(mom, n_splits, sk)
+    per_k, fits = fit_per_k(mom, n_splits, sk)
     joint = fit_joint(mom)
     notes: list[str] = []  # the pooling of sparse m is in joint.notes
     nk = len(ks)
@@ -443,7 +402,8 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     comparison = None
     if sk.need("comparison", "comparison (Ū + L, pooled, categorical)", None not in cvs.values() and pooled is not None,
                _missing(REQUIREMENTS["comparison"], folds, pooled, cvs)):
-        comparison = cmp.comparison_table(mom, joint.ols, cvs)
+        comparison = cmp.comparison_table(
+            {"base": fit_ols(mom, cmp.BASE_DESIGN), "pooled": pooled, "categorical": joint.ols}, cvs)
 
     loko_pred = None
     if sk.need("leave_one_k_out", "leave-one-K-out", nk >= 3):
@@ -453,19 +413,21 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
              **({"categorical": cvs["categorical"].oof} if cvs["categorical"] is not None else {}),
              **({"loko": loko_pred} if loko_pred is not None else {}),
              **{f"smooth:{n}": p for n, p in smooth_preds.items()}}
-    by_k = _by_k_intervals(mom, preds, weights, ks)
+    row_k = mom.row_attr("K")  # (B, nK) replicates of each prediction's MAPE by K (held-out rows resampled)
+    by_k = {name: np.column_stack([unc.mape_replicates(weights, *unc.ape_sums(mom, pred, row_k == k)) for k in ks])
+            for name, pred in preds.items()}
     mape_by_k = None
     if sk.need("mape_by_k", "MAPE by K", cvs["pooled"] is not None and cvs["categorical"] is not None,
                _missing(REQUIREMENTS["mape_by_k"], folds, pooled, cvs)):
         mape_by_k = cmp.mape_by_k(mom, {"pooled": cvs["pooled"].oof, "categorical": cvs["categorical"].oof}, per_k)
         for name in ("pooled", "categorical"):
-            mape_by_k[f"{name}_lo"], mape_by_k[f"{name}_hi"] = np.array([unc.interval(c) for c in by_k[name].T]).T
+            mape_by_k[f"{name}_lo"], mape_by_k[f"{name}_hi"] = np.array([percentile_interval(c) for c in by_k[name].T]).T
     loko = None
     if loko_pred is not None:
         loko = cmp.loko_table(mom, loko_pred, per_k)
-        loko["loko_lo"], loko["loko_hi"] = np.array([unc.interval(c) for c in by_k["loko"].T]).T
+        loko["loko_lo"], loko["loko_hi"] = np.array([percentile_interval(c) for c in by_k["loko"].T]).T
     if smooth is not None:
-        smooth[["loko_mape_mean_lo", "loko_mape_mean_hi"]] = [unc.interval(by_k[f"smooth:{n}"].mean(1))
+        smooth[["loko_mape_mean_lo", "loko_mape_mean_hi"]] = [percentile_interval(by_k[f"smooth:{n}"].mean(1))
                                                               for n in smooth.index]
 
     boundary = None
@@ -483,13 +445,13 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     nan2 = (np.nan, np.nan)
     c_reps = reps["c"].to_numpy() * 1e3
     intervals = {
-        "c_min": unc.interval(c_reps.min(axis=1)) if c_reps.shape[1] else nan2,
-        "c_max": unc.interval(c_reps.max(axis=1)) if c_reps.shape[1] else nan2,
-        "loko_mean": unc.interval(by_k["loko"].mean(1)) if "loko" in by_k else nan2,
+        "c_min": percentile_interval(c_reps.min(axis=1)) if c_reps.shape[1] else nan2,
+        "c_max": percentile_interval(c_reps.max(axis=1)) if c_reps.shape[1] else nan2,
+        "loko_mean": percentile_interval(by_k["loko"].mean(1)) if "loko" in by_k else nan2,
         "mape_ratio": _mape_ratio_interval(mom, folds, weights, fitted)
         if folds is not None and {"Ū + L", "categorical (Eq. 4)"} <= set(fitted) else nan2,
-        "pooled_mape_k5_min": unc.interval(by_k["pooled"][:, big].min(1)) if big.any() and "pooled" in by_k else nan2,
-        "pooled_mape_k5_max": unc.interval(by_k["pooled"][:, big].max(1)) if big.any() and "pooled" in by_k else nan2}
+        "pooled_mape_k5_min": percentile_interval(by_k["pooled"][:, big].min(1)) if big.any() and "pooled" in by_k else nan2,
+        "pooled_mape_k5_max": percentile_interval(by_k["pooled"][:, big].max(1)) if big.any() and "pooled" in by_k else nan2}
     cluster_se = cmp.cluster_sensitivity(mom, [("categorical (Eq. 4)", joint.design, joint.ols)]
                                          + ([("pooled", cmp.POOLED_DESIGN, pooled)] if pooled is not None else []))
     for what, n_bad in failed.items():
@@ -500,7 +462,7 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
         pooled_std=cmp.pooled_standardized(pooled) if pooled is not None else None, mape_by_k=mape_by_k, loko=loko,
         boundary=boundary, interpolation=interp, interpolation_paper=interp_paper, regimes=regimes, ladder=ladder,
         smooth=smooth, cluster_se=cluster_se, intervals=intervals, report=report, n_rows=mom.n_rows,
-        n_generations=mom.n_clusters, n_boot=n_boot, per_k_fits=fits, skips=tuple(sk.records), notes=tuple(notes))
+        n_generations=mom.n_clusters, n_boot=n_boot, skips=tuple(sk.records), notes=tuple(notes))
 
 
 def _mape_ratio_interval(mom: CellMoments, folds: np.ndarray, weights: np.ndarray,
@@ -508,4 +470,4 @@ def _mape_ratio_interval(mom: CellMoments, folds: np.ndarray, weights: np.ndarra
     """95% interval of CV MAPE(Ū + L) / CV MAPE(categorical), both from the same resamples."""
     base = unc.fold_mape_replicates(mom, fitted["Ū + L"][1].oof, folds, weights)
     cat = unc.fold_mape_replicates(mom, fitted["categorical (Eq. 4)"][1].oof, folds, weights)
-    return unc.interval(base / cat)
+    return percentile_interval(base / cat)

@@ -1,12 +1,10 @@
 """The rows of the final-model section that depend on where m is split, with 95% intervals.
 
-A *basis* is a split (last m of the small regime) and a label: the parsimonious rule's split
-(possibly None: one regime) or the appendix's fixed :data:`FIXED_SPLIT`. For each basis the rows
-are the α and β0 ranges per regime, β0 at the first large m, the ratio of the characteristic α
-levels (mean α over the large regime's m over the mean over the small regime's), and interpolation
-within a regime vs transfer across the boundary. Intervals come from per-K bootstrap replicates
-of the per-K fits (:mod:`speclimits.stats.uncertainty`): the interval of a range's minimum is
-the percentile interval of the replicates' minima, and likewise for the maximum.
+A *basis* is a split (last m of the small regime: the rule's, possibly None, or the appendix's
+:data:`FIXED_SPLIT`) and a label. Its rows: α and β0 ranges per regime, β0 at the first large m, the
+ratio of mean α over the large regime to mean α over the small one, and interpolation within a regime
+vs transfer across the boundary. The interval of a range's minimum is the percentile interval of the
+per-K bootstrap replicates' minima (:mod:`speclimits.stats.uncertainty`); likewise the maximum.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.stats.uncertainty import interval
+from speclimits.bootstrap import percentile_interval
 
 #: The appendix's split m <= 4 | m >= 5 (chosen there by eye): every split row is also given at it,
 #: and the hinge form in m kinks after it.
@@ -43,7 +41,7 @@ def _range_row(basis: str, key: str, quantity: str, est: np.ndarray, reps: np.nd
         return row
     row.update(est_min=float(est.min()), est_max=float(est.max()))
     if reps is not None:
-        (a, b), (c, d) = interval(reps.min(axis=1)), interval(reps.max(axis=1))
+        (a, b), (c, d) = percentile_interval(reps.min(axis=1)), percentile_interval(reps.max(axis=1))
         row.update(min_lo=a, min_hi=b, max_lo=c, max_hi=d)
     return row
 
@@ -51,7 +49,7 @@ def _range_row(basis: str, key: str, quantity: str, est: np.ndarray, reps: np.nd
 def _value_row(basis: str, key: str, quantity: str, est: float, reps: np.ndarray | None) -> dict[str, Any]:
     row = {"basis": basis, "key": key, "quantity": quantity, "shape": "value", "est_min": est, "est_max": est}
     if reps is not None and np.isfinite(est):
-        a, b = interval(reps)
+        a, b = percentile_interval(reps)
         row.update(min_lo=a, min_hi=b)
     return row
 

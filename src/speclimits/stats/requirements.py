@@ -80,10 +80,10 @@ class Skips:
             self.add(step, name, needs)
         return ok
 
-    def run(self, step: str, name: str, fn: Callable[[], Any]) -> Any:
+    def run(self, step: str, name: str, fn: Callable[[], Any], needs: str | None = None) -> Any:
         """``fn()``, or None with ``name`` recorded when it raises a :class:`SpeclimitsError`."""
         try:
             return fn()
         except SpeclimitsError as exc:
-            self.add(step, name, exc=exc)
+            self.add(step, name, needs, exc)
             return None

@@ -20,11 +20,11 @@ from scipy import stats as sps
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.errors import SpeclimitsError
 from speclimits.stats import diagnostics as diag
-from speclimits.stats._ols import CellMoments, Design, OLSResults, ResultsMixin, cluster_bootstrap, fit_ols, predict
+from speclimits.stats._ols import CellMoments, OLSResults, ResultsMixin, cluster_bootstrap, fit_ols, predict
+from speclimits.stats.comparisons import BASE_DESIGN
 from speclimits.stats.costfit import fit_joint
 from speclimits.trace import FilterReport, decode_rounds
 
-DESIGN = Design.linear("u_bar", "context_len", label="Ū + L")
 BIN_VARS = ("context_len", "kv_usage", "round")
 
 
@@ -34,7 +34,7 @@ class RobustnessResults(ResultsMixin):
 
     ``estimates``: one row per method/refit (``method``, ``variant``, ``n``, ``alpha``, ``c`` and their
     95% ``_lower``/``_upper``; ``interval`` says how the interval was made). ``ranges``: min–max of α
-    (ms/expert) and c (1e-3 ms/token) over the estimates beside the paper's.
+    (ms/expert) and c (1e-3 ms/token) over the estimates, and of c across the per-K fits.
     ``boot``: (n_boot, 3) bootstrap estimates. ``c_by_k``: c of the per-K fits (all K >= 1).
     ``bins``: mean residual by decile of ``context_len``, ``kv_usage``, ``round`` with clustered SEs;
     ``trends``: per variable the clustered slope of the residual on it. ``breusch_pagan``: one row
@@ -119,7 +119,7 @@ def _refit_row(method: str, variant: str, mom: CellMoments) -> dict[str, Any]:
     subset does not identify the fit (Ū or L constant in it: a thin trace), a row of NaN whose variant
     says why, instead of an error that would lose every other check."""
     try:
-        return _row(method, variant, CLUSTERED_T, fit_ols(mom, DESIGN))
+        return _row(method, variant, CLUSTERED_T, fit_ols(mom, BASE_DESIGN))
     except SpeclimitsError as exc:
         return _row(method, f"{variant} (not identified: {exc})", CLUSTERED_T, n=int(mom.n.sum()))
 
@@ -135,7 +135,7 @@ def run_order(dk: pd.DataFrame) -> tuple[pd.Series, str]:
 
 
 def _bootstrap_row(mom: CellMoments, base: OLSResults, n_boot: int, seed: int) -> tuple[dict, pd.DataFrame]:
-    boot = cluster_bootstrap(mom, DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
+    boot = cluster_bootstrap(mom, BASE_DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
     a, c = percentile_interval(boot["u_bar"].to_numpy()), percentile_interval(boot["context_len"].to_numpy())
     row = _row("cluster bootstrap", f"{n_boot} resamples of generations", "bootstrap percentile",
                alpha=float(base.params["u_bar"]), c=float(base.params["context_len"]), n=base.nobs,
@@ -186,18 +186,14 @@ def _leave_one_out_rows(mom: CellMoments, n_blocks: int) -> tuple[list[dict], st
 def context_slope_by_k(mom: CellMoments) -> pd.DataFrame:
     """c of the per-K fits ``T_T ~ Ū + L`` (generation-clustered SEs): columns ``K``, ``c``, ``c_se``, one
     row per K of ``mom`` that identifies the fit (a K whose Ū or L does not vary is left out)."""
-    return pd.DataFrame([{"K": int(kk), "c": f.params["context_len"], "c_se": f.bse["context_len"]}
-                         for kk in sorted(mom.cells["K"].unique())
-                         for f in [_fit_or_none(mom.where(K=int(kk)))] if f is not None],
-                        columns=["K", "c", "c_se"])
-
-
-def _fit_or_none(mom: CellMoments) -> OLSResults | None:
-    """The per-K fit, or None where that K does not identify it (left out of ``c_by_k``)."""
-    try:
-        return fit_ols(mom, DESIGN)
-    except SpeclimitsError:
-        return None
+    rows = []
+    for k in sorted(int(v) for v in mom.cells["K"].unique()):
+        try:
+            f = fit_ols(mom.where(K=k), BASE_DESIGN)
+        except SpeclimitsError:
+            continue
+        rows.append({"K": k, "c": f.params["context_len"], "c_se": f.bse["context_len"]})
+    return pd.DataFrame(rows, columns=["K", "c", "c_se"])
 
 
 def _residual_checks(dk: pd.DataFrame, resid: np.ndarray, n_bins: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -254,9 +250,9 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
         raise SpeclimitsError(f"no decode rounds with K = {k} in the trace (K present: {sorted(dec['K'].unique())})")
     dk = dec.loc[dec["K"].to_numpy() == k].reset_index(drop=True)
     mom = CellMoments.from_rounds(dk)
-    base = fit_ols(mom, DESIGN)
+    base = fit_ols(mom, BASE_DESIGN)
     boot_row, boot = _bootstrap_row(mom, base, n_boot, seed)
-    resid = dk["t_target_ms"].to_numpy(float) - predict(mom, DESIGN, base.params)  # moments keep dk's row order
+    resid = dk["t_target_ms"].to_numpy(float) - predict(mom, BASE_DESIGN, base.params)  # moments keep dk's row order
     keep = np.abs(resid) <= np.quantile(np.abs(resid), 1 - trim)
     halves, halves_info = _halves_rows(dk, mom)
     loo, loo_by = _leave_one_out_rows(mom, n_blocks)

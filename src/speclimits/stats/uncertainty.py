@@ -1,17 +1,11 @@
 """95% intervals for the final-model section's headline cells, by a cluster bootstrap over generations.
 
-One matrix of draw counts ``W`` (B, G) serves every cell, so all intervals come from the same
-resamples. Generations are resampled **within each K** (every K was run as its own sweep over
-the same prompts, so a resample keeps the number of generations per K). Two kinds of statistic:
-
-* **coefficients** (per-K α and β0, their ranges per regime, the α-level ratio, in-sample R²):
-  refitted on every resample from per-generation cross-products (exact, no row pass);
-* **held-out errors** (CV MAPE, MAPE by K, leave-one-K-out MAPE): the out-of-fold predictions
-  are held fixed and the held-out generations are resampled, i.e. the interval covers which
-  generations were scored, not the refits. Captions say so.
-
-Intervals are percentile intervals (:func:`speclimits.bootstrap.percentile_interval`) around the
-full-sample estimate, which is always the reported value.
+One matrix of draw counts ``W`` (B, G) serves every cell, generations resampled **within each K**
+(each K is its own sweep over the same prompts). Coefficients (per-K α, β0, R²) are refitted on
+every resample from per-generation cross-products; held-out errors (CV MAPE, MAPE by K,
+leave-one-K-out) keep the out-of-fold predictions fixed and resample the scored generations, so
+their interval covers which generations were scored, not the refits. Intervals are percentile
+intervals around the full-sample estimate, which is always the value reported.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.bootstrap import draw_counts
 from speclimits.stats._ols import CellMoments, ClusterSums, Design, ape
 
 
@@ -36,28 +30,19 @@ def stratified_counts(mom: CellMoments, n_boot: int, seed: int = 0, by: str = "K
     return w
 
 
-def global_clusters(mom: CellMoments, sub: CellMoments) -> np.ndarray:
-    """For each cluster code of ``sub`` (a subset of ``mom``'s cells), its cluster code in ``mom``."""
-    codes = dict(zip(mom.cells["generation_id"], mom.cells["cluster"]))
-    first = sub.cells.drop_duplicates("cluster").sort_values("cluster")
-    return np.array([codes[g] for g in first["generation_id"]], dtype=np.int64)
-
-
 def coefficient_replicates(mom: CellMoments, design: Design, weights: np.ndarray,
                            groups: Sequence[tuple[str, int]]) -> dict[int, pd.DataFrame]:
     """Per group (``(attr, value)``, e.g. ``("K", 8)``) the (B, p) bootstrap estimates of ``design``
     fitted on that group's cells, using the columns of ``weights`` that belong to its generations."""
+    codes = dict(zip(mom.cells["generation_id"], mom.cells["cluster"]))
     out = {}
     for attr, value in groups:
         sub = mom.where(**{attr: value})
-        beta, _ = ClusterSums.of(sub, design).replicates(weights[:, global_clusters(mom, sub)])
+        first = sub.cells.drop_duplicates("cluster").sort_values("cluster")  # sub's clusters as mom's
+        beta, _ = ClusterSums.of(sub, design).replicates(
+            weights[:, np.array([codes[g] for g in first["generation_id"]], dtype=np.int64)])
         out[value] = pd.DataFrame(beta, columns=design.columns)
     return out
-
-
-def r2_replicates(mom: CellMoments, design: Design, weights: np.ndarray) -> np.ndarray:
-    """(B,) in-sample R² of ``design`` refitted on every resample."""
-    return ClusterSums.of(mom, design).replicates(weights)[1]
 
 
 def ape_sums(mom: CellMoments, yhat: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -84,8 +69,3 @@ def fold_mape_replicates(mom: CellMoments, yhat: np.ndarray, folds: np.ndarray, 
         mask = (folds == f).astype(float)
         out.append(mape_replicates(weights, num * mask, den * mask))
     return np.mean(out, axis=0)
-
-
-def interval(replicates: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the finite replicates."""
-    return percentile_interval(np.asarray(replicates, dtype=float), level)
