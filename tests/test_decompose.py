@@ -29,10 +29,10 @@ def table(fitted):
 
 
 def test_rows_and_columns_as_documented(table):
-    assert table["rung"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert table["rung"].tolist() == [1, 2, 3, 4, 5, 6, 7]
     assert table["name"].tolist() == [r[0] for r in RUNGS]
-    assert table["loss"].tolist() == ["", "information", "planning horizon", "tuning of λ", "prediction",
-                                      "engine overhead"]
+    assert table["loss"].tolist() == ["", "information", "planning horizon", "tuning of λ",
+                                      "prediction (acceptance model)", "features (confidence only)", "engine overhead"]
     for w in ("replay", "surrogate"):
         for col in ("ms_per_token", "speed", "speed_{}_lo", "speed_{}_hi", "share", "share_{}_lo", "share_{}_hi",
                     "share_lost", "best_static_k", "lambda"):
@@ -40,10 +40,10 @@ def test_rows_and_columns_as_documented(table):
             assert name in table.columns, name
     assert table.attrs["shown"] == "replay"
     # no benchmark given: the engine's row is empty and says so
-    engine = table.iloc[5]
+    engine = table.iloc[6]
     assert np.isnan(engine["speed_replay"]) and engine["references"] == "no benchmark result given"
-    # the rule's rows carry λ: the fitted one at rungs 4 and 5, a grid value at rung 3
-    assert table.loc[3:4, "lambda_replay"].tolist() == [table.attrs["lambda_fitted"]] * 2
+    # the rule's rows carry λ: the fitted one at rungs 4 to 6, a grid value at rung 3
+    assert table.loc[3:5, "lambda_replay"].tolist() == [table.attrs["lambda_fitted"]] * 3
     assert table.loc[2, "lambda_replay"] in table.attrs["lambda_grid"]
 
 
@@ -51,14 +51,14 @@ def test_the_exact_oracles_share_is_one_and_the_rungs_are_ordered(table):
     for w in ("replay", "surrogate"):
         assert table.loc[0, f"share_{w}"] == 1.0
         assert table.loc[0, f"share_{w}_lo"] == 1.0 == table.loc[0, f"share_{w}_hi"]
-        t = table[f"ms_per_token_{w}"].to_numpy()[:5]
+        t = table[f"ms_per_token_{w}"].to_numpy()[:6]
         # the exact Oracle is the least time of every world (in the surrogate one up to its Monte Carlo s.e.)
         assert (t[0] <= t[1:] + 3 * table.loc[0, "ms_per_token_surrogate_se"]).all()
         # within the rule's class, the best λ in hindsight is at most the fitted λ's time
         assert t[2] <= t[3] + 1e-12
     s = table["ms_per_token_surrogate"].to_numpy()
     # in the surrogate's world the surrogate Oracle is optimal over every policy (exact evaluations: no noise)
-    assert s[1] <= s[2] + 1e-9 and s[1] <= s[4] + 1e-9
+    assert s[1] <= s[2] + 1e-9 and s[1] <= s[4] + 1e-9 and s[1] <= s[5] + 1e-9
     # the speeds and shares follow the times, rung by rung
     assert (np.diff(table["speed_surrogate"].to_numpy()[:4]) <= 1e-12).all()
     assert (np.diff(table["share_surrogate"].to_numpy()[:4]) <= 1e-12).all()
@@ -67,7 +67,7 @@ def test_the_exact_oracles_share_is_one_and_the_rungs_are_ordered(table):
 
 def test_the_true_probability_rungs_do_not_read_the_drafts_confidence(fitted, table):
     """Rungs 3 and 4 read the true match probabilities: scrambling the recorded confidences leaves them as
-    they are and moves rung 5 (the rule reading the calibrated confidence), which is what the engine runs."""
+    they are and moves rungs 5 and 6 (the rule reading the acceptance model, the calibrated confidence)."""
     fit, setup = fitted
     rng = np.random.default_rng(3)
     scrambled = replace(setup.raw_inputs, draft_conf=rng.permutation(setup.raw_inputs.draft_conf.ravel()).reshape(
@@ -78,7 +78,8 @@ def test_the_true_probability_rungs_do_not_read_the_drafts_confidence(fitted, ta
     for w in ("replay", "surrogate"):
         np.testing.assert_allclose(other[f"ms_per_token_{w}"].to_numpy()[:4], table[f"ms_per_token_{w}"].to_numpy()[:4],
                                    rtol=1e-12)
-        assert abs(other.loc[4, f"ms_per_token_{w}"] - table.loc[4, f"ms_per_token_{w}"]) > 1e-6
+        for i in (4, 5):
+            assert abs(other.loc[i, f"ms_per_token_{w}"] - table.loc[i, f"ms_per_token_{w}"]) > 1e-6
 
 
 def test_the_calibrated_rung_is_section_8s_offline_row(fitted, table):
@@ -86,10 +87,10 @@ def test_the_calibrated_rung_is_section_8s_offline_row(fitted, table):
     names = [f"static:{k}" for k in range(1, K_MAX + 1)] + ["delta-fixed"]
     off, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=32, n_boot=199)
     row = off.set_index("policy").loc["delta-fixed"]
-    np.testing.assert_allclose(table.loc[4, "ms_per_token_replay"], row["replay_ms_per_token"], rtol=1e-12)
-    np.testing.assert_allclose(table.loc[4, "ms_per_token_surrogate"], row["surrogate_ms_per_token"], rtol=1e-12)
-    np.testing.assert_allclose(table.loc[4, "share_replay"], row["share_exact"], rtol=1e-12)
-    np.testing.assert_allclose(table.loc[[4], ["share_replay_lo", "share_replay_hi"]].to_numpy()[0],
+    np.testing.assert_allclose(table.loc[5, "ms_per_token_replay"], row["replay_ms_per_token"], rtol=1e-12)
+    np.testing.assert_allclose(table.loc[5, "ms_per_token_surrogate"], row["surrogate_ms_per_token"], rtol=1e-12)
+    np.testing.assert_allclose(table.loc[5, "share_replay"], row["share_exact"], rtol=1e-12)
+    np.testing.assert_allclose(table.loc[[5], ["share_replay_lo", "share_replay_hi"]].to_numpy()[0],
                                row[["share_exact_lo", "share_exact_hi"]].to_numpy(dtype=float), rtol=1e-12)
     np.testing.assert_allclose(table.loc[0, "ms_per_token_replay"], bounds["oracle_exact_ms_per_token"], rtol=1e-12)
     np.testing.assert_allclose(table.loc[1, "ms_per_token_surrogate"], bounds["oracle_surrogate_ms_per_token"],

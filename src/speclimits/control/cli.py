@@ -71,7 +71,9 @@ def run_decompose(args: argparse.Namespace) -> int:
     for bench in [json.loads(open(b).read()) for b in args.bench] or [None]:
         table = gap_decomposition(fit, setup, bench=bench)
         batch = int(table["batch"].iloc[0])
-        print(f"batch {batch} ({table.attrs['shown']} shown):")
+        acc = table.attrs["acceptance"]
+        print(f"batch {batch} ({table.attrs['shown']} shown; acceptance model {acc['from']}: "
+              f"{' + '.join(acc['features']) or 'intercept only'}):")
         print(table[["rung", "name", "ms_per_token_replay", "speed_replay", "share_replay", "share_replay_lo",
                      "share_replay_hi", "loss"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         if args.out:

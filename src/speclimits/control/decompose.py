@@ -5,11 +5,14 @@
 the exact Oracle (it knows which drafts match), the surrogate Oracle (each position's match probability,
 planned across rounds), the best rule of the class the engine runs fed the *true* per-position match
 probabilities (its one parameter λ chosen in hindsight on these references), that rule at the fitted λ, the
-same rule reading the draft's calibrated confidence (what the engine runs), and the engine itself (a
+same rule reading the acceptance model's probabilities (:mod:`speclimits.control.acceptance`, fitted on the
+train references), reading the draft's calibrated confidence (what the engine runs), and the engine itself (a
 committed ``speclimits control bench`` result). The rule is the one implementation of
-:mod:`speclimits.control.rules`, driven by :class:`~speclimits.control.driver.RoundDriver`: the true
-probabilities reach it as the recorded ``draft_conf`` of the inputs it is bound to, with its calibration map
-off (the ``:raw-confidence`` variant), so no second copy of the rule is written.
+:mod:`speclimits.control.rules`, driven by :class:`~speclimits.control.driver.RoundDriver`: the true (or the
+model's) probabilities reach it as the recorded ``draft_conf`` of the inputs it is bound to, with its calibration
+map off (the ``:raw-confidence`` variant), so no second copy of the rule is written. The model's request
+features (``history``, ``u_bar_prev``) are those of the reference's K_max walk, not of the rule's own rounds
+(cut at its k): where the model keeps them its rung is an upper estimate of what the rule could read.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import pandas as pd
 
 from speclimits.arms import parse_policy_name
 from speclimits.bootstrap import draw_counts, percentile_interval
+from speclimits.control.acceptance import acceptance_frame, fit_acceptance, match_probabilities
 from speclimits.control.fit import LAMBDA_GRID
 from speclimits.control.offline import (batch_replay, draw_accept_lengths, gain_share, rollout, select,
                                         surrogate_evaluations)
-from speclimits.control.rules import PolicyFit
+from speclimits.control.rules import AcceptanceModel, PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, evaluate_policy, solve
 from speclimits.oracle.inputs import CostTable, OracleInputs
@@ -38,8 +42,11 @@ RUNGS = (
      "only; λ chosen in hindsight on these references", "planning horizon"),
     ("rule, true probabilities", "the true match probability of each drafted position, this round only; λ as "
      "fitted", "tuning of λ"),
+    ("rule, acceptance model", "the acceptance model's match probability of each drafted position (the draft's "
+     "confidence and what else the engine knows; fitted on the train references); λ as fitted",
+     "prediction (acceptance model)"),
     ("rule, calibrated confidence", "the draft's calibrated confidence of each drafted position (what the engine "
-     "runs)", "prediction"),
+     "runs)", "features (confidence only)"),
     ("engine", "as the rule above, in vLLM (measured)", "engine overhead"),
 )
 WORLDS = ("replay", "surrogate")
@@ -50,12 +57,21 @@ def _truth(inputs: OracleInputs, sur: OracleInputs) -> OracleInputs:
     return replace(inputs, draft_conf=sur.match_prob.astype(inputs.draft_conf.dtype))
 
 
+def _modelled(inputs: OracleInputs, raw: OracleInputs, fit: PolicyFit, model: AcceptanceModel) -> OracleInputs:
+    """``inputs`` with each state's draft confidences replaced by the acceptance model's probabilities (its
+    features from the recorded ``raw`` inputs of the same states)."""
+    probs, _ = match_probabilities(replace(fit, acceptance=model), raw)
+    conf = inputs.draft_conf.copy()
+    conf[:, :fit.k_max] = probs
+    return replace(inputs, draft_conf=conf)
+
+
 def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: OracleInputs, rule: str,
-                  lambdas: np.ndarray, n_rollouts: int, seed: int) -> dict[str, Any]:
+                  lambdas: np.ndarray, n_rollouts: int, seed: int, acc_model: AcceptanceModel) -> dict[str, Any]:
     """Per world (replay / surrogate) the per-sequence times (S,) of the exact and surrogate Oracles, the best
-    static K, the true-probability rule at every λ and the calibrated rule; the surrogate Oracle's exact
-    Oracle is the mean of the hindsight Oracle over ``n_rollouts`` seeded draws of the match lengths (the draws
-    the rules with memory are rolled out on)."""
+    static K, the true-probability rule at every λ, the rule reading the acceptance model (``"acceptance"``) and
+    the calibrated rule; the surrogate Oracle's exact Oracle is the mean of the hindsight Oracle over
+    ``n_rollouts`` seeded draws of the match lengths (the draws the rules with memory are rolled out on)."""
     k_max, model, det = fit.k_max, fit.cost_model, setup.deterministic
     static = [f"static:{k}" for k in range(1, k_max + 1)]
     truth_name = rule + ":raw-confidence"
@@ -85,6 +101,12 @@ def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: Or
         exp_truth.append(ev["time_ms"].to_numpy())
         if how == "rollouts":
             se.setdefault("lambda", []).append(float(np.sqrt((ev["time_se"] ** 2).sum())))
+    acc_raw, acc_sur = _modelled(raw, raw, fit, acc_model), _modelled(sur, raw, fit, acc_model)
+    t_acc = CostTable.build(acc_raw, model, k_max)
+    rep["acceptance"] = rollout(fit.make(truth_name).bind(acc_raw, t_acc), replay_accept)["time_ms"].to_numpy()
+    ev, how_acc = surrogate_evaluations(fit, [truth_name], acc_sur, det, n_rollouts, seed)[truth_name]
+    exp["acceptance"] = ev["time_ms"].to_numpy()
+    se["acceptance"] = float(np.sqrt((ev["time_se"] ** 2).sum())) if how_acc == "rollouts" else 0.0
     return {"replay": (rep, np.array(rep_truth)), "surrogate": (exp, np.array(exp_truth)), "se": se, "how": how,
             "static": static}
 
@@ -104,8 +126,8 @@ def _engine_row(bench: dict[str, Any], rule: str) -> dict[str, Any]:
 
 def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | None = None, rule: str = "delta-fixed",
                       bench: dict[str, Any] | None = None, n_states: int | None = None,
-                      lambda_grid: Any = None, n_rollouts: int = 64, seed: int = 0, n_boot: int = 999
-                      ) -> pd.DataFrame:
+                      lambda_grid: Any = None, n_rollouts: int = 64, seed: int = 0, n_boot: int = 999,
+                      acceptance: AcceptanceModel | None = None) -> pd.DataFrame:
     """The gap between the exact Oracle and the engine, one row per rung, on held-out greedy references.
 
     Parameters
@@ -121,6 +143,8 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
         :data:`~speclimits.control.fit.LAMBDA_GRID` times the fit's train Oracle time per token).
     n_rollouts, seed : Monte Carlo draws of the match lengths under the surrogate, for the exact Oracle's
         expectation there (and for a rule with memory); ``n_boot``: bootstrap replicates over references.
+    acceptance : the acceptance model of its rung (default the fit's; a policy written before it: fitted here on
+        the fit's train references, :func:`~speclimits.control.acceptance.fit_acceptance`).
 
     **The class of the best causal rule**: the rule (:class:`~speclimits.control.rules.DeltaRule`) fed each drafted
     position's true match probability p_j (the surrogate's ``match_prob``) in place of the calibrated confidence,
@@ -139,10 +163,11 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
 
     Returns
     -------
-    DataFrame, one row per rung (:data:`RUNGS`, in that order): ``rung`` (1..6), ``name``, ``knows``,
-    ``loss`` (what is lost from the rung above: information, planning horizon, tuning of λ, prediction, engine
-    overhead), ``batch``, ``lambda_replay`` / ``lambda_surrogate`` (the rule's λ in ms per token, NaN for
-    the Oracles and the engine), and per world W in ``replay``, ``surrogate``: ``ms_per_token_W``,
+    DataFrame, one row per rung (:data:`RUNGS`, in that order): ``rung`` (1..7), ``name``, ``knows``,
+    ``loss`` (what is lost from the rung above: information, planning horizon, tuning of λ, prediction by the
+    acceptance model, the features beyond the confidence, engine overhead), ``batch``, ``lambda_replay`` /
+    ``lambda_surrogate`` (the rule's λ in ms per token, NaN for the Oracles and the engine), and per world W in
+    ``replay``, ``surrogate``: ``ms_per_token_W``,
     ``speed_W`` (the best static K's time over the rung's, in that world) with ``speed_W_lo`` / ``_hi``,
     ``share_W`` (of the exact Oracle's gain over the best static K, :func:`~speclimits.control.offline.gain_share`;
     1 for the exact Oracle) with ``share_W_lo`` / ``_hi`` (95% bootstrap over references, the draws of
@@ -158,12 +183,23 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
         raise SpeclimitsError(f"gap_decomposition: rule must be a Delta rule reading the calibrated confidence "
                               f"(delta, delta-fixed and their variants), got {rule!r}")
     batch = 1 if bench is None else int(bench["config"]["batch"])
+    acc_from = "the policy's"
+    if acceptance is None and fit.acceptance is None:
+        acceptance, acc_from = fit_acceptance(acceptance_frame(select(setup, list(fit.train_seq_ids))[0], fit.k_max),
+                                              fit.k_max), "fitted here on the policy's train references"
+    elif acceptance is None:
+        acceptance = fit.acceptance
+    else:
+        acc_from = "given"
     lambdas = np.unique(np.concatenate([[fit.lambda_], fit.lambda_oracle * LAMBDA_GRID])) if lambda_grid is None \
         else np.unique(np.concatenate([[fit.lambda_], np.asarray(lambda_grid, dtype=float)]))
     if batch == 1:
-        return _batch1(fit, setup, list(fit.test_seq_ids) if seq_ids is None else list(seq_ids), rule, bench,
-                       n_states, lambdas, n_rollouts, seed, n_boot)
-    return _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot)
+        out = _batch1(fit, setup, list(fit.test_seq_ids) if seq_ids is None else list(seq_ids), rule, bench,
+                      n_states, lambdas, n_rollouts, seed, n_boot, acceptance)
+    else:
+        out = _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acceptance)
+    out.attrs["acceptance"] = {"from": acc_from, **acceptance.to_dict()}
+    return out
 
 
 def _frame(rows: list[dict[str, Any]], batch: int) -> pd.DataFrame:
@@ -190,9 +226,10 @@ def _stats(t: np.ndarray, t_static: np.ndarray, t_exact: np.ndarray, w: np.ndarr
     return out
 
 
-def _batch1(fit, setup, seq_ids, rule, bench, n_states, lambdas, n_rollouts, seed, n_boot) -> pd.DataFrame:
+def _batch1(fit, setup, seq_ids, rule, bench, n_states, lambdas, n_rollouts, seed, n_boot, acc_model
+            ) -> pd.DataFrame:
     raw, sur = select(setup, seq_ids, n_states)
-    got = _batch1_times(fit, setup, raw, sur, rule, lambdas, n_rollouts, seed)
+    got = _batch1_times(fit, setup, raw, sur, rule, lambdas, n_rollouts, seed, acc_model)
     n_tok, w = float(raw.n_tokens.sum()), draw_counts(raw.n_sequences, n_boot, seed)
     refs = f"{raw.n_sequences} held-out references, {raw.n_states} states"
     rows = [{"references": refs} for _ in RUNGS]
@@ -205,8 +242,8 @@ def _batch1(fit, setup, seq_ids, rule, bench, n_states, lambdas, n_rollouts, see
         t_static, t_exact = times[best], times["exact"]
         i_best = int(np.argmin(truth.sum(axis=1)))
         i_fit = int(np.flatnonzero(lambdas == fit.lambda_)[0])
-        per_rung = [t_exact, times["surrogate"], truth[i_best], truth[i_fit], times[rule]]
-        lam = [np.nan, np.nan, lambdas[i_best], fit.lambda_, fit.lambda_]
+        per_rung = [t_exact, times["surrogate"], truth[i_best], truth[i_fit], times["acceptance"], times[rule]]
+        lam = [np.nan, np.nan, lambdas[i_best], fit.lambda_, fit.lambda_, fit.lambda_]
         for row, t, lm in zip(rows, per_rung, lam):
             row.update(_stats(t, t_static, t_exact, w, n_tok, world))
             row[f"lambda_{world}"] = lm
@@ -216,7 +253,8 @@ def _batch1(fit, setup, seq_ids, rule, bench, n_states, lambdas, n_rollouts, see
     se = got["se"]
     for i, row in enumerate(rows):
         row["ms_per_token_surrogate_se"] = se["exact"] / n_tok if i == 0 else \
-            (se["lambda"][0] / n_tok if got["how"] == "rollouts" and i in (2, 3) else 0.0)
+            (se["lambda"][0] / n_tok if got["how"] == "rollouts" and i in (2, 3) else
+             se["acceptance"] / n_tok if i == 4 else 0.0)
     attrs["surrogate_rule_evaluation"] = got["how"]
     rows[-1] = _engine(fit, setup, rule, bench)
     out = _frame(rows, 1)
@@ -249,7 +287,7 @@ def _engine(fit: PolicyFit, setup: OracleSetup, rule: str, bench: dict[str, Any]
     return out
 
 
-def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot) -> pd.DataFrame:
+def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.DataFrame:
     """Batch > 1: the benchmark's blocks (the prompts each block ran, from its ``blocks`` records) replayed
     through the round driver, priced with its profiled costs."""
     from speclimits.control.profile import EngineProfile
@@ -279,6 +317,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot) -> pd.DataFrame:
         return np.array(ms), np.array(tok)
 
     rep = {n: per_group(priced, raw, n) for n in static + [rule]}
+    acc = per_group(priced, _modelled(raw, raw, fit, acc_model), rule + ":raw-confidence")
     truth = [per_group(replace(priced, lambda_=float(lam) * scale), truth_raw, rule + ":raw-confidence")
              for lam in lambdas]
     tok = rep[rule][1]
@@ -303,7 +342,8 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot) -> pd.DataFrame:
         rows.append({"references": refs_oracle, "ms_per_token_replay": o_exact.bounds.best_static_ms / g / n_tok,
                      "speed_replay": g,
                      "share_replay": 1.0 if name == "exact" else share})
-    for t, lm in ((truth[i_best][0], lambdas[i_best]), (truth[i_fit][0], fit.lambda_), (rep[rule][0], fit.lambda_)):
+    for t, lm in ((truth[i_best][0], lambdas[i_best]), (truth[i_fit][0], fit.lambda_), (acc[0], fit.lambda_),
+                  (rep[rule][0], fit.lambda_)):
         r = {"references": refs_rule, "ms_per_token_replay": t.sum() / tok.sum(), "speed_replay": t_static.sum() / t.sum(),
              "share_replay": float(gain_share(t.sum(), t_static.sum(), t_static.sum() / g_exact)),
              "lambda_replay": lm, "best_static_k_replay": int(best.split(":")[1])}

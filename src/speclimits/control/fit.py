@@ -2,9 +2,9 @@
 
 :func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper) into
 train and test by ``seq_id`` and fits, on the train split only: the confidence calibration
-(:func:`fit_calibration`), the Ū predictor (mean Ū per m over the train prompts' decode rounds,
-:func:`mean_u_bar`), τ of the confidence threshold and λ of the Delta rule (each minimizing the replayed
-greedy time of the train references, priced by the cost model). The policy JSON
+(:func:`fit_calibration`), the acceptance model (:mod:`speclimits.control.acceptance`), the Ū predictor (mean Ū
+per m over the train prompts' decode rounds, :func:`mean_u_bar`), τ of the confidence threshold and λ of the
+Delta rule (each minimizing the replayed greedy time of the train references, priced by the cost model). The policy JSON
 (:class:`~speclimits.control.rules.PolicyFit`) records the split, the trace, the cost model and the numbers.
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from sklearn.isotonic import IsotonicRegression
 
+from speclimits.control.acceptance import acceptance_frame, fit_acceptance
 from speclimits.control.offline import evaluate_exact
 from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, Policy, PolicyFit, StaticK
 from speclimits.costmodel import CostModel
@@ -49,7 +50,8 @@ def tune(rule: Callable[[float], Policy], grid: Any, train: OracleInputs, table:
 
 def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int = 0,
                cost_model: CostModel | str | Path | None = None) -> PolicyFit:
-    """Fit τ, λ, the calibration map and the Ū predictor on a seeded train split of the references.
+    """Fit τ, λ, the calibration map, the acceptance model (:func:`~speclimits.control.acceptance.fit_acceptance`;
+    λ is tuned with the calibration, as the engine runs) and the Ū predictor on a seeded train split.
 
     ``source``: a trace (its greedy references, with ``cost_model`` or the trace's fit), or an
     :class:`~speclimits.oracle.OracleSetup` of one reference kind (section 6 fits each kind so).
@@ -76,6 +78,7 @@ def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int 
     train_ids = [str(s) for s in train.seq_ids]
     u_mean = mean_u_bar(train, k_max, rounds[rounds["prompt_id"].astype(str).isin(train_ids)])
     calib = CalibrationMap.from_isotonic(fit_calibration(train, k_max))
+    acceptance = fit_acceptance(acceptance_frame(train, k_max), k_max)
     tau, tau_curve = tune(ConfidenceThreshold, TAU_GRID, train, table, "tau")
     lam, lam_curve = tune(lambda lam: DeltaRule(lam, u_mean, calib, running_lambda=False), lambda_oracle * LAMBDA_GRID,
                           train, table, "lambda")
@@ -86,13 +89,14 @@ def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int 
             "trace_created": meta.get("created"), "method": meta.get("method"), "models": meta.get("models"),
             "reference_kind": kind, "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
             "test_share": test_share, "train_states": int(train.n_states), "notes": list(setup.notes),
-            "fitted_on": "train split only: calibration (reached draft steps), Ū per m (train prompts' decode "
-                         "rounds), τ and λ (replayed greedy outcomes, priced by the cost model)"}
+            "fitted_on": "train split only: calibration and acceptance model (reached draft steps), Ū per m (train "
+                         "prompts' decode rounds), τ and λ (replayed greedy outcomes, priced by the cost model)"}
     return PolicyFit(k_max=int(k_max), tau=tau, lambda_=lam, lambda_oracle=float(lambda_oracle),
                      u_bar_mean=tuple(float(v) for v in u_mean), calibration=calib, cost_model=model,
                      train_seq_ids=tuple(train_ids), test_seq_ids=tuple(str(s) for s in raw.seq_ids[test_idx]),
                      data=data, curves={"tau": tau_curve, "lambda": lam_curve},
-                     tokens_per_round=tuple(float(v) for v in tpr), lambda_ratio=lam / best_static_per_token)
+                     tokens_per_round=tuple(float(v) for v in tpr), lambda_ratio=lam / best_static_per_token,
+                     acceptance=acceptance)
 
 
 def static_tokens_per_round(inputs: OracleInputs, table: CostTable, k_max: int) -> np.ndarray:

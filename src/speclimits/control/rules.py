@@ -558,6 +558,38 @@ class CalibrationMap:
 
 
 @dataclass(frozen=True)
+class AcceptanceModel:
+    """P(draft step j matches | steps 1..j-1 matched) = ``1 / (1 + exp(-(intercept + sum_i coef_i·x_i)))``, x the
+    ``features`` (named as :data:`speclimits.control.acceptance.FEATURES` computes them; K_max ``walk_k_max``
+    for the request's history), a missing one (a request's first rounds) set to its ``fill`` (the train
+    mean). ``selection``: the forward selection's steps, ``(feature, held-out log loss)`` each."""
+
+    features: tuple[str, ...]
+    coef: tuple[float, ...]
+    intercept: float
+    fill: tuple[float, ...]
+    walk_k_max: int
+    selection: tuple[tuple[str, float], ...] = ()
+
+    def predict_one(self, values: Any) -> float:
+        """The probability at one feature vector (in :attr:`features`' order; NaN: the fill)."""
+        z = self.intercept
+        for c, v, f in zip(self.coef, values, self.fill):
+            z += c * (f if v != v else v)
+        return 1.0 / (1.0 + math.exp(-z))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features": list(self.features), "coef": list(self.coef), "intercept": self.intercept,
+                "fill": list(self.fill), "walk_k_max": self.walk_k_max, "selection": [list(s) for s in self.selection]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AcceptanceModel":
+        return cls(tuple(d["features"]), tuple(float(v) for v in d["coef"]), float(d["intercept"]),
+                   tuple(float(v) for v in d["fill"]), int(d["walk_k_max"]),
+                   tuple((str(f), float(v)) for f, v in d.get("selection", [])))
+
+
+@dataclass(frozen=True)
 class PolicyFit:
     """Fitted policy parameters (the JSON the engine loads): ``k_max`` (the engine's
     ``num_speculative_tokens``), the threshold's ``tau``, the Delta rule's ``lambda_`` (ms per token) and the
@@ -565,7 +597,8 @@ class PolicyFit:
     per m, index 0 = index 1), the confidence ``calibration``, the ``cost_model`` rounds are priced with, the
     split by reference, where the fit came from (``data``) and its curves over τ and λ (``curves``);
     ``tokens_per_round`` of static K = 1..k_max on the replayed train references and ``lambda_ratio``, λ over
-    the best static K's time per token there (both dimensionless: they price λ in the engine's units)."""
+    the best static K's time per token there (both dimensionless: they price λ in the engine's units);
+    ``acceptance`` the acceptance model (:mod:`speclimits.control.acceptance`; None in a file written before it)."""
 
     k_max: int
     tau: float
@@ -581,6 +614,14 @@ class PolicyFit:
     prior_tokens: float = 32.0
     tokens_per_round: tuple[float, ...] | None = None
     lambda_ratio: float | None = None
+    acceptance: AcceptanceModel | None = None
+
+    def match_model(self) -> tuple["AcceptanceModel | CalibrationMap", str]:
+        """What the rule reads as each drafted position's match probability: the acceptance model, or (a policy
+        written before it) the confidence-only calibration, with the one line that says so (else "")."""
+        if self.acceptance is not None:
+            return self.acceptance, ""
+        return self.calibration, "policy has no acceptance model (written before it): confidence-only calibration used"
 
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
@@ -630,6 +671,7 @@ class PolicyFit:
             "data": self.data, "curves": self.curves,
             "tokens_per_round": None if self.tokens_per_round is None else list(self.tokens_per_round),
             "lambda_ratio": self.lambda_ratio,
+            "acceptance": None if self.acceptance is None else self.acceptance.to_dict(),
         }
 
     def write(self, path: str | Path) -> Path:
@@ -654,7 +696,8 @@ class PolicyFit:
                        prior_tokens=float(d.get("prior_tokens", 32.0)),
                        tokens_per_round=None if d.get("tokens_per_round") is None else
                        tuple(float(v) for v in d["tokens_per_round"]),
-                       lambda_ratio=None if d.get("lambda_ratio") is None else float(d["lambda_ratio"]))
+                       lambda_ratio=None if d.get("lambda_ratio") is None else float(d["lambda_ratio"]),
+                       acceptance=None if d.get("acceptance") is None else AcceptanceModel.from_dict(d["acceptance"]))
         except KeyError as exc:
             raise SpeclimitsError(f"{origin}: missing field {exc}") from None
         except (TypeError, ValueError) as exc:

@@ -1,0 +1,191 @@
+"""The acceptance model: P(draft at position j matches | the drafts before it matched), from what the engine
+knows when it decides (issue 57, deliverable 2).
+
+A logistic regression (scikit-learn; a few coefficients, evaluated in µs per draft step:
+:class:`~speclimits.control.rules.AcceptanceModel`) on features of a greedy round from a state of
+``oracle.parquet``, at draft step j (1-based) with top-1 probability ``draft_conf[j]``:
+
+- ``conf``, ``logit_conf``: the draft's top-1 probability and its log-odds;
+- ``position``: j; ``log_prod_before``: the log of the product of the top-1 probabilities of steps 1..j-1;
+- ``history``: the mean accepted length of the request's last 3 rounds *it has seen*, along the K_max greedy walk
+  of its reference (rounds of K_max drafts from position 0; the round that ended at this state is not seen yet:
+  the engine observes each round one round late, :meth:`~speclimits.control.driver.RoundDriver.verified`). A rule
+  drafting fewer than K_max sees lengths cut at its k: the feature is the uncut K_max walk's;
+- ``u_bar_prev``: Ū of the last seen round's pass (its K_max + 1 rows; the tracer's, the engine counts no experts);
+- ``log_context``: the log of the context length.
+
+Label: step j matched (``accept_len >= j``), on the steps a round reached (``accept_len >= j - 1``, a reference
+token left: :func:`~speclimits.oracle.calibration.reached_steps`), as :func:`~speclimits.control.fit.fit_calibration`
+fits the confidence-only map. **What the traces lack** of the issue's features: the draft's entropy and its
+top-1/top-2 margin, and the target's top-1 probability at the last verified position; the tracer records none of
+them (only the draft's top-1 probability per step), so the model cannot use them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+from sklearn.model_selection import GroupKFold
+
+from speclimits.control.rules import AcceptanceModel, CalibrationMap, PolicyFit
+from speclimits.oracle.calibration import reached_steps
+from speclimits.oracle.inputs import OracleInputs
+
+#: The candidate features, in the order the forward selection tries them on a tie.
+FEATURES = ("logit_conf", "conf", "position", "log_prod_before", "history", "u_bar_prev", "log_context")
+#: Rounds of the request's history averaged (``history``).
+HISTORY_ROUNDS = 3
+_EPS = 1e-6
+
+
+def _walk_features(inputs: OracleInputs, k_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n,) ``history`` and ``u_bar_prev`` of every state (NaN before the request has seen a round)."""
+    hist, u_prev = np.full(inputs.n_states, np.nan), np.full(inputs.n_states, np.nan)
+    for s in range(inputs.n_sequences):
+        off, n = int(inputs.offsets[s]), int(inputs.n_tokens[s])
+        starts, acc, pos = [], [], 0
+        while pos < n:
+            a = min(int(inputs.accept_len[off + pos]), k_max)
+            starts.append(pos)
+            acc.append(a)
+            pos += a + 1
+        ends, acc = np.array(starts) + np.array(acc) + 1, np.array(acc, dtype=float)
+        seen = np.searchsorted(ends, inputs.pos[off:off + n] - inputs.pos[off], side="right") - 1
+        csum = np.concatenate([[0.0], np.cumsum(acc)])
+        lo = np.maximum(seen - HISTORY_ROUNDS, 0)
+        ok = seen > 0
+        hist[off:off + n][ok] = (csum[seen] - csum[lo])[ok] / (seen - lo)[ok]
+        last = np.array(starts)[np.maximum(seen - 1, 0)] + off
+        u_prev[off:off + n][ok] = inputs.u_bar_window[last[ok], min(k_max, inputs.u_bar_window.shape[1] - 1)]
+    return hist, u_prev
+
+
+def acceptance_frame(inputs: OracleInputs, k_max: int, reached_only: bool = True) -> pd.DataFrame:
+    """One row per (state, draft step j <= k_max): ``state``, ``seq_id`` (the group of the folds), ``matched``
+    (bool) and the :data:`FEATURES`. ``reached_only``: only the steps a greedy round reached (the labelled rows),
+    else every step (the rule's inputs, :func:`match_probabilities`)."""
+    conf = np.clip(inputs.draft_conf[:, :k_max].astype(float), _EPS, 1 - _EPS)
+    n = inputs.n_states
+    hist, u_prev = _walk_features(inputs, k_max)
+    reached, matched = reached_steps(inputs, k_max)
+    keep = reached if reached_only else np.ones_like(reached)
+    state, step = np.nonzero(keep)
+    log_before = np.concatenate([np.zeros((n, 1)), np.cumsum(np.log(conf), axis=1)[:, :-1]], axis=1)
+    c = conf[state, step]
+    return pd.DataFrame({
+        "state": state, "seq_id": inputs.seq_ids[inputs.seq_index[state]], "matched": matched[state, step],
+        "logit_conf": np.log(c / (1 - c)), "conf": c, "position": step + 1.0,
+        "log_prod_before": log_before[state, step], "history": hist[state], "u_bar_prev": u_prev[state],
+        "log_context": np.log(np.maximum(inputs.context_len[state].astype(float), 1.0))})
+
+
+def predict(model: AcceptanceModel, frame: pd.DataFrame) -> np.ndarray:
+    """(rows,) the model's match probability on the rows of an :func:`acceptance_frame`."""
+    if not model.features:
+        return np.full(len(frame), 1.0 / (1.0 + np.exp(-model.intercept)))
+    x = frame[list(model.features)].to_numpy(dtype=float)
+    x = np.where(np.isnan(x), np.asarray(model.fill)[None, :], x)
+    return 1.0 / (1.0 + np.exp(-(model.intercept + x @ np.asarray(model.coef))))
+
+
+def _fit_lr(frame: pd.DataFrame, features: list[str], k_max: int) -> AcceptanceModel:
+    y = frame["matched"].to_numpy(dtype=int)
+    fill = tuple(float(np.nanmean(frame[f])) if frame[f].notna().any() else 0.0 for f in features)
+    if not features or len(np.unique(y)) < 2:
+        rate = float(np.clip(y.mean(), _EPS, 1 - _EPS))
+        return AcceptanceModel((), (), float(np.log(rate / (1 - rate))), (), k_max)
+    x = frame[features].to_numpy(dtype=float)
+    x = np.where(np.isnan(x), np.asarray(fill)[None, :], x)
+    lr = LogisticRegression(C=1e4, max_iter=2000).fit(x, y)
+    return AcceptanceModel(tuple(features), tuple(float(v) for v in lr.coef_[0]), float(lr.intercept_[0]), fill,
+                           k_max)
+
+
+def grouped_folds(frame: pd.DataFrame, n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train rows, held-out rows) per fold, grouped by ``seq_id`` (:class:`~sklearn.model_selection.GroupKFold`):
+    a generation's rows are all in one fold."""
+    groups = frame["seq_id"].astype(str).to_numpy()
+    return list(GroupKFold(n_splits=min(n_splits, len(np.unique(groups)))).split(frame, groups=groups))
+
+
+def fit_acceptance(frame: pd.DataFrame, k_max: int, candidates: Any = FEATURES, n_splits: int = 5,
+                   min_gain: float = 1e-4) -> AcceptanceModel:
+    """Forward selection by held-out log loss, then the model refitted on every row of ``frame``.
+
+    Folds: :func:`grouped_folds` (a generation is never split). From the
+    intercept alone, each step adds the candidate whose model has the least mean held-out log loss over the
+    folds; a feature is kept only if it lowers that loss by more than ``min_gain`` (nats per draft step).
+    ``k_max``: the walk of the ``history`` feature (the policy's K_max). ``selection`` records the steps.
+    """
+    folds = grouped_folds(frame, n_splits)
+
+    def cv_loss(features: list[str]) -> float:
+        losses = []
+        for tr, te in folds:
+            p = predict(_fit_lr(frame.iloc[tr], features, k_max), frame.iloc[te])
+            losses.append(log_loss(frame["matched"].iloc[te].to_numpy(dtype=int), p, labels=[0, 1]) * len(te))
+        return float(np.sum(losses) / len(frame))
+
+    chosen, best, left = [], cv_loss([]), list(candidates)
+    steps = [("(intercept)", best)]
+    while left:
+        loss, f = min((cv_loss(chosen + [f]), f) for f in left)
+        if loss > best - min_gain:
+            break
+        chosen.append(f)
+        left.remove(f)
+        best = loss
+        steps.append((f, loss))
+    m = _fit_lr(frame, chosen, k_max)
+    return AcceptanceModel(m.features, m.coef, m.intercept, m.fill, k_max, tuple(steps))
+
+
+def match_probabilities(fit: PolicyFit, inputs: OracleInputs) -> tuple[np.ndarray, str]:
+    """(n_states, k_max) each drafted position's match probability as the rule reads it: the fit's acceptance
+    model, or its confidence-only calibration where the policy has none; and the one line that says so ("")."""
+    model, note = fit.match_model()
+    k_max = fit.k_max
+    if isinstance(model, CalibrationMap):
+        return np.interp(inputs.draft_conf[:, :k_max], model.x, model.y), note
+    frame = acceptance_frame(inputs, model.walk_k_max, reached_only=False)
+    out = np.zeros((inputs.n_states, k_max))
+    rows = frame[frame["position"] <= k_max]
+    out[rows["state"].to_numpy(), rows["position"].to_numpy(dtype=int) - 1] = predict(model, rows)
+    return out, note
+
+
+def metrics(matched: Any, p: Any) -> dict[str, float]:
+    """Held-out ``auc``, ``log_loss``, ``brier`` and ``n`` of probabilities ``p`` for 0/1 outcomes ``matched``."""
+    y, p = np.asarray(matched, dtype=int), np.asarray(p, dtype=float)
+    return {"auc": float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else np.nan,
+            "log_loss": float(log_loss(y, np.clip(p, _EPS, 1 - _EPS), labels=[0, 1])),
+            "brier": float(brier_score_loss(y, p)), "n": int(len(y))}
+
+
+def compare_acceptance(fit: PolicyFit, train: OracleInputs, test: OracleInputs, n_bins: int = 10
+                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The confidence-only calibration (``fit.calibration``) and the acceptance model (``fit.acceptance``, else
+    fitted here on ``train``) on the held-out references ``test``.
+
+    Returns ``(scores, reliability)``: ``scores`` one row per model (``model``, ``features``, ``auc``,
+    ``log_loss``, ``brier``, ``n``); ``reliability`` per model, ``position`` and bin of the predicted probability
+    (``n_bins`` equal widths on [0, 1]): ``mean_predicted``, ``observed`` (the share matched), ``n``.
+    """
+    model = fit.acceptance or fit_acceptance(acceptance_frame(train, fit.k_max), fit.k_max)
+    frame = acceptance_frame(test, fit.k_max)
+    preds = {"confidence only (isotonic)": np.interp(frame["conf"], fit.calibration.x, fit.calibration.y),
+             "acceptance model": predict(model, frame)}
+    scores, rel = [], []
+    for name, p in preds.items():
+        scores.append({"model": name, "features": "conf" if name.startswith("conf") else " + ".join(model.features),
+                       **metrics(frame["matched"], p)})
+        b = pd.DataFrame({"position": frame["position"].astype(int), "bin": np.minimum((p * n_bins).astype(int),
+                          n_bins - 1), "p": p, "y": frame["matched"].astype(float)})
+        g = b.groupby(["position", "bin"]).agg(mean_predicted=("p", "mean"), observed=("y", "mean"), n=("y", "size"))
+        rel.append(g.reset_index().assign(model=name))
+    return pd.DataFrame(scores), pd.concat(rel, ignore_index=True)[["model", "position", "bin", "mean_predicted",
+                                                                      "observed", "n"]]

@@ -1,0 +1,126 @@
+"""The acceptance model (:mod:`speclimits.control.acceptance`) on the simulated smoke trace: folds by generation,
+a planted feature found and used, a feature without signal dropped, the metrics as scikit-learn computes them,
+and a policy written before the model falling back to the confidence-only calibration."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+
+from speclimits.control.acceptance import (FEATURES, acceptance_frame, compare_acceptance, fit_acceptance,
+                                           grouped_folds, match_probabilities, metrics, predict)
+from speclimits.control.fit import fit_calibration, fit_policy, greedy_setup
+from speclimits.control.offline import select
+from speclimits.control.rules import CalibrationMap, PolicyFit
+
+K_MAX = 4
+
+
+@pytest.fixture(scope="module")
+def fitted(smoke_trace):
+    fit = fit_policy(smoke_trace, k_max=K_MAX, seed=0)
+    return fit, greedy_setup(smoke_trace, fit.cost_model)
+
+
+@pytest.fixture(scope="module")
+def train_frame(fitted):
+    fit, setup = fitted
+    return acceptance_frame(select(setup, list(fit.train_seq_ids))[0], K_MAX)
+
+
+def test_grouped_folds_never_split_a_generation(train_frame):
+    folds = grouped_folds(train_frame, n_splits=3)
+    seen = np.zeros(len(train_frame), dtype=int)
+    ids = train_frame["seq_id"].astype(str).to_numpy()
+    for tr, te in folds:
+        assert not set(ids[tr]) & set(ids[te])
+        seen[te] += 1
+    assert (seen == 1).all()  # every row held out exactly once
+
+
+def test_labels_are_the_reached_steps_and_history_is_what_was_seen(fitted):
+    fit, setup = fitted
+    raw = select(setup, list(fit.train_seq_ids))[0]
+    f = acceptance_frame(raw, K_MAX)
+    acc = raw.accept_len[f["state"]]
+    assert (acc >= f["position"] - 1).all()  # a step is a row only when the chain reached it
+    assert (f["matched"] == (acc >= f["position"])).all()
+    first = raw.offsets[:-1]
+    assert f.loc[f["state"].isin(first), "history"].isna().all()  # no round seen yet at a request's start
+    # the second walk round has seen nothing yet either (one round late), the third has seen the first
+    s0 = int(first[0])
+    a0 = min(int(raw.accept_len[s0]), K_MAX)
+    s1 = s0 + a0 + 1
+    s2 = s1 + min(int(raw.accept_len[s1]), K_MAX) + 1
+    assert f.loc[f["state"] == s1, "history"].isna().all()
+    assert (f.loc[f["state"] == s2, "history"] == a0).all()
+
+
+def planted(setup, seed: int = 0):
+    """Greedy inputs where a long context makes the first draft fail in 70% of the states: log_context drives it."""
+    raw = setup.raw_inputs
+    long = raw.context_len > np.median(raw.context_len)
+    fail = long & (np.random.default_rng(seed).random(raw.n_states) < 0.7)
+    return replace(raw, accept_len=np.where(fail, 0, raw.accept_len).astype(raw.accept_len.dtype))
+
+
+def test_a_planted_feature_is_kept_and_beats_the_confidence_alone(fitted):
+    fit, setup = fitted
+    raw = planted(setup)
+    index = {str(s): i for i, s in enumerate(raw.seq_ids)}
+    train = raw.subset([index[s] for s in fit.train_seq_ids])
+    test = raw.subset([index[s] for s in fit.test_seq_ids])
+    fit_p = replace(fit, calibration=CalibrationMap.from_isotonic(fit_calibration(train, K_MAX)), acceptance=None)
+    scores, rel = compare_acceptance(fit_p, train, test)
+    s = scores.set_index("model")
+    assert "log_context" in s.loc["acceptance model", "features"].split(" + ")
+    assert s.loc["acceptance model", "log_loss"] < s.loc["confidence only (isotonic)", "log_loss"]
+    assert s.loc["acceptance model", "auc"] > s.loc["confidence only (isotonic)", "auc"]
+    # reliability: every held-out row in one bin per model, observed shares in [0, 1]
+    assert (rel.groupby("model")["n"].sum().loc[s.index] == s["n"]).all()
+    assert rel["observed"].between(0, 1).all()
+
+
+def test_a_feature_without_signal_is_dropped(train_frame):
+    frame = train_frame.assign(noise=np.random.default_rng(5).normal(size=len(train_frame)))
+    model = fit_acceptance(frame, K_MAX, candidates=FEATURES + ("noise",))
+    assert "noise" not in model.features
+    assert model.features  # the confidence carries signal in the simulation
+    losses = [loss for _, loss in model.selection]
+    assert (np.diff(losses) < 0).all()  # each kept feature lowered the held-out log loss
+
+
+def test_metrics_are_scikit_learns_on_a_hand_example():
+    y, p = np.array([0, 1, 1, 0, 1]), np.array([0.1, 0.8, 0.6, 0.7, 0.3])
+    m = metrics(y, p)
+    assert m["auc"] == pytest.approx(roc_auc_score(y, p)) == pytest.approx(4 / 6)  # 4 of 6 pairs ranked right
+    want_ll = -np.mean(np.log([0.9, 0.8, 0.6, 0.3, 0.3]))
+    assert m["log_loss"] == pytest.approx(log_loss(y, p)) == pytest.approx(want_ll)
+    assert m["brier"] == pytest.approx(brier_score_loss(y, p)) == pytest.approx((0.01 + 0.04 + 0.16 + 0.49 + 0.49) / 5)
+    assert m["n"] == 5
+
+
+def test_one_float_at_a_time_is_the_vectorized_model_and_survives_json(fitted, train_frame):
+    fit, _ = fitted
+    model = fit.acceptance
+    assert model is not None and model.features
+    rows = train_frame.head(50)
+    want = predict(model, rows)
+    got = [model.predict_one(r) for r in rows[list(model.features)].itertuples(index=False)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    again = PolicyFit.from_dict(fit.to_dict())
+    assert again.acceptance == model
+
+
+def test_a_policy_without_the_model_falls_back_to_the_calibration_and_says_so(fitted):
+    fit, setup = fitted
+    old = PolicyFit.from_dict({k: v for k, v in fit.to_dict().items() if k != "acceptance"})
+    probs, note = match_probabilities(old, setup.raw_inputs)
+    assert note == "policy has no acceptance model (written before it): confidence-only calibration used"
+    np.testing.assert_allclose(probs, np.interp(setup.raw_inputs.draft_conf[:, :K_MAX], fit.calibration.x,
+                                                fit.calibration.y))
+    probs_new, note_new = match_probabilities(fit, setup.raw_inputs)
+    assert note_new == "" and probs_new.shape == probs.shape and not np.allclose(probs_new, probs)
