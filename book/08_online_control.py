@@ -225,8 +225,11 @@ if oracle_ok:
 # on the same held-out references as the engine runs above and with the policy they ran: the **surrogate
 # Oracle** (each position's match probability, planned across rounds: the loss is *information*), the best
 # rule of the engine's class fed the **true** match probabilities, its one parameter λ chosen in hindsight
-# (the loss is the *planning horizon*: one round at a time), the same rule at its fitted λ, the rule reading
-# the **calibrated confidence** (the loss is *prediction*), and the **engine** (its measured paired ratio to
+# (the loss is the *planning horizon*: one round at a time), the same rule at its fitted λ, the rule reading an
+# **acceptance model** fitted on the train references (the loss is *prediction*; offline only: the engine
+# does not read it yet, and its request-history features are taken along the reference's walk, so this rung
+# is an optimistic estimate), the rule reading the **calibrated confidence** alone (what the engine runs:
+# the loss is the *features* the confidence leaves out), and the **engine** (its measured paired ratio to
 # the best stock K: *engine overhead*). At batch > 1 the rules are replayed as the engine batched the
 # references, each step priced with the run's profiled costs; the Oracles there are per request.
 
