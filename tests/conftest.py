@@ -22,6 +22,15 @@ def smoke_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smoke_policy(smoke_trace):
+    """The online policies fitted on the smoke trace (K_max = 4, seed 0) and its greedy Oracle setup."""
+    from speclimits.control.fit import fit_policy, greedy_setup
+
+    fit = fit_policy(smoke_trace, k_max=4, seed=0)
+    return fit, greedy_setup(smoke_trace, fit.cost_model)
+
+
+@pytest.fixture(scope="session")
 def default_book(tmp_path_factory):
     """The one full build of a test run: the book as ``speclimits book`` builds it (the bundled
     measured trace), with smoke parameters. Returns the build folder: executed notebooks under

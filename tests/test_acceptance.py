@@ -12,22 +12,16 @@ from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from speclimits.control.acceptance import (FEATURES, acceptance_frame, compare_acceptance, fit_acceptance,
                                            grouped_folds, match_probabilities, metrics, predict)
-from speclimits.control.fit import fit_calibration, fit_policy, greedy_setup
+from speclimits.control.fit import fit_calibration
 from speclimits.control.offline import select
 from speclimits.control.rules import CalibrationMap, PolicyFit
 
-K_MAX = 4
+K_MAX = 4  # the K_max of conftest's smoke_policy
 
 
 @pytest.fixture(scope="module")
-def fitted(smoke_trace):
-    fit = fit_policy(smoke_trace, k_max=K_MAX, seed=0)
-    return fit, greedy_setup(smoke_trace, fit.cost_model)
-
-
-@pytest.fixture(scope="module")
-def train_frame(fitted):
-    fit, setup = fitted
+def train_frame(smoke_policy):
+    fit, setup = smoke_policy
     return acceptance_frame(select(setup, list(fit.train_seq_ids))[0], K_MAX)
 
 
@@ -41,8 +35,8 @@ def test_grouped_folds_never_split_a_generation(train_frame):
     assert (seen == 1).all()  # every row held out exactly once
 
 
-def test_labels_are_the_reached_steps_and_history_is_what_was_seen(fitted):
-    fit, setup = fitted
+def test_labels_are_the_reached_steps_and_history_is_what_was_seen(smoke_policy):
+    fit, setup = smoke_policy
     raw = select(setup, list(fit.train_seq_ids))[0]
     f = acceptance_frame(raw, K_MAX)
     acc = raw.accept_len[f["state"]]
@@ -67,8 +61,8 @@ def planted(setup, seed: int = 0):
     return replace(raw, accept_len=np.where(fail, 0, raw.accept_len).astype(raw.accept_len.dtype))
 
 
-def test_a_planted_feature_is_kept_and_beats_the_confidence_alone(fitted):
-    fit, setup = fitted
+def test_a_planted_feature_is_kept_and_beats_the_confidence_alone(smoke_policy):
+    fit, setup = smoke_policy
     raw = planted(setup)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}
     train = raw.subset([index[s] for s in fit.train_seq_ids])
@@ -103,8 +97,8 @@ def test_metrics_are_scikit_learns_on_a_hand_example():
     assert m["n"] == 5
 
 
-def test_one_float_at_a_time_is_the_vectorized_model_and_survives_json(fitted, train_frame):
-    fit, _ = fitted
+def test_one_float_at_a_time_is_the_vectorized_model_and_survives_json(smoke_policy, train_frame):
+    fit, _ = smoke_policy
     model = fit.acceptance
     assert model is not None and model.features
     rows = train_frame.head(50)
@@ -115,8 +109,8 @@ def test_one_float_at_a_time_is_the_vectorized_model_and_survives_json(fitted, t
     assert again.acceptance == model
 
 
-def test_a_policy_without_the_model_falls_back_to_the_calibration_and_says_so(fitted):
-    fit, setup = fitted
+def test_a_policy_without_the_model_falls_back_to_the_calibration_and_says_so(smoke_policy):
+    fit, setup = smoke_policy
     old = PolicyFit.from_dict({k: v for k, v in fit.to_dict().items() if k != "acceptance"})
     probs, note = match_probabilities(old, setup.raw_inputs)
     assert note == "policy has no acceptance model (written before it): confidence-only calibration used"

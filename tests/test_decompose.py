@@ -10,21 +10,14 @@ import numpy as np
 import pytest
 
 from speclimits.control.decompose import RUNGS, gap_decomposition
-from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.offline import offline_table
 
-K_MAX = 4
+K_MAX = 4  # the K_max of conftest's smoke_policy
 
 
 @pytest.fixture(scope="module")
-def fitted(smoke_trace):
-    fit = fit_policy(smoke_trace, k_max=K_MAX, seed=0)
-    return fit, greedy_setup(smoke_trace, fit.cost_model)
-
-
-@pytest.fixture(scope="module")
-def table(fitted):
-    fit, setup = fitted
+def table(smoke_policy):
+    fit, setup = smoke_policy
     return gap_decomposition(fit, setup, n_rollouts=32, n_boot=199)
 
 
@@ -42,7 +35,7 @@ def test_rows_and_columns_as_documented(table):
     # no benchmark given: the engine's row is empty and says so
     engine = table.iloc[6]
     assert np.isnan(engine["speed_replay"]) and engine["references"] == "no benchmark result given"
-    # the rule's rows carry λ: the fitted one at rungs 4 to 6, a grid value at rung 3
+    # the rule's rows carry λ: the smoke_policy one at rungs 4 to 6, a grid value at rung 3
     assert table.loc[3:5, "lambda_replay"].tolist() == [table.attrs["lambda_fitted"]] * 3
     assert table.loc[2, "lambda_replay"] in table.attrs["lambda_grid"]
 
@@ -54,7 +47,7 @@ def test_the_exact_oracles_share_is_one_and_the_rungs_are_ordered(table):
         t = table[f"ms_per_token_{w}"].to_numpy()[:6]
         # the exact Oracle is the least time of every world (in the surrogate one up to its Monte Carlo s.e.)
         assert (t[0] <= t[1:] + 3 * table.loc[0, "ms_per_token_surrogate_se"]).all()
-        # within the rule's class, the best λ in hindsight is at most the fitted λ's time
+        # within the rule's class, the best λ in hindsight is at most the smoke_policy λ's time
         assert t[2] <= t[3] + 1e-12
     s = table["ms_per_token_surrogate"].to_numpy()
     # in the surrogate's world the surrogate Oracle is optimal over every policy (exact evaluations: no noise)
@@ -65,10 +58,10 @@ def test_the_exact_oracles_share_is_one_and_the_rungs_are_ordered(table):
     assert (table["share_lost_surrogate"].to_numpy()[1:4] >= -1e-12).all()
 
 
-def test_the_true_probability_rungs_do_not_read_the_drafts_confidence(fitted, table):
+def test_the_true_probability_rungs_do_not_read_the_drafts_confidence(smoke_policy, table):
     """Rungs 3 and 4 read the true match probabilities: scrambling the recorded confidences leaves them as
     they are and moves rungs 5 and 6 (the rule reading the acceptance model, the calibrated confidence)."""
-    fit, setup = fitted
+    fit, setup = smoke_policy
     rng = np.random.default_rng(3)
     scrambled = replace(setup.raw_inputs, draft_conf=rng.permutation(setup.raw_inputs.draft_conf.ravel()).reshape(
         setup.raw_inputs.draft_conf.shape))
@@ -82,8 +75,8 @@ def test_the_true_probability_rungs_do_not_read_the_drafts_confidence(fitted, ta
             assert abs(other.loc[i, f"ms_per_token_{w}"] - table.loc[i, f"ms_per_token_{w}"]) > 1e-6
 
 
-def test_the_calibrated_rung_is_section_8s_offline_row(fitted, table):
-    fit, setup = fitted
+def test_the_calibrated_rung_is_section_8s_offline_row(smoke_policy, table):
+    fit, setup = smoke_policy
     names = [f"static:{k}" for k in range(1, K_MAX + 1)] + ["delta-fixed"]
     off, bounds = offline_table(fit, setup, list(fit.test_seq_ids), names, n_rollouts=32, n_boot=199)
     row = off.set_index("policy").loc["delta-fixed"]
@@ -98,8 +91,8 @@ def test_the_calibrated_rung_is_section_8s_offline_row(fitted, table):
     assert table.loc[0, "best_static_k_replay"] == bounds["best_static_k_replay"]
 
 
-def test_a_grid_of_the_fitted_lambda_alone_makes_the_best_causal_rung_the_rule(fitted, table):
-    fit, setup = fitted
+def test_a_grid_of_the_fitted_lambda_alone_makes_the_best_causal_rung_the_rule(smoke_policy, table):
+    fit, setup = smoke_policy
     one = gap_decomposition(fit, setup, lambda_grid=[fit.lambda_], n_rollouts=32, n_boot=199)
     for w in ("replay", "surrogate"):
         assert one.loc[2, f"ms_per_token_{w}"] == one.loc[3, f"ms_per_token_{w}"] == table.loc[3, f"ms_per_token_{w}"]
