@@ -1,28 +1,15 @@
 """The controller's decisions on recorded rounds: the guard of the controller's refactoring (issue 42).
 
-For batch sizes 1, 4 and 8, every policy the controller ships chooses k round by round on the held-out
-greedy references of ``data/traces/measured-eagle3``, priced as the committed benchmark run of that batch
-size priced them (``data/control/bench-batchB.json``: its policy fit, and the costs its engine profiled):
+For batch sizes 1, 4 and 8, every shipped policy chooses k round by round on the held-out greedy references of
+``data/traces/measured-eagle3``, priced as the committed benchmark run of that batch size priced them
+(``data/control/bench-batchB.json``: its policy fit and the costs its engine profiled):
 
-* ``path = "driver"``: the engine's round driver, as :func:`speclimits.control.offline.batch_replay`
-  runs it (the run's batches of references, one engine batch each; caps, per-request stops, the batch's
-  keep, the price refresh), one row per request per round: ``k`` kept, ``drafted`` steps the round ran;
-* ``path = "offline"`` (batch 1 only): the offline harness's replay of one reference at a time
-  (:func:`speclimits.control.offline.walk_actions`, what sections 6 and 8 evaluate), one row per round.
+* ``path = "driver"``: the engine's round driver as :func:`speclimits.control.offline.batch_replay` runs it, one
+  row per request per round: ``k`` kept, ``drafted`` steps the round ran;
+* ``path = "offline"`` (batch 1 only): :func:`speclimits.control.offline.walk_actions`, one row per round.
 
-Each batch size covers about 600 request rounds (the 16 references, 127 decode states each). Write the
-fixture (``tests/data/control-decisions.parquet``) from the code as it is::
-
-    .venv/bin/python tests/decision_fixture.py
-
-``tests/test_control_decisions.py`` replays it and asserts the same k in every row.
-
-Recorded first before the controller's consolidation; recorded again when the offline harness took the
-engine's observation timing (a round's outcome reaches a rule with memory one round late,
-:meth:`~speclimits.control.driver.RoundDriver.verified`). That second recording changed the rows of the
-rules with memory only (running λ, EMA, Cascade, throughput-aware, ``previous-u``); every row of the
-rules without memory (static K, the threshold, the fixed-λ Delta rule and its variants) was identical.
-"""
+Write the fixture (``tests/data/control-decisions.parquet``) with ``.venv/bin/python tests/decision_fixture.py``;
+``tests/test_control_decisions.py`` replays it and asserts the same k in every row."""
 
 from __future__ import annotations
 
@@ -70,10 +57,8 @@ def priced_setting(batch: int):
 
 
 def driver_decisions(batch: int, names=DRIVER_POLICIES) -> pd.DataFrame:
-    """One row per policy, group, round and request: the k the round driver kept and the steps drafted.
-
-    The rounds are read off :meth:`RoundDriver.run_round` as :func:`batch_replay` calls it (one driver per
-    group of references: a new driver starts the next group)."""
+    """One row per policy, group, round and request: the k kept and the steps drafted, read off
+    :meth:`RoundDriver.run_round` as :func:`batch_replay` calls it (one driver per group of references)."""
     from speclimits.control.driver import RoundDriver
     from speclimits.control.offline import batch_replay
 

@@ -6,7 +6,11 @@ which sets ``SPECLIMITS_REQUIRE_RAY_TESTS=1``), where they must run."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +39,19 @@ def require(*modules: str, what: str = "this test") -> None:
         if os.environ.get("SPECLIMITS_REQUIRE_RAY_TESTS") == "1":
             pytest.fail(f"{what} cannot run: {why}")
         pytest.skip(why)
+
+
+def ray_scenario(work: Path, scenario: str, *options: str) -> dict:
+    """Run ``tests/ray_scenarios.py WORK SCENARIO [options]`` in a loopback-only namespace (skips as
+    :func:`require`); its ``RESULT`` line, the trace in ``work / scenario``."""
+    from speclimits.tracing.ray_sweep import loopback_command, loopback_env
+
+    require("ray", "vllm", what="the distributed tests")
+    (work / "home").mkdir(exist_ok=True)
+    env = loopback_env(work / "home")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    argv = [sys.executable, str(Path(__file__).with_name("ray_scenarios.py")), str(work), scenario, *options]
+    proc = subprocess.run(loopback_command(argv), capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])

@@ -1,18 +1,10 @@
-"""Sweeps for ``tests/test_ray_sweep.py`` and ``benchmarks/bench_ray_sweep.py``, run INSIDE a
-loopback-only network namespace (the caller wraps this script with
-:func:`speclimits.tracing.ray_sweep.loopback_command`). Not a test module itself.
-
-``python ray_scenarios.py WORK SCENARIO [options]`` writes traces under WORK and prints one JSON
-line per scenario (wall and CPU seconds, events) prefixed with ``RESULT``:
-
-``serial``   the serial sweep (:func:`speclimits.tracing.sweep.run_sweep`) -> WORK/serial
-             (with ``--oracle-k-max``: then the serial Oracle pass)
-``dist``     the same sweep on Ray: ``speclimits trace ... --workers 2`` (the CLI) -> WORK/dist
-             (with ``--oracle-k-max``: ``--oracle`` too, on the Ray workers, then once more, with
-             nothing left to run)
-``kill``     on Ray, worker 1 SIGKILLed mid-job once some shard is on disk -> WORK/kill
-``resume``   as ``kill`` but without retries (the sweep fails), then ``resume=True`` -> WORK/resume
-"""
+"""Sweeps for ``tests/test_ray_sweep.py`` and ``benchmarks/bench_ray_sweep.py``, run inside a loopback-only
+network namespace (:func:`speclimits.tracing.ray_sweep.loopback_command`). ``python ray_scenarios.py WORK SCENARIO``
+writes WORK/SCENARIO and prints one ``RESULT`` JSON line (wall and CPU seconds, events):
+``serial`` :func:`~speclimits.tracing.sweep.run_sweep` (then the serial Oracle pass with ``--oracle-k-max``);
+``dist`` the same through ``speclimits trace --workers 2`` (with ``--oracle-k-max``: ``--oracle`` on the
+workers, then once more with nothing left to run); ``kill`` worker 1 SIGKILLed mid-job once a shard is on disk;
+``resume`` as ``kill`` without retries (the sweep fails), then ``resume=True``."""
 
 from __future__ import annotations
 
@@ -47,6 +39,7 @@ def main() -> int:
                         "moment it is given a job once some shard is on disk (deterministic: the job is in "
                         "flight, and the failed first run of `resume` leaves work done to skip)")
     p.add_argument("--prompts", default=None)
+    p.add_argument("--batch", default=None, help="dist: batch sizes, as --batch of speclimits trace")
     p.add_argument("--oracle-k-max", type=int, default=None,
                    help="serial and dist: also run the Oracle pass with this K_max (dist: on the Ray workers)")
     args = p.parse_args()
@@ -115,6 +108,7 @@ def main() -> int:
                   "--prompts", cfg.prompts, "--limit", str(args.limit), "--max-tokens", str(args.max_tokens),
                   "--load-format", "dummy", "--tokens", "all", "--out", cfg.out, "--quiet",
                   "--workers", str(args.workers), "--shard-size", str(args.shard_size),
+                  *(["--batch", args.batch] if args.batch else []),
                   *(["--oracle", "--oracle-k-max", str(args.oracle_k_max), "--oracle-batch", "16"]
                     if args.oracle_k_max else [])])
         if rc != 0:

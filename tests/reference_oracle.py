@@ -1,12 +1,6 @@
-"""Reference copies of the Oracle, kept out of the package: the tests and ``benchmarks/bench_oracle.py``
-check the package's one solver (:func:`speclimits.oracle.solver.backward_induction`) and the bootstrap
-against them.
-
-* :func:`backward_induction`: the plain lockstep Bellman sweep (V, k*, Q; no policy evaluation);
-  with :func:`~speclimits.oracle.solver.evaluate_arrays` after it, the procedure the one sweep replaced.
-* :func:`solve_python`: a loop over sequences, states (backwards) and k.
-* :func:`direct_replicates`: the bootstrap's literal procedure (resample, refit, solve), one replicate at a time.
-"""
+"""Reference copies of the Oracle, kept out of the package for the tests and ``benchmarks/bench_oracle.py``:
+:func:`backward_induction` (the plain lockstep Bellman sweep: V, k*, Q), :func:`solve_python` (loops over
+sequences, states and k) and :func:`direct_replicates` (the bootstrap's literal resample, refit, solve)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The controller inside ``vllm serve`` (the OpenAI-compatible server), run by tests/test_control_serve.py
-inside a loopback-only network namespace.
-
-1. plain greedy decoding of the prompts in this process (stock engine, no speculation);
-2. ``vllm serve`` with the bundled pair, ``--worker-extension-cls ...ControlWorkerExtension`` and the
-   policy file named by ``SPECLIMITS_CONTROL_POLICY``, on 127.0.0.1; armed once through the server's
-   development endpoint ``POST /collective_rpc {"method": "speclimits_control_arm"}``
-   (``VLLM_SERVER_DEV_MODE=1``); the same prompts through ``/v1/completions`` (greedy, ignore_eos);
-3. prints ``RESULT {json}``: the texts of both, the arm reply and what the controller drained.
-
-Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``.
-"""
+"""The controller inside ``vllm serve``, run by tests/test_control_serve.py in a loopback-only network namespace:
+plain greedy decoding of the prompts in this process, then ``vllm serve`` with the bundled pair and the
+ControlWorkerExtension on 127.0.0.1, armed through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``), the same
+prompts through ``/v1/completions``; prints ``RESULT {json}`` (both texts, the arm reply, what the controller
+drained). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
 
 from __future__ import annotations
 

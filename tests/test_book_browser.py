@@ -1,10 +1,5 @@
-"""The built book in a real browser: headless Chromium (Debian's package) opens every page offline.
-
-The checker itself is tested on a handmade site with one defect of each kind; then the default build
-(the bundled measured trace, smoke settings: the test run's one full build) must pass it.
-Without Chromium or Playwright these tests skip, unless SPECLIMITS_REQUIRE_BROWSER_TESTS=1 (as in
-scripts/test.sh, so CI cannot pass without running them).
-"""
+"""The built book in headless Chromium, offline: the checker on a handmade site with one defect of each kind,
+then the default build. Skipped without Chromium or Playwright unless SPECLIMITS_REQUIRE_BROWSER_TESTS=1."""
 
 from __future__ import annotations
 

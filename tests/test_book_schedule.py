@@ -101,9 +101,8 @@ def test_the_last_builds_times_order_the_pages(tmp_path, monkeypatch):
 
 
 def test_a_build_leaves_papermills_folder_unset(monkeypatch, tmp_path):
-    """papermill keeps the folder its writes change into process-wide, and each run restores what it found
-    on entry: runs in threads that end out of order leave a run's folder set. The build unsets it after (and
-    before) executing, so that a later build never changes into a staging folder that is gone."""
+    """papermill's process-wide write folder, restored per run, is left set by threads that end out of order: the
+    build unsets it before and after executing, so a later build never changes into a staging folder that is gone."""
     from papermill.iorw import local_file_io_cwd, papermill_io
 
     toc, notebooks = _pages()

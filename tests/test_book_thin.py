@@ -1,13 +1,9 @@
 """The book and the factor analysis on a user's thin trace (issue 41): what a page cannot show.
 
-Library level (cheap, one simulated smoke trace per K grid): the final-model results say which
-tables the trace cannot give and why (:meth:`FinalModelResults.why_missing`, read from the fit's
-``skipped`` entries), the robustness checks move to the largest K present, the Oracle sections cap
-K_max at the drafts the cost model prices, the draft section and the factor analysis skip what
-they cannot estimate, and a trace without Oracle data is named. End to end (``book`` marker): the
-whole book builds on the K = 0, 2, 4 grid (it failed in section 3 before) and its pages carry the
-"This trace cannot show ..." sentences.
-"""
+Library level (one simulated smoke trace per K grid): the final model names the tables the trace cannot give
+(:meth:`FinalModelResults.why_missing`), robustness moves to the largest K present, the Oracle sections cap K_max
+at the drafts the cost model prices, and a trace without Oracle data is named. End to end (``book``): the
+whole book builds on the K = 0, 2, 4 grid with the "This trace cannot show ..." sentences."""
 
 from __future__ import annotations
 

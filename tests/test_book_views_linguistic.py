@@ -237,9 +237,8 @@ def test_committed_benchmarks_are_measured_and_lossless():
 
 
 def test_bench_runs_are_those_fitted_on_the_trace_in_either_regime():
-    """Section 8 shows the benchmark runs fitted on its trace: the twin's trace finds data/control/twin/, the
-    bundled trace data/control/; the twin's second run (batch 1) is its own, never the bundled pair's. Each
-    run's regime is read from its target."""
+    """Section 8 shows the runs fitted on its trace (the twin's: data/control/twin/, never the bundled pair's;
+    the bundled trace's: data/control/), each run's regime read from its target."""
     from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
     from speclimits.trace import Trace, read_meta
 

@@ -44,17 +44,12 @@ def test_planted_routing_draws_different_experts_and_spreads_them():
     assert np.unique(ids).size == 32
 
 
-@pytest.mark.parametrize("m,u", [(1, 7), (1, 9), (2, 17), (3, 0), (20, 129)])
-def test_planted_routing_refuses_an_impossible_u_bar(m, u):
-    with pytest.raises(ValueError, match="outside its range"):
-        planted_topk_ids(m, 8, 128, u, np.random.default_rng(0))
-
-
-def test_planted_routing_refuses_a_bad_shape():
-    with pytest.raises(ValueError, match="top_k"):
-        planted_topk_ids(2, 9, 8, 9, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="at least 1"):
-        planted_topk_ids(0, 8, 128, 8, np.random.default_rng(0))
+@pytest.mark.parametrize("m,top_k,n_experts,u,match", [
+    *[(m, 8, 128, u, "outside its range") for m, u in [(1, 7), (1, 9), (2, 17), (3, 0), (20, 129)]],
+    (2, 9, 8, 9, "top_k"), (0, 8, 128, 8, "at least 1")])
+def test_planted_routing_refuses_an_impossible_u_bar_or_shape(m, top_k, n_experts, u, match):
+    with pytest.raises(ValueError, match=match):
+        planted_topk_ids(m, top_k, n_experts, u, np.random.default_rng(0))
 
 
 def test_u_bar_grid_keeps_both_ends():

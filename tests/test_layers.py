@@ -62,10 +62,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def file_graph() -> dict[str, set[str]]:
-    """Module file -> the module files it imports, every import counted wherever it stands (at the top or
-    inside a function: an import deferred into a function still ties the two files together). A name
-    imported from a package (``from speclimits.stats import comparisons``) counts as its submodule when
-    it is one, else as the package's ``__init__``."""
+    """Module file -> the module files it imports, deferred imports included; a name imported from a package
+    counts as its submodule when it is one, else as the package's ``__init__``."""
     files = {}
     for path in ROOT.rglob("*.py"):
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)

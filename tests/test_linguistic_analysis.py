@@ -36,9 +36,7 @@ def reference():
     return _sim(420, seed=99)
 
 
-# ---------------------------------------------------------------------------
-# units
-# ---------------------------------------------------------------------------
+# -- units --
 
 
 def test_ratio_bootstrap_by_hand():
@@ -153,9 +151,7 @@ def test_decision_table_needs_labels(sim):
         ling.decision_table(sim["res"], sim["lab"].drop(columns="label"))
 
 
-# ---------------------------------------------------------------------------
-# k* by context: planted effects
-# ---------------------------------------------------------------------------
+# -- k* by context: planted effects --
 
 
 def test_k_by_context_recovers_the_planted_ordering_and_sizes(sim, reference):
@@ -183,9 +179,7 @@ def test_k_by_context_bad_column(sim):
     assert np.allclose(shares.groupby("context")["share"].sum(), 1.0)
 
 
-# ---------------------------------------------------------------------------
-# routing: planted effects
-# ---------------------------------------------------------------------------
+# -- routing: planted effects --
 
 
 def test_script_change_routing_recovers_the_planted_difference(reference):
@@ -248,9 +242,7 @@ def test_routing_table_and_errors(sim):
         ling.script_change_contrast(sim["lab"].drop(columns="new_experts"))
 
 
-# ---------------------------------------------------------------------------
-# panels and the gallery
-# ---------------------------------------------------------------------------
+# -- panels and the gallery --
 
 
 def test_gallery_follows_its_selection_rule(sim):

@@ -1,8 +1,5 @@
-"""The machine record and the dtype vLLM's CPU build can run, from both CPUs' flag sets.
-
-Fixtures in ``tests/data/cpuinfo`` (see its README): the project's AMD EPYC (AVX-512, no AMX, L3 32 MB)
-and the Intel Xeon with AMX (L3 300 MB). Every machine runs every branch, whatever its own CPU.
-"""
+"""The machine record and the dtype vLLM's CPU build can run, on the flag sets of ``tests/data/cpuinfo``
+(AMD EPYC: AVX-512, no AMX, L3 32 MB; Intel Xeon: AMX, L3 300 MB), whatever the machine's own CPU."""
 
 from __future__ import annotations
 

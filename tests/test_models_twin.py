@@ -142,9 +142,8 @@ def test_planted_routing_sets_the_unique_experts_of_every_pass(vllm_mod, tiny_mo
 
 @pytest.mark.parametrize("family", ["deepseek_v2", "qwen2_moe"])
 def test_the_twin_of_other_families_keeps_the_logits(family, tmp_path):
-    """DeepSeek-V2: a dense first layer and a shared expert sized n_shared_experts × moe_intermediate_size
-    (widened with the routed experts, since its config key changes); Qwen2-MoE: a shared expert with a
-    width of its own (left as it is)."""
+    """DeepSeek-V2: a dense first layer and a shared expert of n_shared_experts × moe_intermediate_size (widened with
+    the routed experts); Qwen2-MoE: a shared expert of its own width (left as it is)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     common = {"vocab_size": 256, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,

@@ -40,9 +40,7 @@ def instance(seed, n_seq, n_max, k_list=3, n_experts=32, **kw):
     return random_inputs(rng, n_tokens, k_list=k_list), random_batch_model(rng, k_list + 1, n_experts, **kw), rng
 
 
-# ---------------------------------------------------------------------------
-# Naive references, written from the definitions (BatchCostModel.step_ms, union_unique)
-# ---------------------------------------------------------------------------
+# -- Naive references, written from the definitions (BatchCostModel.step_ms, union_unique) --
 
 
 def step_cost(inputs, model, seqs, states, k):
@@ -89,43 +87,15 @@ def naive_value(inputs, model, seqs, k_max, deterministic, allow_k0, policy=None
     return v(tuple(0 for _ in seqs))
 
 
-def enumerate_deterministic(inputs, model, pair, k_max, allow_k0):
-    """Minimum over every joint action sequence (deterministic transitions), without memoisation."""
-    n_tok = [int(inputs.n_tokens[s]) for s in pair]
-    actions = range(0 if allow_k0 else 1, k_max + 1)
-
-    def go(state):
-        active = [i for i in range(2) if state[i] < n_tok[i]]
-        if not active:
-            return 0.0
-        best = np.inf
-        for k in actions:
-            cost = step_cost(inputs, model, [pair[i] for i in active], [state[i] for i in active], k)
-            nxt = list(state)
-            for i in active:
-                row = int(inputs.offsets[pair[i]]) + state[i]
-                nxt[i] = min(n_tok[i], state[i] + min(k, int(inputs.accept_len[row])) + 1)
-            best = min(best, cost + go(nxt))
-        return best
-
-    return go([0, 0])
-
-
-def table_of(k_by_n):
-    return {n: k for n, k in enumerate(k_by_n, start=1)}
-
-
-# ---------------------------------------------------------------------------
-# The exact b = 2 Oracle
-# ---------------------------------------------------------------------------
+# -- The exact b = 2 Oracle --
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_pair_oracle_equals_enumeration_of_joint_action_sequences(seed):
+def test_pair_oracle_with_clipped_unions_equals_naive_bellman(seed):
     inputs, model, rng = instance(seed, 2, 4, n_experts=16)  # u up to ~26 > E: the union clips
     k_max, allow_k0 = int(rng.integers(1, 4)), bool(seed % 2)
     po = pair_oracle(inputs, model, k_max=k_max, deterministic=True, allow_k0=allow_k0, pairs=[(0, 1)])
-    assert po.value_ms[0] == pytest.approx(enumerate_deterministic(inputs, model, (0, 1), k_max, allow_k0), abs=1e-9)
+    assert po.value_ms[0] == pytest.approx(naive_value(inputs, model, (0, 1), k_max, True, allow_k0), abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -165,9 +135,7 @@ def test_pair_oracle_chunks_and_unequal_lengths_agree(monkeypatch):
     assert (chunked.policy == whole.policy).all()
 
 
-# ---------------------------------------------------------------------------
-# Static K and tables
-# ---------------------------------------------------------------------------
+# -- Static K and tables --
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -270,9 +238,7 @@ def test_best_table_monte_carlo_reports_fresh_draws():
     assert best.total_ms == pytest.approx(fresh.total_ms[0]) and best.lo < best.total_ms < best.hi
 
 
-# ---------------------------------------------------------------------------
-# The relaxation bound
-# ---------------------------------------------------------------------------
+# -- The relaxation bound --
 
 
 def test_union_share_lemma():
@@ -378,9 +344,7 @@ def test_batch1_cost_model_is_refused():
         pair_oracle(inputs, model.base)
 
 
-# ---------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------
+# -- Command line --
 
 MEASURED = "data/traces/measured-eagle3"
 

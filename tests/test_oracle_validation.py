@@ -65,11 +65,9 @@ def test_validation_warns_beyond_tolerance(tiny_trace):
 
 @pytest.mark.parametrize("name, greedy, tolerance", [("measured-eagle3", 32, 0.05), ("twin-eagle3", 44, 0.06)])
 def test_headline_interval_and_validation_on_the_measured_trace(capsys, name, greedy, tolerance):
-    """On both measured targets (cache-resident and memory-bound): 32 project prompts (+ 12 long-context ones
-    on the twin) with greedy references, 12 held-out passages teacher-forced. The surrogate reproduces the
-    measured static-K sweep within 5% on the trained target; on the twin it under-predicts the long drafts
-    by up to 5.6% (K = 8; 0.1-3% at K <= 5), beyond the Oracle's 5% warning: that miss is asserted as measured,
-    not hidden."""
+    """Both measured targets (32 prompts, + 12 long-context on the twin, greedy; 12 held-out passages teacher-forced):
+    the surrogate reproduces the static-K sweep within 5% on the trained target; on the twin it under-predicts the
+    long drafts by up to 5.6% (K = 8), beyond the Oracle's 5% warning, asserted as measured."""
     import json
 
     from speclimits.cli import main

@@ -1,14 +1,7 @@
-"""The Oracle's one solver and the bootstrap against the reference copies in ``reference_oracle.py``.
-
-* :func:`backward_induction` with the policy evaluations (one sweep: Bellman step, the Oracle's breakdown,
-  every static K) against the plain backward induction followed by separate :func:`evaluate_arrays`
-  passes: bit for bit;
-* the same sweep under many cost models at once (:func:`first_values`) against :func:`solve`, one model at a
-  time: bit for bit;
-* the bootstrap's refit (:func:`fit_costs` with draw counts as weights) against
-  :func:`fit_cost_model` on the resampled rounds and against statsmodels on the same rows;
-* :func:`bootstrap_bound` against :func:`direct_replicates` (resample, refit, solve, per replicate).
-"""
+"""The Oracle's one solver and the bootstrap against the reference copies in ``reference_oracle.py``, bit for
+bit where the arithmetic is the same: :func:`backward_induction` with its policy evaluations; many cost models at
+once (:func:`first_values`) against :func:`solve`; the weighted refit against :func:`fit_cost_model` on the
+resampled rounds and statsmodels; :func:`bootstrap_bound` against :func:`direct_replicates`."""
 
 from __future__ import annotations
 
@@ -90,9 +83,7 @@ def test_first_values_under_many_models_equal_one_solve_each(allow_k0, determini
     assert np.array_equal(first_values(inputs, surv, fixed, slope, c, allow_k0=allow_k0, max_bytes=1), got)
 
 
-# ---------------------------------------------------------------------------
-# the bootstrap
-# ---------------------------------------------------------------------------
+# -- the bootstrap --
 
 
 def resample(rounds: pd.DataFrame, counts_row: np.ndarray) -> pd.DataFrame:

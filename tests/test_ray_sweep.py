@@ -1,14 +1,8 @@
-"""Distributed K sweeps on Ray: job planning and queue rules (no Ray), and the real thing.
-
-The Ray tests (marked ``ray`` and ``vllm``) run every Ray session inside a loopback-only
-network namespace that the test creates (``unshare -n``, ``lo`` up), with usage statistics off
-and a scratch HOME (:func:`speclimits.tracing.ray_sweep.loopback_command`); they are skipped
-when Ray or vLLM is missing or no namespace can be made.
-"""
+"""Distributed K sweeps on Ray: job planning and queue rules (no Ray), then the real thing (``ray`` and
+``vllm``), each Ray session in a loopback-only network namespace (tests/loopback.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +15,8 @@ from speclimits.errors import SpeclimitsError
 from speclimits.trace import (done_generations, read_generations, read_parts_log, read_trace, remove_orphan_parts,
                               validate_trace, write_part, write_shard_log)
 from speclimits.tracing.prompts import Prompt
-from speclimits.tracing.ray_sweep import (Job, JobQueue, SweepWorker, default_shard_size,
-                                          loopback_command, loopback_env, plan_jobs)
+from speclimits.tracing.ray_sweep import Job, JobQueue, SweepWorker, default_shard_size, plan_jobs
 from speclimits.tracing.sweep import SweepConfig, SweepPlan
-
-SCENARIOS = Path(__file__).with_name("ray_scenarios.py")
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _plan(tmp_path, n_prompts=5, k_values=(0, 2, 3), done=()):
@@ -117,29 +107,16 @@ def test_workers_without_ray_fail_with_the_install_command(tmp_path):
     assert len(lines) == 1 and "pip install -e '.[ray]'" in lines[0], proc.stderr
 
 
-# ---------------------------------------------------------------------------
-# Ray + vLLM, in a loopback-only namespace
-# ---------------------------------------------------------------------------
+# -- Ray + vLLM, in a loopback-only namespace --
 
 
 @pytest.fixture(scope="module")
 def ray_runs(tmp_path_factory):
-    from loopback import require
+    from loopback import ray_scenario
 
-    require("ray", "vllm", what="the distributed tests")
     work = tmp_path_factory.mktemp("ray")
-    env = loopback_env(work / "home")
-    env["PYTHONPATH"] = str(SRC) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    (work / "home").mkdir()
-    results = {}
-    for scenario in ("serial", "dist", "kill", "resume"):
-        extra = ["--oracle-k-max", "3"] if scenario in ("serial", "dist") else []
-        proc = subprocess.run(loopback_command([sys.executable, str(SCENARIOS), str(work), scenario, *extra]),
-                              capture_output=True, text=True, env=env, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-        results[scenario] = json.loads(line[len("RESULT "):])
-    return work, results
+    return work, {s: ray_scenario(work, s, *(["--oracle-k-max", "3"] if s in ("serial", "dist") else []))
+                  for s in ("serial", "dist", "kill", "resume")}
 
 
 def _by_generation(root: Path) -> dict[int, dict]:

@@ -29,9 +29,8 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
 
 
 def test_planted_truth_is_the_papers_values(smoke_trace):
-    """The simulator's planted truth is the appendix's numbers as speclimits.paper quotes them: a
-    change to either side alone (a number edited in paper.py, or one hard-coded in the simulator)
-    breaks the equalities; the monkeypatch shows the truth is read from paper.py, not copied."""
+    """The planted truth is the appendix's numbers as speclimits.paper quotes them (read from paper.py, not copied:
+    see the monkeypatch test below)."""
     truth = paper_cost_model()
     by_m = {int(m): v for m, v in truth["target"]["by_m"].items()}
     alpha = {m: v["alpha"] for m, v in by_m.items()}

@@ -55,9 +55,8 @@ def test_same_html_and_each_target_page_read_once_for_numrefs(tmp_path):
 
 
 def test_a_reference_to_a_table_not_shown_reads_so_and_links_to_the_note(tmp_path):
-    """A label on a "cannot show" note (class not-shown, as the book build puts it) resolves to
-    "Table (not shown on this trace)" / "Fig. (not shown on this trace)"; another unnumbered
-    label still warns (undefined), as in Sphinx."""
+    """A label on a "cannot show" note (class not-shown) resolves to "Table/Fig. (not shown on this trace)";
+    another unnumbered label still warns (undefined), as in Sphinx."""
     pages = {"index": ".. toctree::\n\n   c\n\nTop\n===\n\nSee :numref:`tbl-c` and :numref:`fig-c`.\n",
              "c": "Page C\n======\n\n.. _tbl-c:\n.. _fig-c:\n\n.. note::\n   :class: not-shown\n\n"
                   "   This trace cannot show it.\n\nAlso :numref:`tbl-c`.\n"}

@@ -62,11 +62,9 @@ def _z_scores(model: BatchCostModel, truth: BatchCostModel) -> pd.DataFrame:
 
 
 def _recovered(tabs: list[pd.DataFrame]) -> bool:
-    """The recovery criterion: over the seeds, at least 85% of the coefficients inside their 95%
-    intervals, and on each seed none beyond 3.5 standard errors. (Coefficients of one m are
-    strongly correlated, so one unlucky seed misses a block of them: seeds 21-26 of the test size
-    covered 78%, 100%, 96%, 100%, 100%, 100% of 23 coefficients; a wrong implementation covers
-    under 70% and misses by 5 or more standard errors.)"""
+    """Over the seeds >= 85% of the coefficients inside their 95% intervals, and none beyond 3.5 SEs on any
+    seed (one m's coefficients are correlated, so an unlucky seed misses a block; a wrong implementation covers
+    under 70% and misses by >= 5 SEs)."""
     inside = pd.concat([t["inside"] for t in tabs])
     return bool(inside.mean() >= 0.85 and all(t["z"].abs().max() < 3.5 for t in tabs))
 
@@ -130,10 +128,8 @@ def test_intervals_are_the_cluster_jackknife_and_cr1_is_kept(batch_traces):
 
 
 def test_batch1_reduction(batch_traces):
-    """On the b = 1 steps the fit is the batch-1 model: the same coefficients and cluster-robust SEs
-    as speclimits.stats.fit_cost_model on those rounds (alpha(1) by the same convention), gamma and
-    the per-request draft terms 0 and noted; the full fit's batch-1 part agrees with it within the
-    intervals."""
+    """On the b = 1 steps the fit is fit_cost_model's (coefficients and clustered SEs), gamma and the per-request
+    draft terms 0 and noted; the full fit's batch-1 part agrees within the intervals."""
     cfg, paths = batch_traces
     tr = read_trace(paths[0])
     one = sb.fit_batch_cost_model(tr, batch_sizes=[1])
@@ -234,11 +230,9 @@ def test_batch_folds_alternate_within_each_batch_size_and_k(batch_traces):
 
 
 def test_union_table_matches_independent_routing(batch_traces):
-    """The simulator routes the requests of a step independently: the measured Ū of a step is the
-    union formula of its requests' own Ū, exactly at b = 1 and within 1% above (the formula on
-    layer means slightly overstates the mean of per-layer unions when every request's routing
-    differs by layer in the same way: measured <= independent); it sits below the saturation
-    curve of the step's tokens (tokens of one request overlap), which it approaches as b grows."""
+    """The simulator routes a step's requests independently: the step's Ū is the union formula of its requests' Ū,
+    exactly at b = 1 and within 1% above (the formula on layer means overstates slightly); it sits below the
+    saturation curve of the step's tokens, which it approaches as b grows."""
     cfg, paths = batch_traces
     ut = sb.step_union_table(paths[0])
     by = ut.by_batch_k

@@ -15,13 +15,9 @@ from speclimits.trace import read_trace
 
 def planted_rounds(split: int | None, seed: int, n_prompts: int = 24, jump: float = 0.17,
                    beta0_drop: bool = True) -> pd.DataFrame:
-    """Decode rounds at K = 1..10 for ``n_prompts`` prompts (one generation each per K).
-
-    ``split`` None: one regime exactly of the "no split" form (β0 linear in m, one α). Otherwise
-    α = 0.08 up to m = split and 0.08 + ``jump`` above, with a β0 drop at the boundary unless
-    ``beta0_drop`` is False (then only α changes). Noise: a
-    per-generation shift plus 1.5% multiplicative row noise.
-    """
+    """Decode rounds at K = 1..10, one generation per prompt and K. ``split`` None: the "no split" form (β0 linear
+    in m, one α); else α = 0.08 up to m = split and 0.08 + ``jump`` above, with a β0 drop there unless
+    ``beta0_drop`` is False. Noise: a per-generation shift plus 1.5% multiplicative row noise."""
     rng = np.random.default_rng(seed)
     rows = []
     gid = 0

@@ -216,9 +216,7 @@ def test_bootstrap_from_sufficient_statistics_equals_refits():
         assert r2[b] == pytest.approx(ref.rsquared, rel=1e-9)
 
 
-# ---------------------------------------------------------------------------
-# robustness section
-# ---------------------------------------------------------------------------
+# -- robustness section --
 
 
 @pytest.fixture(scope="module")
@@ -286,9 +284,8 @@ def test_run_halves_follow_the_engine_step_not_the_id(robust):
 
 @pytest.mark.parametrize("hetero", [0.0, 1.5])
 def test_breusch_pagan_on_a_categorical_design(hetero):
-    """A categorical design (one intercept per K, no constant column, which het_breuschpagan wants) gives
-    the tests of the same column space written with a constant, at df = rank - 1; planted variance that
-    grows with Ū is found."""
+    """A categorical design (an intercept per K, no constant column) gives het_breuschpagan's tests of the same
+    column space written with a constant, at df = rank - 1; planted variance growing with Ū is found."""
     df = planted(seed=9, hetero=hetero, shift_sd=0.0)
     d = df[df["K"].isin([2, 3])]
     dummies, xs = pd.get_dummies(d["K"]).to_numpy(float), d[["u_bar", "context_len"]].to_numpy(float)

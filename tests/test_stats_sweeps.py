@@ -1,10 +1,6 @@
-"""The analysis on the trace a user brings (issue 41): any K grid, sparse m cells, one-line errors.
-
-A matrix of simulated K grids and a thinned trace with sparse m cells (the shape of an n-gram or
-draft-model sweep): ``speclimits fit --out`` writes the cost model on each, names what it skips,
-and ``speclimits oracle --cost-model`` accepts it. Then the bad inputs of ``trace``, ``fit`` and
-``oracle``, each one line and exit code 2, checked before vLLM is imported.
-"""
+"""The analysis on the trace a user brings (issue 41): any K grid and sparse m cells through ``speclimits fit``
+and ``oracle --cost-model``, the skipped tables named; bad input to ``trace``, ``fit`` and ``oracle`` is one
+line and exit code 2, checked before vLLM is imported."""
 
 from __future__ import annotations
 
@@ -85,15 +81,12 @@ def test_fit_text_output_lists_the_skipped_tables(grid_traces, tmp_path, capsys)
     assert out.rstrip().endswith(f"wrote cost model {tmp_path / 'cm.json'}")
 
 
-# ---------------------------------------------------------------------------
-# sparse m cells (the shape of an n-gram or draft-model trace)
-# ---------------------------------------------------------------------------
+# -- sparse m cells (the shape of an n-gram or draft-model trace) --
 
 
 def _thin(src: Path, dst: Path, keep: dict[int, tuple[int, int]]) -> Path:
-    """Copy trace ``src`` to ``dst`` keeping, for each K in ``keep``, only the first ``n_gen``
-    generations and their first ``n_rounds`` decode rounds (``keep[K] = (n_gen, n_rounds)``);
-    every other K whole."""
+    """Copy ``src`` to ``dst`` keeping, for each K of ``keep`` (K -> (n_gen, n_rounds)), the first n_gen
+    generations and their first n_rounds decode rounds."""
     shutil.copytree(src, dst)
     rounds = pd.read_parquet(dst / "rounds.parquet")
     drop = np.zeros(len(rounds), bool)
@@ -116,9 +109,8 @@ def sparse_trace(grid_traces, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ngram_like_trace(grid_traces, tmp_path_factory):
-    """One K > 0 whose rounds are mostly m = 1 with a few at larger m, as an n-gram sweep: the K = 0
-    generations relabelled K = 4, each with a few rounds of the K = 1, 2 and 4 generations of its
-    prompt added (m = 2, 3, 5); the K = 0 generations kept as well."""
+    """One K > 0 of mostly m = 1 rounds, as an n-gram sweep: the K = 0 generations copied as K = 4, three of them
+    with a few rounds of their prompt's K = 1, 2 and 4 generations (m = 2, 3, 5); the K = 0 generations kept."""
     src = grid_traces["0-4"]
     dst = tmp_path_factory.mktemp("ngram") / "tr"
     shutil.copytree(src, dst)
@@ -189,10 +181,8 @@ def test_ngram_like_trace_fits_and_its_bootstraps_survive(ngram_like_trace, tmp_
 
 @pytest.mark.parametrize("from_meta", [True, False])
 def test_the_weighted_fit_at_unit_weights_is_the_full_fit(ngram_like_trace, from_meta):
-    """One fit: every generation weighted 1 gives the full sample's model under every design rule this
-    trace exercises (sparse m pooled, an m interpolated, the m = 1 convention with top_k from meta or
-    observed, the draft line through the origin), only the summation order differs; a generation
-    weighted 0 is a generation left out."""
+    """Unit weights give the full sample's model under every design rule this trace exercises (sparse m pooled,
+    an m interpolated, the m = 1 convention, the draft line through the origin); weight 0 leaves a generation out."""
     from speclimits.stats.costfit import CostMoments, fit_costs
     from speclimits.trace import read_trace
 
@@ -243,9 +233,7 @@ def test_solve_batch_counts_replicates_that_miss_a_cell():
     assert failed_replicates(beta) == 2
 
 
-# ---------------------------------------------------------------------------
-# one line for bad input
-# ---------------------------------------------------------------------------
+# -- one line for bad input --
 
 
 def _one_line(capsys, prefix: str) -> str:
@@ -366,14 +354,10 @@ def test_help_prints_percent_signs_once(command, capsys):
         main([command, "--help"])
     out = capsys.readouterr().out
     assert "%%" not in out and "95%" in out
-
-
-def test_fit_help_states_the_minimum_sweep(capsys):
-    with pytest.raises(SystemExit):
-        main(["fit", "--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "leave-one-K-out and the linear and log-m forms need >= 3" in out
-    assert "is pooled with its neighbour" in out
+    if command == "fit":  # the minimum sweep
+        out = " ".join(out.split())
+        assert "leave-one-K-out and the linear and log-m forms need >= 3" in out
+        assert "is pooled with its neighbour" in out
 
 
 def test_one_default_dtype_for_every_engine_command():
@@ -400,41 +384,28 @@ def test_one_default_dtype_for_every_engine_command():
             assert param.default == DEFAULT_DTYPE, name
 
 
-def test_an_error_inside_vllm_while_running_is_one_line(tmp_path):
-    """An error raised in vLLM's code (innermost frame under a ``/vllm/`` path) becomes one line; one
-    raised in speclimits' own code keeps its traceback (None)."""
+@pytest.mark.parametrize("path, source, during, expect", [
+    ("site-packages/vllm/_custom_ops.py",
+     "def f():\n    raise RuntimeError('Unsupported CPU attention configuration: head_dim=16\\nmore')\n",
+     "the K sweep", "RuntimeError: Unsupported CPU attention configuration: head_dim=16 (inside vLLM)"),
+    ("site-packages/vllm/attention.py", "def f(seq_lens=()):\n    assert seq_lens\n",
+     "the Oracle pass (--oracle-batch 64)",
+     "AssertionError: no message; raised at vllm/attention.py:2 in f (inside vLLM)"),
+])
+def test_an_error_inside_vllm_while_running_is_one_line(tmp_path, path, source, during, expect):
+    """An error raised in vLLM's code (innermost frame under a ``/vllm/`` path) becomes one line naming
+    where; one raised in speclimits' own code keeps its traceback (None)."""
     from speclimits.tracing.engine import vllm_failure
 
     model = _model_dir(tmp_path)
     namespace: dict = {}
-    exec(compile("def attn():\n    raise RuntimeError('Unsupported CPU attention configuration: head_dim=16\\nmore')\n",
-                 "/site-packages/vllm/_custom_ops.py", "exec"), namespace)
+    exec(compile(source, str(tmp_path / path), "exec"), namespace)  # code whose frames say they are vLLM's
     try:
-        namespace["attn"]()
-    except RuntimeError as exc:
-        failure = vllm_failure(exc, model, "the K sweep")
-    assert str(failure) == (f"vLLM failed running MixtralForCausalLM ({model}) during the K sweep: RuntimeError: "
-                            "Unsupported CPU attention configuration: head_dim=16 (inside vLLM)")
+        namespace["f"]()
+    except (RuntimeError, AssertionError) as exc:
+        failure = vllm_failure(exc, model, during)
+    assert str(failure) == f"vLLM failed running MixtralForCausalLM ({model}) during {during}: {expect}"
     try:
         raise KeyError("ours")
     except KeyError as exc:
-        assert vllm_failure(exc, model, "the K sweep") is None
-
-
-def test_a_bare_assert_inside_vllm_is_one_line_naming_where(tmp_path):
-    from speclimits.tracing.engine import vllm_failure
-
-    model = _model_dir(tmp_path)
-    fake = tmp_path / "site-packages" / "vllm" / "attention.py"
-    fake.parent.mkdir(parents=True)
-    source = "def plan_chunks(seq_lens):\n    assert seq_lens\n"
-    namespace: dict = {}
-    exec(compile(source, str(fake), "exec"), namespace)  # code whose frames say they are vLLM's
-    try:
-        namespace["plan_chunks"]([])
-    except AssertionError as exc:
-        err = vllm_failure(exc, model, "the Oracle pass (--oracle-batch 64)")
-    msg = str(err)
-    assert "\n" not in msg
-    assert msg == (f"vLLM failed running MixtralForCausalLM ({model}) during the Oracle pass (--oracle-batch 64): "
-                   "AssertionError: no message; raised at vllm/attention.py:2 in plan_chunks (inside vLLM)")
+        assert vllm_failure(exc, model, during) is None

@@ -1,17 +1,10 @@
-"""Batch traces (``speclimits trace --batch``): plans, step rows, validation, and the real engine.
-
-The first half needs no vLLM: batch plans and generation ids, the step columns built from step
-records, and the validator on a synthetic batch trace broken one rule at a time. The engine tests
-(marked ``vllm``) run one batch sweep of the tiny config-only MoE (K 0 and 3, batch sizes 1 and 2,
-the target as its own draft) and check it against batch 1, vLLM's counters, an interrupted and
-resumed run and (marked ``ray`` too, in a loopback-only network namespace) the same sweep on Ray.
-"""
+"""Batch traces (``speclimits trace --batch``): plans, step rows and the validator without vLLM; then (``vllm``)
+one batch sweep of the tiny MoE (K 0 and 3, b 1 and 2, the target as its own draft) against batch 1, vLLM's
+counters, an interrupted and resumed run and (``ray``) the same sweep on Ray."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +21,8 @@ from speclimits.tracing.records import generation_columns, step_columns, steps_b
 from speclimits.tracing.sweep import SweepConfig, SweepPlan
 
 PROMPTS = DATA_DIR / "prompts" / "smoke.jsonl"
-SRC = Path(__file__).resolve().parents[1] / "src"
 
-# ---------------------------------------------------------------------------
-# plans, ids, step rows (no vLLM)
-# ---------------------------------------------------------------------------
+# -- plans, ids, step rows (no vLLM) --
 
 
 def _plan(tmp_path, n_prompts=5, k_values=(0, 2), batch_sizes=(1, 2), done=()):
@@ -139,9 +129,7 @@ def test_step_columns_count_every_row_of_the_step():
     assert k0["t_draft_ms"][0] == 0 and k0["n_drafted_next"][0] == 0 and k0["u_bar"][0] == 2
 
 
-# ---------------------------------------------------------------------------
-# validation of a batch trace (synthetic, no vLLM)
-# ---------------------------------------------------------------------------
+# -- validation of a batch trace (synthetic, no vLLM) --
 
 
 def _write_batch_trace(root: Path) -> Path:
@@ -262,9 +250,7 @@ def test_rounds_and_steps_must_describe_the_same_steps(batch_trace):
     assert "rounds.parquet, column 'batch_id': one generation must have a single batch_id" in text
 
 
-# ---------------------------------------------------------------------------
-# the real engine (vLLM CPU), tiny config-only MoE
-# ---------------------------------------------------------------------------
+# -- the real engine (vLLM CPU), tiny config-only MoE --
 
 #: the batch sweep of the engine tests: K 0 and 3, batch sizes 1 and 2, 3 prompts, 12 tokens, the target
 #: as its own draft (every draft accepted)
@@ -272,22 +258,16 @@ SWEEP = dict(method="draft_model", prompts=str(PROMPTS), k_values=[0, 3], batch_
              load_format="dummy", tokens="all", progress=False, limit=3)
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_moe):
-    """The tiny random-weight MoE of :func:`conftest.tiny_moe`, as ``tiny`` in this module."""
-    return tiny_moe
-
-
 def _cfg(tiny, out, **kw):
     return SweepConfig(target=str(tiny), draft=str(tiny), out=str(out), **{**SWEEP, **kw})
 
 
 @pytest.fixture(scope="module")
-def batch_sweep(tiny, tmp_path_factory):
+def batch_sweep(tiny_moe, tmp_path_factory):
     from speclimits.tracing.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("batch") / "trace"
-    run_sweep(_cfg(tiny, out))
+    run_sweep(_cfg(tiny_moe, out))
     return out
 
 
@@ -302,6 +282,15 @@ def _steps_structure(root: Path) -> pd.DataFrame:
     s = read_trace(root).steps.sort_values(["batch_id", "step"]).reset_index(drop=True)
     s["step"] = s["step"] - s.groupby("batch_id")["step"].transform("min")
     return s.drop(columns=["t_target_ms", "t_draft_ms", "kv_usage"])
+
+
+def _assert_same_sweep(root: Path, want: Path) -> None:
+    """The same generation ids, batch ids, token ids, rounds and steps, apart from times and step counters."""
+    assert _rounds_by_gid(root) == _rounds_by_gid(want)
+    pd.testing.assert_frame_equal(_steps_structure(root), _steps_structure(want))
+    a, b = read_generations(root), read_generations(want)
+    assert {g: (e["output_token_ids"], e["batch_id"]) for g, e in a.items()} == \
+        {g: (e["output_token_ids"], e["batch_id"]) for g, e in b.items()}
 
 
 @pytest.mark.vllm
@@ -379,11 +368,11 @@ def test_batched_requests_decode_as_at_batch_one_and_steps_match_rounds(batch_sw
 
 
 @pytest.mark.vllm
-def test_batch_one_writes_the_batch_one_trace(tiny, batch_sweep, tmp_path, capsys):
+def test_batch_one_writes_the_batch_one_trace(tiny_moe, batch_sweep, tmp_path, capsys):
     from speclimits.cli import main
 
     out = tmp_path / "b1"
-    rc = main(["trace", "--target", str(tiny), "--draft", str(tiny), "--method", "draft_model", "--k", "3",
+    rc = main(["trace", "--target", str(tiny_moe), "--draft", str(tiny_moe), "--method", "draft_model", "--k", "3",
                "--batch", "1", "--prompts", str(PROMPTS), "--limit", "3", "--max-tokens", "12", "--load-format",
                "dummy", "--tokens", "all", "--out", str(out), "--quiet"])
     assert rc == 0 and "batch sizes" not in capsys.readouterr().out
@@ -416,14 +405,14 @@ def test_batch_one_writes_the_batch_one_trace(tiny, batch_sweep, tmp_path, capsy
 
 
 @pytest.mark.vllm
-def test_interrupted_batch_sweep_resumes_to_the_same_trace(tiny, batch_sweep, tmp_path, monkeypatch, vllm_mod):
+def test_interrupted_batch_sweep_resumes_to_the_same_trace(tiny_moe, batch_sweep, tmp_path, monkeypatch, vllm_mod):
     from speclimits.trace import done_generations
     from speclimits.tracing import sweep
 
     out = tmp_path / "trace"
     # generate() calls: K=0 b=1 x3, b=2 x2, K=3 b=1 x3, b=2 x2. Killed in the last (batch 11); batch 9 was
     # finished but only buffered (flush_every=3): dropped, since vLLM's counters include the killed batch's drafts
-    cfg = _cfg(tiny, out, flush_every=3, flush_seconds=60)
+    cfg = _cfg(tiny_moe, out, flush_every=3, flush_seconds=60)
     real = vllm_mod.LLM.generate
     calls = {"n": 0}
 
@@ -443,63 +432,27 @@ def test_interrupted_batch_sweep_resumes_to_the_same_trace(tiny, batch_sweep, tm
     assert set(read_trace(out).steps["batch_id"]) == {0, 1, 2, 3, 4, 5, 6, 8}
     cfg.resume = True
     with pytest.raises(SpeclimitsError, match="batch_sizes"):
-        sweep.run_sweep(_cfg(tiny, out, batch_sizes=[1, 4], resume=True))
+        sweep.run_sweep(_cfg(tiny_moe, out, batch_sizes=[1, 4], resume=True))
     meta = sweep.run_sweep(cfg)
     assert meta["complete"] and meta["checks"]["counters_match"] and not meta["checks"]["counters_mismatch_parts"]
     validate_trace(out)
-    # the same trace as the uninterrupted sweep, apart from times and the engine's step counter
-    assert _rounds_by_gid(out) == _rounds_by_gid(batch_sweep)
-    pd.testing.assert_frame_equal(_steps_structure(out), _steps_structure(batch_sweep))
-    a, b = read_generations(out), read_generations(batch_sweep)
-    assert {g: e["output_token_ids"] for g, e in a.items()} == {g: e["output_token_ids"] for g, e in b.items()}
+    _assert_same_sweep(out, batch_sweep)
 
 
-# ---------------------------------------------------------------------------
-# Ray, in a loopback-only network namespace
-# ---------------------------------------------------------------------------
-
-RAY_SCENARIO = """
-import json, sys
-from pathlib import Path
-from speclimits.tracing.ray_sweep import RaySettings, run_sweep_ray
-from speclimits.tracing.sweep import SweepConfig
-from speclimits.tracing.tinymodel import write_tiny_moe
-
-work = Path(sys.argv[1])
-sweep = json.loads(sys.argv[2])
-tiny = write_tiny_moe(work / "tiny")
-cfg = SweepConfig(target=str(tiny), draft=str(tiny), out=str(work / "dist"), **sweep)
-meta = run_sweep_ray(cfg, RaySettings(workers=2, shard_size=2))
-print("RESULT " + json.dumps({"complete": meta["complete"], "jobs": meta["distributed"]["runs"][-1]["jobs"]}))
-"""
+# -- Ray, in a loopback-only network namespace --
 
 
 @pytest.mark.vllm
 @pytest.mark.ray
 def test_ray_batch_sweep_equals_the_serial_one(batch_sweep, tmp_path):
-    from loopback import require
+    from loopback import ray_scenario
 
-    from speclimits.tracing.ray_sweep import loopback_command, loopback_env
-
-    require("ray", "vllm", what="the distributed tests")
-    (tmp_path / "home").mkdir()
-    env = loopback_env(tmp_path / "home")
-    env["PYTHONPATH"] = str(SRC) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    script = tmp_path / "scenario.py"
-    script.write_text(RAY_SCENARIO)
-    proc = subprocess.run(loopback_command([sys.executable, str(script), str(tmp_path), json.dumps(SWEEP)]),
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads([x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    ray_scenario(tmp_path, "dist", "--batch", "1,2", "--max-tokens", "12", "--shard-size", "2")  # SWEEP, on Ray
     dist = tmp_path / "dist"
     validate_trace(dist)
     meta = read_trace(dist).meta
-    assert result["complete"] and meta["checks"]["counters_match"] and meta["batch_sizes"] == [1, 2]
+    assert meta["complete"] and meta["checks"]["counters_match"] and meta["batch_sizes"] == [1, 2]
     # jobs of whole batches of one (b, K): per K, b = 1 in jobs of 2 and 1 prompts, b = 2 in two jobs of a batch
-    assert result["jobs"] == 8 and all(s["b"] in (1, 2) for s in meta["distributed"]["shards"].values())
-    # the same generation ids, token ids, rounds and steps as the serial sweep
-    assert _rounds_by_gid(dist) == _rounds_by_gid(batch_sweep)
-    pd.testing.assert_frame_equal(_steps_structure(dist), _steps_structure(batch_sweep))
-    a, b = read_generations(dist), read_generations(batch_sweep)
-    assert {g: e["output_token_ids"] for g, e in a.items()} == {g: e["output_token_ids"] for g, e in b.items()}
-    assert {g: e["batch_id"] for g, e in a.items()} == {g: e["batch_id"] for g, e in b.items()}
+    dist_meta = meta["distributed"]
+    assert dist_meta["runs"][-1]["jobs"] == 8 and all(s["b"] in (1, 2) for s in dist_meta["shards"].values())
+    _assert_same_sweep(dist, batch_sweep)

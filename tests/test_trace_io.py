@@ -162,9 +162,8 @@ def test_trace_package_stands_alone():
 
 
 def test_prompt_ids_and_reference_kind_have_one_reader(tmp_path):
-    """read_prompts is the one reader of a prompt file: ids fall back to question_id, prompt_id,
-    then the line number, and the Oracle's reference kinds of a measured trace without a
-    reference_kind column follow those ids (a prompt with a reference is teacher-forced)."""
+    """read_prompts is the one reader: ids fall back to question_id, prompt_id, the line number; the Oracle's
+    reference kinds of a trace without reference_kind follow those ids (a prompt with a reference is teacher-forced)."""
     from speclimits.oracle.prepare import reference_kinds
     from speclimits.trace import Trace
     from speclimits.trace.prompts import PROMPTS_FILE, read_prompts

@@ -1,19 +1,11 @@
-"""Other MoE families on the real vLLM engine (CPU build): tiny random-weight targets traced with
-n-gram and with a draft model, then validated and fitted (issue 41).
-
-* a Mixtral-style target: top-2 of 8 experts, no shared expert;
-* a DeepSeek-V2-style target: grouped routing (4 groups, top 2 groups, top-4 of 16 experts), a
-  shared expert, a dense first layer and MLA attention.
-
-Each folder holds only ``config.json`` (``load_format="dummy"``, prompts as token ids), like
-:mod:`speclimits.tracing.tinymodel`. Head sizes are ones the CPU build's attention supports (32 for
-Mixtral's heads; 512 + 64 for MLA's cache). Marked ``vllm``.
-"""
+"""Other MoE families on the real vLLM engine (CPU build), traced with n-gram and a draft model, validated and
+fitted (issue 41): a Mixtral-style target (top-2 of 8, no shared expert) and a DeepSeek-V2-style one (grouped
+routing, a shared expert, a dense first layer, MLA). Config-only folders (``load_format="dummy"``); head sizes the
+CPU attention supports (32 for Mixtral; 512 + 64 for MLA's cache)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -1,7 +1,4 @@
-"""The tracing harness on the real vLLM engine (CPU build), with a tiny config-only MoE.
-
-Marked ``vllm``: skipped by ``-m "not vllm"`` and when vLLM is not importable.
-"""
+"""The tracing harness on the real vLLM engine (CPU build) with a tiny config-only MoE (marked ``vllm``)."""
 
 from __future__ import annotations
 
@@ -20,12 +17,6 @@ pytestmark = pytest.mark.vllm
 PROMPTS = DATA_DIR / "prompts" / "smoke.jsonl"
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_moe):
-    """The tiny random-weight MoE of :func:`conftest.tiny_moe`, as ``tiny`` in this module."""
-    return tiny_moe
-
-
 def _cfg(tiny, out, **kw):
     from speclimits.tracing.sweep import SweepConfig
 
@@ -36,26 +27,26 @@ def _cfg(tiny, out, **kw):
 
 
 @pytest.fixture(scope="module")
-def selfdraft(tiny, tmp_path_factory):
+def selfdraft(tiny_moe, tmp_path_factory):
     """K = 0 and K = 3 with the target as its own draft, plus the Oracle pass (K_max = 3)."""
     from speclimits.tracing.oracle_mode import trace_oracle
     from speclimits.tracing.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("selfdraft") / "trace"
-    cfg = _cfg(tiny, out)
+    cfg = _cfg(tiny_moe, out)
     run_sweep(cfg)
     trace_oracle(cfg, k_max=3, batch=16)
     return out
 
 
 @pytest.fixture(scope="module")
-def ngram(tiny, tmp_path_factory):
+def ngram(tiny_moe, tmp_path_factory):
     from speclimits.tracing.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("ngram") / "trace"
     # two K: the second engine is built after numba/llvmlite were imported (see engine._guard_llvmlite)
     # counters checked after every generation here (the selfdraft sweep checks them per part)
-    run_sweep(_cfg(tiny, out, method="ngram", draft=None, k_values=[2, 3], max_tokens=40, limit=2,
+    run_sweep(_cfg(tiny_moe, out, method="ngram", draft=None, k_values=[2, 3], max_tokens=40, limit=2,
                    check_counters="generation"))
     return out
 
@@ -180,7 +171,7 @@ def test_oracle_on_selfdraft(selfdraft):
                     assert row["u_bar_window"][k] == pytest.approx(u), (seq, p, k)
 
 
-def test_harness_writes_the_documented_tokens_layout(tiny, selfdraft, tmp_path):
+def test_harness_writes_the_documented_tokens_layout(tiny_moe, selfdraft, tmp_path):
     """``speclimits trace --oracle`` on a greedy and a teacher-forced prompt writes tokens.parquet in the
     layout the book documents, checked by the same rules as the bundled trace (tests/tokens_layout.py)."""
     from tokens_layout import layout_failures
@@ -202,7 +193,7 @@ def test_harness_writes_the_documented_tokens_layout(tiny, selfdraft, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "trace"
-    rc = main(["trace", "--target", str(tiny), "--draft", str(tiny), "--method", "draft_model", "--k", "2",
+    rc = main(["trace", "--target", str(tiny_moe), "--draft", str(tiny_moe), "--method", "draft_model", "--k", "2",
                "--prompts", str(prompts), "--max-tokens", "20", "--load-format", "dummy", "--out", str(out),
                "--quiet", "--oracle"])
     assert rc == 0 and main(["validate", str(out)]) == 0
@@ -238,14 +229,14 @@ def test_ngram_accepts_some(ngram):
     assert find_problems(ngram) == []
 
 
-def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vllm_mod):
+def test_killed_sweep_resumes_without_duplicates(tiny_moe, tmp_path, monkeypatch, vllm_mod):
     from speclimits.errors import SpeclimitsError
     from speclimits.trace import done_generations
     from speclimits.tracing import sweep
 
     out = tmp_path / "trace"
     # parts of two generations: K=0 writes gids 0-1; K=2 buffers gid 2, then dies inside gid 3's generate
-    cfg = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=12, tokens="ref", flush_every=2, flush_seconds=60)
+    cfg = _cfg(tiny_moe, out, k_values=[0, 2], limit=2, max_tokens=12, tokens="ref", flush_every=2, flush_seconds=60)
     real = vllm_mod.LLM.generate
     calls = {"n": 0}
 
@@ -270,7 +261,7 @@ def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vl
     with pytest.raises(SpeclimitsError, match="--resume"):
         sweep.run_sweep(cfg)
     cfg.resume = True
-    cfg_other = _cfg(tiny, out, k_values=[0, 2], limit=2, max_tokens=13, resume=True, tokens="ref")
+    cfg_other = _cfg(tiny_moe, out, k_values=[0, 2], limit=2, max_tokens=13, resume=True, tokens="ref")
     with pytest.raises(SpeclimitsError, match="max_tokens"):
         sweep.run_sweep(cfg_other)
     meta = sweep.run_sweep(cfg)
@@ -288,17 +279,17 @@ def test_killed_sweep_resumes_without_duplicates(tiny, tmp_path, monkeypatch, vl
     assert set(read_trace(out).tokens["K"]) == {0}
 
 
-def test_eagle3_sweep_through_the_cli(tiny, tmp_path, capsys):
+def test_eagle3_sweep_through_the_cli(tiny_moe, tmp_path, capsys):
     """A config-only EAGLE-3 head (dummy weights) on the tiny target, K=2, via ``speclimits trace``."""
     from speclimits.cli import main
     from speclimits.tracing.tinymodel import eagle3_aux_layers, write_tiny_eagle3
 
-    head = write_tiny_eagle3(tmp_path / "eagle3", target=tiny)
+    head = write_tiny_eagle3(tmp_path / "eagle3", target=tiny_moe)
     conf = json.loads((head / "config.json").read_text())
     assert conf["eagle_aux_hidden_state_layer_ids"] == eagle3_aux_layers(2) == [0, 1, 2]
     assert conf["draft_vocab_size"] == 256 and conf["target_hidden_size"] == 64
     out = tmp_path / "trace"
-    rc = main(["trace", "--target", str(tiny), "--draft", str(head), "--method", "eagle3", "--k", "2",
+    rc = main(["trace", "--target", str(tiny_moe), "--draft", str(head), "--method", "eagle3", "--k", "2",
                "--prompts", str(PROMPTS), "--limit", "2", "--max-tokens", "24", "--load-format", "dummy",
                "--out", str(out), "--quiet", "--flush-every", "1", "--oracle"])
     assert rc == 0

