@@ -22,6 +22,27 @@ def smoke_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def grid_traces(tmp_path_factory):
+    """Smoke-preset traces (seed 0) on thin K grids, keyed by grid: ``0,2,4``, ``0-4``, ``0,2,4,6``, ``1-6``
+    and ``0,2`` (a single K > 0: the shape of an n-gram arm's budget); ``no-oracle``: the 0-4 grid without
+    its Oracle data."""
+    import shutil
+
+    from speclimits.simulate import preset, simulate
+    from speclimits.tracing.inputs import parse_k
+
+    root = tmp_path_factory.mktemp("grids")
+    out = {}
+    for grid in ("0,2,4", "0-4", "0,2,4,6", "1-6", "0,2"):
+        out[grid] = root / grid.replace(",", "_")
+        simulate(preset("smoke", k_values=parse_k(grid)), seed=0, out=out[grid], progress=False)
+    out["no-oracle"] = root / "no-oracle"
+    shutil.copytree(out["0-4"], out["no-oracle"])
+    (out["no-oracle"] / "oracle.parquet").unlink()
+    return out
+
+
+@pytest.fixture(scope="session")
 def smoke_policy(smoke_trace):
     """The online policies fitted on the smoke trace (K_max = 4, seed 0) and its greedy Oracle setup."""
     from speclimits.control.fit import fit_policy, greedy_setup

@@ -8,13 +8,11 @@ whole book builds on the K = 0, 2, 4 grid with the "This trace cannot show ..." 
 from __future__ import annotations
 
 import re
-import shutil
 
 import nbformat
 import pytest
 
 from speclimits.cli import main
-from speclimits.tracing.inputs import parse_k
 
 #: K grid -> the final-model tables (attributes) the trace cannot give at all, and the smooth forms
 #: left out of a smooth-forms table that is still shown.
@@ -29,21 +27,8 @@ TABLES = ("per_k", "pooled", "pooled_std", "comparison", "mape_by_k", "loko", "s
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    """One smoke-preset trace per K grid of :data:`GRIDS`, one with a single K > 0 (K = 0, 2: the shape
-    of an n-gram arm's budget), and the 0-4 grid without its Oracle data."""
-    from speclimits.simulate import preset, simulate
-
-    root = tmp_path_factory.mktemp("thin")
-    out = {}
-    for grid in [*GRIDS, "0,2"]:
-        path = root / grid.replace(",", "_")
-        simulate(preset("smoke", k_values=parse_k(grid)), seed=0, out=path, progress=False)
-        out[grid] = path
-    out["no-oracle"] = root / "no-oracle"
-    shutil.copytree(out["0-4"], out["no-oracle"])
-    (out["no-oracle"] / "oracle.parquet").unlink()
-    return out
+def traces(grid_traces):  # conftest: the thin K grids, a single-K trace and one without Oracle data
+    return grid_traces
 
 
 @pytest.fixture(scope="module")

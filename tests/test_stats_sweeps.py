@@ -29,20 +29,6 @@ GRIDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def grid_traces(tmp_path_factory):
-    """One smoke-preset trace per K grid of :data:`GRIDS` (seed 0)."""
-    from speclimits.simulate import preset, simulate
-
-    root = tmp_path_factory.mktemp("grids")
-    out = {}
-    for grid in GRIDS:
-        path = root / grid.replace(",", "_")
-        simulate(preset("smoke", k_values=parse_k(grid)), seed=0, out=path, progress=False)
-        out[grid] = path
-    return out
-
-
 def _fit(trace: Path, out: Path, capsys, *extra: str) -> tuple[dict, str]:
     code = main(["fit", str(trace), "--json", "--n-boot", "49", "--out", str(out), *extra])
     cap = capsys.readouterr()
