@@ -370,6 +370,6 @@ def key_results(report, online: tuple[str, float] | None = None) -> list[Result]
     ]
     if online is not None:
         name, gain = online
-        rows.append(Result.of(f"gain captured online, held-out ({name})",
+        rows.append(Result.of(f"share of the surrogate Oracle's gain over the best static K, offline, held-out ({name})",
                               100 * gain, decimals=0, unit="%", paper=BEYOND_PAPER, ref="tbl-oracle-policies"))
     return rows
