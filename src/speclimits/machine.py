@@ -77,6 +77,7 @@ def _mib(kib: int) -> str:
 
 def describe(info: dict[str, Any]) -> str:
     """One line for a page: ``"AMD EPYC (2 cores; L2 1 MiB/core, L3 32 MiB; avx2, avx512f, ...)"``.
+
     Records written before the caches were kept read without them."""
     flags = ", ".join(info.get("flags") or []) or "no AVX2/AVX-512/AMX flags"
     caches = info.get("cache_kib") or {}

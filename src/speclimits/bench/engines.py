@@ -20,6 +20,7 @@ EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
 def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1, load_format: str = "auto",
               max_model_len: int = 1024, seed: int = 0, dtype: str = "float32", extension: bool = True) -> Any:
     """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine.
+
     ``extension=False``: stock, the same engine arguments without a worker extension (what a user runs
     with ``num_speculative_tokens = k``)."""
     vllm = eng.require_vllm()

@@ -186,6 +186,7 @@ _NAME_OPTION = re.compile(r"^:name:\s*((?:tbl|fig)-[a-z0-9-]+)\s*$", re.M)
 
 def link_missing_labels(nb) -> dict[str, str]:
     """Put the labels of the tables and figures a page could not show on its "cannot show" note.
+
     A label written literally in a code cell and defined nowhere in the executed notebook (no table
     ``:name:``, no figure mark) becomes a MyST target on the nearest note at or before that cell, so the
     prose's ``{numref}`` resolves (:mod:`speclimits.sphinx_numref` renders "Table (not shown on this
@@ -443,6 +444,7 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
                seed: int = 0, progress: bool = True, pages: list[str] | None = None,
                jobs: int | None = None, site: bool = True) -> Path:
     """Execute every notebook in ``_toc.yml`` on ``trace`` and build the site; returns its ``index.html``.
+
     ``pages`` (e.g. ``03_final_model``): execute only these and reuse the others from the last build in
     ``out``. ``jobs``: notebooks at once (default :func:`default_jobs`). ``site=False``: execute only
     ``pages`` and what they depend on, in a fresh folder, and return ``<out>/source`` (no site)."""

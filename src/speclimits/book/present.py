@@ -321,6 +321,7 @@ def _row_key(quantity: str) -> str:
 @dataclass
 class Contrast:
     """The key results of the book built on the *other* regime's trace, shown beside this build's.
+
     ``folder``: one ``<section>.json`` per section (as :class:`KeyResults` writes them) and
     ``contrast.json`` (``trace`` it was computed on, ``column`` header, ``applies_to``: the trace folder
     names whose pages show it). Rows match by quantity with numbers ignored; a row missing there shows "–"."""

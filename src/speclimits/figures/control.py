@@ -35,6 +35,7 @@ def share_captured_by_batch(frames: Mapping[int, pd.DataFrame]) -> alt.VConcatCh
 
 def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
     """The k each policy chose at the states its replayed walk visited, beside the Oracles' k*.
+
     ``frame``: :func:`speclimits.control.offline.k_chosen_along` (``pos``, ``k_star_exact``,
     ``k_star_surrogate`` and one column per policy)."""
     cols = ["k_star_exact", "k_star_surrogate", *policies]

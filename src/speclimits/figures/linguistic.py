@@ -16,6 +16,7 @@ STATUS_COLORS = {"match": "#4c9a5a", "first mismatch": "#d1495b", "after mismatc
 
 def decision_panels(panels: pd.DataFrame, width: int = WIDTH, row_height: int = 22) -> alt.FacetChart:
     """One panel per decision from :func:`speclimits.linguistic.gallery.panel_data`.
+
     Target continuation on the top row, draft continuation below; cells coloured by status
     (match green, first mismatch red, after mismatch grey) and faded past k*; a solid black
     line after step k*, a dashed line after the modal advancement a_mode, and (α = 0 panels) a

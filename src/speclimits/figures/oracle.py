@@ -15,6 +15,7 @@ __all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_
 
 def oracle_value_along_sequence(states: pd.DataFrame, seq_id: str) -> alt.VConcatChart:
     """V(n) (ms still to spend) and k*(n) against position n for one sequence.
+
     ``states``: :meth:`OracleResult.to_frame` (columns ``seq_id``, ``pos``, ``value_ms``, ``k_star``)."""
     df = states.loc[states["seq_id"] == seq_id, ["pos", "value_ms", "k_star", "remaining"]]
     base = alt.Chart(df).encode(x=alt.X("pos:Q", title="state n (tokens already emitted)"))
@@ -36,6 +37,7 @@ def oracle_k_star_distribution(states: pd.DataFrame) -> alt.Chart:
 
 def oracle_speedup_by_k_max(sweep: pd.DataFrame) -> alt.Chart:
     """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`).
+
     Without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN) the chart
     shows ms per token instead. (The appendix reports no Oracle speedup to draw beside it.)"""
     df = sweep.copy()
@@ -76,6 +78,7 @@ def oracle_delta_space(points: pd.DataFrame, slope: float, lambda_: float, n: in
 
 def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
     """Heat map of states by (k* with the full cost, k* with α = 0).
+
     ``transitions``: :attr:`AlphaAblation.transitions` (``k_star``, ``k_star_alpha0``, ``n_states``)."""
     base = alt.Chart(transitions).encode(
         x=alt.X("k_star_alpha0:O", title="k* with α = 0"), y=alt.Y("k_star:O", title="k* with the full cost"))
@@ -87,6 +90,7 @@ def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
 
 def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
     """Expected time on held-out sequences per policy (points) with ±2 s.e. for rollout estimates.
+
     ``table``: :attr:`PolicyComparison.table` (``policy``, ``time_ms``, ``time_se``, ``evaluation``)."""
     df = table[["policy", "time_ms", "time_se", "evaluation"]].copy()
     df["lo"], df["hi"] = df["time_ms"] - 2 * df["time_se"], df["time_ms"] + 2 * df["time_se"]

@@ -133,6 +133,7 @@ class SweepConfig:
     @property
     def batch_sweep(self) -> bool:
         """True for a sweep over batch sizes (any other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table.
+
         Every sweep submits its generations in :class:`Batch` groups; a batch-1 sweep's hold one each."""
         return sorted(set(int(b) for b in self.batch_sizes)) != [1]
 

@@ -87,6 +87,7 @@ def _surrogate_order(valid: pd.DataFrame, used: str) -> list[str]:
 
 def validation(valid: pd.DataFrame, used: str) -> pd.DataFrame:
     """Relative error (%) of the static-K speedup per surrogate, beside the measured speedup.
+
     ``valid``: :func:`speclimits.oracle.validation.validation_by_surrogate`; ``used``: the label
     of the surrogate the Oracle solves with (first error column, marked "used"). A last row gives
     each surrogate's largest absolute error and the K where it occurs."""
@@ -202,6 +203,7 @@ def example_sequence(report) -> tuple[str, int]:
 
 def k_max_sweep(sweeps: Mapping[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The bound as K_max grows, per reference kind (``sweep_k_max`` frames): ``(shown, full)``.
+
     Shown: speedup, gain over the best static K and accepted drafts per round for each kind."""
     first = next(iter(sweeps.values()))
     shown = pd.DataFrame({"$K_{\\max}$": first["k_max"].astype(int).to_numpy()})
@@ -323,6 +325,7 @@ def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
 
 def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Policies on the held-out sequences against the bound: ``(shown, full)``.
+
     Shown: the best static K on the training half (what a deployment would pick), the best static
     K in hindsight on the held-out half (the reference), every online rule, the Oracle."""
     t = pc.table.copy()
@@ -353,6 +356,7 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def key_results(report, online: tuple[str, float] | None = None) -> list[Result]:
     """The section's headline rows: bound, gain, best static K, accepted drafts, gap captured.
+
     ``online``: ``(policy, gain captured)`` of the best online rule on the held-out sequences
     (:func:`speclimits.oracle.report.best_online`); without it the last row is left out."""
     bd, kind = report.headline.bounds, report.headline_kind
