@@ -413,8 +413,8 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
     if not seq_ids:
         return None, None, "no prompt reproduced its greedy reference: the offline prediction does not apply"
     prof = EngineProfile.from_dict(profile)
-    model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
-    priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
+    priced = prof.priced(fit)
+    model = priced.cost_model
     names = list(dict.fromkeys(offline_key(a) for a in arms if a != PLAIN))
     try:
         setup = greedy_setup(trace, fit.cost_model)

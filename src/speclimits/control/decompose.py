@@ -293,8 +293,8 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
     from speclimits.control.profile import EngineProfile
 
     prof = EngineProfile.from_dict(bench["profile"])
-    model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
-    priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
+    priced = prof.priced(fit)
+    model = priced.cost_model
     ids = [i for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
     raw, sur = select(setup, ids, int(bench["config"]["max_tokens"]) - 1)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}

@@ -19,7 +19,7 @@ both included (numpy alone at import: the worker imports this module). So the co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -138,6 +138,12 @@ class EngineProfile:
                          b=(self.draft_ms0 + self.other_ms) / b,
                          source=f"profiled in the engine at batch {self.batch} ({self.n_steps} steps, wall-clock ms "
                                 f"per request); alpha and c from {base.source or 'the fit'}")
+
+    def priced(self, fit: Any) -> Any:
+        """``fit`` with its rounds priced by this profile (:meth:`cost_model`) and λ in the same units
+        (:meth:`~speclimits.control.rules.PolicyFit.engine_lambda`): what the engine runs."""
+        model = self.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
+        return replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
 
 
 def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: float = 0.0) -> EngineProfile:
