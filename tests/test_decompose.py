@@ -96,3 +96,14 @@ def test_a_grid_of_the_fitted_lambda_alone_makes_the_best_causal_rung_the_rule(s
     one = gap_decomposition(fit, setup, lambda_grid=[fit.lambda_], n_rollouts=32, n_boot=199)
     for w in ("replay", "surrogate"):
         assert one.loc[2, f"ms_per_token_{w}"] == one.loc[3, f"ms_per_token_{w}"] == table.loc[3, f"ms_per_token_{w}"]
+
+
+def test_cli_names_the_data_and_prints_every_rung(smoke_trace, tmp_path, capsys):
+    from speclimits.cli import main
+
+    assert main(["control", "fit", str(smoke_trace), "--out", str(tmp_path / "p.json"), "--k-max", "4"]) == 0
+    capsys.readouterr()
+    assert main(["control", "decompose", str(tmp_path / "p.json"), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SIMULATED data") and all(name in out for name, _, _ in RUNGS)
+    assert (tmp_path / "d-batch1.csv").exists()

@@ -66,8 +66,12 @@ def run_decompose(args: argparse.Namespace) -> int:
     from speclimits.control.fit import greedy_setup
     from speclimits.control.rules import PolicyFit
 
+    from speclimits.trace import read_trace
+
     fit = PolicyFit.read(args.policy)
-    setup = greedy_setup(args.trace or fit.data["trace"], fit.cost_model)
+    trace = read_trace(args.trace or fit.data["trace"])
+    print(trace.source_label)
+    setup = greedy_setup(trace, fit.cost_model)
     for bench in [json.loads(open(b).read()) for b in args.bench] or [None]:
         table = gap_decomposition(fit, setup, bench=bench)
         batch = int(table["batch"].iloc[0])
