@@ -32,7 +32,8 @@ POLICY_NAMES = tuple(POLICY_LABELS)
 #: ``delta:previous-u:raw-confidence``) and what each adds to the label. ``alone``: each request priced alone at
 #: batch > 1 (the default decides once for the batch); the others are section 6's offline variants.
 DELTA_VARIANTS = {"alone": "each request alone", "greedy-stop": "greedy stop",
-                  "previous-u": "Ū of previous round", "raw-confidence": "raw confidence", "zero-k": "k = 0 allowed"}
+                  "previous-u": "Ū of previous round", "raw-confidence": "raw confidence", "zero-k": "k = 0 allowed",
+                  "acceptance": "acceptance model"}
 #: Variants the engine cannot run: it does not count the experts a round touched, so it has no previous Ū.
 OFFLINE_ONLY = frozenset({"previous-u"})
 #: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).

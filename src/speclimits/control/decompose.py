@@ -10,9 +10,9 @@ train references), reading the draft's calibrated confidence (what the engine ru
 committed ``speclimits control bench`` result). The rule is the one implementation of
 :mod:`speclimits.control.rules`, driven by :class:`~speclimits.control.driver.RoundDriver`: the true (or the
 model's) probabilities reach it as the recorded ``draft_conf`` of the inputs it is bound to, with its calibration
-map off (the ``:raw-confidence`` variant), so no second copy of the rule is written. The model's request
-features (``history``, ``u_bar_prev``) are those of the reference's K_max walk, not of the rule's own rounds
-(cut at its k): where the model keeps them its rung is an upper estimate of what the rule could read.
+map off (the ``:raw-confidence`` variant), so no second copy of the rule is written. The acceptance model's
+rung is the rule's ``:acceptance`` variant, which computes the model's features itself from what the engine
+knows (its request ``history`` from its own rounds, as in the engine).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pandas as pd
 
 from speclimits.arms import parse_policy_name
 from speclimits.bootstrap import draw_counts, percentile_interval
-from speclimits.control.acceptance import acceptance_frame, fit_acceptance, match_probabilities
+from speclimits.control.acceptance import acceptance_frame, fit_acceptance
 from speclimits.control.fit import LAMBDA_GRID
 from speclimits.control.offline import (batch_replay, draw_accept_lengths, gain_share, rollout, select,
                                         surrogate_evaluations)
@@ -55,15 +55,6 @@ WORLDS = ("replay", "surrogate")
 def _truth(inputs: OracleInputs, sur: OracleInputs) -> OracleInputs:
     """``inputs`` with each state's draft confidences replaced by the surrogate's match probabilities."""
     return replace(inputs, draft_conf=sur.match_prob.astype(inputs.draft_conf.dtype))
-
-
-def _modelled(inputs: OracleInputs, raw: OracleInputs, fit: PolicyFit, model: AcceptanceModel) -> OracleInputs:
-    """``inputs`` with each state's draft confidences replaced by the acceptance model's probabilities (its
-    features from the recorded ``raw`` inputs of the same states)."""
-    probs, _ = match_probabilities(replace(fit, acceptance=model), raw)
-    conf = inputs.draft_conf.copy()
-    conf[:, :fit.k_max] = probs
-    return replace(inputs, draft_conf=conf)
 
 
 def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: OracleInputs, rule: str,
@@ -101,10 +92,9 @@ def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: Or
         exp_truth.append(ev["time_ms"].to_numpy())
         if how == "rollouts":
             se.setdefault("lambda", []).append(float(np.sqrt((ev["time_se"] ** 2).sum())))
-    acc_raw, acc_sur = _modelled(raw, raw, fit, acc_model), _modelled(sur, raw, fit, acc_model)
-    t_acc = CostTable.build(acc_raw, model, k_max)
-    rep["acceptance"] = rollout(fit.make(truth_name).bind(acc_raw, t_acc), replay_accept)["time_ms"].to_numpy()
-    ev, how_acc = surrogate_evaluations(fit, [truth_name], acc_sur, det, n_rollouts, seed)[truth_name]
+    acc_fit, acc_name = replace(fit, acceptance=acc_model), rule + ":acceptance"
+    rep["acceptance"] = rollout(acc_fit.make(acc_name).bind(raw, t_raw), replay_accept)["time_ms"].to_numpy()
+    ev, how_acc = surrogate_evaluations(acc_fit, [acc_name], sur, det, n_rollouts, seed)[acc_name]
     exp["acceptance"] = ev["time_ms"].to_numpy()
     se["acceptance"] = float(np.sqrt((ev["time_se"] ** 2).sum())) if how_acc == "rollouts" else 0.0
     return {"replay": (rep, np.array(rep_truth)), "surrogate": (exp, np.array(exp_truth)), "se": se, "how": how,
@@ -179,7 +169,7 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
     (``shown``), the references, the surrogate, the Oracle's gains.
     """
     base, mods = parse_policy_name(rule) or (None, ())
-    if base not in ("delta", "delta-fixed") or "raw-confidence" in mods:
+    if base not in ("delta", "delta-fixed") or "raw-confidence" in mods or "acceptance" in mods:
         raise SpeclimitsError(f"gap_decomposition: rule must be a Delta rule reading the calibrated confidence "
                               f"(delta, delta-fixed and their variants), got {rule!r}")
     batch = 1 if bench is None else int(bench["config"]["batch"])
@@ -317,7 +307,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
         return np.array(ms), np.array(tok)
 
     rep = {n: per_group(priced, raw, n) for n in static + [rule]}
-    acc = per_group(priced, _modelled(raw, raw, fit, acc_model), rule + ":raw-confidence")
+    acc = per_group(replace(priced, acceptance=acc_model), raw, rule + ":acceptance")
     truth = [per_group(replace(priced, lambda_=float(lam) * scale), truth_raw, rule + ":raw-confidence")
              for lam in lambdas]
     tok = rep[rule][1]

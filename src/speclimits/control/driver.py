@@ -11,7 +11,7 @@ import math
 import time
 from typing import Any
 
-from speclimits.control.rules import Policy
+from speclimits.control.rules import P_EPS, Policy
 
 
 class EngineRound:
@@ -19,7 +19,7 @@ class EngineRound:
     running confidence products, drafted confidences (where a batch-level keep reads them), steps drafted."""
 
     __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
-                 "prods")
+                 "prods", "hist", "log_before")
 
     def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool,
                  shared: bool = False) -> None:
@@ -32,6 +32,9 @@ class EngineRound:
         self.prods: list[list[float]] | None = [[] for _ in rids] if shared else None
         self.tokens: list[Any] = []
         self.early = False
+        #: with an acceptance model: each request's history feature, and the log top-1 product before step j
+        self.hist: list[float] | None = None
+        self.log_before: list[float] = []
 
 
 class RoundDriver:
@@ -57,6 +60,8 @@ class RoundDriver:
         # bound once: a draft step calls them per request
         self._calibrate, self._more = policy.engine_calibrate, policy.engine_more
         self._batch_more = getattr(policy, "engine_batch_more", None)
+        #: a rule reading an acceptance model: each step's probability from the request's features
+        self.acceptance = getattr(policy, "acceptance", None) is not None and not self.plan_only
 
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
@@ -77,6 +82,8 @@ class RoundDriver:
                 ctx.append(pol.engine_context(st))
         shared = self.shared and n > 1
         rnd = EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
+        if self.acceptance:
+            rnd.hist, rnd.log_before = [pol.engine_history(st) for st in sts], [0.0] * n
         if self.plan_only and 0 < rnd.cap_max < k_call:  # a plan: the drafter is asked for the longest cap only
             rnd.k_call = rnd.cap_max
         return rnd
@@ -96,14 +103,26 @@ class RoundDriver:
                 return True
         return False
 
+    def _probs(self, rnd: EngineRound, j: int, top1: list[float]) -> list[float]:
+        """Step j's match probability per request: the calibration of its top-1, or the acceptance model's."""
+        if rnd.hist is None:
+            return list(map(self._calibrate, top1))
+        match, lb, out = self.policy.engine_match, rnd.log_before, []
+        for i, (p, h) in enumerate(zip(top1, rnd.hist)):
+            p = min(max(p, P_EPS), 1.0 - P_EPS)
+            out.append(match(j, p, lb[i], h))
+            lb[i] += math.log(p)
+        return out
+
     def step(self, rnd: EngineRound, top1: list[float] | None) -> bool:
         """Book draft step j = ``rnd.j + 1`` (``top1``: its top-1 probabilities, or None when
         :meth:`wants_confidence` said no); True when every request has stopped."""
         rnd.j = j = rnd.j + 1
+        probs = None if top1 is None else self._probs(rnd, j, top1)
         prods = rnd.prods
         if prods is not None:  # one decision for the batch: every request drafts until it stops
             prod, i = rnd.prod, 0
-            for c in map(self._calibrate, top1):
+            for c in probs:
                 prod[i] = c = prod[i] * c
                 prods[i].append(c)
                 i += 1
@@ -112,18 +131,18 @@ class RoundDriver:
                 rnd.live = 0
             return rnd.live == 0
         keep, cap, prod, confs, ctx = rnd.keep, rnd.cap, rnd.prod, rnd.confs, rnd.ctx
-        calibrate, more = self._calibrate, self._more
+        more = self._more
         for i in range(len(keep)):
             if keep[i] >= 0 or cap[i] <= j:
                 if keep[i] < 0:
                     keep[i] = cap[i]
                     rnd.live -= 1
                 if confs is not None:
-                    confs[i].append(calibrate(top1[i]))
+                    confs[i].append(probs[i])
                 continue
-            if top1 is None:  # no request can stop here (wants_confidence; a plan): the cap or k_call ends them
+            if probs is None:  # no request can stop here (wants_confidence; a plan): the cap or k_call ends them
                 continue
-            c = calibrate(top1[i])
+            c = probs[i]
             if confs is not None:
                 confs[i].append(c)
             prod[i] *= c

@@ -30,6 +30,13 @@ if TYPE_CHECKING:  # the offline harness's types; never imported by the worker
     from speclimits.oracle.inputs import CostTable, OracleInputs
 
 FORMAT = "speclimits-policy/1"
+#: The acceptance model's features the engine computes when it decides (:mod:`speclimits.control.acceptance`
+#: names them; it also offers Ū of the previous round and the context length, which the engine does not pass).
+ENGINE_FEATURES = ("logit_conf", "conf", "position", "log_prod_before", "history")
+#: Rounds of a request's history its acceptance features average (``history``).
+HISTORY_ROUNDS = 3
+#: The clip of a top-1 probability before its log-odds.
+P_EPS = 1e-6
 
 
 class Policy:
@@ -151,6 +158,10 @@ class DeltaRule(Policy):
     ``lambda0`` (fixed) or running, ``(w·λ0 + elapsed ms) / (w + emitted tokens)`` within a sequence; λ0
     follows :attr:`price_scale` like every price, so a uniformly slower machine changes no decision.
 
+    ``acceptance``: an :class:`AcceptanceModel` read in place of the calibration (the engine's
+    :meth:`engine_match`): each draft step's match probability from its top-1 probability, its position, the
+    product before it and the request's :meth:`engine_history`.
+
     ``stop="lookahead"`` (default): after j draft steps, draft step j + 1 only if the best k >= j under Q̂
     (confidences not drafted yet extrapolated from the last) is longer than j: no drafted token is discarded,
     and a non-convex stretch of Ĉ (the m = 4/5 regime change) can be passed. ``stop="greedy"``: extend
@@ -164,7 +175,8 @@ class DeltaRule(Policy):
 
     def __init__(self, lambda0: float, u_bar_mean: np.ndarray, calibration: "CalibrationMap | None" = None,
                  u_pred: str = "mean", running_lambda: bool = True, prior_tokens: float = 32.0,
-                 stop: str = "lookahead", name: str = "", shared: bool = False, zero: bool = False):
+                 stop: str = "lookahead", name: str = "", shared: bool = False, zero: bool = False,
+                 acceptance: "AcceptanceModel | None" = None):
         if u_pred not in ("mean", "previous"):
             raise ValueError("u_pred must be 'mean' or 'previous'")
         if stop not in ("lookahead", "greedy"):
@@ -172,7 +184,11 @@ class DeltaRule(Policy):
         self.lambda0, self.u_bar_mean = float(lambda0), np.asarray(u_bar_mean, dtype=float)
         self.calibration, self.u_pred, self.stop = calibration, u_pred, stop
         self.running_lambda, self.prior_tokens = running_lambda, float(prior_tokens)
-        self.markov = not running_lambda and u_pred == "mean"
+        self.acceptance = acceptance
+        if acceptance is not None:
+            acceptance.engine_check()
+        self.markov = not running_lambda and u_pred == "mean" and (acceptance is None
+                                                                   or "history" not in acceptance.features)
         self.name = name or "Delta rule"
         self.shared, self.zero = bool(shared), bool(zero)
         #: whether the engine gives it its measured passes (:attr:`pass_ms`): the batch decision prices them
@@ -182,8 +198,13 @@ class DeltaRule(Policy):
         return (f"{self.stop} stop, λ0 = {self.lambda0:.3f} ms/token"
                 f"{' (running)' if self.running_lambda else ' (fixed)'}, "
                 f"Ū: {'mean per m' if self.u_pred == 'mean' else 'previous round'}, "
-                f"confidence {'calibrated' if self.calibration is not None else 'raw'}"
+                f"{self._reads()}"
                 f"{', one decision per batch' if self.shared else ''}{', k = 0 allowed' if self.zero else ''}")
+
+    def _reads(self) -> str:
+        if self.acceptance is not None:
+            return f"acceptance model ({', '.join(self.acceptance.features) or 'intercept'})"
+        return f"confidence {'calibrated' if self.calibration is not None else 'raw'}"
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
@@ -200,7 +221,10 @@ class DeltaRule(Policy):
         return self
 
     def engine_state(self):
-        # elapsed ms, tokens emitted; with the previous round's Ū also that Ū and its m (NaN, 0: none yet)
+        # elapsed ms, tokens emitted; with the previous round's Ū also that Ū and its m (NaN, 0: none yet);
+        # with an acceptance model also the (matched, reached) draft steps of its last rounds seen
+        if self.acceptance is not None:
+            return [0.0, 0.0, math.nan, 0, []]
         if self.u_pred == "previous":
             return [0.0, 0.0, math.nan, 0]
         return [0.0, 0.0] if self.running_lambda else None
@@ -259,6 +283,27 @@ class DeltaRule(Policy):
         st[1] += emitted
         if self.u_pred == "previous":
             st[2], st[3] = float(u_bar), int(k) + 1
+        if self.acceptance is not None and k > 0:
+            a = min(max(int(emitted) - 1, 0), int(k))
+            hist = st[4]
+            hist.append((a, min(a + 1, int(k))))
+            if len(hist) > HISTORY_ROUNDS:
+                del hist[0]
+
+    def engine_history(self, st) -> float:
+        """The request's ``history`` feature: of the draft steps its last :data:`HISTORY_ROUNDS` rounds seen
+        reached (every step up to the first mismatch, at most k), the share that matched; NaN before any. A
+        round's own k cuts it (a round of k drafts that all matched counts k of k), so a rule drafting short
+        reads a share a little higher than the K_max walk the model was fitted on would give: it then drafts
+        more, never less (a mean accepted length, cut at k, would read lower and draft shorter still)."""
+        hist = st[4]
+        if not hist:
+            return math.nan
+        return sum(h[0] for h in hist) / sum(h[1] for h in hist)
+
+    def engine_match(self, j: int, p: float, log_before: float, history: float) -> float:
+        """Draft step j's match probability from the acceptance model (:meth:`AcceptanceModel.step_prob`)."""
+        return self.acceptance.step_prob(p, j, log_before, history)
 
     # -- the engine's batch form (``shared``, batch > 1): one decision for the whole batch ----------
     def batch_table(self, b: int) -> list[float]:
@@ -578,6 +623,33 @@ class AcceptanceModel:
             z += c * (f if v != v else v)
         return 1.0 / (1.0 + math.exp(-z))
 
+    def engine_check(self) -> None:
+        """Raise unless every feature is one the engine computes (:data:`ENGINE_FEATURES`)."""
+        bad = [f for f in self.features if f not in ENGINE_FEATURES]
+        if bad:
+            raise SpeclimitsError(f"acceptance model uses {', '.join(bad)}, which the engine does not know when it "
+                                  f"decides (it knows {', '.join(ENGINE_FEATURES)}): refit it with `speclimits "
+                                  "control fit`")
+
+    def step_prob(self, p: float, j: int, log_before: float, history: float) -> float:
+        """The match probability of draft step ``j`` as the engine computes it: ``p`` the step's top-1
+        probability (clipped to [1e-6, 1 - 1e-6] by the caller), ``log_before`` the sum of the clipped log
+        top-1 probabilities of steps 1..j-1, ``history`` the request's :meth:`DeltaRule.engine_history` (NaN:
+        the fill). A few float operations (no numpy: it runs per request per draft step)."""
+        z = self.intercept
+        for name, c, f in zip(self.features, self.coef, self.fill):
+            if name == "logit_conf":
+                z += c * math.log(p / (1.0 - p))
+            elif name == "conf":
+                z += c * p
+            elif name == "position":
+                z += c * j
+            elif name == "log_prod_before":
+                z += c * log_before
+            else:  # history (engine_check rejects the rest)
+                z += c * (f if history != history else history)
+        return 1.0 / (1.0 + math.exp(-z))
+
     def to_dict(self) -> dict[str, Any]:
         return {"features": list(self.features), "coef": list(self.coef), "intercept": self.intercept,
                 "fill": list(self.fill), "walk_k_max": self.walk_k_max, "selection": [list(s) for s in self.selection]}
@@ -639,7 +711,8 @@ class PolicyFit:
             pol = DeltaRule(self.lambda_, u, None if "raw-confidence" in mods else self.calibration,
                             "previous" if "previous-u" in mods else "mean", running_lambda=base == "delta",
                             prior_tokens=self.prior_tokens, stop="greedy" if "greedy-stop" in mods else "lookahead",
-                            shared="alone" not in mods, zero="zero-k" in mods)
+                            shared="alone" not in mods, zero="zero-k" in mods,
+                            acceptance=self.acceptance if "acceptance" in mods else None)
         elif base == "ema":
             pol = EmaAcceptedLength()
         elif base == "cascade":
@@ -657,6 +730,8 @@ class PolicyFit:
                                   "once)")
         if a.kind != "unknown":
             pol.name = a.label
+        if "acceptance" in mods and self.acceptance is None:
+            pol.name += " (" + self.match_model()[1] + ")"
         return pol.setup(self.k_max, self.cost_model)
 
     # -- JSON -------------------------------------------------------------------------------
