@@ -99,9 +99,9 @@ def test_policies_keep_online_rules_and_the_reference_static_k(comparison):
     assert len(shown) == len(online) + len({comparison.best_static_k_train, comparison.best_static_k_test})
     assert full is t
     oracle = shown[shown["Policy"] == "Oracle (bound)"].iloc[0]
-    assert oracle["Gain captured (%)"] == pytest.approx(100.0)
+    assert oracle[view.SURROGATE_SHARE] == pytest.approx(100.0)
     hindsight = shown[shown["Policy"].str.contains("best in hindsight")].iloc[0]
-    assert hindsight["Gain captured (%)"] == 0.0 and hindsight["vs best static K (×)"] == pytest.approx(1.0)
+    assert hindsight[view.SURROGATE_SHARE] == 0.0 and hindsight["vs best static K (×)"] == pytest.approx(1.0)
     name, gain = best_online(t)
     assert name != "Oracle (bound)" and not name.startswith("static K")
     rules = online[online["policy"] != "Oracle (bound)"]
@@ -113,16 +113,52 @@ def test_policies_keep_online_rules_and_the_reference_static_k(comparison):
     assert best_online(t.drop(columns="kind")) == (name, gain)
 
 
-def test_key_results_are_the_computed_numbers(report, comparison):
-    rows = view.key_results(report, best_online(comparison.table))
+@pytest.fixture(scope="module")
+def replayed(setup, comparison):
+    """Section 8's offline table on the comparison's fit and held-out greedy references (section 6's second
+    yardstick)."""
+    from speclimits.arms import POLICY_NAMES
+    from speclimits.control.offline import offline_table
+
+    fit = comparison.fit
+    names = [f"static:{k}" for k in range(1, fit.k_max + 1)] + list(POLICY_NAMES)
+    table, _ = offline_table(fit, setup.for_kind("greedy"), list(fit.test_seq_ids), names, n_rollouts=4, n_boot=49)
+    return table
+
+
+def test_key_results_are_the_computed_numbers(report, comparison, replayed):
+    from speclimits.book.views.control import offline_best
+
+    exact = offline_best(replayed)
+    rows = view.key_results(report, best_online(comparison.table), exact)
     iv = report.interval
     assert rows[0].ours == fmt_ci(iv.estimate["speedup"], *iv.interval["speedup"])
     assert rows[1].ours == fmt_ci(iv.estimate["gain_over_best_static"], *iv.interval["gain_over_best_static"])
     assert rows[2].ours == str(report.headline.bounds.best_static_k)
+    # section 8's yardstick first: the exact Oracle's gain, replayed, with its interval; then the surrogate's
+    assert "exact Oracle's gain" in rows[-2].quantity and "replayed" in rows[-2].quantity
+    assert rows[-2].ours == fmt_ci(exact["share"], exact["share_lo"], exact["share_hi"], 2)
     _, gain = best_online(comparison.table)
-    assert rows[-1].ours == f"{100 * gain:.0f} %"
+    assert "surrogate Oracle's gain" in rows[-1].quantity and rows[-1].ours == fmt_ci(gain, decimals=2)
     assert all(r.ref and r.ref.startswith("tbl-oracle-") for r in rows)
-    assert len(view.key_results(report)) == len(rows) - 1  # no comparison: no gain-captured row
+    assert len(view.key_results(report)) == len(rows) - 2  # no comparison: no share rows
+    assert len(view.key_results(report, exact=exact)) == len(rows) - 1
+
+
+def test_shares_sets_both_yardsticks_side_by_side(comparison, replayed):
+    from speclimits.arms import POLICY_NAMES, policy_label
+    from speclimits.book.views.control import offline
+
+    t = view.shares(offline(replayed))
+    assert t["Policy"].tolist() == [policy_label(p) for p in POLICY_NAMES]  # the rules, no static K
+    assert [c for c in t.columns if c.startswith("Share")] == ["Share captured, exact Oracle [95% CI]",
+                                                              "Share captured, surrogate Oracle [95% CI]"]
+    # the surrogate yardstick is the policy table's share (one fit, one evaluation)
+    ours = replayed.set_index("policy")["share_surrogate"]
+    t = comparison.table
+    theirs = t[~t["policy"].str.endswith("(rollouts)")].set_index("name")["gain_captured"]
+    for name in POLICY_NAMES:
+        assert ours[name] == pytest.approx(theirs[name], abs=1e-9)
 
 
 def test_wrap_keeps_printed_lines_within_the_column():

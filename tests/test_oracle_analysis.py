@@ -300,7 +300,8 @@ def test_oracle_notebook_executes_with_smoke_parameters(simulated_pages, default
     assert "SIMULATED" in text and "Traceback" not in text
     text = executed_notebook_text(default_book, "06_oracle")
     assert "SIMULATED" not in text and "Traceback" not in text
-    assert "Oracle speedup over autoregressive" in text and "Gain captured (%)" in text
+    assert "Oracle speedup over autoregressive" in text and "Share of surrogate Oracle's gain (%)" in text
+    assert "tbl-oracle-shares" in text and "tbl-oracle-gap" in text and "share of the exact Oracle's gain" in text
 
 
 # -- figures ----------------------------------------------------------------------

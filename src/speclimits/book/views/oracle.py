@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits import paper
+from speclimits.arms import policy_label
 from speclimits.book.present import Result, fmt_ci, fmt_num
 from speclimits.oracle.report import policy_kind
 
@@ -19,6 +20,8 @@ from speclimits.oracle.report import policy_kind
 NOT_IN_APPENDIX = "not in the appendix"
 #: Rows beyond the paper (online rules): what the "Paper" cell says.
 BEYOND_PAPER = "beyond the paper"
+#: The policy table's share column: of the surrogate Oracle's gain, expected times (offline).
+SURROGATE_SHARE = "Share of surrogate Oracle's gain (%)"
 
 _COMPONENTS = {
     "draft": "draft, $T_D = a k + b$",
@@ -346,19 +349,32 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
         "Policy": t["policy"].map(name), "Time (ms)": time,
         "Tokens per round": t["tokens_per_round"].astype(float),
         "Speedup (×)": t["speedup"].astype(float), "vs best static K (×)": t["vs_best_static"].astype(float),
-        "Gain captured (%)": (100 * t["gain_captured"].astype(float)).round(1) + 0.0,  # no "-0.0"
+        SURROGATE_SHARE: (100 * t["gain_captured"].astype(float)).round(1) + 0.0,  # no "-0.0"
     })
     return shown.reset_index(drop=True), pc.table
+
+
+def shares(offline: pd.DataFrame) -> pd.DataFrame:
+    """The two yardsticks side by side: section 8's offline table
+    (:func:`speclimits.book.views.control.offline`) without its static K rows and its surrogate and
+    tokens-per-round columns: each rule's replayed time and its shares of the exact and surrogate Oracles'
+    gains."""
+    rules = offline[~offline["Policy"].astype(str).str.startswith("static K")]
+    return rules.drop(columns=["Replay tokens per round", "Surrogate (ms/token)"]).reset_index(drop=True)
 
 
 # -- key results -----------------------------------------------------------------------------------
 
 
-def key_results(report, online: tuple[str, float] | None = None) -> list[Result]:
-    """The section's headline rows: bound, gain, best static K, accepted drafts, gap captured.
+def key_results(report, online: tuple[str, float] | None = None,
+                exact: Mapping[str, Any] | None = None) -> list[Result]:
+    """The section's headline rows: bound, gain, best static K, accepted drafts, and the shares of the
+    Oracles' gains over the best static K captured offline on the held-out sequences.
 
-    ``online``: ``(policy, gain captured)`` of the best online rule on the held-out sequences
-    (:func:`speclimits.oracle.report.best_online`); without it the last row is left out."""
+    ``exact``: the best rule by its share of the exact Oracle's gain, replayed (section 8's yardstick,
+    :func:`speclimits.book.views.control.offline_best`: ``policy``, ``share``, ``share_lo``, ``share_hi``).
+    ``online``: ``(policy, share)`` of the best rule by its share of the surrogate Oracle's gain under the
+    surrogate (:func:`speclimits.oracle.report.best_online`). Either row is left out without its input."""
     bd, kind = report.headline.bounds, report.headline_kind
     sp = _estimate(report, "speedup", bd.speedup)
     rows = [
@@ -372,8 +388,13 @@ def key_results(report, online: tuple[str, float] | None = None) -> list[Result]
         Result.of("Oracle's accepted drafts per round", bd.mean_accepted, decimals=2,
                   paper=_third_party("mean_accepted_plateau"), ref="tbl-oracle-bound"),
     ]
+    if exact is not None:
+        rows.append(Result.of(f"share of the exact Oracle's gain over the best static K, offline, replayed, held-out "
+                              f"({policy_label(exact['policy'])})", exact["share"], exact["share_lo"],
+                              exact["share_hi"], decimals=2, paper=BEYOND_PAPER, ref="tbl-oracle-shares"))
     if online is not None:
         name, gain = online
-        rows.append(Result.of(f"share of the surrogate Oracle's gain over the best static K, offline, held-out ({name})",
-                              100 * gain, decimals=0, unit="%", paper=BEYOND_PAPER, ref="tbl-oracle-policies"))
+        rows.append(Result.of(f"share of the surrogate Oracle's gain over the best static K, offline, expected under "
+                              f"the surrogate, held-out ({name})", gain, decimals=2, paper=BEYOND_PAPER,
+                              ref="tbl-oracle-policies"))
     return rows
