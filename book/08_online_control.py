@@ -87,12 +87,19 @@
 #   confidences, so it decides as cheaply as the EMA rule.
 #
 # $\tau$, $\lambda$, the calibration map and the $\bar U$ predictor are fitted (`speclimits control fit`)
-# on a seeded half of the **greedy** references; everything below is on the other half. "Share
-# captured" is the part of the Oracle's gain over the best static $K$ a policy recovers,
-# $(1 - T/T_{\text{static}})/(1 - T_{\text{Oracle}}/T_{\text{static}})$: against the exact-greedy
-# Oracle (it knows the outcomes) and against the surrogate Oracle (it knows the match probabilities).
+# on a seeded half of the **greedy** references; everything below is on the other half. A policy's
+# **share of an Oracle's gain** is the part of that Oracle's gain over the best static $K$ it recovers,
+# $(1 - T/T_{\text{static}})/(1 - T_{\text{Oracle}}/T_{\text{static}})$, against the exact-greedy Oracle
+# (it knows the outcomes) or the surrogate Oracle (it knows the match probabilities); every share below
+# says which, and where the times come from: **offline** (the held-out references replayed, or their
+# expected time under the surrogate, priced by the cost model or by a run's profiled costs) or **in the
+# engine** (the measured paired ratio $r$ to the best stock $K$, as $(1 - 1/r)/(1 - 1/G)$ with $G$ the
+# exact Oracle's gain offline on the run's references). Section 6's key result is the offline share of
+# the exact Oracle's gain on the same references ({ref}`sec-oracle`).
 
 # %% tags=["remove-cell"]
+from textwrap import indent
+
 import pandas as pd
 from IPython.display import Markdown, display
 
@@ -106,6 +113,7 @@ from speclimits.arms import POLICY_NAMES
 from pathlib import Path
 
 from speclimits.book.views.control_runs import engine_table, gap_lines
+from speclimits.book.views.oracle import wrap
 from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
 from speclimits.trace import Trace, read_meta
 from speclimits.figures import control as control_figures
@@ -133,7 +141,7 @@ key = page.key_results("sec-online-control", "online control")
 tr = page.load(trace)
 oracle_ok = page.shows("the online policies (this whole section: they are fitted and replayed on the Oracle data)", oracle_data_missing(tr))
 if oracle_ok:
-    print(tr.source_label)
+    print(wrap(tr.source_label))
     n_rollouts, n_boot = bs.smoke_sizes(smoke, n_rollouts=n_rollouts, n_boot=n_boot)
     k_asked = k_max
     k_max, k_note = priced_k_max(CostModel.read(cost_model) if cost_model else fit_trace_cost_model(tr), k_max)
@@ -141,8 +149,9 @@ if oracle_ok:
     fit = fit_policy(tr, k_max=k_max, test_share=test_share, seed=seed, cost_model=cost_model)
     setup = greedy_setup(tr, fit.cost_model)
     k_max = fit.k_max
-    print(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(fit.test_seq_ids)}: "
-          f"τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token (train Oracle: {fit.lambda_oracle:.3f}), K_max = {k_max}")
+    print(wrap(f"fitted on {len(fit.train_seq_ids)} greedy references, evaluated on {len(fit.test_seq_ids)}: "
+               f"τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token (train Oracle: {fit.lambda_oracle:.3f}), "
+               f"K_max = {k_max}"))
 
 # %% [markdown]
 # ## Offline prediction on the held-out references
@@ -189,7 +198,7 @@ if oracle_ok:
 # %% tags=["hide-input"]
 if oracle_ok:
     runs, note = view.bench_runs(tr)
-    print(note)
+    print(wrap(note))
     tables = {batch: engine_table(res) for batch, res in sorted(runs.items())}
     for batch, table in tables.items():
         res = runs[batch]
@@ -269,7 +278,7 @@ if oracle_ok and runs:
 if oracle_ok:
     pieces, pieces_src = view.batch_pieces(tr)
     if pieces is None:
-        print(pieces_src)
+        print(wrap(pieces_src))
     else:
         page.table(pieces, "tbl-control-batch-pieces",
                    f"Offline batch replay (no timing; `{pieces_src}`, written by `benchmarks/batch_replay_sweep.py "
@@ -301,8 +310,9 @@ if oracle_ok and runs:
                    + ", ".join(f"{view.regime_of(r)} batch {bb} {r['config']['blocks']}"
                                for rr in (runs, other) for bb, r in sorted(rr.items()))
                    + "). Paired ratio on the held-out blocks, workload ratio over all blocks, 95% bootstrap intervals "
-                   "over blocks; the share of the exact Oracle's gain over the best static K (offline, same references, "
-                   "each run's profiled costs: "
+                   "over blocks; the share of the exact Oracle's gain over the best static K captured in the engine "
+                   "(from the paired ratio; the Oracle's gain offline on the same references, priced with each run's "
+                   "profiled costs: "
                    + ", ".join(f"{view.regime_of(r)} batch {bb} "
                                f"{(r.get('oracle') or {}).get('oracle_exact_gain_over_best_static', float('nan')):.3f}×"
                                for rr in (runs, other) for bb, r in sorted(rr.items()))
@@ -321,7 +331,7 @@ if oracle_ok and runs:
 if oracle_ok:
     again, again_note = view.bench_runs(tr, "replication")
     if again:
-        print(again_note.replace("benchmark results", "second run"))
+        print(wrap(again_note.replace("benchmark results", "second run")))
         rep = view.replication(tables, runs, {b: engine_table(r) for b, r in again.items()}, again)
         if not rep.empty:
             page.table(rep, "tbl-control-replication",
@@ -330,8 +340,8 @@ if oracle_ok:
                        + "; ".join(f"batch {b}: `{r['produced_by']}`" for b, r in sorted(again.items()))
                        + "). \"Replicated\": both intervals on the same side of 1, or both holding it.")
     else:
-        print("no second run of this benchmark (data/control/replication/, data/control/twin/replication/): "
-              "nothing to set beside the first")
+        print(wrap("no second run of this benchmark (data/control/replication/, data/control/twin/replication/): "
+                   "nothing to set beside the first"))
 
 # %% tags=["hide-input"]
 if oracle_ok:
@@ -339,9 +349,9 @@ if oracle_ok:
         page.figure(control_figures.share_captured_by_batch({b: view.share_frame(tables, b) for b in tables}),
                     "fig-control-share",
                     "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
-                    "with the profiled costs, 95% interval over references) and measured in the engine (paired ratio "
-                    "to the best stock K, 95% interval over blocks), per batch size. Below zero a policy is slower than "
-                    "the best static K; 1 would be the Oracle.")
+                    "with the profiled costs, 95% interval over references) and in the engine (from the measured "
+                    "paired ratio to the best stock K, 95% interval over blocks), per batch size. Below zero a policy "
+                    "is slower than the best static K; 1 would be the exact Oracle.")
 
 # %% [markdown]
 # Where the time goes and how far the prediction is from the engine, per batch size (measured): the
@@ -353,9 +363,7 @@ if oracle_ok:
 if oracle_ok:
     for batch, res in sorted(runs.items()):
         print(f"batch {batch}:")
-        print("\n".join("  " + line for line in gap_lines(res)))
-        if res.get("note"):
-            print("  " + res["note"])
+        print(indent(wrap(gap_lines(res) + ([res["note"]] if res.get("note") else []), width=74), "  "))
 
 # %% [markdown]
 # ## Under served load
@@ -378,7 +386,7 @@ if oracle_ok:
 served = None
 if oracle_ok:
     served, served_note = view.serve_summary(tr)
-    print(served_note)
+    print(wrap(served_note))
     if served is not None:
         scfg = served["config"]
         page.table(view.serve_table(served), "tbl-control-served",

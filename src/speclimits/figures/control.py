@@ -22,7 +22,7 @@ def share_captured_by_batch(frames: Mapping[int, pd.DataFrame]) -> alt.VConcatCh
         base = alt.Chart().encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
                                   yOffset="where:N")
         pts = base.mark_point(filled=True, size=60).encode(
-            x=alt.X("share:Q", title="share of the Oracle's gain over the best static K"),
+            x=alt.X("share:Q", title="share of the exact Oracle's gain over the best static K"),
             tooltip=["policy", "where", *tips("share", "lo", "hi")])
         err = base.mark_rule().encode(x="lo:Q", x2="hi:Q")
         zero, whole = (alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(x=alt.datum(v)) for v in (0.0, 1.0))

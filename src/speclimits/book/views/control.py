@@ -282,7 +282,7 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
     """The best policy against the best stock static K per batch size in two sets of benchmark results
     (e.g. the memory-bound twin's and the cache-resident pair's): the best stock K (chosen on the even
     blocks / over all blocks by time per token), the paired speed ratio on the held-out blocks, the workload
-    ratio over all blocks (95% intervals) and the share of the exact Oracle's gain."""
+    ratio over all blocks (95% intervals) and the share of the exact Oracle's gain captured in the engine."""
     def k_of(key: str | None) -> str:
         return str(arms.arm(key).k) if key else "–"
 
@@ -295,7 +295,7 @@ def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, 
                          "Best policy": arm_name(b.policy),
                          "Paired [95% CI]": fmt_ci(b.speed, b.speed_lo, b.speed_hi, 3),
                          "Workload [95% CI]": fmt_ci(b.workload, b.workload_lo, b.workload_hi, 3),
-                         "Share of Oracle's gain [95% CI]": fmt_ci(b.share, b.share_lo, b.share_hi, 2)})
+                         "Share of exact Oracle's gain, engine [95% CI]": fmt_ci(b.share, b.share_lo, b.share_hi, 2)})
     return pd.DataFrame(rows)
 
 
