@@ -43,9 +43,10 @@ LATIN, CYRILLIC, NO_SCRIPT = SCRIPTS
 # --- the Oracle's vocabulary ----------------------------------------------------------------------
 
 #: Kinds of reference sequence an Oracle walks (``oracle.parquet``'s optional ``reference_kind``):
-#: the target's own greedy output (the paper's setting) and held-out text, teacher-forced.
-REFERENCE_KINDS = ("greedy", "teacher-forced")
-GREEDY, TEACHER_FORCED = REFERENCE_KINDS
+#: the target's own greedy output (the paper's setting), held-out text, teacher-forced, and sampled
+#: continuations of the target (traces at temperature > 0, ``speclimits trace --temperature``).
+REFERENCE_KINDS = ("greedy", "teacher-forced", "sampled")
+GREEDY, TEACHER_FORCED, SAMPLED = REFERENCE_KINDS
 #: The reference kind every headline (the Oracle's bound, the linguistic study) is quoted on.
 HEADLINE_KIND = GREEDY
 

@@ -138,11 +138,19 @@ class OracleSetup:
 
 
 def load_inputs(trace: Trace | str | Path) -> OracleInputs:
-    """The Oracle inputs of a trace (a :class:`~speclimits.trace.Trace` or a path), as recorded."""
+    """The Oracle inputs of a trace (a :class:`~speclimits.trace.Trace` or a path), as recorded.
+
+    A sampled trace (``oracle.parquet`` has ``accept_prob``: ``speclimits trace --temperature``) gives
+    ``accept_prob`` as the match probability: vLLM's rejection sampler accepts a greedy draft with the
+    target's probability of it, which along a sampled reference is the probability that the draft
+    equals the reference's next token (:mod:`speclimits.tracing.oracle_mode`)."""
     tr = trace if isinstance(trace, Trace) else read_trace(trace)
     if tr.oracle is None:
         raise TraceFormatError(str(tr.path), [Problem(FILE, None, "is missing: this trace has no Oracle data")])
-    return OracleInputs.from_frame(tr.oracle, origin=str(tr.path / FILE))
+    frame = tr.oracle
+    if "accept_prob" in frame.columns:
+        frame = frame.assign(match_prob=frame["accept_prob"])
+    return OracleInputs.from_frame(frame, origin=str(tr.path / FILE))
 
 
 def reference_kinds(trace: Trace, seq_ids: np.ndarray) -> tuple[np.ndarray, str]:

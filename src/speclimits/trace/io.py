@@ -344,6 +344,26 @@ def write_shard_log(root: str | Path, name: str, part: dict[str, Any], generatio
     return target
 
 
+#: Where the Oracle pass of a sampled trace keeps the references it sampled (one JSON file each).
+REFERENCES_DIR = "references"
+
+
+def write_reference(root: str | Path, name: str, entry: dict[str, Any]) -> Path:
+    """Write one sampled reference of the Oracle pass atomically as ``references/<name>.json``
+    (``entry``: ``seq_id``, ``prompt_id``, ``sample``, ``seed``, ``output_token_ids``, ...)."""
+    target = Path(root) / REFERENCES_DIR / f"{name}.json"
+    _atomic_write(target, (json.dumps(jsonable(entry), sort_keys=True) + "\n").encode())
+    return target
+
+
+def read_references(root: str | Path) -> dict[str, dict[str, Any]]:
+    """The sampled references on disk (:func:`write_reference`), by name; empty when there are none."""
+    folder = Path(root) / REFERENCES_DIR
+    if not folder.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob(f"{PART_PREFIX}*.json"))}
+
+
 def _shard_logs(root: Path) -> dict[str, Path]:
     folder = root / SHARDS_DIR
     return {p.stem: p for p in folder.glob(f"{PART_PREFIX}*.json")} if folder.is_dir() else {}

@@ -12,11 +12,15 @@ The layout (the book's methods page, "Reference kinds and positions"; the join i
 * **Reference kind.** ``"greedy"`` for a sweep generation (the target's own output),
   ``"teacher-forced"`` for a held-out continuation (the prompt's ``reference_token_ids``), whose
   routing, ``generation_id``, ``K``, ``round`` and ``row`` are missing (no sweep generation made it).
+  In a sampled trace (temperature > 0) a prompt's sweep generation is ``"sampled"``, and so are its
+  further sampled references (``seq_id`` ``"<prompt id>#<j>"``), whose routing and generation columns
+  are missing as a teacher-forced reference's are.
 * **The target's own choice** where known: ``target_agrees`` (did the target's greedy choice,
   given the reference prefix, equal the token? from ``oracle.parquet``'s ``forced`` at state
   ``pos``; on a greedy reference also True at the last row, which no state forces) and
   ``target_token_id`` (the token itself where the target agrees, the K = 0 generation's first
-  token at row 0, else null).
+  token at row 0, else null). In a sampled trace "the target's choice" is its argmax, and row 0's
+  is unknown (null): no greedy generation was made.
 
 :func:`reference_tokens` builds that table at the end of ``speclimits trace --oracle``;
 :func:`to_reading_rows` serves ``scripts/migrate_tokens_reference.py`` (older traces).
@@ -30,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.vocabulary import GREEDY, TEACHER_FORCED
+from speclimits.vocabulary import GREEDY, SAMPLED, TEACHER_FORCED
 
 #: Columns :func:`reference_tokens` adds to a sweep's token rows (recomputed when present).
 CHOICE_COLUMNS = ("target_agrees", "target_token_id")
@@ -52,9 +56,10 @@ def to_reading_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def forced_rows(seq_id: str, reference_ids: list[int], prompt_len: int, decode: Callable[[int], str] | None,
-                category: str | None = None) -> pd.DataFrame:
-    """The rows of one teacher-forced reference: its held-out tokens, decoded one at a time (``""``
-    without a tokenizer, as the harness writes), no routing, no generation."""
+                category: str | None = None, kind: str = TEACHER_FORCED) -> pd.DataFrame:
+    """The rows of one reference no sweep generation made (a teacher-forced one, or ``kind`` ``sampled``:
+    a further sampled reference): its tokens, decoded one at a time (``""`` without a tokenizer, as the
+    harness writes), no routing, no generation."""
     n = len(reference_ids)
     ids = np.asarray(reference_ids, dtype=np.int64)
     na = pd.array([pd.NA] * n, dtype="Int64")
@@ -66,15 +71,18 @@ def forced_rows(seq_id: str, reference_ids: list[int], prompt_len: int, decode: 
         "context_len": prompt_len + np.arange(n, dtype=np.int64)})
     if category is not None:
         out["category"] = category
-    out["reference_kind"] = TEACHER_FORCED
+    out["reference_kind"] = kind
     return out
 
 
-def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: Mapping[str, int]) -> pd.DataFrame:
+def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: Mapping[str, int],
+                      require_first: bool = True) -> pd.DataFrame:
     """``tokens`` with ``target_agrees`` and ``target_token_id`` (see the module docstring).
 
     ``oracle``: ``seq_id``, ``pos``, ``forced``; ``first_greedy``: per seq_id, the first token of
-    the target's own greedy generation (the prefill's choice, which no Oracle state records)."""
+    the target's own greedy generation (the prefill's choice, which no Oracle state records);
+    ``require_first`` False (a sampled trace, which has none): row 0's choice stays null where
+    ``first_greedy`` does not give it."""
     forced = oracle.set_index([oracle["seq_id"].astype(str), "pos"])["forced"]
     seq = tokens["seq_id"].astype(str)
     f = forced.reindex(pd.MultiIndex.from_arrays([seq, tokens["pos"]]))
@@ -83,9 +91,9 @@ def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: 
                       dtype="Int64")
     row0 = (tokens["pos"] == 0).to_numpy()
     missing = sorted(set(seq[row0]) - set(first_greedy))
-    if missing:
+    if missing and require_first:
         raise SpeclimitsError(f"tokens: no greedy generation gives the target's first token of {missing[:5]}")
-    target[row0] = [int(first_greedy[s]) for s in seq[row0]]
+    target[row0] = [int(first_greedy[s]) if s in first_greedy else pd.NA for s in seq[row0]]
     # a greedy reference is the target's own output: its choice given that prefix is the token itself,
     # also at the last row, which no Oracle state forces
     greedy = (tokens["reference_kind"] == GREEDY).to_numpy()
@@ -99,43 +107,57 @@ def add_target_choice(tokens: pd.DataFrame, oracle: pd.DataFrame, first_greedy: 
 
 
 def reference_tokens(tokens: pd.DataFrame, oracle: pd.DataFrame, held_out: Mapping[str, list[int]],
-                     first_greedy: Mapping[str, int], decode: Callable[[int], str] | None = None) -> pd.DataFrame:
+                     first_greedy: Mapping[str, int], decode: Callable[[int], str] | None = None,
+                     sampled: Mapping[str, tuple[str, list[int]]] | None = None, kind: str = GREEDY) -> pd.DataFrame:
     """The ``tokens.parquet`` table of a trace with Oracle data (the layout of the module docstring).
 
     ``tokens``: the sweep's token rows of each prompt's reference generation (routing already on
     the reading rows; one generation per ``seq_id``); ``oracle``: ``seq_id``, ``pos``, ``forced``;
     ``held_out``: per teacher-forced ``seq_id``, its reference token ids; ``first_greedy``: per
-    ``seq_id``, the first token of its greedy generation; ``decode``: token id -> text.
+    ``seq_id``, the first token of its greedy generation; ``decode``: token id -> text;
+    ``sampled`` (a sampled trace): per further sampled reference's ``seq_id``, its prompt's
+    ``seq_id`` and its token ids (rows placed after the prompt's); ``kind``: the reference kind of
+    the generations' rows (``sampled`` in a sampled trace, whose row 0 has no known target choice).
 
-    Re-runnable: greedy rows are kept, teacher-forced ones rebuilt from ``held_out`` and the
-    target's choice recomputed, so a second call on its own output returns the same table.
+    Re-runnable: generation rows are kept, teacher-forced and further sampled ones rebuilt from
+    ``held_out`` / ``sampled`` and the target's choice recomputed, so a second call on its own output
+    returns the same table.
     """
+    sampled = dict(sampled or {})
     tokens = tokens.drop(columns=[c for c in (*CHOICE_COLUMNS, "reference_kind") if c in tokens.columns])
+    tokens = tokens.loc[~tokens["seq_id"].astype(str).isin(sampled)]  # rebuilt below
     seq = tokens["seq_id"].astype(str)
     dup = tokens.duplicated(["seq_id", "pos"])
     if dup.any():
         raise SpeclimitsError(f"tokens: {int(dup.sum())} duplicate (seq_id, pos) rows (first: "
                               f"{tokens.loc[dup].iloc[0][['seq_id', 'pos']].tolist()}); keep one generation per "
                               "reference")
-    order = {s: i for i, s in enumerate(pd.unique(seq))}
+    order: dict[str, int] = {}
+    for s in pd.unique(seq):  # each prompt's sequence, then its further sampled references
+        order[s] = len(order)
+        for extra in sorted((x for x, (parent, _) in sampled.items() if parent == s), key=lambda x: (len(x), x)):
+            order[extra] = len(order)
     greedy = tokens.loc[~seq.isin(held_out)].copy()
-    greedy["reference_kind"] = GREEDY
+    greedy["reference_kind"] = kind
     parts = [greedy]
     has_cat = "category" in tokens.columns
-    for s in held_out:
-        old = tokens.loc[seq == s]
+
+    rebuilt = [(s, s, held_out[s], TEACHER_FORCED) for s in held_out]
+    rebuilt += [(s, parent, ids, SAMPLED) for s, (parent, ids) in sampled.items()]
+    for s, parent, ids, rows_kind in rebuilt:
+        old = tokens.loc[seq == parent]
         if old.empty:
             continue  # a prompt without token rows (tokens="none" or not traced) stays without
         prompt_len = int(old["context_len"].iloc[0] - old["pos"].iloc[0])
-        parts.append(forced_rows(s, [int(x) for x in held_out[s]], prompt_len, decode,
-                                 old["category"].iloc[0] if has_cat else None))
+        parts.append(forced_rows(s, [int(x) for x in ids], prompt_len, decode,
+                                 old["category"].iloc[0] if has_cat else None, kind=rows_kind))
     out = pd.concat(parts, ignore_index=True)
     for col in GENERATION_COLUMNS:
         if col in out.columns:
             out[col] = out[col].astype("Int64")
     out = out.sort_values(["seq_id", "pos"], key=lambda c: c.astype(str).map(order) if c.name == "seq_id" else c,
                           kind="stable").reset_index(drop=True)
-    return add_target_choice(out, oracle, first_greedy)
+    return add_target_choice(out, oracle, first_greedy, require_first=kind == GREEDY)
 
 
 def reference_generations(generations: Mapping[Any, Mapping[str, Any]], k_ref: int

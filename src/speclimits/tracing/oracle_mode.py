@@ -1,7 +1,8 @@
 """Dense Oracle data from stock vLLM: the draft chain and the target's window routing at every position.
 
 For a reference sequence (by default the target's own greedy output of a sweep generation,
-``y_1..y_N``; or a held-out continuation, teacher-forced) and each state ``pos`` = 0..N−2
+``y_1..y_N``; or a held-out continuation, teacher-forced; or, in a sampled trace, a sampled
+continuation of the target, see below) and each state ``pos`` = 0..N−2
 (``y_1..y_{pos+1}`` emitted; the prefill always emits ``y_1``, so the Oracle's reference
 is the decode-phase tokens ``y_2..y_N``), one request with prompt ``P + y_1..y_pos``,
 ``max_tokens=2``, greedy, ``ignore_eos``; all requests of a batch go in one ``generate()``
@@ -32,12 +33,39 @@ Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.trace.schema` f
 ``draft_tokens``        the chain (K ids); ``e_max_window`` K+1 floats (max over layers);
 ``accept_len_engine``   accepted drafts reported by vLLM's rejection sampler (equal to
                         ``accept_len`` when the reference is the target's greedy output and
-                        no near-tie flipped); ``forced`` whether step A's sample was overridden
+                        no near-tie flipped; in a sampled trace one random draw of it);
+                        ``forced`` whether the reference token differs from the target's own
+                        choice at step A (its sample when greedy, its argmax when sampled)
+
+**Sampled traces** (``speclimits trace --temperature T``, T > 0; :mod:`speclimits.trace.sampling`).
+Each prompt gets ``samples`` references (``--oracle-samples``): sample 0 is its sweep generation at
+the smallest K (``seq_id`` = the prompt id, as in a greedy trace), samples j >= 1 are sampled by
+this pass on its engine (speculative decoding, which vLLM's rejection sampler keeps exact in
+distribution), seeded (:meth:`~speclimits.trace.sampling.Sampling.request_seed`), ``seq_id``
+``"<prompt id>#<j>"``, kept under ``references/`` (:func:`~speclimits.trace.io.write_reference`)
+before their states run, so a resumed or retried pass walks the same text. Every state's request
+then runs at the trace's temperature and top-p, and the verification records
+
+``accept_prob``         K floats: the probability that vLLM's rejection sampler accepts d_i given
+                        d_1..d_{i-1} were accepted. The drafter drafts its argmax (vLLM's default
+                        ``draft_sample_method='greedy'``: no draft probabilities), so vLLM accepts
+                        d_i with probability p_target(d_i | prefix, d_1..d_{i-1}) after the
+                        request's temperature and top-p and otherwise samples from the rest of
+                        p_target; the extension reads that probability with the rejection
+                        sampler's own functions. 0 past the end of the reference, as match_prob.
+``prompt_id``, ``sample`` which reference of which prompt
+
+and ``accept_len`` keeps its definition, the number of leading drafts equal to the reference's next
+tokens: under the rejection rule's exact coupling the accepted tokens are a sample path y of the
+target and "d_i accepted" is "d_i equals y's next token" (tests/test_sampling_coupling.py checks the
+rule and the coupling numerically), so along a sampled reference ``accept_len`` is one exact draw of
+the engine's accepted length, whose probabilities ``accept_prob`` gives (``P(a >= j) = Π_{i<=j}
+accept_prob[i-1]``). ``reference_kind`` is ``'sampled'`` (held-out references stay teacher-forced).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,25 +76,47 @@ from tqdm.auto import tqdm
 import pyarrow as pa
 
 from speclimits.errors import SpeclimitsError
-from speclimits.trace.io import list_parts, read_generations, read_meta, read_table, write_meta, write_part
+from speclimits.trace.io import (list_parts, read_generations, read_meta, read_references, read_table, write_meta,
+                                 write_part, write_reference)
 from speclimits.trace.reference_tokens import (CHOICE_COLUMNS, GENERATION_COLUMNS, first_greedy_tokens,
                                                reference_generations, reference_tokens)
+from speclimits.trace.sampling import DEFAULT_ORACLE_SAMPLES, Sampling
 from speclimits.tracing import engine as eng
-from speclimits.tracing.inputs import check_oracle
-from speclimits.vocabulary import GREEDY, TEACHER_FORCED
+from speclimits.tracing.inputs import check_oracle, check_sampled_oracle
+from speclimits.vocabulary import GREEDY, SAMPLED, TEACHER_FORCED
 from speclimits.tracing.prompts import read_prompts
 from speclimits.tracing.sweep import sweep_engine_kwargs
 
 
+#: ``Reference.source`` of a sampled continuation of the target (a sampled trace's references).
+TARGET_SAMPLED = "target sampled"
+
+
 @dataclass(frozen=True)
 class Reference:
-    """A reference sequence: prompt ids and the continuation ``y_1..y_N`` (N >= 2)."""
+    """A reference sequence: prompt ids and the continuation ``y_1..y_N`` (N >= 2).
+
+    A sampled trace's reference j >= 1 of a prompt (``source`` :data:`TARGET_SAMPLED`, ``sample`` j)
+    has no continuation until the Oracle pass samples it with ``seed`` (:func:`sampled_reference`)."""
 
     seq_id: str
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     category: str | None = None
     source: str = "target greedy"
+    prompt_id: str | None = None
+    sample: int = 0
+    seed: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """The reference kind recorded in ``reference_kind`` (:data:`~speclimits.vocabulary.REFERENCE_KINDS`)."""
+        return TEACHER_FORCED if self.source == "held-out" else SAMPLED if self.source == TARGET_SAMPLED else GREEDY
+
+    @property
+    def unsampled(self) -> bool:
+        """True for a sampled reference whose continuation the Oracle pass has not sampled yet."""
+        return self.source == TARGET_SAMPLED and not self.output_ids
 
 
 def plan_requests(ref: Reference, k_max: int) -> list[tuple[int, list[int], int, list[int]]]:
@@ -79,11 +129,15 @@ def plan_requests(ref: Reference, k_max: int) -> list[tuple[int, list[int], int,
     return out
 
 
-def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]]) -> pd.DataFrame:
-    """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos)."""
+def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], sampled: bool = False
+                ) -> pd.DataFrame:
+    """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos).
+
+    ``sampled`` (a sampled trace): also ``accept_prob`` (from each state's results), ``prompt_id`` and ``sample``."""
     y = np.asarray(ref.output_ids)
     n_states = len(y) - 1
-    missing = [p for p in range(n_states) if not {"u_window", "draft_conf"} <= set(results.get(p, {}))]
+    need = {"u_window", "draft_conf"} | ({"accept_prob"} if sampled else set())
+    missing = [p for p in range(n_states) if not need <= set(results.get(p, {}))]
     if missing:
         raise SpeclimitsError(f"Oracle: sequence {ref.seq_id}: no draft chain or window for states {missing[:5]} "
                               f"({len(missing)} in all); the engine verified fewer drafts than k_max = {k_max} "
@@ -92,6 +146,8 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]]) 
     rows: dict[str, list[Any]] = {c: [] for c in (
         "seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window",
         "match_prob_chain", "draft_tokens", "e_max_window", "accept_len_engine", "forced")}
+    if sampled:
+        rows["accept_prob"] = []
     P = len(ref.prompt_ids)
     for p in range(n_states):
         res = results[p]
@@ -119,32 +175,63 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]]) 
         rows["e_max_window"].append(u.max(axis=1))
         rows["accept_len_engine"].append(int(res.get("n_sampled_verify", 0)) - 1)
         rows["forced"].append(bool(res.get("forced", False)))
+        if sampled:
+            acc = np.asarray(res["accept_prob"], dtype=float)
+            if acc.size != k_max:
+                raise SpeclimitsError(f"Oracle: sequence {ref.seq_id}, state {p}: {acc.size} acceptance probabilities "
+                                      f"for k_max = {k_max} drafts")
+            prob = np.zeros(k_max)
+            prob[:avail] = acc[:avail]  # 0 past the end of the reference, as match_prob
+            rows["accept_prob"].append(np.clip(prob, 0.0, 1.0))
     df = pd.DataFrame(rows)
     for col in ("pos", "context_len", "accept_len", "accept_len_engine"):
         df[col] = df[col].astype(np.int64)
     if ref.category is not None:
         df["category"] = ref.category
-    # the Oracle reports the two kinds of reference apart (speclimits.oracle.prepare.REFERENCE_KINDS)
-    df["reference_kind"] = TEACHER_FORCED if ref.source == "held-out" else GREEDY
+    # the Oracle reports the kinds of reference apart (speclimits.oracle.prepare.REFERENCE_KINDS)
+    df["reference_kind"] = ref.kind
+    if sampled:
+        df["prompt_id"] = ref.prompt_id if ref.prompt_id is not None else ref.seq_id
+        df["sample"] = np.int64(ref.sample)
     return df
 
 
+def sample_seq_id(prompt_id: str, sample: int) -> str:
+    """The ``seq_id`` of a prompt's sampled reference ``sample``: the prompt id for sample 0 (its sweep
+    generation, as in a greedy trace), ``"<prompt id>#<sample>"`` for the others."""
+    return str(prompt_id) if sample == 0 else f"{prompt_id}#{sample}"
+
+
 def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
-                          held_out: dict[str, list[int]] | None = None) -> list[Reference]:
+                          held_out: dict[str, list[int]] | None = None, samples: int = 1,
+                          sampling: Sampling | None = None) -> list[Reference]:
     """References: per prompt, the sweep generation with K = ``k_ref`` (its output; in a batch
     sweep the one at the smallest batch size, i.e. the smallest generation id), or the prompt's
-    held-out reference continuation when given in ``held_out``."""
+    held-out reference continuation when given in ``held_out``. With ``sampling`` at a temperature
+    > 0 (a sampled trace) that generation is the prompt's sampled reference 0, followed by its
+    ``samples - 1`` further ones (not yet sampled: :func:`sampled_reference`)."""
     gens = read_generations(root)
     by_prompt = {p: g for p, (_, g) in reference_generations(gens, k_ref).items()}
+    sampled = sampling is not None and not sampling.greedy
     refs = []
     for p in prompts:
         g = by_prompt.get(p.id)
         if g is None:
             raise SpeclimitsError(f"Oracle: no K={k_ref} generation for prompt {p.id!r} in {root}; run the sweep first")
+        ids = tuple(g["prompt_token_ids"])
         if held_out and p.id in held_out:
-            refs.append(Reference(p.id, tuple(g["prompt_token_ids"]), tuple(held_out[p.id]), p.category, "held-out"))
+            refs.append(Reference(p.id, ids, tuple(held_out[p.id]), p.category, "held-out", prompt_id=p.id))
+        elif sampled:
+            refs.append(Reference(p.id, ids, tuple(g["output_token_ids"]), p.category, TARGET_SAMPLED, prompt_id=p.id,
+                                  sample=0, seed=g.get("seed")))
+            refs.extend(Reference(sample_seq_id(p.id, j), ids, (), p.category, TARGET_SAMPLED, prompt_id=p.id,
+                                  sample=j, seed=sampling.request_seed(p.id, j)) for j in range(1, samples))
         else:
-            refs.append(Reference(p.id, tuple(g["prompt_token_ids"]), tuple(g["output_token_ids"]), p.category))
+            refs.append(Reference(p.id, ids, tuple(g["output_token_ids"]), p.category))
+    clash = sorted({r.seq_id for r in refs if r.sample > 0} & {str(p.id) for p in prompts})
+    if clash:
+        raise SpeclimitsError(f"Oracle: prompt ids {clash[:3]} look like the ids of sampled references "
+                              "('<prompt id>#<j>'); rename those prompts")
     return refs
 
 
@@ -162,13 +249,34 @@ class OraclePlan:
     held_out: dict[str, list[int]]
     refs: list[Reference]
     todo: list[tuple[int, Reference]]
+    #: the trace's sampling (greedy: temperature 0) and its references per prompt (1 when greedy)
+    sampling: Sampling = Sampling()
+    samples: int = 1
+    #: length and EOS rule of the sampled references (the sweep's ``max_tokens`` and ``ignore_eos``)
+    max_tokens: int = 128
+    ignore_eos: bool = False
+
+    @property
+    def sampled(self) -> bool:
+        return not self.sampling.greedy
 
 
 def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
     """The Oracle pass's work on the sweep trace at ``cfg.out`` (see :func:`trace_oracle`)."""
     check_oracle(cfg.method, k_max)
+    sampling = Sampling(float(getattr(cfg, "temperature", 0.0)), float(getattr(cfg, "top_p", 1.0)), int(cfg.seed))
+    check_sampled_oracle(sampling.temperature, dict(getattr(cfg, "spec_extra", {}) or {}))
+    samples = 1
+    if not sampling.greedy:
+        samples = int(getattr(cfg, "oracle_samples", None) or DEFAULT_ORACLE_SAMPLES)
+    elif (getattr(cfg, "oracle_samples", None) or 1) > 1:
+        raise SpeclimitsError("--oracle-samples above 1 needs --temperature > 0: at temperature 0 the reference of a "
+                              "prompt is its one greedy output")
     root = Path(cfg.out)
     meta = read_meta(root)
+    if Sampling.from_meta(meta) != sampling:
+        raise SpeclimitsError(f"Oracle: {root} was traced with sampling {meta.get('sampling') or 'greedy'}, not "
+                              f"temperature {sampling.temperature}, top-p {sampling.top_p}, seed {sampling.seed}")
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     k_ref = min(meta["k_values"])
     held_out = {p.id: list(p.reference_token_ids) for p in prompts if p.reference_token_ids is not None}
@@ -176,13 +284,49 @@ def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
     if text_only:
         raise SpeclimitsError(f"prompt {text_only[0]!r}: text references need a tokenizer; give "
                               "'reference_token_ids' (tokenizer-backed references are not wired yet)")
-    refs = references_from_sweep(root, prompts, k_ref, held_out)
+    refs = references_from_sweep(root, prompts, k_ref, held_out, samples, sampling)
     old = meta.get("oracle") or {}
     if old and int(old.get("k_max", k_max)) != k_max:
         raise SpeclimitsError(f"--resume: the trace's Oracle data use k_max = {old['k_max']}, not {k_max}")
+    if old and int(old.get("samples", 1)) != samples:
+        raise SpeclimitsError(f"--resume: the trace's Oracle data use {old.get('samples', 1)} references per prompt, "
+                              f"not {samples} (--oracle-samples)")
+    on_disk = read_references(root)
+    refs = [_with_sampled(r, on_disk.get(f"{ORACLE_PART}{i:05d}")) for i, r in enumerate(refs)]
     done = oracle_done(root)
     todo = [(i, r) for i, r in enumerate(refs) if i not in done]
-    return OraclePlan(root, prompts, k_max, k_ref, batch, held_out, refs, todo)
+    return OraclePlan(root, prompts, k_max, k_ref, batch, held_out, refs, todo, sampling, samples,
+                      int(cfg.max_tokens), bool(cfg.ignore_eos))
+
+
+def _with_sampled(ref: Reference, entry: dict[str, Any] | None) -> Reference:
+    """``ref`` with the continuation a previous pass sampled for it (``references/``), when there is one."""
+    if entry is None or not ref.unsampled:
+        return ref
+    if entry.get("seq_id") != ref.seq_id or entry.get("seed") != ref.seed:
+        raise SpeclimitsError(f"Oracle: references/ holds {entry.get('seq_id')!r} (seed {entry.get('seed')}) where "
+                              f"{ref.seq_id!r} (seed {ref.seed}) belongs; the trace's prompts or settings changed")
+    return replace(ref, output_ids=tuple(int(t) for t in entry["output_token_ids"]))
+
+
+def sampled_reference(llm: Any, plan: OraclePlan, index: int, ref: Reference) -> Reference:
+    """Sample the continuation of the sampled reference ``ref`` (sequence ``index``) on ``llm`` at the
+    trace's temperature and top-p with the reference's seed, and keep it as ``references/part-s{index}.json``
+    before any of its states run (a retried or resumed pass reads it back: :func:`plan_oracle`)."""
+    from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
+    from vllm.inputs import TokensPrompt
+
+    s = plan.sampling
+    params = SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=ref.seed, max_tokens=plan.max_tokens,
+                            ignore_eos=plan.ignore_eos, detokenize=False)
+    out = llm.generate([TokensPrompt(prompt_token_ids=list(ref.prompt_ids))], params, use_tqdm=False)[0].outputs[0]
+    llm.collective_rpc("speclimits_drain")  # the generation's step records are not part of the trace
+    ids = tuple(int(t) for t in out.token_ids)
+    write_reference(plan.root, f"{ORACLE_PART}{index:05d}", {
+        "seq_id": ref.seq_id, "prompt_id": ref.prompt_id, "sample": ref.sample, "seed": ref.seed,
+        "temperature": s.temperature, "top_p": s.top_p, "output_token_ids": list(ids),
+        "finish_reason": out.finish_reason})
+    return replace(ref, output_ids=ids)
 
 
 #: Name prefix of the Oracle pass's part files: ``part-s{sequence index:05d}``.
@@ -197,12 +341,13 @@ def oracle_done(root: str | Path) -> set[int]:
 
 
 def oracle_engine(cfg: Any, plan: OraclePlan) -> Any:
-    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``plan.todo``."""
-    longest = max(len(r.prompt_ids) + len(r.output_ids) for _, r in plan.todo)
+    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``plan.todo``
+    (a reference still to be sampled counts ``max_tokens``)."""
+    longest = max(len(r.prompt_ids) + (plan.max_tokens if r.unsampled else len(r.output_ids)) for _, r in plan.todo)
     kwargs = sweep_engine_kwargs(cfg, plan.k_max, plan.prompts, [plan.k_max], batch=plan.batch, prefix_caching=True,
                                  extra_len=max(0, longest - cfg.max_tokens))
     kwargs.setdefault("max_num_batched_tokens", max(8192, int(kwargs["max_model_len"])))
-    return eng.make_llm(kwargs)[0]
+    return eng.make_llm(kwargs, {"sampled": True} if plan.sampled else None)[0]
 
 
 def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
@@ -214,14 +359,21 @@ def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Refer
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
+    s = plan.sampling
     done = oracle_done(plan.root)
     left = [(i, r) for i, r in todo if i not in done]
-    total = sum(max(len(r.output_ids) - 1, 0) for _, r in left)
+    total = sum(max((plan.max_tokens if r.unsampled else len(r.output_ids)) - 1, 0) for _, r in left)
     bar = tqdm(total=total, desc="oracle", unit="state", disable=not progress)
     for index, ref in left:
+        if ref.unsampled:
+            ref = sampled_reference(llm, plan, index, ref)
         if len(ref.output_ids) < 2:
             continue
         states = plan_requests(ref, plan.k_max)
+        if plan.sampled:  # each state's request sampled at the trace's temperature, with its own seed
+            step_params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=2, ignore_eos=True,
+                                          detokenize=False, seed=s.request_seed(f"oracle:{ref.seq_id}", pos))
+                           for pos, _, _, _ in states]
         results: dict[int, dict[str, Any]] = {}
         for start in range(0, len(states), plan.batch):
             chunk = states[start: start + plan.batch]
@@ -231,9 +383,11 @@ def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Refer
                 raise SpeclimitsError("Oracle: cannot read vLLM's request counter (LLM.request_counter.counter); "
                                       "supported vLLM: 0.32.0")
             ids = [str(next_id + i) for i in range(len(chunk))]
-            arm = {rid: {"forced": forced, "ref": chain} for rid, (_, _, forced, chain) in zip(ids, chunk)}
+            arm = {rid: {"forced": forced, "ref": chain, **({"sampled": True} if plan.sampled else {})}
+                   for rid, (_, _, forced, chain) in zip(ids, chunk)}
             llm.collective_rpc("speclimits_set_oracle", args=(arm,))
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for (_, p, _, _) in chunk], params, use_tqdm=False)
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for (_, p, _, _) in chunk],
+                                step_params[start: start + plan.batch] if plan.sampled else params, use_tqdm=False)
             got = llm.collective_rpc("speclimits_drain_oracle")[0]
             llm.collective_rpc("speclimits_set_oracle", args=(None,))
             if [o.request_id for o in outs] != ids:
@@ -242,7 +396,8 @@ def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Refer
             for rid, (pos, _, _, _) in zip(ids, chunk):
                 results[pos] = got["results"].get(rid, {})
             bar.update(len(chunk))
-        write_part(plan.root, "oracle", f"{ORACLE_PART}{index:05d}", oracle_rows(ref, plan.k_max, results))
+        write_part(plan.root, "oracle", f"{ORACLE_PART}{index:05d}",
+                   oracle_rows(ref, plan.k_max, results, sampled=plan.sampled))
     bar.close()
 
 
@@ -251,17 +406,38 @@ def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = Non
     (:func:`write_reference_tokens`) and ``meta["oracle"]``, its counts read from the data on
     disk (states, and forced flips = states whose reference token overrode the target's choice),
     so a serial, a distributed and a resumed pass record the same numbers."""
-    missing = sorted(set(range(len(plan.refs))) - oracle_done(plan.root))
+    on_disk = read_references(plan.root)
+    refs = [_with_sampled(r, on_disk.get(f"{ORACLE_PART}{i:05d}")) for i, r in enumerate(plan.refs)]
+    # a sampled reference that stopped (EOS) after its first token has no state: no part, said in meta.json
+    short = [i for i, r in enumerate(refs) if r.source == TARGET_SAMPLED and not r.unsampled and len(r.output_ids) < 2]
+    missing = sorted(set(range(len(plan.refs))) - oracle_done(plan.root) - set(short))
     if missing:
         raise SpeclimitsError(f"Oracle: sequences {missing[:5]} ({len(missing)} in all) have no part in "
                               f"{plan.root / 'oracle.parquet'}; run the pass again (it resumes)")
-    write_reference_tokens(plan.root, plan.held_out, plan.k_ref, _decoder_for(cfg.target))
+    sampled_refs = {r.seq_id: (str(r.prompt_id), list(r.output_ids)) for r in refs if r.sample > 0}
+    write_reference_tokens(plan.root, plan.held_out, plan.k_ref, _decoder_for(cfg.target), sampled_refs,
+                           sampled=plan.sampled)
     oracle = read_table(plan.root, "oracle")
     meta = read_meta(plan.root)
-    meta["oracle"] = {"k_max": plan.k_max, "k_ref": plan.k_ref, "batch": plan.batch,
-                      "reference": "held-out continuations (teacher-forced) where given, else the target's greedy "
-                                   f"output of the K={plan.k_ref} sweep generation; states pos = 0..N-2 (y_1 comes "
-                                   "from the prefill)",
+    if plan.sampled:
+        s = plan.sampling
+        extra = {"samples": plan.samples,
+                 "accept_prob": "per draft, the probability vLLM's rejection sampler accepts it given the drafts "
+                                "before it were: the target's probability of the (greedy) draft token at the "
+                                "trace's temperature and top-p",
+                 **({"without_states": [refs[i].seq_id for i in short]} if short else {}),
+                 **(extra or {})}
+        reference = (f"sampled continuations of the target at temperature {s.temperature:g}, top-p {s.top_p:g}: per "
+                     f"prompt its K={plan.k_ref} sweep generation (sample 0, seq_id = the prompt id) and "
+                     f"{plan.samples - 1} more sampled by this pass (seq_id '<prompt id>#<j>', seeds as meta.json "
+                     "sampling.request_seeds, kept under references/); held-out continuations (teacher-forced) where "
+                     "given; states pos = 0..N-2 (y_1 comes from the prefill); forced = the reference token differs "
+                     "from the target's argmax")
+    else:
+        reference = ("held-out continuations (teacher-forced) where given, else the target's greedy "
+                     f"output of the K={plan.k_ref} sweep generation; states pos = 0..N-2 (y_1 comes "
+                     "from the prefill)")
+    meta["oracle"] = {"k_max": plan.k_max, "k_ref": plan.k_ref, "batch": plan.batch, "reference": reference,
                       "sequences": len(plan.refs), "states": int(len(oracle)),
                       "forced_flips": int(oracle["forced"].sum()), **(extra or {})}
     write_meta(plan.root, meta)
@@ -301,14 +477,19 @@ def _decoder_for(model: str | Path) -> Any:
 EXPERTS_TYPE = pa.list_(pa.int16())
 
 
-def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_ref: int, decode: Any) -> int:
+def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_ref: int, decode: Any,
+                           sampled_refs: dict[str, tuple[str, list[int]]] | None = None,
+                           sampled: bool = False) -> int:
     """Rewrite each ``tokens.parquet`` part in the documented layout
     (:func:`speclimits.trace.reference_tokens.reference_tokens`): the reference generation's rows
     (the K = ``k_ref`` generation at the smallest generation id per prompt) get ``reference_kind``
     and the target's choice; a teacher-forced prompt's rows are replaced by its held-out tokens;
-    other generations' rows (``tokens="all"``) are kept as they are. Each part is rewritten under
-    its own name (atomic), so the sweep's resume logic is unchanged; re-running gives the same
-    files. Returns the number of parts rewritten."""
+    other generations' rows (``tokens="all"``) are kept as they are. In a sampled trace
+    (``sampled``) the generation's rows are of kind ``sampled``, the target's first choice is
+    unknown (no greedy generation), and ``sampled_refs`` (seq_id -> (prompt seq_id, token ids): a
+    prompt's further sampled references) add their rows, without routing, to the part of their
+    prompt's generation. Each part is rewritten under its own name (atomic), so the sweep's resume
+    logic is unchanged; re-running gives the same files. Returns the number of parts rewritten."""
     root = Path(root)
     parts = list_parts(root, "tokens")
     if not parts:
@@ -318,8 +499,9 @@ def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_r
         raise SpeclimitsError(f"{root}: no oracle.parquet to take the target's choices from")
     oracle = oracle[["seq_id", "pos", "forced"]]
     gens = read_generations(root)
-    first = first_greedy_tokens(gens, k_ref)
+    first = {} if sampled else first_greedy_tokens(gens, k_ref)  # a sampled generation's first token is a sample
     ref_gid = {p: gid for p, (gid, _) in reference_generations(gens, k_ref).items()}
+    sampled_refs = dict(sampled_refs or {})
     for name, path in sorted(parts.items()):
         df = pd.read_parquet(path)
         gid = pd.to_numeric(df["generation_id"], errors="coerce")
@@ -327,14 +509,16 @@ def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_r
         is_ref = (gid == seq.map(ref_gid)).fillna(False)
         if "reference_kind" in df.columns:  # a teacher-forced sequence rewritten before: no generation any more
             is_ref |= (df["reference_kind"] == TEACHER_FORCED).fillna(False)
+            is_ref |= seq.isin(sampled_refs)  # likewise a further sampled reference
         is_ref = is_ref.to_numpy(dtype=bool)
         ref = df.loc[is_ref]
         here = set(ref["seq_id"].astype(str))
-        new = reference_tokens(ref, oracle, {s: v for s, v in held_out.items() if s in here}, first, decode) \
-            if len(ref) else ref
+        new = reference_tokens(ref, oracle, {s: v for s, v in held_out.items() if s in here}, first, decode,
+                               sampled={s: v for s, v in sampled_refs.items() if v[0] in here},
+                               kind=SAMPLED if sampled else GREEDY) if len(ref) else ref
         rest = df.loc[~is_ref]
         if len(rest) and "reference_kind" not in rest.columns:
-            rest = rest.assign(reference_kind=GREEDY)
+            rest = rest.assign(reference_kind=SAMPLED if sampled else GREEDY)
         out = pd.concat([new, rest], ignore_index=True) if len(rest) else new
         for col in GENERATION_COLUMNS:
             out[col] = out[col].astype("Int64")

@@ -2,7 +2,9 @@
 
 The files are owned by :mod:`speclimits.trace.io`; this module runs the engines and decides what to
 write when (:mod:`speclimits.tracing.ray_sweep` runs the same jobs on Ray, one part per job with its
-log lines in ``shards/<name>.json``). One engine per K (K = 0: plain decoding), greedy. Finished
+log lines in ``shards/<name>.json``). One engine per K (K = 0: plain decoding), greedy, or sampled
+at the sweep's temperature and top-p with a seed per request (:mod:`speclimits.trace.sampling`;
+meta.json's ``sampling`` and each generation's ``seed`` in ``generations.jsonl``). Finished
 generations are buffered and written every ``flush_every`` generations or ``flush_seconds`` seconds
 and at the end of each K (and b) as one *part* named after its first generation id, each file atomic,
 in this order: ``tokens.parquet/part-g{gid:06d}.parquet`` (when tokens are kept),
@@ -74,6 +76,7 @@ from speclimits.trace.io import (
     write_part,
     write_shard_log,
 )
+from speclimits.trace.sampling import FLAGS, Sampling, sampling_problems
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
 from speclimits.tracing.inputs import model_config
@@ -82,7 +85,7 @@ from speclimits.tracing.records import generation_columns, step_columns, steps_b
 #: Settings that must match for ``resume`` to continue a trace.
 RESUME_KEYS = ("target", "draft", "method", "k_values", "prompts_sha256", "max_tokens", "seed", "dtype",
                "load_format", "tokens", "ignore_eos", "chat_template", "limit", "spec_extra", "batch_sizes",
-               "plant_routing")
+               "plant_routing", "sampling")
 
 
 @dataclass
@@ -123,12 +126,35 @@ class SweepConfig:
     plant_routing: int | None = None
     #: how the dtype was chosen (:meth:`speclimits.machine.DtypeChoice.record`), kept in meta.json
     dtype_choice: dict[str, Any] | None = None
+    #: sampling of every request (``--temperature``, ``--top-p``; 0: greedy, as every trace before)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    #: sampled references per prompt of the Oracle pass (``--oracle-samples``; None: the default at T > 0)
+    oracle_samples: int | None = None
+
+    @property
+    def sampling(self) -> Sampling:
+        """The sampling parameters (:class:`~speclimits.trace.sampling.Sampling`; seeds derive from ``seed``)."""
+        return Sampling(float(self.temperature), float(self.top_p), int(self.seed))
+
+    def sampling_params(self, key: str, index: int = 0, **overrides: Any) -> Any:
+        """vLLM ``SamplingParams`` of one request of a sampled sweep (temperature > 0): the sweep's
+        temperature and top-p and the request's own seed (:meth:`Sampling.request_seed` of ``key``,
+        ``index``). ``overrides``: max_tokens and the like. (A greedy sweep's requests keep the one
+        ``SamplingParams`` they always had: :class:`GenerationWriter`.)"""
+        from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
+
+        s = self.sampling
+        kw: dict[str, Any] = {"max_tokens": self.max_tokens, "ignore_eos": self.ignore_eos, **overrides}
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.request_seed(key, index), **kw)
 
     def install_options(self, K: int) -> dict[str, Any]:
-        """Options for the worker extension's ``speclimits_install`` on the engine of ``K``."""
-        if self.plant_routing is None:
-            return {}
-        return {"plant_routing": {"seed": int(self.plant_routing) * 1000 + int(K)}}
+        """Options for the worker extension's ``speclimits_install`` on the engine of ``K`` (a sampled
+        sweep's: ``sampled``, so that the worker fixes what vLLM's CPU build gets wrong there)."""
+        out: dict[str, Any] = {"sampled": True} if not self.sampling.greedy else {}
+        if self.plant_routing is not None:
+            out["plant_routing"] = {"seed": int(self.plant_routing) * 1000 + int(K)}
+        return out
 
     @property
     def batch_sweep(self) -> bool:
@@ -149,6 +175,8 @@ class SweepConfig:
             out["plant_routing"] = int(self.plant_routing)
         if self.batch_sweep:  # a batch-1 sweep records exactly the settings it always did
             out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
+        if not self.sampling.greedy:  # likewise: a greedy sweep's settings are those it always had
+            out["sampling"] = self.sampling.record()
         return out
 
 
@@ -260,6 +288,10 @@ def _check_config(cfg: SweepConfig, k_values: list[int], batch_sizes: list[int])
         raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
     if not batch_sizes or min(batch_sizes) < 1:
         raise SpeclimitsError(f"--batch needs batch sizes >= 1, got {cfg.batch_sizes!r}")
+    problems = sampling_problems(cfg.temperature, cfg.top_p, cfg.seed)
+    if problems:
+        field, message = problems[0]
+        raise SpeclimitsError(f"{FLAGS[field]} {message}")
     if cfg.flush_every < 1 or cfg.flush_seconds < 0:
         raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
                               f"{cfg.flush_seconds}")
@@ -325,7 +357,7 @@ class EngineHolder:
         self.builds += 1
         if self.tokenizer is None and not self.kwargs["skip_tokenizer_init"]:
             self.tokenizer = self.llm.get_tokenizer()
-        _warmup(self.llm, self.prompt_ids(warmup_prompt))
+        _warmup(self.llm, self.prompt_ids(warmup_prompt), self.cfg)
         return self.llm
 
     def prompt_ids(self, i: int) -> list[int]:
@@ -436,6 +468,8 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         extra["batch_sizes"] = batch_sizes
         conventions += ("; steps = one row per engine step of a batch (all its requests), rounds of a batch "
                         "repeat the step's times")
+    if not cfg.sampling.greedy:  # a greedy trace's meta.json has no sampling record, as before
+        extra["sampling"] = cfg.sampling.record()
     if cfg.plant_routing is not None:
         extra["planted_routing"] = {
             "seed": int(cfg.plant_routing),
@@ -457,10 +491,11 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
         seed=cfg.seed,
         engine={"name": "vllm", "version": vllm_version, "torch": info.get("torch"),
                 "device": info.get("device"), "runner": "V1", "attention": info.get("attention"),
-                "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")}},
+                "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")},
+                **({"fixes": info["fixes"]} if info.get("fixes") else {})},
         sweep=settings,
         batch_size=max(batch_sizes),
-        greedy=True,
+        greedy=cfg.sampling.greedy,
         complete=False,
         env={k: os.environ.get(k) for k in eng.CPU_ENV_DEFAULTS},
         conventions=conventions,
@@ -468,13 +503,17 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
     )
 
 
-def _warmup(llm: Any, prompt_ids: list[int]) -> None:
-    """One short untraced generation (ngram JIT, first-call allocations); its records are dropped."""
+def _warmup(llm: Any, prompt_ids: list[int], cfg: SweepConfig | None = None) -> None:
+    """One short untraced generation (ngram JIT, first-call allocations; a sampled sweep's sampling path
+    too); its records are dropped."""
     from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
-    llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))],
-                 SamplingParams(temperature=0.0, max_tokens=8, detokenize=False), use_tqdm=False)
+    if cfg is None or cfg.sampling.greedy:
+        params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
+    else:
+        params = cfg.sampling_params("warmup", max_tokens=8, ignore_eos=False, detokenize=False)
+    llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
     llm.collective_rpc("speclimits_drain")
 
 
@@ -506,6 +545,7 @@ class GenerationWriter:
         self.with_category = with_category
         self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos,
                                      detokenize=tokenizer is not None, seed=cfg.seed)
+        self.sampled = not cfg.sampling.greedy
         self.per_generation = cfg.check_counters == "generation"
         self.b = b  # batch size of a batch sweep's run; None: the batch-1 trace (no batch columns, no steps)
         self._pending: list[dict[str, Any]] = []
@@ -539,8 +579,11 @@ class GenerationWriter:
         llm = self.llm
         llm.collective_rpc("speclimits_drain")  # drop anything left over
         self._interrupted = True  # until this batch is buffered (see close)
+        # a sampled sweep: each request its own seed (a prompt's sample 0, the same at every K and b)
+        params = [self.cfg.sampling_params(p.id, 0, detokenize=self.tokenizer is not None) for p in prompts] \
+            if self.sampled else self.params
         t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], self.params,
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids], params,
                             use_tqdm=False)
         wall = time.perf_counter() - t0
         records = llm.collective_rpc("speclimits_drain")[0]
@@ -565,6 +608,8 @@ class GenerationWriter:
                 "trace": {k: check[k] for k in ("drafted", "accepted", "emitted", "output_len")},
                 "tokens_match": check["tokens_match"],
             }
+            if self.sampled:
+                entry["seed"] = self.cfg.sampling.request_seed(prompt.id, 0)
             if self.b is not None:
                 entry.update(b=self.b, batch_id=batch_id)
                 for cols in (rounds, tokens):

@@ -31,6 +31,7 @@ RUNNER, BATCH = "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu_input_bat
 MOE = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
 ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 PROPOSER, LLM = "vllm.v1.spec_decode.llm_base_proposer", "vllm.entrypoints.llm"
+SAMPLER = "vllm.v1.sample.rejection_sampler"
 EXT, ENG = "tracing/extension.py", "tracing/engine.py"
 
 
@@ -115,6 +116,21 @@ NEEDS: tuple[Need, ...] = (
          fields=("model", "use_local_argmax_reduction")),
     Need(PROPOSER, "SpecDecodeBaseProposer._greedy_sample()", f"{EXT}: draft logits pass through the wrapper",
          source=(r"self\.model\.compute_logits\(\s*\w+\s*\)",)),
+    # the rejection sampler (Oracle mode at temperature > 0: accept_prob, the target's choice at prefill)
+    _runner("", "accept_prob: the rejection sampler (set only when speculating)", live=False,
+            fields=("rejection_sampler",)),
+    Need(BATCH, "InputBatch", f"{EXT} _speclimits_oracle_logits: the step's sampling", fields=("sampling_metadata",)),
+    Need(SAMPLER, "RejectionSampler.apply_logits_processors()", f"{EXT} draft_accept_probs",
+         params=("logits", "sampling_metadata", "metadata")),
+    Need("vllm.v1.sample.ops.topk_topp_sampler", "apply_top_k_top_p()", f"{EXT} draft_accept_probs: top-k, top-p",
+         params=("logits", "k", "p")),
+    Need("vllm.v1.sample.metadata", "SamplingMetadata", f"{EXT} draft_accept_probs",
+         fields=("all_greedy", "temperature", "top_k", "top_p")),
+    Need("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", f"{EXT} _speclimits_oracle_logits: draft rows",
+         fields=("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens", "target_logits_indices",
+                 "bonus_logits_indices")),
+    Need("vllm.config.speculative", "SpeculativeConfig", "tracing/inputs.py check_sampled_oracle: a greedy draft",
+         fields=("draft_sample_method",)),
     # the driver side
     Need(LLM, "LLM.collective_rpc()", f"{ENG}: calls the extension", params=("method",), kwargs=("args",)),
     Need(LLM, "LLM.get_metrics()", f"{ENG} spec_counters"),
