@@ -343,6 +343,28 @@ if oracle_ok:
         print(wrap("no second run of this benchmark (data/control/replication/, data/control/twin/replication/): "
                    "nothing to set beside the first"))
 
+# %% [markdown]
+# **On prompts it never saw.** The runs above use the trace's held-out references, on which the rules' design
+# was judged. `data/control/twin/fresh/` holds the same benchmark on 24 prompts written after the rules and the
+# acceptance model were settled (`data/prompts/fresh-heldout.jsonl`; not in the trace, so with no offline
+# prediction and no Oracle bound), with the Delta rules reading the acceptance model beside their calibrated
+# forms.
+
+# %% tags=["hide-input"]
+if oracle_ok:
+    fresh, fresh_note = view.bench_runs(tr, "fresh")
+    if fresh:
+        page.table(view.unseen(fresh), "tbl-control-unseen",
+                   "Each policy against the best stock static K on prompts no policy was fitted or tuned on "
+                   f"(measured; {view.regime_of(next(iter(fresh.values())))}, "
+                   f"{describe(next(iter(fresh.values()))['engine']['cpu'])}; "
+                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(fresh.items()))
+                   + "). Paired: on the odd blocks against the stock K chosen on the even ones; workload: all "
+                   "blocks' time per token against the stock K best over them; 95% intervals over blocks. "
+                   "\"Below 1\": the workload interval lies under 1.")
+    else:
+        print(wrap("no run on unseen prompts for this trace (data/control/twin/fresh/ is the twin's)"))
+
 # %% tags=["hide-input"]
 if oracle_ok:
     if tables:

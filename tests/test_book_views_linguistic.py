@@ -253,5 +253,15 @@ def test_bench_runs_are_those_fitted_on_the_trace_in_either_regime():
     assert sorted(ref) == [1, 4, 8] and {cview.regime_of(r) for r in ref.values()} == {
         "cache-resident pair"}
     assert sorted(cview.bench_runs(bundled, "replication")[0]) == [1, 4, 8]
+    fresh, _ = cview.bench_runs(twin, "fresh")  # the runs on unseen prompts: the twin's only
+    assert sorted(fresh) == [1, 4, 8] and not cview.bench_runs(bundled, "fresh")[0]
+    unseen = cview.unseen(fresh)
+    for batch, res in fresh.items():
+        t = engine_table(res).set_index("arm")
+        pol = [a for a in t.index if cview.is_policy(a)]
+        rows = unseen[unseen["Batch"] == batch].set_index("Policy")
+        assert len(rows) == len(pol) >= 6 and {"delta:acceptance", "delta-fixed:acceptance"} <= set(pol)
+        for a in pol:  # "Below 1" exactly where the workload interval lies under 1
+            assert rows.loc[cview.arm_name(a), "Below 1"] == ("yes" if t.loc[a, "workload_ratio_hi"] < 1 else "no")
     table = cview.regime_contrast(runs, ref, "memory-bound twin", "cache-resident")
     assert len(table) == 6 and table["Regime"].tolist()[:3] == ["memory-bound twin"] * 3

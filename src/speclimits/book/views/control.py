@@ -99,6 +99,24 @@ def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]]
     return pd.DataFrame(rows)
 
 
+def unseen(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """Per batch size and policy of benchmark results on prompts no policy was fitted or tuned on: the paired
+    speed ratio to the best stock K (chosen on the even blocks) and the workload ratio, with 95% intervals over
+    blocks, and the mean k drafted; ``Below 1``: "yes" where the workload interval lies under 1."""
+    rows = []
+    for batch in sorted(runs):
+        t = engine_table(runs[batch]).set_index("arm")
+        ref = runs[batch]["choice"]["best_stock"].split(":")[-1]
+        for key in [x for x in t.index if is_policy(x)]:
+            r = t.loc[[key]]
+            rows.append({"Batch": batch, "Policy": arm_name(key),
+                         "Paired [95% CI]": f"{ci_column(r, 'vs_best_stock', 3)[0]} (K = {ref})",
+                         "Workload [95% CI]": ci_column(r, "workload_ratio", 3)[0],
+                         "Mean k": f"{float(r['mean_k'].iloc[0]):.2f}",
+                         "Below 1": "yes" if float(r["workload_ratio_hi"].iloc[0]) < 1 else "no"})
+    return pd.DataFrame(rows)
+
+
 def share_frame(tables: dict[int, pd.DataFrame], batch: int) -> pd.DataFrame:
     """:func:`~.control_runs.share_long` of one batch's table, policies by their labels."""
     return share_long(tables[batch], batch, label=arm_name)
