@@ -45,7 +45,7 @@ from speclimits.arms import OFFLINE_ONLY
 from speclimits.control.driver import EngineRound, LoggingDriver, RoundDriver, RoundRecords
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
-from speclimits.tracing.extension import Patches, TracingWorkerExtension
+from speclimits.tracing.extension import Patches, TracingWorkerExtension, fix_cpu_expand
 from speclimits.tracing.vllm_api import runner_kind
 
 DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
@@ -164,8 +164,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
             self._sl_installed = True
+        # sampled requests are verified by vLLM's rejection sampler, whose CPU expansion is broken (vllm#55005)
+        fix = fix_cpu_expand() if runner.device.type == "cpu" else None
         pol, pricing = self._sl_policy, self.speclimits_pricing
         return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe(),
+                **({"fixes": [fix]} if fix else {}),
                 "profiling_rounds": pricing.left, "top1_op": top1op.status() or None,
                 "profile": None if pricing.profile is None else pricing.profile.to_dict()}
 
