@@ -9,11 +9,18 @@
 # the long-context prompts (data/prompts/long-context.jsonl) added:
 #   TARGET=_build/models/target-twin-w256 EXTRA_PROMPTS=data/prompts/long-context.jsonl \
 #     scripts/make_trace.sh data/traces/twin-eagle3        (~30-40 min; run it alone: the times are the measurement)
+# The sampled twin trace (temperature 0.7, K = 0..6, two sampled references per prompt):
+#   TARGET=_build/models/target-twin-w1024 EXTRA_PROMPTS=data/prompts/long-context.jsonl K_RANGE=0-6 \
+#     TRACE_ARGS="--temperature 0.7 --oracle-samples 2" scripts/make_trace.sh data/traces/twin-eagle3-t07
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-data/traces/measured-eagle3}
 target=${TARGET:-data/models/target}
 extra=${EXTRA_PROMPTS:-}
+ks=${K_RANGE:-0-10}              # K values of the sweep; the Oracle's K_max is the largest
+kmax=${ks##*-}
+# more `speclimits trace` options, e.g. TRACE_ARGS="--temperature 0.7 --oracle-samples 2" for a sampled sweep
+read -r -a trace_args <<< "${TRACE_ARGS:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -38,8 +45,8 @@ open(sys.argv[1], "w", encoding="utf-8").writelines(out)
 PY
 rm -rf "$out"
 .venv/bin/speclimits trace --target "$target" --draft data/models/eagle3 --method eagle3 \
-  --k 0-10 --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \
-  --seed 0 --oracle --oracle-k-max 10
+  --k "$ks" --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \
+  --seed 0 --oracle --oracle-k-max "$kmax" "${trace_args[@]}"
 cp "$tmp/prompts.jsonl" "$out/prompts.jsonl"
 .venv/bin/python -m speclimits.models.trace_provenance "$out" --command "TARGET=$target EXTRA_PROMPTS=$extra scripts/make_trace.sh $*" \
   --note "${PROVENANCE_NOTE:-shared 2-core machine: other processes ran during the sweep, so timings carry contention noise; one torch/OpenMP thread}"

@@ -12,6 +12,8 @@ This module imports nothing, so the command line can read it without paying for 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # --- linguistic vocabulary -----------------------------------------------------------------------
 
 #: Text modes. Tuples indexed by mode (e.g. a prompt category's mode weights) use this order.
@@ -49,6 +51,16 @@ REFERENCE_KINDS = ("greedy", "teacher-forced", "sampled")
 GREEDY, TEACHER_FORCED, SAMPLED = REFERENCE_KINDS
 #: The reference kind every headline (the Oracle's bound, the linguistic study) is quoted on.
 HEADLINE_KIND = GREEDY
+#: The kinds a headline may be quoted on, in order of preference: the target's own continuation, greedy
+#: (the paper's setting) or, in a sampled trace, sampled; teacher-forced held-out text only where a trace
+#: has nothing else.
+HEADLINE_ORDER = (GREEDY, SAMPLED, TEACHER_FORCED)
+
+
+def headline_kind(present: Iterable[str]) -> str:
+    """The first kind of :data:`HEADLINE_ORDER` among ``present`` (the reference kinds a trace holds)."""
+    have = set(present)
+    return next(k for k in HEADLINE_ORDER if k in have)
 
 #: Surrogate choices for the Oracle's transition probabilities; ``auto`` resolves to one of the
 #: other three (:mod:`speclimits.oracle.prepare`).

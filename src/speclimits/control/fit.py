@@ -26,7 +26,6 @@ from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
-from speclimits.vocabulary import HEADLINE_KIND
 
 #: τ grid of the fit
 TAU_GRID = np.unique(np.concatenate([np.geomspace(1e-3, 0.98, 36), [0.0, 1.0]]))
@@ -35,8 +34,10 @@ LAMBDA_GRID = np.geomspace(0.25, 4.0, 17)
 
 
 def greedy_setup(trace: Any, cost_model: CostModel | str | Path | None = None) -> OracleSetup:
-    """:func:`speclimits.oracle.prepare_oracle` restricted to the greedy references."""
-    return prepare_oracle(trace, cost_model).for_kind(HEADLINE_KIND)
+    """:func:`speclimits.oracle.prepare_oracle` restricted to the target's own continuations: the greedy
+    references, or in a sampled trace the sampled ones (:attr:`OracleSetup.headline_kind`)."""
+    setup = prepare_oracle(trace, cost_model)
+    return setup.for_kind(setup.headline_kind)
 
 
 def tune(rule: Callable[[float], Policy], grid: Any, train: OracleInputs, table: CostTable, column: str

@@ -39,8 +39,8 @@ from speclimits.oracle.solver import OracleResult, solve
 from speclimits.stats import fit_trace_cost_model
 from speclimits.trace import Trace, read_trace
 from speclimits.trace.prompts import PROMPTS_FILE, read_prompts
-from speclimits.vocabulary import (AUTO, CALIBRATED, EXACT, GREEDY, HEADLINE_KIND, RAW, REFERENCE_KINDS, SURROGATES,
-                                   TEACHER_FORCED)
+from speclimits.vocabulary import (AUTO, CALIBRATED, EXACT, GREEDY, RAW, REFERENCE_KINDS, SURROGATES,
+                                   TEACHER_FORCED, headline_kind)
 #: Smallest calibration gap (observed match rate - mean q) for which ``auto`` calibrates.
 GAP_MIN = 0.02
 #: How each resolved surrogate is named in tables and JSON.
@@ -101,10 +101,9 @@ class OracleSetup:
 
     @property
     def headline_kind(self) -> str:
-        """The reference kind the headline is on: :data:`~speclimits.vocabulary.HEADLINE_KIND`
-        (greedy, the paper's setting) when the trace has it, else the first kind present."""
-        counts = self.kind_counts()
-        return HEADLINE_KIND if HEADLINE_KIND in counts else next(iter(counts))
+        """The reference kind the headline is on (:func:`~speclimits.vocabulary.headline_kind`): greedy
+        (the paper's setting) when the trace has it, sampled in a sampled trace, else teacher-forced."""
+        return headline_kind(self.kind_counts())
 
     def for_kind(self, kind: str) -> "OracleSetup":
         """The same setup restricted to the sequences of one reference kind (calibrated

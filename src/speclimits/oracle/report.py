@@ -20,7 +20,7 @@ from speclimits.oracle.solver import OracleResult
 from speclimits.oracle.uncertainty import BoundInterval, bootstrap_bound
 from speclimits.oracle.validation import SweepValidation, validate_against_sweep
 from speclimits.trace import Trace
-from speclimits.vocabulary import HEADLINE_KIND, REFERENCE_KINDS
+from speclimits.vocabulary import REFERENCE_KINDS
 
 
 #: The label :func:`speclimits.control.compare.compare_policies` gives the bound's row of its table.
@@ -63,7 +63,7 @@ class OracleReport:
     setup : the :class:`OracleSetup` (all sequences).
     result : the Oracle over all sequences (its V(0) total is what every consumer shares).
     by_kind : ``{kind: OracleResult}`` for each reference kind present.
-    headline_kind : ``greedy`` when present, else the only kind there is.
+    headline_kind : ``greedy`` when present, ``sampled`` in a sampled trace, else ``teacher-forced``.
     interval : the headline's cost-model bootstrap (None with ``n_boot = 0``).
     with_k0 : the headline's Oracle with plain autoregressive steps allowed (None when the cost
         model has no m = 1 or k = 0 was already allowed).
@@ -149,7 +149,7 @@ def oracle_report(trace: Trace | str | Path, cost_model: CostModel | str | Path 
     result = setup.solve(k_max=k_max, allow_k0=allow_k0, alpha_scale=alpha_scale)
     kinds = [k for k in REFERENCE_KINDS if k in setup.kind_counts()]
     by_kind = {k: setup.for_kind(k).solve(k_max=k_max, allow_k0=allow_k0, alpha_scale=alpha_scale) for k in kinds}
-    head_kind = HEADLINE_KIND if HEADLINE_KIND in by_kind else kinds[0]
+    head_kind = setup.headline_kind
     head_setup = setup.for_kind(head_kind)
     interval = bootstrap_bound(head_setup, k_max=k_max, n_boot=n_boot, seed=seed, allow_k0=allow_k0,
                                result=by_kind[head_kind], progress=progress) \
