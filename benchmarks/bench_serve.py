@@ -4,16 +4,19 @@
 server (``python -m vllm.entrypoints.openai.api_server``, the module behind ``vllm serve``) and vLLM's
 own benchmark client (:mod:`vllm.benchmarks.serve`, the code of ``vllm bench serve``, called in-process)
 sending the held-out prompts at Poisson arrivals (burstiness 1) for each request rate of ``--rates``.
-Greedy (temperature 0), ``ignore_eos``, a fixed output length (``--tokens``) and a fixed seed, so every
-arm of a repeat sees the same prompts in the same order at the same arrival times. The arms:
+Greedy (temperature 0) unless ``--temperature`` (and ``--top-p``) samples every request, ``ignore_eos``, a
+fixed output length (``--tokens``) and a fixed seed, so every arm of a repeat sees the same prompts in the
+same order at the same arrival times. Sampled runs start every server, stock ones included, with
+``SPECLIMITS_REPAIR_CPU_SAMPLER=1`` (on CPU vLLM's rejection sampler is repaired, vllm#55005: unrepaired,
+stock sampled speculation is not the target's distribution); their texts are not compared. The arms:
 
 * ``plain``: stock server, no speculation;
 * ``stock:K`` for every K of ``--k`` (default 1..K_max of the policy): stock server, EAGLE-3 draft,
   ``num_speculative_tokens = K``;
 * the controller (``--policy-name``, default ``delta-fixed``): a server with ``num_speculative_tokens =
-  K_max`` and ``--worker-extension-cls speclimits.control.extension.ControlWorkerExtension``, armed once
-  through ``POST /collective_rpc {"method": "speclimits_control_arm"}`` (``VLLM_SERVER_DEV_MODE=1``), then
-  profiling on its warm-up traffic as a user's server would.
+  K_max`` and ``--worker-extension-cls speclimits.control.extension.ControlWorkerExtension``, armed by
+  its environment (``SPECLIMITS_CONTROL_POLICY``: :mod:`speclimits.control.plugin`), then profiling on its
+  warm-up traffic as a user's server would (``VLLM_SERVER_DEV_MODE=1`` only to drain its records).
 
 Every server has the same options otherwise (``--dtype float32 --enforce-eager --block-size 32
 --no-async-scheduling --distributed-executor-backend uni --no-enable-prefix-caching``, ``--max-num-seqs``):
@@ -132,12 +135,14 @@ RUN_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
 
 DEFAULTS: dict[str, Any] = {"rates": "0.5,1,2,4,8", "k": None, "repeats": 3, "requests": 32, "tokens": 128,
-                            "warmup": 16, "warmup_concurrency": 4, "profile_rounds": None, "max_num_seqs": 16}
+                            "warmup": 16, "warmup_concurrency": 4, "profile_rounds": None, "max_num_seqs": 16,
+                            "temperature": 0.0, "top_p": 1.0}
 TINY: dict[str, Any] = {"rates": "1,4", "k": "2", "repeats": 1, "requests": 4, "tokens": 16, "warmup": 2,
                         "warmup_concurrency": 2, "profile_rounds": 12, "max_num_seqs": 4}
 #: settings that change what a run measures: a rerun into the same --out must keep them
 FIXED_SETTINGS = ("target", "draft", "policy_sha256", "policy_name", "tokens", "requests", "seed", "warmup",
-                  "warmup_concurrency", "profile_rounds", "max_num_seqs", "max_model_len", "prompt_ids")
+                  "warmup_concurrency", "profile_rounds", "max_num_seqs", "max_model_len", "prompt_ids",
+                  "temperature", "top_p")
 
 
 # ---------------------------------------------------------------------------
@@ -235,7 +240,8 @@ def summarize(runs: list[dict[str, Any]], n_boot: int = 2000, seed: int = 0) -> 
                     if mine_h and ref_h and len(mine_h) == len(ref_h):
                         same += sum(x == y for x, y in zip(mine_h, ref_h))
                         total += len(mine_h)
-                row["same_text_as_plain"] = same / total if total else None
+                sampled = any((run.get("temperature") or 0) > 0 for run in mine.values())
+                row["same_text_as_plain"] = same / total if total and not sampled else None  # sampled: other draws
             ctrl = [(rep, run["speclimits_control"]) for rep, run in sorted(mine.items())
                     if run.get("speclimits_control")]
             if ctrl:
@@ -361,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-num-seqs", type=int, default=None,
                     help=f"server --max-num-seqs (default {DEFAULTS['max_num_seqs']})")
     ap.add_argument("--seed", type=int, default=0, help="arm order, prompt order and arrival seed (default 0)")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="sample every request at this temperature (default 0: greedy); every server then repairs "
+                         "vLLM's CPU rejection sampler (vllm#55005)")
+    ap.add_argument("--top-p", type=float, default=None, help="top-p of sampled requests (default 1)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates of the summary (default 2000)")
     ap.add_argument("--out", default=None, help="result folder (required unless --summarize)")
     ap.add_argument("--tiny", action="store_true",
@@ -379,6 +389,10 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     cfg["rates"] = parse_positive_floats(cfg["rates"], "--rates", "'0.5,1,2,4' (requests per second)", "rates")
+    from speclimits.trace.sampling import FLAGS, sampling_problems
+
+    for name, message in sampling_problems(float(cfg["temperature"]), float(cfg["top_p"]), args.seed)[:1]:
+        raise SpeclimitsError(f"{FLAGS[name]} {message}")
     for key in ("repeats", "requests", "tokens", "max_num_seqs", "warmup_concurrency"):
         if int(cfg[key]) < 1:
             raise SpeclimitsError(f"--{key.replace('_', '-')} must be >= 1, got {cfg[key]}")
@@ -498,8 +512,11 @@ def server_env(cfg: dict[str, Any], key: str, policy: Path) -> dict[str, str]:
     env = inner_env()
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server runs its engine core in a child process
     env["VLLM_SERVER_DEV_MODE"] = "1"  # every arm the same server; the controller needs /collective_rpc
-    for var in ("SPECLIMITS_CONTROL_POLICY", "SPECLIMITS_CONTROL_NAME", "SPECLIMITS_CONTROL_PROFILE_ROUNDS"):
+    for var in ("SPECLIMITS_CONTROL_POLICY", "SPECLIMITS_CONTROL_NAME", "SPECLIMITS_CONTROL_PROFILE_ROUNDS",
+                "SPECLIMITS_REPAIR_CPU_SAMPLER"):
         env.pop(var, None)
+    if cfg.get("temperature", 0.0) > 0:  # every arm samples through the same, repaired, rejection sampler
+        env["SPECLIMITS_REPAIR_CPU_SAMPLER"] = "1"
     if arm(key).kind == "policy":
         env.update(SPECLIMITS_CONTROL_POLICY=str(policy), SPECLIMITS_CONTROL_NAME=key)
         if cfg["profile_rounds"] is not None:
@@ -520,11 +537,14 @@ def run_client(base: str, cfg: dict[str, Any], dataset: Path, n: int, rate: floa
             "--tokenizer", cfg["target"], "--dataset-name", "custom", "--dataset-path", str(dataset),
             "--custom-output-len", str(cfg["tokens"]), "--skip-chat-template", "--disable-shuffle",
             "--no-oversample", "--num-prompts", str(n), "--request-rate", str(rate), "--burstiness", "1",
-            "--seed", str(seed), "--temperature", "0", "--ignore-eos", "--disable-tqdm", "--save-detailed",
+            "--seed", str(seed), "--temperature", str(cfg.get("temperature", 0.0)), "--ignore-eos", "--disable-tqdm",
+            "--save-detailed",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
             "--request-id-prefix", prefix]
     if max_concurrency:
         argv += ["--max-concurrency", str(max_concurrency)]
+    if cfg.get("temperature", 0.0) > 0:
+        argv += ["--top-p", str(cfg.get("top_p", 1.0))]
     args = parser.parse_args(argv)
     with open(log, "a") as fh, contextlib.redirect_stdout(fh):
         print(f"\n=== {time.strftime('%H:%M:%S')} {prefix} rate {rate} n {n}", flush=True)
@@ -556,9 +576,10 @@ def held_out_prompts(trace: Path, fit: Any, target: str) -> list[Any]:
     from tokenizers import Tokenizer
 
     from speclimits.trace.prompts import read_prompts
+    from speclimits.trace.sampling import seq_prompt
 
     prompts = read_prompts(trace / "prompts.jsonl")
-    want = set(fit.test_seq_ids)
+    want = {seq_prompt(s) for s in fit.test_seq_ids}  # a sampled trace's references p, p#1, ... of prompt p
     chosen = [p for p in prompts if p.id in want]
     if not chosen:
         raise SpeclimitsError(f"none of the policy's {len(want)} test prompts are in {trace / 'prompts.jsonl'}")
@@ -690,7 +711,11 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
     seed = cfg["seed"] + rep
     with Server(cmd, server_env(cfg, key, policy), log, port) as srv:
         bar.set_postfix_str(f"r{rep} {key} warm-up")
-        armed = srv.rpc("speclimits_control_arm") if is_ctrl else None
+        # armed by its environment once warmed up (speclimits.control.plugin): the server log's line
+        armed = ([x.split("speclimits control: ", 1)[1] for x in log.read_text(errors="replace").splitlines()
+                  if "speclimits control: armed" in x] or [None])[-1] if is_ctrl else None
+        if is_ctrl and armed is None:
+            raise SpeclimitsError(f"the controller's server did not arm itself: see {log}")
         warm = {"requests": cfg["warmup"], "concurrency": cfg["warmup_concurrency"], "waves": 0,
                 "server_start_s": srv.start_s}
         for wave in range(5):
@@ -724,6 +749,7 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
             res.update({"arm": key, "arm_label": a.label, "arm_kind": a.kind,
                         "num_speculative_tokens": a.k if a.kind == "stock" else (k_max if is_ctrl else 0),
                         "repeat": rep, "arm_position": pos, "client_seed": seed, "prompt_ids": ids,
+                        "temperature": cfg["temperature"], "top_p": cfg["top_p"],
                         "mean_concurrency": float(sum(lat) / res["duration"]) if res.get("duration") else None,
                         "generated_text_sha1": [hashlib.sha1(t.encode()).hexdigest() for t in texts],
                         "n_errors": len(errors), "first_error": errors[0][:500] if errors else None,

@@ -43,7 +43,8 @@ for i, line in enumerate(extra):  # extra i goes after base prompt round((i + 1)
     out.insert(round((i + 1) * len(rows) / (len(extra) + 1)) + i, line)
 open(sys.argv[1], "w", encoding="utf-8").writelines(out)
 PY
-rm -rf "$out"
+# RESUME=1 finishes an interrupted run in OUT_DIR (the same settings), else it starts afresh
+if [ "${RESUME:-0}" = 1 ]; then trace_args+=(--resume); else rm -rf "$out"; fi
 .venv/bin/speclimits trace --target "$target" --draft data/models/eagle3 --method eagle3 \
   --k "$ks" --prompts "$tmp/prompts.jsonl" --out "$out" --max-tokens 128 --ignore-eos --dtype float32 \
   --seed 0 --oracle --oracle-k-max "$kmax" "${trace_args[@]}"

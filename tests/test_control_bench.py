@@ -203,6 +203,40 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
     assert "does not apply" in res["note"]  # the smoke prompts have no greedy reference in the trace
 
 
+@pytest.mark.vllm
+def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
+    """Sampled requests (temperature 0.8): seeded per block, every engine repaired on CPU (vllm#55005), no
+    text comparison; a self-draft that accepts every greedy draft now rejects some. A bad temperature is
+    refused in one line before any engine is built."""
+    from speclimits.tracing.engine import apply_env_defaults, cuda_available
+
+    apply_env_defaults()
+    pytest.importorskip("vllm")
+    from speclimits.cli import main
+    from speclimits.tracing.tinymodel import write_tiny_moe
+
+    target = write_tiny_moe(tmp_path / "tiny")
+    policy = tmp_path / "policy.json"
+    assert main(["control", "fit", str(smoke_trace), "--out", str(policy), "--k-max", "3"]) == 0
+    args = ["control", "bench", "--policy", str(policy), "--trace", str(smoke_trace), "--target", str(target),
+            "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
+            "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
+            "--max-tokens", "12", "--blocks", "2", "--static", "2", "--ext-static", "2", "--policies", "delta",
+            "--profile-rounds", "12", "--out", str(tmp_path / "bench.json")]
+    assert main([*args, "--temperature", "-1"]) == 2
+    assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
+    assert main([*args, "--temperature", "0.8", "--top-p", "0.95"]) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert res["lossless"] is None and res["config"]["temperature"] == 0.8 and res["config"]["top_p"] == 0.95
+    assert "temperature 0.8, top-p 0.95" in res["summary_text"]
+    assert all(b["lossless"] is None for b in res["blocks"])
+    if not cuda_available():
+        assert any("vllm#55005" in f for f in res["engine"]["fixes"])
+    s = pd.DataFrame(res["summary"]).set_index("arm")
+    assert set(s.index) == {"plain", "stock:2", "static:2", "delta"}
+    assert s.loc["static:2", "spec_decode_acceptance_length"] < 1 + 2 - 0.35  # greedy: 1 + K (the test above)
+
+
 def test_batch_replay_sweep_reproduces_the_committed_prediction():
     """The sweep over λ (benchmarks/batch_replay_sweep.py) replays the committed batch-4 run as its own
     prediction did: the same predicted ms/token for every static K, and, at λ as fitted, for the fixed-λ

@@ -39,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--policies", default="threshold,delta,delta-fixed,ema,cascade,throughput")
     b.add_argument("--out", required=True, help="JSON to write")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="sample every request at this temperature (default 0: greedy); each request of a block gets "
+                        "a seed, the same in every arm; on CPU every engine runs with vLLM's rejection sampler repaired "
+                        "(vllm#55005). The policy and trace should be sampled at the same temperature")
+    b.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests (default 1)")
     b.set_defaults(func=run_bench)
     r = sub.add_parser("summarize", help="recompute benchmark files' summaries from their stored blocks (nothing is run)",
                        description="Recompute the summary of each benchmark JSON from the blocks and the offline "

@@ -20,6 +20,15 @@ compared with it on the odd ones (no winner's curse); the same comparison with t
 blocks is given beside it. Every arm's greedy output is compared with plain decoding (``lossless``),
 and plain decoding's with the trace's greedy references: the offline prediction of every arm, priced
 with the costs profiled in this run, applies to the references the engine reproduces.
+
+**Sampled requests** (``--temperature T``, ``--top-p P``): every request of a block carries a seed, the same
+for every arm, and the arms' texts differ by design (speculation consumes the random draws in another
+order), so ``lossless`` is None: lossless in distribution is what ``tests/test_control_distribution.py``
+tests on the engine. On CPU every engine of the run, stock ones included, runs with vLLM's rejection
+sampler repaired (vllm-project/vllm#55005, :func:`speclimits.tracing.extension.fix_cpu_expand`; recorded
+in ``engine.fixes``): unrepaired, stock sampled speculative decoding is not the target's distribution.
+The offline prediction is then the expectation over the trace's sampled references (a trace sampled at
+the same temperature and top-p: ``speclimits trace --temperature``), priced as above.
 """
 
 from __future__ import annotations
@@ -45,11 +54,12 @@ from speclimits.control.profile import PROFILE_ROUNDS
 from speclimits.bootstrap import draw_counts, geometric_mean_ratio, percentile_interval
 from speclimits.cliutil import parse_int_list
 from speclimits.errors import SpeclimitsError
-from speclimits.jsonutil import dumps
+from speclimits.jsonutil import dumps, read_json
 from speclimits.machine import cpu_info
 from speclimits.paths import EAGLE3_MODEL, TARGET_MODEL
 from speclimits.trace.io import read_generations
 from speclimits.trace.prompts import PROMPTS_FILE
+from speclimits.trace.sampling import FLAGS, Sampling, sampling_problems, seq_prompt
 from speclimits.tracing.prompts import read_prompts, tokenize
 
 #: vLLM's spec-decode counters, by the names ``vllm bench serve --save-result`` gives them.
@@ -81,6 +91,9 @@ class BenchConfig:
     profile_rounds: int = PROFILE_ROUNDS
     n_boot: int = 2000
     seed: int = 0
+    #: sampling of every request (0: greedy); each request of a block has a seed, the same in every arm
+    temperature: float = 0.0
+    top_p: float = 1.0
     #: at least this; raised to fit the longest prompt, its output and a draft
     max_model_len: int = 1024
 
@@ -92,7 +105,19 @@ class BenchConfig:
                    static=parse_static(args.static), ext_static=parse_static(args.ext_static, "--ext-static")
                    if args.ext_static
                    else [], policies=[p for p in args.policies.split(",") if p],
-                   profile_rounds=args.profile_rounds, seed=args.seed)
+                   profile_rounds=args.profile_rounds, seed=args.seed,
+                   temperature=float(getattr(args, "temperature", 0.0)), top_p=float(getattr(args, "top_p", 1.0)))
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    def seeds(self, block: int, n: int) -> list[int] | None:
+        """The seeds of a block's ``n`` requests (sampled runs; None when greedy): the same for every arm."""
+        if not self.sampled:
+            return None
+        rule = Sampling(self.temperature, self.top_p, self.seed)
+        return [rule.request_seed(f"block-{block}", i) for i in range(n)]
 
     @classmethod
     def per_batch(cls, args: argparse.Namespace, sizes: list[int]) -> list["BenchConfig"]:
@@ -127,13 +152,14 @@ def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path) -> list[Any]:
     if cfg.ids == "all":
         chosen = prompts
     else:
-        want = list(fit.test_seq_ids) if cfg.ids == "test" else [s for s in cfg.ids.split(",") if s]
+        want = (list(dict.fromkeys(seq_prompt(s) for s in fit.test_seq_ids)) if cfg.ids == "test"
+                else [s for s in cfg.ids.split(",") if s])
         by_id = {p.id: p for p in prompts}
         missing = [w for w in want if w not in by_id]
         if missing:
             raise SpeclimitsError(f"{path}: no prompts with ids {missing[:5]} (--ids {cfg.ids})")
         chosen = [by_id[w] for w in want]
-    train = set(fit.train_seq_ids) & {p.id for p in chosen}
+    train = {seq_prompt(s) for s in fit.train_seq_ids} & {p.id for p in chosen}
     if train:
         raise SpeclimitsError(f"prompts {sorted(train)[:5]} were used to fit {cfg.policy}: benchmark held-out ones")
     return chosen[: cfg.limit] if cfg.limit else chosen
@@ -192,8 +218,10 @@ def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], p
         raise
 
 
-def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int) -> tuple[dict[str, Any], list]:
-    """One arm on one block: timings, counters, controller records; and the outputs."""
+def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None
+            ) -> tuple[dict[str, Any], list]:
+    """One arm on one block: timings, counters, controller records; and the outputs. ``sampling``:
+    ``temperature``, ``top_p`` and ``seeds`` of :func:`~speclimits.bench.engines.generate` (None: greedy)."""
     controlled = not is_reference(key)
     llm = engines.ctrl if controlled else engines.stock[arm(key).k]
     if controlled:
@@ -202,7 +230,7 @@ def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int) -
     # last engine built (the controlled one) reports: read them for its arms alone
     before = vllm_counters(llm) if controlled else {}
     t0, c0 = time.perf_counter(), time.process_time()
-    outs = ce.generate(llm, ids, max_tokens)
+    outs = ce.generate(llm, ids, max_tokens, **(sampling or {}))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     after = vllm_counters(llm) if controlled else dict.fromkeys(VLLM_COUNTERS.values())
     n_out = sum(len(o) for o in outs)
@@ -233,9 +261,9 @@ def block_prompts(ids: list[list[int]], batch: int, block: int) -> list[int]:
 
 
 def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: Any = print
-            ) -> tuple[pd.DataFrame, bool, dict[int, list[int]]]:
-    """Every arm on every block, order rotated per block; returns (one row per arm and block, lossless,
-    plain decoding's output per prompt index)."""
+            ) -> tuple[pd.DataFrame, bool | None, dict[int, list[int]]]:
+    """Every arm on every block, order rotated per block; returns (one row per arm and block, lossless
+    (None for sampled requests), plain decoding's output per prompt index)."""
     from tqdm.auto import tqdm
 
     arms = engines.arms(cfg, PolicyFit.from_dict(engines.policy).k_max)
@@ -247,20 +275,22 @@ def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: 
         prompts = [ids[i] for i in which]
         shift = block % len(arms)
         outs_of: dict[str, list] = {}
+        sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seeds=cfg.seeds(block, len(prompts))) \
+            if cfg.sampled else None
         for key in arms[shift:] + arms[:shift]:
-            row, outs = run_arm(engines, key, prompts, cfg.max_tokens)
+            row, outs = run_arm(engines, key, prompts, cfg.max_tokens, sampling)
             rows.append({**row, "block": block, "prompts": which})
             outs_of[key] = outs
         for i, o in zip(which, outs_of[PLAIN]):
             plain_out.setdefault(i, o)
-        for r in rows[-len(arms):]:
-            r["lossless"] = outs_of[r["arm"]] == [plain_out[i] for i in which]
-            lossless &= r["lossless"]
+        for r in rows[-len(arms):]:  # sampled: other draws, other texts (lossless in distribution: tested)
+            r["lossless"] = None if cfg.sampled else outs_of[r["arm"]] == [plain_out[i] for i in which]
+            lossless &= bool(r["lossless"]) or cfg.sampled
         load = max(r["load1"] for r in rows[-len(arms):])
         if load > threads + 0.5 and progress is not None:
             progress(f"warning: block {block}: 1-minute load average {load:.2f} exceeds the {threads} core(s) the "
                      "engine uses: other work shares the machine, timings are noisier")
-    return pd.DataFrame(rows), bool(lossless), plain_out
+    return pd.DataFrame(rows), None if cfg.sampled else bool(lossless), plain_out
 
 
 # ---------------------------------------------------------------------------
@@ -378,17 +408,19 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
         if level.notna().any():
             w = blocks["total_output_tokens"].where(level.notna())
             out["price_level"] = (level * w).groupby(blocks["arm"]).sum(min_count=1) / w.groupby(blocks["arm"]).sum()
-    out["lossless"] = g["lossless"].all()
+    out["lossless"] = g["lossless"].all() if blocks["lossless"].notna().any() else None
     out["load1_max"] = g["load1"].max()
     return out.reset_index(names="arm"), choice
 
 
-def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool) -> str:
+def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool | None) -> str:
     cols = ["arm", "ms_per_token", "cpu_ms_per_token", "vs_plain", "vs_best_stock", "vs_best_stock_lo",
             "vs_best_stock_hi", "workload_ratio", "workload_ratio_lo", "workload_ratio_hi",
             "spec_decode_acceptance_length", "decision_share", "mean_k"]
     cols += [c for c in ("predicted_ms_per_token", "prediction_error", "prediction_error_rescaled") if c in summary]
-    lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt; lossless: {lossless}; "
+    how = (f"temperature {cfg.temperature:g}, top-p {cfg.top_p:g} (lossless in distribution: tested apart)"
+           if cfg.sampled else f"greedy; lossless: {lossless}")
+    lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt, {how}; "
              f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
              summary[[c for c in cols if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
     return "\n".join(lines)
@@ -400,14 +432,16 @@ def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any]
 
 
 def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[str], arms: list[str],
-            max_tokens: int, seed: int, groups: list[list[str]] | None = None
+            max_tokens: int, seed: int, groups: list[list[str]] | None = None, every_sample: bool = False
             ) -> tuple[pd.DataFrame | None, dict[str, Any] | None, str]:
     """Offline prediction of every arm on the references ``seq_ids``, priced with the costs profiled in
     this run (:meth:`EngineProfile.cost_model`), and the Oracle's bounds; ``(table, bounds, note)``.
 
     At batch > 1, ``groups`` (the reference ids of each block whose references all reproduced) are
     also replayed as the engine batches them (:func:`~speclimits.control.offline.batch_replay`: the
-    step's cost by its shape); the table's ``batch_*`` columns, and the prediction beside each arm."""
+    step's cost by its shape); the table's ``batch_*`` columns, and the prediction beside each arm.
+    ``every_sample``: ``seq_ids`` are prompts, and the table covers every sampled reference of each (a
+    sampled trace; the batch replay walks each prompt's first)."""
     from speclimits.control.profile import EngineProfile
 
     if not seq_ids:
@@ -418,6 +452,9 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
     names = list(dict.fromkeys(offline_key(a) for a in arms if a != PLAIN))
     try:
         setup = greedy_setup(trace, fit.cost_model)
+        if every_sample:
+            wanted = set(seq_ids)
+            seq_ids = [str(s) for s in setup.raw_inputs.seq_ids if seq_prompt(s) in wanted]
         table, bounds = offline_table(priced, setup, seq_ids, names, n_states=max_tokens - 1, seed=seed)
     except (SpeclimitsError, OSError) as exc:
         return None, None, f"no offline prediction / Oracle bounds: {exc}"
@@ -477,14 +514,17 @@ def resummarize(result: dict[str, Any], by: str = "") -> dict[str, Any]:
         out["resummarized_by"] = by
     known = {f.name for f in fields(BenchConfig)}
     out["summary_text"] = summary_text(summary, BenchConfig(**{k: v for k, v in cfg.items() if k in known}), choice,
-                                       bool(result["lossless"]))
+                                       result["lossless"])
     return out
 
 
 def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     """Run the benchmark, write ``cfg.out`` (JSON) and return what it holds."""
+    for name, message in sampling_problems(cfg.temperature, cfg.top_p, cfg.seed)[:1]:
+        raise SpeclimitsError(f"speclimits control bench: {FLAGS[name]} {message}")
     fit = PolicyFit.read(cfg.policy)
     trace = Path(cfg.trace or fit.data.get("trace", ""))
+    fixes = sampled_engine_fixes() if cfg.sampled else []
     prompts = choose_prompts(cfg, fit, trace)
     recorded = trace_generations(trace)
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
@@ -502,6 +542,8 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         engines.close()
     parted = {}
     for i, p in enumerate(prompts):
+        if cfg.sampled:  # plain decoding's samples are other draws than the trace's: nothing to reproduce
+            break
         if p.id in recorded and i in plain:
             ref, out = recorded[p.id][1][: cfg.max_tokens], plain[i]
             first = next((t for t, (x, y) in enumerate(zip(ref, out)) if x != y), None)
@@ -509,12 +551,21 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
                 first = len(ref)
             parted[p.id] = first
     same = [pid for pid, first in parted.items() if first is None]
+    if cfg.sampled:  # the prediction is the expectation over the trace's sampled references of these prompts
+        same = [p.id for p in prompts if p.id in recorded]
     summary, choice = summarize(blocks, cfg.n_boot, cfg.seed)
     pid = [p.id for p in prompts]
     groups = [[pid[i] for i in block_prompts(ids, cfg.batch, b)] for b in range(cfg.blocks)]
-    groups = [g for g in groups if all(parted.get(x, 0) is None for x in g)]
-    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed, groups)
-    if same and len(same) < len(prompts):
+    groups = [g for g in groups if all(x in same for x in g)]
+    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed, groups,
+                                    every_sample=cfg.sampled)
+    traced = Sampling.from_meta(read_json(trace / "meta.json", "trace meta", SpeclimitsError)) \
+        if (trace / "meta.json").is_file() else None
+    if traced is not None and (traced.temperature, traced.top_p if traced.temperature else 1.0) != (
+            cfg.temperature, cfg.top_p if cfg.sampled else 1.0):
+        note = (f"the trace was sampled at temperature {traced.temperature:g}, top-p {traced.top_p:g}, this run at "
+                f"{cfg.temperature:g}, {cfg.top_p:g}: the offline prediction is for the trace's sampling. " + note).strip()
+    if same and len(same) < len(prompts) and not cfg.sampled:
         note = (f"plain decoding reproduced the trace's greedy reference on {len(same)} of {len(prompts)} prompts; "
                 "the prediction covers those only. " + note).strip()
     summary = with_prediction(summary, offline)
@@ -523,7 +574,7 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         "produced_by": " ".join(sys.argv),
         "config": asdict(cfg), "lossless": lossless, "prompt_ids": [p.id for p in prompts], "note": note,
         "reference_parts_at": parted, "choice": choice,
-        "engine": engine_info(), "profile": engines.profile,
+        "engine": {**engine_info(), "fixes": fixes}, "profile": engines.profile,
         "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
         "summary": summary, "blocks": blocks, "offline": offline, "oracle": bounds,
     }
@@ -531,6 +582,17 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
     Path(cfg.out).write_text(dumps(result, indent=1) + "\n")
     return result
+
+
+def sampled_engine_fixes() -> list[str]:
+    """Repairs this process's engines need to sample right (every engine of the run, stock ones included:
+    they are built in this process): on CPU vLLM's rejection-sampler expansion (vllm-project/vllm#55005)."""
+    from speclimits.tracing import engine as eng
+    from speclimits.tracing.extension import fix_cpu_expand
+
+    eng.require_vllm()
+    fix = None if eng.cuda_available() else fix_cpu_expand()
+    return [fix] if fix else []
 
 
 def trace_generations(trace: Path) -> dict[str, tuple[list[int], list[int]]]:

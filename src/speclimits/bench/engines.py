@@ -45,12 +45,19 @@ def model_len(longest_prompt: int, max_tokens: int, k_max: int) -> int:
     return -(-(int(longest_prompt) + int(max_tokens) + int(k_max) + 1) // 32) * 32
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order."""
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+             seeds: list[int] | None = None) -> list[list[int]]:
+    """Outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order: greedy, or sampled at
+    ``temperature`` and ``top_p`` with one seed per prompt (``seeds``)."""
     from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    kw = dict(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    if temperature > 0:
+        params: Any = [SamplingParams(temperature=temperature, top_p=top_p, seed=s, **kw)
+                       for s in (seeds or range(len(prompts)))]
+    else:
+        params = SamplingParams(temperature=0.0, **kw)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 

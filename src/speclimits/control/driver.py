@@ -282,7 +282,7 @@ class RoundRecords:
     own calls) per hook, the token choice's apart (it runs inside vLLM's draft step)."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[list[int], list[int], int, bool]] = []
+        self.records: list[tuple[list[int], list[int], int, bool, list[str]]] = []
         self.hook_s: dict[str, float] = {}
         #: the token choice's time, added to the decision time when drained
         self.choice_s = 0.0
@@ -295,18 +295,22 @@ class RoundRecords:
 
     def round(self, keep: list[int], rnd: EngineRound) -> None:
         """A round ended: ``keep``, the k kept per request of ``rnd``."""
-        self.records.append((keep, rnd.cap, rnd.j, rnd.early))  # made dicts when drained
+        self.records.append((keep, rnd.cap, rnd.j, rnd.early, rnd.rids))  # made dicts when drained
 
     def drain(self) -> dict[str, Any]:
         """``rounds`` (``{"k", "cap", "drafted", "early", "n_batch"}`` per drafting round, ``k`` and ``cap``
-        per request), ``decide_us`` (µs in the controller, the token choice included), ``n_rounds``,
-        ``early_exits`` and ``hook_us`` (µs per hook, the token choice's under ``token_choice``) since the
-        last drain; and forget them."""
+        per request), ``requests`` (per request id, the k it kept in each of its rounds), ``decide_us`` (µs in
+        the controller, the token choice included), ``n_rounds``, ``early_exits`` and ``hook_us`` (µs per
+        hook, the token choice's under ``token_choice``) since the last drain; and forget them."""
         hook_s = dict(self.hook_s)
         if self.choice_s:
             hook_s["token_choice"] = self.choice_s
+        requests: dict[str, list[int]] = {}
+        for k, _cap, _j, _early, rids in self.records:
+            for rid, ki in zip(rids, k):
+                requests.setdefault(str(rid), []).append(int(ki))
         out = {"rounds": [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
-                          for k, cap, j, early in self.records],
+                          for k, cap, j, early, _rids in self.records], "requests": requests,
                "decide_us": sum(hook_s.values(), 0.0) * 1e6, "n_rounds": len(self.records),
                "early_exits": sum(r[3] for r in self.records), "hook_us": {k: v * 1e6 for k, v in hook_s.items()}}
         self.__init__()

@@ -43,6 +43,9 @@ from speclimits.control.top1op import TokenChoice
 from speclimits.control.profile import PROFILE_ROUNDS, EnginePricing, StepSample
 from speclimits.arms import OFFLINE_ONLY
 from speclimits.control.driver import EngineRound, LoggingDriver, RoundDriver, RoundRecords
+# the environment that arms a policy when the tracer installs (``speclimits_install``) or, in ``vllm serve``,
+# once the worker has warmed up (:mod:`speclimits.control.plugin`)
+from speclimits.control.plugin import ENV_NAME, ENV_POLICY, ENV_PROFILE
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import Patches, TracingWorkerExtension, fix_cpu_expand
@@ -50,10 +53,6 @@ from speclimits.tracing.vllm_api import runner_kind
 
 DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
 RUNNER_HOOKS = ("execute_model", "propose_draft_token_ids", "take_draft_token_ids")
-#: Environment variables that arm a policy when the tracer installs (see ``speclimits_install``).
-ENV_POLICY, ENV_NAME = "SPECLIMITS_CONTROL_POLICY", "SPECLIMITS_CONTROL_NAME"
-#: Rounds profiled before the policy applies (``0``: price with the policy file's cost model).
-ENV_PROFILE = "SPECLIMITS_CONTROL_PROFILE_ROUNDS"
 
 
 class _EarlyExit(Exception):
@@ -121,8 +120,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
 
     def speclimits_control_arm(self) -> dict[str, Any]:
         """Arm the policy named by the environment (:data:`ENV_POLICY`, :data:`ENV_NAME`,
-        :data:`ENV_PROFILE`) without the tracer: what ``vllm serve`` users call once (for example
-        through the server's ``/collective_rpc`` endpoint)."""
+        :data:`ENV_PROFILE`) without the tracer: in ``vllm serve`` the plugin calls it once the worker has
+        warmed up (:mod:`speclimits.control.plugin`); it can also be called through ``/collective_rpc``."""
         path = os.environ.get(ENV_POLICY)
         if not path:
             raise SpeclimitsError(f"speclimits control: set {ENV_POLICY} to a policy JSON "
@@ -192,6 +191,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "inputs": getattr(self._sl_driver, "log", None),
                "profile": None if pricing.profile is None else pricing.profile.to_dict(),
                "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),
+               # requests whose state the controller holds (released when vLLM finishes or aborts them)
+               "live_requests": len(set(self._sl_driver.state) | set(self._sl_driver.pending) | set(self._sl_keep)),
                "draft_vocab_top1": tokens.head_ok,
                "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
         tokens.op_steps = tokens.torch_steps = 0

@@ -26,6 +26,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
+from speclimits.trace.sampling import seq_prompt
 
 #: τ grid of the fit
 TAU_GRID = np.unique(np.concatenate([np.geomspace(1e-3, 0.98, 36), [0.0, 1.0]]))
@@ -110,12 +111,18 @@ def static_tokens_per_round(inputs: OracleInputs, table: CostTable, k_max: int) 
 
 
 def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of sequence indices into (train, test) by ``seq_id``; both non-empty."""
-    if inputs.n_sequences < 2:
-        raise SpeclimitsError("a train/test split needs at least 2 reference sequences")
-    perm = np.random.default_rng(seed).permutation(inputs.n_sequences)
-    n_test = int(np.clip(round(test_share * inputs.n_sequences), 1, inputs.n_sequences - 1))
-    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+    """Seeded split of sequence indices into (train, test) by prompt; both non-empty. A sampled trace's
+    references of one prompt (``p``, ``p#1``, ...: :func:`~speclimits.trace.sampling.seq_prompt`) fall on
+    one side together; a greedy trace has one reference per prompt."""
+    prompts, of_seq = np.unique([seq_prompt(s) for s in inputs.seq_ids], return_inverse=True)
+    if prompts.size < 2:
+        raise SpeclimitsError("a train/test split needs references of at least 2 prompts")
+    if prompts.size == inputs.n_sequences:  # one reference per prompt: by sequence, in the order they come
+        of_seq = np.arange(inputs.n_sequences)
+    perm = np.random.default_rng(seed).permutation(prompts.size)
+    n_test = int(np.clip(round(test_share * prompts.size), 1, prompts.size - 1))
+    test = np.isin(of_seq, perm[:n_test])
+    return np.flatnonzero(~test), np.flatnonzero(test)
 
 
 def fit_calibration(inputs: OracleInputs, k_max: int) -> IsotonicRegression:

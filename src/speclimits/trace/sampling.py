@@ -35,6 +35,18 @@ REQUEST_SEED_RULE = ("the first 8 bytes of sha256('{seed}:{key}:{index}'), big-e
 FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "seed": "--seed"}
 
 
+def sample_seq_id(prompt_id: str, sample: int) -> str:
+    """The ``seq_id`` of a prompt's sampled reference ``sample``: the prompt id for sample 0 (its sweep
+    generation, as in a greedy trace), ``"<prompt id>#<sample>"`` for the others."""
+    return str(prompt_id) if sample == 0 else f"{prompt_id}#{sample}"
+
+
+def seq_prompt(seq_id: str) -> str:
+    """The prompt id of a reference ``seq_id`` (:func:`sample_seq_id` undone; a greedy trace's ids as they are)."""
+    head, sep, tail = str(seq_id).rpartition("#")
+    return head if sep and tail.isdigit() else str(seq_id)
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 

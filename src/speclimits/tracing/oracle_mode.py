@@ -80,7 +80,7 @@ from speclimits.trace.io import (list_parts, read_generations, read_meta, read_r
                                  write_part, write_reference)
 from speclimits.trace.reference_tokens import (CHOICE_COLUMNS, GENERATION_COLUMNS, first_greedy_tokens,
                                                reference_generations, reference_tokens)
-from speclimits.trace.sampling import DEFAULT_ORACLE_SAMPLES, Sampling
+from speclimits.trace.sampling import DEFAULT_ORACLE_SAMPLES, Sampling, sample_seq_id
 from speclimits.tracing import engine as eng
 from speclimits.tracing.inputs import check_oracle, check_sampled_oracle
 from speclimits.vocabulary import GREEDY, SAMPLED, TEACHER_FORCED
@@ -194,12 +194,6 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
         df["prompt_id"] = ref.prompt_id if ref.prompt_id is not None else ref.seq_id
         df["sample"] = np.int64(ref.sample)
     return df
-
-
-def sample_seq_id(prompt_id: str, sample: int) -> str:
-    """The ``seq_id`` of a prompt's sampled reference ``sample``: the prompt id for sample 0 (its sweep
-    generation, as in a greedy trace), ``"<prompt id>#<sample>"`` for the others."""
-    return str(prompt_id) if sample == 0 else f"{prompt_id}#{sample}"
 
 
 def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
