@@ -112,7 +112,7 @@ from speclimits.control.rules import PolicyFit
 from speclimits.arms import POLICY_NAMES
 from pathlib import Path
 
-from speclimits.book.views.control_runs import engine_table, gap_lines
+from speclimits.book.views.control_runs import engine_table, gap_lines, share_long
 from speclimits.book.views.oracle import wrap
 from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
 from speclimits.trace import Trace, read_meta
@@ -368,7 +368,7 @@ if oracle_ok:
 # %% tags=["hide-input"]
 if oracle_ok:
     if tables:
-        page.figure(control_figures.share_captured_by_batch({b: view.share_frame(tables, b) for b in tables}),
+        page.figure(control_figures.share_captured_by_batch({b: share_long(t, b) for b, t in tables.items()}),
                     "fig-control-share",
                     "Share of the exact Oracle's gain over the best static K captured by each policy, offline (replay "
                     "with the profiled costs, 95% interval over references) and in the engine (from the measured "

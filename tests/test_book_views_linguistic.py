@@ -11,7 +11,7 @@ import pytest
 from speclimits import paper
 from speclimits.book.views import control as cview
 from speclimits.book.views import linguistic as lview
-from speclimits.book.views.control_runs import BENCH_DIR, engine_table
+from speclimits.book.views.control_runs import BENCH_DIR, engine_table, share_long
 
 NB = "\u00a0"
 
@@ -202,9 +202,8 @@ def test_engine_table_for_the_reader_is_narrow():
     assert out.loc[3, "Pooled / predicted ms/token (error)"] == "5.94 / 6.00 (+1%)" and out.loc[0, "Mean k; deciding (% of round)"] == "–"
 
 
-def test_share_frame_is_one_batch_with_policy_labels():
-    res = _bench(4)
-    long = cview.share_frame(_tables(res), 4)
+def test_share_long_is_one_batch_with_policy_labels():
+    long = share_long(engine_table(_bench(4)), 4)
     assert set(long["batch"]) == {4} and set(long["policy"]) == {"Delta rule, running λ", "SGLang-style EMA"}
     assert set(long["where"]) == {"engine (measured)"}
 

@@ -1,7 +1,7 @@
 """Open every page of a built book in headless Chromium, as a reader would, and check it.
 
-``check_site(html_dir)`` serves the site on 127.0.0.1, opens each page in Debian's Chromium driven by
-Playwright with every other request refused (the site must read offline), and checks that every chart
+``check_site(html_dir)`` opens each page in Debian's Chromium driven by Playwright, which answers the
+site's requests from ``html_dir`` and refuses every other (the site must read offline), and checks that every chart
 rendered inside a figure, every figure and table has a numbered caption, nothing is wider than the
 content column, MathJax typeset without error, and the console logged no error, no script threw and
 no request failed. A full-page screenshot of each page goes to ``screenshots/`` (``speclimits book --check``).
@@ -10,14 +10,11 @@ no request failed. A full-page screenshot of each page goes to ``screenshots/`` 
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
 import os
 import shutil
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from urllib.parse import unquote, urlsplit
 
 from speclimits.errors import SpeclimitsError
 
@@ -29,6 +26,8 @@ CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-default-apps", "--disable-extensions", "--metrics-recording-only",
                  "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1")
 VIEWPORT = {"width": 1280, "height": 900}
+#: The address the pages are opened at: Playwright answers its requests from the built folder (no server runs).
+SITE_URL = "http://book.localhost"
 
 # Runs in the page: what the checks need, gathered in one pass.
 _INSPECT = r"""
@@ -89,25 +88,6 @@ def find_chromium() -> str:
         return found
     raise SpeclimitsError("the browser check needs Chromium: apt-get install chromium (Debian), "
                           "or set SPECLIMITS_CHROMIUM=/path/to/chrome")
-
-
-@contextlib.contextmanager
-def serve(html_dir: Path) -> Iterator[str]:
-    """Serve ``html_dir`` on 127.0.0.1 (ephemeral port) in a thread; yields the base URL."""
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # keep test output clean
-            pass
-
-    handler = functools.partial(Quiet, directory=str(html_dir))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def site_pages(html_dir: Path) -> list[str]:
@@ -191,22 +171,23 @@ def check_site(html_dir: str | Path, screenshots: str | Path | None = None) -> l
     shots = Path(screenshots) if screenshots else html_dir.parent.parent / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
     reports = []
-    with serve(html_dir) as url, sync_playwright() as pw:
+    with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=find_chromium(), headless=True, args=list(CHROMIUM_ARGS))
         try:
             context = browser.new_context(viewport=VIEWPORT, service_workers="block")
 
-            def only_local(route) -> None:
-                if route.request.url.startswith(url):
-                    route.continue_()
+            def from_disk(route) -> None:  # the site's own files from html_dir; any other request fails
+                path = html_dir / unquote(urlsplit(route.request.url).path).lstrip("/")
+                if route.request.url.startswith(SITE_URL + "/") and path.is_file():
+                    route.fulfill(path=path)
                 else:
                     route.abort("internetdisconnected")
 
-            context.route("**/*", only_local)
+            context.route("**/*", from_disk)
             for rel in site_pages(html_dir):
                 page = context.new_page()
                 try:
-                    reports.append(_check_page(page, url, rel, shots))
+                    reports.append(_check_page(page, SITE_URL, rel, shots))
                 finally:
                     page.close()
         finally:

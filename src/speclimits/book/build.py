@@ -31,8 +31,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.paths import BOOK_CONFIG, BOOK_DIR, BOOK_TOC, BUILD_DIR, REPO_ROOT, default_trace
 from speclimits.trace import validate_trace
 
-MATHJAX_VERSION = "3.2.2"
-#: The Python distribution that ships MathJax's files, and the version pinned by the book extra.
+#: The Python distribution that ships MathJax 3's files, and the version pinned by the book extra.
 MATHJAX_DIST = "django-static-mathjax"
 MATHJAX_DIST_VERSION = "3.2.2.1"
 #: Parts of MathJax's es5 folder the site needs (tex-chtml and what it loads lazily).
@@ -56,12 +55,9 @@ def toc_files(toc_path: Path = BOOK_TOC) -> list[str]:
     return [toc["root"], *walk(toc)]
 
 
-def mathjax_dir() -> Path:
-    """MathJax 3's es5 folder, copied once from ``django-static-mathjax`` (a plain wheel of MathJax's
-    files, in the ``book`` extra; Django itself is not needed)."""
-    target = VENDOR_DIR / f"mathjax-{MATHJAX_VERSION}"
-    if (target / "tex-chtml.js").exists():
-        return target
+def mathjax_es5() -> Path:
+    """MathJax 3's es5 folder in the installed ``django-static-mathjax`` (a plain wheel of MathJax's files,
+    in the ``book`` extra; Django itself is not needed)."""
     try:
         files = metadata.files(MATHJAX_DIST) or []
         version = metadata.version(MATHJAX_DIST)
@@ -73,22 +69,7 @@ def mathjax_dir() -> Path:
     if entry is None:
         raise SpeclimitsError(f"{MATHJAX_DIST} {version} has no es5/tex-chtml.js; install "
                               f"{MATHJAX_DIST}=={MATHJAX_DIST_VERSION}")
-    es5 = Path(entry.locate()).parent
-    # staged in a folder of this process's own and renamed into place: builds at once never see half a copy
-    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for part in MATHJAX_PARTS:
-        src = es5 / part
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / part)
-    try:
-        staging.rename(target)
-    except OSError:  # another build put it there first (or a stale incomplete copy is in the way)
-        if not (target / "tex-chtml.js").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-    shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return Path(entry.locate()).parent
 
 
 def vega_bundle() -> Path:
@@ -124,7 +105,7 @@ def _stage(stage: Path, pages: list[str], keep: bool = False) -> list[Path]:
     if (BOOK_DIR / "_static").is_dir():
         shutil.copytree(BOOK_DIR / "_static", static, dirs_exist_ok=True)
     static.mkdir(exist_ok=True)
-    mathjax_dir()  # fail early, before any notebook runs, if the MathJax package is missing
+    mathjax_es5()  # fail early, before any notebook runs, if the MathJax package is missing
     shutil.copy2(vega_bundle(), static / "vega-offline.js")
     notebooks = []
     for page in pages:
@@ -490,7 +471,10 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
         raise SpeclimitsError(f"jupyter-book build failed (full log: {log_path}):\n{tail}")
     html = out_dir / "_build" / "html"
-    shutil.rmtree(html / "_static" / "mathjax", ignore_errors=True)
-    shutil.copytree(mathjax_dir(), html / "_static" / "mathjax")
+    es5, mathjax = mathjax_es5(), html / "_static" / "mathjax"
+    shutil.rmtree(mathjax, ignore_errors=True)
+    mathjax.mkdir()
+    for part in MATHJAX_PARTS:
+        (shutil.copytree if (es5 / part).is_dir() else shutil.copy2)(es5 / part, mathjax / part)
     _check_offline(html)
     return html / "index.html"

@@ -135,9 +135,8 @@ def se_ci(est: Any, se: Any, scale: float = 1.0) -> str:
 
 def half_cells(est: Iterable, half: Iterable, decimals: int | None = None) -> list[str]:
     """Interval cells from estimates and symmetric half-widths (``est ± half``)."""
-    est, half = list(est), list(half)
-    return ci_cells(est, [e - h if finite(e) and finite(h) else None for e, h in zip(est, half)],
-                    [e + h if finite(e) and finite(h) else None for e, h in zip(est, half)], decimals)
+    est, half = np.asarray(est, dtype=float), np.asarray(half, dtype=float)
+    return ci_cells(est, est - half, est + half, decimals)
 
 
 def with_ci(frame: pd.DataFrame, est: str, lo: str, hi: str, label: str | None = None,
@@ -351,14 +350,10 @@ class Contrast:
         if path.exists():
             for r in json.loads(path.read_text())["rows"]:
                 other.setdefault(_row_key(r["quantity"]), []).append(r["ours"])
-        seen: dict[str, int] = {}
         out = []
-        for r in rows:
-            key = _row_key(r.quantity)
-            i = seen.get(key, 0)
-            seen[key] = i + 1
-            values = other.get(key, [])
-            out.append(values[i] if i < len(values) else "–")
+        for r in rows:  # the i-th row of a quantity takes the other build's i-th
+            values = other.get(_row_key(r.quantity), [])
+            out.append(values.pop(0) if values else "–")
         return out
 
 

@@ -43,27 +43,19 @@ def _pick(cands: pd.DataFrame, subtypes: list[str], n: int, used: set[str], take
           group: str) -> list[dict]:
     """Round-robin over ``subtypes``: the first candidate of each subtype from an unused response."""
     out: list[dict] = []
-    queues = {s: cands[cands["subtype"] == s] for s in subtypes}
-    pointers = {s: 0 for s in subtypes}
-    while len(out) < n:
-        progressed = False
-        for s in subtypes:
-            q = queues[s]
-            while pointers[s] < len(q):
-                row = q.iloc[pointers[s]]
-                pointers[s] += 1
-                key = (str(row["seq_id"]), int(row["pos"]))
-                if row["seq_id"] in used or key in taken:
-                    continue
-                out.append({**row.to_dict(), "group": group})
-                used.add(row["seq_id"])
-                taken.add(key)
-                progressed = True
-                break
+    queues = [cands[cands["subtype"] == s].iterrows() for s in subtypes]
+    while len(out) < n and queues:
+        for queue in list(queues):
+            row = next((r for _, r in queue if r["seq_id"] not in used
+                        and (str(r["seq_id"]), int(r["pos"])) not in taken), None)
+            if row is None:  # this subtype has no candidate left
+                queues.remove(queue)
+                continue
+            out.append({**row.to_dict(), "group": group})
+            used.add(row["seq_id"])
+            taken.add((str(row["seq_id"]), int(row["pos"])))
             if len(out) >= n:
                 break
-        if not progressed:
-            break
     return out
 
 

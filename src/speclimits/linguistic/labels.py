@@ -373,8 +373,7 @@ def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame
                          "context": context_labels(texts, modes, scripts), "fine": fine_labels(texts, modes)})
 
 
-def label_trace_tokens(tokens: pd.DataFrame, switch_cost: float = 2.5, origin: str = "tokens.parquet",
-                       progress: bool = False) -> pd.DataFrame:
+def label_trace_tokens(tokens: pd.DataFrame, switch_cost: float = 2.5, origin: str = "tokens.parquet") -> pd.DataFrame:
     """Label every response of a trace's ``tokens`` table (needs ``seq_id``, ``pos``, ``text``).
 
     Returns the table sorted by ``seq_id``, ``pos`` with four columns added: ``label`` (the
@@ -384,11 +383,7 @@ def label_trace_tokens(tokens: pd.DataFrame, switch_cost: float = 2.5, origin: s
     df = token_table(tokens, ("seq_id", "pos", "text"), origin, "the linguistic labeller works from the token text",
                      sort=True)
     parts = []
-    groups = df.groupby("seq_id", sort=False)
-    if progress:
-        from tqdm.auto import tqdm
-        groups = tqdm(groups, total=df["seq_id"].nunique(), desc="label", unit="response")
-    for _, g in groups:
+    for _, g in df.groupby("seq_id", sort=False):
         lab = label_tokens(g["text"].tolist(), switch_cost=switch_cost)
         lab.index = g.index
         parts.append(lab)

@@ -15,18 +15,12 @@ import pandas as pd
 
 from speclimits import arms
 from speclimits.arms import POLICY_LABELS
+from speclimits.arms import policy_label as arm_name  # "stock:2" -> "stock vLLM, K = 2" (Arm.label)
 from speclimits.book.present import Result, ci_column, fmt_ci
-from speclimits.book.views.control_runs import (BENCH_DIR, TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs,
-                                                 share_long)
+from speclimits.book.views.control_runs import (BENCH_DIR, TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs)
 from speclimits.jsonutil import read_json
 from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
 from speclimits.trace import read_meta
-
-
-def arm_name(key: str) -> str:
-    """``stock:2`` -> ``stock vLLM, K = 2``, ``static:2`` -> ``static K = 2`` (in the extension; offline the
-    only static K), a policy's key -> its label, ``plain`` -> ``plain decoding`` (:attr:`Arm.label`)."""
-    return arms.arm(key).label
 
 
 def offline(table: pd.DataFrame) -> pd.DataFrame:
@@ -117,11 +111,6 @@ def unseen(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def share_frame(tables: dict[int, pd.DataFrame], batch: int) -> pd.DataFrame:
-    """:func:`~.control_runs.share_long` of one batch's table, policies by their labels."""
-    return share_long(tables[batch], batch, label=arm_name)
-
-
 @dataclass
 class EngineBest:
     """The fastest policy of one benchmark result against the best stock static K."""
@@ -173,7 +162,7 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
         other = {"all_static": str(overall), "all_speed": float(r[col]), "all_speed_lo": float(r[f"{col}_lo"]),
                  "all_speed_hi": float(r[f"{col}_hi"])}
     if "workload_ratio" in s:
-        other.update(workload_static=result["choice"].get("best_stock_workload") or best_stock_workload(s),
+        other.update(workload_static=result["choice"]["best_stock_workload"],
                      workload=float(r["workload_ratio"]), workload_lo=float(r["workload_ratio_lo"]),
                      workload_hi=float(r["workload_ratio_hi"]))
     return EngineBest(**other,
@@ -184,12 +173,6 @@ def engine_best(table: pd.DataFrame, result: dict[str, Any]) -> EngineBest:
         oracle_gain=float((result.get("oracle") or {}).get("oracle_exact_gain_over_best_static", np.nan)),
         n_policies=len(pols), n_faster=int((s.loc[pols, "vs_best_stock_lo"].astype(float) > 1).sum()),
         n_slower=int((s.loc[pols, "vs_best_stock_hi"].astype(float) < 1).sum()))
-
-
-def best_stock_workload(s: pd.DataFrame) -> str | None:
-    """The stock arm whose workload ratio is 1 (the reference) in a table indexed by arm."""
-    stock = [a for a in s.index if arms.arm(a).kind == "stock" and np.isclose(float(s.loc[a, "workload_ratio"]), 1.0)]
-    return stock[0] if stock else None
 
 
 def offline_best(table: pd.DataFrame) -> dict[str, Any]:
@@ -343,24 +326,21 @@ def _speed(entry: dict[str, Any], metric: str) -> tuple[float, float, float]:
     return (r, lo, hi) if metric == "output_throughput" else (1 / r, 1 / hi, 1 / lo)
 
 
-def serve_long(summ: dict[str, Any], arm: str | None = None) -> pd.DataFrame:
-    """One row per (rate, metric, reference) for the controller arm (``arm``; default the one policy arm):
-    its speed against the best stock K at that rate and against plain decoding, with 95% intervals over repeats."""
+def serve_long(summ: dict[str, Any]) -> pd.DataFrame:
+    """One row per (rate, metric, reference) for the controller (the one policy arm): its speed against the
+    best stock K at that rate and against plain decoding, with 95% intervals over repeats."""
     rows = pd.DataFrame(summ["rows"])
-    arm = arm or next(a for a in rows["arm"] if arms.arm(a).kind == "policy")
+    arm = next(a for a in rows["arm"] if arms.arm(a).kind == "policy")
     out = []
     for r in rows[rows["arm"] == arm].itertuples():
         for metric, label in SERVE_METRICS:
             for ref, key in (("best stock K", "vs_best_stock"), ("plain decoding", "vs_plain")):
                 s, lo, hi = _speed(getattr(r, key)[metric], metric)
-                best = summ["best_stock"][_rate_key(summ, r.rate)][metric] if ref == "best stock K" else "plain"
+                best = (next(v for k, v in summ["best_stock"].items() if np.isclose(float(k), r.rate))[metric]
+                        if ref == "best stock K" else "plain")  # the stock K best at this rate
                 out.append({"rate": float(r.rate), "metric": label, "against": ref, "reference": arm_name(best),
                             "speed": s, "lo": lo, "hi": hi, "concurrency": float(r.mean_concurrency)})
     return pd.DataFrame(out)
-
-
-def _rate_key(summ: dict[str, Any], rate: float) -> str:
-    return next(k for k in summ["best_stock"] if np.isclose(float(k), rate))
 
 
 def serve_verdicts(summ: dict[str, Any]) -> pd.DataFrame:
@@ -382,22 +362,15 @@ def serve_verdicts(summ: dict[str, Any]) -> pd.DataFrame:
 def serve_table(summ: dict[str, Any]) -> pd.DataFrame:
     """The served-load table: per rate, the controller's mean concurrency, its speed against the best stock K
     (E2E latency, TPOT, output throughput) and against plain decoding (E2E), and the verdict."""
-    long, ver = serve_long(summ), serve_verdicts(summ).set_index("rate")
-    rows = []
-    for rate, g in long.groupby("rate"):
-        def cell(metric: str, ref: str) -> str:
-            r = g[(g["metric"] == metric) & (g["against"] == ref)].iloc[0]
-            return fmt_ci(r["speed"], r["lo"], r["hi"], 3) + (f" ({r['reference']})" if ref == "best stock K" and
-                                                        metric == "E2E latency" else "")
-        v = ver.loc[rate]
-        rows.append({"rate (req/s), concurrency": f"{rate:g}, {v['concurrency']:.1f}",
-                     "E2E vs best stock K": cell("E2E latency", "best stock K"),
-                     "TPOT vs best stock K": cell("TPOT", "best stock K"),
-                     "throughput vs best stock K": cell("throughput", "best stock K"),
-                     "E2E vs plain": cell("E2E latency", "plain decoding"),
-                     "aims (≥ stock, ≥ 0.95× plain)": f"{'met' if v['stock_met'] else 'missed'}, "
-                                                      f"{'met' if v['plain_met'] else 'missed'}"})
-    return pd.DataFrame(rows)
+    cell = {(r.rate, r.metric, r.against): fmt_ci(r.speed, r.lo, r.hi, 3) for r in serve_long(summ).itertuples()}
+    return pd.DataFrame([{"rate (req/s), concurrency": f"{v.rate:g}, {v.concurrency:.1f}",
+                          "E2E vs best stock K": f"{cell[v.rate, 'E2E latency', 'best stock K']} ({v.best_stock})",
+                          "TPOT vs best stock K": cell[v.rate, "TPOT", "best stock K"],
+                          "throughput vs best stock K": cell[v.rate, "throughput", "best stock K"],
+                          "E2E vs plain": cell[v.rate, "E2E latency", "plain decoding"],
+                          "aims (≥ stock, ≥ 0.95× plain)": f"{'met' if v.stock_met else 'missed'}, "
+                                                           f"{'met' if v.plain_met else 'missed'}"}
+                         for v in serve_verdicts(summ).itertuples()])
 
 
 def serve_verdict(summ: dict[str, Any]) -> str:

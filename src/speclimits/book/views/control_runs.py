@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.bench.control import workload_ratios
 from speclimits.control.offline import gain_share
 from speclimits.arms import arm, offline_key, policy_label
 from speclimits.jsonutil import read_json
@@ -54,10 +53,6 @@ def engine_table(result: dict[str, Any]) -> pd.DataFrame:
     interval mapped through the same monotone formula) and the Oracle's gain G on the same references
     (offline, priced with the costs profiled in the run); beside it the offline share of the same arm."""
     s = pd.DataFrame(result["summary"]).copy()
-    if "workload_ratio" not in s and result.get("blocks"):  # a result summarized before the workload ratio
-        cfg = result.get("config", {})
-        _, work = workload_ratios(pd.DataFrame(result["blocks"]), int(cfg.get("n_boot", 2000)), int(cfg.get("seed", 0)))
-        s = s.join(work, on="arm")
     bounds = result.get("oracle") or {}
     for key in ("exact", "surrogate"):
         gain = bounds.get(f"oracle_{key}_gain_over_best_static", np.nan)
@@ -74,11 +69,11 @@ def engine_table(result: dict[str, Any]) -> pd.DataFrame:
     return s
 
 
-def share_long(table: pd.DataFrame, batch: int, label: Any = None) -> pd.DataFrame:
-    """Long form for the figure: ``policy``, ``where`` (offline / engine), ``share``, ``lo``, ``hi``, ``batch``."""
-    label = label or policy_label
+def share_long(table: pd.DataFrame, batch: int) -> pd.DataFrame:
+    """Long form for the figure: ``policy`` (its label), ``where`` (offline / engine), ``share``, ``lo``, ``hi``,
+    ``batch``."""
     pol = table[table["arm"].map(is_policy)]
-    names = pol["arm"].map(label)
+    names = pol["arm"].map(policy_label)
     frames = [pd.DataFrame({"policy": names, "where": "engine (measured)", "share": pol["engine_share_exact"],
                             "lo": pol["engine_share_exact_lo"], "hi": pol["engine_share_exact_hi"]})]
     if "offline_share_exact" in pol:

@@ -30,10 +30,6 @@ def load_runs(folder: str | Path | None = None) -> list[dict[str, Any]]:
     return runs
 
 
-def is_gpu(run: dict[str, Any]) -> bool:
-    return str(run.get("machine", {}).get("device", "")).startswith("cuda")
-
-
 def run_label(run: dict[str, Any]) -> str:
     """``"CPU AMD EPYC, small shape, measured (gather)"``: the run's regime and the MoE path that ran."""
     return f"{run['regime']} ({run['run']['path']})"
@@ -103,7 +99,7 @@ def summary(runs: list[dict[str, Any]]) -> str:
                      f"top-{sh['top_k']}, {run['layers_used']} of {sh['n_layers']} layers, {run['dtype']}; "
                      f"{len(run['samples'])} passes ({run['run'].get('repeats_done', run['repeats'])} repeats), "
                      f"{run['date_utc']}; copy bandwidth {fmt_fixed(copy, 1)} GB/s.")
-    if not any(is_gpu(r) for r in runs):
+    if not any(str(r.get("machine", {}).get("device", "")).startswith("cuda") for r in runs):
         est = paper.BANDWIDTH_ESTIMATE
         lines.append(f"\nNo GPU run is committed yet (no GPU was available to the session that built the "
                      f"benchmark), so the paper's memory-bound regime is not measured here: the paper's own "

@@ -59,16 +59,12 @@ def _bracket(lo: Any, hi: Any, decimals: int) -> str:
     return f"[{fmt_fixed(lo, decimals)}, {fmt_fixed(hi, decimals)}]" if finite(lo) and finite(hi) else ""
 
 
-def _text(x: Any) -> str | None:
-    return x if isinstance(x, str) else None
-
-
 def headline_cells(row: Any) -> tuple[str, str, str]:
     """``(ours, interval, paper)`` text of one row of the headline (or regime) table, by its ``shape``."""
     key, shape = row["key"], row["shape"]
     dec = _DECIMALS.get(key, 3)
     d1, d2 = dec if isinstance(dec, tuple) else (dec, dec)
-    unit, note = _UNIT.get(key, ""), _text(row.get("note"))
+    unit, note = _UNIT.get(key, ""), row.get("note") if isinstance(row.get("note"), str) else None
     if shape == "split":
         ours, ci = ("none" if not finite(row["est"]) else str(int(row["est"]))), note or ""
     elif shape == "range":

@@ -79,12 +79,6 @@ def agreement(by_context: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def _paper_share(context: str, est: str, lo: str, hi: str) -> str:
-    quoted = paper.K_BY_CONTEXT.get(context, {})
-    # as the appendix prints them: three decimals
-    return fmt_ci(quoted.get(est), quoted.get(lo), quoted.get(hi), 3) if est in quoted else "–"
-
-
 def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
     """Share of $k^\\star \\ge 4$ (ours [95% CI] beside the paper's) and of $k^\\star = 1$ per context
     (the paper's $k^\\star = 1$, given for script changes only, is in :func:`comparison`).
@@ -97,7 +91,8 @@ def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
             first: context_name(ctx),
             "Decisions (responses)": _count(r["n_decisions"], r["n_responses"]),
             "$k^\\star \\ge 4$ [95% CI]": _ci(r, "share_long", "long_lo", "long_hi"),
-            "Paper $k^\\star \\ge 4$": _paper_share(ctx, "share_long", "long_lo", "long_hi"),
+            # as the appendix prints them: three decimals ("–" where it quotes none)
+            "Paper $k^\\star \\ge 4$": _ci(paper.K_BY_CONTEXT.get(ctx, {}), "share_long", "long_lo", "long_hi", 3),
             "$k^\\star = 1$ [95% CI]": _ci(r, "share_k1", "k1_lo", "k1_hi"),
         })
     out = pd.DataFrame(rows)

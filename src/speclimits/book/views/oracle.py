@@ -83,18 +83,13 @@ def calibration_sentence(gap: tuple[float, float, float], used: str) -> str:
             f"the Oracle below uses {used}")
 
 
-def _surrogate_order(valid: pd.DataFrame, used: str) -> list[str]:
-    names = list(dict.fromkeys(valid["surrogate"]))
-    return [used] + [s for s in names if s != used] if used in names else names
-
-
 def validation(valid: pd.DataFrame, used: str) -> pd.DataFrame:
     """Relative error (%) of the static-K speedup per surrogate, beside the measured speedup.
 
     ``valid``: :func:`speclimits.oracle.validation.validation_by_surrogate`; ``used``: the label
     of the surrogate the Oracle solves with (first error column, marked "used"). A last row gives
     each surrogate's largest absolute error and the K where it occurs."""
-    order = _surrogate_order(valid, used)
+    order = sorted(dict.fromkeys(valid["surrogate"]), key=lambda s: s != used)  # the used one first
     err = valid.pivot(index="K", columns="surrogate", values="rel_error")[order] * 100
     measured = valid.drop_duplicates("K").set_index("K")["measured_speedup"].reindex(err.index)
     out = pd.DataFrame({"K": [str(int(k)) for k in err.index], "Measured speedup": measured.to_numpy()})

@@ -49,11 +49,6 @@ def standardized_table(res: Any) -> pd.DataFrame:
     })
 
 
-def strongest_factor(res: Any) -> str:
-    """The label of the factor with the largest CV $R^2$."""
-    return str(res.table.loc[res.table["r2"].idxmax(), "label"])
-
-
 def paper_strongest_factor(res: Any) -> str | None:
     """The factor the paper names strongest (its Table A2 note), by our label."""
     for name, row in paper.FACTORS.items():
@@ -74,7 +69,7 @@ def key_results_factors(res: Any) -> list[Result]:
     else:
         best = t["r2"].idxmax()
         rows = [
-            Result.of("strongest single factor (H1)", strongest_factor(res), paper=paper_strongest_factor(res),
+            Result.of("strongest single factor (H1)", str(t.loc[best, "label"]), paper=paper_strongest_factor(res),
                       ref="tbl-factors-a2"),
             Result.of(f"CV $R^2$ of {t.loc[best, 'label']}", t.loc[best, "r2"], t.loc[best, "r2"] - t.loc[best, "r2_ci"],
                       t.loc[best, "r2"] + t.loc[best, "r2_ci"], paper=fmt_paper(paper.FACTORS.get(best, {}).get("r2")),
@@ -184,17 +179,13 @@ def robustness_table(res: Any) -> pd.DataFrame:
     })
 
 
-def _range(lo: float, hi: float, digits: int) -> str:
-    return f"{lo:.{digits}f}–{hi:.{digits}f}"
-
-
 def ranges_table(res: Any) -> pd.DataFrame:
     r = res.ranges.reset_index()
     theirs = (paper.ROBUST_ALPHA, [1e3 * v for v in paper.ROBUST_C], [1e3 * v for v in paper.C_RANGE])  # ranges' rows
     return pd.DataFrame({
         "Quantity": r.iloc[:, 0],
-        "Ours (min–max)": [_range(a, b, 3) for a, b in zip(r["ours_min"], r["ours_max"])],
-        "Paper (min–max)": [_range(a, b, 4 if a < 1 else 3) for a, b in theirs],
+        "Ours (min–max)": [paper.fmt_range(ab) for ab in zip(r["ours_min"], r["ours_max"])],
+        "Paper (min–max)": [paper.fmt_range(ab, digits=4 if ab[0] < 1 else 3) for ab in theirs],
     })
 
 
@@ -237,7 +228,7 @@ def key_results_robustness(res: Any) -> list[Result]:
     r = res.ranges
     alpha_all = r[r.index.str.startswith("alpha")].iloc[0]
     c_k = r[r.index.str.contains("across per-K")].iloc[0]
-    a_range = _range(paper.ROBUST_ALPHA[0], paper.ROBUST_ALPHA[1], 4)
+    a_range = paper.fmt_range(paper.ROBUST_ALPHA, digits=4)
     return [
         Result.of(f"α at K = {res.k}, OLS, cluster-bootstrap interval", boot["alpha"], boot["alpha_lower"],
                   boot["alpha_upper"], paper=f"{a_range} (all checks)", unit="ms/expert", ref="tbl-robust-estimates"),
@@ -247,6 +238,6 @@ def key_results_robustness(res: Any) -> list[Result]:
                   100 * (alpha_all["ours_max"] - alpha_all["ours_min"]) / ols["alpha"],
                   paper=round(100 * (paper.ROBUST_ALPHA[1] - paper.ROBUST_ALPHA[0]) / paper.ROBUST_ALPHA[0], 2),
                   unit="%", ref="tbl-robust-ranges"),
-        Result.of("c across the per-K fits (10⁻³ ms/token)", _range(c_k["ours_min"], c_k["ours_max"], 3),
-                  paper=_range(paper.C_RANGE[0] * 1e3, paper.C_RANGE[1] * 1e3, 3), ref="tbl-robust-c-by-k"),
+        Result.of("c across the per-K fits (10⁻³ ms/token)", paper.fmt_range((c_k["ours_min"], c_k["ours_max"])),
+                  paper=paper.fmt_range(paper.C_RANGE, 1e3), ref="tbl-robust-c-by-k"),
     ]
