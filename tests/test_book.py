@@ -15,7 +15,7 @@ def test_every_notebook_is_in_the_toc_and_every_toc_page_exists():
     notebooks = {f"book/{p.stem}" for p in BOOK_DIR.glob("*.py")}
     assert notebooks == set(pages)
     for page in pages:
-        assert (REPO_ROOT / f"{page}.py").exists() or (REPO_ROOT / f"{page}.md").exists()
+        assert (REPO_ROOT / f"{page}.py").exists()
 
 
 def test_notebooks_follow_the_house_layout():

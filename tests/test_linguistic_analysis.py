@@ -295,15 +295,14 @@ def test_panel_data_rows_statuses_and_draft_tokens(sim):
     k = int(pick["k_star"].iloc[0])
     assert (tgt["past_kstar"] == (tgt.index > k)).all()
     assert (tgt["a_mode"] == pick["a_mode"].iloc[0]).all()
-    # a trace that carries the draft's tokens: they are shown instead of placeholders
+    # a trace that carries the draft's tokens: they are shown instead of placeholders, by their text where
+    # the tokens table has the id
     oracle = sim["oracle"].copy()
-    oracle["draft_text"] = [[f"d{j}" for j in range(10)] for _ in range(len(oracle))]
-    p2 = gallery.panel_data(res, lab, pick, oracle=oracle)
-    assert p2[p2["row"] == "draft"]["raw_text"].tolist() == [f"d{j}" for j in range(10)]
-    oracle = oracle.drop(columns="draft_text")
-    oracle["draft_tokens"] = [[-5] * 10 for _ in range(len(oracle))]
+    known = int(lab["token_id"].iloc[0])
+    oracle["draft_tokens"] = [[known] + [-5] * 9 for _ in range(len(oracle))]
     p3 = gallery.panel_data(res, lab, pick, oracle=oracle)
-    assert set(p3[p3["row"] == "draft"]["raw_text"]) == {"#-5"}
+    text = dict(zip(lab["token_id"].astype(int), lab["text"].astype(str)))[known]
+    assert p3[p3["row"] == "draft"]["raw_text"].tolist() == [text] + ["#-5"] * 9
     with pytest.raises(SpeclimitsError, match="not in the Oracle"):
         gallery.panel_data(res, lab, pd.DataFrame({"seq_id": ["nope"], "pos": [0]}))
 

@@ -107,17 +107,11 @@ def _stage(stage: Path, pages: list[str], keep: bool = False) -> list[Path]:
     static.mkdir(exist_ok=True)
     mathjax_es5()  # fail early, before any notebook runs, if the MathJax package is missing
     shutil.copy2(vega_bundle(), static / "vega-offline.js")
-    notebooks = []
-    for page in pages:
-        src_py = REPO_ROOT / f"{page}.py"
-        src_md = REPO_ROOT / f"{page}.md"
+    notebooks = [REPO_ROOT / f"{page}.py" for page in pages]
+    for page, src in zip(pages, notebooks):
+        if not src.exists():
+            raise SpeclimitsError(f"_toc.yml lists '{page}', but {page}.py does not exist")
         (stage / page).parent.mkdir(parents=True, exist_ok=True)
-        if src_py.exists():
-            notebooks.append(src_py)
-        elif src_md.exists():
-            shutil.copy2(src_md, stage / f"{page}.md")
-        else:
-            raise SpeclimitsError(f"_toc.yml lists '{page}', but neither {page}.py nor {page}.md exists")
     return notebooks
 
 

@@ -4,7 +4,7 @@ A panel shows one decision (Oracle state ``pos``) over steps i = 1..K_max: the r
 draft step i predicts (``tokens`` row ``pos + i``) on top, the draft's token below. A step is a
 ``match`` (i <= a, the observed greedy match length), the ``first mismatch`` (i = a + 1) or ``after
 mismatch``, and ``past_kstar`` past k*. The draft's tokens come from ``oracle.parquet``'s
-``draft_text`` or ``draft_tokens`` when the trace has them; otherwise the draft row shows the
+``draft_tokens`` when the trace has them; otherwise the draft row shows the
 reference up to the match, :data:`MISMATCH_GLYPH` at the mismatch and :data:`UNKNOWN_GLYPH` after.
 The panels show :func:`select_ablation_cases` (the α = 0 cases) and :func:`select_gallery`.
 """
@@ -162,24 +162,14 @@ def select_ablation_cases(cases: pd.DataFrame, n: int = 4) -> pd.DataFrame:
 
 
 def _draft_texts(oracle: pd.DataFrame | None, tokens: pd.DataFrame) -> dict[tuple[str, int], list[str]] | None:
-    """Per (seq_id, pos): the draft's tokens as text, when ``oracle`` carries them."""
-    if oracle is None:
+    """Per (seq_id, pos): the draft's tokens (``draft_tokens``) as text, by their ids in the tokens table,
+    when ``oracle`` carries them."""
+    if oracle is None or "draft_tokens" not in oracle.columns:
         return None
-    if "draft_text" in oracle.columns:
-        col, as_text = "draft_text", True
-    elif "draft_tokens" in oracle.columns:
-        col, as_text = "draft_tokens", False
-    else:
-        return None
-    vocab = {}
-    if not as_text and "token_id" in tokens.columns:
-        vocab = dict(zip(tokens["token_id"].astype(int), tokens["text"].astype(str)))
-    out = {}
-    for s, p, v in zip(oracle["seq_id"].astype(str), oracle["pos"].astype(int), oracle[col]):
-        if v is None:
-            continue
-        out[(s, p)] = [str(x) if as_text else vocab.get(int(x), f"#{int(x)}") for x in v]
-    return out
+    vocab = dict(zip(tokens["token_id"].astype(int), tokens["text"].astype(str))) if "token_id" in tokens else {}
+    return {(s, p): [vocab.get(int(x), f"#{int(x)}") for x in v]
+            for s, p, v in zip(oracle["seq_id"].astype(str), oracle["pos"].astype(int), oracle["draft_tokens"])
+            if v is not None}
 
 
 def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataFrame,
@@ -192,7 +182,7 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
     labelled : the labelled tokens table (``seq_id``, ``pos``, ``text``, ``label``).
     selection : decisions to show (``seq_id``, ``pos``; optional ``group``, ``subtype``,
         ``k_star_alpha0``).
-    oracle : the trace's ``oracle.parquet`` table, read for ``draft_text`` / ``draft_tokens``.
+    oracle : the trace's ``oracle.parquet`` table, read for ``draft_tokens``.
     n_steps : steps per panel (default K_max of the result).
 
     Columns: ``panel`` (title, unique), ``order``, ``group``, ``row`` (``target`` / ``draft``),

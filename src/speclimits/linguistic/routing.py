@@ -74,24 +74,6 @@ class Contrast:
             self.controls["seq_id"].astype(str).isin(keep)].reset_index(drop=True)
         return Contrast(self.name, ev, ctrl, self.note)
 
-    def replicates(self, n_boot: int = 999, seed: int = 0) -> dict[str, np.ndarray]:
-        """Bootstrap replicates (responses resampled with replacement) of ``before``, ``at``,
-        ``diff`` and, with controls, ``adjusted``; each an (n_boot,) array."""
-        ev = self.events
-        clusters = np.unique(np.concatenate([ev["seq_id"].astype(str).to_numpy()] + (
-            [] if self.controls is None else [self.controls["seq_id"].astype(str).to_numpy()])))
-        idx = {c: i for i, c in enumerate(clusters)}
-        w = draw_counts(len(clusters), n_boot, np.random.default_rng(seed))
-        ci = np.fromiter((idx[c] for c in ev["seq_id"].astype(str)), np.int64, len(ev))
-        sums = np.zeros((len(clusters), 4))
-        np.add.at(sums, ci, np.column_stack([ev["before"], ev["at"], ev["diff"], np.ones(len(ev))]))
-        tot = w @ sums
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = {"before": tot[:, 0] / tot[:, 3], "at": tot[:, 1] / tot[:, 3], "diff": tot[:, 2] / tot[:, 3]}
-            if self.controls is not None:
-                out["adjusted"] = self._adjusted(w, idx)
-        return out
-
     def _step_sums(self, df: pd.DataFrame, idx: dict, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         s = np.zeros((len(idx), n_steps))
         c = np.zeros((len(idx), n_steps))
@@ -112,29 +94,27 @@ class Contrast:
         den = np.where(ok, ec, 0.0).sum(axis=1)
         return num / den
 
-    def point(self) -> dict[str, float]:
-        """Estimates on the data as observed (no resampling)."""
-        ev = self.events
-        out = {"before": float(ev["before"].mean()), "at": float(ev["at"].mean()), "diff": float(ev["diff"].mean())}
-        if self.controls is not None:
-            clusters = sorted(set(ev["seq_id"].astype(str)) | set(self.controls["seq_id"].astype(str)))
-            idx = {c: i for i, c in enumerate(clusters)}
-            out["adjusted"] = float(self._adjusted(np.ones((1, len(clusters))), idx)[0])
-        return out
-
     def summary(self, n_boot: int = 999, seed: int = 0, level: float = 0.95) -> dict[str, Any]:
-        """``name``, ``n_events``, ``n_responses``, ``before``, ``at``, ``diff`` with ``diff_lo`` /
-        ``diff_hi`` and, with controls, ``adjusted`` with ``adjusted_lo`` / ``adjusted_hi``."""
+        """``name``, ``n_events``, ``n_responses``, ``before``, ``at``, ``diff`` (means over the events) with
+        ``diff_lo`` / ``diff_hi`` and, with controls, ``adjusted`` with ``adjusted_lo`` / ``adjusted_hi``: percentile
+        intervals over ``n_boot`` replicates that draw the responses (of events and controls) with replacement."""
         out: dict[str, Any] = {"contrast": self.name, "n_events": self.n_events, "n_responses": self.n_responses}
         if self.n_events == 0:
             return out
-        pt = self.point()
-        reps = self.replicates(n_boot, seed)
-        out.update(before=pt["before"], at=pt["at"], diff=pt["diff"])
-        out["diff_lo"], out["diff_hi"] = percentile_interval(reps["diff"], level)
-        if "adjusted" in pt:
-            out["adjusted"] = pt["adjusted"]
-            out["adjusted_lo"], out["adjusted_hi"] = percentile_interval(reps["adjusted"], level)
+        ev = self.events
+        out.update(before=float(ev["before"].mean()), at=float(ev["at"].mean()), diff=float(ev["diff"].mean()))
+        ids = [ev["seq_id"]] + ([] if self.controls is None else [self.controls["seq_id"]])
+        idx = {c: i for i, c in enumerate(np.unique(np.concatenate([x.astype(str).to_numpy() for x in ids])))}
+        w = draw_counts(len(idx), n_boot, np.random.default_rng(seed))
+        sums = np.zeros((len(idx), 2))
+        np.add.at(sums, np.fromiter((idx[c] for c in ev["seq_id"].astype(str)), np.int64, len(ev)),
+                  np.column_stack([ev["diff"], np.ones(len(ev))]))
+        tot = w @ sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["diff_lo"], out["diff_hi"] = percentile_interval(tot[:, 0] / tot[:, 1], level)
+            if self.controls is not None:
+                out["adjusted"] = float(self._adjusted(np.ones((1, len(idx))), idx)[0])
+                out["adjusted_lo"], out["adjusted_hi"] = percentile_interval(self._adjusted(w, idx), level)
         return out
 
 
