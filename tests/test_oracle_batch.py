@@ -90,17 +90,10 @@ def naive_value(inputs, model, seqs, k_max, deterministic, allow_k0, policy=None
 # -- The exact b = 2 Oracle --
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_pair_oracle_with_clipped_unions_equals_naive_bellman(seed):
-    inputs, model, rng = instance(seed, 2, 4, n_experts=16)  # u up to ~26 > E: the union clips
-    k_max, allow_k0 = int(rng.integers(1, 4)), bool(seed % 2)
-    po = pair_oracle(inputs, model, k_max=k_max, deterministic=True, allow_k0=allow_k0, pairs=[(0, 1)])
-    assert po.value_ms[0] == pytest.approx(naive_value(inputs, model, (0, 1), k_max, True, allow_k0), abs=1e-9)
-
-
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_pair_oracle_equals_naive_bellman(seed, deterministic):
+    # E = 16 at seeds 1 and 6 (k = 0 allowed at 1, not at 6): windows' u reach ~26 > E and the union clips
     inputs, model, rng = instance(100 + seed, 5, 6, n_experts=int(np.random.default_rng(seed).choice([16, 32])),
                                   negative_alpha=seed % 3 == 0)
     k_max, allow_k0 = int(rng.integers(1, 4)), bool(seed % 2)

@@ -13,6 +13,7 @@ import pytest
 from speclimits.cli import main
 from speclimits.costmodel import BatchCostModel, CostModel
 from speclimits.errors import SpeclimitsError
+from speclimits.jsonutil import dumps
 from speclimits.simulate import BatchSim, preset, simulate_batch
 from speclimits.stats import batch as sb
 from speclimits.stats import fit_cost_model
@@ -248,7 +249,7 @@ def test_union_table_matches_independent_routing(batch_traces):
     # K = 0, b = 1: one token per step, Ū = top_k
     assert np.allclose(by.loc[(by["b"] == 1) & (by["K"] == 0), "u_measured"], cfg.top_k)
     assert set(ut.steps.columns) >= {"u_measured", "u_independent", "u_saturation", "ratio_saturation"}
-    assert "saturation" in ut.summary() and json.loads(ut.to_json())["n_experts"] == cfg.n_experts
+    assert "saturation" in ut.summary() and json.loads(dumps(ut.to_dict()))["n_experts"] == cfg.n_experts
 
 
 def test_speedup_frontier_on_a_constructed_table():

@@ -34,6 +34,13 @@ def _finite(value: Any, where: str, origin: str) -> float:
     return out
 
 
+def _need(obj: Any, key: str, where: str, origin: str) -> Any:
+    """``obj[key]``, or a :class:`CostModelError` naming the missing field ``where + key`` of ``origin``."""
+    if not isinstance(obj, Mapping) or key not in obj:
+        raise CostModelError(f"{origin}: missing '{where}{key}'")
+    return obj[key]
+
+
 def _by_m(values: Mapping[int, float], m: np.ndarray) -> np.ndarray:
     """``values[m]`` for an int array ``m``, as floats of its shape."""
     return np.vectorize(values.__getitem__, otypes=[float])(m) if m.size else m * 0.0
@@ -77,13 +84,7 @@ class CostModel:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "cost model") -> "CostModel":
         """Build from the JSON structure; errors name the missing or bad field."""
-
-        def need(obj: Any, key: str, where: str) -> Any:
-            if not isinstance(obj, Mapping) or key not in obj:
-                raise CostModelError(f"{origin}: missing '{where}{key}'")
-            return obj[key]
-
-        num = partial(_finite, origin=origin)
+        need, num = partial(_need, origin=origin), partial(_finite, origin=origin)
 
         target = need(data, "target", "")
         draft = need(data, "draft", "")
@@ -275,32 +276,22 @@ class BatchCostModel:
             raise CostModelError(f"{origin}: missing 'batch' (a batch-1 cost model has no per-request terms; "
                                  "fit one on a batch trace: speclimits fit --batch TRACE)")
         base = CostModel.from_dict({k: v for k, v in data.items() if k != "batch"}, origin=origin)
-
-        num = partial(_finite, origin=origin)
-
-        for key in ("n_experts", "top_k", "by_m", "draft"):
-            if key not in batch:
-                raise CostModelError(f"{origin}: missing 'batch.{key}'")
-        by_m = batch["by_m"]
+        need, num = partial(_need, origin=origin), partial(_finite, origin=origin)
+        n_experts, top_k = (int(num(need(batch, key, "batch."), f"batch.{key}")) for key in ("n_experts", "top_k"))
+        by_m, draft = need(batch, "by_m", "batch."), need(batch, "draft", "batch.")
         if not isinstance(by_m, Mapping):
             raise CostModelError(f"{origin}: 'batch.by_m' must be an object keyed by m")
-        gamma = {}
-        for key, entry in by_m.items():
-            if not isinstance(entry, Mapping) or "gamma" not in entry:
-                raise CostModelError(f"{origin}: missing 'batch.by_m.{key}.gamma'")
-            gamma[int(key)] = num(entry["gamma"], f"batch.by_m.{key}.gamma")
+        gamma = {int(m): num(need(entry, "gamma", f"batch.by_m.{m}."), f"batch.by_m.{m}.gamma")
+                 for m, entry in by_m.items()}
         missing = [m for m in base.ms if m not in gamma]
         if missing:
             raise CostModelError(f"{origin}: 'batch.by_m' lacks m = {missing} that 'target.by_m' has")
-        draft = batch["draft"]
-        if not isinstance(draft, Mapping) or "a_req" not in draft or "b_req" not in draft:
-            raise CostModelError(f"{origin}: 'batch.draft' needs 'a_req' and 'b_req'")
-        n_experts, top_k = int(num(batch["n_experts"], "batch.n_experts")), int(num(batch["top_k"], "batch.top_k"))
         if not 1 <= top_k <= n_experts:
             raise CostModelError(f"{origin}: need 1 <= batch.top_k <= batch.n_experts, got {top_k}, {n_experts}")
-        return cls(base=base, gamma=dict(sorted(gamma.items())), a_req=num(draft["a_req"], "batch.draft.a_req"),
-                   b_req=num(draft["b_req"], "batch.draft.b_req"), n_experts=n_experts, top_k=top_k,
-                   extra={k: v for k, v in batch.items() if k not in ("n_experts", "top_k", "by_m", "draft")})
+        a_req, b_req = (num(need(draft, key, "batch.draft."), f"batch.draft.{key}") for key in ("a_req", "b_req"))
+        return cls(base=base, gamma=dict(sorted(gamma.items())), a_req=a_req, b_req=b_req, n_experts=n_experts,
+                   top_k=top_k, extra={k: v for k, v in batch.items()
+                                       if k not in ("n_experts", "top_k", "by_m", "draft")})
 
     @classmethod
     def read(cls, path: str | Path) -> "BatchCostModel":
@@ -358,10 +349,6 @@ class BatchCostModel:
         """Cost of one shared round: ``draft_ms(n, k) + target_ms(n, k + 1, Ū, L_total)``."""
         k_arr = np.asarray(k, dtype=np.int64)
         return self.draft_ms(n, k_arr) + self.target_ms(n, k_arr + 1, u_step, context_total)
-
-    def union(self, u: Any, axis: int = -1) -> np.ndarray:
-        """:func:`union_unique` with this model's expert count."""
-        return union_unique(u, self.n_experts, axis=axis)
 
     @classmethod
     def from_batch1(cls, base: CostModel, n_experts: int, top_k: int, gamma: Mapping[int, float] | float = 0.0,

@@ -97,14 +97,12 @@ def pooled_alpha(fit: pd.DataFrame, m_min: int = 5) -> dict[str, float]:
 
 # -- the designed experiments of every width, and the share of a pass they explain ---------------
 
-def designed_traces(root: Path | None = None) -> dict[int, Path]:
-    """The designed-experiment traces under ``root`` (default ``data/traces``), by expert width:
-    folders named ``designed-w<width>``."""
+def designed_traces() -> dict[int, Path]:
+    """The designed-experiment traces of ``data/traces``, by expert width: folders named ``designed-w<width>``."""
     from speclimits.paths import TRACES_DIR
 
-    root = Path(root) if root is not None else TRACES_DIR
     out = {}
-    for p in sorted(root.glob("designed-w*")):
+    for p in sorted(TRACES_DIR.glob("designed-w*")):
         if (p / "rounds.parquet").exists() and p.name[len("designed-w"):].isdigit():
             out[int(p.name[len("designed-w"):])] = p
     return dict(sorted(out.items()))

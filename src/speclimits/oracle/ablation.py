@@ -60,19 +60,6 @@ class AlphaAblation:
         order = out["boundary"].str.split("->").str[0].astype(int)
         return out.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 
-    def comparison(self) -> pd.DataFrame:
-        """Totals: Oracle (full), Oracle (α = 0, its own cost), α = 0 policy under the full cost."""
-        f, z = self.full.bounds, self.zero.bounds
-        return pd.DataFrame({
-            "quantity": ["Oracle time, full cost (ms)", "Oracle time, α = 0 cost (ms)",
-                         "α = 0 policy priced at full cost (ms)", "slowdown of the α = 0 policy",
-                         "mean accepted length, full", "mean accepted length, α = 0",
-                         "states whose k* changes", "states with Q⁰(k*+1) − Q⁰(k*) < 0"],
-            "value": [f.oracle_ms, z.oracle_ms, self.repriced_ms, self.repriced_loss, f.mean_accepted,
-                      z.mean_accepted, float((self.full.k_star != self.zero.k_star).mean()),
-                      len(self.cases) / self.full.inputs.n_states],
-        })
-
 
 def alpha_ablation(full: OracleResult, draft_prob: np.ndarray | None = None) -> AlphaAblation:
     """Re-solve ``full``'s problem with alpha = 0 and compare (see :class:`AlphaAblation`).

@@ -6,7 +6,7 @@ in the setting of :mod:`~speclimits.oracle.batch_problem`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -179,19 +179,13 @@ class PairOracle:
         return self.value[g, : n1 + 1, : n2 + 1], self.policy[g, :n1, :n2]
 
 
-def pair_oracle(inputs: OracleInputs, model: BatchCostModel, pairs: Iterable[Sequence[int]] | None = None,
-                order: Sequence[str] | None = None, **problem: Any) -> PairOracle:
-    """The exact Oracle for b = 2 (the Bellman equation in :class:`PairOracle`), numpy-vectorised over
-    p2, k and the pairs (stacked), row by row in decreasing p1.
-
-    ``pairs``: sequence-index pairs (default: :func:`groups` of 2 in ``order``; a last group of one
-    is solved alone by the batch-1 Oracle). ``problem``: ``k_max``, ``deterministic``, ``allow_k0`` of
+def pair_oracle(inputs: OracleInputs, model: BatchCostModel, **problem: Any) -> PairOracle:
+    """The exact Oracle for b = 2 (the Bellman equation in :class:`PairOracle`) on the pairs of :func:`groups`
+    of 2 (a last group of one is solved alone by the batch-1 Oracle), numpy-vectorised over p2, k and the
+    pairs (stacked), row by row in decreasing p1. ``problem``: ``k_max``, ``deterministic``, ``allow_k0`` of
     :meth:`BatchProblem.build`; with ``deterministic`` V is the minimum over every joint action sequence.
     """
-    ctx = BatchProblem.build(inputs, model, **problem)
-    if pairs is None:
-        return solve_pairs(ctx, *split_pairs(groups(inputs, 2, order)))
-    return solve_pairs(ctx, np.asarray([np.asarray(p) for p in pairs], dtype=np.int64).reshape(-1, 2), [])
+    return solve_pairs(BatchProblem.build(inputs, model, **problem), *split_pairs(groups(inputs, 2)))
 
 
 def solve_pairs(ctx: BatchProblem, pairs: np.ndarray, singles: Sequence[int]) -> PairOracle:

@@ -5,7 +5,7 @@ has the argument), in the setting of :mod:`~speclimits.oracle.batch_problem`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -105,11 +105,10 @@ def relax(ctx: BatchProblem, grps: list[np.ndarray], b: int) -> RelaxationBound:
     return RelaxationBound(b, res.bounds.oracle_ms, int(ctx.inputs.n_tokens.sum()), plain, relaxed, rho, res)
 
 
-def relaxation_bound(inputs: OracleInputs, model: BatchCostModel, b: int, order: Sequence[str] | None = None,
-                     **problem: Any) -> RelaxationBound:
+def relaxation_bound(inputs: OracleInputs, model: BatchCostModel, b: int, **problem: Any) -> RelaxationBound:
     """A bound no policy can beat at batch size ``b``: the sum over requests of the batch-1 Oracle
     (:func:`speclimits.oracle.solver.solve`) under :func:`relaxed_cost_model` (its docstring has the
     argument). ``problem``: ``k_max``, ``deterministic``, ``allow_k0`` of :meth:`BatchProblem.build` (k = 0
     by default when the model has m = 1, so that the bound covers policies that take plain steps). The
     speedup is over plain decoding (static K = 0) at b."""
-    return relax(BatchProblem.build(inputs, model, **problem), groups(inputs, b, order), b)
+    return relax(BatchProblem.build(inputs, model, **problem), groups(inputs, b), b)

@@ -153,8 +153,7 @@ def table_values(ctx: BatchProblem, grps: list[np.ndarray], b: int, tables: np.n
 
 
 def evaluate_tables(inputs: OracleInputs, model: BatchCostModel, b: int, tables: Any, n_samples: int = DEFAULT_SAMPLES,
-                    seed: int = 0, order: Sequence[str] | None = None, method: str = "auto",
-                    **problem: Any) -> TableValues:
+                    seed: int = 0, method: str = "auto", **problem: Any) -> TableValues:
     """Expected total time of batch-size tables in closed batches of ``b`` (:func:`groups`).
 
     A table gives the joint k for each number n of active requests (:meth:`BatchProblem.tables`; an int is
@@ -165,7 +164,7 @@ def evaluate_tables(inputs: OracleInputs, model: BatchCostModel, b: int, tables:
     ``problem``: ``k_max``, ``deterministic``, ``allow_k0`` of :meth:`BatchProblem.build`.
     """
     ctx = BatchProblem.build(inputs, model, **problem)
-    return table_values(ctx, groups(inputs, b, order), b, ctx.tables(b, tables), n_samples, seed, method)
+    return table_values(ctx, groups(inputs, b), b, ctx.tables(b, tables), n_samples, seed, method)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ robustness checks, and the cost-model fit the Oracle reads.
 
 Every fit uses the decode rounds with a non-zero timing (:func:`speclimits.trace.decode_rounds`),
 OLS with standard errors clustered by generation, and GroupKFold(5) by generation for
-out-of-sample metrics. Results objects carry ``params``, ``bse``, ``conf_int()``, ``summary()``,
-``to_frame()``, ``to_dict()`` and ``to_json()``.
+out-of-sample metrics. Results objects carry ``to_dict()`` (what ``speclimits fit --json`` prints) and,
+where a command prints them as text, ``summary()``.
 """
 
 from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, cluster_bootstrap,

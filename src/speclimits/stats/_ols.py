@@ -21,7 +21,6 @@ import pandas as pd
 from scipy import stats as sps
 from sklearn.model_selection import GroupKFold
 
-from speclimits import jsonutil
 from speclimits.errors import SpeclimitsError
 
 #: Base variables a design may use (``const`` is added first).
@@ -145,9 +144,7 @@ class CellMoments:
         return self.subset(mask)
 
     def column(self, name: str) -> np.ndarray:
-        """Row-level values of a base variable (or ``y`` for the response)."""
-        if name in ("y", self.response):
-            return self.y
+        """Row-level values of a base variable (the response is ``y``)."""
         return self.z[:, self.names.index(name)]
 
     def row_attr(self, attr: str) -> np.ndarray:
@@ -300,18 +297,8 @@ def failed_replicates(beta: np.ndarray) -> int:
 # ---------------------------------------------------------------------------
 
 
-class ResultsMixin:
-    """``to_json`` from ``to_dict``; ``__str__`` from ``summary``."""
-
-    def to_json(self, **kwargs: Any) -> str:
-        return jsonutil.dumps(self.to_dict(), **kwargs)
-
-    def __str__(self) -> str:  # pragma: no cover - convenience
-        return self.summary()
-
-
 @dataclass(frozen=True)
-class OLSResults(ResultsMixin):
+class OLSResults:
     """A fitted linear model with cluster-robust covariance (statsmodels-like).
 
     Attributes
@@ -374,12 +361,6 @@ class OLSResults(ResultsMixin):
         return {"label": self.label, "response": self.response, "nobs": self.nobs, "n_clusters": self.n_clusters,
                 "rsquared": self.rsquared, "rmse": self.rmse,
                 "params": self.to_frame().rename_axis("term").reset_index()}
-
-    def summary(self) -> str:
-        head = (f"OLS {self.response} ~ {self.label or ' + '.join(self.params.index)}\n"
-                f"rows {self.nobs:,}  generations (clusters) {self.n_clusters:,}  R² {self.rsquared:.4f}  "
-                f"RMSE {self.rmse:.4f}\nSE clustered by generation; 95% CI with t({self.df_t})\n")
-        return head + self.to_frame().to_string(float_format=lambda v: f"{v:.6g}")
 
 
 def cluster_cov(xtx: np.ndarray, scores: np.ndarray, clusters: np.ndarray, nobs: int) -> np.ndarray:
@@ -461,7 +442,7 @@ def group_folds(mom: CellMoments, n_splits: int = 5) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CVResult(ResultsMixin):
+class CVResult:
     """Out-of-sample metrics of one design across GroupKFold folds.
 
     ``folds`` has one row per fold: ``r2``, ``rmse``, ``mape`` (%), ``medape`` (%), ``n_test``.
@@ -484,9 +465,6 @@ class CVResult(ResultsMixin):
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "folds": self.folds, "summary": self.to_frame().rename_axis("metric")}
-
-    def summary(self) -> str:
-        return f"GroupKFold CV of {self.label}\n" + self.to_frame().to_string()
 
 
 def ape(y: np.ndarray, yhat: np.ndarray) -> np.ndarray:

@@ -31,7 +31,6 @@ from statsmodels.stats.sandwich_covariance import cov_cluster
 
 from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve
 from speclimits.errors import CostModelError, SpeclimitsError
-from speclimits.stats._ols import ResultsMixin
 from speclimits.stats.costfit import m1_convention
 from speclimits.trace import Trace, read_trace
 
@@ -124,14 +123,14 @@ COV_TYPES = ("jackknife", "cr1")
 @dataclass(frozen=True)
 class _Fit:
     """One OLS: statsmodels' estimates, the covariance behind the intervals (``cov``, of type
-    ``cov_type``) and statsmodels' own cluster-robust one (``cov_cr1``, or classical without clusters)."""
+    ``cov_type``) and statsmodels' own cluster-robust one (``cov_cr1``)."""
 
     params: pd.Series
     cov: pd.DataFrame
     cov_cr1: pd.DataFrame
     q: float
     nobs: int
-    n_clusters: int | None
+    n_clusters: int
     rsquared: float
     cov_type: str
 
@@ -140,22 +139,16 @@ class _Fit:
         return self.cov.loc[name, name], self.cov_cr1.loc[name, name]
 
 
-def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray | None, cov_type: str = "jackknife") -> _Fit:
-    """statsmodels OLS of ``y`` on ``x``. With ``groups``: statsmodels' cluster-robust covariance (CR1,
-    t(G - 1)) as ``cov_cr1``, and behind the intervals the cluster jackknife (statsmodels' CV3, the
-    default) or CR1; without: the classical OLS covariance."""
+def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray, cov_type: str = "jackknife") -> _Fit:
+    """statsmodels OLS of ``y`` on ``x`` clustered by ``groups`` (the batches): statsmodels'
+    cluster-robust covariance (CR1, t(G - 1)) as ``cov_cr1``, and behind the intervals the cluster
+    jackknife (statsmodels' CV3, the default) or CR1."""
     if cov_type not in COV_TYPES:
         raise SpeclimitsError(f"cov_type must be one of {COV_TYPES}, got {cov_type!r}")
-    model = sm.OLS(y, x)
-    if groups is None:
-        res = model.fit()
-        cov = res.cov_params()
-        q = float(sps.t.interval(0.95, max(res.df_resid, 1))[1])
-        return _Fit(res.params, cov, cov, q, int(res.nobs), None, float(res.rsquared), "classical OLS")
     codes = pd.factorize(groups, sort=True)[0]
     if codes.max() < 1:
         raise SpeclimitsError("clustered standard errors need at least two clusters (batches) in the fitted steps")
-    res = model.fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+    res = sm.OLS(y, x).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
     n_clusters = int(codes.max()) + 1
     cr1 = res.cov_params()
     cov, label = cr1, "cluster-robust CR1 (statsmodels)"
@@ -205,15 +198,7 @@ def _residual_varies(u: np.ndarray, n1: np.ndarray) -> bool:
     return bool(np.var(resid) > 1e-10 * max(1.0, float(np.mean(u)) ** 2))
 
 
-def _groups(df: pd.DataFrame, clusters: str | None) -> np.ndarray | None:
-    if clusters is None:
-        return None
-    if clusters not in df.columns:
-        raise SpeclimitsError(f"cannot cluster by {clusters!r}: the steps table has no such column")
-    return df[clusters].to_numpy()
-
-
-def _fit_target(df: pd.DataFrame, top_k: int, clusters: str | None, cov_type: str) -> dict[str, Any]:
+def _fit_target(df: pd.DataFrame, top_k: int, cov_type: str) -> dict[str, Any]:
     """Target part: one OLS with beta0, gamma, alpha per m and a shared c (see the module docstring)."""
     if df.empty:
         raise SpeclimitsError("no uniform decode steps with a non-zero target time to fit")
@@ -236,7 +221,7 @@ def _fit_target(df: pd.DataFrame, top_k: int, clusters: str | None, cov_type: st
     ident = [mv for mv in ms if alpha_id[mv]]
     if not ident:
         raise SpeclimitsError("alpha is not identified at any m (the step's Ū is constant everywhere)")
-    res = _ols(df["t_target_ms"].to_numpy(dtype=float), pd.DataFrame(cols), _groups(df, clusters), cov_type)
+    res = _ols(df["t_target_ms"].to_numpy(dtype=float), pd.DataFrame(cols), df["batch_id"].to_numpy(), cov_type)
     p, notes = res.params, []
     names = ("beta0", "alpha", "gamma")
     out: dict[str, Any] = {n: {} for n in names}
@@ -267,7 +252,7 @@ def _fit_target(df: pd.DataFrame, top_k: int, clusters: str | None, cov_type: st
     return {**out, **_fit_info(res, notes)}
 
 
-def _fit_draft(df: pd.DataFrame, clusters: str | None, cov_type: str) -> dict[str, Any]:
+def _fit_draft(df: pd.DataFrame, cov_type: str) -> dict[str, Any]:
     """Drafter part: ``t_draft ~ b + a k + b_req (n - 1) + a_req (n - 1) k`` on steps with K > 0."""
     if df.empty:
         raise SpeclimitsError("no uniform decode steps with K > 0 and a non-zero draft time: the drafter line "
@@ -280,7 +265,7 @@ def _fit_draft(df: pd.DataFrame, clusters: str | None, cov_type: str) -> dict[st
     per_req = _varies(n1)
     if per_req:
         cols.update({"b_req": n1, "a_req": n1 * k})
-    res = _ols(df["t_draft_ms"].to_numpy(dtype=float), pd.DataFrame(cols), _groups(df, clusters), cov_type)
+    res = _ols(df["t_draft_ms"].to_numpy(dtype=float), pd.DataFrame(cols), df["batch_id"].to_numpy(), cov_type)
     out: dict[str, Any] = {"ci": {}, "se": {}, "se_cr1": {}}
     for name in ("a", "b", "a_req", "b_req"):
         fitted = name in res.params.index
@@ -290,22 +275,21 @@ def _fit_draft(df: pd.DataFrame, clusters: str | None, cov_type: str) -> dict[st
 
 
 def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, n_experts: int, top_k: int,
-                    clusters: str | None = "batch_id", batch_sizes: Sequence[int] | None = None,
-                    cov_type: str = "jackknife", source: str = "") -> BatchCostModel:
+                    batch_sizes: Sequence[int] | None = None, cov_type: str = "jackknife",
+                    source: str = "") -> BatchCostModel:
     """:func:`fit_batch_cost_model` on tables: ``steps`` (and ``rounds`` for the uniformity check).
 
-    ``batch_sizes``: fit on the steps of these b only (default all). ``clusters``: a steps column
-    (default ``batch_id``) or None for the classical OLS covariance. ``cov_type``: the covariance
+    ``batch_sizes``: fit on the steps of these b only (default all). ``cov_type``: the covariance
     behind the intervals, ``"jackknife"`` (default) or ``"cr1"`` (see :func:`fit_batch_cost_model`).
     """
     uni = uniform_decode_steps(steps, rounds)
     if batch_sizes is not None:
         uni = uni.loc[uni["b"].isin([int(b) for b in batch_sizes])].reset_index(drop=True)
     n_zero_t = int((uni["t_target_ms"] <= 0).sum())
-    tgt = _fit_target(uni.loc[uni["t_target_ms"] > 0].reset_index(drop=True), top_k, clusters, cov_type)
+    tgt = _fit_target(uni.loc[uni["t_target_ms"] > 0].reset_index(drop=True), top_k, cov_type)
     with_draft = uni.loc[(uni["K"] > 0) & (uni["k"] > 0)]
     n_zero_d = int((with_draft["t_draft_ms"] <= 0).sum())
-    drf = _fit_draft(with_draft.loc[with_draft["t_draft_ms"] > 0].reset_index(drop=True), clusters, cov_type)
+    drf = _fit_draft(with_draft.loc[with_draft["t_draft_ms"] > 0].reset_index(drop=True), cov_type)
     base = CostModel(c=tgt["c"], beta0=tgt["beta0"], alpha=tgt["alpha"], a=drf["a"], b=drf["b"],
                      source=source or "speclimits fit --batch: batch cost model on the uniform decode steps")
 
@@ -319,24 +303,23 @@ def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, 
         "draft": record(drf, n_zero_d),
         "n_steps_total": int(len(steps)), "n_uniform_decode": int(len(uni)),
         "batch_sizes": sorted(int(b) for b in uni["b"].unique()),
-        "clusters": clusters,
+        "clusters": "batch_id",
         "notes": tgt["notes"] + drf["notes"] + [
             "fitted on uniform decode steps (every request decoding at the same m); prefill, mixed and "
             "non-uniform steps are not covered by the model",
-            "OLS (statsmodels); 95% intervals from the " + tgt["cov_type"] + " covariance"
-            + (f" by {clusters}, t(G - 1)" if clusters else "")
-            + "; se_cr1: statsmodels' cluster-robust standard errors (what the batch-1 fit reports)"],
+            "OLS (statsmodels); 95% intervals from the " + tgt["cov_type"] + " covariance by batch_id, t(G - 1)"
+            "; se_cr1: statsmodels' cluster-robust standard errors (what the batch-1 fit reports)"],
     }
     return BatchCostModel(base=base, gamma=tgt["gamma"], a_req=drf["a_req"], b_req=drf["b_req"],
                           n_experts=int(n_experts), top_k=int(top_k), extra={"fit": fit})
 
 
-def fit_batch_cost_model(trace: Trace | str | Path, *, clusters: str | None = "batch_id",
-                         batch_sizes: Sequence[int] | None = None, cov_type: str = "jackknife") -> BatchCostModel:
+def fit_batch_cost_model(trace: Trace | str | Path, *, batch_sizes: Sequence[int] | None = None,
+                         cov_type: str = "jackknife") -> BatchCostModel:
     """Fit the :class:`~speclimits.costmodel.BatchCostModel` of a batch trace (see the module docstring).
 
-    Drafter steps: K > 0, ``k = n_drafted_next / n_reqs`` drafts per request. ``clusters``: the steps
-    column the covariance is clustered by (default ``batch_id``); ``batch_sizes``: fit on those b only
+    Drafter steps: K > 0, ``k = n_drafted_next / n_reqs`` drafts per request; standard errors clustered
+    by batch (``batch_id``). ``batch_sizes``: fit on those b only
     (b = 1 only: the batch-1 model). ``extra["fit"]`` (the JSON's ``batch.fit``) holds every
     coefficient's 95% interval (``ci95``) and standard errors (null where set by a convention), which
     were identified, the steps, clusters, R² and notes; ``n_experts`` and ``top_k`` come from meta.json.
@@ -347,7 +330,7 @@ def fit_batch_cost_model(trace: Trace | str | Path, *, clusters: str | None = "b
     simulator the estimates spread 1.2-1.35x the mean CR1 standard error; ``tests/test_stats_batch.py``).
     """
     tr, steps, rounds, n_experts, top_k = _batch_trace(trace)
-    return fit_batch_steps(steps, rounds, n_experts=n_experts, top_k=top_k, clusters=clusters,
+    return fit_batch_steps(steps, rounds, n_experts=n_experts, top_k=top_k,
                            batch_sizes=batch_sizes, cov_type=cov_type,
                            source=f"speclimits fit --batch on trace {tr.path.resolve().name} ({tr.source_label})")
 
@@ -514,7 +497,7 @@ def validation_summary(validation: pd.DataFrame) -> str:
 
 
 @dataclass(frozen=True)
-class UnionTable(ResultsMixin):
+class UnionTable:
     """Measured Ū of the uniform decode steps against independent routing and the saturation curve.
 
     ``steps``: one row per uniform decode step: ``batch_id``, ``b``, ``K``, ``step``, ``n``, ``m``,
@@ -528,9 +511,6 @@ class UnionTable(ResultsMixin):
     by_batch_k: pd.DataFrame
     n_experts: int
     top_k: int
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.by_batch_k
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_experts": self.n_experts, "top_k": self.top_k, "by_batch_k": self.by_batch_k}

@@ -18,8 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits.stats._ols import (CellMoments, Design, ResultsMixin, Term, ape, cv_fold_sse, fit_ols,
-                                   group_folds, predict)
+from speclimits.stats._ols import CellMoments, Design, Term, ape, cv_fold_sse, fit_ols, group_folds, predict
 
 RULE_TEXT = ("one-standard-error rule against 'no split' (a split is declared only if its GroupKFold RMSE "
              "beats no split by more than one SE of its fold RMSEs), then nested CV: the split is kept only "
@@ -100,7 +99,7 @@ def _outer_folds(mom: CellMoments, n_splits: int) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class BoundaryResults(ResultsMixin):
+class BoundaryResults:
     """Whether and where the regime changes (see the module docstring for the rule).
 
     ``split``: the reported boundary (last m of the lower regime) or None (no regime).
@@ -118,13 +117,6 @@ class BoundaryResults(ResultsMixin):
     n_agree: int
     reason: str
     method: str = RULE_TEXT
-
-    @property
-    def params(self) -> pd.Series:
-        return pd.Series({"split": self.split})
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.curve
 
     def to_dict(self) -> dict[str, Any]:
         return {"split": self.split, "rule_split": self.rule_split, "argmin_split": self.argmin_split,

@@ -22,8 +22,7 @@ from scipy import stats as sps
 from speclimits import vocabulary
 from speclimits.costmodel import CostModel
 from speclimits.errors import SpeclimitsError
-from speclimits.stats._ols import (CellMoments, Design, OLSResults, ResultsMixin, Term, cross_products, fit_ols,
-                                   solve_normal)
+from speclimits.stats._ols import CellMoments, Design, OLSResults, Term, cross_products, fit_ols, solve_normal
 from speclimits.stats.draft import DRAFT_DESIGN
 from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
@@ -156,7 +155,7 @@ def joint_design(groups: Sequence[Sequence[int]], unidentified: Sequence[Sequenc
 
 
 @dataclass(frozen=True)
-class JointResults(ResultsMixin):
+class JointResults:
     """The joint categorical fit: the regression and its per-m coefficient table.
 
     ``by_m`` has one row per m: ``K``, ``n``, ``beta0``, ``beta0_se``, ``beta0_lower``/``upper``,
@@ -186,9 +185,6 @@ class JointResults(ResultsMixin):
     @property
     def c(self) -> float:
         return float(self.ols.params["c"])
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.by_m
 
     def to_dict(self) -> dict[str, Any]:
         return {"fit": self.ols.to_dict(), "by_m": self.by_m, "c": self.c, "c_se": float(self.ols.bse["c"]),

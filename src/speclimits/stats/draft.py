@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, ResultsMixin, cross_validate, fit_ols,
+from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, cross_validate, fit_ols,
                                    group_folds, predict)
 from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, decode_rounds
@@ -24,7 +24,7 @@ DRAFT_DESIGN = Design.linear("K", label="a·K + b")
 
 
 @dataclass(frozen=True)
-class DraftResults(ResultsMixin):
+class DraftResults:
     """The draft section.
 
     ``ols`` the fit; ``by_k``: per K mean T_D, the line's value and the deviation (%);
@@ -71,9 +71,6 @@ class DraftResults(ResultsMixin):
         out = pd.DataFrame(rows, columns=["quantity", "key", "ours", "se_or_ci"]).set_index("quantity")
         out.attrs["ci"] = ci
         return out
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.table()
 
     def to_dict(self) -> dict[str, Any]:
         return {"fit": self.ols.to_dict(), "a": float(self.params["a"]), "b": float(self.params["b"]),

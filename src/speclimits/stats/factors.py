@@ -1,20 +1,19 @@
 """Factor analysis of target time (Table A2) and the standardized associations by K (H3).
 
 >>> res = analyze_factors(tr.rounds)            # doctest: +SKIP
->>> res.to_frame()                               # Table A2
+>>> res.table                                    # Table A2
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from speclimits.errors import SpeclimitsError
-from speclimits.stats._ols import (CellMoments, Design, ResultsMixin, cross_validate, fit_ols,
-                                   group_folds, t_interval)
+from speclimits.stats._ols import CellMoments, Design, cross_validate, fit_ols, group_folds, t_interval
 from speclimits.stats.comparisons import BASE_DESIGN
 from speclimits.trace import FilterReport, decode_rounds
 
@@ -40,15 +39,8 @@ FACTOR_REQUIREMENTS = {
 }
 
 
-def select_k(rounds: pd.DataFrame, k_values: Sequence[int] | None) -> pd.DataFrame:
-    """Rows with K in ``k_values``; default K >= 1 (the paper's sweep; K = 0 only feeds m = 1)."""
-    k = rounds["K"].to_numpy()
-    keep = np.isin(k, list(k_values)) if k_values is not None else k >= 1
-    return rounds.loc[keep].reset_index(drop=True)
-
-
 @dataclass(frozen=True)
-class FactorResults(ResultsMixin):
+class FactorResults:
     """Table A2, the H3 associations and the factor correlations.
 
     Attributes
@@ -81,14 +73,6 @@ class FactorResults(ResultsMixin):
         """The ``skipped`` entries as one text (``"<what>: <why>; ..."``), or None when nothing is skipped."""
         return "; ".join(f"{name}: {why}" for name, why in self.skipped.items()) or None
 
-    @property
-    def params(self) -> pd.Series:
-        """Standalone CV R² by factor (the headline numbers)."""
-        return self.table["r2"]
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.table
-
     def to_dict(self) -> dict[str, Any]:
         return {"filter": self.report.to_dict(), "n_rows": self.n_rows, "n_generations": self.n_generations,
                 "k_values": list(self.k_values), "table_a2": self.table.rename_axis("factor"),
@@ -106,12 +90,12 @@ class FactorResults(ResultsMixin):
         return "\n".join(lines + self.skipped_lines())
 
 
-def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None, n_splits: int = 5) -> FactorResults:
+def analyze_factors(rounds: pd.DataFrame, n_splits: int = 5) -> FactorResults:
     """Run the factor analysis on the ``rounds`` table of a trace.
 
-    Decode rounds with a non-zero target time (:func:`speclimits.trace.decode_rounds`), K in
-    ``k_values`` (default K >= 1). Each factor is fitted alone and together with Ū by OLS on four
-    folds and scored on the fifth (GroupKFold by generation).
+    Decode rounds with a non-zero target time (:func:`speclimits.trace.decode_rounds`) and K >= 1 (the
+    paper's sweep; K = 0 only feeds m = 1). Each factor is fitted alone and together with Ū by OLS on
+    four folds and scored on the fifth (GroupKFold by generation).
 
     A factor the trace cannot score (constant on its rounds, e.g. m on a sweep with one K > 0) and a
     K whose associations cannot be fitted are left out and named in ``skipped`` with why
@@ -119,7 +103,7 @@ def analyze_factors(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     generations for the folds. Raises only when there are no decode rounds with K >= 1.
     """
     dec, report = decode_rounds(rounds, timing="target")
-    dec = select_k(dec, k_values)
+    dec = dec.loc[dec["K"].to_numpy() >= 1].reset_index(drop=True)
     if dec.empty:
         raise SpeclimitsError("the factor analysis needs decode rounds with K >= 1 (this trace has none)")
     mom = CellMoments.from_rounds(dec)

@@ -8,7 +8,7 @@ cluster-bootstrap intervals (:mod:`~speclimits.stats.uncertainty`) on the headli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,11 +16,10 @@ import pandas as pd
 from speclimits.bootstrap import percentile_interval
 from speclimits.stats import comparisons as cmp
 from speclimits.stats import uncertainty as unc
-from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, ResultsMixin, cross_validate,
+from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, cross_validate,
                                    failed_replicates, fit_ols, group_folds)
 from speclimits.stats.boundary import BoundaryResults, detect_boundary
 from speclimits.stats.costfit import JointResults, fit_joint
-from speclimits.stats.factors import select_k
 from speclimits.stats.m_split import FIXED_SPLIT, as_headline, split_rows
 from speclimits.stats.requirements import REQUIREMENTS, TABLES, Skip, Skips
 from speclimits.trace import FilterReport, decode_rounds
@@ -72,7 +71,7 @@ PER_K_COLUMNS = ["K", "m", "n", "n_generations"] + [f"{name}{suffix}" for name i
 
 
 @dataclass(frozen=True)
-class FinalModelResults(ResultsMixin):
+class FinalModelResults:
     """Everything of the final-model section; tables are DataFrames.
 
     ``regimes``: the rows that depend on the split in m (:func:`~speclimits.stats.m_split.split_rows`) at
@@ -110,17 +109,6 @@ class FinalModelResults(ResultsMixin):
     def skipped(self) -> dict[str, str]:
         """``{name: why}`` of everything this trace cannot give (what ``speclimits fit`` prints)."""
         return {s.name: s.why for s in self.skips}
-
-    @property
-    def params(self) -> pd.Series:
-        return self.joint.params
-
-    @property
-    def bse(self) -> pd.Series:
-        return self.joint.bse
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.per_k
 
     def to_dict(self) -> dict[str, Any]:
         comp = self.comparison.attrs if self.comparison is not None else {}
@@ -359,9 +347,8 @@ def _missing(requirement: str, folds, pooled, cvs: dict[str, Any]) -> str:
     return f"{requirement}; here it lacks {', '.join(lacking)} (skipped above)" if lacking else requirement
 
 
-def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None, n_splits: int = 5,
-                    n_boot: int = 999, seed: int = 0) -> FinalModelResults:
-    """Fit the final model and its comparisons on the decode rounds with K in ``k_values`` (default K >= 1).
+def fit_final_model(rounds: pd.DataFrame, n_splits: int = 5, n_boot: int = 999, seed: int = 0) -> FinalModelResults:
+    """Fit the final model and its comparisons on the decode rounds with K >= 1.
 
     ``n_boot`` cluster-bootstrap resamples (generations within K, ``seed``) give the 95% intervals.
     Each comparison table is computed only where the trace identifies it (:data:`REQUIREMENTS`);
@@ -369,7 +356,7 @@ def fit_final_model(rounds: pd.DataFrame, k_values: Sequence[int] | None = None,
     is no section at all: no decode rounds with K >= 1, or no m at which α is identified.
     """
     dec, report = decode_rounds(rounds, timing="target")
-    mom = CellMoments.from_rounds(select_k(dec, k_values))
+    mom = CellMoments.from_rounds(dec.loc[dec["K"].to_numpy() >= 1].reset_index(drop=True))
     ks = [int(k) for k in sorted(mom.cells["K"].unique())]
     sk = Skips(f"K = {', '.join(map(str, ks))}; {mom.n_clusters} generations")
     per_k, fits = fit_per_k(mom, n_splits, sk)

@@ -20,7 +20,7 @@ from scipy import stats as sps
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.errors import SpeclimitsError
 from speclimits.stats import diagnostics as diag
-from speclimits.stats._ols import CellMoments, OLSResults, ResultsMixin, cluster_bootstrap, fit_ols, predict
+from speclimits.stats._ols import CellMoments, OLSResults, cluster_bootstrap, fit_ols, predict
 from speclimits.stats.comparisons import BASE_DESIGN
 from speclimits.stats.costfit import fit_joint
 from speclimits.trace import FilterReport, decode_rounds
@@ -29,7 +29,7 @@ BIN_VARS = ("context_len", "kv_usage", "round")
 
 
 @dataclass(frozen=True)
-class RobustnessResults(ResultsMixin):
+class RobustnessResults:
     """Robustness checks on one K.
 
     ``estimates``: one row per method/refit (``method``, ``variant``, ``n``, ``alpha``, ``c`` and their
@@ -57,14 +57,6 @@ class RobustnessResults(ResultsMixin):
     report: FilterReport
 
     @property
-    def params(self) -> pd.Series:
-        return self.base.params
-
-    @property
-    def bse(self) -> pd.Series:
-        return self.base.bse
-
-    @property
     def ranges(self) -> pd.DataFrame:
         e = self.estimates
         c_spread = self.c_by_k["c"]
@@ -73,9 +65,6 @@ class RobustnessResults(ResultsMixin):
             "ours_max": [e["alpha"].max(), 1e3 * e["c"].max(), 1e3 * c_spread.max()],
         }, index=[f"alpha, ms/expert (K={self.k}, all checks)", f"c, 1e-3 ms/token (K={self.k}, all checks)",
                   "c, 1e-3 ms/token, across per-K fits"])
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.estimates
 
     def to_dict(self) -> dict[str, Any]:
         boot = self.boot
