@@ -55,9 +55,10 @@ def _digest(paths: list[Path]) -> str:
 
 def cache_key(trace: Path, result_path: Path, rule: str = RULE) -> str:
     """The content key of one decomposition: the engine run's JSON, every file of the trace folder, the
-    package's top-level modules and its ``control``, ``oracle`` and ``trace`` packages, and the rule."""
+    package's top-level modules, its ``control``, ``oracle`` and ``trace`` packages and this module (which
+    writes the cache), and the rule."""
     pkg = Path(__file__).resolve().parents[2]
-    code = sorted(pkg.glob("*.py")) + sorted(p for d in _CODE for p in (pkg / d).rglob("*.py"))
+    code = sorted(pkg.glob("*.py")) + sorted(p for d in _CODE for p in (pkg / d).rglob("*.py")) + [Path(__file__)]
     data = [Path(result_path)] + sorted(p for p in Path(trace).iterdir() if p.is_file())
     return hashlib.sha256(f"{_digest(data)} {_digest(code)} {rule}".encode()).hexdigest()[:24]
 
@@ -84,7 +85,7 @@ def decomposition_speeds(trace: Any, result: dict[str, Any], rule: str = RULE,
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(out.to_json(orient="records"))
+        tmp.write_text(json.dumps(out.to_dict("records")))  # every digit (pandas' to_json keeps 10)
         os.replace(tmp, path)  # atomic: a concurrent build reads the whole file or none
     return out
 
