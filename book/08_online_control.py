@@ -105,6 +105,7 @@ from IPython.display import Markdown, display
 
 import speclimits.book_support as bs
 from speclimits.book.views import control as view
+from speclimits.book.views import sampled
 from speclimits.control.fit import fit_policy, greedy_setup
 from speclimits.control.decompose import gap_decomposition
 from speclimits.control.offline import k_chosen_along, offline_table
@@ -364,6 +365,51 @@ if oracle_ok:
                    "\"Below 1\": the workload interval lies under 1.")
     else:
         print(wrap("no run on unseen prompts for this trace (data/control/twin/fresh/ is the twin's)"))
+
+# %% [markdown]
+# **Sampled requests.** Everything above is greedy. `data/traces/twin-eagle3-t07` is the twin traced at
+# temperature 0.7 (top-p 1) on one machine, with two sampled references per prompt; along a sampled reference
+# a draft matches with the target's probability of it, which is the probability vLLM's rejection sampler
+# accepts a greedy draft with (the methods page), so the Oracle keeps its meaning. Table
+# {numref}`tbl-sampled-oracle` sets it beside the greedy sweep of the same machine
+# (`data/traces/twin-eagle3-t07/README.md`). Sampling costs twice here: the draft matches a sampled
+# continuation less often than the greedy one, and the rejection sampler's verification of a sampled row costs
+# more than a greedy one's.
+
+# %% tags=["hide-input"]
+if oracle_ok and sampled.SAMPLED_TRACE.exists() and Path(str(tr.path)).name == TWIN_TRACE.name:
+    beside, machines = sampled.oracle_beside([sampled.GREEDY_TRACE, sampled.SAMPLED_TRACE], k_max=k_max)
+    page.table(beside, "tbl-sampled-oracle",
+               "Greedy and sampled requests on the memory-bound twin, both traced on one machine "
+               f"({machines[-1]}; measured): plain decoding, the best static K, the mean accepted drafts per "
+               "round of the static sweeps' references, the Oracle's bound (calibrated probabilities; k >= 1, "
+               "and with k = 0 allowed: a round that drafts nothing) over plain decoding, and the largest error "
+               "of the Oracle's cost model against the measured static-K sweep.")
+else:
+    print(wrap("the sampled twin trace is compared on the twin's own page (the default book)"))
+
+# %% [markdown]
+# In the engine, the policy fitted on the sampled trace's train prompts runs the 22 held-out ones at temperature
+# 0.7, every request with a seed shared by the arms of its block, against plain decoding and stock vLLM at
+# K = 1..6 (Table {numref}`tbl-control-sampled`). On CPU every engine of the run, stock ones included, samples
+# through vLLM's rejection sampler repaired (vllm-project/vllm#55005: unrepaired, stock sampled speculation
+# is not the target's distribution). The texts differ between arms by design; that the controller keeps the
+# target's distribution is tested apart (`tests/test_control_distribution.py`).
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    t07, t07_note = sampled.sampled_runs()
+    if t07:
+        page.table(sampled.engine_beside_plain(t07), "tbl-control-sampled",
+                   "The controller on sampled requests (temperature 0.7; measured, "
+                   f"{view.regime_of(next(iter(t07.values())))}, {describe(next(iter(t07.values()))['engine']['cpu'])}; "
+                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(t07.items()))
+                   + "): the best stock K over all blocks and each policy, ms per token over all blocks, the speed "
+                   "over plain decoding and the workload ratio to the best stock K [95% interval over blocks].")
+    else:
+        print(wrap(t07_note))
+else:
+    print(wrap("the sampled engine runs are shown on the twin's own page (the default book)"))
 
 # %% tags=["hide-input"]
 if oracle_ok:

@@ -160,6 +160,16 @@
 # teacher-forced (the target may disagree with it at any position). The two are different
 # processes and are reported apart.
 #
+# A **sampled reference** is a continuation the target sampled at the trace's temperature and top-p
+# (`speclimits trace --temperature T --oracle-samples N`: the prompt's sweep generation and N - 1 more,
+# seeded). With a greedy draft, vLLM's rejection sampler accepts draft $d$ with probability
+# $p_T(d \mid \text{prefix})$, the target's probability at that temperature and top-p, and otherwise samples
+# from the rest of the target's distribution; the accepted tokens are then distributed as a sample path of
+# the target, and "the draft is accepted" is "it equals that path's next token". So the Oracle walks a
+# sampled reference as it walks a greedy one, with `accept_prob` ($p_T$ of each drafted token, recorded by
+# the harness) as each draft's match probability. A sampled trace's headline is on its sampled
+# references, as a greedy trace's is on its greedy ones (`speclimits.vocabulary.headline_kind`).
+#
 # `oracle.parquet` holds one row per state; `tokens.parquet` one row per token, for the routing
 # and linguistic studies. The convention, the same in the vLLM harness and in the simulator:
 #

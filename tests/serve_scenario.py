@@ -1,8 +1,10 @@
 """The controller inside ``vllm serve``, run by tests/test_control_serve.py in a loopback-only network namespace:
 plain greedy decoding of the prompts in this process, then ``vllm serve`` with the bundled pair and the
-ControlWorkerExtension on 127.0.0.1, armed through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``), the same
-prompts through ``/v1/completions``; prints ``RESULT {json}`` (both texts, the arm reply, what the controller
-drained). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
+ControlWorkerExtension on 127.0.0.1, armed by its environment (``SPECLIMITS_CONTROL_POLICY``: the package's
+vLLM plugin, :mod:`speclimits.control.plugin`; no call), the same prompts through ``/v1/completions``, with a
+streamed request cancelled (the client disconnects) after a few tokens before and between them; prints
+``RESULT {json}`` (both texts, the server log's arming line, what the controller drained, read through
+``/collective_rpc`` in the development mode). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
 
 from __future__ import annotations
 
@@ -32,6 +34,22 @@ def post(url: str, body: dict, timeout: float = 120) -> dict:
     with urllib.request.urlopen(req, timeout=timeout) as r:  # 127.0.0.1 inside the namespace only
         text = r.read().decode()
     return json.loads(text) if text else {}
+
+
+def cancelled_stream(base: str, text: str, after: int = 3) -> int:
+    """Stream a long completion and disconnect after ``after`` chunks (the server then aborts the request);
+    returns the chunks read."""
+    body = {"model": str(TARGET), "prompt": text, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    seen = 0
+    with urllib.request.urlopen(req, timeout=120) as r:  # 127.0.0.1 inside the namespace only
+        for line in r:
+            seen += line.startswith(b"data:")
+            if seen >= after:
+                break
+    return seen
 
 
 def plain_texts(prompts: list[str]) -> list[str]:
@@ -80,12 +98,13 @@ def main(work: Path, policy: Path) -> dict:
             if time.time() - t0 > 300:
                 raise RuntimeError("vllm serve did not come up in 300 s")
             time.sleep(1)
-        armed = post(base + "/collective_rpc", {"method": "speclimits_control_arm"})
-        served = []
+        served, cancelled = [], []
         for text in prompts:
+            cancelled.append(cancelled_stream(base, text))  # aborted mid-generation, then a whole request
             out = post(base + "/v1/completions", {"model": str(TARGET), "prompt": text, "max_tokens": TOKENS,
                                                   "temperature": 0, "ignore_eos": True})
             served.append(out["choices"][0]["text"])
+        time.sleep(2)  # the engine's last step hands the finished and aborted ids to the worker
         drained = post(base + "/collective_rpc", {"method": "speclimits_control_drain"})
     finally:
         server.terminate()
@@ -95,7 +114,9 @@ def main(work: Path, policy: Path) -> dict:
             server.kill()
         log.close()
     d = drained["results"][0]
-    return {"plain": plain, "served": served, "armed": armed["results"][0],
+    armed = [x for x in (work / "server.log").read_text().splitlines() if "speclimits control: armed" in x]
+    return {"plain": plain, "served": served, "armed": armed, "cancelled_chunks": cancelled,
+            "policy": d["policy"], "live_requests": d["live_requests"], "requests": d["requests"],
             "n_rounds": d["n_rounds"], "profile": d["profile"], "ks": [k for r in d["rounds"] for k in r["k"]]}
 
 

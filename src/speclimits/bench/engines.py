@@ -18,11 +18,13 @@ EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
 
 
 def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1, load_format: str = "auto",
-              max_model_len: int = 1024, seed: int = 0, dtype: str = "float32", extension: bool = True) -> Any:
+              max_model_len: int = 1024, seed: int = 0, dtype: str = "float32", extension: bool = True,
+              max_num_batched_tokens: int | None = None) -> Any:
     """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine.
 
     ``extension=False``: stock, the same engine arguments without a worker extension (what a user runs
-    with ``num_speculative_tokens = k``)."""
+    with ``num_speculative_tokens = k``). ``max_num_batched_tokens``: vLLM's token budget per step (None:
+    vLLM's default)."""
     vllm = eng.require_vllm()
     eng.check_vllm_api()
     choice = engine_dtype(None, model_config(target), cpu_info()["flags"], dtype)  # an MLA target on AMX: bfloat16
@@ -30,7 +32,9 @@ def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int
         print(f"speclimits control bench: {choice.reason}", file=sys.stderr)
     dtype = choice.dtype
     kw = eng.engine_kwargs(target=target, draft=draft, method=method, K=k, seed=seed, dtype=dtype,
-                           load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch)
+                           load_format=load_format, max_model_len=max_model_len, max_num_seqs=batch,
+                           extra={"max_num_batched_tokens": int(max_num_batched_tokens)}
+                           if max_num_batched_tokens else None)
     if extension:
         kw["worker_extension_cls"] = EXTENSION
         eng.detach_worker_extensions()  # an earlier engine in this process may have mixed in the tracer

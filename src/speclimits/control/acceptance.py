@@ -39,6 +39,7 @@ from sklearn.model_selection import GroupKFold
 from speclimits.control.rules import ENGINE_FEATURES, HISTORY_ROUNDS, AcceptanceModel, CalibrationMap, PolicyFit
 from speclimits.oracle.calibration import reached_steps
 from speclimits.oracle.inputs import OracleInputs
+from speclimits.trace.sampling import seq_prompt
 
 #: The candidate features, in the order the forward selection tries them on a tie.
 FEATURES = ("logit_conf", "conf", "position", "log_prod_before", "history", "u_bar_prev", "log_context")
@@ -111,9 +112,10 @@ def _fit_lr(frame: pd.DataFrame, features: list[str], k_max: int) -> AcceptanceM
 
 
 def grouped_folds(frame: pd.DataFrame, n_splits: int = 5) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train rows, held-out rows) per fold, grouped by ``seq_id`` (:class:`~sklearn.model_selection.GroupKFold`):
-    a generation's rows are all in one fold."""
-    groups = frame["seq_id"].astype(str).to_numpy()
+    """(train rows, held-out rows) per fold, grouped by prompt (:class:`~sklearn.model_selection.GroupKFold`):
+    a generation's rows are all in one fold, and so are a sampled trace's references of one prompt
+    (:func:`~speclimits.trace.sampling.seq_prompt`)."""
+    groups = frame["seq_id"].astype(str).map(seq_prompt).to_numpy()
     return list(GroupKFold(n_splits=min(n_splits, len(np.unique(groups)))).split(frame, groups=groups))
 
 

@@ -23,7 +23,8 @@ def actions(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActio
 def register(subparsers: argparse._SubParsersAction) -> None:
     sub = actions(subparsers)
     f = sub.add_parser("fit", help="fit τ, λ, the confidence calibration and the Ū predictor on a train split")
-    f.add_argument("trace", help="trace directory with oracle.parquet (greedy references are used)")
+    f.add_argument("trace", help="trace directory with oracle.parquet (the target's own continuations are used: "
+                                 "greedy references, or a sampled trace's sampled ones)")
     f.add_argument("--out", required=True, help="policy JSON to write")
     f.add_argument("--k-max", type=int, default=None,
                    help=f"K_max (the engine's num_speculative_tokens), default {DEFAULT_FIT_K_MAX}, or fewer where the "
@@ -55,7 +56,7 @@ def run_fit(args: argparse.Namespace) -> int:
     fit.write(args.out)
     print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
           f"(train Oracle {fit.lambda_oracle:.3f}); train {len(fit.train_seq_ids)} / test {len(fit.test_seq_ids)} "
-          "greedy references")
+          f"{fit.data['reference_kind']} references")
     return 0
 
 

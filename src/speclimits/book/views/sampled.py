@@ -1,0 +1,81 @@
+"""Sampled beside greedy requests on one machine (section 8): the Oracle's bound on each and the engine
+benchmark at temperature 0.7. Measured traces and runs only; the machine and regime are read from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from speclimits.book.present import ci_column
+from speclimits.book.views.control_runs import TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs
+from speclimits.arms import PLAIN, policy_label
+from speclimits.machine import describe
+from speclimits.oracle.report import oracle_report
+from speclimits.paths import TRACES_DIR, TWIN_TRACE_EPYC_B
+from speclimits.trace import read_meta
+from speclimits.trace.sampling import Sampling
+
+#: The twin traced at temperature 0.7 (``data/traces/twin-eagle3-t07``), and its greedy counterpart measured on
+#: the same machine (AMD EPYC B): the pair the comparison needs, since machines of this kind differ 1.6x in speed.
+SAMPLED_TRACE = TRACES_DIR / "twin-eagle3-t07"
+GREEDY_TRACE = TWIN_TRACE_EPYC_B
+#: The engine benchmark of the policy fitted on the sampled trace.
+SAMPLED_BENCH_DIR = TWIN_BENCH_DIR / "t07"
+
+
+def decoding(meta: dict[str, Any]) -> str:
+    """``greedy`` or ``temperature T, top-p P`` from a trace's meta.json."""
+    s = Sampling.from_meta(meta)
+    return "greedy" if s.greedy else f"temperature {s.temperature:g}, top-p {s.top_p:g}"
+
+
+def oracle_beside(traces: list[Path], k_max: int = 6) -> tuple[pd.DataFrame, list[str]]:
+    """One row per trace (its headline references: greedy, or sampled in a sampled trace): plain decoding's
+    ms/token, the best static K and its speed over plain, the Oracle's bound (k >= 1; k = 0 allowed, and the
+    share of states where it drafts nothing) over plain, and the largest error of the Oracle's model against
+    the measured static-K sweep. Returns the table and each trace's machine (for the caption)."""
+    rows, machines = [], []
+    for path in traces:
+        rep = oracle_report(path, k_max=k_max, n_boot=0)
+        d = rep.to_json()
+        head = d["headline"]
+        k0 = head.get("with_k0") or {}
+        v = d.get("validation") or {}
+        meta = read_meta(path)
+        machines.append(describe(meta["cpu"]) if "cpu" in meta else "machine not recorded")
+        rows.append({"Decoding": decoding(meta), "References": f"{head['n_sequences']} {head['kind']}",
+                     "Plain (ms/token)": f"{head['autoregressive_ms'] / head['n_tokens']:.2f}",
+                     "Best static K (× plain)": f"{head['best_static_k']} ({head['best_static_speedup']:.3f})",
+                     "Accepted / round": f"{head['mean_accepted']:.2f}",
+                     "Oracle, k ≥ 1 (× plain)": f"{head['speedup']:.3f}",
+                     "Oracle, k = 0 allowed": (f"{k0['speedup']:.3f} (k = 0 in {k0['share_of_states_k0']:.0%})"
+                                               if k0 else "–"),
+                     "Model vs sweep": (f"{v['max_abs_rel_error']:.1%} (K = {v['worst_k']})" if v else "–")})
+    return pd.DataFrame(rows), machines
+
+
+def sampled_runs() -> tuple[dict[int, dict[str, Any]], str]:
+    """The engine benchmark results of the policy fitted on :data:`SAMPLED_TRACE` (``{batch: result}``, note)."""
+    if not (SAMPLED_TRACE / "meta.json").exists():
+        return {}, f"no sampled trace ({SAMPLED_TRACE.name})"
+    return load_bench_runs(read_meta(SAMPLED_TRACE), SAMPLED_BENCH_DIR)
+
+
+def engine_beside_plain(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """Per batch size: the best stock K and each policy, their workload ratio to plain decoding and to the
+    best stock K (all blocks' time per token; 95% intervals over blocks) and the mean k drafted."""
+    rows = []
+    for batch in sorted(runs):
+        t = engine_table(runs[batch]).set_index("arm")
+        best = runs[batch]["choice"]["best_stock_workload"]
+        plain = t.loc[PLAIN, "ms_per_token_pooled"]
+        for key in [best, *[x for x in t.index if is_policy(x)]]:
+            r = t.loc[[key]]
+            rows.append({"Batch": batch, "Arm": policy_label(key),
+                         "ms/token": f"{float(r['ms_per_token_pooled'].iloc[0]):.2f}",
+                         "× plain": f"{plain / float(r['ms_per_token_pooled'].iloc[0]):.3f}",
+                         "× best stock K [95% CI]": ("1" if key == best else ci_column(r, "workload_ratio", 3)[0]),
+                         "Mean k": "–" if key == best else f"{float(r['mean_k'].iloc[0]):.2f}"})
+    return pd.DataFrame(rows)
