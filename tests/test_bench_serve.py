@@ -155,7 +155,8 @@ def test_tiny_served_load_end_to_end(tmp_path):
                 assert doc["spec_decode_num_drafts"] > 0 and 0 <= doc["spec_decode_acceptance_rate"] <= 100
             if arm == "delta-fixed":
                 c = doc["speclimits_control"]
-                assert c["armed"]["policy"] == "delta-fixed" and c["armed"]["profiling_rounds"] == 12
+                # armed by the server's environment (speclimits.control.plugin): its log line
+                assert "armed policy delta-fixed of" in c["armed"] and "12 profiling rounds" in c["armed"]
                 assert c["policy"] == "delta-fixed" and c["profiled"] and doc["warmup"]["profiled"]
                 assert c["n_rounds"] > 0 and 1 <= c["mean_k"] <= 6
     summary = json.loads((out / "summary.json").read_text())

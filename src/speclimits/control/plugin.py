@@ -56,10 +56,9 @@ def warm_up_then_arm(wrapper: Any) -> Any:
         log.warning("speclimits: %s", fix or "vLLM's rejection sampler needs no repair here")
     if not os.environ.get(ENV_POLICY):
         return out
-    from speclimits.control.extension import ControlWorkerExtension
-
     worker = wrapper.worker
-    if not isinstance(worker, ControlWorkerExtension):
+    # the extension (speclimits.control.extension) imports this module for its variables: read by its method
+    if not callable(getattr(worker, "speclimits_control_arm", None)):
         log.warning("speclimits control: %s is set but the worker has no control extension "
                     "(--worker-extension-cls speclimits.control.extension.ControlWorkerExtension): not armed",
                     ENV_POLICY)
