@@ -205,10 +205,12 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
 
 @pytest.mark.vllm
 def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
-    """Sampled requests (temperature 0.8, batch 2: a token budget that holds every prompt of a block, since
-    vLLM-CPU cannot split a seeded request's prefill): seeded per block, every engine repaired on CPU
-    (vllm#55005), no text comparison; a self-draft that accepts every greedy draft now rejects some. A bad
-    temperature is refused in one line before any engine is built."""
+    """A mixed workload of greedy and sampled requests (temperature 0.8, top-p 0.95, half of them greedy, batch
+    2: one of each per block; a token budget that holds every prompt of a block, since vLLM-CPU cannot split a
+    seeded request's prefill), the controller armed with a policy set (``control combine``): seeded per block,
+    every engine repaired on CPU (vllm#55005), each request decided by the fit of its temperature, the greedy
+    requests' texts equal plain decoding's; a self-draft that accepts every greedy draft rejects some sampled
+    ones. A bad temperature, or a greedy share without one, is refused in one line before any engine is built."""
     from speclimits.tracing.engine import apply_env_defaults, cuda_available
 
     apply_env_defaults()
@@ -217,26 +219,32 @@ def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
     from speclimits.tracing.tinymodel import write_tiny_moe
 
     target = write_tiny_moe(tmp_path / "tiny")
-    policy = tmp_path / "policy.json"
+    policy, both = tmp_path / "policy.json", tmp_path / "set.json"
     assert main(["control", "fit", str(smoke_trace), "--out", str(policy), "--k-max", "3"]) == 0
-    args = ["control", "bench", "--policy", str(policy), "--trace", str(smoke_trace), "--target", str(target),
+    assert main(["control", "combine", str(policy), f"{policy}@0.8", "--out", str(both)]) == 0
+    args = ["control", "bench", "--policy", str(both), "--trace", str(smoke_trace), "--target", str(target),
             "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
             "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
             "--max-tokens", "12", "--blocks", "2", "--static", "2", "--ext-static", "2", "--policies", "delta",
             "--profile-rounds", "12", "--batch", "2", "--out", str(tmp_path / "bench.json")]
     assert main([*args, "--temperature", "-1"]) == 2
     assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
-    assert main([*args, "--temperature", "0.8", "--top-p", "0.95"]) == 0
+    assert main([*args, "--greedy-share", "0.5"]) == 2
+    assert "--greedy-share must be in [0, 1) and needs --temperature > 0" in capsys.readouterr().err
+    assert main([*args, "--temperature", "0.8", "--top-p", "0.95", "--greedy-share", "0.5"]) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
-    assert res["lossless"] is None and res["config"]["temperature"] == 0.8 and res["config"]["top_p"] == 0.95
-    assert "temperature 0.8, top-p 0.95" in res["summary_text"]
-    assert all(b["lossless"] is None for b in res["blocks"])
+    assert res["config"]["temperature"] == 0.8 and res["config"]["top_p"] == 0.95
+    assert res["lossless"] is True and all(b["greedy_requests"] == 1 and b["lossless"] for b in res["blocks"])
+    assert "0.5 of the requests greedy, the rest at temperature 0.8, top-p 0.95" in res["summary_text"]
+    assert res["policy_set"]["temperatures"] == [0.0, 0.8] and res["offline"] is None
+    assert all(b["parts"] == {"0": 1, "0.8": 1} for b in res["blocks"] if b["arm"] == "delta")
     assert res["engine"]["max_num_batched_tokens"] == 2 * res["config"]["max_model_len"]
     if not cuda_available():
         assert any("vllm#55005" in f for f in res["engine"]["fixes"])
     s = pd.DataFrame(res["summary"]).set_index("arm")
     assert set(s.index) == {"plain", "stock:2", "static:2", "delta"}
-    assert s.loc["static:2", "spec_decode_acceptance_length"] < 1 + 2 - 0.35  # greedy: 1 + K (the test above)
+    # the greedy request accepts all of each round's 2 drafts (the test above), the sampled one fewer
+    assert s.loc["static:2", "spec_decode_acceptance_length"] < 1 + 2 - 0.2
 
 
 def test_batch_replay_sweep_reproduces_the_committed_prediction():

@@ -4,6 +4,7 @@ driver, the published baselines on hand-made outcomes, the fit command and the o
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -71,13 +72,13 @@ def logits_with_top1(conf: np.ndarray, vocab: int = 64):
     return torch.tensor(x, dtype=torch.float32)
 
 
-def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: bool = False) -> list[dict[int, int]]:
+def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: bool = False,
+                driver: RoundDriver | None = None) -> list[dict[int, int]]:
     """The engine's round driver (RoundDriver: the rules' scalar form, one request at a time) on a batch of
     all sequences, replaying the recorded greedy outcomes: the k of each round, in the order of the offline
     rollout. ``batch_keep=False`` leaves out the batch-level keep rule, which the one-sequence offline walk
-    does not have."""
-    pol = fit.make(name)
-    driver = RoundDriver(pol)
+    does not have. ``driver``: this one instead of a driver of ``fit.make(name)`` (a mixed batch's)."""
+    driver = driver or RoundDriver(fit.make(name))
     if not batch_keep:  # nor the batch-level decisions (the Delta rules' batch_select, one k for the batch)
         driver.batch_keep = driver.shared = driver.batch_plan = False
     rids = [str(s) for s in inputs.seq_ids]
@@ -357,6 +358,84 @@ def test_head_of_the_inputs(random_inputs):
     np.testing.assert_array_equal(t.n_tokens, [30, 25, 30])
     assert t.n_states == 85 and (t.pos < 30).all()
     np.testing.assert_array_equal(t.draft_conf[30:55], random_inputs.draft_conf[40:65])
+
+
+@pytest.mark.parametrize("name", ["threshold", "delta", "delta-fixed:acceptance", "throughput"])
+def test_a_mixed_batch_decides_each_request_by_its_own_fit(random_inputs, name):
+    """A policy set in one batch (:mod:`speclimits.control.policyset`; the batch-level decisions off, as in the
+    test above): each request takes, round by round, the k it takes in a batch decided by its own fit alone; and
+    the two fits disagree somewhere, so a driver that decided every request by one fit would fail."""
+    from speclimits.control.acceptance import acceptance_frame, fit_acceptance
+
+    acc = fit_acceptance(acceptance_frame(random_inputs, K), K)
+    sharp = replace(hand_fit(tau=0.3, lam=4.0), acceptance=acc)
+    low = replace(hand_fit(tau=0.6, lam=9.0), calibration=CalibrationMap((0.0, 0.5, 1.0), (0.02, 0.2, 0.5)),
+                  tokens_per_round=tuple(1.0 + 0.3 * k for k in range(1, K + 1)), acceptance=replace(
+                      acc, intercept=acc.intercept - 2.0))
+    alone = [engine_walk(f, name, random_inputs) for f in (sharp, low)]
+    part = {str(s): i % 2 for i, s in enumerate(random_inputs.seq_ids)}
+    asked = []
+    parts = [sharp.make(name), low.make(name)]
+    driver = RoundDriver(parts[0], parts, lambda rid: asked.append(rid) or part[rid])
+    mixed = engine_walk(sharp, name, random_inputs, driver=driver)
+    assert sorted(asked) == sorted(part)  # each request's part asked once
+    differ = 0
+    for s, sid in enumerate(random_inputs.seq_ids):
+        own = [r[s] for r in alone[part[str(sid)]] if s in r]
+        assert [r[s] for r in mixed if s in r] == own, (name, sid)
+        differ += own != [r[s] for r in alone[1 - part[str(sid)]] if s in r]
+    assert differ > 0, name
+    assert driver.group == {str(s): part[str(s)] for s in random_inputs.seq_ids}
+    driver.release(list(part))
+    assert not driver.group and not driver.state
+
+
+def test_throughput_zero_k_plans_no_draft_and_skips_the_drafter(random_inputs):
+    """``throughput:zero-k``: where the prior acceptance is so low that one token from a plain pass is worth more
+    than any draft (hand prices: 1/8.9 against 1.01/10.8 for k = 1), it plans k = 0 for every request and the
+    round skips the drafter (offline: no draft step is paid); with an acceptance that pays, the same rule drafts;
+    the stock rule never plans 0. Labels name the variant; other rules do not take it."""
+    from speclimits.control.offline import walk_actions
+
+    low = replace(hand_fit(), tokens_per_round=tuple(1.0 + 0.01 * k for k in range(1, K + 1)))
+    high = replace(hand_fit(), tokens_per_round=tuple(1 + sum(0.9 ** t for t in range(1, k + 1)) for k in range(1, K + 1)))
+    for fit, name, zero in ((low, "throughput:zero-k", True), (high, "throughput:zero-k", False),
+                            (low, "throughput", False)):
+        driver = RoundDriver(fit.make(name))
+        keep, drafted = driver.run_round(["a", "b"], [[0.9] * K, [0.1] * K], K)
+        assert (keep == [0, 0] and drafted == 0) if zero else (min(keep) >= 1 and drafted >= 1), (name, keep, drafted)
+        sub = random_inputs.subset([0])
+        ks = walk_actions(fit.make(name).bind(sub, CostTable.build(sub, fit.cost_model, fit.k_max)), sub)
+        assert (ks[np.isfinite(ks)] == 0).all() == zero, name
+    assert policy_label("throughput:zero-k") == "SGLang-style throughput-aware, k = 0 skips the drafter"
+    assert not is_policy_name("throughput:alone") and not is_policy_name("ema:zero-k") and is_policy_name("delta:zero-k")
+
+
+def test_policy_set_file_chooses_the_nearest_temperature(tmp_path, capsys):
+    """``speclimits control combine``: fits by temperature (read from the fit, or PATH@T), the nearest one per
+    request, a round trip through the file, and one-line refusals (no temperature, K_max that differ)."""
+    from speclimits.control.policyset import PolicySet, combine, fit_for, fit_temperature, read_policy
+
+    greedy = replace(hand_fit(), data={"reference_kind": "greedy"})
+    hot = replace(hand_fit(lam=9.0), data={"reference_kind": "sampled", "sampling": {"temperature": 0.7, "top_p": 1}})
+    old = replace(hand_fit(lam=6.0), data={"reference_kind": "sampled"})
+    paths = {n: f.write(tmp_path / f"{n}.json") for n, f in (("greedy", greedy), ("hot", hot), ("old", old))}
+    assert (fit_temperature(greedy), fit_temperature(hot), fit_temperature(old)) == (0.0, 0.7, None)
+    out = tmp_path / "set.json"
+    assert main(["control", "combine", str(paths["greedy"]), str(paths["hot"]), f"{paths['old']}@1.2",
+                 "--out", str(out)]) == 0
+    assert "3 fits, K_max 5" in capsys.readouterr().out
+    s = read_policy(out)
+    assert isinstance(s, PolicySet) and s.temperatures == (0.0, 0.7, 1.2)
+    assert [s.part(t) for t in (0.0, 1e-7, 0.3, 0.35, 0.36, 0.7, 0.95, 1.0, 2.0)] == [0, 0, 0, 0, 1, 1, 1, 2, 2]
+    assert fit_for(s, 0.8).lambda_ == 9.0 and fit_for(greedy, 0.8) is greedy
+    assert PolicySet.from_dict(s.to_dict()).to_dict() == s.to_dict()
+    assert main(["control", "combine", str(paths["old"]), "--out", str(out)]) == 2
+    assert f"give it as {paths['old']}@T" in capsys.readouterr().err
+    with pytest.raises(SpeclimitsError, match=r"K_max \[3, 5\]"):
+        combine([str(paths["greedy"]), str(hand_fit(k_max=3).write(tmp_path / "k3.json")) + "@0.5"])
+    with pytest.raises(SpeclimitsError, match="distinct"):
+        combine([str(paths["greedy"]), f"{paths['hot']}@0"])
 
 
 def test_policy_json_round_trip_and_errors(tmp_path):

@@ -111,6 +111,64 @@ def test_profile_then_policy_lossless(ce, tiny):
     assert drained["price_scale"] > 0 and set(drained["hook_us"]) >= {"observe", "plan", "draft_step"}
 
 
+def test_a_policy_set_decides_greedy_and_sampled_requests_apart(ce, tiny):
+    """A policy set (``speclimits control combine``) on a batch of two greedy and two sampled requests: each
+    request is decided by the fit of its temperature, read from its sampling parameters (here a fit whose
+    calibration says every draft matches, for T = 0, and one that says none does, for T = 0.8); the greedy
+    requests' texts equal plain decoding's in the same mixed batch."""
+    from dataclasses import replace
+
+    from speclimits.control.policyset import PolicySet
+
+    target, head = tiny
+    sure = replace(PolicyFit.from_dict(policy_dict(4)), calibration=CalibrationMap((0.0, 1.0), (1.0, 1.0)))
+    doubt = replace(sure, calibration=CalibrationMap((0.0, 1.0), (0.0, 0.0)))
+    greedy = [True, False, True, False]
+    kw = dict(temperature=0.8, seeds=[11, 12, 13, 14], greedy=greedy)
+    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=4, load_format="dummy", max_model_len=256)
+    plain = ce.generate(llm, PROMPTS, TOKENS, **kw)
+    ce.close(llm)
+    llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=4, load_format="dummy", max_model_len=256)
+    try:
+        info = llm.collective_rpc("speclimits_control_set", args=(PolicySet((sure, doubt), (0.0, 0.8)).to_dict(),
+                                                                  "delta-fixed:alone"))[0]
+        outs = ce.generate(llm, PROMPTS, TOKENS, **kw)
+        drained = llm.collective_rpc("speclimits_control_drain")[0]
+    finally:
+        ce.close(llm)
+    assert info["parts"] == "T = 0: fit 0, T = 0.8: fit 1"
+    assert [o for o, g in zip(outs, greedy) if g] == [o for o, g in zip(plain, greedy) if g]
+    assert drained["parts"] == {"0": 2, "0.8": 2}
+    most = sorted(max(ks) for ks in drained["requests"].values())
+    assert len(most) == 4 and most[:2] <= [1, 1] and most[2:] == [4, 4], drained["requests"]
+
+
+def test_a_round_that_plans_no_draft_skips_the_drafter(ce, tiny):
+    """``throughput:zero-k`` with a prior that says no draft pays: after the prompts' prefill (drafted as
+    always, so that the head's cache holds them) no round drafts at all, the engine verifies one row per
+    request, and the greedy outputs equal plain decoding's."""
+    from dataclasses import replace
+
+    target, head = tiny
+    fit = replace(PolicyFit.from_dict(policy_dict(4)), tokens_per_round=(1.01, 1.0101, 1.0102, 1.0103))
+    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
+    plain = ce.generate(llm, PROMPTS, TOKENS)
+    ce.close(llm)
+    llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=2, load_format="dummy", max_model_len=256)
+    try:
+        llm.collective_rpc("speclimits_control_set", args=(fit.to_dict(), "throughput:zero-k"))
+        outs = ce.generate(llm, PROMPTS, TOKENS)
+        drained = llm.collective_rpc("speclimits_control_drain")[0]
+    finally:
+        ce.close(llm)
+    assert outs == plain
+    rounds = drained["rounds"]
+    assert all(k == 0 for r in rounds for k in r["k"])
+    skipped = sum(r["drafted"] == 0 for r in rounds)
+    # one drafted round per prefill (4 prompts), every decode round skipped
+    assert sum(r["drafted"] > 0 for r in rounds) <= len(PROMPTS) and skipped >= len(PROMPTS) * (TOKENS - 4) // 2
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_offline_driver_replays_the_engine_decisions_exactly(ce, tiny, batch):
     """The engine's round driver, recording what it was given (the price scale as refreshed, each round's

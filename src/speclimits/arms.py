@@ -34,6 +34,9 @@ POLICY_NAMES = tuple(POLICY_LABELS)
 DELTA_VARIANTS = {"alone": "each request alone", "greedy-stop": "greedy stop",
                   "previous-u": "Ū of previous round", "raw-confidence": "raw confidence", "zero-k": "k = 0 allowed",
                   "acceptance": "acceptance model"}
+#: The variants of the throughput-aware rule (``throughput:zero-k``): a round may plan k = 0, and when every request
+#: of the batch does, the engine skips the drafter (:class:`~speclimits.control.rules.ThroughputAware`).
+THROUGHPUT_VARIANTS = {"zero-k": "k = 0 skips the drafter"}
 #: Variants the engine cannot run: it does not count the experts a round touched, so it has no previous Ū.
 OFFLINE_ONLY = frozenset({"previous-u"})
 #: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).
@@ -49,8 +52,8 @@ def parse_policy_name(name: str) -> tuple[str, tuple[str, ...]] | None:
     base, *mods = str(name).split(":")
     if base not in POLICY_LABELS:
         return None
-    if mods and (base not in ("delta", "delta-fixed") or len(set(mods)) != len(mods)
-                 or any(m not in DELTA_VARIANTS for m in mods)):
+    known = DELTA_VARIANTS if base in ("delta", "delta-fixed") else THROUGHPUT_VARIANTS if base == "throughput" else {}
+    if mods and (len(set(mods)) != len(mods) or any(m not in known for m in mods)):
         return None
     return base, tuple(mods)
 
@@ -119,7 +122,8 @@ def arm(key: str) -> Arm:
     if parsed is None:
         return Arm(key, "unknown", None, key)
     base, mods = parsed
-    return Arm(key, "policy", None, ", ".join([POLICY_LABELS[base], *(DELTA_VARIANTS[m] for m in mods)]))
+    labels = THROUGHPUT_VARIANTS if base == "throughput" else DELTA_VARIANTS
+    return Arm(key, "policy", None, ", ".join([POLICY_LABELS[base], *(labels[m] for m in mods)]))
 
 
 def offline_key(key: str) -> str | None:

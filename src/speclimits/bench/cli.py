@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = actions(subparsers)
     b = sub.add_parser("bench", help="every policy against stock vLLM at every static K, finely interleaved blocks, "
                                      "paired ratios")
-    b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`")
+    b.add_argument("--policy", required=True, help="policy JSON from `speclimits control fit`, or a policy set by temperature from `speclimits control combine`")
     b.add_argument("--trace", default=None, help="trace whose Oracle data covers the prompts (default: the fit's)")
     b.add_argument("--target", default=str(TARGET_MODEL), help="target model folder (default: the bundled one)")
     b.add_argument("--draft", default=str(EAGLE3_MODEL), help="EAGLE-3 head folder (default: the bundled one)")
@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "a seed, the same in every arm; on CPU every engine runs with vLLM's rejection sampler repaired "
                         "(vllm#55005). The policy and trace should be sampled at the same temperature")
     b.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests (default 1)")
+    b.add_argument("--greedy-share", type=float, default=0.0,
+                   help="a mixed workload: this share of the requests greedy, the rest sampled at --temperature, in "
+                        "the same batches (default 0); give --policy a policy set (`speclimits control combine`) so "
+                        "that each request is decided by a fit of its own temperature")
     b.set_defaults(func=run_bench)
     r = sub.add_parser("summarize", help="recompute benchmark files' summaries from their stored blocks (nothing is run)",
                        description="Recompute the summary of each benchmark JSON from the blocks and the offline "

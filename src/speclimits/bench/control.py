@@ -29,11 +29,19 @@ sampler repaired (vllm-project/vllm#55005, :func:`speclimits.tracing.extension.f
 in ``engine.fixes``): unrepaired, stock sampled speculative decoding is not the target's distribution.
 The offline prediction is then the expectation over the trace's sampled references (a trace sampled at
 the same temperature and top-p: ``speclimits trace --temperature``), priced as above.
+
+**A mixed workload** (``--greedy-share S`` with ``--temperature T``): a share S of the requests is greedy, the
+rest sampled, in the same batches (request g of the run, counting block by block, is greedy where
+``floor((g + 1)·S) > floor(g·S)``: the share is exact over the run, and every arm gets the same mix). The
+controller should then decide each request with a policy of its own temperature: ``--policy`` a policy set
+(``speclimits control combine``; one fitted at T, one greedy). ``lossless`` compares the greedy requests'
+texts with plain decoding's; there is no offline prediction (no one trace holds the mix's references).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -48,6 +56,7 @@ import pandas as pd
 from speclimits.bench import engines as ce
 from speclimits.arms import PLAIN, arm, is_reference, offline_key, static_key, stock_key
 from speclimits.control.fit import greedy_setup
+from speclimits.control.policyset import PolicySet, fit_for, policy_from_dict, read_policy
 from speclimits.control.rules import PolicyFit
 from speclimits.control.offline import batch_replay, offline_table, select
 from speclimits.control.profile import PROFILE_ROUNDS
@@ -94,6 +103,8 @@ class BenchConfig:
     #: sampling of every request (0: greedy); each request of a block has a seed, the same in every arm
     temperature: float = 0.0
     top_p: float = 1.0
+    #: the share of greedy requests among sampled ones (a mixed workload; needs ``temperature`` > 0)
+    greedy_share: float = 0.0
     #: at least this; raised to fit the longest prompt, its output and a draft
     max_model_len: int = 1024
 
@@ -106,11 +117,24 @@ class BenchConfig:
                    if args.ext_static
                    else [], policies=[p for p in args.policies.split(",") if p],
                    profile_rounds=args.profile_rounds, seed=args.seed,
-                   temperature=float(getattr(args, "temperature", 0.0)), top_p=float(getattr(args, "top_p", 1.0)))
+                   temperature=float(getattr(args, "temperature", 0.0)), top_p=float(getattr(args, "top_p", 1.0)),
+                   greedy_share=float(getattr(args, "greedy_share", 0.0) or 0.0))
 
     @property
     def sampled(self) -> bool:
         return self.temperature > 0
+
+    @property
+    def mixed(self) -> bool:
+        return self.sampled and self.greedy_share > 0
+
+    def greedy(self, block: int, n: int) -> list[bool] | None:
+        """Which of a block's ``n`` requests are greedy in a mixed workload (None otherwise): request ``g`` of
+        the run is where ``floor((g + 1)·S) > floor(g·S)``, S the greedy share."""
+        if not self.mixed:
+            return None
+        s = self.greedy_share
+        return [math.floor((g + 1) * s) > math.floor(g * s) for g in range(block * n, block * n + n)]
 
     def seeds(self, block: int, n: int) -> list[int] | None:
         """The seeds of a block's ``n`` requests (sampled runs; None when greedy): the same for every arm."""
@@ -145,8 +169,9 @@ def vllm_counters(llm: Any) -> dict[str, int]:
     return out
 
 
-def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path) -> list[Any]:
-    """The prompts to run: the fit's test references (``ids="test"``), ``"all"``, or listed ids."""
+def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path, others: tuple[PolicyFit, ...] = ()) -> list[Any]:
+    """The prompts to run: the fit's test references (``ids="test"``), ``"all"``, or listed ids; none that
+    ``fit`` or one of ``others`` (the other fits of a policy set) was fitted on."""
     path = Path(cfg.prompts) if cfg.prompts else trace / PROMPTS_FILE
     prompts = read_prompts(path)
     if cfg.ids == "all":
@@ -159,7 +184,7 @@ def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path) -> list[Any]:
         if missing:
             raise SpeclimitsError(f"{path}: no prompts with ids {missing[:5]} (--ids {cfg.ids})")
         chosen = [by_id[w] for w in want]
-    train = {seq_prompt(s) for s in fit.train_seq_ids} & {p.id for p in chosen}
+    train = {seq_prompt(s) for f in (fit, *others) for s in f.train_seq_ids} & {p.id for p in chosen}
     if train:
         raise SpeclimitsError(f"prompts {sorted(train)[:5]} were used to fit {cfg.policy}: benchmark held-out ones")
     return chosen[: cfg.limit] if cfg.limit else chosen
@@ -198,14 +223,16 @@ def token_budget(cfg: BenchConfig) -> int | None:
     return cfg.batch * cfg.max_model_len if cfg.sampled and cfg.batch > 1 else None
 
 
-def build_engines(cfg: BenchConfig, fit: PolicyFit, warm_ids: list[list[int]], progress: Any) -> Engines:
+def build_engines(cfg: BenchConfig, fit: PolicyFit | PolicySet, warm_ids: list[list[int]], progress: Any
+                  ) -> Engines:
     """Stock engines first (they never see the extension), then the controlled one; each warmed up, the
-    controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds, then the fitted costs)."""
+    controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds, then the fitted costs). ``fit``:
+    the policy JSON's fit, or set of fits, the controlled engine is armed with."""
     kw = dict(batch=cfg.batch, load_format=cfg.load_format, max_model_len=cfg.max_model_len, seed=cfg.seed)
     if token_budget(cfg):
         kw["max_num_batched_tokens"] = token_budget(cfg)
     stock: dict[int, Any] = {}
-    engines = Engines(stock=stock, ctrl=None, policy=fit.to_dict())
+    engines = Engines(stock=stock, ctrl=None, policy=fit.to_dict())  # (a set's dict holds its fits)
     try:
         for k in [0, *cfg.static]:
             progress(f"building the stock engine K = {k} ...")
@@ -264,7 +291,8 @@ def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int, s
                    wasted_draft_steps=wasted / max(len(ks), 1),
                    k_histogram=np.bincount(ks, minlength=2).tolist() if ks.size else [],
                    hook_us={k: v / max(d["n_rounds"], 1) for k, v in d["hook_us"].items()},
-                   token_choice=d.get("token_choice") or None, top1_op=d.get("top1_op") or None)
+                   token_choice=d.get("token_choice") or None, top1_op=d.get("top1_op") or None,
+                   **({"parts": d["parts"]} if d.get("parts") else {}))
     return row, outs
 
 
@@ -279,7 +307,7 @@ def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: 
     (None for sampled requests), plain decoding's output per prompt index)."""
     from tqdm.auto import tqdm
 
-    arms = engines.arms(cfg, PolicyFit.from_dict(engines.policy).k_max)
+    arms = engines.arms(cfg, policy_from_dict(engines.policy).k_max)
     rows, plain_out, lossless = [], {}, True
     threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     bar = tqdm(range(cfg.blocks), desc=f"blocks (batch {cfg.batch}, {len(arms)} arms)", disable=progress is None)
@@ -288,22 +316,28 @@ def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: 
         prompts = [ids[i] for i in which]
         shift = block % len(arms)
         outs_of: dict[str, list] = {}
-        sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seeds=cfg.seeds(block, len(prompts))) \
-            if cfg.sampled else None
+        greedy = cfg.greedy(block, len(prompts))
+        sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seeds=cfg.seeds(block, len(prompts)),
+                        greedy=greedy) if cfg.sampled else None
         for key in arms[shift:] + arms[:shift]:
             row, outs = run_arm(engines, key, prompts, cfg.max_tokens, sampling)
             rows.append({**row, "block": block, "prompts": which})
             outs_of[key] = outs
-        for i, o in zip(which, outs_of[PLAIN]):
-            plain_out.setdefault(i, o)
+        if not cfg.sampled:
+            for i, o in zip(which, outs_of[PLAIN]):
+                plain_out.setdefault(i, o)
         for r in rows[-len(arms):]:  # sampled: other draws, other texts (lossless in distribution: tested)
-            r["lossless"] = None if cfg.sampled else outs_of[r["arm"]] == [plain_out[i] for i in which]
-            lossless &= bool(r["lossless"]) or cfg.sampled
+            if greedy is not None:  # a mixed batch: its greedy requests' texts against plain decoding's
+                r["greedy_requests"] = sum(greedy)
+                r["lossless"] = all(a == b for a, b, g in zip(outs_of[r["arm"]], outs_of[PLAIN], greedy) if g)
+            else:
+                r["lossless"] = None if cfg.sampled else outs_of[r["arm"]] == [plain_out[i] for i in which]
+            lossless &= bool(r["lossless"]) or (cfg.sampled and greedy is None)
         load = max(r["load1"] for r in rows[-len(arms):])
         if load > threads + 0.5 and progress is not None:
             progress(f"warning: block {block}: 1-minute load average {load:.2f} exceeds the {threads} core(s) the "
                      "engine uses: other work shares the machine, timings are noisier")
-    return pd.DataFrame(rows), None if cfg.sampled else bool(lossless), plain_out
+    return pd.DataFrame(rows), None if cfg.sampled and not cfg.mixed else bool(lossless), plain_out
 
 
 # ---------------------------------------------------------------------------
@@ -433,6 +467,9 @@ def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any]
     cols += [c for c in ("predicted_ms_per_token", "prediction_error", "prediction_error_rescaled") if c in summary]
     how = (f"temperature {cfg.temperature:g}, top-p {cfg.top_p:g} (lossless in distribution: tested apart)"
            if cfg.sampled else f"greedy; lossless: {lossless}")
+    if cfg.mixed:
+        how = (f"mixed: {cfg.greedy_share:g} of the requests greedy, the rest at temperature {cfg.temperature:g}, "
+               f"top-p {cfg.top_p:g}; the greedy requests lossless: {lossless}")
     lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt, {how}; "
              f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
              summary[[c for c in cols if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
@@ -535,9 +572,16 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     """Run the benchmark, write ``cfg.out`` (JSON) and return what it holds."""
     for name, message in sampling_problems(cfg.temperature, cfg.top_p, cfg.seed)[:1]:
         raise SpeclimitsError(f"speclimits control bench: {FLAGS[name]} {message}")
-    fit = PolicyFit.read(cfg.policy)
+    if not 0 <= cfg.greedy_share < 1 or (cfg.greedy_share > 0 and not cfg.sampled):
+        raise SpeclimitsError(f"speclimits control bench: --greedy-share must be in [0, 1) and needs --temperature "
+                              f"> 0 (the rest of the requests are sampled), got {cfg.greedy_share:g} at temperature "
+                              f"{cfg.temperature:g}")
+    armed = read_policy(cfg.policy)
+    # the fit of the run's sampling decides what the benchmark reads from a policy (prompts, trace, prediction)
+    fit = fit_for(armed, cfg.temperature)
+    others = tuple(f for f in armed.fits if f is not fit) if isinstance(armed, PolicySet) else ()
     trace = Path(cfg.trace or fit.data.get("trace", ""))
-    prompts = choose_prompts(cfg, fit, trace)
+    prompts = choose_prompts(cfg, fit, trace, others)
     recorded = trace_generations(trace)
     tokenizer = None if all(p.id in recorded for p in prompts) else load_tokenizer(cfg.target)
     ids = [recorded[p.id][0] if p.id in recorded else tokenize(p, tokenizer, chat_template=True) for p in prompts]
@@ -546,7 +590,7 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     if need > cfg.max_model_len:
         progress(f"max_model_len {need} (the longest prompt has {max(len(x) for x in ids)} tokens)")
         cfg = replace(cfg, max_model_len=need)
-    engines = build_engines(cfg, fit, warm_ids, progress)
+    engines = build_engines(cfg, armed, warm_ids, progress)
     try:
         blocks, lossless, plain = measure(cfg, engines, ids, progress)
         arms = engines.arms(cfg, fit.k_max)
@@ -569,8 +613,12 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
     pid = [p.id for p in prompts]
     groups = [[pid[i] for i in block_prompts(ids, cfg.batch, b)] for b in range(cfg.blocks)]
     groups = [g for g in groups if all(x in same for x in g)]
-    offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed, groups,
-                                    every_sample=cfg.sampled)
+    if cfg.mixed:  # no one trace holds the mix's references
+        offline, bounds, note = None, None, (f"mixed workload ({cfg.greedy_share:g} greedy): no offline prediction "
+                                             "(no one trace holds the mix's references)")
+    else:
+        offline, bounds, note = predict(fit, trace, engines.profile, same, arms, cfg.max_tokens, cfg.seed, groups,
+                                        every_sample=cfg.sampled)
     traced = Sampling.from_meta(read_json(trace / "meta.json", "trace meta", SpeclimitsError)) \
         if (trace / "meta.json").is_file() else None
     if traced is not None and (traced.temperature, traced.top_p if traced.temperature else 1.0) != (
@@ -589,6 +637,8 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         "engine": {**engine_info(), "fixes": engines.fixes, "max_num_batched_tokens": token_budget(cfg)},
         "profile": engines.profile,
         "policy_fit": {k: v for k, v in fit.to_dict().items() if k != "curves"},
+        **({"policy_set": {"temperatures": list(armed.temperatures), "sources": list(armed.sources)}}
+           if isinstance(armed, PolicySet) else {}),
         "summary": summary, "blocks": blocks, "offline": offline, "oracle": bounds,
     }
     result["summary_text"] = summary_text(summary, cfg, choice, lossless)

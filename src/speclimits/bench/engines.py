@@ -50,16 +50,19 @@ def model_len(longest_prompt: int, max_tokens: int, k_max: int) -> int:
 
 
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-             seeds: list[int] | None = None) -> list[list[int]]:
+             seeds: list[int] | None = None, greedy: list[bool] | None = None) -> list[list[int]]:
     """Outputs (token ids, ``ignore_eos``) of token-id prompts, in prompt order: greedy, or sampled at
-    ``temperature`` and ``top_p`` with one seed per prompt (``seeds``)."""
+    ``temperature`` and ``top_p`` with one seed per prompt (``seeds``); ``greedy``: per prompt, True for a
+    greedy request among sampled ones (a mixed batch)."""
     from vllm import SamplingParams  # vLLM is optional and heavy: imported only where an engine runs
     from vllm.inputs import TokensPrompt
 
     kw = dict(max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     if temperature > 0:
-        params: Any = [SamplingParams(temperature=temperature, top_p=top_p, seed=s, **kw)
-                       for s in (seeds or range(len(prompts)))]
+        flags = greedy or [False] * len(prompts)
+        params: Any = [SamplingParams(temperature=0.0, **kw) if g else
+                       SamplingParams(temperature=temperature, top_p=top_p, seed=s, **kw)
+                       for s, g in zip(seeds or range(len(prompts)), flags)]
     else:
         params = SamplingParams(temperature=0.0, **kw)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)

@@ -33,6 +33,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--cost-model", default=None, help="cost-model JSON (default: fit on the trace)")
     f.set_defaults(func=run_fit)
+    c = sub.add_parser("combine", help="one policy file for greedy and sampled requests: fits by temperature",
+                       description="Combine policy fits made at different temperatures (`control fit` on a greedy "
+                                   "trace and on traces sampled with `speclimits trace --temperature T`) into one "
+                                   "policy set. In the engine each request is decided with the fit whose temperature "
+                                   "is nearest its own; the first fit prices what a batch shares (its pass). "
+                                   "`control bench --policy` and SPECLIMITS_CONTROL_POLICY (vllm serve) take a set.")
+    c.add_argument("fits", nargs="+", metavar="POLICY[@T]",
+                   help="policy JSON written by `control fit`; @T gives its temperature where the fit does not record "
+                        "it (fits before sampled traces recorded it)")
+    c.add_argument("--out", required=True, help="policy-set JSON to write")
+    c.set_defaults(func=run_combine)
     d = sub.add_parser("decompose", help="where the Oracle's gain goes: one row per rung, on the held-out references")
     d.add_argument("policy", help="policy JSON written by `control fit` (its split and prices are used)")
     d.add_argument("--trace", default=None, help="trace directory (default: the one the policy was fitted on)")
@@ -57,6 +68,15 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}: K_max {fit.k_max}, τ = {fit.tau:.4g}, λ = {fit.lambda_:.3f} ms/token "
           f"(train Oracle {fit.lambda_oracle:.3f}); train {len(fit.train_seq_ids)} / test {len(fit.test_seq_ids)} "
           f"{fit.data['reference_kind']} references")
+    return 0
+
+
+def run_combine(args: argparse.Namespace) -> int:
+    from speclimits.control.policyset import combine, write_set
+
+    fits = combine(args.fits)
+    write_set(fits, args.out)
+    print(f"wrote {args.out}: {len(fits.fits)} fits, K_max {fits.k_max}; {fits.describe()}")
     return 0
 
 

@@ -19,7 +19,7 @@ class EngineRound:
     running confidence products, drafted confidences (where a batch-level keep reads them), steps drafted."""
 
     __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
-                 "prods", "hist", "log_before")
+                 "prods", "hist", "log_before", "pols", "skip")
 
     def __init__(self, rids: list[str], cap: list[int], ctx: list[float], k_call: int, keep_confs: bool,
                  shared: bool = False) -> None:
@@ -35,16 +35,31 @@ class EngineRound:
         #: with an acceptance model: each request's history feature, and the log top-1 product before step j
         self.hist: list[float] | None = None
         self.log_before: list[float] = []
+        #: in a mixed batch, each request's policy (else None: the driver's one policy decides every request)
+        self.pols: list[Policy] | None = None
+        #: every request planned k = 0 and the rule skips the drafter then: no draft step at all
+        self.skip = False
 
 
 class RoundDriver:
     """The policy's side of the engine's rounds, one request at a time in Python scalars: per-request memory
     by request id, :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft
     step, :meth:`finish` when the drafter stopped (kept k), :meth:`verified` after verification (one round
-    late, as in the engine)."""
+    late, as in the engine).
 
-    def __init__(self, policy: Policy) -> None:
+    A mixed batch (:mod:`speclimits.control.policyset`): ``parts``, one policy per fit (the same rule, each set
+    up from its own fit; ``parts[0]`` is ``policy``), and ``part_of``, a request id -> its part's index, asked
+    once per request. Each request's plan, confidences, stops and memory are then its part's; what the batch
+    shares (one decision for the batch, the pooled plan, the price scale) is ``policy``'s."""
+
+    def __init__(self, policy: Policy, parts: list[Policy] | None = None, part_of: Any = None) -> None:
         self.policy = policy
+        self.parts = list(parts) if parts is not None and len(parts) > 1 else None
+        if self.parts is not None and (self.parts[0] is not policy or part_of is None):
+            raise ValueError("a mixed RoundDriver needs parts[0] to be its policy and a part_of callable")
+        self.part_of = part_of
+        #: each request's part (mixed batches), from its first round until it is released
+        self.group: dict[Any, int] = {}
         self.state: dict[str, Any] = {}
         #: per request, its last round whose outcome the policy has not seen (:meth:`verified`):
         #: ``(k, its ms, output tokens before it, Ū)``
@@ -63,29 +78,47 @@ class RoundDriver:
         #: a rule reading an acceptance model: each step's probability from the request's features
         self.acceptance = getattr(policy, "acceptance", None) is not None and not self.plan_only
 
+    def policy_of(self, rid: Any) -> Policy:
+        """The policy that decides request ``rid`` (its part's in a mixed batch)."""
+        if self.parts is None:
+            return self.policy
+        g = self.group.get(rid)
+        if g is None:
+            g = self.group[rid] = int(self.part_of(rid))
+        return self.parts[g]
+
     def _state(self, rid: str) -> Any:
         st = self.state.get(rid)
         if st is None:
-            st = self.state[rid] = self.policy.engine_state()
+            st = self.state[rid] = self.policy_of(rid).engine_state()
         return st
 
     def begin(self, rids: list[str], k_call: int) -> EngineRound:
         """The round's caps (0..k_call; 0: the request keeps no draft, though the drafter runs one step) and
         contexts, before drafting."""
         pol, hi, n = self.policy, max(k_call, 1), len(rids)
+        pols = None
+        if self.parts is not None:  # a mixed batch: each request's own policy, at the batch's price scale
+            pols = [self.policy_of(r) for r in rids]
+            for p in self.parts:
+                p.price_scale = pol.price_scale
         sts = [self._state(r) for r in rids] if self.has_state else [None] * n
         batch = pol.engine_batch_plan(sts) if self.batch_plan else None
         cap, ctx = [], []
         for i, st in enumerate(sts):
-            cap.append(min(max(pol.engine_plan(st) if batch is None else batch[i], 0), hi))
+            p = pol if pols is None else pols[i]
+            cap.append(min(max(p.engine_plan(st) if batch is None else batch[i], 0), hi))
             if not self.plan_only:
-                ctx.append(pol.engine_context(st))
+                ctx.append(p.engine_context(st))
         shared = self.shared and n > 1
         rnd = EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
+        rnd.pols = pols
         if self.acceptance:
-            rnd.hist, rnd.log_before = [pol.engine_history(st) for st in sts], [0.0] * n
+            rnd.hist = [(pol if pols is None else pols[i]).engine_history(st) for i, st in enumerate(sts)]
+            rnd.log_before = [0.0] * n
         if self.plan_only and 0 < rnd.cap_max < k_call:  # a plan: the drafter is asked for the longest cap only
             rnd.k_call = rnd.cap_max
+        rnd.skip = self.plan_only and pol.skips_drafter and n > 0 and max(cap) == 0
         return rnd
 
     def wants_confidence(self, rnd: EngineRound) -> bool:
@@ -105,12 +138,15 @@ class RoundDriver:
 
     def _probs(self, rnd: EngineRound, j: int, top1: list[float]) -> list[float]:
         """Step j's match probability per request: the calibration of its top-1, or the acceptance model's."""
+        pols = rnd.pols
         if rnd.hist is None:
+            if pols is not None:
+                return [q.engine_calibrate(p) for q, p in zip(pols, top1)]
             return list(map(self._calibrate, top1))
         match, lb, out = self.policy.engine_match, rnd.log_before, []
         for i, (p, h) in enumerate(zip(top1, rnd.hist)):
             p = min(max(p, P_EPS), 1.0 - P_EPS)
-            out.append(match(j, p, lb[i], h))
+            out.append((match if pols is None else pols[i].engine_match)(j, p, lb[i], h))
             lb[i] += math.log(p)
         return out
 
@@ -130,7 +166,7 @@ class RoundDriver:
             if j >= last or not self._batch_more(j, prods, rnd.ctx, last):
                 rnd.live = 0
             return rnd.live == 0
-        keep, cap, prod, confs, ctx = rnd.keep, rnd.cap, rnd.prod, rnd.confs, rnd.ctx
+        keep, cap, prod, confs, ctx, pols = rnd.keep, rnd.cap, rnd.prod, rnd.confs, rnd.ctx, rnd.pols
         more = self._more
         for i in range(len(keep)):
             if keep[i] >= 0 or cap[i] <= j:
@@ -146,7 +182,7 @@ class RoundDriver:
             if confs is not None:
                 confs[i].append(c)
             prod[i] *= c
-            out = more(j, c, prod[i], ctx[i])
+            out = (more if pols is None else pols[i].engine_more)(j, c, prod[i], ctx[i])
             if out >= 0:
                 keep[i] = out
                 rnd.live -= 1
@@ -165,8 +201,8 @@ class RoundDriver:
             return self.policy.batch_select(rnd.prods, rnd.ctx, drafted)[1] if drafted else [0] * len(rnd.rids)
         keep = [drafted if k < 0 else k for k in rnd.keep]
         if rnd.confs is not None:
-            pol = self.policy
-            keep = [pol.engine_final_keep(rnd.confs[i], k, rnd.ctx[i]) if k < drafted else k
+            pols = rnd.pols or [self.policy] * len(keep)
+            keep = [pols[i].engine_final_keep(rnd.confs[i], k, rnd.ctx[i]) if k < drafted else k
                     for i, k in enumerate(keep)]
         return keep
 
@@ -174,6 +210,8 @@ class RoundDriver:
         """One whole round from recorded top-1 probabilities ``conf`` (row i for request i, >= k_call columns),
         as the engine's hooks drive it. Returns (kept k, steps drafted)."""
         rnd = self.begin(rids, k_call)
+        if rnd.skip:  # no draft step (the engine also drafts on prefill: offline every state is a decode)
+            return self.finish(rnd), 0
         rows = conf.tolist() if hasattr(conf, "tolist") else conf  # Python floats, as the engine reads them
         for j in range(1, k_call + 1):
             top1 = [row[j - 1] for row in rows] if self.wants_confidence(rnd) else None
@@ -201,13 +239,14 @@ class RoundDriver:
     def observe_one(self, rid: str, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
         """One request's round outcome to the policy now; ``u_bar``: the pass's Ū."""
         if self.observes:
-            self.policy.engine_observe(self._state(rid), k, cost_ms, emitted, u_bar)
+            self.policy_of(rid).engine_observe(self._state(rid), k, cost_ms, emitted, u_bar)
 
     def release(self, rids: Any) -> None:
         """Forget finished requests (a round not observed yet is dropped, as in the engine)."""
         for rid in rids:
             self.state.pop(rid, None)
             self.pending.pop(rid, None)
+            self.group.pop(rid, None)
 
 
 class LoggingDriver(RoundDriver):

@@ -18,7 +18,9 @@ What it wraps (instance attributes, removed by ``speclimits_control_uninstall``;
 ``drafter.propose``                 catches it and returns the steps drafted; for a rule that plans before
                                     drafting it passes the longest cap as ``num_speculative_tokens``, so the
                                     loop ends by itself (static K = 2 at batch 1: 0.986x stock with the
-                                    early exit, as fast as stock this way)
+                                    early exit, as fast as stock this way); when every request of a rule that
+                                    skips the drafter (``throughput:zero-k``) planned k = 0 in decode, it returns
+                                    without drafting at all (that round costs a step of plain decoding)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
 
 The rules with memory see each round's outcome one round late: the tokens a round emitted reach the host
@@ -46,6 +48,7 @@ from speclimits.control.driver import EngineRound, LoggingDriver, RoundDriver, R
 # the environment that arms a policy when the tracer installs (``speclimits_install``) or, in ``vllm serve``,
 # once the worker has warmed up (:mod:`speclimits.control.plugin`)
 from speclimits.control.plugin import ENV_NAME, ENV_POLICY, ENV_PROFILE
+from speclimits.control.policyset import PolicySet, policy_from_dict, read_policy
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
 from speclimits.tracing.extension import Patches, TracingWorkerExtension, fix_cpu_expand
@@ -89,14 +92,16 @@ def check_control_runner(runner: Any) -> Any:
     return drafter
 
 
-def check_policy(fit: PolicyFit, name: str) -> bool:
+def check_policy(fit: PolicyFit | PolicySet, name: str) -> bool:
     """Raise :class:`SpeclimitsError` where the engine cannot run policy ``name`` of ``fit`` (an offline-only
-    variant, an unknown name), before a round runs; returns whether the policy reads confidences."""
+    variant, an unknown name; of every fit of a set), before a round runs; returns whether the policy reads
+    confidences."""
     offline_only = OFFLINE_ONLY.intersection(str(name).split(":")[1:])
     if offline_only:
         raise SpeclimitsError(f"policy {name!r}: the variant {sorted(offline_only)[0]!r} runs offline only "
                               "(the engine does not count the experts a round touches)")
-    return not fit.make(name).plan_only
+    fits = fit.fits if isinstance(fit, PolicySet) else (fit,)
+    return not [f.make(name) for f in fits][0].plan_only
 
 
 class ControlWorkerExtension(TracingWorkerExtension):
@@ -126,20 +131,25 @@ class ControlWorkerExtension(TracingWorkerExtension):
         if not path:
             raise SpeclimitsError(f"speclimits control: set {ENV_POLICY} to a policy JSON "
                                   "(`speclimits control fit TRACE --out policy.json`)")
-        return self.speclimits_control_set(PolicyFit.read(path).to_dict(), os.environ.get(ENV_NAME, "delta"),
+        return self.speclimits_control_set(read_policy(path).to_dict(), os.environ.get(ENV_NAME, "delta"),
                                            int(os.environ.get(ENV_PROFILE, PROFILE_ROUNDS)))
 
     def speclimits_control_set(self, policy: dict[str, Any], name: str, profile_rounds: int = 0,
                                record_inputs: bool = False) -> dict[str, Any]:
-        """Install (or switch to) policy ``name`` of the policy JSON dict ``policy``; resets memory and records.
+        """Install (or switch to) policy ``name`` of the policy JSON dict ``policy`` (a fit, or a set of fits by
+        temperature: each request is decided by the fit nearest its temperature,
+        :mod:`speclimits.control.policyset`); resets memory and records.
 
         ``profile_rounds > 0`` and no profile yet: the first ``profile_rounds`` drafting rounds run
         :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted and ``name`` applies; the
         profile and the refreshed price scale are kept across policy switches. ``record_inputs``: the driver
         is a :class:`~speclimits.control.driver.LoggingDriver` (drained as ``inputs``, for
         :func:`~speclimits.control.driver.replay`)."""
-        fit = PolicyFit.from_dict(policy)
+        fit = policy_from_dict(policy)
         reads_confidence = check_policy(fit, name)
+        if record_inputs and isinstance(fit, PolicySet):
+            raise SpeclimitsError("speclimits control: recording the driver's inputs (for replay) takes one policy "
+                                  "fit, not a set")
         runner = self.model_runner  # type: ignore[attr-defined]
         drafter = check_control_runner(runner)
         k_engine = int(runner.speculative_config.num_speculative_tokens)
@@ -159,6 +169,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
             tokens.load_op()
         tokens.saved_s = 0.0  # like the records: what no drain collected since is dropped
         self._sl_keep: dict[str, int] = {}
+        self._sl_part_counts: dict[str, int] = {}
         self._sl_apply()
         if not getattr(self, "_sl_installed", False):
             self._sl_wrap(runner, drafter)
@@ -167,13 +178,39 @@ class ControlWorkerExtension(TracingWorkerExtension):
         fix = fix_cpu_expand() if runner.device.type == "cpu" else None
         pol, pricing = self._sl_policy, self.speclimits_pricing
         return {"policy": name, "k_max": pol.k_max, "k_engine": k_engine, "detail": pol.describe(),
+                **({"parts": fit.describe()} if isinstance(fit, PolicySet) else {}),
                 **({"fixes": [fix]} if fix else {}),
                 "profiling_rounds": pricing.left, "top1_op": top1op.status() or None,
                 "profile": None if pricing.profile is None else pricing.profile.to_dict()}
 
     def _sl_apply(self) -> None:
-        self._sl_policy = self.speclimits_pricing.policy(self._sl_fit, self._sl_name, self._sl_k)
-        self._sl_driver = self._sl_driver_cls(self._sl_policy)
+        fit, pricing, name, k = self._sl_fit, self.speclimits_pricing, self._sl_name, self._sl_k
+        self._sl_parts = None
+        if not isinstance(fit, PolicySet):
+            self._sl_policy = pricing.policy(fit, name, k)
+        elif pricing.left > 0:  # profiling: one cycle for every request
+            self._sl_policy = pricing.policy(fit.fits[0], name, k)
+        else:  # one policy per fit, each priced by the profile; the first's prices are the refresh's
+            self._sl_parts = [pricing.policy(f, name, k) for f in fit.fits]
+            self._sl_policy = self._sl_parts[0]
+            pricing.price(self._sl_policy, fit.fits[0].u_bar_mean)
+        self._sl_new_driver()
+
+    def _sl_new_driver(self) -> None:
+        if self._sl_parts is None:
+            self._sl_driver = self._sl_driver_cls(self._sl_policy)
+        else:
+            self._sl_driver = self._sl_driver_cls(self._sl_policy, self._sl_parts, self._sl_part_of)
+
+    def _sl_part_of(self, rid: str) -> int:
+        """The index of the fit that decides request ``rid``: by its temperature (its sampling parameters)."""
+        req = self.model_runner.requests.get(rid)  # type: ignore[attr-defined]
+        params = getattr(req, "sampling_params", None)
+        t = float(getattr(params, "temperature", 0.0) or 0.0)
+        g = self._sl_fit.part(t)
+        key = f"{self._sl_fit.temperatures[g]:g}"
+        self._sl_part_counts[key] = self._sl_part_counts.get(key, 0) + 1
+        return g
 
     def speclimits_control_profile(self) -> dict[str, Any]:
         """Fit the costs from the steps timed so far (at this engine's batch size) and price the
@@ -192,12 +229,16 @@ class ControlWorkerExtension(TracingWorkerExtension):
                "profile": None if pricing.profile is None else pricing.profile.to_dict(),
                "token_choice_saved_us": tokens.saved_s * 1e6, "token_choice": tokens.to_dict(),
                # requests whose state the controller holds (released when vLLM finishes or aborts them)
-               "live_requests": len(set(self._sl_driver.state) | set(self._sl_driver.pending) | set(self._sl_keep)),
+               "live_requests": len(set(self._sl_driver.state) | set(self._sl_driver.pending) | set(self._sl_keep)
+                                    | set(self._sl_driver.group)),
+               # a set of fits: requests first decided since the last drain, by the temperature of their fit
+               "parts": dict(self._sl_part_counts) if self._sl_parts is not None else None,
                "draft_vocab_top1": tokens.head_ok,
                "top1_op": {**top1op.status(), "steps": tokens.op_steps, "torch_steps": tokens.torch_steps}}
         tokens.op_steps = tokens.torch_steps = 0
         tokens.saved_s = 0.0
-        self._sl_driver, self._sl_keep = self._sl_driver_cls(self._sl_policy), {}
+        self._sl_keep, self._sl_part_counts = {}, {}
+        self._sl_new_driver()
         return out
 
     def speclimits_control_uninstall(self) -> None:
@@ -335,6 +376,14 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 else:
                     args = (k_call, *args[1:])
             self.speclimits_records.spent("plan", t0)
+            reqs = self.model_runner.requests  # type: ignore[attr-defined]
+            # every request planned k = 0, the rule skips the drafter, and every request is decoding (the
+            # drafter runs on every prefill chunk, so that the draft model's cache holds the prompt): a plain step
+            if rnd.skip and all(reqs[r].output_token_ids for r in rids):
+                import torch  # vLLM's own dependency, present wherever this runs inside the worker
+
+                # one column of placeholders, as a one-step draft; the kept k = 0 truncates it for every request
+                return torch.zeros((len(rids), 1), dtype=torch.int64, device=self.model_runner.device)  # type: ignore[attr-defined]
             try:
                 return orig(*args, **kwargs)
             except _EarlyExit as stop:

@@ -26,7 +26,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.oracle import OracleSetup, prepare_oracle, solve
 from speclimits.oracle.calibration import fit_isotonic, reached_steps
 from speclimits.oracle.inputs import CostTable, OracleInputs
-from speclimits.trace.sampling import seq_prompt
+from speclimits.trace.sampling import Sampling, seq_prompt
 
 #: τ grid of the fit
 TAU_GRID = np.unique(np.concatenate([np.geomspace(1e-3, 0.98, 36), [0.0, 1.0]]))
@@ -87,9 +87,12 @@ def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int 
     tpr = static_tokens_per_round(train, table, k_max)
     best_static_per_token = float(np.nanmin(model.mean_round_prices(k_max, u_mean)[1:] / tpr))
     meta = setup.trace.meta
+    sampling = Sampling.from_meta(meta)
     data = {"trace": str(setup.trace.path), "simulated": bool(setup.trace.simulated),
             "trace_created": meta.get("created"), "method": meta.get("method"), "models": meta.get("models"),
             "reference_kind": kind, "surrogate_for_lambda": setup.surrogate_label, "seed": seed,
+            # the requests' sampling: a set of fits picks one per request by it (:mod:`speclimits.control.policyset`)
+            "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p if not sampling.greedy else 1.0},
             "test_share": test_share, "train_states": int(train.n_states), "notes": list(setup.notes),
             "fitted_on": "train split only: calibration and acceptance model (reached draft steps), Ū per m (train "
                          "prompts' decode rounds), τ and λ (replayed greedy outcomes, priced by the cost model)"}

@@ -241,6 +241,7 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
             pol = fit.make(name)
             if getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = profile.pass_prices(pol.k_max)
+                pol.outside_ms = profile.other_ms / profile.batch
             driver, pricing = RoundDriver(pol), EnginePricing()
             pricing.profile = profile
             pricing.price(pol, fit.u_bar_mean)

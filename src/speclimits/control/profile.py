@@ -230,6 +230,7 @@ class EnginePricing:
             pol.setup(self.k_max, model)
             if self.profile is not None and getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = self.profile.pass_prices(self.k_max)
+                pol.outside_ms = self.profile.other_ms / self.profile.batch
         pol.price_scale = self.scale
         self.price(pol, fit.u_bar_mean)
         return pol

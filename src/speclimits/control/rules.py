@@ -52,6 +52,7 @@ class Policy:
     name = "policy"
     markov = True  # the action depends only on the state (no memory)
     reads_prices = False  # decisions read the round costs (the engine refreshes them only then)
+    skips_drafter = False  # a round that plans k = 0 for every request skips the drafter (a plan-only rule)
     price_scale = 1.0
 
     @property
@@ -490,13 +491,20 @@ class ThroughputAware(Policy):
     up on is tried again. Defaults (window 20, prior 4, forget 100) chosen on the batch replay of the *train*
     references at batch 1, 4 and 8 (every setting tried within 2% there). At batch > 1 in the engine one k
     for all, from the live requests' summed counts (the prior once).
+
+    ``zero`` (``throughput:zero-k``): k = 0 is a candidate too (one token at the price of a plain pass and the
+    time outside it), and a round in which every request of the batch plans k = 0 **skips the drafter** in the
+    engine (:attr:`skips_drafter`): it costs what a step of plain decoding costs, where a kept k = 0 after a
+    draft step still pays the step. The draft model then never sees that round's tokens: its KV cache has no
+    entries at those positions, so a request that drafts again later drafts from a cache with holes (fewer
+    accepted tokens, never another output: the target verifies every draft).
     """
 
     markov = False
     uses_pass_prices = True  # the engine gives it its measured passes (:attr:`pass_ms`)
 
     def __init__(self, prior_survival: Any, u_bar_mean: Any = None, window: float = 20.0, prior_weight: float = 4.0,
-                 forget_rounds: float | None = 100.0):
+                 forget_rounds: float | None = 100.0, zero: bool = False):
         s = np.asarray(prior_survival, dtype=float)
         prev = np.concatenate([[1.0], s[:-1]])
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -506,10 +514,14 @@ class ThroughputAware(Policy):
         self.decay = 1.0 - 1.0 / self.window
         self.forget = 1.0 - 1.0 / (forget_rounds if forget_rounds else math.inf)
         self.name = "throughput-aware"
+        self.zero = self.skips_drafter = bool(zero)
+        #: the time of a step outside the pass and the drafter, per request (the engine's profile sets it)
+        self.outside_ms = 0.0
 
     def describe(self) -> str:
         return (f"argmax E[tokens]/C(k), per-position acceptance decayed over {self.window:g} rounds, prior "
-                f"{self.prior_weight:g} rounds, one k for the batch")
+                f"{self.prior_weight:g} rounds, one k for the batch"
+                f"{'; k = 0 allowed, a batch that plans k = 0 skips the drafter' if self.zero else ''}")
 
     def setup(self, k_max, model):
         super().setup(k_max, model)
@@ -518,7 +530,8 @@ class ThroughputAware(Policy):
             raise SpeclimitsError(f"throughput-aware: prior acceptance for positions 1..{kk} needed, got "
                                   f"{len(self.prior_alpha)}")
         u = np.zeros(kk + 2) if self.u_bar_mean is None else self.u_bar_mean
-        self._model_prices = model.mean_round_prices(kk, u)[1:].tolist()
+        prices = model.mean_round_prices(kk, u)
+        self._model_prices, self._model_price0 = prices[1:].tolist(), float(prices[0])
         self._prior_acc = (self.prior_weight * self.prior_alpha[:kk]).tolist()
         self.pass_ms: list[float] | None = None
         return self
@@ -529,6 +542,11 @@ class ThroughputAware(Policy):
             return self._model_prices
         a, b = self.model.a, self.model.b
         return [self.pass_ms[k] + a * k + b for k in range(1, self.k_max + 1)]
+
+    def price0(self) -> float:
+        """The price of a round that drafts nothing (the drafter skipped): the pass of one row per request, and
+        in the engine the time outside it."""
+        return self._model_price0 if self.pass_ms is None else self.pass_ms[0] + self.outside_ms
 
     def engine_state(self):
         return [[0.0] * self.k_max, [0.0] * self.k_max]  # positions reached, accepted (decayed counts)
@@ -543,6 +561,8 @@ class ThroughputAware(Policy):
             score = tokens / price
             if score > best:
                 best, best_k = score, t + 1
+        if self.zero and 1.0 / self.price0() > best:
+            return 0
         return best_k
 
     def engine_plan(self, st):
@@ -721,7 +741,7 @@ class PolicyFit:
             if self.tokens_per_round is None:
                 raise SpeclimitsError("policy 'throughput' needs the fit's static tokens per round (refit the policy "
                                       "file with `speclimits control fit`)")
-            pol = ThroughputAware(np.diff(np.concatenate([[1.0], self.tokens_per_round])), u)
+            pol = ThroughputAware(np.diff(np.concatenate([[1.0], self.tokens_per_round])), u, zero="zero-k" in mods)
         elif name == "random" or name.startswith("random:") and name[7:].isdigit():
             pol = RandomK(int(name[7:] or 0))
         else:

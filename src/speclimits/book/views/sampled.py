@@ -11,6 +11,7 @@ import pandas as pd
 from speclimits.book.present import ci_column
 from speclimits.book.views.control_runs import TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs
 from speclimits.arms import PLAIN, policy_label
+from speclimits.jsonutil import read_json
 from speclimits.machine import describe
 from speclimits.oracle.report import oracle_report
 from speclimits.paths import TRACES_DIR, TWIN_TRACE_EPYC_B
@@ -23,6 +24,12 @@ SAMPLED_TRACE = TRACES_DIR / "twin-eagle3-t07"
 GREEDY_TRACE = TWIN_TRACE_EPYC_B
 #: The engine benchmark of the policy fitted on the sampled trace.
 SAMPLED_BENCH_DIR = TWIN_BENCH_DIR / "t07"
+#: The same at temperature 0.7 with the rule whose k = 0 rounds skip the drafter (``throughput:zero-k``).
+SKIP_BENCH_DIR = SAMPLED_BENCH_DIR / "skip"
+#: Greedy and sampled requests in the same batches, the controller armed with a policy set.
+MIXED_BENCH_DIR = TWIN_BENCH_DIR / "mixed"
+#: ``benchmarks/bench_serve.py --temperature 0.7``.
+SERVE_DIR = SAMPLED_BENCH_DIR / "serve"
 
 
 def decoding(meta: dict[str, Any]) -> str:
@@ -56,11 +63,22 @@ def oracle_beside(traces: list[Path], k_max: int = 6) -> tuple[pd.DataFrame, lis
     return pd.DataFrame(rows), machines
 
 
-def sampled_runs() -> tuple[dict[int, dict[str, Any]], str]:
-    """The engine benchmark results of the policy fitted on :data:`SAMPLED_TRACE` (``{batch: result}``, note)."""
+def sampled_runs(folder: Path = SAMPLED_BENCH_DIR) -> tuple[dict[int, dict[str, Any]], str]:
+    """The engine benchmark results in ``folder`` of the policy fitted on :data:`SAMPLED_TRACE` (``{batch:
+    result}``, note): :data:`SAMPLED_BENCH_DIR`, :data:`SKIP_BENCH_DIR` or :data:`MIXED_BENCH_DIR`."""
     if not (SAMPLED_TRACE / "meta.json").exists():
         return {}, f"no sampled trace ({SAMPLED_TRACE.name})"
-    return load_bench_runs(read_meta(SAMPLED_TRACE), SAMPLED_BENCH_DIR)
+    return load_bench_runs(read_meta(SAMPLED_TRACE), folder)
+
+
+def sampled_serve() -> tuple[dict[str, Any] | None, str]:
+    """The served-load summary at temperature 0.7 (:data:`SERVE_DIR`), or (None, why)."""
+    path = SERVE_DIR / "summary.json"
+    if not path.exists():
+        return None, f"no served-load runs at temperature 0.7 ({path.parent})"
+    summ = read_json(path, "served-load summary", ValueError)
+    summ["file"] = str(path.relative_to(TWIN_BENCH_DIR.parent.parent.parent))
+    return summ, f"served-load runs: `{summ['file']}`"
 
 
 def engine_beside_plain(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
