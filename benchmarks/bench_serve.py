@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tiny", action="store_true",
                     help="a test-sized setting: rates 1,4; plain, stock K = 2 and the controller; 1 repeat; "
                          "4 requests of 16 tokens (explicit options still win)")
-    ap.add_argument("--summarize", default=None, metavar="FOLDER", help="only summarize the runs in FOLDER")
+    ap.add_argument("--summarize", default=None, metavar="FOLDER", help="only summarize the runs in FOLDER (and write its summary.json when it holds the run's config.json)")
     ap.add_argument("--json", default=None, metavar="PATH",
                     help="also write the headline figures (the controller over the best stock K per rate) as JSON")
     return ap
@@ -776,7 +776,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.summarize:
-            summary = summarize(read_runs(args.summarize), args.n_boot, args.seed)
+            runs = read_runs(args.summarize)
+            summary = summarize(runs, args.n_boot, args.seed)
+            conf = Path(args.summarize) / "config.json"
+            if conf.exists():  # the folder's summary.json, as a finished run writes it (repeats: those found)
+                c = json.loads(conf.read_text())
+                summary.update(config={**c.get("settings", {}), "repeats": len({r["repeat"] for r in runs})},
+                               machine=c.get("machine"), git_commit=c.get("git_commit"),
+                               git_modified=c.get("git_modified"), vllm=c.get("vllm"))
+                (Path(args.summarize) / "summary.json").write_text(dumps(summary, indent=1) + "\n")
             print(summary_table(summary))
             if args.json:
                 write_summary_json(args.json, summary)

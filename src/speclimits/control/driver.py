@@ -65,6 +65,8 @@ class RoundDriver:
         #: ``(k, its ms, output tokens before it, Ū)``
         self.pending: dict[Any, tuple[int, float, int, float]] = {}
         self.plan_only = policy.plan_only
+        #: a plan-only rule whose rounds that plan k = 0 for every request skip the drafter
+        self.skips = self.plan_only and policy.skips_drafter
         self.has_state = policy.engine_state() is not None
         #: whether the outcome of each round is passed on (a rule with no memory has nothing to update)
         self.observes = self.has_state and type(policy).engine_observe is not Policy.engine_observe

@@ -9,7 +9,10 @@ What it wraps (instance attributes, removed by ``speclimits_control_uninstall``;
 
 ``runner.execute_model``            start of a step (round timer)
 ``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (price refresh), the
-                                    previous round's outcome goes to the rule, ``engine_plan`` caps k
+                                    previous round's outcome goes to the rule, ``engine_plan`` caps k; when
+                                    every request of a rule that skips the drafter (``throughput:zero-k``)
+                                    planned k = 0 in decode, it returns without calling vLLM's drafting at all
+                                    (no input preparation, no draft step: that round is a plain step)
 ``drafter.model.compute_logits``    keeps each draft step's logits
 ``drafter.model.logits_processor``  keeps an EAGLE-3 head's own logits (a draft vocabulary: the cheaper input)
 ``drafter._greedy_sample``          the rules that read confidences: the token choice (``top1op.TokenChoice``)
@@ -18,9 +21,7 @@ What it wraps (instance attributes, removed by ``speclimits_control_uninstall``;
 ``drafter.propose``                 catches it and returns the steps drafted; for a rule that plans before
                                     drafting it passes the longest cap as ``num_speculative_tokens``, so the
                                     loop ends by itself (static K = 2 at batch 1: 0.986x stock with the
-                                    early exit, as fast as stock this way); when every request of a rule that
-                                    skips the drafter (``throughput:zero-k``) planned k = 0 in decode, it returns
-                                    without drafting at all (that round costs a step of plain decoding)
+                                    early exit, as fast as stock this way)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
 
 The rules with memory see each round's outcome one round late: the tokens a round emitted reach the host
@@ -163,6 +164,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         self._sl_round: EngineRound | None = None
         self._sl_t_exec = self._sl_t_prop = self._sl_t_prop_end = float("nan")
         self._sl_booked = False  # the current draft step was booked by the greedy hook
+        self._sl_planned: EngineRound | None = None  # a round planned before vLLM's drafting call
         tokens = self.speclimits_tokens
         tokens.logits = tokens.head = None
         if reads_confidence and tokens.op is None:  # (load() tries once per process)
@@ -344,6 +346,23 @@ class ControlWorkerExtension(TracingWorkerExtension):
             self._sl_t_prop = t0
             self.speclimits_records.spent("observe", t0)
             try:
+                driver, reqs = self._sl_driver, self.model_runner.requests  # type: ignore[attr-defined]
+                # a rule that skips the drafter plans here, before vLLM prepares the drafter's inputs: when every
+                # request planned k = 0 and every request is decoding (the drafter runs on every prefill chunk,
+                # so that the draft model's cache holds the prompt), nothing of the drafter runs
+                if driver.skips and all(reqs[r].output_token_ids for r in rids):
+                    t1 = time.perf_counter()
+                    k_call = int(getattr(scheduler_output, "num_spec_tokens_to_schedule", 0) or self._sl_k)
+                    rnd = driver.begin(rids, k_call)
+                    self.speclimits_records.spent("plan", t1)
+                    if rnd.skip:
+                        import torch  # vLLM's own dependency, present wherever this runs inside the worker
+
+                        self._sl_round = rnd
+                        # one column of placeholders, as a one-step draft; the kept k = 0 truncates it
+                        return torch.zeros((len(rids), 1), dtype=torch.int64,
+                                           device=self.model_runner.device)  # type: ignore[attr-defined]
+                    self._sl_planned = rnd
                 return orig(scheduler_output, sampled_token_ids, *args, **kwargs)
             finally:
                 t1 = time.perf_counter()
@@ -364,7 +383,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
             k_call = int(kwargs.get("num_speculative_tokens", args[0] if args else 0))
             t0 = time.perf_counter()
             rids = list(self.model_runner.input_batch.req_ids)  # type: ignore[attr-defined]
-            self._sl_round = rnd = self._sl_driver.begin(rids, k_call)
+            rnd, self._sl_planned = self._sl_planned, None  # planned already (a rule that skips the drafter)
+            if rnd is None:
+                rnd = self._sl_driver.begin(rids, k_call)
+            self._sl_round = rnd
             self._sl_booked = False
             if rnd.k_call < k_call:
                 # a rule that plans before drafting: the driver asks the drafter for the longest cap only
@@ -376,14 +398,6 @@ class ControlWorkerExtension(TracingWorkerExtension):
                 else:
                     args = (k_call, *args[1:])
             self.speclimits_records.spent("plan", t0)
-            reqs = self.model_runner.requests  # type: ignore[attr-defined]
-            # every request planned k = 0, the rule skips the drafter, and every request is decoding (the
-            # drafter runs on every prefill chunk, so that the draft model's cache holds the prompt): a plain step
-            if rnd.skip and all(reqs[r].output_token_ids for r in rids):
-                import torch  # vLLM's own dependency, present wherever this runs inside the worker
-
-                # one column of placeholders, as a one-step draft; the kept k = 0 truncates it for every request
-                return torch.zeros((len(rids), 1), dtype=torch.int64, device=self.model_runner.device)  # type: ignore[attr-defined]
             try:
                 return orig(*args, **kwargs)
             except _EarlyExit as stop:
