@@ -411,6 +411,70 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
 else:
     print(wrap("the sampled engine runs are shown on the twin's own page (the default book)"))
 
+# %% [markdown]
+# **Rounds that draft nothing.** Inside a speculative engine the EAGLE head runs its first step every round,
+# also when the rule then keeps no draft, so such a round costs a draft step more than plain decoding. The
+# throughput-aware rule with k = 0 allowed (`throughput:zero-k`) prices one token from a plain pass beside
+# every draft length, and when every decoding request of the batch plans k = 0 the engine does not run the
+# drafter at all (after the prompt's prefill, which is drafted as always). The draft model then never sees those
+# tokens: a request that drafts again later drafts from a cache with holes, which costs acceptance, never an
+# output, since the target verifies every draft. Table {numref}`tbl-control-sampled-skip` measures it at
+# temperature 0.7, in the same runs as the stock rule and the fixed-λ Delta rule.
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    skip, skip_note = sampled.sampled_runs(sampled.SKIP_BENCH_DIR)
+    if skip:
+        first = next(iter(skip.values()))
+        page.table(sampled.engine_beside_plain(skip), "tbl-control-sampled-skip",
+                   "Rounds that plan k = 0 skip the drafter (temperature 0.7; measured, "
+                   f"{view.regime_of(first)}, {describe(first['engine']['cpu'])}; "
+                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(skip.items()))
+                   + "): the best stock K over all blocks and each policy, as in the table above.")
+    else:
+        print(wrap(skip_note))
+
+# %% [markdown]
+# **Greedy and sampled requests in one batch.** A served engine gets both. The controller then decides each
+# request with a policy fitted at its own temperature: `speclimits control combine` writes a set of fits by
+# temperature, and in the engine each request is decided by the fit nearest its temperature, read from its
+# sampling parameters (the first fit prices what the batch shares: its pass). Table
+# {numref}`tbl-control-mixed` runs half of the held-out requests greedy and half at temperature 0.7 in the same
+# batches, every arm the same mix; the greedy requests' texts equal plain decoding's in every arm.
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    mixed, mixed_note = sampled.sampled_runs(sampled.MIXED_BENCH_DIR)
+    if mixed:
+        first = next(iter(mixed.values()))
+        page.table(sampled.engine_beside_plain(mixed), "tbl-control-mixed",
+                   f"A mixed workload ({first['config']['greedy_share']:g} of the requests greedy, the rest at "
+                   f"temperature {first['config']['temperature']:g}; measured, {view.regime_of(first)}, "
+                   f"{describe(first['engine']['cpu'])}; "
+                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(mixed.items()))
+                   + "), the controller armed with the greedy and the sampled fit: the best stock K over all "
+                   "blocks and each policy, as in the tables above.")
+    else:
+        print(wrap(mixed_note))
+
+# %% [markdown]
+# **Served at temperature 0.7.** The served-load benchmark above, every request sampled at 0.7
+# ({numref}`tbl-control-served-sampled`; the controller is the fixed-λ Delta rule with the acceptance model,
+# fitted on the sampled trace).
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    served07, served07_note = sampled.sampled_serve()
+    print(wrap(served07_note))
+    if served07 is not None:
+        scfg = served07["config"]
+        page.table(view.serve_table(served07), "tbl-control-served-sampled",
+                   f"Measured inside `vllm serve` at temperature {scfg['temperature']:g} on "
+                   f"{describe(served07['machine']['cpu'])}, {view.regime_of({'config': {'target': scfg['target']}})}: "
+                   f"the controller ({view.arm_name(scfg['policy_name'])}) against the best stock static K at each "
+                   f"rate (stock K = {scfg['k']}) and plain decoding; {scfg['repeats']} repeats × {scfg['requests']} "
+                   "requests per rate; speed ratios as in the greedy table above.")
+
 # %% tags=["hide-input"]
 if oracle_ok:
     if tables:
