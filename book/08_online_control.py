@@ -458,22 +458,18 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
         print(wrap(mixed_note))
 
 # %% [markdown]
-# **Served at temperature 0.7.** The served-load benchmark above, every request sampled at 0.7
-# ({numref}`tbl-control-served-sampled`; the controller is the fixed-λ Delta rule with the acceptance model,
-# fitted on the sampled trace).
+# **Served at temperature 0.7.** The served-load benchmark (its greedy runs are in "Under served load" below),
+# every request sampled at 0.7 ({numref}`tbl-control-served-sampled`; the controller is the fixed-λ Delta rule
+# with the acceptance model, fitted on the sampled trace; it always keeps a draft).
 
 # %% tags=["hide-input"]
 if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
     served07, served07_note = sampled.sampled_serve()
     print(wrap(served07_note))
     if served07 is not None:
-        scfg = served07["config"]
         page.table(view.serve_table(served07), "tbl-control-served-sampled",
-                   f"Measured inside `vllm serve` at temperature {scfg['temperature']:g} on "
-                   f"{describe(served07['machine']['cpu'])}, {view.regime_of({'config': {'target': scfg['target']}})}: "
-                   f"the controller ({view.arm_name(scfg['policy_name'])}) against the best stock static K at each "
-                   f"rate (stock K = {scfg['k']}) and plain decoding; {scfg['repeats']} repeats × {scfg['requests']} "
-                   "requests per rate; speed ratios as in the greedy table above.")
+                   view.serve_caption(served07)
+                   + " Speed ratios and aims as in the greedy served-load table further down.")
 
 # %% tags=["hide-input"]
 if oracle_ok:
@@ -520,14 +516,8 @@ if oracle_ok:
     served, served_note = view.serve_summary(tr)
     print(wrap(served_note))
     if served is not None:
-        scfg = served["config"]
         page.table(view.serve_table(served), "tbl-control-served",
-                   f"Measured inside `vllm serve` (vLLM {served['vllm']}) on {describe(served['machine']['cpu'])}, "
-                   f"{view.regime_of({'config': {'target': scfg['target']}})}: the controller "
-                   f"({view.arm_name(scfg['policy_name'])}) against "
-                   f"the best stock static K at each rate (stock K = {scfg['k']}) and plain decoding; "
-                   f"{scfg['repeats']} repeats × {scfg['requests']} requests of {scfg['tokens']} tokens per rate, "
-                   f"Poisson arrivals, at most {scfg['max_num_seqs']} requests at once (`{served['file']}`). Speed "
+                   view.serve_caption(served) + " Speed "
                    "ratios (> 1: the controller is faster) in mean end-to-end latency, mean time per output token and "
                    "output throughput, geometric mean over repeats [95% interval over repeats]; the controller's mean "
                    "concurrency (Little's law); the aims per rate: at least the best stock K's speed and 0.95× plain "

@@ -373,6 +373,19 @@ def serve_table(summ: dict[str, Any]) -> pd.DataFrame:
                          for v in serve_verdicts(summ).itertuples()])
 
 
+def serve_caption(summ: dict[str, Any]) -> str:
+    """What a served-load table measured: server, machine, regime, arms, repeats, requests and file."""
+    from speclimits.machine import describe
+
+    cfg = summ["config"]
+    temp = float(cfg.get("temperature") or 0.0)
+    return (f"Measured inside `vllm serve`{f' at temperature {temp:g}' if temp else ''} (vLLM {summ['vllm']}) on "
+            f"{describe(summ['machine']['cpu'])}, {regime_of({'config': {'target': cfg['target']}})}: the controller "
+            f"({arm_name(cfg['policy_name'])}) against the best stock static K at each rate (stock K = {cfg['k']}) and "
+            f"plain decoding; {cfg['repeats']} repeats × {cfg['requests']} requests of {cfg['tokens']} tokens per "
+            f"rate, Poisson arrivals, at most {cfg['max_num_seqs']} requests at once (`{summ['file']}`).")
+
+
 def serve_verdict(summ: dict[str, Any]) -> str:
     """Markdown: per load point, was the controller at least as fast as the best stock K and 0.95x plain?"""
     ver, cfg = serve_verdicts(summ), summ["config"]
