@@ -401,9 +401,7 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
     t07, t07_note = sampled.sampled_runs()
     if t07:
         page.table(sampled.engine_beside_plain(t07), "tbl-control-sampled",
-                   "The controller on sampled requests (temperature 0.7; measured, "
-                   f"{view.regime_of(next(iter(t07.values())))}, {describe(next(iter(t07.values()))['engine']['cpu'])}; "
-                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(t07.items()))
+                   f"The controller on sampled requests (temperature 0.7; {sampled.measured_where(t07)}"
                    + "): the best stock K over all blocks and each policy, ms per token over all blocks, the speed "
                    "over plain decoding and the workload ratio to the best stock K [95% interval over blocks].")
     else:
@@ -425,11 +423,8 @@ else:
 if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
     skip, skip_note = sampled.sampled_runs(sampled.SKIP_BENCH_DIR)
     if skip:
-        first = next(iter(skip.values()))
         page.table(sampled.engine_beside_plain(skip), "tbl-control-sampled-skip",
-                   "Rounds that plan k = 0 skip the drafter (temperature 0.7; measured, "
-                   f"{view.regime_of(first)}, {describe(first['engine']['cpu'])}; "
-                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(skip.items()))
+                   f"Rounds that plan k = 0 skip the drafter (temperature 0.7; {sampled.measured_where(skip)}"
                    + "): the best stock K over all blocks and each policy, as in the table above.")
     else:
         print(wrap(skip_note))
@@ -449,9 +444,7 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
         first = next(iter(mixed.values()))
         page.table(sampled.engine_beside_plain(mixed), "tbl-control-mixed",
                    f"A mixed workload ({first['config']['greedy_share']:g} of the requests greedy, the rest at "
-                   f"temperature {first['config']['temperature']:g}; measured, {view.regime_of(first)}, "
-                   f"{describe(first['engine']['cpu'])}; "
-                   + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(mixed.items()))
+                   f"temperature {first['config']['temperature']:g}; {sampled.measured_where(mixed)}"
                    + "), the controller armed with the greedy and the sampled fit: the best stock K over all "
                    "blocks and each policy, as in the tables above.")
     else:

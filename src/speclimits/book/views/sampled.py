@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from speclimits.book.present import ci_column
+from speclimits.book.views.control import regime_of
 from speclimits.book.views.control_runs import TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs
 from speclimits.arms import PLAIN, policy_label
 from speclimits.jsonutil import read_json
@@ -79,6 +80,13 @@ def sampled_serve() -> tuple[dict[str, Any] | None, str]:
     summ = read_json(path, "served-load summary", ValueError)
     summ["file"] = str(path.relative_to(TWIN_BENCH_DIR.parent.parent.parent))
     return summ, f"served-load runs: `{summ['file']}`"
+
+
+def measured_where(runs: dict[int, dict[str, Any]]) -> str:
+    """Caption words for engine runs: ``measured, <regime>, <CPU>; batch 1: 24 blocks; ...``."""
+    first = next(iter(runs.values()))
+    return (f"measured, {regime_of(first)}, {describe(first['engine']['cpu'])}; "
+            + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(runs.items())))
 
 
 def engine_beside_plain(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
