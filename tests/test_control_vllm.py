@@ -146,22 +146,31 @@ def test_a_policy_set_decides_greedy_and_sampled_requests_apart(ce, tiny):
 def test_a_round_that_plans_no_draft_skips_the_drafter(ce, tiny):
     """``throughput:zero-k`` with a prior that says no draft pays: after the prompts' prefill (drafted as
     always, so that the head's cache holds them) no round drafts at all, the engine verifies one row per
-    request, and the greedy outputs equal plain decoding's."""
+    request, and the greedy outputs equal plain decoding's. The steps without a draft to verify sample
+    through vLLM's plain sampler, not its rejection sampler (counted), and seeded sampled outputs equal plain
+    decoding's token for token."""
     from dataclasses import replace
 
     target, head = tiny
     fit = replace(PolicyFit.from_dict(policy_dict(4)), tokens_per_round=(1.01, 1.0101, 1.0102, 1.0103))
+    sampled = dict(temperature=0.9, seeds=[11, 12, 13, 14])
     llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
-    plain = ce.generate(llm, PROMPTS, TOKENS)
+    plain, plain_sampled = ce.generate(llm, PROMPTS, TOKENS), ce.generate(llm, PROMPTS, TOKENS, **sampled)
     ce.close(llm)
     llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=2, load_format="dummy", max_model_len=256)
     try:
         llm.collective_rpc("speclimits_control_set", args=(fit.to_dict(), "throughput:zero-k"))
         outs = ce.generate(llm, PROMPTS, TOKENS)
         drained = llm.collective_rpc("speclimits_control_drain")[0]
+        outs_sampled = ce.generate(llm, PROMPTS, TOKENS, **sampled)
+        drained_sampled = llm.collective_rpc("speclimits_control_drain")[0]
     finally:
         ce.close(llm)
     assert outs == plain
+    assert outs_sampled == plain_sampled and len(set(map(tuple, plain_sampled))) == len(PROMPTS)
+    assert plain_sampled != plain  # (the sampled draws are not the greedy path)
+    # every step sampled plainly: one per output token of each request, batched by 2
+    assert drained["plain_samples"] >= len(PROMPTS) * TOKENS // 2 and drained_sampled["plain_samples"] > 0
     rounds = drained["rounds"]
     assert all(k == 0 for r in rounds for k in r["k"])
     skipped = sum(r["drafted"] == 0 for r in rounds)

@@ -327,6 +327,8 @@ class RoundRecords:
         self.hook_s: dict[str, float] = {}
         #: the token choice's time, added to the decision time when drained
         self.choice_s = 0.0
+        #: steps without a draft to verify, sampled by vLLM's plain sampler (the extension's ``_sample`` hook)
+        self.plain_samples = 0
 
     def spent(self, hook: str, t0: float) -> float:
         """Book the time since ``t0`` to ``hook``; returns now."""
@@ -341,8 +343,9 @@ class RoundRecords:
     def drain(self) -> dict[str, Any]:
         """``rounds`` (``{"k", "cap", "drafted", "early", "n_batch"}`` per drafting round, ``k`` and ``cap``
         per request), ``requests`` (per request id, the k it kept in each of its rounds), ``decide_us`` (µs in
-        the controller, the token choice included), ``n_rounds``, ``early_exits`` and ``hook_us`` (µs per
-        hook, the token choice's under ``token_choice``) since the last drain; and forget them."""
+        the controller, the token choice included), ``n_rounds``, ``early_exits``, ``hook_us`` (µs per
+        hook, the token choice's under ``token_choice``) and ``plain_samples`` (steps sampled without a draft
+        to verify) since the last drain; and forget them."""
         hook_s = dict(self.hook_s)
         if self.choice_s:
             hook_s["token_choice"] = self.choice_s
@@ -353,6 +356,7 @@ class RoundRecords:
         out = {"rounds": [{"k": k, "cap": cap, "drafted": j, "early": early, "n_batch": len(k)}
                           for k, cap, j, early, _rids in self.records], "requests": requests,
                "decide_us": sum(hook_s.values(), 0.0) * 1e6, "n_rounds": len(self.records),
-               "early_exits": sum(r[3] for r in self.records), "hook_us": {k: v * 1e6 for k, v in hook_s.items()}}
+               "early_exits": sum(r[3] for r in self.records), "hook_us": {k: v * 1e6 for k, v in hook_s.items()},
+               "plain_samples": self.plain_samples}
         self.__init__()
         return out

@@ -23,6 +23,9 @@ What it wraps (instance attributes, removed by ``speclimits_control_uninstall``;
                                     loop ends by itself (static K = 2 at batch 1: 0.986x stock with the
                                     early exit, as fast as stock this way)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
+``runner._sample``                  a step in which no request verifies a draft (every request kept k = 0, or
+                                    prompt chunks) samples through vLLM's plain sampler instead of its
+                                    rejection sampler (see :meth:`ControlWorkerExtension._sl_sample`)
 
 The rules with memory see each round's outcome one round late: the tokens a round emitted reach the host
 after this step's drafting, so the controller reads them (the growth of ``output_token_ids``) at the next
@@ -56,7 +59,7 @@ from speclimits.tracing.extension import Patches, TracingWorkerExtension, fix_cp
 from speclimits.tracing.vllm_api import runner_kind
 
 DRAFTER_HOOKS = ("propose", "_sample_draft_tokens")
-RUNNER_HOOKS = ("execute_model", "propose_draft_token_ids", "take_draft_token_ids")
+RUNNER_HOOKS = ("execute_model", "propose_draft_token_ids", "take_draft_token_ids", "_sample")
 
 
 class _EarlyExit(Exception):
@@ -257,6 +260,7 @@ class ControlWorkerExtension(TracingWorkerExtension):
         patches.wrap(runner, "execute_model", self._sl_execute_model)
         patches.wrap(runner, "propose_draft_token_ids", self._sl_propose_ids)
         patches.wrap(runner, "take_draft_token_ids", self._sl_take)
+        patches.wrap(runner, "_sample", self._sl_sample)
         patches.wrap(drafter, "propose", self._sl_propose)
         patches.wrap(drafter, "_sample_draft_tokens", self._sl_sample_draft)
         patches.wrap(model, "compute_logits", self._sl_keep_output("logits"))
@@ -281,6 +285,22 @@ class ControlWorkerExtension(TracingWorkerExtension):
                     self._sl_keep.pop(rid, None)
             self.speclimits_records.spent("execute_model", t)
             return orig(scheduler_output, *args, **kwargs)
+        return wrapped
+
+    def _sl_sample(self, orig: Any) -> Any:
+        """vLLM's ``_sample(logits, spec_decode_metadata)``. A speculative engine builds the metadata of a
+        verification every step, also when no request of the step carries a draft (``max_spec_len`` 0: every
+        request kept k = 0, or prompt chunks), and then samples through its rejection sampler, which samples
+        the one token per request with the plain sampler and goes on to draw recovered tokens over the whole
+        vocabulary for drafts that are not there (at temperature 0.7 on the twin, 0.7 ms of a 17 ms token at
+        batch 1). Such a step is handed to the plain sampler, as a plain engine samples it: the same token
+        distribution, logprobs and output shape (one token per request); a seeded request then draws from its
+        generator exactly as in plain decoding."""
+        def wrapped(logits: Any, spec_decode_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+            if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+                self.speclimits_records.plain_samples += 1
+                return orig(logits, None, *args, **kwargs)
+            return orig(logits, spec_decode_metadata, *args, **kwargs)
         return wrapped
 
     def _sl_keep_output(self, attr: str) -> Any:
