@@ -31,6 +31,8 @@ SKIP_BENCH_DIR = SAMPLED_BENCH_DIR / "skip"
 MIXED_BENCH_DIR = TWIN_BENCH_DIR / "mixed"
 #: ``benchmarks/bench_serve.py --temperature 0.7``.
 SERVE_DIR = SAMPLED_BENCH_DIR / "serve"
+#: The same served with ``throughput:zero-k`` (rounds that plan k = 0 skip the drafter).
+SERVE_SKIP_DIR = SAMPLED_BENCH_DIR / "serve-skip"
 
 
 def decoding(meta: dict[str, Any]) -> str:
@@ -72,9 +74,10 @@ def sampled_runs(folder: Path = SAMPLED_BENCH_DIR) -> tuple[dict[int, dict[str, 
     return load_bench_runs(read_meta(SAMPLED_TRACE), folder)
 
 
-def sampled_serve() -> tuple[dict[str, Any] | None, str]:
-    """The served-load summary at temperature 0.7 (:data:`SERVE_DIR`), or (None, why)."""
-    path = SERVE_DIR / "summary.json"
+def sampled_serve(folder: Path = SERVE_DIR) -> tuple[dict[str, Any] | None, str]:
+    """The served-load summary at temperature 0.7 in ``folder`` (:data:`SERVE_DIR` or :data:`SERVE_SKIP_DIR`),
+    or (None, why)."""
+    path = folder / "summary.json"
     if not path.exists():
         return None, f"no served-load runs at temperature 0.7 ({path.parent})"
     summ = read_json(path, "served-load summary", ValueError)
