@@ -4,7 +4,8 @@ ControlWorkerExtension on 127.0.0.1, armed by its environment (``SPECLIMITS_CONT
 vLLM plugin, :mod:`speclimits.control.plugin`; no call), the same prompts through ``/v1/completions``, with a
 streamed request cancelled (the client disconnects) after a few tokens before and between them; prints
 ``RESULT {json}`` (both texts, the server log's arming line, what the controller drained, read through
-``/collective_rpc`` in the development mode). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
+``/collective_rpc`` in the development mode, and vLLM's per-request speculative metrics of each served request,
+``--per-request-spec-decode-metrics detailed``). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def main(work: Path, policy: Path) -> dict:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "2",
            "--enforce-eager", "--block-size", "32", "--no-async-scheduling", "--distributed-executor-backend", "uni",
-           "--speculative-config", json.dumps(spec), "--worker-extension-cls", EXTENSION]
+           "--speculative-config", json.dumps(spec), "--worker-extension-cls", EXTENSION,
+           "--per-request-spec-decode-metrics", "detailed"]
     log = open(work / "server.log", "w")
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -98,12 +100,14 @@ def main(work: Path, policy: Path) -> dict:
             if time.time() - t0 > 300:
                 raise RuntimeError("vllm serve did not come up in 300 s")
             time.sleep(1)
-        served, cancelled = [], []
+        served, cancelled, spec_metrics = [], [], {}
         for text in prompts:
             cancelled.append(cancelled_stream(base, text))  # aborted mid-generation, then a whole request
             out = post(base + "/v1/completions", {"model": str(TARGET), "prompt": text, "max_tokens": TOKENS,
                                                   "temperature": 0, "ignore_eos": True})
             served.append(out["choices"][0]["text"])
+            # vLLM's own per-request speculative metrics: the drafts the controller kept, step by step
+            spec_metrics[out["id"]] = (out.get("metrics") or {}).get("speculative_decoding")
         time.sleep(2)  # the engine's last step hands the finished and aborted ids to the worker
         drained = post(base + "/collective_rpc", {"method": "speclimits_control_drain"})
     finally:
@@ -117,6 +121,7 @@ def main(work: Path, policy: Path) -> dict:
     armed = [x for x in (work / "server.log").read_text().splitlines() if "speclimits control: armed" in x]
     return {"plain": plain, "served": served, "armed": armed, "cancelled_chunks": cancelled,
             "policy": d["policy"], "live_requests": d["live_requests"], "requests": d["requests"],
+            "spec_metrics": spec_metrics,
             "n_rounds": d["n_rounds"], "profile": d["profile"], "ks": [k for r in d["rounds"] for k in r["k"]]}
 
 

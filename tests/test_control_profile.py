@@ -365,12 +365,14 @@ def test_round_records_book_the_rounds_and_the_hooks_time_until_drained():
     rec.spent("plan", now)
     rec.spent("take", now)
     rec.choice_s = 1e-6
+    rec.plain_samples += 3  # steps without a draft, sampled plainly (the extension's _sample hook)
     out = rec.drain()
     assert out["rounds"] == [{"k": [2, 1], "cap": [3, 4], "drafted": 2, "early": True, "n_batch": 2},
                              {"k": [4], "cap": [4], "drafted": 4, "early": False, "n_batch": 1}]
     assert out["n_rounds"] == 2 and out["early_exits"] == 1
     assert out["requests"] == {"a": [2, 4], "b": [1]}  # per request, the k of each of its rounds
     assert set(out["hook_us"]) == {"plan", "take", "token_choice"} and out["hook_us"]["token_choice"] == pytest.approx(1.0)
-    assert out["decide_us"] == pytest.approx(sum(out["hook_us"].values()))
+    assert out["decide_us"] == pytest.approx(sum(out["hook_us"].values())) and out["plain_samples"] == 3
     empty = rec.drain()
-    assert empty == {"rounds": [], "requests": {}, "decide_us": 0.0, "n_rounds": 0, "early_exits": 0, "hook_us": {}}
+    assert empty == {"rounds": [], "requests": {}, "decide_us": 0.0, "n_rounds": 0, "early_exits": 0, "hook_us": {},
+                     "plain_samples": 0}

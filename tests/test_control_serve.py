@@ -22,7 +22,8 @@ SCENARIO = Path(__file__).with_name("serve_scenario.py")
 
 def test_policy_inside_vllm_serve_is_lossless(tmp_path):
     """Armed by the environment alone; requests cancelled mid-generation leave no state behind and change
-    no other request's output."""
+    no other request's output; vLLM's own per-request speculative metrics report, step by step, the drafts the
+    controller kept (its k of each round that kept one) and how many were accepted."""
     from loopback import QUIET_VLLM_ENV, require
 
     from speclimits.control.fit import fit_policy
@@ -45,3 +46,13 @@ def test_policy_inside_vllm_serve_is_lossless(tmp_path):
     assert all(isinstance(k, int) for ks in res["requests"].values() for k in ks)
     assert res["n_rounds"] > 12 and res["profile"] is not None  # profiled on the first rounds, then the policy
     assert set(res["ks"]) >= {1, 2, 3}
+    assert len(res["spec_metrics"]) == 3
+    for rid, m in res["spec_metrics"].items():
+        ours = [ks for key, ks in res["requests"].items() if key.startswith(rid)]
+        assert len(ours) == 1, (rid, list(res["requests"]))
+        kept = [k for k in ours[0] if k > 0]  # a round that kept no draft verifies nothing in vLLM's count
+        drafted, accepted = m["per_step_drafted"], m["per_step_accepted"]
+        # every verified round as the controller kept it (the last round drafted may end with the request)
+        assert drafted == kept[: len(drafted)] and len(kept) - len(drafted) <= 1, (drafted, kept)
+        assert len(accepted) == len(drafted) and all(0 <= a <= d for a, d in zip(accepted, drafted))
+        assert m["num_draft_tokens"] == sum(drafted) and m["num_accepted_draft_tokens"] == sum(accepted)
