@@ -4,7 +4,8 @@
 server (``python -m vllm.entrypoints.openai.api_server``, the module behind ``vllm serve``) and vLLM's
 own benchmark client (:mod:`vllm.benchmarks.serve`, the code of ``vllm bench serve``, called in-process)
 sending the held-out prompts at Poisson arrivals (burstiness 1) for each request rate of ``--rates``.
-Greedy (temperature 0) unless ``--temperature`` (and ``--top-p``) samples every request, ``ignore_eos``, a
+Greedy (temperature 0) unless ``--temperature`` (and ``--top-p``) samples every request (``--greedy-share S``
+with it: a seeded share S of each run's requests greedy, the rest sampled, in one arrival stream), ``ignore_eos``, a
 fixed output length (``--tokens``) and a fixed seed, so every arm of a repeat sees the same prompts in the
 same order at the same arrival times. Sampled runs start every server, stock ones included, with
 ``SPECLIMITS_REPAIR_CPU_SAMPLER=1`` (on CPU vLLM's rejection sampler is repaired, vllm#55005: unrepaired,
@@ -36,6 +37,15 @@ concurrency (sum of request latencies / duration, Little's law), a SHA-1 per gen
 controller, what it drained after the run (``speclimits_control``: rounds, mean k, k counts, decision
 time, the profile's batch). A finished (repeat, arm, rate) file is skipped on a rerun (resumable; the
 settings that change a measurement must match ``config.json`` in ``--out``).
+
+**Mixed.** ``--greedy-share S --temperature T``: in every run a share S of the requests (drawn with the
+repeat's seed: the same requests in every arm and rate of a repeat, warm-up included) is sent greedy and the rest at
+temperature T, all in one Poisson stream of the run's rate (the superposition of a greedy and a sampled stream of
+rates S x rate and (1 - S) x rate). vLLM's client sends them with per-request sampling overrides (its
+``SampleRequest.request_overrides``). A policy set (``speclimits control combine``) decides each request with the
+fit of its temperature. Each run's file names its ``greedy_requests`` and has ``by_kind``: the greedy and the
+sampled requests' mean E2EL and TPOT apart; the summary compares greedy texts with plain decoding's on those
+requests only.
 
 **Summary** (``summary.json`` and a printed table, :func:`summarize`): per rate and arm the mean of each
 metric over repeats and the paired ratio arm / reference of output throughput (> 1: the arm is faster),
@@ -96,6 +106,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +136,7 @@ CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 METRICS = {"output_throughput": "higher", "mean_tpot_ms": "lower", "mean_e2el_ms": "lower"}
 SHORT = {"output_throughput": "tok/s", "mean_tpot_ms": "TPOT", "mean_e2el_ms": "E2E"}
 #: the docstring's paragraphs that ``--help`` shows
-HELP_PARAGRAPHS = ("**What", "* ", "**Design", "**Load", "**How long")
+HELP_PARAGRAPHS = ("**What", "* ", "**Design", "**Mixed", "**Load", "**How long")
 #: fields every per-run file has (``vllm bench serve --save-result`` names)
 RUN_FIELDS = ("request_throughput", "output_throughput", "total_token_throughput", "duration", "completed",
               "failed", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
@@ -136,13 +147,13 @@ DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "genera
 
 DEFAULTS: dict[str, Any] = {"rates": "0.5,1,2,4,8", "k": None, "repeats": 3, "requests": 32, "tokens": 128,
                             "warmup": 16, "warmup_concurrency": 4, "profile_rounds": None, "max_num_seqs": 16,
-                            "temperature": 0.0, "top_p": 1.0}
+                            "temperature": 0.0, "top_p": 1.0, "greedy_share": 0.0}
 TINY: dict[str, Any] = {"rates": "1,4", "k": "2", "repeats": 1, "requests": 4, "tokens": 16, "warmup": 2,
                         "warmup_concurrency": 2, "profile_rounds": 12, "max_num_seqs": 4}
 #: settings that change what a run measures: a rerun into the same --out must keep them
 FIXED_SETTINGS = ("target", "draft", "policy_sha256", "policy_name", "tokens", "requests", "seed", "warmup",
                   "warmup_concurrency", "profile_rounds", "max_num_seqs", "max_model_len", "prompt_ids",
-                  "temperature", "top_p")
+                  "temperature", "top_p", "greedy_share")
 
 
 # ---------------------------------------------------------------------------
@@ -207,6 +218,42 @@ def best_stock(by: dict[tuple[float, str], dict[int, dict]], rate: float, stock:
     return max(stock, key=score)
 
 
+def same_text_share(mine: dict[int, dict], plain: dict[int, dict]) -> float | None:
+    """The share of greedy requests whose text equals plain decoding's in the same repeat (and rate): every
+    request of a greedy run, the ``greedy_requests`` of a mixed one; None where no request is greedy (a sampled
+    request's text is another draw in every arm)."""
+    same = total = 0
+    for rep, run in mine.items():
+        mine_h, ref_h = run.get("generated_text_sha1"), plain.get(rep, {}).get("generated_text_sha1")
+        if not mine_h or not ref_h or len(mine_h) != len(ref_h):
+            continue
+        if (run.get("temperature") or 0) > 0:
+            idx = [i for i in run.get("greedy_requests") or [] if i < len(mine_h)]
+        else:
+            idx = list(range(len(mine_h)))
+        same += sum(mine_h[i] == ref_h[i] for i in idx)
+        total += len(idx)
+    return same / total if total else None
+
+
+def kind_rows(mine: dict[int, dict], plain: dict[int, dict] | None, best: dict[int, dict] | None, n_boot: int,
+              seed: int) -> dict[str, Any]:
+    """A mixed run's greedy and sampled requests apart: per kind the mean E2EL and TPOT over repeats and the
+    paired E2EL ratio to plain decoding and to the best stock K by E2EL (chosen on all requests)."""
+    out: dict[str, Any] = {}
+    for kind in ("greedy", "sampled"):
+        def part(runs: dict[int, dict] | None) -> dict[int, dict]:
+            return {rep: run["by_kind"][kind] for rep, run in (runs or {}).items() if (run.get("by_kind") or {}).get(kind)}
+
+        own = part(mine)
+        out[kind] = {"requests": _mean([v.get("n") for v in own.values()]),
+                     "mean_e2el_ms": _mean([v.get("mean_e2el_ms") for v in own.values()]),
+                     "mean_tpot_ms": _mean([v.get("mean_tpot_ms") for v in own.values()]),
+                     "e2el_vs_plain": paired_ratio(own, part(plain), "mean_e2el_ms", n_boot, seed) if plain else None,
+                     "e2el_vs_best_stock": paired_ratio(own, part(best), "mean_e2el_ms", n_boot, seed) if best else None}
+    return out
+
+
 def summarize(runs: list[dict[str, Any]], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Per rate and metric the best stock K (:func:`best_stock`, chosen on these same runs) and one row per
     arm: mean metrics over repeats, mean concurrency, the paired ratios of each metric to that metric's best
@@ -234,14 +281,10 @@ def summarize(runs: list[dict[str, Any]], n_boot: int = 2000, seed: int = 0) -> 
                                     if stock else None)
             row["vs_plain"] = {m: paired_ratio(mine, plain, m, n_boot, seed) for m in METRICS} if plain else None
             if plain is not None:
-                same = total = 0
-                for rep, run in mine.items():
-                    mine_h, ref_h = run.get("generated_text_sha1"), plain.get(rep, {}).get("generated_text_sha1")
-                    if mine_h and ref_h and len(mine_h) == len(ref_h):
-                        same += sum(x == y for x, y in zip(mine_h, ref_h))
-                        total += len(mine_h)
-                sampled = any((run.get("temperature") or 0) > 0 for run in mine.values())
-                row["same_text_as_plain"] = same / total if total and not sampled else None  # sampled: other draws
+                row["same_text_as_plain"] = same_text_share(mine, plain)
+            if any(run.get("by_kind") for run in mine.values()):
+                row["by_kind"] = kind_rows(mine, plain, by.get((rate, choice["mean_e2el_ms"])) if stock else None,
+                                           n_boot, seed)
             ctrl = [(rep, run["speclimits_control"]) for rep, run in sorted(mine.items())
                     if run.get("speclimits_control")]
             if ctrl:
@@ -291,6 +334,11 @@ def summary_table(summary: dict[str, Any]) -> str:
                          f"{_num(r['mean_e2el_ms'], '7.1f')} {_num(r['mean_concurrency'], '5.1f')} {ratios} "
                          f"{_num(r.get('same_text_as_plain'), '4.2f')} {_num(r.get('control_mean_k'), '6.2f')} "
                          f"{_num(r.get('control_rounds'), '6.0f')}")
+        for r in rows:
+            for kind, k in (r.get("by_kind") or {}).items():
+                lines.append(f"  {r['arm']:<14} {kind} requests ({_num(k['requests'], '.0f')} per run): E2E "
+                             f"{_num(k['mean_e2el_ms'], '.1f')} ms, TPOT {_num(k['mean_tpot_ms'], '.2f')} ms, E2E vs "
+                             f"plain {_ci(k['e2el_vs_plain'])}, vs best K {_ci(k['e2el_vs_best_stock'])}")
     lines.append("")
     lines.append("tok/s: output throughput; TPOT, E2E: mean ms; conc: mean concurrency (Little's law); same: share of "
                  "greedy texts equal to plain decoding's; mean k, rounds: the controller's drained rounds per run "
@@ -371,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sample every request at this temperature (default 0: greedy); every server then repairs "
                          "vLLM's CPU rejection sampler (vllm#55005)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p of sampled requests (default 1)")
+    ap.add_argument("--greedy-share", type=float, default=None,
+                    help="with --temperature: this share of each run's requests is sent greedy (temperature 0), "
+                         "chosen with the repeat's seed, the rest sampled, in one Poisson stream (default 0)")
     ap.add_argument("--n-boot", type=int, default=2000, help="bootstrap replicates of the summary (default 2000)")
     ap.add_argument("--out", default=None, help="result folder (required unless --summarize)")
     ap.add_argument("--tiny", action="store_true",
@@ -393,6 +444,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
     for name, message in sampling_problems(float(cfg["temperature"]), float(cfg["top_p"]), args.seed)[:1]:
         raise SpeclimitsError(f"{FLAGS[name]} {message}")
+    share = float(cfg["greedy_share"])
+    if not 0 <= share < 1 or (share > 0 and float(cfg["temperature"]) <= 0):
+        raise SpeclimitsError(f"--greedy-share must be in [0, 1) and needs --temperature > 0 (the other requests are "
+                              f"sampled), got {share:g} at temperature {float(cfg['temperature']):g}")
+    cfg["greedy_share"] = share
     for key in ("repeats", "requests", "tokens", "max_num_seqs", "warmup_concurrency"):
         if int(cfg[key]) < 1:
             raise SpeclimitsError(f"--{key.replace('_', '-')} must be >= 1, got {cfg[key]}")
@@ -524,10 +580,65 @@ def server_env(cfg: dict[str, Any], key: str, policy: Path) -> dict[str, str]:
     return env
 
 
+def greedy_requests(n: int, share: float, seed: int) -> list[int]:
+    """Which of a run's ``n`` requests are sent greedy: ``round(share * n)`` of them, drawn with ``seed`` (the
+    repeat's client seed, so the same requests in every arm and rate of a repeat)."""
+    if share <= 0:
+        return []
+    pick = np.random.default_rng([seed, 7]).choice(n, size=int(round(share * n)), replace=False)
+    return sorted(int(i) for i in pick)
+
+
+@contextlib.contextmanager
+def greedy_overrides(indices: list[int]) -> Iterator[None]:
+    """vLLM's benchmark client with the requests at ``indices`` sent greedy: its dataset loader
+    (``vllm.benchmarks.serve.get_samples``) wrapped so that those requests carry the per-request override
+    ``{"temperature": 0}`` (``SampleRequest.request_overrides``, which the client merges over the run's sampling
+    parameters when it sends each request); undone on exit."""
+    import vllm.benchmarks.serve as client
+
+    if not indices:
+        yield
+        return
+    orig = client.get_samples
+
+    def get_samples(*args: Any, **kwargs: Any) -> Any:
+        requests = orig(*args, **kwargs)
+        for i in indices:
+            requests[i].request_overrides = {**(requests[i].request_overrides or {}), "temperature": 0.0}
+        return requests
+
+    client.get_samples = get_samples
+    try:
+        yield
+    finally:
+        client.get_samples = orig
+
+
+def by_kind(res: dict[str, Any], greedy: list[int]) -> dict[str, Any] | None:
+    """A mixed run's greedy and sampled requests apart (from ``--save-detailed``'s lists, in request order):
+    per kind the number of requests, mean E2EL and mean TPOT (ms; TPOT = (E2EL - TTFT) / (output tokens - 1)) of
+    those that completed."""
+    if not greedy:
+        return None
+    lat, ttft, outl = res.get("latencies") or [], res.get("ttfts") or [], res.get("output_lens") or []
+    chosen = set(greedy)
+    out = {}
+    for kind, idx in (("greedy", sorted(chosen)), ("sampled", [i for i in range(len(lat)) if i not in chosen])):
+        done = [i for i in idx if i < len(lat) and lat[i]]
+        tpot = [(lat[i] - ttft[i]) / (outl[i] - 1) for i in done if i < len(outl) and outl[i] > 1 and i < len(ttft)]
+        out[kind] = {"n": len(idx), "completed": len(done),
+                     "mean_e2el_ms": 1000 * float(np.mean([lat[i] for i in done])) if done else None,
+                     "mean_tpot_ms": 1000 * float(np.mean(tpot)) if tpot else None}
+    return out
+
+
 def run_client(base: str, cfg: dict[str, Any], dataset: Path, n: int, rate: float, seed: int, log: Path,
-               max_concurrency: int | None = None, prefix: str = "bench-") -> dict[str, Any]:
+               max_concurrency: int | None = None, prefix: str = "bench-",
+               greedy: list[int] | None = None) -> dict[str, Any]:
     """``vllm bench serve`` against ``base`` (its :func:`vllm.benchmarks.serve.main`, in this process, stdout to
-    ``log``); returns its result with ``--save-detailed``'s per-request lists."""
+    ``log``); the requests at ``greedy`` sent greedy (:func:`greedy_overrides`); returns its result with
+    ``--save-detailed``'s per-request lists."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -546,8 +657,9 @@ def run_client(base: str, cfg: dict[str, Any], dataset: Path, n: int, rate: floa
     if cfg.get("temperature", 0.0) > 0:
         argv += ["--top-p", str(cfg.get("top_p", 1.0))]
     args = parser.parse_args(argv)
-    with open(log, "a") as fh, contextlib.redirect_stdout(fh):
-        print(f"\n=== {time.strftime('%H:%M:%S')} {prefix} rate {rate} n {n}", flush=True)
+    with open(log, "a") as fh, contextlib.redirect_stdout(fh), greedy_overrides([i for i in greedy or [] if i < n]):
+        print(f"\n=== {time.strftime('%H:%M:%S')} {prefix} rate {rate} n {n}"
+              + (f", greedy requests {greedy}" if greedy else ""), flush=True)
         return main(args)
 
 
@@ -630,7 +742,7 @@ def measure(cfg: dict[str, Any]) -> int:
     from tqdm.auto import tqdm
 
     from speclimits.control.fit import fit_policy
-    from speclimits.control.rules import PolicyFit
+    from speclimits.control.policyset import fit_for, read_policy
     from speclimits.machine import cpu_info
 
     out = Path(cfg["out"])
@@ -643,7 +755,7 @@ def measure(cfg: dict[str, Any]) -> int:
             shutil.copyfile(cfg["policy_arg"], policy)
     elif not policy.exists():
         fit_policy(Path(cfg["trace"]), k_max=6).write(policy)
-    fit = PolicyFit.read(policy)
+    fit = fit_for(read_policy(policy), cfg["temperature"])  # a set (speclimits control combine): the sampled fit
     prompts = held_out_prompts(Path(cfg["trace"]), fit, cfg["target"])
     ks = parse_int_list(cfg["k"], "--k", "'1-6' or '2,4'", "K", 1) if cfg["k"] else list(range(1, fit.k_max + 1))
     arms = [PLAIN] + [stock_key(k) for k in ks] + [cfg["policy_name"]]
@@ -709,6 +821,7 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
     slug = key.replace(":", "-")
     log, client_log = out_logs(cfg, f"server-r{rep:02d}-{slug}.log"), out_logs(cfg, f"client-r{rep:02d}-{slug}.log")
     seed = cfg["seed"] + rep
+    greedy = greedy_requests(cfg["requests"], cfg.get("greedy_share", 0.0), seed)
     with Server(cmd, server_env(cfg, key, policy), log, port) as srv:
         bar.set_postfix_str(f"r{rep} {key} warm-up")
         # armed by its environment once warmed up (speclimits.control.plugin): the server log's line
@@ -721,7 +834,8 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
         for wave in range(5):
             if cfg["warmup"] > 0:
                 run_client(srv.base, cfg, dataset, min(cfg["warmup"], cfg["requests"]), float("inf"), seed, client_log,
-                           max_concurrency=cfg["warmup_concurrency"], prefix=f"warm-r{rep}-{wave}-")
+                           max_concurrency=cfg["warmup_concurrency"], prefix=f"warm-r{rep}-{wave}-",
+                           greedy=greedy)
                 warm["waves"] = wave + 1
             if not is_ctrl:
                 break
@@ -736,13 +850,14 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
             before = os.getloadavg()
             t0 = time.time()
             res = run_client(srv.base, cfg, dataset, cfg["requests"], q, seed, client_log,
-                             prefix=f"r{rep}-{slug}-q{rate_text(q)}-")
+                             prefix=f"r{rep}-{slug}-q{rate_text(q)}-", greedy=greedy)
             wall = time.time() - t0
             after = os.getloadavg()
             ctrl = control_record(srv.rpc("speclimits_control_drain"), armed) if is_ctrl else None
             texts = res.get("generated_texts") or []
             lat = [x for x in (res.get("latencies") or []) if x]
             errors = [e for e in (res.get("errors") or []) if e]
+            kinds = by_kind(res, greedy)
             for f in DETAILED:
                 res.pop(f, None)
             a = arm(key)
@@ -750,6 +865,7 @@ def serve_arm(cfg: dict[str, Any], key: str, rep: int, pos: int, rates: list[flo
                         "num_speculative_tokens": a.k if a.kind == "stock" else (k_max if is_ctrl else 0),
                         "repeat": rep, "arm_position": pos, "client_seed": seed, "prompt_ids": ids,
                         "temperature": cfg["temperature"], "top_p": cfg["top_p"],
+                        "greedy_share": cfg.get("greedy_share", 0.0), "greedy_requests": greedy, "by_kind": kinds,
                         "mean_concurrency": float(sum(lat) / res["duration"]) if res.get("duration") else None,
                         "generated_text_sha1": [hashlib.sha1(t.encode()).hexdigest() for t in texts],
                         "n_errors": len(errors), "first_error": errors[0][:500] if errors else None,

@@ -486,6 +486,41 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
                    view.serve_caption(served_skip) + " Rounds that plan k = 0 skip the drafter; steps without a "
                    "draft are sampled by vLLM's plain sampler.")
 
+# %% [markdown]
+# The same rule against the static K the runs above left out ({numref}`tbl-control-served-skip-k`: stock K = 1,
+# the best of K = 1..3 there, and K = 4, 5, 6, each its own server in the same repeats), so that "the best stock K"
+# at each rate is chosen among every K of the policy's range.
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    served_k, served_k_note = sampled.sampled_serve(sampled.SERVE_SKIP_K_DIR)
+    print(wrap(served_k_note))
+    if served_k is not None:
+        page.table(view.serve_table(served_k), "tbl-control-served-skip-k",
+                   view.serve_caption(served_k) + " The best stock K is chosen among the K of this run.")
+
+# %% [markdown]
+# **Served, greedy and sampled requests mixed.** Half of each run's requests greedy and half at temperature 0.7,
+# in one Poisson stream (`bench_serve.py --greedy-share 0.5`: vLLM's client sends each request with its own
+# sampling parameters), the controller armed with the set of the greedy and the sampled fit
+# ({numref}`tbl-control-served-mixed`), and the two kinds of request apart ({numref}`tbl-control-served-mixed-kind`):
+# what each kind waits, and whether the greedy requests' texts equal plain decoding's.
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
+    served_mix, served_mix_note = sampled.sampled_serve(sampled.SERVE_MIXED_DIR)
+    print(wrap(served_mix_note))
+    if served_mix is not None:
+        share = served_mix["config"]["greedy_share"]
+        page.table(view.serve_table(served_mix), "tbl-control-served-mixed",
+                   view.serve_caption(served_mix) + f" A share {share:g} of each run's requests greedy (the same "
+                   "requests in every arm of a repeat), the rest sampled; the controller armed with a policy set.")
+        page.table(sampled.serve_by_kind(served_mix), "tbl-control-served-mixed-kind",
+                   "The mixed served run's greedy and sampled requests apart: the controller's mean E2E latency and "
+                   "its speed in it (> 1: faster; 95% interval over repeats) against plain decoding and against the "
+                   "best stock K by all requests' E2E; the share of greedy requests whose text equals plain "
+                   "decoding's, per arm.")
+
 # %% tags=["hide-input"]
 if oracle_ok:
     if tables:

@@ -97,6 +97,75 @@ def test_summary_known_answer(tmp_path):
     assert [round(f.value, 6) for f in figures] == [1.1, 0.8, 0.95, 1.05]
 
 
+def test_mixed_runs_compare_greedy_requests_and_each_kind_apart():
+    """A mixed run (temperature > 0, some requests greedy): the text check covers its greedy requests only, and
+    each kind's E2EL is compared with plain decoding's and the best stock K's (by all requests' E2EL) apart."""
+    runs = []
+    for rep in SPEED:
+        f = SPEED[rep]
+        h = [f"h{rep}{i}" for i in range(4)]
+        greedy = [0, 2]
+        kinds = {"plain": (1000.0, 1200.0), "stock:1": (900.0, 1100.0), "delta-fixed": (800.0, 1210.0)}
+        texts = {"plain": h, "stock:1": [h[0], "x", "y", "z"], "delta-fixed": [h[0], "x", h[2], "z"]}
+        e2el = {"plain": 1100.0, "stock:1": 1000.0, "delta-fixed": 1005.0}
+        for a, (g, smp) in kinds.items():
+            runs.append(run(a, rep, 1.0, 100.0, 10.0, e2el[a], temperature=0.7, greedy_requests=greedy,
+                            generated_text_sha1=texts[a],
+                            by_kind={"greedy": {"n": 2, "mean_e2el_ms": g / f, "mean_tpot_ms": g / f / 100},
+                                     "sampled": {"n": 2, "mean_e2el_ms": smp / f, "mean_tpot_ms": smp / f / 100}}))
+    s = bs.summarize(runs, n_boot=200)
+    assert s["best_stock"]["1"]["mean_e2el_ms"] == "stock:1"
+    ctrl, stock = row(s, 1.0, "delta-fixed"), row(s, 1.0, "stock:1")
+    # greedy requests 0 and 2: the controller's equal plain's (both), stock's one of two; sampled texts not compared
+    assert ctrl["same_text_as_plain"] == 1.0 and stock["same_text_as_plain"] == 0.5
+    g, smp = ctrl["by_kind"]["greedy"], ctrl["by_kind"]["sampled"]
+    assert g["requests"] == 2 and g["mean_e2el_ms"] == pytest.approx(800.0 * sum(1 / f for f in SPEED.values()) / 3)
+    assert g["e2el_vs_plain"]["ratio"] == pytest.approx(0.8) and g["e2el_vs_best_stock"]["ratio"] == pytest.approx(800 / 900)
+    assert smp["e2el_vs_plain"]["ratio"] == pytest.approx(1210 / 1200) and smp["e2el_vs_best_stock"]["n"] == 3
+    assert "delta-fixed" in bs.summary_table(s) and "greedy requests (2 per run)" in bs.summary_table(s)
+    # an all-sampled run's texts are never compared
+    assert bs.same_text_share({0: {"temperature": 0.7, "generated_text_sha1": ["a"]}},
+                              {0: {"generated_text_sha1": ["a"]}}) is None
+
+
+def test_greedy_share_picks_and_sends_the_same_requests(capsys):
+    """The greedy requests: round(share x n), the same for a seed, others for another; sent with vLLM's client's
+    per-request override, which its merge puts over the run's sampling parameters."""
+    picks = bs.greedy_requests(24, 0.5, 3)
+    assert len(picks) == 12 and picks == sorted(set(picks)) and all(0 <= i < 24 for i in picks)
+    assert picks == bs.greedy_requests(24, 0.5, 3) and picks != bs.greedy_requests(24, 0.5, 4)
+    assert bs.greedy_requests(24, 0.0, 3) == [] and len(bs.greedy_requests(10, 0.25, 0)) == 2
+    assert bs.main(["--out", "/nonexistent/x", "--greedy-share", "0.5"]) == 2  # refused: no --temperature
+    assert "--greedy-share must be in [0, 1) and needs --temperature > 0" in capsys.readouterr().err
+    # each kind's means from the client's per-request lists (seconds, request order)
+    res = {"latencies": [1.0, 2.0, 0.0, 4.0], "ttfts": [0.1, 0.2, 0.0, 0.4], "output_lens": [10, 10, 0, 10]}
+    kinds = bs.by_kind(res, [0, 2])
+    assert kinds["greedy"] == {"n": 2, "completed": 1, "mean_e2el_ms": 1000.0, "mean_tpot_ms": pytest.approx(100.0)}
+    assert kinds["sampled"]["mean_e2el_ms"] == 3000.0 and kinds["sampled"]["mean_tpot_ms"] == pytest.approx(300.0)
+    assert bs.by_kind(res, []) is None
+    from loopback import require
+
+    require("vllm", what="the mixed served workload's request overrides")
+    import vllm.benchmarks.serve as client
+    from vllm.benchmarks.datasets import SampleRequest
+
+    made = [SampleRequest(prompt=f"p{i}", prompt_len=1, expected_output_len=4) for i in range(6)]
+    orig = client.get_samples
+    client.get_samples = lambda *a, **k: made
+    try:
+        with bs.greedy_overrides([1, 4]):
+            sent = client.get_samples(None, None)  # main_async reads the module's get_samples when it runs
+        assert client.get_samples(None, None) is made  # undone on exit
+    finally:
+        client.get_samples = orig
+    body = {"temperature": 0.7, "top_p": 0.9}
+    temps = [client._merge_overrides(body, r.request_overrides)["temperature"] for r in sent]
+    assert temps == [0.7, 0.0, 0.7, 0.7, 0.0, 0.7]
+    import inspect
+
+    assert "get_samples(args" in inspect.getsource(client.main_async)  # the name the wrapper replaces
+
+
 def test_paired_ratio_interval_over_repeats():
     arm = {0: {"m": 1.0}, 1: {"m": 1.1}, 2: {"m": 1.2}, 3: {"m": 2.0}}
     ref = {0: {"m": 1.0}, 1: {"m": 1.0}, 2: {"m": 1.0}}  # repeat 3 has no reference: not paired
@@ -133,12 +202,15 @@ def test_tiny_served_load_end_to_end(tmp_path):
     out = tmp_path / "serve"
     env = dict(os.environ, **QUIET_VLLM_ENV)
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(out), "--json", str(tmp_path / "f.json")],
-                          capture_output=True, text=True, env=env, timeout=600)
+    # a mixed workload: half of the requests greedy, half sampled at 0.7, in one stream
+    mixed = ["--temperature", "0.7", "--greedy-share", "0.5"]
+    proc = subprocess.run([sys.executable, str(BENCH), "--tiny", *mixed, "--out", str(out), "--json",
+                           str(tmp_path / "f.json")], capture_output=True, text=True, env=env, timeout=600)
     logs = "".join(p.read_text()[-1500:] for p in sorted((out / "logs").glob("server-*.log"))) if out.exists() else ""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
     first_s = time.time() - t0
     arms = ["plain", "stock:2", "delta-fixed"]
+    texts = {}
     for arm in arms:
         for rate in (1.0, 4.0):
             doc = json.loads((out / bs.run_name(0, arm, rate)).read_text())
@@ -148,7 +220,11 @@ def test_tiny_served_load_end_to_end(tmp_path):
             assert doc["request_rate"] == rate and doc["arm"] == arm and doc["git_commit"]
             assert len(doc["load_average_before"]) == 3 and doc["machine"]["cpu"]["model"]
             assert "cache_kib" in doc["machine"]["cpu"] and isinstance(doc["machine"]["cpu"]["flags"], list)
-            assert len(doc["generated_text_sha1"]) == 4
+            assert len(doc["generated_text_sha1"]) == 4 and doc["temperature"] == 0.7
+            assert doc["greedy_requests"] == bs.greedy_requests(4, 0.5, 0) and len(doc["greedy_requests"]) == 2
+            assert all(doc["by_kind"][k]["completed"] == 2 and doc["by_kind"][k]["mean_e2el_ms"] > 0
+                       for k in ("greedy", "sampled"))
+            texts[arm, rate] = doc["generated_text_sha1"]
             if arm == "plain":
                 assert "spec_decode_acceptance_rate" not in doc and doc["speclimits_control"] is None
             else:
@@ -161,6 +237,10 @@ def test_tiny_served_load_end_to_end(tmp_path):
                 assert c["n_rounds"] > 0 and 1 <= c["mean_k"] <= 6
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rates"] == [1.0, 4.0] and len(summary["rows"]) == 6
+    # the greedy requests' texts equal plain decoding's in every arm; the sampled ones are draws (not all equal)
+    assert all(r["same_text_as_plain"] == 1.0 and set(r["by_kind"]) == {"greedy", "sampled"} for r in summary["rows"])
+    sampled = [i for i in range(4) if i not in bs.greedy_requests(4, 0.5, 0)]
+    assert any(texts[a, q][i] != texts["plain", q][i] for a in arms[1:] for q in (1.0, 4.0) for i in sampled)
     assert "best stock K" in proc.stdout and "rate 4 req/s" in proc.stdout
     assert len(json.loads((tmp_path / "f.json").read_text())["figures"]) == 4
     # resumable: a rerun finds every file and measures nothing

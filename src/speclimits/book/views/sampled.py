@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from speclimits.book.present import ci_column
+from speclimits.book.present import ci_column, fmt_ci
 from speclimits.book.views.control import regime_of
 from speclimits.book.views.control_runs import TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs
 from speclimits.arms import PLAIN, policy_label
@@ -33,6 +33,10 @@ MIXED_BENCH_DIR = TWIN_BENCH_DIR / "mixed"
 SERVE_DIR = SAMPLED_BENCH_DIR / "serve"
 #: The same served with ``throughput:zero-k`` (rounds that plan k = 0 skip the drafter).
 SERVE_SKIP_DIR = SAMPLED_BENCH_DIR / "serve-skip"
+#: ``throughput:zero-k`` served against stock K = 1 and the K the first served runs left out (4, 5, 6).
+SERVE_SKIP_K_DIR = SAMPLED_BENCH_DIR / "serve-k46"
+#: The mixed workload served (``--greedy-share``), the controller armed with the policy set.
+SERVE_MIXED_DIR = MIXED_BENCH_DIR / "serve"
 
 
 def decoding(meta: dict[str, Any]) -> str:
@@ -75,8 +79,8 @@ def sampled_runs(folder: Path = SAMPLED_BENCH_DIR) -> tuple[dict[int, dict[str, 
 
 
 def sampled_serve(folder: Path = SERVE_DIR) -> tuple[dict[str, Any] | None, str]:
-    """The served-load summary at temperature 0.7 in ``folder`` (:data:`SERVE_DIR` or :data:`SERVE_SKIP_DIR`),
-    or (None, why)."""
+    """The served-load summary at temperature 0.7 in ``folder`` (:data:`SERVE_DIR`, :data:`SERVE_SKIP_DIR`,
+    :data:`SERVE_SKIP_K_DIR` or :data:`SERVE_MIXED_DIR`), or (None, why)."""
     path = folder / "summary.json"
     if not path.exists():
         return None, f"no served-load runs at temperature 0.7 ({path.parent})"
@@ -107,4 +111,31 @@ def engine_beside_plain(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
                          "× plain": f"{plain / float(r['ms_per_token_pooled'].iloc[0]):.3f}",
                          "× best stock K [95% CI]": ("1" if key == best else ci_column(r, "workload_ratio", 3)[0]),
                          "Mean k": "–" if key == best else f"{float(r['mean_k'].iloc[0]):.2f}"})
+    return pd.DataFrame(rows)
+
+
+def serve_by_kind(summ: dict[str, Any]) -> pd.DataFrame:
+    """A mixed served run's greedy and sampled requests apart: per rate and kind, the controller's mean E2E
+    latency and its speed in it (reference / controller, > 1: faster; 95% interval over repeats) against plain
+    decoding and against the best stock K by all requests' E2E; and the share of greedy texts equal to plain
+    decoding's per arm (stock and controller)."""
+    rows = []
+    for rate in summ["rates"]:
+        here = [r for r in summ["rows"] if r["rate"] == rate]
+        ctrl = next(r for r in here if is_policy(r["arm"]))
+        same = "; ".join(f"{policy_label(r['arm'])} {r['same_text_as_plain']:.0%}" for r in here
+                         if r["arm"] != PLAIN and r.get("same_text_as_plain") is not None)
+        best = (summ["best_stock"].get(f"{float(rate):g}") or {}).get("mean_e2el_ms")
+        for kind, k in (ctrl.get("by_kind") or {}).items():
+            def speed(entry: dict[str, Any] | None) -> str:
+                if not entry or entry.get("ratio") is None:
+                    return "–"
+                return fmt_ci(1 / entry["ratio"], 1 / entry["hi"], 1 / entry["lo"], 3)
+
+            rows.append({"rate (req/s)": f"{rate:g}", "requests": f"{kind} ({k['requests']:.0f} per run)",
+                         "controller E2E (ms)": f"{k['mean_e2el_ms']:.0f}",
+                         "speed vs plain": speed(k.get("e2el_vs_plain")),
+                         "speed vs best stock K": f"{speed(k.get('e2el_vs_best_stock'))} ({policy_label(best)})"
+                         if best else "–",
+                         "greedy texts = plain's": same if kind == "greedy" else ""})
     return pd.DataFrame(rows)
