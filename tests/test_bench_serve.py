@@ -245,7 +245,7 @@ def test_tiny_served_load_end_to_end(tmp_path):
     assert len(json.loads((tmp_path / "f.json").read_text())["figures"]) == 4
     # resumable: a rerun finds every file and measures nothing
     t1 = time.time()
-    again = subprocess.run([sys.executable, str(BENCH), "--tiny", "--out", str(out)], capture_output=True, text=True,
+    again = subprocess.run([sys.executable, str(BENCH), "--tiny", *mixed, "--out", str(out)], capture_output=True, text=True,
                            env=env, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert time.time() - t1 < first_s / 2
