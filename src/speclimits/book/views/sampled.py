@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from speclimits.book.present import ci_column, fmt_ci
-from speclimits.book.views.control import regime_of
+from speclimits.book.views.control import _speed, regime_of
 from speclimits.book.views.control_runs import TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs
 from speclimits.arms import PLAIN, policy_label
 from speclimits.jsonutil import read_json
@@ -127,10 +127,8 @@ def serve_by_kind(summ: dict[str, Any]) -> pd.DataFrame:
                          if r["arm"] != PLAIN and r.get("same_text_as_plain") is not None)
         best = (summ["best_stock"].get(f"{float(rate):g}") or {}).get("mean_e2el_ms")
         for kind, k in (ctrl.get("by_kind") or {}).items():
-            def speed(entry: dict[str, Any] | None) -> str:
-                if not entry or entry.get("ratio") is None:
-                    return "–"
-                return fmt_ci(1 / entry["ratio"], 1 / entry["hi"], 1 / entry["lo"], 3)
+            def speed(entry: dict[str, Any] | None) -> str:  # a latency ratio (arm / reference) as a speed
+                return fmt_ci(*_speed(entry, "mean_e2el_ms"), 3) if entry and entry.get("ratio") else "–"
 
             rows.append({"rate (req/s)": f"{rate:g}", "requests": f"{kind} ({k['requests']:.0f} per run)",
                          "controller E2E (ms)": f"{k['mean_e2el_ms']:.0f}",
