@@ -41,17 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=("example: speclimits trace --target Qwen/Qwen3-30B-A3B --draft my-eagle3-head --method eagle3 "
                 "--k 1-10 --prompts question.jsonl --out traces/qwen-eagle3 --max-tokens 256"),
     )
-    _sweep_arguments(p)
-    _run_arguments(p)
-    _writing_arguments(p)
-    _oracle_arguments(p)
-    _ray_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cli)
-
-
-def _sweep_arguments(p: argparse.ArgumentParser) -> None:
-    """What to sweep: the models and method, the K values, the prompts, the output folder."""
+    # what to sweep: the models and method, the K values, the prompts, the output folder
     p.add_argument("--target", required=True, help="target MoE model (folder or hub id)")
     p.add_argument("--draft", default=None, help="draft model / EAGLE head folder (not needed for ngram)")
     p.add_argument("--method", choices=eng.METHODS, default="eagle3",
@@ -66,10 +56,7 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per generation (default: %(default)s)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--resume", action="store_true", help="finish an interrupted trace in --out (same settings)")
-
-
-def _run_arguments(p: argparse.ArgumentParser) -> None:
-    """How each generation runs on the engine, and which tokens are kept."""
+    # how each generation runs on the engine, and which tokens are kept
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sampling temperature of every request (default: %(default)s, greedy); T > 0 samples, each "
                         "request with its own seed derived from --seed, and meta.json records the 'sampling'")
@@ -96,10 +83,7 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra speculative_config entry, e.g. prompt_lookup_max=4 (repeatable)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="NAME=JSON",
                    help="extra vllm.LLM argument, e.g. gpu_memory_utilization=0.8 (repeatable)")
-
-
-def _writing_arguments(p: argparse.ArgumentParser) -> None:
-    """How finished generations are written (buffered parts) and checked against vLLM's counters."""
+    # how finished generations are written (buffered parts) and checked against vLLM's counters
     p.add_argument("--flush-every", type=int, default=32, metavar="N",
                    help="write buffered generations after N of them (default: %(default)s) ...")
     p.add_argument("--flush-seconds", type=float, default=5.0, metavar="S",
@@ -108,10 +92,7 @@ def _writing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-counters", choices=("part", "generation"), default="part",
                    help="compare drafted/accepted with vLLM's counters per written part (exact, cheap) or after "
                         "every generation (one more metrics read per generation) (default: %(default)s)")
-
-
-def _oracle_arguments(p: argparse.ArgumentParser) -> None:
-    """The dense Oracle pass (oracle.parquet)."""
+    # the designed experiment and the dense Oracle pass (oracle.parquet)
     p.add_argument("--plant-routing", type=int, default=None, metavar="SEED",
                    help="designed experiment (CPU): every target pass routes by a planted routing whose unique "
                         "experts per layer are drawn per pass from top_k..min(m*top_k, E), so the per-expert cost "
@@ -125,10 +106,7 @@ def _oracle_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_ORACLE_SAMPLES}; the first is the prompt's sweep generation, the others are sampled "
                         "by the Oracle pass, seeded); at each state oracle.parquet adds accept_prob, the target's "
                         "probability of each drafted token at that temperature and top-p")
-
-
-def _ray_arguments(p: argparse.ArgumentParser) -> None:
-    """The distributed sweep on Ray."""
+    # the distributed sweep on Ray
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="run the sweep on Ray with N workers, one engine each (local Ray instance unless "
                         "--ray-address); needs the 'ray' extra")
@@ -139,6 +117,8 @@ def _ray_arguments(p: argparse.ArgumentParser) -> None:
                         "per worker and K, at most 16)")
     p.add_argument("--ray-runtime-env", default=None, metavar="JSON",
                    help="Ray runtime_env for the workers, e.g. '{\"py_modules\": [\"src/speclimits\"]}' on a cluster")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
@@ -173,7 +153,15 @@ def _cli(args: argparse.Namespace) -> int:
         raise SpeclimitsError("--plant-routing runs in this process only, without --oracle, --workers or --ray-address")
     rs = _ray_settings(args) if distributed else None
     try:
-        meta = _run_distributed(rs, cfg) if rs is not None else run_sweep(cfg)
+        if rs is None:
+            meta = run_sweep(cfg)
+        else:
+            from speclimits.tracing.ray_sweep import run_sweep_ray  # Ray: imported when used
+
+            meta = run_sweep_ray(cfg, rs)
+            run = meta["distributed"]["runs"][-1]
+            print(f"distributed on Ray ({run['address']}): {run['workers']} workers, {run['jobs']} jobs, "
+                  f"{run['retried_jobs']} retried, {run['worker_restarts']} worker restarts")
     except Exception as exc:  # noqa: BLE001 - re-raised unless it came from inside vLLM
         failure = eng.vllm_failure(exc, args.target, "the K sweep")
         if failure is None:
@@ -188,7 +176,7 @@ def _cli(args: argparse.Namespace) -> int:
     if args.oracle:
         k_max = args.oracle_k_max or (max(k_values) if max(k_values) > 0 else 10)
         if rs is not None:  # a distributed sweep's Oracle pass runs on Ray workers too: shards of references
-            from speclimits.tracing.ray_sweep import trace_oracle_ray  # see _cli: imported when used
+            from speclimits.tracing.ray_sweep import trace_oracle_ray
 
             meta = trace_oracle_ray(cfg, k_max, args.oracle_batch, rs)
         else:
@@ -226,7 +214,7 @@ def _dtype_choice(args: argparse.Namespace) -> object:
 
 
 def _ray_settings(args: argparse.Namespace) -> object:
-    from speclimits.tracing.ray_sweep import RaySettings  # see _cli: imported when used
+    from speclimits.tracing.ray_sweep import RaySettings
 
     runtime_env = None
     if args.ray_runtime_env:
@@ -238,13 +226,3 @@ def _ray_settings(args: argparse.Namespace) -> object:
     if workers is None:
         raise SpeclimitsError("--ray-address: give --workers N as well (e.g. the cluster's GPU count)")
     return RaySettings(workers=workers, address=args.ray_address, shard_size=args.shard_size, runtime_env=runtime_env)
-
-
-def _run_distributed(rs: object, cfg: object) -> dict:
-    from speclimits.tracing.ray_sweep import run_sweep_ray  # see _cli: imported when used
-
-    meta = run_sweep_ray(cfg, rs)
-    run = meta["distributed"]["runs"][-1]
-    print(f"distributed on Ray ({run['address']}): {run['workers']} workers, {run['jobs']} jobs, "
-          f"{run['retried_jobs']} retried, {run['worker_restarts']} worker restarts")
-    return meta
