@@ -1,17 +1,6 @@
-"""Input checks of ``speclimits trace`` that run before vLLM is imported or an engine is built,
-and what the command says about a finished sweep. This module imports neither vLLM nor torch.
-
-Each check raises :class:`~speclimits.errors.SpeclimitsError` with one line naming the flag, the
-file or the prompt (the command line prints it and exits with code 2):
-
-* :func:`check_trace_inputs`: the K and batch lists, the ``--target``/``--draft`` paths (a folder
-  with a ``config.json``, or a Hugging Face repo id), the method's need for a draft, the sampling
-  flags (:func:`check_sampling`), the Oracle settings (:func:`check_oracle`), the prompt file, and
-  every prompt's token ids against the target's vocabulary (``vocab_size`` of its ``config.json``);
-* :func:`drafted_nothing`: after the sweep, the K > 0 arms whose rounds drafted no token (an n-gram
-  proposer whose ``prompt_lookup_min`` the text never matches, a draft model that never ran).
-
-What vLLM raises while building or running an engine is reported by :mod:`speclimits.tracing.engine`.
+"""Input checks of ``speclimits trace`` that run before vLLM is imported (this module imports neither vLLM
+nor torch), each raising a one-line :class:`~speclimits.errors.SpeclimitsError` naming the flag, the file or
+the prompt; and :func:`drafted_nothing`, what the command says about a finished sweep.
 """
 
 from __future__ import annotations
@@ -94,9 +83,9 @@ def parse_k(spec: str) -> list[int]:
 
 
 def check_trace_inputs(args: Any) -> tuple[list[int], list[int]]:
-    """The checks of ``speclimits trace`` that need neither vLLM nor an engine; returns the parsed
-    K values and batch sizes. ``args``: the command's namespace (``k``, ``batch``, ``target``,
-    ``draft``, ``method``, ``prompts``, ``limit``, ``oracle``, ``oracle_k_max``)."""
+    """The checks of ``speclimits trace`` that need neither vLLM nor an engine (the K and batch lists, the
+    model paths, the sampling and Oracle flags, the prompts against the target's ``vocab_size``); returns
+    the parsed K values and batch sizes."""
     from speclimits.trace.prompts import read_prompts  # the one reader of prompt files
 
     k_values = parse_k(args.k)
@@ -118,18 +107,10 @@ def check_trace_inputs(args: Any) -> tuple[list[int], list[int]]:
 
 
 def check_sampling(args: Any) -> None:
-    """``--temperature`` a finite number >= 0, ``--top-p`` in (0, 1], ``--seed`` an integer (argparse
-    has already refused what is not a number, naming the flag); ``--oracle-samples`` >= 1, only with
-    ``--oracle``, and above 1 only when sampling (a greedy reference is one per prompt); a sampled Oracle
-    pass needs vLLM's greedy draft (its acceptance probability of a drafted token is the target's
-    probability of it)."""
-    from speclimits.trace.sampling import FLAGS, sampling_problems
-
+    """``--temperature``, ``--top-p`` and ``--seed`` (:func:`check_sampling_values`); ``--oracle-samples`` >= 1,
+    only with ``--oracle``, and above 1 only when sampling (a greedy reference is one per prompt)."""
     temperature, top_p, seed = (getattr(args, k, d) for k, d in (("temperature", 0.0), ("top_p", 1.0), ("seed", 0)))
-    problems = sampling_problems(temperature, top_p, seed)
-    if problems:
-        field, message = problems[0]
-        raise SpeclimitsError(f"{FLAGS[field]} {message}")
+    check_sampling_values(temperature, top_p, seed)
     samples = getattr(args, "oracle_samples", None)
     if samples is None:
         return
@@ -142,9 +123,19 @@ def check_sampling(args: Any) -> None:
                               "of a prompt is its one greedy output")
 
 
+def check_sampling_values(temperature: Any, top_p: Any, seed: Any) -> None:
+    """``--temperature`` a finite number >= 0, ``--top-p`` in (0, 1], ``--seed`` an integer."""
+    from speclimits.trace.sampling import FLAGS, sampling_problems
+
+    problems = sampling_problems(temperature, top_p, seed)
+    if problems:
+        field, message = problems[0]
+        raise SpeclimitsError(f"{FLAGS[field]} {message}")
+
+
 def check_sampled_oracle(temperature: float, spec_extra: dict[str, Any]) -> None:
-    """A sampled Oracle pass records ``p_target(d)`` as the acceptance probability of a drafted token d,
-    which is vLLM's rule for a greedy draft only (``draft_sample_method`` 'greedy', its default)."""
+    """A sampled Oracle pass records ``p_target(d)`` as the acceptance probability of a drafted token d:
+    vLLM's rule for a greedy draft only (``draft_sample_method`` 'greedy', its default)."""
     method = spec_extra.get("draft_sample_method", "greedy")
     if temperature > 0 and method != "greedy":
         raise SpeclimitsError(f"--oracle at --temperature > 0 records the acceptance probability of a greedy draft; "
@@ -152,8 +143,8 @@ def check_sampled_oracle(temperature: float, spec_extra: dict[str, Any]) -> None
 
 
 def check_oracle(method: str, k_max: int | None) -> None:
-    """The Oracle pass reads the draft's probabilities (an n-gram proposer has none) along a chain of
-    ``k_max`` >= 1 drafts (None: chosen later from the K values)."""
+    """The Oracle pass reads the draft's probabilities (an n-gram proposer has none) along ``k_max`` >= 1
+    drafts (None: chosen later)."""
     if method == "ngram":
         raise SpeclimitsError("--oracle reads the draft's probabilities; --method ngram has none (use eagle, eagle3 "
                               "or draft_model, or trace without --oracle)")

@@ -1,20 +1,17 @@
 """Distributed K sweeps and Oracle passes on Ray: ``speclimits trace ... --workers N`` (or ``--ray-address``).
 
-The work is cut into jobs (:class:`Job`): a sweep's ``(K, prompt shard)`` pairs (:func:`plan_jobs`;
-with ``--batch``, whole batches of one ``(b, K)``) or shards of Oracle references. Each worker is an
-actor with one engine (``num_gpus=1`` on a GPU cluster). One driver (:class:`_Driver`) hands out the
-jobs with one call in flight per worker, because Ray's own retries run queued calls out of order;
-:class:`JobQueue` keeps a worker on its K, so each K is built about once per worker. A dead worker
-(``RayActorError``) is replaced and its job given back (``max_attempts`` tries). Jobs are idempotent:
-a sweep job writes one shard named by a hash of its specification, rounds part last (its presence
-marks it done and a re-run skips it); an Oracle job skips sequences whose part is on disk. The driver
-finishes as the serial code does (:func:`~speclimits.tracing.sweep.finalize_meta`,
-:func:`~speclimits.tracing.oracle_mode.finish_oracle`) and records where each shard ran, the attempts
-and each worker's usage under ``distributed``.
+The work is cut into jobs (:class:`Job`): a sweep's ``(K, prompt shard)`` pairs (with ``--batch``, whole
+batches of one ``(b, K)``) or shards of Oracle references. Each worker is an actor with one engine
+(``num_gpus=1`` on a GPU cluster). One driver (:class:`_Driver`) hands out the jobs with one call in
+flight per worker, because Ray's own retries (``max_restarts`` / ``max_task_retries``) run queued calls
+out of order; :class:`JobQueue` keeps a worker on its K, so each K is built about once per worker. A dead
+worker (``RayActorError``) is replaced and its job given back (``max_attempts`` tries). Jobs are
+idempotent: a sweep job writes one shard named by a hash of its specification, rounds part last (a re-run
+skips it); an Oracle job skips sequences whose part is on disk. meta.json records, under ``distributed``,
+where each shard ran, the attempts and each worker's usage.
 
-Network: this module never chooses addresses, ports or interfaces (``ray.init(num_cpus=...,
-include_dashboard=False)``, or ``ray.init(address=...)``); usage statistics are off unless the user set
-``RAY_USAGE_STATS_ENABLED``. Tests and benchmarks run Ray only in a loopback-only network namespace
+Network: this module never chooses addresses, ports or interfaces; usage statistics are off unless the user
+set ``RAY_USAGE_STATS_ENABLED``. Tests and benchmarks run Ray only in a loopback-only network namespace
 (:func:`loopback_command`).
 """
 
@@ -58,16 +55,9 @@ def require_ray() -> Any:
 
 @dataclass(frozen=True)
 class Job:
-    """One unit of distributed work: the generations of ``prompts`` (indices) at one K.
-
-    ``gids`` are the generations' fixed ids (:meth:`~speclimits.tracing.sweep.SweepPlan.gid`);
-    ``name`` is the shard's part name, ``part-k{K:03d}-g{first gid:06d}-{hash}``
-    (``part-b{b:03d}-k{K:03d}-g…`` in a batch sweep), the hash covering K (and b), the generation
-    ids, the prompt ids and the sweep settings, so the same job always writes the same files and
-    a different one never does. In a batch sweep ``sizes`` holds the sizes of the job's batches
-    (whole batches of batch size ``b``, in order); empty in a batch-1 sweep, whose generations
-    run one at a time. An Oracle job has its sequence indices as ``prompts`` and ``gids``, K = k_max,
-    and is named by its first sequence (``{index:05d}``)."""
+    """One unit of distributed work: the generations ``gids`` of ``prompts`` (indices) at one K, in batches
+    of ``sizes`` (of batch size ``b``). ``name``: the shard's part name (:func:`job_name`). An Oracle job
+    has its sequence indices as ``prompts`` and ``gids``, K = k_max, and is named ``{first index:05d}``."""
 
     k_index: int
     K: int
@@ -79,10 +69,8 @@ class Job:
     sizes: tuple[int, ...] = ()
 
     def batches(self) -> list[Batch]:
-        """The job's batches (batches of one without ``sizes``)."""
-        sizes = self.sizes or (1,) * len(self.prompts)
         out, start = [], 0
-        for n in sizes:
+        for n in self.sizes:
             out.append(Batch(self.b_index, self.b, self.k_index, self.K, self.prompts[start: start + n],
                              self.gids[start: start + n]))
             start += n
@@ -91,7 +79,9 @@ class Job:
 
 def job_name(K: int, gids: tuple[int, ...], prompt_ids: list[str], settings: dict[str, Any],
              b: int | None = None) -> str:
-    """A job's part name (see :class:`Job`); ``b`` None: a batch-1 sweep's job."""
+    """``part-k{K:03d}-g{first gid:06d}-{hash}`` (``part-b{b:03d}-k…`` in a batch sweep; ``b`` None: a
+    batch-1 sweep's job), the hash covering K (and b), the gids, the prompt ids and the sweep settings, so
+    the same job always writes the same files and a different one never does."""
     spec: dict[str, Any] = {"K": K, "gids": list(gids), "prompts": prompt_ids, "settings": settings}
     if b is not None:
         spec["b"] = b
@@ -101,34 +91,22 @@ def job_name(K: int, gids: tuple[int, ...], prompt_ids: list[str], settings: dic
 
 
 def plan_jobs(plan: SweepPlan, shard_size: int) -> list[Job]:
-    """The jobs of ``plan.todo``: per K, its prompts left in shards of ``shard_size``, in sweep order.
-
-    In a batch sweep, per K and batch size b, its batches left in jobs of ``shard_size // b``
-    whole batches (at least one), so that a batch runs in one engine, in one job."""
+    """The jobs of ``plan.todo`` in sweep order: per K and batch size b, its batches left in jobs of
+    ``shard_size // b`` whole batches (at least one), so that a batch runs in one engine, in one job."""
     if shard_size < 1:
         raise SpeclimitsError(f"--shard-size must be >= 1, got {shard_size}")
-    jobs = []
-    if plan.batch_sweep:
-        batches = plan.batches()
-        for ki, K in enumerate(plan.k_values):
-            for bi, b in enumerate(plan.batch_sizes):
-                mine = [bt for bt in batches if bt.k_index == ki and bt.b_index == bi]
-                per_job = max(1, shard_size // b)
-                for start in range(0, len(mine), per_job):
-                    group = mine[start: start + per_job]
-                    prompts = tuple(pi for bt in group for pi in bt.prompts)
-                    gids = tuple(g for bt in group for g in bt.gids)
-                    name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings, b=b)
-                    jobs.append(Job(ki, K, prompts, gids, name, b=b, b_index=bi,
-                                    sizes=tuple(len(bt.gids) for bt in group)))
-        return jobs
+    jobs, batches = [], plan.batches()
     for ki, K in enumerate(plan.k_values):
-        mine = [t[2] for t in plan.todo if t[0] == ki]
-        for start in range(0, len(mine), shard_size):
-            prompts = tuple(mine[start: start + shard_size])
-            gids = tuple(plan.gid(ki, pi) for pi in prompts)
-            name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings)
-            jobs.append(Job(ki, K, prompts, gids, name))
+        for bi, b in enumerate(plan.batch_sizes):
+            mine = [bt for bt in batches if bt.k_index == ki and bt.b_index == bi]
+            per_job = max(1, shard_size // b)
+            for start in range(0, len(mine), per_job):
+                group = mine[start: start + per_job]
+                prompts = tuple(pi for bt in group for pi in bt.prompts)
+                gids = tuple(g for bt in group for g in bt.gids)
+                name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings,
+                                b=b if plan.batch_sweep else None)
+                jobs.append(Job(ki, K, prompts, gids, name, b=b, b_index=bi, sizes=tuple(len(bt.gids) for bt in group)))
     return jobs
 
 
@@ -139,11 +117,8 @@ def default_shard_size(n_prompts: int, workers: int) -> int:
 
 
 class JobQueue:
-    """The jobs not yet handed out, and the rule that picks a worker's next one.
-
-    :meth:`next_for` prefers a job of the worker's current K (no engine rebuild), then a job of a
-    K no other worker holds (that K's engine is built once), then any job (workers share a K
-    at the end of the sweep). :meth:`give_back` returns a failed job to the front."""
+    """The jobs not yet handed out. :meth:`next_for` prefers a job of the worker's current K (no engine
+    rebuild), then one of a K no other worker holds, then any; :meth:`give_back` returns a job to the front."""
 
     def __init__(self, jobs: list[Job]) -> None:
         self.pending = list(jobs)
@@ -161,13 +136,10 @@ class JobQueue:
     def give_back(self, job: Job) -> None:
         self.pending.insert(0, job)
 
-
-
 class _Worker:
-    """One engine, many jobs, in a Ray worker process: :meth:`start` builds the engine of a K,
-    :meth:`run_job` runs one job. The process gets its own TMPDIR (each engine leaves
-    ``vllm_dist_*`` files there) inside the driver's ``scratch`` folder, which the driver removes
-    (also after a killed worker), and the CPU engine defaults."""
+    """One engine, many jobs, in a Ray worker process: :meth:`start` builds the engine of a K, :meth:`run_job`
+    runs one job. Its own TMPDIR (each engine leaves ``vllm_dist_*`` files there) lies in the driver's
+    ``scratch`` folder, which the driver removes (also after a killed worker)."""
 
     builds = 0  # engines built
 
@@ -183,20 +155,18 @@ class _Worker:
         self.jobs_run = 0
 
     def start(self, K: int, warmup_prompt: int) -> dict[str, Any]:
-        """Build (or keep) the engine for K; returns where this runs and the model info meta.json needs."""
+        """Build (or keep) the engine for K; returns where this runs and the model info."""
         vllm = eng.require_vllm()
         self.where["node"] = require_ray().get_runtime_context().get_node_id()[:16]
         return {"where": dict(self.where), "vllm_version": getattr(vllm, "__version__", "?"),
                 **self._build(K, warmup_prompt)}
 
     def run_job(self, job: Job, *args: Any) -> dict[str, Any]:
-        """Run one job (what is on disk is skipped); returns what the driver records."""
         t0 = time.perf_counter()
         got = self._run(job, *args)
         return {**got, "seconds": round(time.perf_counter() - t0, 3), "where": dict(self.where)}
 
     def usage(self) -> dict[str, Any]:
-        """CPU seconds of this worker process so far, engines built, jobs run."""
         return {"cpu_s": time.process_time(), "engine_builds": self.builds, "jobs": self.jobs_run, **self.where}
 
     def close(self) -> None:
@@ -210,16 +180,14 @@ class _Worker:
 
 
 class SweepWorker(_Worker):
-    """A sweep's worker: its :class:`~speclimits.tracing.sweep.EngineHolder` keeps the engine across
-    the jobs of one K. ``cfg`` is the sweep's :class:`SweepConfig` as a dict; the prompts are sent, so
-    workers need not read the prompt file."""
+    """A sweep's worker (``cfg``: the :class:`SweepConfig` as a dict; the prompts are sent, so workers need
+    not read the prompt file)."""
 
     def __init__(self, cfg: dict[str, Any], prompts: list[Prompt], k_values: list[int],
                  scratch: str | None = None) -> None:
         super().__init__(scratch)
         self.cfg = SweepConfig(**cfg)
-        self.plan = SweepPlan(self.cfg, prompts, Path(self.cfg.out), {}, k_values, None, [],
-                              sorted(set(int(b) for b in self.cfg.batch_sizes)))
+        self.plan = SweepPlan(self.cfg, prompts, Path(self.cfg.out), {}, k_values, None, [], self.cfg.sizes)
         self.holder = EngineHolder(self.cfg, prompts, k_values)
 
     @property
@@ -244,8 +212,8 @@ class SweepWorker(_Worker):
 
 
 class OracleWorker(_Worker):
-    """An Oracle pass's worker: one Oracle engine (K = k_max, :func:`~speclimits.tracing.oracle_mode.oracle_engine`),
-    long enough for every reference of the pass, so it serves every shard."""
+    """An Oracle pass's worker: one Oracle engine (:func:`~speclimits.tracing.oracle_mode.oracle_engine`) for
+    every shard."""
 
     def __init__(self, cfg: dict[str, Any], plan: OraclePlan, scratch: str | None = None) -> None:
         super().__init__(scratch)
@@ -270,13 +238,9 @@ class OracleWorker(_Worker):
 
 @dataclass
 class RaySettings:
-    """How to run a distributed sweep.
-
-    ``workers``: actors (one engine each). ``address``: an existing cluster (None: a local Ray
-    instance with ``workers`` CPUs). ``gpus_per_worker``: None = 1 when the cluster has GPUs,
-    else 0. ``runtime_env``: passed to ``ray.init`` (on a cluster: ``py_modules`` or
-    ``working_dir`` so that workers import speclimits). ``on_event(kind, info)``: called by the
-    driver on ``dispatch``, ``started``, ``done`` and ``died`` (progress displays, tests)."""
+    """How to run a distributed sweep. ``address``: an existing cluster (None: a local Ray instance with
+    ``workers`` CPUs). ``gpus_per_worker``: None = 1 when the cluster has GPUs, else 0. ``runtime_env``:
+    passed to ``ray.init``. ``on_event(kind, info)``: called on ``dispatch``, ``started``, ``done``, ``died``."""
 
     workers: int = 2
     address: str | None = None
@@ -300,9 +264,8 @@ class _Slot:
 
 
 def _init_ray(ray: Any, rs: RaySettings) -> bool:
-    """Connect to Ray; returns True when this call started it (and must shut it down). Workers of a
-    local instance import the same speclimits as the driver (its folder first on PYTHONPATH), also
-    when the driver found it through ``sys.path`` rather than an install."""
+    """Connect to Ray; True when this call started it. Workers of a local instance import the driver's
+    speclimits (its folder first on PYTHONPATH)."""
     if ray.is_initialized():
         return False
     if rs.address:
@@ -316,11 +279,9 @@ def _init_ray(ray: Any, rs: RaySettings) -> bool:
 
 class _Driver:
     """Runs ``jobs`` on up to ``rs.workers`` actors of ``worker_cls`` (built from ``args`` and a scratch
-    folder), one call in flight per actor: a worker whose engine has another K (or none) gets
-    ``start`` first, then the job. ``on_start(result)`` sees every started engine and returns the
-    extra arguments of ``run_job``. ``what`` and ``label`` (formatted with the job and its ``ids``)
-    name a failure. :meth:`close` (always call it) collects each worker's usage and ends the workers
-    and, when this driver started it, Ray."""
+    folder), one call in flight per actor: a worker whose engine has another K (or none) gets ``start``
+    first. ``on_start(result)`` returns the extra arguments of ``run_job``. ``what`` and ``label`` (formatted
+    with the job and its ``ids``) name a failure. :meth:`close` (always call it) ends the workers and Ray."""
 
     def __init__(self, rs: RaySettings, worker_cls: type, args: tuple, jobs: list[Job], bar: Any, what: str,
                  label: str, on_start: Callable[[dict[str, Any]], tuple] | None = None) -> None:
@@ -345,7 +306,6 @@ class _Driver:
         slot.K = None
 
     def _dispatch(self, slot: _Slot) -> None:
-        """Give ``slot`` its next job: ``start`` first when its engine has another K (or none)."""
         others = {s.K for s in self.slots if s is not slot and s.K is not None}
         slot.job = job = self.queue.next_for(slot.K, others)
         if job is None:
@@ -417,7 +377,7 @@ class _Driver:
             self._on_result(slot, kind, result)
 
     def close(self) -> None:
-        """Collect each worker's usage, close its engine and end it (safe to call twice)."""
+        """Collect each worker's usage and end it (safe to call twice)."""
         for slot in self.slots:
             if slot.actor is None:
                 continue
@@ -437,17 +397,14 @@ class _Driver:
             self.owns_ray = False
 
     def summary(self, shard_size: int | None) -> dict[str, Any]:
-        """This run's record: settings, jobs done, retried jobs, worker restarts, usage per worker."""
         return {"address": self.rs.address or "local", "workers": self.rs.workers, "shard_size": shard_size,
                 "jobs": len(self.record), "retried_jobs": sum(r["attempts"] > 1 for r in self.record.values()),
                 "worker_restarts": sum(s.restarts for s in self.slots), "usage": self.usage}
 
 
 def run_sweep_ray(cfg: SweepConfig, rs: RaySettings) -> dict[str, Any]:
-    """Run (or finish, with ``cfg.resume``) the sweep on Ray; returns the final meta dict.
-
-    The trace equals the serial sweep's (:func:`~speclimits.tracing.sweep.run_sweep`) apart from
-    timings, part names and the ids that name the workers; ``meta["distributed"]`` says how it ran."""
+    """Run (or finish, with ``cfg.resume``) the sweep on Ray; returns the final meta dict. The trace equals
+    the serial sweep's apart from timings, part names and ``meta["distributed"]``."""
     if rs.workers < 1:
         raise SpeclimitsError(f"--workers must be >= 1, got {rs.workers}")
     version = getattr(require_ray(), "__version__", "?")
@@ -478,8 +435,8 @@ def run_sweep_ray(cfg: SweepConfig, rs: RaySettings) -> dict[str, Any]:
 
 def _with_distributed(root: Path, meta: dict[str, Any], driver: _Driver, rs: RaySettings, ray_version: str,
                       status: str = "complete") -> dict[str, Any]:
-    """``meta`` with ``distributed``: this run added to the earlier runs and, for every shard on disk,
-    where it ran (from its shard log, so shards of earlier runs keep theirs) and this run's attempts."""
+    """``meta`` with ``distributed``: this run added to the earlier runs and, for every shard on disk, where
+    it ran (from its shard log) and this run's attempts."""
     shards = {}
     for name, log in read_shard_logs(root).items():
         part = log["part"]
@@ -495,10 +452,8 @@ def _with_distributed(root: Path, meta: dict[str, Any], driver: _Driver, rs: Ray
 
 
 def trace_oracle_ray(cfg: SweepConfig, k_max: int, batch: int, rs: RaySettings) -> dict[str, Any]:
-    """The Oracle pass of ``speclimits trace --oracle --workers N``: the serial pass's work
-    (:func:`~speclimits.tracing.oracle_mode.trace_oracle`) in shards of references on Ray workers, with
-    the same files and result, plus ``meta["oracle"]["distributed"]``: where each shard ran (kept
-    across runs) and, per run, :meth:`_Driver.summary`."""
+    """The Oracle pass of ``speclimits trace --oracle --workers N``: :func:`~speclimits.tracing.oracle_mode.trace_oracle`
+    in shards of references on Ray workers, same files, plus ``meta["oracle"]["distributed"]``."""
     if rs.workers < 1:
         raise SpeclimitsError(f"--workers must be >= 1, got {rs.workers}")
     plan = plan_oracle(cfg, k_max, batch)
@@ -518,18 +473,16 @@ def trace_oracle_ray(cfg: SweepConfig, k_max: int, batch: int, rs: RaySettings) 
 
 
 def loopback_command(argv: list[str]) -> list[str]:
-    """``argv`` wrapped to run in a new network namespace whose only interface is ``lo`` (up).
-
-    Ray then sees 127.0.0.1 as the node address and nothing it starts can reach, or be reached
-    from, another machine. Uses ``unshare -n`` as root, ``unshare -rn`` (a user namespace) otherwise."""
+    """``argv`` wrapped to run in a new network namespace whose only interface is ``lo`` (up): Ray then uses
+    127.0.0.1 and nothing it starts can reach another machine. ``unshare -n`` as root, else ``unshare -rn``."""
     flags = "-n" if os.geteuid() == 0 else "-rn"
     return ["unshare", flags, "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
 
 
 def loopback_env(home: str | Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a Ray session in :func:`loopback_command`: usage statistics off, a scratch
-    ``HOME`` (Ray 2.60 writes an auth token under ``~/.ray``), token auth off (nothing outside the
-    namespace can connect), workers at normal priority, and the CPU engine defaults."""
+    """Environment for a Ray session in :func:`loopback_command`: usage statistics off, a scratch ``HOME``
+    (Ray 2.60 writes an auth token under ``~/.ray``), token auth off (nothing outside the namespace can
+    connect), workers at normal priority, and the CPU engine defaults."""
     env = dict(os.environ if base is None else base)
     env.update({"HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
                 # Ray renices its workers to 15; here they are compared with a serial sweep at the

@@ -1,46 +1,31 @@
-"""K sweeps on the real vLLM engine, written as they run, resumable: the loop.
+"""K sweeps on the real vLLM engine, written as they run, resumable.
 
-The files are owned by :mod:`speclimits.trace.io`; this module runs the engines and decides what to
-write when (:mod:`speclimits.tracing.ray_sweep` runs the same jobs on Ray, one part per job with its
-log lines in ``shards/<name>.json``). One engine per K (K = 0: plain decoding), greedy, or sampled
-at the sweep's temperature and top-p with a seed per request (:mod:`speclimits.trace.sampling`;
-meta.json's ``sampling`` and each generation's ``seed`` in ``generations.jsonl``). Finished
-generations are buffered and written every ``flush_every`` generations or ``flush_seconds`` seconds
-and at the end of each K (and b) as one *part* named after its first generation id, each file atomic,
-in this order: ``tokens.parquet/part-g{gid:06d}.parquet`` (when tokens are kept),
-``steps.parquet/…`` (batch sweeps), ``generations.jsonl`` (a line per generation: output ids, checks,
-wall time), ``parts.jsonl`` (a line per part: its generation ids and vLLM's counter deltas over them),
-``rounds.parquet/…`` last: a generation is done once its rounds are on disk, so a killed sweep is a
-valid partial trace and ``resume=True`` runs only the generations without rounds (token parts left
-without their rounds part are deleted first). Generation ids are fixed by position:
-``gid = (b_index * n_K + k_index) * n_prompts + prompt_index``.
+The files are owned by :mod:`speclimits.trace.io` (:mod:`speclimits.tracing.ray_sweep` runs the same jobs on
+Ray, one part per job, its log lines in ``shards/<name>.json``). One engine per K (K = 0: plain decoding),
+greedy, or sampled at the sweep's temperature and top-p with a seed per request
+(:mod:`speclimits.trace.sampling`). Finished generations are buffered and written every ``flush_every``
+generations or ``flush_seconds`` seconds and at the end of each K (and b), as one *part* named after its
+first generation id, each file atomic, in this order: ``tokens.parquet`` (when tokens are kept),
+``steps.parquet`` (batch sweeps), ``generations.jsonl``, ``parts.jsonl`` (a part's generation ids and
+vLLM's counter deltas over them), ``rounds.parquet`` last: a generation is done once its rounds are on
+disk, so a killed sweep is a valid partial trace and ``resume=True`` runs only the generations without
+rounds. Generation ids are fixed by position: ``gid = (b_index * n_K + k_index) * n_prompts + prompt_index``.
 
-Batch sweeps (``batch_sizes``, ``--batch 1,2,4,8``): batch j of size b holds prompts
-``j*b .. (j+1)*b - 1`` in file order, submitted together in one ``generate()`` to the K's engine
-(``max_num_seqs`` = the largest b, reused for every b); ``batch_id`` is the gid of its first
-generation; parts hold whole batches of one (b, K). With ``batch_sizes = [1]`` (the default) the
-trace is the batch-1 trace: no ``b`` / ``batch_id`` columns, no ``steps`` table, no ``batch_sizes``
-in meta.json.
+Batch sweeps (``--batch 1,2,4,8``): batch j of size b holds prompts ``j*b .. (j+1)*b - 1`` in file order,
+submitted together in one ``generate()`` (``max_num_seqs`` = the largest b); ``batch_id`` is the gid of its
+first generation; parts hold whole batches of one (b, K). With ``batch_sizes = [1]`` (the default) the trace
+is the batch-1 trace: no ``b`` / ``batch_id`` columns, no ``steps`` table, no ``batch_sizes`` in meta.json.
 
-Cross-check against vLLM: its cumulative counters (``get_metrics()``, ~5 ms a read) are read
-once per engine after the warm-up and at every flush, so each part's drafted / accepted totals
-are checked exactly against the counter deltas over the same generations (hence per K too).
-``check_counters="generation"`` reads them after every generation instead and also records the
-per-generation deltas (``vllm`` in ``generations.jsonl``). The counters are engine-wide, so in a
-batch sweep they are read at batch boundaries only and ``check_counters="generation"`` records
-each batch's delta on every generation of the batch (``vllm_batch``).
+Cross-check: vLLM's cumulative counters (``get_metrics()``, ~5 ms a read) are read after the warm-up and at
+every flush, so each part's drafted / accepted totals are checked exactly against the counter deltas over
+the same generations. ``check_counters="generation"`` reads them after every generation (every batch in a
+batch sweep, the counters being engine-wide) and records the delta (``vllm``, or ``vllm_batch``).
 
-Columns: those of :mod:`speclimits.trace.schema` (their conventions: :mod:`speclimits.tracing.records`)
-plus, in ``rounds``, ``n_sampled`` (tokens sampled before vLLM's stop checks), ``prompt_len``,
-``step`` (the engine's step counter: it restarts with each engine, so only its order and differences
-within a batch mean anything) and ``n_drafted_next``; in ``tokens``, ``generation_id``, ``K``,
-``round``, ``row``, ``context_len`` and ``experts`` (n_layers × top_k int16 ids, layer-major).
-By default only each prompt's reference generation (the smallest K, at the smallest batch size) keeps
-its tokens; ``tokens="all"`` keeps every K (and b), ``"none"`` none. The Oracle pass
-(:mod:`speclimits.tracing.oracle_mode`) then rewrites the reference rows in the layout of
-:mod:`speclimits.trace.reference_tokens`. ``meta.json`` adds the engine, models (target with
-``n_layers``, ``n_experts``, ``top_k``), ``batch_size`` (the largest b), the sweep settings and, when
-complete, the cross-checks (by K, and ``by_b_K`` in a batch sweep).
+Columns: those of :mod:`speclimits.trace.schema` plus :data:`~speclimits.tracing.records.ROUND_COLUMNS` /
+``TOKEN_COLUMNS`` (conventions there; ``step`` restarts with each engine: only its order and differences
+within a batch mean anything). By default only each prompt's reference generation (the smallest K, at the smallest batch size) keeps its
+tokens; ``tokens="all"`` keeps every K (and b), ``"none"`` none. The Oracle pass
+(:mod:`speclimits.tracing.oracle_mode`) then rewrites the reference rows.
 """
 
 from __future__ import annotations
@@ -58,28 +43,13 @@ from tqdm.auto import tqdm
 from speclimits.errors import SpeclimitsError
 from speclimits.vocabulary import DEFAULT_DTYPE
 from speclimits.machine import cpu_info
-from speclimits.trace.io import (
-    GENERATIONS_LOG,
-    PARTS_LOG,
-    append_lines,
-    columns_table,
-    done_generations,
-    list_parts,
-    new_meta,
-    part_name,
-    read_generations,
-    read_meta,
-    read_parts_log,
-    remove_orphan_parts,
-    target_top_k,
-    write_meta,
-    write_part,
-    write_shard_log,
-)
-from speclimits.trace.sampling import FLAGS, Sampling, sampling_problems
+from speclimits.trace.io import (GENERATIONS_LOG, PARTS_LOG, append_lines, columns_table, done_generations,
+                                 list_parts, new_meta, part_name, read_generations, read_meta, read_parts_log,
+                                 remove_orphan_parts, target_top_k, write_meta, write_part, write_shard_log)
+from speclimits.trace.sampling import Sampling
 from speclimits.tracing import engine as eng
 from speclimits.tracing.prompts import Prompt, read_prompts, tokenize
-from speclimits.tracing.inputs import model_config
+from speclimits.tracing.inputs import check_sampling_values, model_config
 from speclimits.tracing.records import generation_columns, step_columns, steps_by_request
 
 #: Settings that must match for ``resume`` to continue a trace.
@@ -112,36 +82,22 @@ class SweepConfig:
     max_model_len: int | None = None
     spec_extra: dict[str, Any] = field(default_factory=dict)
     engine_extra: dict[str, Any] = field(default_factory=dict)
-    #: write a part after this many buffered generations ...
-    flush_every: int = 32
-    #: ... or once the oldest buffered generation is this many seconds old (and at the end of each K)
-    flush_seconds: float = 5.0
-    #: "part": read vLLM's counters once per part (exact per part); "generation": after every generation
-    #: (after every batch in a batch sweep)
-    check_counters: str = "part"
-    #: batch sizes of the sweep (``--batch``); [1]: the batch-1 trace
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    #: the designed experiment (``--plant-routing SEED``): every target pass routes by a planted
-    #: routing with Ū drawn per pass (see ``TracingWorkerExtension.speclimits_install``); None: off
-    plant_routing: int | None = None
-    #: how the dtype was chosen (:meth:`speclimits.machine.DtypeChoice.record`), kept in meta.json
-    dtype_choice: dict[str, Any] | None = None
-    #: sampling of every request (``--temperature``, ``--top-p``; 0: greedy, as every trace before)
-    temperature: float = 0.0
+    flush_every: int = 32  # write a part after this many buffered generations, or once the oldest is
+    flush_seconds: float = 5.0  # this many seconds old (and at the end of each K)
+    check_counters: str = "part"  # or "generation": vLLM's counters after every generation (batch)
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # --batch; [1]: the batch-1 trace
+    plant_routing: int | None = None  # --plant-routing SEED: the designed experiment (speclimits_install)
+    dtype_choice: dict[str, Any] | None = None  # machine.DtypeChoice.record(), kept in meta.json
+    temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
-    #: sampled references per prompt of the Oracle pass (``--oracle-samples``; None: the default at T > 0)
-    oracle_samples: int | None = None
+    oracle_samples: int | None = None  # --oracle-samples; None: the default at T > 0
 
     @property
     def sampling(self) -> Sampling:
-        """The sampling parameters (:class:`~speclimits.trace.sampling.Sampling`; seeds derive from ``seed``)."""
         return Sampling(float(self.temperature), float(self.top_p), int(self.seed))
 
     def sampling_params(self, key: str, index: int = 0, **overrides: Any) -> Any:
-        """vLLM ``SamplingParams`` of one request of a sampled sweep (temperature > 0): the sweep's
-        temperature and top-p and the request's own seed (:meth:`Sampling.request_seed` of ``key``,
-        ``index``). ``overrides``: max_tokens and the like. (A greedy sweep's requests keep the one
-        ``SamplingParams`` they always had: :class:`GenerationWriter`.)"""
+        """vLLM ``SamplingParams`` of one request of a sampled sweep, seeded by :meth:`Sampling.request_seed`."""
         from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
 
         s = self.sampling
@@ -149,19 +105,22 @@ class SweepConfig:
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.request_seed(key, index), **kw)
 
     def install_options(self, K: int) -> dict[str, Any]:
-        """Options for the worker extension's ``speclimits_install`` on the engine of ``K`` (a sampled
-        sweep's: ``sampled``, so that the worker fixes what vLLM's CPU build gets wrong there)."""
+        """Options of ``speclimits_install`` on the engine of ``K``."""
         out: dict[str, Any] = {"sampled": True} if not self.sampling.greedy else {}
         if self.plant_routing is not None:
             out["plant_routing"] = {"seed": int(self.plant_routing) * 1000 + int(K)}
         return out
 
     @property
-    def batch_sweep(self) -> bool:
-        """True for a sweep over batch sizes (any other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table.
+    def sizes(self) -> list[int]:
+        """The batch sizes, sorted and unique."""
+        return sorted(set(int(b) for b in self.batch_sizes))
 
-        Every sweep submits its generations in :class:`Batch` groups; a batch-1 sweep's hold one each."""
-        return sorted(set(int(b) for b in self.batch_sizes)) != [1]
+    @property
+    def batch_sweep(self) -> bool:
+        """A sweep over batch sizes (any other than 1): ``b`` / ``batch_id`` columns, a ``steps`` table.
+        (Every sweep submits its generations in :class:`Batch` groups; a batch-1 sweep's hold one each.)"""
+        return self.sizes != [1]
 
     def settings(self, prompts_sha: str) -> dict[str, Any]:
         out = {
@@ -171,18 +130,14 @@ class SweepConfig:
             "load_format": self.load_format, "tokens": self.tokens, "ignore_eos": self.ignore_eos,
             "chat_template": self.chat_template, "limit": self.limit, "spec_extra": dict(self.spec_extra),
         }
-        if self.plant_routing is not None:  # likewise: only a designed experiment records it
+        # only a designed experiment, a batch sweep, a sampled sweep record these
+        if self.plant_routing is not None:
             out["plant_routing"] = int(self.plant_routing)
-        if self.batch_sweep:  # a batch-1 sweep records exactly the settings it always did
-            out["batch_sizes"] = sorted(set(int(b) for b in self.batch_sizes))
-        if not self.sampling.greedy:  # likewise: a greedy sweep's settings are those it always had
+        if self.batch_sweep:
+            out["batch_sizes"] = self.sizes
+        if not self.sampling.greedy:
             out["sampling"] = self.sampling.record()
         return out
-
-
-# ---------------------------------------------------------------------------
-# the sweep
-# ---------------------------------------------------------------------------
 
 
 def _check_resume(root: Path, settings: dict[str, Any]) -> dict[str, Any]:
@@ -197,10 +152,8 @@ def _check_resume(root: Path, settings: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Batch:
-    """Generations submitted together in one ``generate()``: prompts ``prompts`` (indices, in
-    file order) at batch size ``b`` (the ``b_index``-th of the sweep) and K (the ``k_index``-th).
-
-    A batch-1 sweep's batches are its single generations. ``batch_id`` is the gid of the first."""
+    """Generations submitted together in one ``generate()``: ``prompts`` (indices, in file order) at batch
+    size ``b`` (the ``b_index``-th of the sweep) and K (the ``k_index``-th)."""
 
     b_index: int
     b: int
@@ -218,11 +171,9 @@ class Batch:
 class SweepPlan:
     """What a sweep (serial or distributed) still has to do.
 
-    ``todo`` lists the generations without rounds on disk, K by K: ``(k_index, K, prompt_index)``
-    in a batch-1 sweep, ``(k_index, K, prompt_index, b_index)`` in a batch sweep; generation ids
-    are fixed by position (:meth:`gid`). :meth:`batches` groups them into the batches to run.
-    ``meta`` is the trace's meta.json when resuming, else None (written once the first engine
-    reports the model's shape). ``batch_sizes``: sorted, [1] for a batch-1 sweep."""
+    ``todo``: the generations without rounds on disk, ``(k_index, K, prompt_index)`` in a batch-1 sweep,
+    ``(k_index, K, prompt_index, b_index)`` in a batch sweep. ``meta``: the trace's meta.json when
+    resuming, else None (written once the first engine reports the model's shape)."""
 
     cfg: SweepConfig
     prompts: list[Prompt]
@@ -250,10 +201,8 @@ class SweepPlan:
         return self.cfg.tokens == "all" or (self.cfg.tokens == "ref" and K == self.k_values[0] and b_index == 0)
 
     def batches(self) -> list[Batch]:
-        """The batches of ``todo`` in run order: K by K, then batch size by batch size, then in
-        file order (batch j of size b = prompts ``j*b .. (j+1)*b - 1``). A batch with some but not
-        all of its generations on disk cannot come from the sweep (parts hold whole batches): it
-        is refused rather than run again in part."""
+        """The batches of ``todo`` in run order: K by K, then by batch size, then in file order. A batch
+        with only some of its generations on disk cannot come from the sweep: it is refused."""
         left = {(t[3] if len(t) > 3 else 0, t[0], t[2]) for t in self.todo}
         n_p = len(self.prompts)
         out = []
@@ -288,21 +237,17 @@ def _check_config(cfg: SweepConfig, k_values: list[int], batch_sizes: list[int])
         raise SpeclimitsError(f"check_counters must be 'part' or 'generation', got {cfg.check_counters!r}")
     if not batch_sizes or min(batch_sizes) < 1:
         raise SpeclimitsError(f"--batch needs batch sizes >= 1, got {cfg.batch_sizes!r}")
-    problems = sampling_problems(cfg.temperature, cfg.top_p, cfg.seed)
-    if problems:
-        field, message = problems[0]
-        raise SpeclimitsError(f"{FLAGS[field]} {message}")
+    check_sampling_values(cfg.temperature, cfg.top_p, cfg.seed)
     if cfg.flush_every < 1 or cfg.flush_seconds < 0:
         raise SpeclimitsError(f"flush_every must be >= 1 and flush_seconds >= 0, got {cfg.flush_every}, "
                               f"{cfg.flush_seconds}")
 
 
 def plan_sweep(cfg: SweepConfig) -> SweepPlan:
-    """Check the settings and the output folder (``--resume`` rules) and list the work left.
-
-    Deletes what a killed writer left without its rounds part (:func:`~speclimits.trace.io.remove_orphan_parts`)."""
+    """Check the settings and the output folder (``--resume`` rules), delete what a killed writer left
+    without its rounds part, and list the work left."""
     k_values = sorted(set(int(k) for k in cfg.k_values))
-    batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
+    batch_sizes = cfg.sizes
     _check_config(cfg, k_values, batch_sizes)
     prompts = read_prompts(cfg.prompts, limit=cfg.limit)
     root = Path(cfg.out)
@@ -328,13 +273,8 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
 
 
 class EngineHolder:
-    """One traced engine at a time, for one K: built on first use, kept while K stays the same,
-    rebuilt when it changes (vLLM fixes ``num_speculative_tokens`` per engine).
-
-    ``ensure(K)`` returns the engine (warmed up on the first prompt it is asked for), with
-    ``max_num_seqs`` = the largest of ``cfg.batch_sizes`` (1 for a batch-1 sweep);
-    ``prompt_ids(i)`` tokenizes prompt ``i`` (with the engine's tokenizer when the model has one).
-    """
+    """One traced engine at a time, kept while K stays the same (vLLM fixes ``num_speculative_tokens``
+    per engine); ``max_num_seqs`` = the largest batch size. ``prompt_ids(i)``: prompt ``i`` tokenized."""
 
     def __init__(self, cfg: SweepConfig, prompts: list[Prompt], k_values: list[int]) -> None:
         self.cfg, self.prompts, self.k_values = cfg, prompts, k_values
@@ -350,8 +290,7 @@ class EngineHolder:
         if self.llm is not None and self.K == K:
             return self.llm
         self.close()
-        self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values,
-                                          batch=max(int(b) for b in self.cfg.batch_sizes))
+        self.kwargs = sweep_engine_kwargs(self.cfg, K, self.prompts, self.k_values, batch=max(self.cfg.sizes))
         self.llm, self.info = eng.make_llm(self.kwargs, self.cfg.install_options(K))
         self.K = K
         self.builds += 1
@@ -410,8 +349,8 @@ def run_sweep(cfg: SweepConfig) -> dict[str, Any]:
 def run_batches(plan: SweepPlan, holder: EngineHolder, llm: Any, K: int, batches: list[Batch], *,
                 top_k: int, bar: Any = None, shard: str | None = None,
                 worker: dict[str, Any] | None = None) -> None:
-    """Run ``batches`` (all of one batch size) on ``llm`` (K), each in one ``generate()``, and
-    write them: in buffered parts, or, with ``shard``, as that one shard (see :class:`GenerationWriter`)."""
+    """Run ``batches`` (all of one batch size) on ``llm`` (K), each in one ``generate()``, and write them
+    (:class:`GenerationWriter`)."""
     if len({bt.b for bt in batches}) > 1:
         raise SpeclimitsError("internal: run_batches got batches of several batch sizes")
     b = batches[0].b if (batches and plan.batch_sweep) else None
@@ -459,16 +398,15 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
     elif cfg.draft is not None:
         draft_cfg = model_config(cfg.draft)
         models["draft"] = {"path": str(cfg.draft), "architecture": (draft_cfg.get("architectures") or ["?"])[0]}
-    batch_sizes = sorted(set(int(b) for b in cfg.batch_sizes))
     conventions = ("round = engine step (target pass + drafter call of that step); tokens.experts/new_experts = "
                    "routing of the pass that reads the token (round/row: the pass that produced it); see "
                    "speclimits.tracing.records and speclimits.trace.reference_tokens")
     extra: dict[str, Any] = {}
-    if cfg.batch_sweep:  # a batch-1 trace's meta.json stays as it always was
-        extra["batch_sizes"] = batch_sizes
+    if cfg.batch_sweep:
+        extra["batch_sizes"] = cfg.sizes
         conventions += ("; steps = one row per engine step of a batch (all its requests), rounds of a batch "
                         "repeat the step's times")
-    if not cfg.sampling.greedy:  # a greedy trace's meta.json has no sampling record, as before
+    if not cfg.sampling.greedy:
         extra["sampling"] = cfg.sampling.record()
     if cfg.plant_routing is not None:
         extra["planted_routing"] = {
@@ -478,38 +416,25 @@ def initial_meta(cfg: SweepConfig, settings: dict[str, Any], vllm_version: str, 
                        "uniformly from top_k..min(n*top_k, E) per pass; u_bar is the planted U; outputs are not "
                        "the model's (only pass costs are meaningful)"),
         }
-    return new_meta(
-        source="vllm",
-        simulated=False,
-        models=models,
-        method=cfg.method,
-        hardware=eng.hardware(),
-        cpu=cpu_info(),  # model and the instruction-set flags that change kernels (speclimits.machine)
-        dtype=info["dtype"],
-        **({"dtype_choice": cfg.dtype_choice} if cfg.dtype_choice is not None else {}),
-        k_values=sorted(set(int(k) for k in cfg.k_values)),
-        seed=cfg.seed,
-        engine={"name": "vllm", "version": vllm_version, "torch": info.get("torch"),
-                "device": info.get("device"), "runner": "V1", "attention": info.get("attention"),
-                "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")},
-                **({"fixes": info["fixes"]} if info.get("fixes") else {})},
-        sweep=settings,
-        batch_size=max(batch_sizes),
-        greedy=cfg.sampling.greedy,
-        complete=False,
-        env={k: os.environ.get(k) for k in eng.CPU_ENV_DEFAULTS},
-        conventions=conventions,
-        **extra,
-    )
+    engine = {"name": "vllm", "version": vllm_version, "torch": info.get("torch"), "device": info.get("device"),
+              "runner": "V1", "attention": info.get("attention"),
+              "settings": {k: v for k, v in kwargs.items() if k not in ("model", "speculative_config")},
+              **({"fixes": info["fixes"]} if info.get("fixes") else {})}
+    # cpu: the model and the instruction-set flags that change kernels (speclimits.machine)
+    return new_meta(source="vllm", simulated=False, models=models, method=cfg.method, hardware=eng.hardware(),
+                    cpu=cpu_info(), dtype=info["dtype"],
+                    **({"dtype_choice": cfg.dtype_choice} if cfg.dtype_choice is not None else {}),
+                    k_values=sorted(set(int(k) for k in cfg.k_values)), seed=cfg.seed, engine=engine, sweep=settings,
+                    batch_size=max(cfg.sizes), greedy=cfg.sampling.greedy, complete=False,
+                    env={k: os.environ.get(k) for k in eng.CPU_ENV_DEFAULTS}, conventions=conventions, **extra)
 
 
-def _warmup(llm: Any, prompt_ids: list[int], cfg: SweepConfig | None = None) -> None:
-    """One short untraced generation (ngram JIT, first-call allocations; a sampled sweep's sampling path
-    too); its records are dropped."""
+def _warmup(llm: Any, prompt_ids: list[int], cfg: SweepConfig) -> None:
+    """One short untraced generation (ngram JIT, first-call allocations, the sampling path)."""
     from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
-    if cfg is None or cfg.sampling.greedy:
+    if cfg.sampling.greedy:
         params = SamplingParams(temperature=0.0, max_tokens=8, detokenize=False)
     else:
         params = cfg.sampling_params("warmup", max_tokens=8, ignore_eos=False, detokenize=False)
@@ -520,19 +445,13 @@ def _warmup(llm: Any, prompt_ids: list[int], cfg: SweepConfig | None = None) -> 
 class GenerationWriter:
     """Runs traced generations on one engine (one K) and writes them in buffered parts.
 
-    Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run_batch` runs
-    one batch (its prompts submitted together; with ``b`` given, a batch sweep's: ``b`` / ``batch_id``
-    columns and step rows); the buffers are only ever flushed between batches. :meth:`flush` writes the buffered generations as one
-    part (see the module docstring for the files and their order) and runs whenever
-    ``cfg.flush_every`` generations are buffered or the oldest is ``cfg.flush_seconds`` old.
-    :meth:`close` (always call it) flushes when that is exact, i.e. unless a generation was
-    interrupted (vLLM's counters would then include its partial drafts); otherwise the
-    buffered generations are dropped and a resumed sweep runs them again.
-
-    With ``shard`` (a distributed job's part name) everything is buffered until :meth:`flush`,
-    which writes the one part under that name and its log lines as ``shards/<shard>.json``
-    (:func:`~speclimits.trace.io.write_shard_log`; ``worker`` says where it ran) instead of
-    appending to the shared logs.
+    Create it after the warm-up (it reads vLLM's counters as the baseline). :meth:`run_batch` runs one
+    batch (with ``b`` given, a batch sweep's: ``b`` / ``batch_id`` columns and step rows); buffers are
+    flushed between batches only. :meth:`close` (always call it) flushes unless a generation was
+    interrupted (vLLM's counters would then include its partial drafts): then the buffered generations
+    are dropped and a resumed sweep runs them again. With ``shard`` (a distributed job's part name)
+    everything is buffered until :meth:`flush`, which writes the one part under that name and its log
+    lines as ``shards/<shard>.json`` (``worker``: where it ran) instead of appending to the shared logs.
     """
 
     def __init__(self, llm: Any, root: Path, cfg: SweepConfig, K: int, *, top_k: int, tokenizer: Any = None,
@@ -547,18 +466,21 @@ class GenerationWriter:
                                      detokenize=tokenizer is not None, seed=cfg.seed)
         self.sampled = not cfg.sampling.greedy
         self.per_generation = cfg.check_counters == "generation"
-        self.b = b  # batch size of a batch sweep's run; None: the batch-1 trace (no batch columns, no steps)
-        self._pending: list[dict[str, Any]] = []
-        self._steps: list[dict[str, np.ndarray]] = []  # step columns of the buffered batches
-        self._since: float | None = None  # when the oldest buffered generation finished
-        self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
+        self.b = b  # None: the batch-1 trace (no batch columns, no steps)
+        self._reset()
         self._interrupted = False
         self.shard, self.worker = shard, worker
         self._c0 = eng.spec_counters(llm)
 
+    def _reset(self) -> None:
+        self._pending: list[dict[str, Any]] = []
+        self._steps: list[dict[str, np.ndarray]] = []  # step columns of the buffered batches
+        self._since: float | None = None  # when the oldest buffered generation finished
+        self._vllm = {"drafted": 0, "accepted": 0}  # counter deltas of the buffered generations
+
     def sync_counters(self, count: bool = True) -> dict[str, int]:
         """Read vLLM's counters; add the delta since the last read to the buffered generations'
-        (``count=False``: ignore it, e.g. after generations that are not traced). Returns the delta."""
+        (``count=False``: ignore it). Returns the delta."""
         c1 = eng.spec_counters(self.llm)
         delta = {k: c1[k] - self._c0[k] for k in self._vllm}  # the token counts the trace checks
         self._c0 = c1
@@ -569,11 +491,9 @@ class GenerationWriter:
 
     def run_batch(self, prompts: list[Prompt], prompt_ids: list[list[int]], gids: list[int], *,
                   keep_tokens: bool) -> None:
-        """Generate for the prompts of one batch, submitted together; check each request against
-        vLLM's output and buffer its rows (and, in a batch sweep, the batch's step rows).
-
-        In a batch sweep every generation's ``wall_s`` is the batch's wall time and
-        ``tokens_per_s`` its own output tokens over it."""
+        """Generate for the prompts of one batch, submitted together; check each request against vLLM's
+        output and buffer its rows. ``wall_s`` is the batch's wall time, ``tokens_per_s`` a request's own
+        output tokens over it."""
         from vllm.inputs import TokensPrompt  # vllm is heavy and optional
 
         llm = self.llm
@@ -666,10 +586,7 @@ class GenerationWriter:
             part["worker"] = self.worker
             write_shard_log(self.root, name, part, [p["entry"] for p in pending])
         write_part(self.root, "rounds", name, columns_table([p["rounds"] for p in pending], cats))
-        self._pending = []
-        self._steps = []
-        self._since = None
-        self._vllm = {"drafted": 0, "accepted": 0}
+        self._reset()
         return name
 
     @property
@@ -680,18 +597,15 @@ class GenerationWriter:
     def close(self) -> None:
         """Flush what is buffered when that is exact; otherwise drop it (a resume runs it again)."""
         if self._interrupted:
-            self._pending = []
-            self._steps = []
+            self._reset()
             return
         self.flush()
 
 
 def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Summarise ``generations.jsonl`` and ``parts.jsonl`` into meta.json: completeness and the
-    cross-checks by K (trace totals over the done generations; vLLM's counter deltas over the
-    parts on disk, which hold exactly those generations); for a batch sweep (meta.json has
-    ``batch_sizes``) also by batch size and K (``by_b_K``, keyed b then K) and, where the
-    counters were read after every batch, per batch (``counters_mismatch_batches``)."""
+    """Summarise ``generations.jsonl`` and ``parts.jsonl`` into meta.json: completeness and the cross-checks
+    by K (trace totals over the done generations, vLLM's counter deltas over the parts on disk, which hold
+    exactly those); in a batch sweep also by b and K (``by_b_K``) and per batch (``counters_mismatch_batches``)."""
     gens = read_generations(root)
     done = done_generations(root)
     on_disk = set(list_parts(root, "rounds"))
