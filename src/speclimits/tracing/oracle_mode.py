@@ -1,66 +1,49 @@
 """Dense Oracle data from stock vLLM: the draft chain and the target's window routing at every position.
 
-For a reference sequence (by default the target's own greedy output of a sweep generation,
-``y_1..y_N``; or a held-out continuation, teacher-forced; or, in a sampled trace, a sampled
-continuation of the target, see below) and each state ``pos`` = 0..N−2
-(``y_1..y_{pos+1}`` emitted; the prefill always emits ``y_1``, so the Oracle's reference
-is the decode-phase tokens ``y_2..y_N``), one request with prompt ``P + y_1..y_pos``,
-``max_tokens=2``, greedy, ``ignore_eos``; all requests of a batch go in one ``generate()``
-with prefix caching:
+For a reference ``y_1..y_N`` (the target's own greedy output of a sweep generation; a held-out
+continuation, teacher-forced; or, in a sampled trace, a sampled continuation) and each state
+``pos`` = 0..N−2 (the prefill emits ``y_1``, so the states are the decode-phase tokens), one request
+with prompt ``P + y_1..y_pos``, ``max_tokens=2``, ``ignore_eos``; a batch of requests goes in one
+``generate()`` with prefix caching:
 
-* step A (prefill) samples ``y_{pos+1}`` — the reference token is written into the sample
-  (``forced_flips`` counts where the target's own choice differed) — and the drafter
-  proposes its chain ``d_1..d_K`` (K = ``k_max``); a wrapper on the drafter model's
-  ``compute_logits`` keeps, per draft step, the top-1 probability, the draft token and the
-  probability of the reference token ``y_{pos+1+i}`` (along the draft's own chain);
-* step B verifies all K drafts: the target-forward rows of the request are the window
-  ``[y_{pos+1}, d_1..d_K]``, junk tail after the first mismatch included; the unique experts
-  per layer over its first m rows give ``u_bar_window[m-1]``, m = 1..K+1.
+* step A (prefill) samples ``y_{pos+1}`` — the reference token is written into the sample (``forced``
+  where the target's own choice differed) — and the drafter proposes ``d_1..d_K`` (K = ``k_max``); a
+  wrapper on the drafter's ``compute_logits`` keeps per draft step the top-1 probability, the draft
+  token and the probability of the reference token ``y_{pos+1+i}`` (along the draft's own chain);
+* step B verifies the K drafts: the target rows of the request are the window ``[y_{pos+1}, d_1..d_K]``
+  (junk after the first mismatch included); its unique experts per layer over the first m rows give
+  ``u_bar_window[m-1]``, m = 1..K+1.
 
 Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.trace.schema` first):
 
-``context_len``         P + pos (the KV length at the verification pass; equals the sweep's
-                        ``rounds.context_len`` of the same state)
-``match_prob``          teacher-forced: P_draft(y_{pos+1+i} | P + y_1..y_{pos+i}), i = 1..K, i.e.
-                        the draft's first-step probability at state pos+i−1; 0 past the end
+``context_len``         P + pos (the KV length at verification, as the sweep's ``rounds.context_len``)
+``match_prob``          teacher-forced: P_draft(y_{pos+1+i} | P + y_1..y_{pos+i}), i = 1..K (the draft's
+                        first-step probability at state pos+i−1); 0 past the end
 ``draft_conf``          the draft's top-1 probability at chain step i
-``accept_len``          greedy match length of the chain against the reference (capped by the
-                        tokens left)
-``u_bar_window``        K+1 floats
-``match_prob_chain``    P_draft(y_{pos+i}) along the draft's own chain (equals ``match_prob``
-                        up to the first mismatch for ``draft_model``; EAGLE differs because
-                        its later steps use its own hidden states)
-``draft_tokens``        the chain (K ids); ``e_max_window`` K+1 floats (max over layers);
-``accept_len_engine``   accepted drafts reported by vLLM's rejection sampler (equal to
-                        ``accept_len`` when the reference is the target's greedy output and
-                        no near-tie flipped; in a sampled trace one random draw of it);
-                        ``forced`` whether the reference token differs from the target's own
-                        choice at step A (its sample when greedy, its argmax when sampled)
+``accept_len``          greedy match length of the chain against the reference (capped by the tokens left)
+``u_bar_window``        K+1 floats; ``e_max_window`` likewise, the max over layers
+``match_prob_chain``    P_draft(y_{pos+i}) along the draft's own chain (equals ``match_prob`` up to the
+                        first mismatch for ``draft_model``; EAGLE's later steps use its own hidden states)
+``draft_tokens``        the chain (K ids)
+``accept_len_engine``   accepted drafts reported by vLLM's rejection sampler (in a sampled trace one draw)
+``forced``              the reference token differs from the target's choice at step A (its sample when
+                        greedy, its argmax when sampled)
 
-**Sampled traces** (``speclimits trace --temperature T``, T > 0; :mod:`speclimits.trace.sampling`).
-Each prompt gets ``samples`` references (``--oracle-samples``): sample 0 is its sweep generation at
-the smallest K (``seq_id`` = the prompt id, as in a greedy trace), samples j >= 1 are sampled by
-this pass on its engine (speculative decoding, which vLLM's rejection sampler keeps exact in
-distribution), seeded (:meth:`~speclimits.trace.sampling.Sampling.request_seed`), ``seq_id``
-``"<prompt id>#<j>"``, kept under ``references/`` (:func:`~speclimits.trace.io.write_reference`)
-before their states run, so a resumed or retried pass walks the same text. Every state's request
-then runs at the trace's temperature and top-p, and the verification records
+**Sampled traces** (``--temperature T > 0``, :mod:`speclimits.trace.sampling`). Each prompt gets
+``samples`` references (``--oracle-samples``): sample 0 is its sweep generation at the smallest K
+(``seq_id`` = the prompt id), samples j >= 1 are sampled by this pass, seeded, ``seq_id``
+``"<prompt id>#<j>"``, kept under ``references/`` before their states run (a resumed or retried pass
+walks the same text). Every state's request runs at the trace's temperature and top-p, and adds
 
-``accept_prob``         K floats: the probability that vLLM's rejection sampler accepts d_i given
-                        d_1..d_{i-1} were accepted. The drafter drafts its argmax (vLLM's default
-                        ``draft_sample_method='greedy'``: no draft probabilities), so vLLM accepts
-                        d_i with probability p_target(d_i | prefix, d_1..d_{i-1}) after the
-                        request's temperature and top-p and otherwise samples from the rest of
-                        p_target; the extension reads that probability with the rejection
-                        sampler's own functions. 0 past the end of the reference, as match_prob.
+``accept_prob``         K floats: the probability that vLLM's rejection sampler accepts d_i given d_1..d_{i-1}
+                        were: with its default greedy draft, p_target(d_i | prefix) after the request's
+                        temperature and top-p (read with the sampler's own functions); 0 past the end
 ``prompt_id``, ``sample`` which reference of which prompt
 
-and ``accept_len`` keeps its definition, the number of leading drafts equal to the reference's next
-tokens: under the rejection rule's exact coupling the accepted tokens are a sample path y of the
-target and "d_i accepted" is "d_i equals y's next token" (tests/test_sampling_coupling.py checks the
-rule and the coupling numerically), so along a sampled reference ``accept_len`` is one exact draw of
-the engine's accepted length, whose probabilities ``accept_prob`` gives (``P(a >= j) = Π_{i<=j}
-accept_prob[i-1]``). ``reference_kind`` is ``'sampled'`` (held-out references stay teacher-forced).
+``accept_len`` keeps its definition: under the rejection rule's exact coupling "d_i accepted" is "d_i
+equals the sample path's next token" (tests/test_sampling_coupling.py), so along a sampled reference it is
+one exact draw of the engine's accepted length, ``P(a >= j) = Π_{i<=j} accept_prob[i-1]``.
+``reference_kind`` is ``'sampled'`` (held-out references stay teacher-forced).
 """
 
 from __future__ import annotations
@@ -94,10 +77,8 @@ TARGET_SAMPLED = "target sampled"
 
 @dataclass(frozen=True)
 class Reference:
-    """A reference sequence: prompt ids and the continuation ``y_1..y_N`` (N >= 2).
-
-    A sampled trace's reference j >= 1 of a prompt (``source`` :data:`TARGET_SAMPLED`, ``sample`` j)
-    has no continuation until the Oracle pass samples it with ``seed`` (:func:`sampled_reference`)."""
+    """A reference sequence: prompt ids and the continuation ``y_1..y_N`` (N >= 2); a sampled trace's
+    reference j >= 1 has none until the Oracle pass samples it with ``seed`` (:func:`sampled_reference`)."""
 
     seq_id: str
     prompt_ids: tuple[int, ...]
@@ -110,12 +91,11 @@ class Reference:
 
     @property
     def kind(self) -> str:
-        """The reference kind recorded in ``reference_kind`` (:data:`~speclimits.vocabulary.REFERENCE_KINDS`)."""
+        """``reference_kind`` (:data:`~speclimits.vocabulary.REFERENCE_KINDS`)."""
         return TEACHER_FORCED if self.source == "held-out" else SAMPLED if self.source == TARGET_SAMPLED else GREEDY
 
     @property
     def unsampled(self) -> bool:
-        """True for a sampled reference whose continuation the Oracle pass has not sampled yet."""
         return self.source == TARGET_SAMPLED and not self.output_ids
 
 
@@ -131,9 +111,8 @@ def plan_requests(ref: Reference, k_max: int) -> list[tuple[int, list[int], int,
 
 def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], sampled: bool = False
                 ) -> pd.DataFrame:
-    """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos).
-
-    ``sampled`` (a sampled trace): also ``accept_prob`` (from each state's results), ``prompt_id`` and ``sample``."""
+    """Rows of ``oracle.parquet`` for one reference from the per-state results (keyed by pos); ``sampled``:
+    also ``accept_prob``, ``prompt_id`` and ``sample``."""
     y = np.asarray(ref.output_ids)
     n_states = len(y) - 1
     need = {"u_window", "draft_conf"} | ({"accept_prob"} if sampled else set())
@@ -143,11 +122,7 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
                               f"({len(missing)} in all); the engine verified fewer drafts than k_max = {k_max} "
                               "(check max_model_len)")
     tf = np.array([float(results[p]["chain_prob"][0]) for p in range(n_states)])  # step-1 prob of y_{p+2}
-    rows: dict[str, list[Any]] = {c: [] for c in (
-        "seq_id", "pos", "context_len", "match_prob", "draft_conf", "accept_len", "u_bar_window",
-        "match_prob_chain", "draft_tokens", "e_max_window", "accept_len_engine", "forced")}
-    if sampled:
-        rows["accept_prob"] = []
+    rows = []
     P = len(ref.prompt_ids)
     for p in range(n_states):
         res = results[p]
@@ -161,20 +136,15 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
         chain = np.asarray(res["draft_tokens"], dtype=np.int64)
         ref_chain = y[p + 1: p + 1 + k_max]
         eq = chain[: len(ref_chain)] == ref_chain
-        accept = int(np.argmin(eq)) if not eq.all() else len(ref_chain)
         u = np.asarray(res["u_window"], dtype=float)
-        rows["seq_id"].append(ref.seq_id)
-        rows["pos"].append(p)
-        rows["context_len"].append(P + p)
-        rows["match_prob"].append(np.clip(match, 0.0, 1.0))
-        rows["draft_conf"].append(np.clip(conf, 0.0, 1.0))
-        rows["accept_len"].append(accept)
-        rows["u_bar_window"].append(u.mean(axis=1))
-        rows["match_prob_chain"].append(np.clip(np.asarray(res["chain_prob"], dtype=float), 0.0, 1.0))
-        rows["draft_tokens"].append(chain)
-        rows["e_max_window"].append(u.max(axis=1))
-        rows["accept_len_engine"].append(int(res.get("n_sampled_verify", 0)) - 1)
-        rows["forced"].append(bool(res.get("forced", False)))
+        rows.append({"seq_id": ref.seq_id, "pos": p, "context_len": P + p, "match_prob": np.clip(match, 0.0, 1.0),
+                     "draft_conf": np.clip(conf, 0.0, 1.0),
+                     "accept_len": int(np.argmin(eq)) if not eq.all() else len(ref_chain),
+                     "u_bar_window": u.mean(axis=1),
+                     "match_prob_chain": np.clip(np.asarray(res["chain_prob"], dtype=float), 0.0, 1.0),
+                     "draft_tokens": chain, "e_max_window": u.max(axis=1),
+                     "accept_len_engine": int(res.get("n_sampled_verify", 0)) - 1,
+                     "forced": bool(res.get("forced", False))})
         if sampled:
             acc = np.asarray(res["accept_prob"], dtype=float)
             if acc.size != k_max:
@@ -182,7 +152,7 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
                                       f"for k_max = {k_max} drafts")
             prob = np.zeros(k_max)
             prob[:avail] = acc[:avail]  # 0 past the end of the reference, as match_prob
-            rows["accept_prob"].append(np.clip(prob, 0.0, 1.0))
+            rows[-1]["accept_prob"] = np.clip(prob, 0.0, 1.0)
     df = pd.DataFrame(rows)
     for col in ("pos", "context_len", "accept_len", "accept_len_engine"):
         df[col] = df[col].astype(np.int64)
@@ -199,11 +169,9 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
 def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
                           held_out: dict[str, list[int]] | None = None, samples: int = 1,
                           sampling: Sampling | None = None) -> list[Reference]:
-    """References: per prompt, the sweep generation with K = ``k_ref`` (its output; in a batch
-    sweep the one at the smallest batch size, i.e. the smallest generation id), or the prompt's
-    held-out reference continuation when given in ``held_out``. With ``sampling`` at a temperature
-    > 0 (a sampled trace) that generation is the prompt's sampled reference 0, followed by its
-    ``samples - 1`` further ones (not yet sampled: :func:`sampled_reference`)."""
+    """References: per prompt, the output of the sweep generation with K = ``k_ref`` (the smallest gid), or
+    the held-out continuation in ``held_out``. In a sampled trace that generation is sample 0, followed by
+    ``samples - 1`` further references, not yet sampled."""
     gens = read_generations(root)
     by_prompt = {p: g for p, (_, g) in reference_generations(gens, k_ref).items()}
     sampled = sampling is not None and not sampling.greedy
@@ -231,9 +199,8 @@ def references_from_sweep(root: str | Path, prompts: Sequence[Any], k_ref: int,
 
 @dataclass
 class OraclePlan:
-    """What an Oracle pass over a sweep trace has to do (:func:`plan_oracle`): every reference,
-    and those without their ``oracle.parquet`` part yet (``todo``: (index, reference) pairs;
-    sequence ``index`` writes ``part-s{index:05d}``)."""
+    """What an Oracle pass has to do: every reference, and ``todo``, the (index, reference) pairs without
+    their part ``part-s{index:05d}`` yet."""
 
     root: Path
     prompts: list[Any]
@@ -243,11 +210,9 @@ class OraclePlan:
     held_out: dict[str, list[int]]
     refs: list[Reference]
     todo: list[tuple[int, Reference]]
-    #: the trace's sampling (greedy: temperature 0) and its references per prompt (1 when greedy)
     sampling: Sampling = Sampling()
-    samples: int = 1
-    #: length and EOS rule of the sampled references (the sweep's ``max_tokens`` and ``ignore_eos``)
-    max_tokens: int = 128
+    samples: int = 1  # references per prompt
+    max_tokens: int = 128  # length and EOS rule of the sampled references (the sweep's)
     ignore_eos: bool = False
 
     @property
@@ -256,14 +221,14 @@ class OraclePlan:
 
 
 def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
-    """The Oracle pass's work on the sweep trace at ``cfg.out`` (see :func:`trace_oracle`)."""
+    """The Oracle pass's work on the sweep trace at ``cfg.out`` (a :class:`~speclimits.tracing.sweep.SweepConfig`)."""
     check_oracle(cfg.method, k_max)
-    sampling = Sampling(float(getattr(cfg, "temperature", 0.0)), float(getattr(cfg, "top_p", 1.0)), int(cfg.seed))
-    check_sampled_oracle(sampling.temperature, dict(getattr(cfg, "spec_extra", {}) or {}))
+    sampling = cfg.sampling
+    check_sampled_oracle(sampling.temperature, dict(cfg.spec_extra or {}))
     samples = 1
     if not sampling.greedy:
-        samples = int(getattr(cfg, "oracle_samples", None) or DEFAULT_ORACLE_SAMPLES)
-    elif (getattr(cfg, "oracle_samples", None) or 1) > 1:
+        samples = int(cfg.oracle_samples or DEFAULT_ORACLE_SAMPLES)
+    elif (cfg.oracle_samples or 1) > 1:
         raise SpeclimitsError("--oracle-samples above 1 needs --temperature > 0: at temperature 0 the reference of a "
                               "prompt is its one greedy output")
     root = Path(cfg.out)
@@ -294,7 +259,7 @@ def plan_oracle(cfg: Any, k_max: int, batch: int = 64) -> OraclePlan:
 
 
 def _with_sampled(ref: Reference, entry: dict[str, Any] | None) -> Reference:
-    """``ref`` with the continuation a previous pass sampled for it (``references/``), when there is one."""
+    """``ref`` with the continuation a previous pass sampled for it (``references/``), if any."""
     if entry is None or not ref.unsampled:
         return ref
     if entry.get("seq_id") != ref.seq_id or entry.get("seed") != ref.seed:
@@ -304,9 +269,8 @@ def _with_sampled(ref: Reference, entry: dict[str, Any] | None) -> Reference:
 
 
 def sampled_reference(llm: Any, plan: OraclePlan, index: int, ref: Reference) -> Reference:
-    """Sample the continuation of the sampled reference ``ref`` (sequence ``index``) on ``llm`` at the
-    trace's temperature and top-p with the reference's seed, and keep it as ``references/part-s{index}.json``
-    before any of its states run (a retried or resumed pass reads it back: :func:`plan_oracle`)."""
+    """Sample the continuation of ``ref`` (sequence ``index``) with its seed and keep it as
+    ``references/part-s{index}.json`` before any of its states run."""
     from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
@@ -335,8 +299,7 @@ def oracle_done(root: str | Path) -> set[int]:
 
 
 def oracle_engine(cfg: Any, plan: OraclePlan) -> Any:
-    """The engine an Oracle pass runs on: K = k_max, prefix caching, long enough for ``plan.todo``
-    (a reference still to be sampled counts ``max_tokens``)."""
+    """The engine of an Oracle pass: K = k_max, prefix caching, long enough for ``plan.todo``."""
     longest = max(len(r.prompt_ids) + (plan.max_tokens if r.unsampled else len(r.output_ids)) for _, r in plan.todo)
     kwargs = sweep_engine_kwargs(cfg, plan.k_max, plan.prompts, [plan.k_max], batch=plan.batch, prefix_caching=True,
                                  extra_len=max(0, longest - cfg.max_tokens))
@@ -346,9 +309,8 @@ def oracle_engine(cfg: Any, plan: OraclePlan) -> Any:
 
 def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Reference]],
                      progress: bool = True) -> None:
-    """Run every state of the references of ``todo`` through ``llm`` (an engine with K = k_max and the
-    tracing extension installed) and write each one's part as it finishes (a sequence whose part is
-    on disk is skipped, so a retried shard repeats nothing done)."""
+    """Run every state of the references of ``todo`` through ``llm`` (:func:`oracle_engine`) and write each
+    one's part as it finishes (a sequence whose part is on disk is skipped)."""
     from vllm import SamplingParams  # vllm is heavy and optional: imported when an engine runs
     from vllm.inputs import TokensPrompt
 
@@ -397,9 +359,8 @@ def run_oracle_parts(llm: Any, plan: OraclePlan, todo: Sequence[tuple[int, Refer
 
 def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """After every reference's part is on disk: ``tokens.parquet`` in the documented layout
-    (:func:`write_reference_tokens`) and ``meta["oracle"]``, its counts read from the data on
-    disk (states, and forced flips = states whose reference token overrode the target's choice),
-    so a serial, a distributed and a resumed pass record the same numbers."""
+    (:func:`write_reference_tokens`) and ``meta["oracle"]``, its counts read from the data on disk, so a
+    serial, a distributed and a resumed pass record the same numbers."""
     on_disk = read_references(plan.root)
     refs = [_with_sampled(r, on_disk.get(f"{ORACLE_PART}{i:05d}")) for i, r in enumerate(plan.refs)]
     # a sampled reference that stopped (EOS) after its first token has no state: no part, said in meta.json
@@ -439,14 +400,8 @@ def finish_oracle(cfg: Any, plan: OraclePlan, extra: dict[str, Any] | None = Non
 
 
 def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
-    """The Oracle pass of ``speclimits trace --oracle`` on the sweep trace at ``cfg.out``, on one engine.
-
-    Writes ``oracle.parquet/part-s{index:05d}.parquet`` per reference (resumable: sequences
-    with a part are skipped), rewrites ``tokens.parquet`` in the documented layout and writes
-    ``meta["oracle"]`` (``k_max``, reference source, states, forced flips). ``cfg`` is the
-    :class:`~speclimits.tracing.sweep.SweepConfig` of the sweep. The distributed pass is
-    :func:`speclimits.tracing.ray_sweep.trace_oracle_ray` (same files).
-    """
+    """The Oracle pass of ``speclimits trace --oracle`` on the sweep trace at ``cfg.out``, on one engine:
+    ``oracle.parquet/part-s{index:05d}.parquet`` per reference (resumable), then :func:`finish_oracle`."""
     plan = plan_oracle(cfg, k_max, batch)
     if plan.todo:
         llm = oracle_engine(cfg, plan)
@@ -458,7 +413,7 @@ def trace_oracle(cfg: Any, k_max: int, batch: int = 64) -> dict[str, Any]:
 
 
 def _decoder_for(model: str | Path) -> Any:
-    """The target's tokenizer as a decoder, without an engine (a resumed pass with nothing left to run)."""
+    """The target's tokenizer as a decoder, without an engine."""
     if not eng.has_tokenizer(model):
         return None
     from transformers import AutoTokenizer  # only when a tokenizer exists
@@ -475,15 +430,12 @@ def write_reference_tokens(root: str | Path, held_out: dict[str, list[int]], k_r
                            sampled_refs: dict[str, tuple[str, list[int]]] | None = None,
                            sampled: bool = False) -> int:
     """Rewrite each ``tokens.parquet`` part in the documented layout
-    (:func:`speclimits.trace.reference_tokens.reference_tokens`): the reference generation's rows
-    (the K = ``k_ref`` generation at the smallest generation id per prompt) get ``reference_kind``
-    and the target's choice; a teacher-forced prompt's rows are replaced by its held-out tokens;
-    other generations' rows (``tokens="all"``) are kept as they are. In a sampled trace
-    (``sampled``) the generation's rows are of kind ``sampled``, the target's first choice is
-    unknown (no greedy generation), and ``sampled_refs`` (seq_id -> (prompt seq_id, token ids): a
-    prompt's further sampled references) add their rows, without routing, to the part of their
-    prompt's generation. Each part is rewritten under its own name (atomic), so the sweep's resume
-    logic is unchanged; re-running gives the same files. Returns the number of parts rewritten."""
+    (:func:`speclimits.trace.reference_tokens.reference_tokens`): the reference generation's rows (K =
+    ``k_ref``, smallest gid per prompt) get ``reference_kind`` and the target's choice; a teacher-forced
+    prompt's rows are replaced by its held-out tokens; other generations' rows are kept. In a sampled trace
+    the rows are of kind ``sampled``, the target's first choice is unknown, and ``sampled_refs`` (seq_id ->
+    (prompt seq_id, token ids)) add their rows, without routing, to their prompt's part. Each part is
+    rewritten under its own name (atomic); re-running gives the same files. Returns the parts rewritten."""
     root = Path(root)
     parts = list_parts(root, "tokens")
     if not parts:
