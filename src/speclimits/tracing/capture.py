@@ -1,25 +1,15 @@
 """Router capture into a preallocated static buffer, and unique-expert counting.
 
-vLLM's MoE routers (``BaseRouter`` subclasses, reached through each ``MoERunner`` module of
-the target) call an optional ``capture_fn(topk_ids)`` with the *logical* expert ids of the
-forward, shape ``[num_tokens, top_k]``, before any EPLB mapping. The callback here copies
-them into one buffer allocated once, shape ``[max_tokens, n_moe_layers, top_k]``:
+vLLM's MoE routers (``BaseRouter``, reached through each ``MoERunner`` of the target) call an optional
+``capture_fn(topk_ids)`` with the *logical* expert ids of the forward, ``[num_tokens, top_k]``, before any
+EPLB mapping. The callback copies them into one buffer allocated once, ``[max_tokens, n_moe_layers, top_k]``.
+On CPU it runs on every forward. On GPU with CUDA graphs a Python callback runs only while a graph is
+captured; being a single ``copy_`` into a fixed address, the copy is recorded into the graph and replayed
+(the pattern of vLLM's ``RoutedExpertsCapturer``; not run on a GPU here). Rows past the step's real tokens
+(graph padding) hold junk, dropped by the reader. Rows follow the forward's token order: requests in
+``input_batch.req_ids`` order, each ``num_scheduled_tokens`` consecutive rows.
 
-* on CPU the callback runs on every forward, so the buffer holds the routing of the last
-  forward;
-* on GPU with CUDA graphs a Python callback runs only while a graph is captured; because the
-  callback is a single ``copy_`` into a fixed address (a slice of the static buffer whose
-  size is fixed per captured graph), the copy is recorded into the graph and replayed on
-  every later run. Rows beyond the real tokens of a step (graph padding) hold junk and are
-  dropped by the reader, which knows the unpadded token count. This is the same pattern as
-  vLLM's own ``RoutedExpertsCapturer``. (Written against the API; not run on a GPU here.)
-
-Rows follow the target forward's token order: requests in ``input_batch.req_ids`` order,
-each contributing ``num_scheduled_tokens`` consecutive rows.
-
-Counting helpers work on numpy arrays of shape ``[rows, n_layers, top_k]``:
-:func:`unique_per_layer` (unique experts per layer over the rows, or over each group of them) and
-:func:`cumulative_unique` (the same for every prefix of the rows, i.e. windows m = 1..rows).
+The counting helpers take numpy arrays ``[rows, n_layers, top_k]``.
 """
 
 from __future__ import annotations
@@ -32,15 +22,8 @@ from speclimits.errors import SpeclimitsError
 
 
 class RoutingCapture:
-    """A static routing buffer and the per-layer callbacks that fill it.
-
-    Parameters
-    ----------
-    n_layers : number of MoE layers that will be bound (buffer's second axis).
-    top_k : experts per token.
-    max_tokens : largest number of tokens of one forward (padded size included).
-    device : torch device of the buffer (the model's device).
-    """
+    """A static routing buffer for ``n_layers`` MoE layers, forwards of up to ``max_tokens`` tokens (padding
+    included), on ``device``, and the per-layer callbacks that fill it."""
 
     def __init__(self, n_layers: int, top_k: int, max_tokens: int, device: Any = "cpu") -> None:
         import torch
@@ -53,18 +36,12 @@ class RoutingCapture:
         # int16 holds expert ids up to 32767; -1 marks rows never written
         self.buffer = torch.full((self.max_tokens, self.n_layers, self.top_k), -1, dtype=torch.int16, device=device)
         self._routers: list[Any] = []
-        #: Planted routing for the next forward (designed experiment), a CPU tensor
-        #: [n_layers, num_tokens, top_k]; None = the router's own choice. See :meth:`plant`.
-        self.plan: Any = None
+        self.plan: Any = None  # planted routing (:meth:`plant`)
 
     def plant(self, ids: Any) -> None:
-        """Make the next forward route by ``ids`` ([n_layers, num_tokens, top_k] ints; None: the router's own).
-
-        Each layer's callback overwrites the router's ``topk_ids`` in place, before the MoE kernel
-        reads them, when the forward has ``num_tokens`` tokens (the routing weights stay the
-        router's: the output is not the model's, only the cost of the pass is measured). CPU
-        only: on a GPU the callback is replayed inside CUDA graphs.
-        """
+        """Make forwards of ``num_tokens`` tokens route by ``ids`` ([n_layers, num_tokens, top_k]; None: the
+        router's own): each callback overwrites ``topk_ids`` in place before the MoE kernel reads them (the
+        weights stay the router's: only the pass's cost is meaningful). CPU only."""
         import torch
 
         if ids is None:
@@ -125,10 +102,8 @@ def to_numpy(t: Any) -> np.ndarray:
 
 
 def _seen(rows: np.ndarray, n_experts: int | None, groups: np.ndarray | None, n_groups: int) -> np.ndarray:
-    """Which experts each layer routed to, per group of rows: bool [n_groups, n_layers, n_experts].
-
-    ``rows``: int [m, n_layers, top_k]; negative ids are not experts. ``groups``: the group of each row
-    ((m,) ints in 0..n_groups-1; None: one group). ``n_experts`` None: the largest id + 1."""
+    """Which experts each layer routed to, per group of rows (``groups``: (m,) ints in 0..n_groups-1, None:
+    one group): bool [n_groups, n_layers, n_experts]. Negative ids are not experts."""
     rows = np.asarray(rows)
     if rows.ndim != 3:
         raise ValueError(f"rows must have shape [m, n_layers, top_k], got {rows.shape}")
@@ -144,15 +119,13 @@ def _seen(rows: np.ndarray, n_experts: int | None, groups: np.ndarray | None, n_
 
 def unique_per_layer(rows: np.ndarray, n_experts: int | None = None, groups: np.ndarray | None = None,
                      n_groups: int = 1) -> np.ndarray:
-    """Unique experts per layer over ``rows`` ([m, n_layers, top_k] int) -> int array [n_layers]; with
-    ``groups`` (the group of each row, 0..n_groups-1: e.g. the rounds of a generation, counted in one
-    scatter) int array [n_groups, n_layers]. ``n_experts`` None: the largest id + 1."""
+    """Unique experts per layer over ``rows`` -> [n_layers]; with ``groups`` (the group of each row, counted in
+    one scatter) -> [n_groups, n_layers]. ``n_experts`` None: the largest id + 1."""
     counts = _seen(rows, n_experts, groups, n_groups).sum(axis=2)
     return counts if groups is not None else counts[0]
 
 
 def cumulative_unique(rows: np.ndarray, n_experts: int) -> np.ndarray:
-    """Unique experts per layer over each prefix of ``rows`` ([m, n_layers, top_k] int; negative ids
-    are ignored): int array [m, n_layers], entry [j, l] = unique experts of layer l over rows 0..j."""
+    """[m, n_layers]: entry [j, l] = unique experts of layer l over rows 0..j (windows m = 1..rows)."""
     m = len(np.asarray(rows))
     return np.logical_or.accumulate(_seen(rows, n_experts, np.arange(m), m), axis=0).sum(axis=2)

@@ -1,24 +1,17 @@
-"""Engine construction for the tracing harness: lazy vLLM import, CPU defaults, counters.
+"""Engine construction for the tracing harness: lazy vLLM import (only in :func:`require_vllm`), CPU defaults,
+counters, and vLLM's errors said in one line (:func:`build_engine`, :func:`vllm_failure`; traceback chained).
 
-CPU defaults (set only where the variable is unset, before vLLM is imported, and only when
-no CUDA device is visible):
+CPU defaults (set only where unset, before vLLM is imported, and only without a CUDA device):
 
 ``VLLM_CPU_KVCACHE_SPACE=1``          KV cache of 1 GiB (the default ~10 GiB takes ~17 s to zero)
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``  engine in this process (LLM() in seconds; the extension
-                                      and its records live here)
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``  engine in this process (the extension and its records live here)
 ``VLLM_CPU_OMP_THREADS_BIND=nobind``  with the default binding, in-process forwards stalled
                                       200-290 ms at random on a shared machine
-``OMP_NUM_THREADS=1``                 one thread: stable timings when other work shares the cores
+``OMP_NUM_THREADS=1``                 stable timings when other work shares the cores
 
-Engine arguments on CPU: ``enforce_eager=True``, ``distributed_executor_backend="uni"``,
-``block_size=32`` (the CPU attention backend needs a multiple of 32); everywhere:
-``async_scheduling=False`` (the tracer reads each step synchronously) and
-``disable_log_stats=False`` (vLLM's spec-decode counters, used as a cross-check).
-
-What vLLM raises is said in one line (:class:`~speclimits.errors.SpeclimitsError`, the traceback
-chained): an engine it refuses to build (:func:`build_engine`: architecture, vLLM's exception type
-and message, "inside vLLM") and an error inside vLLM while a built engine runs (:func:`vllm_failure`).
-This module imports vLLM only in :func:`require_vllm`.
+Engine arguments on CPU: ``enforce_eager=True``, ``distributed_executor_backend="uni"``, ``block_size=32``
+(CPU attention needs a multiple of 32); everywhere ``async_scheduling=False`` (the tracer reads each step
+synchronously) and ``disable_log_stats=False`` (vLLM's spec-decode counters, the cross-check).
 """
 
 from __future__ import annotations
@@ -49,8 +42,7 @@ METHODS = ("eagle3", "eagle", "draft_model", "ngram")
 
 
 def cuda_available() -> bool:
-    """True when a CUDA device is usable. Does not import torch when it is not imported yet
-    (torch reads OMP_NUM_THREADS once, at import, so the CPU defaults must come first)."""
+    """True when a CUDA device is usable. Does not import torch (which reads OMP_NUM_THREADS at import)."""
     if "torch" in sys.modules:
         return bool(sys.modules["torch"].cuda.is_available())
     gpus = Path("/proc/driver/nvidia/gpus")
@@ -72,8 +64,7 @@ def apply_env_defaults() -> dict[str, str]:
 
 
 def require_vllm_findable() -> None:
-    """The install hint, without importing vLLM, when it is not installed at all (checked before the
-    inputs: a user without vLLM learns that first)."""
+    """The install hint, without importing vLLM, when it is not installed (checked before the inputs)."""
     import importlib.util
 
     try:
@@ -97,8 +88,7 @@ def require_vllm() -> Any:
 
 
 def hardware() -> str:
-    """A short description of the accelerator (GPU name) or the CPU (:func:`speclimits.machine.describe`)
-    and the thread count."""
+    """The GPU's name, or the CPU (:func:`speclimits.machine.describe`) and the thread count."""
     if cuda_available():
         import torch
 
@@ -116,40 +106,19 @@ def has_tokenizer(model: str | Path) -> bool:
                                              "vocab.json"))
 
 
-def engine_kwargs(
-    *,
-    target: str | Path,
-    draft: str | Path | None,
-    method: str,
-    K: int,
-    seed: int,
-    dtype: str,
-    load_format: str,
-    max_model_len: int,
-    max_num_seqs: int = 1,
-    prefix_caching: bool = False,
-    block_size: int | None = None,
-    spec_extra: dict[str, Any] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def engine_kwargs(*, target: str | Path, draft: str | Path | None, method: str, K: int, seed: int, dtype: str,
+                  load_format: str, max_model_len: int, max_num_seqs: int = 1, prefix_caching: bool = False,
+                  block_size: int | None = None, spec_extra: dict[str, Any] | None = None,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for one traced engine (K = 0: no speculative config)."""
     if method not in METHODS:
         raise SpeclimitsError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     if K < 0:
         raise SpeclimitsError(f"K must be >= 0, got {K}")
-    kw: dict[str, Any] = dict(
-        model=str(target),
-        seed=seed,
-        dtype=dtype,
-        load_format=load_format,
-        skip_tokenizer_init=not has_tokenizer(target),
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        enable_prefix_caching=prefix_caching,
-        async_scheduling=False,
-        disable_log_stats=False,
-        worker_extension_cls=EXTENSION,
-    )
+    kw: dict[str, Any] = dict(model=str(target), seed=seed, dtype=dtype, load_format=load_format,
+                              skip_tokenizer_init=not has_tokenizer(target), max_model_len=max_model_len,
+                              max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching,
+                              async_scheduling=False, disable_log_stats=False, worker_extension_cls=EXTENSION)
     if not cuda_available():
         kw.update(enforce_eager=True, distributed_executor_backend="uni", block_size=block_size or 32)
     elif block_size:
@@ -167,15 +136,10 @@ def engine_kwargs(
 
 
 def _guard_llvmlite() -> None:
-    """Work around a crash when a second engine is built in a process that ran ngram.
-
-    The ngram proposer imports numba, hence ``llvmlite.binding.ffi``, whose ``lib`` object
-    answers *any* attribute (``__dict__`` included) with a function wrapper. vLLM 0.32's
-    Triton-override scan (``vllm/triton_utils/dispatcher.py``) then calls
-    ``vars(lib).get(...)`` and fails with ``'_lib_fn_wrapper' object has no attribute 'get'``.
-    Making that ``__getattr__`` refuse dunder names (llvmlite's C functions are ``LLVMPY_*``)
-    lets the scan skip it.
-    """
+    """Work around a crash when a second engine is built in a process that ran ngram: numba's
+    ``llvmlite.binding.ffi.lib`` answers *any* attribute (``__dict__`` included) with a function wrapper, and
+    vLLM 0.32's Triton-override scan calls ``vars(lib).get(...)``. Refusing dunder names (llvmlite's C
+    functions are ``LLVMPY_*``) lets the scan skip it."""
     ffi = sys.modules.get("llvmlite.binding.ffi")
     cls = getattr(ffi, "_lib_wrapper", None)
     if cls is None or getattr(cls, "_speclimits_guarded", False):
@@ -192,21 +156,14 @@ def _guard_llvmlite() -> None:
 
 
 def check_vllm_api() -> None:
-    """The start-up check: the installed vLLM has every private name the tracer uses
-    (:data:`speclimits.tracing.vllm_api.NEEDS`), and Model Runner V2 is not selected. Raises
-    :class:`~speclimits.tracing.vllm_api.UnsupportedVllmError` in one line naming what is missing."""
+    """The start-up check (:func:`speclimits.tracing.vllm_api.require_supported`)."""
     vllm_api.require_supported(cuda=cuda_available())
 
 
 def detach_worker_extensions() -> int:
-    """Remove speclimits' worker extensions from vLLM's worker classes; returns how many.
-
-    With an in-process executor vLLM mixes ``worker_extension_cls`` into the worker *class*
-    (``worker_class.__bases__ += (ext,)``) and never takes it out, so a later engine in the same
-    process that asks for another extension (the controller's after the tracer's, say) fails
-    vLLM's attribute-conflict check. Every engine builder calls this first; vLLM then mixes in
-    the extension the new engine asks for.
-    """
+    """Remove speclimits' worker extensions from vLLM's worker classes; returns how many. With an in-process
+    executor vLLM mixes ``worker_extension_cls`` into the worker *class* and never takes it out, so a later
+    engine asking for another extension would fail vLLM's attribute-conflict check."""
     n = 0
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith("vllm.v1.worker"):
@@ -219,10 +176,8 @@ def detach_worker_extensions() -> int:
 
 
 def make_llm(kwargs: dict[str, Any], options: dict[str, Any] | None = None) -> Any:
-    """Create ``vllm.LLM(**kwargs)`` and install the tracing extension (with ``options``, see
-    ``TracingWorkerExtension.speclimits_install``); returns (llm, model info).
-
-    :func:`check_vllm_api` runs first, so an unsupported vLLM fails before an engine is built."""
+    """Check the vLLM API, create ``vllm.LLM(**kwargs)`` and install the tracing extension with ``options``;
+    returns (llm, model info)."""
     vllm = require_vllm()
     check_vllm_api()
     _guard_llvmlite()
@@ -237,8 +192,8 @@ _COUNTERS = {"vllm:spec_decode_num_draft_tokens": "drafted", "vllm:spec_decode_n
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:
-    """vLLM's cumulative spec-decode counters: ``drafted`` and ``accepted`` tokens, ``drafts``
-    (verification rounds with drafts) and ``per_pos`` (accepted tokens per draft position)."""
+    """vLLM's cumulative spec-decode counters: ``drafted`` and ``accepted`` tokens, ``drafts`` (verification
+    rounds with drafts) and ``per_pos`` (accepted tokens per draft position)."""
     out: dict[str, Any] = {"drafted": 0, "accepted": 0, "drafts": 0, "per_pos": []}
     for metric in llm.get_metrics():
         if metric.name in _COUNTERS:
@@ -266,8 +221,8 @@ def close_llm(llm: Any) -> None:
 
 
 def build_engine(vllm: Any, kwargs: dict[str, Any]) -> Any:
-    """``vllm.LLM(**kwargs)``; an engine vLLM cannot build raises one line naming the architecture,
-    vLLM's exception type and the first line of its message (the traceback stays chained)."""
+    """``vllm.LLM(**kwargs)``; an engine vLLM cannot build raises one line naming the architecture and vLLM's
+    exception type and message."""
     try:
         return vllm.LLM(**kwargs)
     except (KeyboardInterrupt, SpeclimitsError):
@@ -303,8 +258,7 @@ def inside_vllm(exc: BaseException) -> bool:
 
 def vllm_failure(exc: BaseException, target: str | Path, when: str) -> SpeclimitsError | None:
     """One line for an error raised inside vLLM while the engine runs (``when``: e.g. "the first
-    generation"), e.g. an attention configuration the CPU build does not support; None when the
-    error did not come from inside vLLM (then it is a speclimits bug, and keeps its traceback)."""
+    generation"); None when it did not come from inside vLLM (a speclimits bug keeps its traceback)."""
     if isinstance(exc, (SpeclimitsError, KeyboardInterrupt)) or not inside_vllm(exc):
         return None
     arch = architecture(model_config(target), target)
@@ -314,8 +268,7 @@ def vllm_failure(exc: BaseException, target: str | Path, when: str) -> Speclimit
 
 
 def _where_raised(exc: BaseException) -> str:
-    """For an exception without a message (a bare ``assert``): where it was raised, as
-    ``"raised at vllm/…/file.py:LINE in function"``."""
+    """For an exception without a message (a bare ``assert``): where it was raised."""
     tb = _innermost(exc)
     if tb is None:
         return "no message"
@@ -325,9 +278,8 @@ def _where_raised(exc: BaseException) -> str:
 
 
 def _first_reason(text: str, limit: int = 300) -> str:
-    """One line of an exception's message: its first line, and for a validation error (pydantic's
-    "1 validation error for ModelConfig", whose reason is on a later line) the first line that
-    gives a reason; at most ``limit`` characters."""
+    """One line of an exception's message, at most ``limit`` characters: its first line, and for a pydantic
+    validation error (reason on a later line) the first line that gives a reason."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
         return ""

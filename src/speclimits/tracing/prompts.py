@@ -1,8 +1,4 @@
-"""Prompts for the tracing harness: tokenizing them.
-
-The prompt file format and its reader (:class:`Prompt`, :func:`read_prompts`) live with the trace,
-in :mod:`speclimits.trace.prompts`, because a trace keeps a copy of the file it ran.
-"""
+"""Tokenizing prompts (their format and reader live in :mod:`speclimits.trace.prompts`)."""
 
 from __future__ import annotations
 
@@ -13,11 +9,8 @@ from speclimits.trace.prompts import Prompt, read_prompts  # noqa: F401  (the on
 
 
 def tokenize(prompt: Prompt, tokenizer: Any, chat_template: bool = True) -> list[int]:
-    """Token ids of ``prompt``: its own ids, or its text through ``tokenizer``.
-
-    Spec-Bench questions get the chat template (when the tokenizer has one and
-    ``chat_template`` is true), as Spec-Bench does.
-    """
+    """Token ids of ``prompt``: its own, or its text through ``tokenizer`` (Spec-Bench questions with the
+    chat template, when it has one and ``chat_template`` is true, as Spec-Bench does)."""
     if prompt.token_ids is not None:
         return list(prompt.token_ids)
     if tokenizer is None:

@@ -43,8 +43,7 @@ from speclimits.vocabulary import GREEDY
 
 
 def steps_by_request(records: Sequence[dict[str, Any]]) -> dict[str, list[tuple[dict[str, Any], dict[str, Any]]]]:
-    """(step record, request entry) pairs of each request in ``records``, in step order, by external
-    request id (one pass over the records: a batch's requests share them)."""
+    """(step record, request entry) pairs of each request in ``records``, in step order, by external id."""
     out: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for rec in records:
         for r in rec["reqs"]:
@@ -59,13 +58,9 @@ STEP_COLUMNS = ("batch_id", "b", "K", "step", "n_reqs", "n_decode", "n_tokens", 
 
 def step_columns(records: Sequence[dict[str, Any]], *, batch_id: int, b: int, K: int,
                  top_k: int) -> dict[str, np.ndarray]:
-    """The :data:`STEP_COLUMNS` of one batch: one row per step record (the records drained
-    after the batch's ``generate``), each an (n_steps,) array.
-
-    ``u_bar`` / ``e_max`` come from the record's ``u_layers_step`` (unique experts per layer
-    over every row of the step); a step without routing keeps ``top_k``. ``phase`` is
-    ``prefill`` when no request had an output token before the step, ``decode`` when all had,
-    else ``mixed``. ``t_draft_ms`` and ``n_drafted_next`` are 0 at K = 0, as in the rounds."""
+    """The :data:`STEP_COLUMNS` of one batch, one row per step record. ``u_bar`` / ``e_max`` from
+    ``u_layers_step`` (``top_k`` without routing); ``phase`` ``prefill`` when no request had an output
+    token before the step, ``decode`` when all had, else ``mixed``."""
     n = len(records)
     reqs = [rec["reqs"] for rec in records]
     n_reqs = _ints((len(rs) for rs in reqs), n)
@@ -98,32 +93,16 @@ TOKEN_COLUMNS = ("seq_id", "pos", "token_id", "text", "new_experts", "experts", 
                  "context_len", "reference_kind")
 
 
-def generation_columns(
-    steps: list[tuple[dict[str, Any], dict[str, Any]]],
-    *,
-    output_ids: Sequence[int],
-    generation_id: int,
-    prompt_id: str,
-    K: int,
-    top_k: int,
-    decode: Any = None,
-    with_tokens: bool = True,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, Any]]:
-    """Round (and token) columns of one finished generation as numpy arrays, plus a check summary.
+def generation_columns(steps: list[tuple[dict[str, Any], dict[str, Any]]], *, output_ids: Sequence[int],
+                       generation_id: int, prompt_id: str, K: int, top_k: int, decode: Any = None,
+                       with_tokens: bool = True
+                       ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None, dict[str, Any]]:
+    """Round (and token) columns (:data:`ROUND_COLUMNS`, :data:`TOKEN_COLUMNS`) of one finished generation as
+    numpy arrays, and a check summary: ``drafted``, ``accepted``, ``emitted``, ``output_len`` and
+    ``tokens_match`` (the sampled ids, cut at the output length, equal vLLM's output).
 
-    ``steps``: the generation's (step record, request entry) pairs (:func:`steps_by_request`);
-    ``output_ids``: the token ids vLLM returned; ``decode``: ``callable(token_id) -> str`` for the
-    ``text`` column (``""`` when None). The work is vectorised over rounds and tokens (the sweep
-    calls this once per generation and buffers the arrays; :func:`speclimits.trace.io.columns_table`
-    makes them one Arrow table). Column names and order: :data:`ROUND_COLUMNS`,
-    :data:`TOKEN_COLUMNS`; string columns are object arrays; ``experts`` is int16
-    ``[tokens, n_layers * top_k]`` (layer-major). ``check`` holds the ``drafted``, ``accepted`` and
-    ``emitted`` totals, ``output_len`` and ``tokens_match`` (the sampled ids, cut at the output
-    length, equal vLLM's output).
-
-    Steps: :func:`_emitted_per_round` (tokens each round gained, after vLLM's stop checks),
-    :func:`_experts_per_round` (Ū and E_max), :func:`_round_columns`, :func:`_check_summary`
-    and :func:`_token_columns`.
+    ``steps``: the generation's (step record, request entry) pairs (:func:`steps_by_request`); ``output_ids``:
+    what vLLM returned; ``decode``: ``callable(token_id) -> str`` for ``text`` (``""`` when None).
     """
     if not steps:
         raise SpeclimitsError(f"generation {generation_id} (prompt {prompt_id}): the tracer saw no step "
@@ -152,13 +131,12 @@ def _floats(values: Any, n: int) -> np.ndarray:
 
 
 def _drafted(values: Any, n: int, K: int) -> np.ndarray:
-    """``n_drafted_next``: drafts proposed for the next round (0 at K = 0)."""
+    """``n_drafted_next`` (0 at K = 0)."""
     return _ints(values, n) if K > 0 else np.zeros(n, dtype=np.int64)
 
 
 def _record_columns(recs: Sequence[dict[str, Any]], K: int) -> dict[str, np.ndarray]:
-    """The columns a step record gives each of its rows (a step, or a request's round): its number,
-    times (``t_draft_ms`` 0 at K = 0), padded token count and KV use; each (n,)."""
+    """The columns a step record gives each of its rows (a step, or a request's round); ``t_draft_ms`` 0 at K = 0."""
     n = len(recs)
     return {
         "step": _ints((rec["step"] for rec in recs), n),
@@ -170,8 +148,7 @@ def _record_columns(recs: Sequence[dict[str, Any]], K: int) -> dict[str, np.ndar
 
 
 def _mean_max(counts: Sequence[Any], top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(u_bar, e_max), each (n,) float: mean / max over layers of each pass's unique experts per layer
-    (a pass without routing, None or empty, keeps ``top_k``)."""
+    """(u_bar, e_max): mean / max over layers of each pass's unique experts (``top_k`` without routing)."""
     u_bar = np.full(len(counts), float(top_k))
     e_max = np.full(len(counts), float(top_k))
     for i, u in enumerate(counts):
@@ -183,8 +160,7 @@ def _mean_max(counts: Sequence[Any], top_k: int) -> tuple[np.ndarray, np.ndarray
 
 def _emitted_per_round(reqs: list[dict[str, Any]], n_out: int, where: str
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(n_sampled, cumulative sampled, emitted), each (n_rounds,) int: a round emits what it
-    sampled until vLLM's output length is reached (the last round can emit fewer)."""
+    """(n_sampled, cumulative sampled, emitted): a round emits what it sampled until vLLM's output length."""
     n_sampled = _ints((r["n_sampled"] for r in reqs), len(reqs))
     cum = np.cumsum(n_sampled)
     if cum[-1] < n_out:
@@ -195,12 +171,8 @@ def _emitted_per_round(reqs: list[dict[str, Any]], n_out: int, where: str
 
 
 def _experts_per_round(reqs: list[dict[str, Any]], top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(u_bar, e_max), each (n_rounds,) float: mean / max over layers of the unique experts of the pass.
-
-    A request entry's ``u_layers`` (unique experts per layer over the pass) is used when the
-    worker computed it (prefill rounds, whose rows are not all kept); otherwise it is counted
-    here from the entry's ``routing`` (decode rounds keep every row). A round without routing
-    rows keeps ``top_k``."""
+    """(u_bar, e_max) per round: from the worker's ``u_layers`` where it counted them (prefill rounds),
+    else counted here, in one scatter, from the kept ``routing`` rows (decode rounds keep every row)."""
     counts = [r.get("u_layers") for r in reqs]
     missing = [i for i, r in enumerate(reqs) if "u_layers" not in r and len(r["routing"])]
     if missing:
@@ -214,7 +186,6 @@ def _experts_per_round(reqs: list[dict[str, Any]], top_k: int) -> tuple[np.ndarr
 def _round_columns(reqs: list[dict[str, Any]], recs: list[dict[str, Any]], *, n_sampled: np.ndarray,
                    emitted: np.ndarray, prefill: np.ndarray, u_bar: np.ndarray, e_max: np.ndarray,
                    generation_id: int, prompt_id: str, K: int) -> dict[str, np.ndarray]:
-    """The :data:`ROUND_COLUMNS` of one generation, each an (n_rounds,) array."""
     n = len(reqs)
     n_spec = _ints((r["n_spec"] for r in reqs), n)
     cols = _record_columns(recs, K) | {
@@ -238,8 +209,6 @@ def _round_columns(reqs: list[dict[str, Any]], recs: list[dict[str, Any]], *, n_
 
 
 def _check_summary(rounds: dict[str, np.ndarray], sampled: np.ndarray, output_ids: Sequence[int]) -> dict[str, Any]:
-    """Totals to cross-check against vLLM: drafted, accepted, emitted, output length, and whether
-    the sampled ids (cut at the output length) equal vLLM's output."""
     n_out = len(output_ids)
     return {
         "drafted": int(rounds["n_draft"].sum()),
@@ -253,7 +222,7 @@ def _check_summary(rounds: dict[str, np.ndarray], sampled: np.ndarray, output_id
 def _token_columns(reqs: list[dict[str, Any]], emitted: np.ndarray, prefill: np.ndarray, sampled: np.ndarray,
                    cum: np.ndarray, *, generation_id: int, prompt_id: str, K: int, top_k: int,
                    decode: Any) -> dict[str, np.ndarray]:
-    """Token columns (routing on the reading rows; see the module docstring)."""
+    """Token columns (routing on the reading rows: the module docstring)."""
     produced: list[np.ndarray] = []
     round_idx: list[np.ndarray] = []
     row_idx: list[np.ndarray] = []

@@ -1,11 +1,6 @@
-"""The private vLLM names the tracing harness relies on: one table, checked on the installed vLLM.
-
-The hooks of :mod:`speclimits.tracing.extension` and the engine plumbing of :mod:`~speclimits.tracing.engine`
-and :mod:`~speclimits.tracing.oracle_mode` touch vLLM internals that change between releases. :data:`NEEDS`
-lists each name once; :func:`check` imports the modules, checks every row with ``hasattr`` and ``inspect``
-and names each missing or changed name with what uses it. :func:`require_supported` is the start-up check
-(``engine.make_llm``, before an engine is built); :func:`runner_members` gives ``extension.check_runner`` the
-runner's methods and fields to check on the live runner. ``scripts/check_vllm_api.py`` prints the table.
+"""The private vLLM names the tracing harness relies on (:data:`NEEDS`, each once), checked on the installed
+vLLM with ``hasattr`` and ``inspect`` (:func:`check`), at start-up (:func:`require_supported`) and on the live
+runner (:func:`runner_members`); ``scripts/check_vllm_api.py`` prints the table.
 """
 
 from __future__ import annotations
@@ -41,14 +36,11 @@ class UnsupportedVllmError(SpeclimitsError):
 
 @dataclass(frozen=True)
 class Need:
-    """One row: ``name`` in ``module`` (``""``: the module itself; ``Class``, ``Class.attr``, or
-    ``Class.method()``, which must be callable) and what ``used_by`` (a module under ``speclimits/``
-    and what it does) relies on: ``params``, the method's leading parameters after ``self`` in order;
-    ``kwargs``, keywords it accepts (or ``**kwargs``); ``fields``, attributes of the class (a class
-    attribute, property, dataclass field or annotation, or assigned as ``self.<field> =`` at the start
-    of a line of the source of the class or a base); ``keys``, keys of the dict; ``source``, regular
-    expressions its source must match (the calls through which a wrapped hook runs). ``live``: also
-    checked on the live runner (:func:`runner_members`); ``required=False``: reported, not fatal."""
+    """One row: ``name`` in ``module`` (``""``: the module itself; ``Class``, ``Class.attr``, or ``Class.method()``,
+    which must be callable) and what ``used_by`` relies on: ``params``, the leading parameters after ``self``;
+    ``kwargs``, keywords it accepts; ``fields``, attributes of the class (also annotations, or ``self.<field> =``
+    in the source of the class or a base); ``keys``, keys of the dict; ``source``, regular expressions its
+    source must match. ``live``: also checked on the live runner; ``required=False``: reported, not fatal."""
 
     module: str
     name: str
@@ -215,8 +207,7 @@ def _check_one(need: Need, load: Callable[[str], Any]) -> list[Missing]:
 
 
 def check(needs: Sequence[Need] = NEEDS, load: Callable[[str], Any] = importlib.import_module) -> list[Missing]:
-    """Every name of ``needs`` the installed vLLM lacks or has changed (empty: all as expected), optional
-    ones too (``need.required`` False). Imports each row's module with ``load``."""
+    """Every name of ``needs`` the installed vLLM lacks or has changed, optional ones too."""
     return [m for need in needs for m in _check_one(need, load)]
 
 
@@ -226,8 +217,7 @@ def describe_missing(missing: Sequence[Missing]) -> str:
 
 
 def installed_version() -> str:
-    """The installed vLLM's version (from the loaded module or the distribution's metadata, without
-    importing vLLM); ``"not installed"`` when there is none."""
+    """The installed vLLM's version, without importing vLLM; ``"not installed"`` when there is none."""
     module = sys.modules.get("vllm")
     if getattr(module, "__version__", None):
         return str(module.__version__)
@@ -237,11 +227,8 @@ def installed_version() -> str:
 
 
 def refuse_v2_runner(version: str, cuda: bool, env: dict[str, str] | None = None) -> None:
-    """Raise :class:`UnsupportedVllmError` when vLLM would run Model Runner V2.
-
-    ``VLLM_USE_V2_MODEL_RUNNER`` set to a true value always selects it; unset, vLLM >= 0.32
-    selects V2 by default on a GPU (where Triton is present), so on CUDA the harness asks for
-    an explicit ``0``. On CPU, unset, vLLM runs the V1 runner (V2 needs Triton there)."""
+    """Raise :class:`UnsupportedVllmError` when vLLM would run Model Runner V2: ``VLLM_USE_V2_MODEL_RUNNER``
+    true, or unset on a GPU (vLLM >= 0.32's default there; on CPU, unset, it runs V1)."""
     value = (os.environ if env is None else env).get(V2_ENV)
     if value is None and cuda:
         reason = f"vLLM {version} runs Model Runner V2 by default on a GPU"
@@ -259,8 +246,7 @@ def v2_refused(reason: str) -> UnsupportedVllmError:
 
 
 def require_supported(*, cuda: bool = False, env: dict[str, str] | None = None) -> None:
-    """The harness's start-up check: refuse any vLLM lacking a required name of :data:`NEEDS` (in
-    one line naming each, with what uses it), and Model Runner V2."""
+    """The start-up check: refuse, in one line, a vLLM lacking a required name, and Model Runner V2."""
     missing = [m for m in check() if m.need.required]
     version = installed_version()
     if missing:
@@ -276,8 +262,7 @@ V2_RUNNER_PACKAGES = ("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")
 
 
 def runner_kind(runner: Any) -> str:
-    """``"v1"`` (the V1 ``GPUModelRunner`` or a subclass, e.g. the CPU runner), ``"v2"`` (a Model
-    Runner V2 class) or ``"other"``, from the class's MRO names (vLLM is not imported)."""
+    """``"v1"`` (the V1 ``GPUModelRunner`` or a subclass), ``"v2"`` or ``"other"``, from the class's MRO names."""
     mro = type(runner).__mro__
     if any((c.__module__, c.__name__) == V1_RUNNER for c in mro):
         return "v1"
