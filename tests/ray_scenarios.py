@@ -1,10 +1,8 @@
-"""Sweeps for ``tests/test_ray_sweep.py`` and ``benchmarks/bench_ray_sweep.py``, run inside a loopback-only
-network namespace (:func:`speclimits.tracing.ray_sweep.loopback_command`). ``python ray_scenarios.py WORK SCENARIO``
-writes WORK/SCENARIO and prints one ``RESULT`` JSON line (wall and CPU seconds, events):
-``serial`` :func:`~speclimits.tracing.sweep.run_sweep` (then the serial Oracle pass with ``--oracle-k-max``);
-``dist`` the same through ``speclimits trace --workers 2`` (with ``--oracle-k-max``: ``--oracle`` on the
-workers, then once more with nothing left to run); ``kill`` worker 1 SIGKILLed mid-job once a shard is on disk;
-``resume`` as ``kill`` without retries (the sweep fails), then ``resume=True``."""
+"""Sweeps for ``tests/test_ray_sweep.py`` and ``benchmarks/bench_ray_sweep.py``, run inside a loopback-only network
+namespace. ``python ray_scenarios.py WORK SCENARIO`` writes WORK/SCENARIO and prints one ``RESULT`` JSON line:
+``serial`` the serial sweep (and Oracle pass with ``--oracle-k-max``); ``dist`` the same through ``speclimits trace
+--workers 2`` (then the Oracle pass once more, with nothing left to run); ``kill`` worker 1 SIGKILLed mid-job once a
+shard is on disk; ``resume`` as ``kill`` without retries (the sweep fails), then ``resume=True``."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def main() -> int:
     p.add_argument("--shard-size", type=int, default=1)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--kill-delay", type=float, default=None,
-                   help="kill worker 1 this many seconds after its engine is up (the benchmark); default: the "
-                        "moment it is given a job once some shard is on disk (deterministic: the job is in "
-                        "flight, and the failed first run of `resume` leaves work done to skip)")
+                   help="kill worker 1 this many seconds after its engine is up (the benchmark); default: when "
+                        "it is given a job once some shard is on disk (deterministic)")
     p.add_argument("--prompts", default=None)
     p.add_argument("--batch", default=None, help="dist: batch sizes, as --batch of speclimits trace")
     p.add_argument("--oracle-k-max", type=int, default=None,

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,19 +90,6 @@ def test_retried_job_with_its_shard_on_disk_is_skipped(tmp_path):
     finally:
         worker.close()
     assert got["skipped"] and worker.usage()["engine_builds"] == 0 and worker.holder.llm is None
-
-
-def test_workers_without_ray_fail_with_the_install_command(tmp_path):
-    (tmp_path / "x").mkdir()  # inputs that pass the checks made before any engine or Ray is asked for
-    (tmp_path / "x" / "config.json").write_text('{"vocab_size": 16}')
-    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt_token_ids": [1, 2]}\n')
-    code = ("import sys\nsys.modules['ray'] = None\nimport speclimits.cli\n"
-            "sys.exit(speclimits.cli.main(['trace', '--target', 'x', '--method', 'ngram', '--prompts', 'p.jsonl', "
-            "'--out', 'o', '--workers', '2']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "pip install -e '.[ray]'" in lines[0], proc.stderr
 
 
 # -- Ray + vLLM, in a loopback-only namespace --

@@ -150,27 +150,6 @@ def test_validate_reads_the_sampling_record_and_accept_prob(smoke_trace, tmp_pat
         assert any(says in m for _, m in _problems(good)), (rec, _problems(good))
 
 
-def test_oracle_rows_of_a_sampled_reference():
-    from speclimits.tracing.oracle_mode import TARGET_SAMPLED, Reference, oracle_rows, plan_requests
-
-    ref = Reference("p#1", (1, 2, 3), (10, 11, 12, 13), "code", TARGET_SAMPLED, prompt_id="p", sample=1, seed=7)
-    assert ref.kind == "sampled" and not ref.unsampled and Reference("p#2", (1,), (), source=TARGET_SAMPLED).unsampled
-    results = {}
-    for pos, _, _, chain in plan_requests(ref, k_max=2):
-        draft = [t if t >= 0 else 99 for t in chain]
-        results[pos] = {"draft_conf": np.array([0.9, 0.8]), "draft_tokens": np.array(draft),
-                        "chain_prob": np.array([0.5, 0.3]), "u_window": np.array([[2, 2], [3, 2], [4, 3]]),
-                        "n_sampled_verify": 2, "accept_prob": np.array([0.4 + 0.1 * pos, 0.25])}
-    df = oracle_rows(ref, 2, results, sampled=True)
-    np.testing.assert_allclose(np.stack(df["accept_prob"]), [[0.4, 0.25], [0.5, 0.25], [0.6, 0.0]])  # 0 past the end
-    assert df["accept_len"].tolist() == [2, 2, 1] and set(df["reference_kind"]) == {"sampled"}
-    assert set(df["prompt_id"]) == {"p"} and set(df["sample"]) == {1} and df["sample"].dtype == np.int64
-    assert "accept_prob" not in oracle_rows(ref, 2, results).columns  # greedy rows stay as they were
-    with pytest.raises(Exception, match="states \\[1\\]"):
-        oracle_rows(ref, 2, {p: ({k: v for k, v in r.items() if k != "accept_prob"} if p == 1 else r)
-                             for p, r in results.items()}, sampled=True)
-
-
 def test_token_rows_of_sampled_references():
     """A prompt's sweep generation is 'sampled', its further references get rows without routing after it,
     row 0's target choice is unknown (no greedy generation), and a second pass gives the same table."""

@@ -266,42 +266,59 @@ def test_buffered_parts_bookkeeping(tmp_path):
     assert not checks["counters_match"] and checks["counters_mismatch_parts"] == [part_name(0)]
 
 
-def test_oracle_rows_from_results():
-    ref = Reference("s", prompt_ids=(1, 2, 3), output_ids=(10, 11, 12, 13))  # states 0..2
+@pytest.mark.parametrize("sampled", [False, True])
+def test_oracle_rows_from_results(sampled):
+    from speclimits.tracing.oracle_mode import TARGET_SAMPLED
+
+    kw = dict(category="code", source=TARGET_SAMPLED, prompt_id="p", sample=1, seed=7) if sampled else {}
+    ref = Reference("p#1" if sampled else "s", prompt_ids=(1, 2, 3), output_ids=(10, 11, 12, 13), **kw)  # states 0..2
+    assert ref.kind == ("sampled" if sampled else "greedy") and not ref.unsampled
+    assert Reference("p#2", (1,), (), source=TARGET_SAMPLED).unsampled
     plan = plan_requests(ref, k_max=2)
     assert plan[0] == (0, [1, 2, 3], 10, [11, 12])
     assert plan[2] == (2, [1, 2, 3, 10, 11], 12, [13, -1])
     results = {}
     for pos, _, _, chain in plan:
         draft = [t if t >= 0 else 99 for t in chain]
-        if pos == 1:
+        if pos == 1 and not sampled:
             draft[1] = 77  # second draft wrong
         results[pos] = {"draft_conf": np.array([0.9, 0.8]), "draft_tokens": np.array(draft),
-                        "chain_prob": np.array([0.5 + 0.1 * pos, 0.3]),
+                        "chain_prob": np.array([0.5 + 0.1 * pos, 0.3]), "accept_prob": np.array([0.4 + 0.1 * pos, 0.25]),
                         "u_window": np.array([[2, 2], [3, 2], [4, 3]]), "n_sampled_verify": 3}
-    df = oracle_rows(ref, 2, results)
+    df = oracle_rows(ref, 2, results, sampled=sampled)
     assert df["pos"].tolist() == [0, 1, 2] and df["context_len"].tolist() == [3, 4, 5]
-    assert df["accept_len"].tolist() == [2, 1, 1]  # last state: only one reference token left
+    assert df["accept_len"].tolist() == ([2, 2, 1] if sampled else [2, 1, 1])  # last state: one token left
     # teacher-forced match prob = step-1 prob at successive states; 0 past the end
     np.testing.assert_allclose(np.stack(df["match_prob"]), [[0.5, 0.6], [0.6, 0.7], [0.7, 0.0]])
     np.testing.assert_allclose(df["u_bar_window"].iloc[0], [2.0, 2.5, 3.5])
+    assert set(df["reference_kind"]) == {ref.kind} and ("accept_prob" in df.columns) == sampled
+    if sampled:  # accept_prob 0 past the end, as match_prob; which reference of which prompt
+        np.testing.assert_allclose(np.stack(df["accept_prob"]), [[0.4, 0.25], [0.5, 0.25], [0.6, 0.0]])
+        assert set(df["prompt_id"]) == {"p"} and set(df["sample"]) == {1} and df["sample"].dtype == np.int64
+        results[1] = {k: v for k, v in results[1].items() if k != "accept_prob"}
+    else:
+        results.pop(1)
     with pytest.raises(SpeclimitsError, match="states \\[1\\]"):
-        oracle_rows(ref, 2, {0: results[0], 2: results[2]})
+        oracle_rows(ref, 2, results, sampled=sampled)
 
 
-def test_import_is_lazy_and_trace_without_vllm_says_how_to_install(tmp_path):
+@pytest.mark.parametrize("missing, flags, hint", [("vllm", [], "pip install -e '.[trace]'"),
+                                                   ("ray", ["--method", "ngram", "--workers", "2"], "pip install -e '.[ray]'")])
+def test_import_is_lazy_and_trace_without_vllm_or_ray_says_how_to_install(tmp_path, missing, flags, hint):
+    (tmp_path / "x").mkdir()  # inputs that pass the checks made before any engine or Ray is asked for
+    (tmp_path / "x" / "config.json").write_text('{"vocab_size": 16}')
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt_token_ids": [1, 2]}\n')
     code = (
         "import sys\n"
         "import speclimits, speclimits.cli, speclimits.tracing.cli, speclimits.tracing.sweep\n"
         "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'vllm' in m)\n"
-        "speclimits.cli.build_parser()\n"
-        "sys.modules['vllm'] = None  # behave as if vLLM were not installed\n"
-        "rc = speclimits.cli.main(['trace', '--target', 'x', '--prompts', 'p.jsonl', '--out', 'o'])\n"
-        "sys.exit(rc)\n"
+        f"sys.modules[{missing!r}] = None  # behave as if it were not installed\n"
+        f"sys.exit(speclimits.cli.main(['trace', '--target', 'x', '--prompts', 'p.jsonl', '--out', 'o', *{flags!r}]))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "pip install -e '.[trace]'" in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and hint in lines[0], proc.stderr
 
 
 def test_extension_wraps_the_runner_and_uninstall_restores_it():

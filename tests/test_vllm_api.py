@@ -232,17 +232,27 @@ class _NoEngine:
 
 @needs_vllm
 def test_make_llm_fails_before_building_an_engine(monkeypatch):
+    """A missing name, and Model Runner V2 (asked for, or a GPU's default), are refused before any engine."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from speclimits.tracing import engine
 
-    monkeypatch.delattr(GPUModelRunner, "sample_tokens")
     monkeypatch.setattr(engine, "require_vllm", _NoEngine)
-    with pytest.raises(UnsupportedVllmError) as err:
-        engine.make_llm({"model": "x"})
+    with monkeypatch.context() as m:
+        m.delattr(GPUModelRunner, "sample_tokens")
+        with pytest.raises(UnsupportedVllmError) as err:
+            engine.make_llm({"model": "x"})
     msg = str(err.value)
     assert "\n" not in msg
     assert "GPUModelRunner.sample_tokens() [missing; used by tracing/extension.py: step end" in msg
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(UnsupportedVllmError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2.*"
+                                                   r"set VLLM_USE_V2_MODEL_RUNNER=0 and run again"):
+        engine.make_llm({"model": "x"})
+    monkeypatch.setattr(engine, "cuda_available", lambda: True)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    with pytest.raises(UnsupportedVllmError, match="runs Model Runner V2 by default on a GPU"):
+        engine.make_llm({"model": "x"})
 
 
 @needs_vllm
@@ -264,18 +274,3 @@ def test_trace_cli_prints_one_line(tmp_path, monkeypatch, capsys):
     assert rc == 2 and len(err.splitlines()) == 1
     assert err.startswith("speclimits trace: error: speclimits tracing: vLLM 0.32.0")
     assert "SpecDecodeBaseProposer._greedy_sample() [missing; used by tracing/extension.py" in err
-
-
-@needs_vllm
-def test_make_llm_refuses_v2_before_building_an_engine(monkeypatch):
-    from speclimits.tracing import engine
-
-    monkeypatch.setattr(engine, "require_vllm", _NoEngine)
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(UnsupportedVllmError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 selects Model Runner V2.*"
-                                                   r"set VLLM_USE_V2_MODEL_RUNNER=0 and run again"):
-        engine.make_llm({"model": "x"})
-    monkeypatch.setattr(engine, "cuda_available", lambda: True)
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
-    with pytest.raises(UnsupportedVllmError, match="runs Model Runner V2 by default on a GPU"):
-        engine.make_llm({"model": "x"})
