@@ -171,9 +171,9 @@ class Batch:
 class SweepPlan:
     """What a sweep (serial or distributed) still has to do.
 
-    ``todo``: the generations without rounds on disk, ``(k_index, K, prompt_index)`` in a batch-1 sweep,
-    ``(k_index, K, prompt_index, b_index)`` in a batch sweep. ``meta``: the trace's meta.json when
-    resuming, else None (written once the first engine reports the model's shape)."""
+    ``todo``: the generations without rounds on disk, ``(k_index, K, prompt_index, b_index)`` (b_index 0
+    when left out). ``meta``: the trace's meta.json when resuming, else None (written once the first
+    engine reports the model's shape)."""
 
     cfg: SweepConfig
     prompts: list[Prompt]
@@ -263,12 +263,8 @@ def plan_sweep(cfg: SweepConfig) -> SweepPlan:
         remove_orphan_parts(root)
     done = done_generations(root)
     plan = SweepPlan(cfg, prompts, root, settings, k_values, meta, [], batch_sizes)
-    n_p = len(prompts)
-    if plan.batch_sweep:
-        plan.todo = [(ki, K, pi, bi) for bi in range(len(batch_sizes)) for ki, K in enumerate(k_values)
-                     for pi in range(n_p) if plan.gid(ki, pi, bi) not in done]
-    else:
-        plan.todo = [(ki, K, pi) for ki, K in enumerate(k_values) for pi in range(n_p) if plan.gid(ki, pi) not in done]
+    plan.todo = [(ki, K, pi, bi) for bi in range(len(batch_sizes)) for ki, K in enumerate(k_values)
+                 for pi in range(len(prompts)) if plan.gid(ki, pi, bi) not in done]
     return plan
 
 
@@ -648,8 +644,7 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
             pb = per_batch.setdefault(int(g["batch_id"]), {"vllm": g["vllm_batch"], "drafted": 0, "accepted": 0})
             pb["drafted"] += g["trace"]["drafted"]
             pb["accepted"] += g["trace"]["accepted"]
-        if "vllm" in g and (g["vllm"]["drafted"] != g["trace"]["drafted"]
-                            or g["vllm"]["accepted"] != g["trace"]["accepted"]):
+        if "vllm" in g and _differs(g["vllm"], g["trace"]):
             per_gen_mismatch.append(gid)
         if gid not in covered:  # written by an older harness: one line per generation with its own counters
             if "vllm" in g:
@@ -663,22 +658,23 @@ def finalize_meta(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
     batch_checks: dict[str, Any] = {}
     if batch_sweep:
         batch_checks = {"by_b_K": by_b_k, "counters_mismatch_batches": sorted(
-            bid for bid, pb in per_batch.items()
-            if (pb["drafted"], pb["accepted"]) != (pb["vllm"]["drafted"], pb["vllm"]["accepted"]))}
+            bid for bid, pb in per_batch.items() if _differs(pb, pb["vllm"]))}
     meta["checks"] = {"by_K": by_k, **batch_checks, "token_mismatch_generations": mismatched,
                       "counters_match": not unchecked and not batch_checks.get("counters_mismatch_batches") and all(
                           s["drafted"] == s["vllm_drafted"] and s["accepted"] == s["vllm_accepted"]
                           for s in by_k.values()),
                       "counters_unchecked_generations": unchecked,
-                      "counters_mismatch_parts": sorted(
-                          n for n, p in parts.items() if p["trace"]["drafted"] != p["vllm"]["drafted"]
-                          or p["trace"]["accepted"] != p["vllm"]["accepted"]),
+                      "counters_mismatch_parts": sorted(n for n, p in parts.items() if _differs(p["trace"], p["vllm"])),
                       "counters_mismatch_generations": per_gen_mismatch,
                       "emitted_match": all(s["emitted"] == s["output_tokens"] for s in by_k.values())}
     meta["complete"] = bool(n_expected) and len(done) >= n_expected
     meta["generations_done"] = len(done)
     write_meta(root, meta)
     return meta
+
+
+def _differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a["drafted"], a["accepted"]) != (b["drafted"], b["accepted"])
 
 
 def _n_prompts(meta: dict[str, Any]) -> int:
