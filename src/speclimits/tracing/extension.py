@@ -42,6 +42,10 @@ from speclimits.tracing.vllm_api import (V2_ENV, VERIFIED_VLLM, UnsupportedVllmE
                                          missing_on_runner, runner_kind, v2_refused)
 
 
+#: Routing rows kept per prefill request (its last ones; the prefill's ``u_layers`` counts every row).
+KEEP_PREFILL_ROWS = 2
+
+
 def _unsupported(what: str) -> UnsupportedVllmError:
     version = installed_version()
     return UnsupportedVllmError(
@@ -184,10 +188,9 @@ class TracingWorkerExtension:
         """Wrap the runner and bind the routing capture. Returns the target's MoE shape.
 
         ``options``: ``sampled`` (on CPU, :func:`fix_cpu_expand` is applied where needed, named under
-        ``fixes``), ``keep_prefill_rows`` (default 2), ``kv_usage`` (default True), ``plant_routing``
-        (``{"seed": int}``, the designed experiment, CPU only: every target forward of n tokens routes by
-        a planted routing whose Ū, the same in every layer, is drawn uniformly from top_k..min(n·top_k, E);
-        outputs are not the model's).
+        ``fixes``), ``plant_routing`` (``{"seed": int}``, the designed experiment, CPU only: every target
+        forward of n tokens routes by a planted routing whose Ū, the same in every layer, is drawn uniformly
+        from top_k..min(n·top_k, E); outputs are not the model's).
         """
         options = dict(options or {})
         runner = self.model_runner  # type: ignore[attr-defined]
@@ -230,8 +233,6 @@ class TracingWorkerExtension:
         options = dict(options or {})
         self._speclimits_n_experts = n_experts
         self._speclimits_timer = _Timer(cuda)
-        self._speclimits_keep_prefill = int(options.get("keep_prefill_rows", 2))
-        self._speclimits_kv = bool(options.get("kv_usage", True))
         self._speclimits_planter = None
         if options.get("plant_routing") is not None:
             if cuda:
@@ -272,7 +273,7 @@ class TracingWorkerExtension:
         checks), ``sampled`` (their ids), ``n_drafted`` (drafts for the next round), ``u_layers`` (prefill
         steps only, whose rows are not all kept; decode rows are counted by
         :func:`speclimits.tracing.records.generation_columns`), ``routing`` (int16 [rows, layers, top_k]:
-        every row of a decode step, the last ``keep_prefill_rows`` of a prefill) and ``routing_from``.
+        every row of a decode step, the last :data:`KEEP_PREFILL_ROWS` of a prefill) and ``routing_from``.
         """
         out = self._speclimits_records
         self._speclimits_records = []
@@ -334,7 +335,7 @@ class TracingWorkerExtension:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         shaped = positions if positions is not None else input_ids
         step.graph_bucket = int(shaped.shape[-1]) if shaped is not None else offset
-        if self._speclimits_kv and self._speclimits_oracle is None:
+        if self._speclimits_oracle is None:
             blocks: set[int] = set()
             for st in runner.requests.values():
                 if st.block_ids:
@@ -440,7 +441,7 @@ class TracingWorkerExtension:
                 continue
             if r["n_out_before"] == 0:  # prefill (possibly a chunk): count here, keep the last rows only
                 r["u_layers"] = unique_per_layer(rows, n_experts)
-                keep = min(self._speclimits_keep_prefill, len(rows))
+                keep = min(KEEP_PREFILL_ROWS, len(rows))
                 r["routing"] = rows[len(rows) - keep:].copy()
                 r["routing_from"] = len(rows) - keep
             else:

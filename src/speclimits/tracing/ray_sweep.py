@@ -239,14 +239,12 @@ class OracleWorker(_Worker):
 @dataclass
 class RaySettings:
     """How to run a distributed sweep. ``address``: an existing cluster (None: a local Ray instance with
-    ``workers`` CPUs). ``gpus_per_worker``: None = 1 when the cluster has GPUs, else 0. ``runtime_env``:
-    passed to ``ray.init``. ``on_event(kind, info)``: called on ``dispatch``, ``started``, ``done``, ``died``."""
+    ``workers`` CPUs); a worker takes one GPU when the cluster has GPUs. ``runtime_env``: passed to ``ray.init``. ``on_event(kind, info)``: called on ``dispatch``, ``started``, ``done``, ``died``."""
 
     workers: int = 2
     address: str | None = None
     shard_size: int | None = None
     max_attempts: int = 3
-    gpus_per_worker: float | None = None
     runtime_env: dict[str, Any] | None = None
     on_event: Callable[[str, dict[str, Any]], None] | None = None
 
@@ -354,9 +352,7 @@ class _Driver:
             return
         self.ray = ray = require_ray()
         self.owns_ray = _init_ray(ray, self.rs)
-        gpus = self.rs.gpus_per_worker
-        if gpus is None:
-            gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
         self.actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(self.worker_cls)
         self.scratch = tempfile.mkdtemp(prefix="speclimits-ray-")
         for slot in self.slots:
