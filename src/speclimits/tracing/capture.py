@@ -39,14 +39,11 @@ class RoutingCapture:
         self.plan: Any = None  # planted routing (:meth:`plant`)
 
     def plant(self, ids: Any) -> None:
-        """Make forwards of ``num_tokens`` tokens route by ``ids`` ([n_layers, num_tokens, top_k]; None: the
-        router's own): each callback overwrites ``topk_ids`` in place before the MoE kernel reads them (the
-        weights stay the router's: only the pass's cost is meaningful). CPU only."""
+        """Make forwards of ``num_tokens`` tokens route by ``ids`` ([n_layers, num_tokens, top_k]): each callback
+        overwrites ``topk_ids`` in place before the MoE kernel reads them (the weights stay the router's: only
+        the pass's cost is meaningful). CPU only."""
         import torch
 
-        if ids is None:
-            self.plan = None
-            return
         ids = torch.as_tensor(ids)
         if ids.ndim != 3 or ids.shape[0] != self.n_layers or ids.shape[2] != self.top_k:
             raise ValueError(f"planted routing must have shape [{self.n_layers}, num_tokens, {self.top_k}], "
