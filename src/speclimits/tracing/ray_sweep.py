@@ -56,7 +56,7 @@ def require_ray() -> Any:
 @dataclass(frozen=True)
 class Job:
     """One unit of distributed work: the generations ``gids`` of ``prompts`` (indices) at one K, in batches
-    of ``sizes`` (of batch size ``b``). ``name``: the shard's part name (:func:`job_name`). An Oracle job
+    of ``sizes`` (of batch size ``b``; empty in a batch-1 sweep: batches of one). ``name``: the shard's part name (:func:`job_name`). An Oracle job
     has its sequence indices as ``prompts`` and ``gids``, K = k_max, and is named ``{first index:05d}``."""
 
     k_index: int
@@ -70,7 +70,7 @@ class Job:
 
     def batches(self) -> list[Batch]:
         out, start = [], 0
-        for n in self.sizes:
+        for n in self.sizes or (1,) * len(self.prompts):
             out.append(Batch(self.b_index, self.b, self.k_index, self.K, self.prompts[start: start + n],
                              self.gids[start: start + n]))
             start += n
@@ -104,9 +104,10 @@ def plan_jobs(plan: SweepPlan, shard_size: int) -> list[Job]:
                 group = mine[start: start + per_job]
                 prompts = tuple(pi for bt in group for pi in bt.prompts)
                 gids = tuple(g for bt in group for g in bt.gids)
-                name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings,
-                                b=b if plan.batch_sweep else None)
-                jobs.append(Job(ki, K, prompts, gids, name, b=b, b_index=bi, sizes=tuple(len(bt.gids) for bt in group)))
+                b_sweep = b if plan.batch_sweep else None
+                name = job_name(K, gids, [plan.prompts[pi].id for pi in prompts], plan.settings, b=b_sweep)
+                jobs.append(Job(ki, K, prompts, gids, name, b=b, b_index=bi,
+                                sizes=tuple(len(bt.gids) for bt in group) if b_sweep else ()))
     return jobs
 
 
