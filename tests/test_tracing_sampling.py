@@ -101,14 +101,10 @@ def _sampled_copy(smoke_trace, tmp_path, accept_prob=True, temperature=0.7):
     meta["sampling"] = Sampling(temperature, 1.0, 0).record()
     (out / "meta.json").write_text(json.dumps(meta))
     if accept_prob:
-        df = _read_oracle(out)
+        df = pd.read_parquet(out / "oracle.parquet")
         df["accept_prob"] = [np.asarray(m, dtype=float) * 0.9 for m in df["match_prob"]]
         _write_oracle(out, df)
     return out
-
-
-def _read_oracle(root):
-    return pd.read_parquet(root / "oracle.parquet")
 
 
 def _write_oracle(root, df):
@@ -132,7 +128,7 @@ def test_validate_reads_the_sampling_record_and_accept_prob(smoke_trace, tmp_pat
     greedy = _sampled_copy(smoke_trace, tmp_path / "greedy", temperature=0.0)
     assert any(c == "accept_prob" and "greedy trace" in m for c, m in _problems(greedy))
     # values in [0, 1], lists of K_max
-    df = _read_oracle(good)
+    df = pd.read_parquet(good / "oracle.parquet")
     values = [np.array(a, dtype=float) for a in df["accept_prob"]]
     values[3][1] = 1.5
     _write_oracle(good, df.assign(accept_prob=values))
