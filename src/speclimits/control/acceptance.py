@@ -1,29 +1,20 @@
 """The acceptance model: P(draft at position j matches | the drafts before it matched), from what the engine
 knows when it decides (issue 57, deliverable 2).
 
-A logistic regression (scikit-learn; a few coefficients, evaluated in µs per draft step:
-:class:`~speclimits.control.rules.AcceptanceModel`) on features of a greedy round from a state of
-``oracle.parquet``, at draft step j (1-based) with top-1 probability ``draft_conf[j]``:
+A logistic regression (scikit-learn; evaluated in µs per draft step: :class:`~speclimits.control.rules.AcceptanceModel`)
+on features of a greedy round from a state of ``oracle.parquet``, at draft step j (1-based):
 
 - ``conf``, ``logit_conf``: the draft's top-1 probability and its log-odds;
 - ``position``: j; ``log_prod_before``: the log of the product of the top-1 probabilities of steps 1..j-1;
-- ``history``: of the draft steps the request's last 3 rounds *it has seen* reached (each round's steps up to its
-  first mismatch), the share that matched, along the K_max greedy walk of its reference (rounds of K_max drafts
-  from position 0; the round that ended at this state is not seen yet: the engine observes each round one round
-  late, :meth:`~speclimits.control.driver.RoundDriver.verified`). The engine computes it from the rule's own
-  rounds (:meth:`~speclimits.control.rules.DeltaRule.engine_history`), cut at their k: a share, unlike a mean
-  accepted length, is nearly unchanged by the cut;
-- ``u_bar_prev``: Ū of the last seen round's pass (its K_max + 1 rows; the tracer's, the engine counts no experts);
-- ``log_context``: the log of the context length.
+- ``history``: of the draft steps the request's last 3 rounds *it has seen* reached, the share that matched,
+  along the K_max greedy walk of its reference (the engine observes each round one round late); the engine
+  computes it from the rule's own rounds, cut at their k (:meth:`~speclimits.control.rules.DeltaRule.engine_history`);
+- ``u_bar_prev``: Ū of the last seen round's pass (the engine counts no experts); ``log_context``: log context length.
 
-The model the engine reads (``speclimits control fit``) chooses among :data:`ENGINE_FEATURES` only (the last two
-are for the study: on the twin's trace ``u_bar_prev`` lowered the held-out log loss by 0.0004 nats per step).
-
-Label: step j matched (``accept_len >= j``), on the steps a round reached (``accept_len >= j - 1``, a reference
-token left: :func:`~speclimits.oracle.calibration.reached_steps`), as :func:`~speclimits.control.fit.fit_calibration`
-fits the confidence-only map. **What the traces lack** of the issue's features: the draft's entropy and its
-top-1/top-2 margin, and the target's top-1 probability at the last verified position; the tracer records none of
-them (only the draft's top-1 probability per step), so the model cannot use them.
+The engine's model chooses among :data:`ENGINE_FEATURES` only (the last two are for the study: on the twin's
+trace ``u_bar_prev`` lowered the held-out log loss by 0.0004 nats per step). Label: step j matched, on the steps
+a round reached (:func:`~speclimits.oracle.calibration.reached_steps`), as ``fit_calibration`` fits. The traces
+lack the draft's entropy, its top-1/top-2 margin and the target's top-1 probability: the model cannot use them.
 """
 
 from __future__ import annotations
@@ -121,16 +112,14 @@ def grouped_folds(frame: pd.DataFrame, n_splits: int = 5) -> list[tuple[np.ndarr
 
 def fit_acceptance(frame: pd.DataFrame, k_max: int, candidates: Any = ENGINE_FEATURES, n_splits: int = 5,
                    min_gain: float = 1e-4) -> AcceptanceModel:
-    """Forward selection by held-out log loss, then the model refitted on every row of ``frame``.
+    """Forward selection by held-out log loss over :func:`grouped_folds`, then the model refitted on every row.
 
-    Folds: :func:`grouped_folds` (a generation is never split). From the intercept alone, each step adds the
-    candidate whose model has the least held-out log loss over the folds (each fold's mean weighted by its rows);
-    a feature is kept only if it lowers that loss by more than ``min_gain`` (nats per draft step) **and** by more
-    than the standard error of its per-fold gains (the folds paired): a gain the folds do not agree on is noise.
-    (On the twin's trace the second rule dropped ``position``, 0.0011 ± 0.0012 nats, which lowered the rule's
-    replayed share of the Oracle's gain.) ``k_max``: the walk of the ``history`` feature (the policy's K_max).
-    ``candidates``: by default the features the engine computes
-    (:data:`~speclimits.control.rules.ENGINE_FEATURES`). ``selection`` records the steps kept.
+    From the intercept alone, each step adds the candidate with the least held-out log loss (folds weighted by
+    rows); it is kept only if it lowers the loss by more than ``min_gain`` (nats per draft step) **and** by more
+    than the standard error of its paired per-fold gains (on the twin's trace the second rule dropped
+    ``position``, 0.0011 ± 0.0012 nats, which lowered the rule's replayed share of the Oracle's gain).
+    ``k_max``: the policy's K_max (the ``history`` walk); ``candidates``: by default
+    :data:`~speclimits.control.rules.ENGINE_FEATURES`.
     """
     folds = grouped_folds(frame, n_splits)
     y, weights = frame["matched"].to_numpy(dtype=int), np.array([len(te) for _, te in folds]) / len(frame)
@@ -165,13 +154,9 @@ def metrics(matched: Any, p: Any) -> dict[str, float]:
 
 def compare_acceptance(fit: PolicyFit, train: OracleInputs, test: OracleInputs, n_bins: int = 10
                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The confidence-only calibration (``fit.calibration``) and the acceptance model (``fit.acceptance``, else
-    fitted here on ``train``) on the held-out references ``test``.
-
-    Returns ``(scores, reliability)``: ``scores`` one row per model (``model``, ``features``, ``auc``,
-    ``log_loss``, ``brier``, ``n``); ``reliability`` per model, ``position`` and bin of the predicted probability
-    (``n_bins`` equal widths on [0, 1]): ``mean_predicted``, ``observed`` (the share matched), ``n``.
-    """
+    """The confidence-only calibration and the acceptance model (the fit's, else fitted on ``train``) on ``test``:
+    ``(scores, reliability)``, scores per model (``model``, ``features``, :func:`metrics`), reliability per model,
+    ``position`` and bin of the prediction (``n_bins`` on [0, 1]): ``mean_predicted``, ``observed``, ``n``."""
     model = fit.acceptance or fit_acceptance(acceptance_frame(train, fit.k_max), fit.k_max)
     frame = acceptance_frame(test, fit.k_max)
     preds = {"confidence only (isotonic)": np.interp(frame["conf"], fit.calibration.x, fit.calibration.y),

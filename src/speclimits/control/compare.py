@@ -1,5 +1,5 @@
-"""Section 6's comparison: the policies fitted on a seeded half of the references (:mod:`.fit`) and evaluated on
-the other half by the offline harness (:mod:`.offline`), beside the Oracle; apart, so neither imports the other."""
+"""Section 6's comparison: policies fitted on a seeded half of the references (:mod:`.fit`), evaluated on the other
+half (:mod:`.offline`) beside the Oracle."""
 
 from __future__ import annotations
 
@@ -22,14 +22,10 @@ from speclimits.oracle.report import ORACLE_POLICY
 
 @dataclass(frozen=True)
 class PolicyComparison:
-    """Policies fitted on a seeded half of the references and evaluated on the other half, against the Oracle.
-
-    ``table``: ``policy`` (the label), ``name`` (its key; empty for the Oracle), ``kind`` (``static``,
-    ``online`` or ``oracle``), ``detail``, ``evaluation`` (exact / rollouts / replay), ``time_ms`` (expected,
-    over the held-out sequences), ``time_se`` (Monte Carlo s.e.; 0 when exact), ``tokens_per_round``,
-    ``speedup`` (vs autoregressive; NaN without m = 1), ``vs_best_static`` and ``gain_captured`` ((T_static -
-    T) / (T_static - T_oracle), against the best static K in hindsight).
-    """
+    """Section 6's table: ``policy`` (label), ``name`` (key; empty for the Oracle), ``kind``, ``detail``,
+    ``evaluation`` (exact / rollouts / replay), ``time_ms`` (expected, held-out), ``time_se`` (Monte Carlo),
+    ``tokens_per_round``, ``speedup`` (vs autoregressive; NaN without m = 1), ``vs_best_static`` and
+    ``gain_captured`` ((T_static - T) / (T_static - T_oracle), best static K in hindsight)."""
 
     table: pd.DataFrame
     fit: PolicyFit = field(repr=False)
@@ -41,16 +37,11 @@ class PolicyComparison:
 def compare_policies(setup: OracleSetup, fit: PolicyFit | None = None, names: Sequence[str] | None = None,
                      k_max: int | None = None, test_share: float = 0.5, seed: int = 0, n_rollouts: int = 64,
                      progress: bool = False) -> PolicyComparison:
-    """Fit the policies on a seeded half of the references, then evaluate them on the other half.
-
-    ``setup``: the Oracle setup of **one** reference kind (:meth:`OracleSetup.for_kind`), whose surrogate the
-    held-out half is evaluated under. ``fit``: by default :func:`~speclimits.control.fit.fit_policy` on
-    ``setup`` with ``k_max``, ``test_share`` and ``seed``, as section 8 fits (the same number for the same
-    policy in both sections); given, its split and K_max are used. ``names``: keys of :meth:`PolicyFit.make`,
-    by default every static K and :data:`~speclimits.arms.OFFLINE_POLICY_NAMES`; the threshold is also
-    evaluated by rollouts (a check of the rollout harness against the exact evaluation). ``n_rollouts``,
-    ``seed``: the rollouts of the rules with memory (common random numbers).
-    """
+    """Fit the policies on a seeded half of the references of ``setup`` (**one** reference kind), evaluate them
+    on the other half under its surrogate. ``fit``: default :func:`~speclimits.control.fit.fit_policy` as
+    section 8 fits (the same number in both sections). ``names``: default every static K and
+    :data:`~speclimits.arms.OFFLINE_POLICY_NAMES`; the threshold is also evaluated by rollouts (a check of the
+    rollout harness). ``n_rollouts``, ``seed``: the rollouts of the rules with memory (common random numbers)."""
     if fit is None:
         fit = fit_policy(setup, k_max=setup.inputs.k_list if k_max is None else int(k_max), test_share=test_share,
                          seed=seed)

@@ -1,18 +1,12 @@
 """Where the Oracle's gain goes: the gap between the exact Oracle and the engine, rung by rung (issue 57).
 
-:func:`gap_decomposition` sets, on the same held-out references and with the same harness as
-:func:`~speclimits.control.offline.offline_table`, each rung of knowledge beside the best static K in hindsight:
-the exact Oracle (it knows which drafts match), the surrogate Oracle (each position's match probability,
-planned across rounds), the best rule of the class the engine runs fed the *true* per-position match
-probabilities (its one parameter λ chosen in hindsight on these references), that rule at the fitted λ, the
-same rule reading the acceptance model's probabilities (:mod:`speclimits.control.acceptance`, fitted on the
-train references), reading the draft's calibrated confidence (what the engine runs), and the engine itself (a
-committed ``speclimits control bench`` result). The rule is the one implementation of
-:mod:`speclimits.control.rules`, driven by :class:`~speclimits.control.driver.RoundDriver`: the true (or the
-model's) probabilities reach it as the recorded ``draft_conf`` of the inputs it is bound to, with its calibration
-map off (the ``:raw-confidence`` variant), so no second copy of the rule is written. The acceptance model's
-rung is the rule's ``:acceptance`` variant, which computes the model's features itself from what the engine
-knows (its request ``history`` from its own rounds, as in the engine).
+:func:`gap_decomposition` sets each rung of knowledge beside the best static K in hindsight, on the held-out
+references of :func:`~speclimits.control.offline.offline_table`: the exact Oracle, the surrogate Oracle, the
+engine's rule fed the *true* match probabilities (λ in hindsight, then as fitted), the rule reading the
+acceptance model, reading the calibrated confidence (what the engine runs), and the engine (a ``speclimits
+control bench`` result). The rule is the one of :mod:`speclimits.control.rules`: the true probabilities reach
+it as the inputs' ``draft_conf`` with calibration off (``:raw-confidence``), the acceptance model through its
+``:acceptance`` variant, so no second copy of the rule is written.
 """
 
 from __future__ import annotations
@@ -59,10 +53,9 @@ def _truth(inputs: OracleInputs, sur: OracleInputs) -> OracleInputs:
 
 def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: OracleInputs, rule: str,
                   lambdas: np.ndarray, n_rollouts: int, seed: int, acc_model: AcceptanceModel) -> dict[str, Any]:
-    """Per world (replay / surrogate) the per-sequence times (S,) of the exact and surrogate Oracles, the best
-    static K, the true-probability rule at every λ, the rule reading the acceptance model (``"acceptance"``) and
-    the calibrated rule; the surrogate Oracle's exact Oracle is the mean of the hindsight Oracle over
-    ``n_rollouts`` seeded draws of the match lengths (the draws the rules with memory are rolled out on)."""
+    """Per world the per-sequence times (S,) of the Oracles, static K, the true-probability rule at every λ, the
+    acceptance-model rule and the calibrated rule; the surrogate world's exact Oracle is the mean hindsight
+    Oracle over ``n_rollouts`` seeded draws (the draws rules with memory are rolled out on)."""
     k_max, model, det = fit.k_max, fit.cost_model, setup.deterministic
     static = [f"static:{k}" for k in range(1, k_max + 1)]
     truth_name = rule + ":raw-confidence"
@@ -120,53 +113,27 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
                       acceptance: AcceptanceModel | None = None) -> pd.DataFrame:
     """The gap between the exact Oracle and the engine, one row per rung, on held-out greedy references.
 
-    Parameters
-    ----------
-    fit, setup : the policy fit and the greedy Oracle setup of its trace (``greedy_setup(trace, fit.cost_model)``).
-    seq_ids : the references (default ``fit.test_seq_ids``, the split of
-        :func:`~speclimits.control.offline.offline_table`); at batch > 1 the benchmark's own blocks are used.
-    rule : a Delta rule's key (``delta-fixed``: λ fixed; ``delta``: running λ), the arm the engine ran.
-    bench : a ``speclimits control bench`` result (the parsed JSON) for the engine's row; its batch size sets the
-        table's. Batch 1 without it: the engine's row is left empty.
-    n_states : truncate each reference to its first ``n_states`` states (batch > 1: the benchmark's tokens).
-    lambda_grid : the λ (ms per token) searched for the best causal rule (default: the fit's λ and
-        :data:`~speclimits.control.fit.LAMBDA_GRID` times the fit's train Oracle time per token).
-    n_rollouts, seed : Monte Carlo draws of the match lengths under the surrogate, for the exact Oracle's
-        expectation there (and for a rule with memory); ``n_boot``: bootstrap replicates over references.
-    acceptance : the acceptance model of its rung (default the fit's; a policy written before it: fitted here on
-        the fit's train references, :func:`~speclimits.control.acceptance.fit_acceptance`).
+    ``setup``: the greedy Oracle setup of the fit's trace. ``seq_ids``: default ``fit.test_seq_ids`` (at batch > 1
+    the benchmark's blocks). ``rule``: the Delta rule's key the engine ran. ``bench``: a ``speclimits control
+    bench`` result for the engine's row; its batch sets the table's (none: batch 1, no engine row). ``n_states``:
+    truncate each reference. ``lambda_grid``: the λ searched for the best causal rule (default the fit's λ and
+    :data:`~speclimits.control.fit.LAMBDA_GRID` times ``lambda_oracle``). ``n_rollouts``, ``seed``: Monte Carlo
+    draws of the match lengths under the surrogate; ``n_boot``: bootstrap replicates over references.
+    ``acceptance``: default the fit's, else fitted here on its train references.
 
-    **The class of the best causal rule**: the rule (:class:`~speclimits.control.rules.DeltaRule`) fed each drafted
-    position's true match probability p_j (the surrogate's ``match_prob``) in place of the calibrated confidence,
-    stopping after j draft steps when ``Ĉ(k) - Ĉ(j) >= λ·P_j·(p_j + p_j² + ... + p_j^(k-j))`` for every k > j
-    (look-ahead stop; ``P_j`` the product p_1..p_j, ``Ĉ`` the cost model's round price at the mean Ū per m),
-    over its one parameter λ (the value of a token in ms), chosen in hindsight on these references, per world.
+    The best causal rule is the look-ahead Delta rule fed each position's true match probability, over its one
+    parameter λ chosen in hindsight per world. **Worlds**: ``replay`` (the recorded greedy outcomes, priced by
+    the cost model) and ``surrogate`` (expected time when match lengths follow the surrogate; the exact Oracle
+    there is the mean hindsight bound over ``n_rollouts`` draws, s.e. in ``ms_per_token_surrogate_se``). At
+    batch > 1 the rules are batch-replayed with the run's profiled costs
+    (:func:`~speclimits.control.offline.batch_replay`; no surrogate world) and the Oracles are per request.
 
-    **Worlds.** ``replay``: the recorded greedy outcomes, priced by the cost model (the exact Oracle's own
-    world); the surrogate Oracle's and the rules' actions are replayed on them. ``surrogate``: expected time
-    when the match lengths follow the surrogate's probabilities; there the exact Oracle is the expected hindsight
-    bound (mean over ``n_rollouts`` draws, Monte Carlo s.e. in ``ms_per_token_surrogate_se``). At batch > 1
-    the rules are replayed as the engine batches the references
-    (:func:`~speclimits.control.offline.batch_replay`, each step priced by its shape with the run's profiled
-    costs, the fit priced with them as in the engine) and have no surrogate world; the Oracles there are
-    per request (the benchmark's ``oracle`` bound: the per-request Oracle priced with the profiled costs).
-
-    Returns
-    -------
-    DataFrame, one row per rung (:data:`RUNGS`, in that order): ``rung`` (1..7), ``name``, ``knows``,
-    ``loss`` (what is lost from the rung above: information, planning horizon, tuning of λ, prediction by the
-    acceptance model, the features beyond the confidence, engine overhead), ``batch``, ``lambda_replay`` /
-    ``lambda_surrogate`` (the rule's λ in ms per token, NaN for the Oracles and the engine), and per world W in
-    ``replay``, ``surrogate``: ``ms_per_token_W``,
-    ``speed_W`` (the best static K's time over the rung's, in that world) with ``speed_W_lo`` / ``_hi``,
-    ``share_W`` (of the exact Oracle's gain over the best static K, :func:`~speclimits.control.offline.gain_share`;
-    1 for the exact Oracle) with ``share_W_lo`` / ``_hi`` (95% bootstrap over references, the draws of
-    ``offline_table``), ``share_lost_W`` (the rung above's share less this one's); ``ms_per_token_surrogate_se``;
-    ``best_static_k_W``; ``references`` (what the rung is evaluated on). The engine's row: ``ms_per_token_replay``
-    is the measured pooled ms per token (wall clock), ``speed_replay`` the paired ratio to the best stock static
-    K (``vs_best_stock``, interval over blocks), its share ``(1 - 1/r) / (1 - 1/G)`` with G the exact Oracle's
-    gain of this table (the interval mapped through the same formula). ``attrs``: the world shown first
-    (``shown``), the references, the surrogate, the Oracle's gains.
+    Returns one row per rung (:data:`RUNGS`): ``rung``, ``name``, ``knows``, ``loss``, ``batch``,
+    ``lambda_W``, and per world W ``ms_per_token_W``, ``speed_W`` (best static K's time over the rung's),
+    ``share_W`` (of the exact Oracle's gain, :func:`~speclimits.control.offline.gain_share`), their 95%
+    bootstrap ``_lo`` / ``_hi``, ``share_lost_W``, ``best_static_k_W``, ``references``. The engine's row: the
+    measured pooled ms/token, ``vs_best_stock`` as speed, share ``(1 - 1/r) / (1 - 1/G)`` (G the exact Oracle's
+    gain on its references). ``attrs``: the world shown, references, surrogate, Oracle gains, acceptance model.
     """
     base, mods = parse_policy_name(rule) or (None, ())
     if base not in ("delta", "delta-fixed") or "raw-confidence" in mods or "acceptance" in mods:

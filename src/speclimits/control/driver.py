@@ -1,8 +1,5 @@
-"""The policy's side of the engine's rounds: :class:`RoundDriver`, free of vLLM.
-
-The worker extension (:mod:`speclimits.control.extension`) drives it from vLLM's hooks; the offline
-harness (:mod:`speclimits.control.offline`) drives it with recorded confidences and outcomes. One
-decision path for both: the rules' engine form (:mod:`speclimits.control.rules`).
+"""The policy's side of the engine's rounds: :class:`RoundDriver`, free of vLLM, driven by the worker extension
+from vLLM's hooks and by the offline harness from recorded confidences: one decision path for both.
 """
 
 from __future__ import annotations
@@ -15,8 +12,8 @@ from speclimits.control.rules import P_EPS, Policy
 
 
 class EngineRound:
-    """One drafting round of the batch: request ids, caps, round contexts, kept k (-1: still drafting),
-    running confidence products, drafted confidences (where a batch-level keep reads them), steps drafted."""
+    """One drafting round of the batch: request ids, caps, contexts, kept k (-1: still drafting), running
+    confidence products, drafted confidences (for a batch-level keep), steps drafted."""
 
     __slots__ = ("rids", "cap", "cap_max", "ctx", "keep", "prod", "confs", "live", "j", "k_call", "tokens", "early",
                  "prods", "hist", "log_before", "pols", "skip")
@@ -42,15 +39,14 @@ class EngineRound:
 
 
 class RoundDriver:
-    """The policy's side of the engine's rounds, one request at a time in Python scalars: per-request memory
-    by request id, :meth:`begin` before drafting (caps and round contexts), :meth:`step` after each draft
-    step, :meth:`finish` when the drafter stopped (kept k), :meth:`verified` after verification (one round
-    late, as in the engine).
+    """The policy's side of the engine's rounds, in Python scalars: per-request memory by request id,
+    :meth:`begin` before drafting, :meth:`step` after each draft step, :meth:`finish` when the drafter stopped
+    (kept k), :meth:`verified` after verification (one round late, as in the engine).
 
-    A mixed batch (:mod:`speclimits.control.policyset`): ``parts``, one policy per fit (the same rule, each set
-    up from its own fit; ``parts[0]`` is ``policy``), and ``part_of``, a request id -> its part's index, asked
-    once per request. Each request's plan, confidences, stops and memory are then its part's; what the batch
-    shares (one decision for the batch, the pooled plan, the price scale) is ``policy``'s."""
+    A mixed batch (:mod:`speclimits.control.policyset`): ``parts``, one policy per fit (``parts[0]`` is
+    ``policy``), and ``part_of``, request id -> part index, asked once per request. Each request's plan,
+    confidences, stops and memory are its part's; what the batch shares (batch decision, pooled plan, price
+    scale) is ``policy``'s."""
 
     def __init__(self, policy: Policy, parts: list[Policy] | None = None, part_of: Any = None) -> None:
         self.policy = policy
@@ -223,12 +219,10 @@ class RoundDriver:
 
     def verified(self, rids: list[Any], ks: list[int], costs: list[float], n_before: list[int],
                  u_bars: list[float] | None = None) -> None:
-        """The engine's observation timing. This round request ``rids[i]`` verified ``ks[i]`` drafts, paying
-        ``costs[i]`` ms, with ``n_before[i]`` output tokens before it. The policy is handed each request's
-        *previous* round (its tokens: ``n_before[i]`` less the count then) and this one waits: the tokens a
-        round emits reach the host after the next round's drafting (:mod:`speclimits.control.extension`),
-        so a rule deciding round r + 1 has seen rounds 1..r - 1, offline as in the engine. ``u_bars``: each
-        pass's Ū (offline only: the engine counts no experts)."""
+        """The engine's observation timing: request ``rids[i]`` verified ``ks[i]`` drafts for ``costs[i]`` ms, with
+        ``n_before[i]`` output tokens before. The policy is handed each request's *previous* round (its tokens
+        ``n_before[i]`` less the count then) and this one waits, as the emitted tokens reach the host after the
+        next round's drafting: a rule deciding round r + 1 has seen rounds 1..r - 1. ``u_bars``: Ū (offline)."""
         if not self.observes:
             return
         pend = self.pending
@@ -290,11 +284,9 @@ class LoggingDriver(RoundDriver):
 
 
 def replay(policy: Policy, log: list[list[Any]]) -> list[dict[str, Any]]:
-    """Decide again, with a fresh :class:`RoundDriver` of ``policy``, from a :class:`LoggingDriver`'s
-    :attr:`~LoggingDriver.log` (the engine's inputs in the engine's order, its observation timing included).
-    Per round: ``k`` and ``steps``, the k kept and the draft steps run as recorded, and ``k_now`` and
-    ``steps_now``, what the fresh driver keeps and after which step it stops drafting (-1: it would have drafted
-    on past the recorded steps). Equal when the offline driver decides as the engine's did."""
+    """Decide again with a fresh :class:`RoundDriver` of ``policy`` from a :class:`LoggingDriver`'s log. Per round:
+    ``k`` and ``steps`` as recorded, ``k_now`` and ``steps_now`` as decided again (-1: it would have drafted on
+    past the recorded steps); equal when the offline driver decides as the engine's did."""
     driver, rnd, out, steps, stop = RoundDriver(policy), None, [], 0, None
     for ev in log:
         kind = ev[0]
@@ -318,9 +310,8 @@ def replay(policy: Policy, log: list[list[Any]]) -> list[dict[str, Any]]:
 
 
 class RoundRecords:
-    """What the engine's rounds leave for :meth:`drain`: each round's kept k per request, its caps, the
-    steps drafted and whether it ended early; the time spent in the controller's hooks (outside vLLM's
-    own calls) per hook, the token choice's apart (it runs inside vLLM's draft step)."""
+    """What the engine's rounds leave for :meth:`drain`: each round's kept k, caps, steps drafted and early end;
+    the time in the controller's hooks per hook, the token choice's apart (it runs inside vLLM's draft step)."""
 
     def __init__(self) -> None:
         self.records: list[tuple[list[int], list[int], int, bool, list[str]]] = []
@@ -341,11 +332,9 @@ class RoundRecords:
         self.records.append((keep, rnd.cap, rnd.j, rnd.early, rnd.rids))  # made dicts when drained
 
     def drain(self) -> dict[str, Any]:
-        """``rounds`` (``{"k", "cap", "drafted", "early", "n_batch"}`` per drafting round, ``k`` and ``cap``
-        per request), ``requests`` (per request id, the k it kept in each of its rounds), ``decide_us`` (µs in
-        the controller, the token choice included), ``n_rounds``, ``early_exits``, ``hook_us`` (µs per
-        hook, the token choice's under ``token_choice``) and ``plain_samples`` (steps sampled without a draft
-        to verify) since the last drain; and forget them."""
+        """Since the last drain, and forget them: ``rounds`` (``k``, ``cap``, ``drafted``, ``early``, ``n_batch``),
+        ``requests`` (per request id its kept k per round), ``decide_us`` (µs in the controller, token choice
+        included), ``n_rounds``, ``early_exits``, ``hook_us`` (per hook) and ``plain_samples``."""
         hook_s = dict(self.hook_s)
         if self.choice_s:
             hook_s["token_choice"] = self.choice_s

@@ -8,32 +8,29 @@ trace's ``n_draft`` is then the k chosen per round); arm it with
 What it wraps (instance attributes, removed by ``speclimits_control_uninstall``; vLLM 0.32.0, CPU, V1 runner):
 
 ``runner.execute_model``            start of a step (round timer)
-``runner.propose_draft_token_ids``  before drafting: the round that just ended is timed (price refresh), the
-                                    previous round's outcome goes to the rule, ``engine_plan`` caps k; when
-                                    every request of a rule that skips the drafter (``throughput:zero-k``)
-                                    planned k = 0 in decode, it returns without calling vLLM's drafting at all
-                                    (no input preparation, no draft step: that round is a plain step)
+``runner.propose_draft_token_ids``  before drafting: times the round that ended (price refresh), hands the
+                                    previous round's outcome to the rule, ``engine_plan`` caps k; a rule that
+                                    skips the drafter (``throughput:zero-k``) with k = 0 for every decoding
+                                    request returns without vLLM's drafting (a plain step)
 ``drafter.model.compute_logits``    keeps each draft step's logits
 ``drafter.model.logits_processor``  keeps an EAGLE-3 head's own logits (a draft vocabulary: the cheaper input)
 ``drafter._greedy_sample``          the rules that read confidences: the token choice (``top1op.TokenChoice``)
 ``drafter._sample_draft_tokens``    after each draft step: top-1 per request -> ``engine_more``; once every
                                     request has stopped, a private exception ends the drafter's loop
-``drafter.propose``                 catches it and returns the steps drafted; for a rule that plans before
-                                    drafting it passes the longest cap as ``num_speculative_tokens``, so the
-                                    loop ends by itself (static K = 2 at batch 1: 0.986x stock with the
-                                    early exit, as fast as stock this way)
+``drafter.propose``                 catches it; for a plan-only rule passes the longest cap as
+                                    ``num_speculative_tokens`` so the loop ends by itself (static K = 2 at
+                                    batch 1: 0.986x stock with the early exit, as fast as stock this way)
 ``runner.take_draft_token_ids``     per-request truncation to the kept k (ragged k in a batch)
-``runner._sample``                  a step in which no request verifies a draft (every request kept k = 0, or
-                                    prompt chunks) samples through vLLM's plain sampler instead of its
-                                    rejection sampler (see :meth:`ControlWorkerExtension._sl_sample`)
+``runner._sample``                  a step with no draft to verify samples through vLLM's plain sampler
+                                    (:meth:`ControlWorkerExtension._sl_sample`)
 
-The rules with memory see each round's outcome one round late: the tokens a round emitted reach the host
-after this step's drafting, so the controller reads them (the growth of ``output_token_ids``) at the next
-step instead of copying the sampled tensor a second time (10 µs at any batch size here).
+Rules with memory see each round's outcome one round late: the emitted tokens reach the host after this step's
+drafting, so the controller reads the growth of ``output_token_ids`` at the next step (no second copy of the
+sampled tensor: 10 µs at any batch size here).
 
-K_max is ``num_speculative_tokens`` as the runner hands it to ``propose``; greedy drafting only. Refused with
-a clear error: asynchronous scheduling (placeholders are scheduled before drafting, so a shorter draft would
-not shrink the pass), a runner other than V1, a drafter without the hooks (ngram, parallel drafting,
+K_max is ``num_speculative_tokens`` as the runner hands it to ``propose``; greedy drafting only. Refused with a
+clear error: asynchronous scheduling (placeholders are scheduled before drafting, so a shorter draft would not
+shrink the pass), a runner other than V1, a drafter without the hooks (ngram, parallel drafting,
 ``use_local_argmax_reduction``), probabilistic draft sampling. Untested on GPU.
 """
 
@@ -116,9 +113,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
     ``speclimits_records`` (:class:`~speclimits.control.driver.RoundRecords`, what a drain returns)."""
 
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The tracer's install; then, when :data:`ENV_POLICY` names a policy JSON and the engine
-        speculates, arm policy :data:`ENV_NAME` (default ``delta``): ``speclimits trace --engine-arg
-        worker_extension_cls=...ControlWorkerExtension`` then traces a controlled run."""
+        """The tracer's install; then, when :data:`ENV_POLICY` is set and the engine speculates, arm the policy
+        (so ``speclimits trace`` with this extension traces a controlled run)."""
         if getattr(self, "_sl_installed", False):  # control wraps the tracer's wrappers: unwrap in reverse order
             self.speclimits_control_uninstall()
         info = super().speclimits_install(options)
@@ -128,9 +124,8 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return info
 
     def speclimits_control_arm(self) -> dict[str, Any]:
-        """Arm the policy named by the environment (:data:`ENV_POLICY`, :data:`ENV_NAME`,
-        :data:`ENV_PROFILE`) without the tracer: in ``vllm serve`` the plugin calls it once the worker has
-        warmed up (:mod:`speclimits.control.plugin`); it can also be called through ``/collective_rpc``."""
+        """Arm the policy named by the environment (:data:`ENV_POLICY`, :data:`ENV_NAME`, :data:`ENV_PROFILE`):
+        the ``vllm serve`` plugin calls it after warm-up (:mod:`speclimits.control.plugin`), or ``/collective_rpc``."""
         path = os.environ.get(ENV_POLICY)
         if not path:
             raise SpeclimitsError(f"speclimits control: set {ENV_POLICY} to a policy JSON "
@@ -141,14 +136,10 @@ class ControlWorkerExtension(TracingWorkerExtension):
     def speclimits_control_set(self, policy: dict[str, Any], name: str, profile_rounds: int = 0,
                                record_inputs: bool = False) -> dict[str, Any]:
         """Install (or switch to) policy ``name`` of the policy JSON dict ``policy`` (a fit, or a set of fits by
-        temperature: each request is decided by the fit nearest its temperature,
-        :mod:`speclimits.control.policyset`); resets memory and records.
-
-        ``profile_rounds > 0`` and no profile yet: the first ``profile_rounds`` drafting rounds run
-        :class:`~speclimits.control.profile.ProfileCycle`, then the costs are fitted and ``name`` applies; the
-        profile and the refreshed price scale are kept across policy switches. ``record_inputs``: the driver
-        is a :class:`~speclimits.control.driver.LoggingDriver` (drained as ``inputs``, for
-        :func:`~speclimits.control.driver.replay`)."""
+        temperature, :mod:`speclimits.control.policyset`); resets memory and records. ``profile_rounds > 0`` and
+        no profile yet: the first rounds run :class:`~speclimits.control.profile.ProfileCycle`, then the costs
+        are fitted (kept across switches, with the price scale). ``record_inputs``: a
+        :class:`~speclimits.control.driver.LoggingDriver` (drained as ``inputs``, for ``driver.replay``)."""
         fit = policy_from_dict(policy)
         reads_confidence = check_policy(fit, name)
         if record_inputs and isinstance(fit, PolicySet):
@@ -288,14 +279,11 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return wrapped
 
     def _sl_sample(self, orig: Any) -> Any:
-        """vLLM's ``_sample(logits, spec_decode_metadata)``. A speculative engine builds the metadata of a
-        verification every step, also when no request of the step carries a draft (``max_spec_len`` 0: every
-        request kept k = 0, or prompt chunks), and then samples through its rejection sampler, which samples
-        the one token per request with the plain sampler and goes on to draw recovered tokens over the whole
-        vocabulary for drafts that are not there (at temperature 0.7 on the twin, 0.7 ms of a 17 ms token at
-        batch 1). Such a step is handed to the plain sampler, as a plain engine samples it: the same token
-        distribution, logprobs and output shape (one token per request); a seeded request then draws from its
-        generator exactly as in plain decoding."""
+        """vLLM's ``_sample(logits, spec_decode_metadata)``. A step whose metadata has ``max_spec_len`` 0 (every
+        request kept k = 0, or prompt chunks) would go through the rejection sampler, which draws recovered tokens
+        over the whole vocabulary for drafts that are not there (0.7 ms of a 17 ms token at T = 0.7 on the twin);
+        it is handed to the plain sampler, as a plain engine samples it (same distribution, logprobs and shape; a
+        seeded request draws from its generator exactly as in plain decoding)."""
         def wrapped(logits: Any, spec_decode_metadata: Any, *args: Any, **kwargs: Any) -> Any:
             if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
                 self.speclimits_records.plain_samples += 1
@@ -316,10 +304,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return factory
 
     def _sl_greedy(self, orig: Any) -> Any:
-        """vLLM's ``_greedy_sample`` (``model.compute_logits(h).argmax(-1)``), where the policy reads
-        confidences: :class:`~speclimits.control.top1op.TokenChoice` (torch's fallback takes the
-        probabilities' first maximum, which may differ from vLLM's argmax where two logits round to the same
-        probability: another draft token, never another output)."""
+        """vLLM's ``_greedy_sample`` (``compute_logits(h).argmax(-1)``) where the policy reads confidences:
+        :class:`~speclimits.control.top1op.TokenChoice` (torch's fallback may pick another of two logits that
+        round to the same probability: another draft token, never another output)."""
         drafter = self.model_runner.drafter  # type: ignore[attr-defined]
         hetero = bool(getattr(drafter, "use_heterogeneous_vocab", False))
         model_logits = drafter.model.compute_logits  # (the keep-output wrapper installed just before)
@@ -478,10 +465,9 @@ class ControlWorkerExtension(TracingWorkerExtension):
         return wrapped
 
     def _sl_observe(self, sched: Any, rids: list[str], now: float) -> int | None:
-        """The outcome of the round that ended in this step, for the requests that verified drafts: the
-        measured round (drafter start to drafter start, shared by the step's requests) for the price refresh
-        and, for the rules with memory, :meth:`~speclimits.control.driver.RoundDriver.verified`. Returns m
-        when every request verified the same m."""
+        """The outcome of the round that ended in this step, for the requests that verified drafts: the round's
+        time (drafter start to drafter start) for the price refresh and the rules with memory. Returns m when
+        every request verified the same m."""
         pricing = self.speclimits_pricing
         refresh = pricing.refreshes(self._sl_policy, len(rids))  # at the profiled batch size only
         profiling = pricing.left > 0

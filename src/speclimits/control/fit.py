@@ -1,11 +1,8 @@
 """Fitting the online policies from a trace: ``speclimits control fit TRACE --out policy.json``.
 
-:func:`fit_policy` splits the trace's **greedy** references (the target's own output, as in the paper) into
-train and test by ``seq_id`` and fits, on the train split only: the confidence calibration
-(:func:`fit_calibration`), the acceptance model (:mod:`speclimits.control.acceptance`), the Ū predictor (mean Ū
-per m over the train prompts' decode rounds, :func:`mean_u_bar`), τ of the confidence threshold and λ of the
-Delta rule (each minimizing the replayed greedy time of the train references, priced by the cost model). The policy JSON
-(:class:`~speclimits.control.rules.PolicyFit`) records the split, the trace, the cost model and the numbers.
+:func:`fit_policy` splits the trace's **greedy** references into train and test by ``seq_id`` and fits on the
+train split only: the calibration, the acceptance model, the Ū predictor (:func:`mean_u_bar`), τ and λ (each
+minimizing the replayed greedy time of the train references). The policy JSON records split, trace and numbers.
 """
 
 from __future__ import annotations
@@ -52,12 +49,9 @@ def tune(rule: Callable[[float], Policy], grid: Any, train: OracleInputs, table:
 
 def fit_policy(source: Any, k_max: int = 10, test_share: float = 0.5, seed: int = 0,
                cost_model: CostModel | str | Path | None = None) -> PolicyFit:
-    """Fit τ, λ, the calibration map, the acceptance model (:func:`~speclimits.control.acceptance.fit_acceptance`;
-    λ is tuned with the calibration, as the engine runs) and the Ū predictor on a seeded train split.
-
-    ``source``: a trace (its greedy references, with ``cost_model`` or the trace's fit), or an
-    :class:`~speclimits.oracle.OracleSetup` of one reference kind (section 6 fits each kind so).
-    """
+    """Fit τ, λ (tuned with the calibration, as the engine runs), the calibration, the acceptance model and the
+    Ū predictor on a seeded train split of ``source``: a trace, or an :class:`~speclimits.oracle.OracleSetup` of
+    one reference kind."""
     if isinstance(source, OracleSetup):
         if cost_model is not None:
             raise SpeclimitsError("fit_policy: an OracleSetup brings its own cost model; do not pass cost_model too")
@@ -114,9 +108,8 @@ def static_tokens_per_round(inputs: OracleInputs, table: CostTable, k_max: int) 
 
 
 def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of sequence indices into (train, test) by prompt; both non-empty. A sampled trace's
-    references of one prompt (``p``, ``p#1``, ...: :func:`~speclimits.trace.sampling.seq_prompt`) fall on
-    one side together; a greedy trace has one reference per prompt."""
+    """Seeded split of sequence indices into (train, test) by prompt, both non-empty (a sampled trace's references
+    of one prompt, :func:`~speclimits.trace.sampling.seq_prompt`, fall on one side together)."""
     prompts, of_seq = np.unique([seq_prompt(s) for s in inputs.seq_ids], return_inverse=True)
     if prompts.size < 2:
         raise SpeclimitsError("a train/test split needs references of at least 2 prompts")
@@ -129,16 +122,15 @@ def split_sequences(inputs: OracleInputs, test_share: float = 0.5, seed: int = 0
 
 
 def fit_calibration(inputs: OracleInputs, k_max: int) -> IsotonicRegression:
-    """Monotone map draft confidence -> P(draft step matches | chain matched so far), fitted on the observed
-    greedy match lengths as a running system sees its rounds: the steps each state's round tested
-    (:func:`~speclimits.oracle.calibration.reached_steps`)."""
+    """Monotone map draft confidence -> P(step matches | chain matched so far), on the steps each state's round
+    tested (:func:`~speclimits.oracle.calibration.reached_steps`)."""
     reached, matched = reached_steps(inputs, k_max)
     return fit_isotonic(inputs.draft_conf[:, :k_max][reached], matched[reached])
 
 
 def mean_u_bar(inputs: OracleInputs, k_max: int, rounds: pd.DataFrame | None = None) -> np.ndarray:
-    """(k_max + 2,) mean Ū per m (index m; index 0 = index 1): from the decode rounds of the trace's K sweep
-    where it has that m (what the engine measured), else from the Oracle rows' windows of ``inputs``."""
+    """(k_max + 2,) mean Ū per m (index 0 = index 1): from the trace's decode rounds where they have that m (what
+    the engine measured), else from the Oracle rows' windows."""
     out = np.full(k_max + 2, np.nan)
     out[1:] = inputs.u_bar_window[:, : k_max + 1].mean(axis=0)
     if rounds is not None and len(rounds):

@@ -1,15 +1,11 @@
 """The offline harness of the online policies: evaluation on Oracle inputs, and the prediction beside the bounds.
 
-The policies are those the vLLM worker runs, every round decided by the engine's own round driver with its
-observation timing. Rounds are priced as the Oracle prices them (the cost model with the *true* window Ū),
-plus ``a`` ms per draft step drafted and dropped (the greedy Delta rule). Each policy is evaluated two
-ways: a **replay** of the real greedy outcomes (``accept_len``, what the engine should reproduce token for
-token) and its **surrogate** expected time under the Oracle's match probabilities, exactly by the Oracle's
-policy evaluation for a rule without memory, else by Monte Carlo rollouts (one match length drawn per state
-per rollout, the same draws for every rule). Each harness has its own Oracle and best static K in hindsight;
-a policy captures the share ``(1 - T/T_static) / (1 - T_oracle/T_static)`` of the Oracle's gain
-(:func:`gain_share`). Sections 6 (:func:`speclimits.control.compare.compare_policies`) and 8
-(:func:`offline_table`) share the fit and :func:`surrogate_evaluations`.
+Every round is decided by the engine's own round driver, with its observation timing, and priced as the Oracle
+prices it (the true window Ū) plus ``a`` ms per draft step drafted and dropped. Two harnesses: a **replay** of
+the real greedy outcomes (what the engine should reproduce token for token) and the **surrogate** expected time
+under the Oracle's match probabilities (exact policy evaluation for a rule without memory, else Monte Carlo
+rollouts with common draws). Each has its own Oracle and best static K; a policy captures the share
+:func:`gain_share` of the Oracle's gain. Sections 6 (:mod:`speclimits.control.compare`) and 8 share it.
 """
 
 from __future__ import annotations
@@ -57,10 +53,9 @@ def state_actions(policy: Policy) -> tuple[np.ndarray, np.ndarray]:
 
 def walk(driver: RoundDriver, rid: Any, seq: int, accept: np.ndarray, conf: list[list[float]], cost: np.ndarray,
          visit: Any = None) -> tuple[float, int]:
-    """Walk sequence ``seq`` of the driver's bound policy's inputs once, as the engine runs a request at batch
-    1 (as request ``rid``): ``accept`` (per state) the greedy match length, a round priced ``cost[state, k]``
-    plus its dropped draft steps (``a`` ms each), its outcome observed one round late (as in the engine)
-    with the window's Ū; ``visit(state, k)`` per round. Returns the sequence's time (ms) and rounds."""
+    """Walk sequence ``seq`` once as the engine runs request ``rid`` at batch 1: ``accept`` the match length per
+    state, a round priced ``cost[state, k]`` plus ``a`` ms per dropped draft step, observed one round late with
+    the window's Ū; ``visit(state, k)`` per round. Returns the time (ms) and rounds."""
     pol = driver.policy
     inp, k_max, a_ms = pol.inputs, pol.k_max, pol.model.a
     off, n = int(inp.offsets[seq]), int(inp.n_tokens[seq])
@@ -125,10 +120,8 @@ def select(setup: OracleSetup, seq_ids: list[str], n_states: int | None = None) 
 
 def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInputs, deterministic: bool,
                           n_rollouts: int, seed: int) -> dict[str, tuple[pd.DataFrame, str]]:
-    """Per policy name: its per-sequence evaluation on ``sur`` under the surrogate (the frame of
-    :func:`evaluate_exact` or :func:`rollout`) and how: ``exact`` (a rule without memory), ``rollouts`` (a
-    rule with memory: ``n_rollouts`` seeded draws of the match lengths, shared by every rule) or ``replay``
-    (a rule with memory under the exact surrogate: the one walk of the observed outcomes)."""
+    """Per name: its per-sequence evaluation under the surrogate and how: ``exact`` (no memory), ``rollouts``
+    (``n_rollouts`` seeded draws, shared by every rule) or ``replay`` (memory, deterministic surrogate)."""
     table = CostTable.build(sur, fit.cost_model, fit.k_max)
     draws = None
     out = {}
@@ -148,14 +141,10 @@ def surrogate_evaluations(fit: PolicyFit, names: Sequence[str], sur: OracleInput
 def offline_table(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str], names: list[str],
                   n_states: int | None = None, n_rollouts: int = 64, seed: int = 0, n_boot: int = 999
                   ) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The offline prediction table and the Oracle's bounds on the references ``seq_ids``.
-
-    ``names``: keys of :meth:`PolicyFit.make`. Returns one row per name (``policy``, ``replay_ms_per_token``,
-    ``replay_tokens_per_round``, ``surrogate_ms_per_token``, ``share_exact`` / ``share_surrogate``: the gain
-    share against the exact-greedy / surrogate Oracle and its harness's best static K, with 95% intervals
-    over references ``*_lo``, ``*_hi``) and a dict of the bounds (``oracle_exact_ms_per_token``,
-    ``best_static_k_replay``, ...).
-    """
+    """The offline prediction table and the Oracle's bounds on ``seq_ids``: one row per name (``policy``,
+    ``replay_ms_per_token``, ``replay_tokens_per_round``, ``surrogate_ms_per_token``, ``share_exact`` /
+    ``share_surrogate`` against each harness's Oracle and best static K, 95% intervals ``*_lo``, ``*_hi``) and a
+    dict of the bounds."""
     raw, sur = select(setup, seq_ids, n_states)
     t_raw, replay_accept = CostTable.build(raw, fit.cost_model, fit.k_max), raw.accept_len[None, :].astype(np.int16)
     rep, tpr = {}, {}
@@ -226,12 +215,10 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
 
 def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any
                  ) -> dict[str, dict[str, float]]:
-    """Replay the greedy references at batch > 1 as the engine runs them: per group of references (indices
-    into ``raw``, one engine batch each) every round goes through the round driver, the requests keep the
-    recorded greedy outcome, a step costs what the profile says
-    (:meth:`~speclimits.control.profile.EngineProfile.step_ms`) and the price refresh is replayed against it;
-    ``fit`` comes priced with the profile, as in the engine. Returns per name ``ms_per_token``,
-    ``tokens_per_round`` per request, ``mean_k`` and ``wasted_draft_steps`` per request per round."""
+    """Replay the greedy references at batch > 1 as the engine runs them: per group (indices into ``raw``, one
+    engine batch) every round goes through the round driver, a step costs
+    :meth:`~speclimits.control.profile.EngineProfile.step_ms` and the price refresh is replayed; ``fit`` comes
+    priced with the profile. Per name: ``ms_per_token``, ``tokens_per_round``, ``mean_k``, ``wasted_draft_steps``."""
     from speclimits.control.profile import EnginePricing
 
     out: dict[str, dict[str, float]] = {}

@@ -1,22 +1,15 @@
 """The controller arms itself in ``vllm serve`` from its environment (a vLLM general plugin).
 
-Registered as the entry point ``vllm.general_plugins: speclimits_control``, which vLLM runs in each of its
-processes before it builds a worker. :func:`register` gives vLLM's worker wrapper a
-``compile_or_warm_up_model`` that, once the worker has warmed up, arms the policy named by
-``SPECLIMITS_CONTROL_POLICY`` (policy ``SPECLIMITS_CONTROL_NAME``, default ``delta``; profiling
-``SPECLIMITS_CONTROL_PROFILE_ROUNDS`` rounds first) when the worker carries the control extension and
-speculates. So a user runs::
+Entry point ``vllm.general_plugins: speclimits_control``: :func:`register` gives vLLM's worker wrapper a
+``compile_or_warm_up_model`` that, after warm-up, arms policy ``SPECLIMITS_CONTROL_NAME`` (default ``delta``)
+of ``SPECLIMITS_CONTROL_POLICY`` (profiling ``SPECLIMITS_CONTROL_PROFILE_ROUNDS`` rounds first) when the worker
+carries the control extension and speculates::
 
     SPECLIMITS_CONTROL_POLICY=policy.json vllm serve TARGET --speculative-config '{...}' \\
         --worker-extension-cls speclimits.control.extension.ControlWorkerExtension --no-async-scheduling
 
-with no development mode and no ``/collective_rpc`` call. Without the variable, or on a worker without the
-extension, the wrapper only warms up, as vLLM does; an engine that does not speculate is told so in one
-line in the server's log and serves unarmed.
-
-``SPECLIMITS_REPAIR_CPU_SAMPLER=1`` repairs vLLM's rejection sampler on CPU (vllm-project/vllm#55005,
-:func:`speclimits.tracing.extension.fix_cpu_expand`) in any server, stock ones included: without it stock
-sampled speculative decoding on CPU is not the target's distribution. The armed controller repairs it itself.
+Otherwise the wrapper only warms up (a non-speculating engine is told so in the log). ``SPECLIMITS_REPAIR_CPU_SAMPLER=1``
+repairs vLLM's CPU rejection sampler (vllm-project/vllm#55005) in any server, stock ones included.
 """
 
 from __future__ import annotations

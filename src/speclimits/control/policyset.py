@@ -1,18 +1,12 @@
 """Greedy and sampled requests in one batch: one fitted policy per temperature, chosen per request.
 
-The draft's confidence maps to acceptance through a curve that changes shape with the request's temperature
-(at T = 0 a draft matches when it is the target's argmax; at T > 0 it is accepted with the target's probability
-of it at T), so the project fits one policy per temperature (``speclimits control fit`` on a trace sampled at
-that temperature; ``data/control/twin/t07/README.md`` says why not a temperature feature). A :class:`PolicySet`
-holds several such fits. In the engine a request is decided with the fit whose temperature is nearest its own
-(read from its sampling parameters when it first drafts, kept until it finishes): its match probabilities
-(calibration or acceptance model), its λ and its per-request rule state. What a batch shares is priced once,
-by the **first** fit: the round's pass (the Delta rule's batch step weighs each request's own λ and
-probabilities against it) and the engine's price refresh.
-
-Write one with ``speclimits control combine --out set.json greedy.json sampled.json`` (each fit's temperature is
-read from the fit, or given as ``PATH@T``); every command that takes a policy JSON for the engine (``control
-bench``, ``SPECLIMITS_CONTROL_POLICY`` in ``vllm serve``) takes a set too. Worker-safe: no statistics stack.
+The draft's confidence maps to acceptance through a curve that changes with the request's temperature, so the
+project fits one policy per temperature (``data/control/twin/t07/README.md`` says why not a temperature
+feature). In the engine a request is decided with the fit whose temperature is nearest its own (read when it
+first drafts): its match probabilities, its λ and its rule state. What a batch shares (the round's pass, the
+price refresh) is priced by the **first** fit. Write one with ``speclimits control combine --out set.json
+greedy.json sampled.json`` (``PATH@T`` where a fit does not record its temperature); ``control bench`` and
+``SPECLIMITS_CONTROL_POLICY`` take a set too. Worker-safe: no statistics stack.
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Round costs measured where the policy runs: profiled at engine start, refreshed while serving.
 
-A trace's cost model prices only the target forward and draft steps, in the milliseconds of the machine and
-day it was recorded; a policy inside the engine needs *this* engine's wall-clock costs now, the time outside
-both included (numpy alone at import: the worker imports this module). So the controller times them itself:
+A trace's cost model prices the target and draft steps on the machine and day it was recorded; in the engine a
+policy needs *this* engine's wall-clock costs, the time outside both included, so the controller times them
+(numpy alone at import: the worker imports this module):
 
-* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): for its first rounds the controller drafts
-  k = 0..K_max in turn (every request the same k; at k = 0 the drafter runs one step and no draft is kept)
-  and times each step's pass (m = k + 1 rows per request), drafter call (j steps) and the time outside both.
-* **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock
-  ms per request; from the offline fit only what timing cannot give (the expert slope α(m) and the Ū
-  predictor at batch 1, the context slope c).
-* **Refresh** (:meth:`EnginePricing.refresh`): each later round at the profiled batch size, measured
-  against priced time, an exponentially weighted ratio (clipped to [1/3, 3]) that scales every price. Steps
-  with fewer requests (a batch's tail) are left out: a larger share per request is no change of the
-  machine's speed (counted in, they tripled the scale at batch 4).
+* **Profile** (:class:`ProfileCycle`, :func:`fit_profile`): the first rounds draft k = 0..K_max in turn (every
+  request the same k; at k = 0 one draft step, none kept), timing each step's pass (m = k + 1 rows per
+  request), drafter call and the time outside both.
+* **Price** (:meth:`EngineProfile.cost_model`): a :class:`~speclimits.costmodel.CostModel` in wall-clock ms per
+  request; from the offline fit only what timing cannot give (α(m) and the Ū predictor at batch 1, c).
+* **Refresh** (:meth:`EnginePricing.refresh`): each later round at the profiled batch size, measured against
+  priced time, an exponentially weighted ratio (clipped to [1/3, 3]) scaling every price. Steps with fewer
+  requests (a batch's tail) are left out (counted in, they tripled the scale at batch 4).
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ class ProfileCycle(Policy):
 
 @dataclass
 class StepSample:
-    """One timed engine step: ``m`` rows verified per request (None when ragged or no drafts), the
-    ``verify_ms`` of its pass, the ``drafted`` steps and ``draft_ms`` of its drafter call, the
-    ``other_ms`` from the drafter's end to the next step, the requests in the step."""
+    """One timed engine step: ``m`` rows verified per request (None when ragged), its pass, drafter call and the
+    time from the drafter's end to the next step (ms), the requests in it."""
 
     m: int | None
     verify_ms: float
@@ -64,12 +61,11 @@ class StepSample:
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """Costs of this engine measured at start (wall-clock ms for the whole step at ``batch`` requests):
-    ``verify_ms`` {m: median pass with m rows per request}, made non-decreasing in m (every rule's price);
-    ``pass_ms`` the medians as measured, which the Delta rules' batch decision prices a pass with (a wider
-    pass may cost less: the CPU kernels run rows in tiles, and at batch 8 passes of 16, 32 and 48 rows ran
-    8–12% faster than the non-decreasing fit through 24, 40 and 56 said); the drafter call of j steps ≈
-    ``draft_ms0 + draft_ms1 · j``; ``other_ms`` the median time outside both."""
+    """Costs of this engine measured at start (wall-clock ms per step at ``batch`` requests): ``verify_ms`` {m:
+    median pass with m rows per request} made non-decreasing in m (every rule's price); ``pass_ms`` the medians
+    as measured, for the Delta rules' batch decision (CPU kernels run rows in tiles: at batch 8 passes of 16, 32
+    and 48 rows ran 8–12% faster than the non-decreasing fit said); the drafter call of j steps ≈ ``draft_ms0 +
+    draft_ms1 · j``; ``other_ms`` the median time outside both."""
 
     batch: int
     verify_ms: dict[int, float]
@@ -98,15 +94,14 @@ class EngineProfile:
                    context_len=float(d.pop("context_len", 0.0)), extra=d)
 
     def pass_prices(self, k_max: int) -> list[float]:
-        """The measured pass with k + 1 rows per request, in ms per request, for k = 0..k_max (k = 0 priced
-        as k = 1 where m = 1 was not profiled): what the Delta rules' batch decision prices a pass with."""
+        """The measured pass of k + 1 rows per request, ms per request, k = 0..k_max (k = 0 as k = 1 where m = 1
+        was not profiled)."""
         raw = self.pass_ms
         return [raw[k + 1 if k + 1 in raw else max(k + 1, 2)] / self.batch for k in range(k_max + 1)]
 
     def pass_at(self, rows: float) -> float:
-        """The pass of ``rows`` rows in all, from the passes at ``batch · m`` rows as measured: the next
-        profiled width's (as the Delta rules price it); below the narrowest, the line through the two
-        narrowest (a batch's tail verifies fewer rows)."""
+        """The pass of ``rows`` rows in all: the next profiled width's (``batch · m`` rows); below the narrowest,
+        the line through the two narrowest (a batch's tail)."""
         ms = sorted(self.pass_ms)
         xs = np.array(ms, dtype=float) * self.batch
         ys = np.array([self.pass_ms[m] for m in ms], dtype=float)
@@ -147,8 +142,8 @@ class EngineProfile:
 
 
 def fit_profile(samples: list[StepSample], k_max: int, batch: int, context_len: float = 0.0) -> EngineProfile:
-    """:class:`EngineProfile` from timed steps (those with every request at the same m; at the full
-    batch when there are such steps). Widths m not profiled are filled by a line through those that were."""
+    """:class:`EngineProfile` from timed steps (at the full batch where there are such); widths m not profiled are
+    filled by a line through those that were."""
     from sklearn.isotonic import isotonic_regression  # (the worker imports this module: only when it fits)
 
     full = [s for s in samples if s.n_batch == batch] or samples
@@ -214,9 +209,8 @@ class EnginePricing:
         self.pending = None
 
     def policy(self, fit: Any, name: str, k_max: int) -> Policy:
-        """The running policy: :class:`ProfileCycle` while profiling, else policy ``name`` of the
-        :class:`~speclimits.control.rules.PolicyFit` ``fit`` priced with the profiled costs when there are
-        any (λ0 then in the same wall-clock units); at the refreshed price scale."""
+        """The running policy: :class:`ProfileCycle` while profiling, else ``name`` of ``fit`` priced with the
+        profiled costs when there are any (λ0 in the same units), at the refreshed price scale."""
         self.k_max = int(k_max)
         if self.left > 0:
             pol = ProfileCycle().setup(self.k_max, fit.cost_model)
@@ -236,8 +230,7 @@ class EnginePricing:
         return pol
 
     def price(self, policy: Policy, u_bar_mean: Any) -> None:
-        """The prices the refresh compares ``policy``'s rounds with: its cost model's round of each k at the
-        mean Ū per m (:meth:`~speclimits.costmodel.CostModel.mean_round_prices`)."""
+        """The prices the refresh compares ``policy``'s rounds with: each k's round at the mean Ū per m."""
         self.k_max = policy.k_max
         self.prices = np.nan_to_num(policy.model.mean_round_prices(policy.k_max, u_bar_mean)).tolist()
 
@@ -247,8 +240,8 @@ class EnginePricing:
         return prof is not None and policy.reads_prices and n_step == prof.batch
 
     def refresh(self, policy: Policy, ks: list[int], n_step: int, round_ms: float) -> None:
-        """The measured ``round_ms`` of a step of ``n_step`` requests, those verifying drafts having drafted
-        ``ks``, against its price: updates ``policy.price_scale``."""
+        """A step of ``n_step`` requests (those verifying drafts drafted ``ks``) took ``round_ms``: updates
+        ``policy.price_scale``."""
         priced = sum(self.prices[min(k, self.k_max)] for k in ks)
         if len(ks) != n_step:
             priced = priced * n_step / len(ks)

@@ -1,15 +1,12 @@
 """The policies as the engine runs them: the rules and their configuration, in numpy alone.
 
-Each rule is written once, in the form the engine runs: Python scalars, one request at a time
-(``engine_*``), driven by :class:`speclimits.control.driver.RoundDriver` in the vLLM worker and offline
-(:mod:`speclimits.control.offline`) alike. Inside vLLM a numpy call right after a forward pass costs 10–20 µs
-(its code and data are out of the caches; in isolation 1–3 µs), a float operation well under 1 µs, so the
-rules decide from tables precomputed at ``setup``; the worker loads this module without the statistics stack.
-
-Every rule sees only what a running system sees: the draft's own confidence (top-1 probability), a
-predicted Ū, a running time per token. Round costs come from a :class:`~speclimits.costmodel.CostModel` (the
-trace's fit offline, the costs profiled in the engine), scaled by :attr:`Policy.price_scale` as the engine
-refreshes them. :class:`PolicyFit` is the one configuration of every rule (the policy JSON).
+Each rule is written once, in the engine's form: Python scalars, one request at a time (``engine_*``), driven
+by :class:`speclimits.control.driver.RoundDriver` in the vLLM worker and offline alike. Inside vLLM a numpy
+call right after a forward pass costs 10–20 µs (out of the caches), a float operation well under 1 µs, so the
+rules decide from tables precomputed at ``setup``. Every rule sees only what a running system sees: the draft's
+top-1 probability, a predicted Ū, a running time per token. Round costs come from a
+:class:`~speclimits.costmodel.CostModel` scaled by :attr:`Policy.price_scale`; :class:`PolicyFit` is the one
+configuration of every rule (the policy JSON).
 """
 
 from __future__ import annotations
@@ -40,14 +37,9 @@ P_EPS = 1e-6
 
 
 class Policy:
-    """A rule that chooses the draft length k of each live request, round by round.
-
-    The :class:`~speclimits.control.driver.RoundDriver` calls :meth:`engine_plan` before drafting,
-    :meth:`engine_more` after each draft step, :meth:`engine_final_keep` when the batch's drafter stopped and
-    :meth:`engine_observe` after verification. :meth:`setup` gives the rule K_max and the cost model;
-    :meth:`bind` also attaches Oracle inputs (offline). ``price_scale`` multiplies the cost model's prices
-    (the engine's refresh; 1 offline).
-    """
+    """A rule that chooses the draft length k of each live request, round by round: :meth:`engine_plan` before
+    drafting, :meth:`engine_more` after each draft step, :meth:`engine_final_keep` when the batch's drafter
+    stopped, :meth:`engine_observe` after verification. ``price_scale`` multiplies the cost model's prices."""
 
     name = "policy"
     markov = True  # the action depends only on the state (no memory)
@@ -57,8 +49,7 @@ class Policy:
 
     @property
     def plan_only(self) -> bool:
-        """True when the rule decides k before drafting: the engine then only stops the drafter at the
-        round's largest k."""
+        """True when the rule decides k before drafting (the engine stops the drafter at the round's largest k)."""
         return type(self).engine_more is Policy.engine_more and type(self).engine_final_keep is Policy.engine_final_keep
 
     def setup(self, k_max: int, model: CostModel) -> "Policy":
@@ -93,18 +84,16 @@ class Policy:
         return p
 
     def engine_more(self, j: int, c: float, prod: float, ctx: float) -> int:
-        """After draft step j: -1 to draft step j + 1, else the tokens to keep (<= j); ``c`` the step's
-        calibrated confidence, ``prod`` the product over steps 1..j, ``ctx`` the :meth:`engine_context`."""
+        """After draft step j: -1 to draft on, else the tokens to keep (<= j); ``c`` the step's calibrated
+        confidence, ``prod`` the product over steps 1..j, ``ctx`` the :meth:`engine_context`."""
         return -1
 
     def engine_final_keep(self, confs: list[float], keep: int, ctx: float) -> int:
-        """When the batch's drafter stopped after ``len(confs)`` steps: the tokens a request that chose
-        ``keep`` keeps (the steps past its own stop are paid already)."""
+        """When the drafter stopped after ``len(confs)`` steps: the tokens a request that chose ``keep`` keeps."""
         return keep
 
     def engine_observe(self, st: Any, k: int, cost_ms: float, emitted: float, u_bar: float = math.nan) -> None:
-        """After verification: drafted ``k``, paid ``cost_ms``, emitted ``emitted`` tokens; ``u_bar`` the
-        pass's Ū where it was measured (offline only: the engine does not count experts)."""
+        """After verification: drafted ``k``, paid ``cost_ms``, emitted ``emitted``; ``u_bar`` the pass's Ū (offline)."""
 
     def describe(self) -> str:
         return ""
@@ -153,23 +142,17 @@ class DeltaRule(Policy):
     """The Delta-Space rule online, with the Oracle's value replaced by ``V(n) ≈ λ·(N - n)``.
 
     Per round it scores ``Q̂(k) = Ĉ(k) - λ·Ê[a](k)``: ``Ê[a](k) = sum_{j<=k} prod_{i<=j} p_i`` (p the draft
-    confidence, optionally through a monotone calibration fitted on training rounds), ``Ĉ(k) = a·k + b +
-    beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term cancels), Û ``u_bar_mean[m]`` (``u_pred="mean"``) or
-    the previous round's Ū rescaled by ``u_bar_mean[m] / u_bar_mean[m_prev]`` (``"previous"``). λ is
-    ``lambda0`` (fixed) or running, ``(w·λ0 + elapsed ms) / (w + emitted tokens)`` within a sequence; λ0
-    follows :attr:`price_scale` like every price, so a uniformly slower machine changes no decision.
+    confidence, optionally calibrated), ``Ĉ(k) = a·k + b + beta0(k+1) + alpha(k+1)·Û(k+1)`` (the context term
+    cancels), Û ``u_bar_mean[m]`` (``u_pred="mean"``) or the previous round's Ū rescaled by ``u_bar_mean[m] /
+    u_bar_mean[m_prev]`` (``"previous"``). λ is ``lambda0`` (fixed) or running, ``(w·λ0 + elapsed ms) / (w +
+    emitted tokens)``; λ0 follows :attr:`price_scale`, so a uniformly slower machine changes no decision.
+    ``acceptance``: an :class:`AcceptanceModel` read in place of the calibration (:meth:`engine_match`).
 
-    ``acceptance``: an :class:`AcceptanceModel` read in place of the calibration (the engine's
-    :meth:`engine_match`): each draft step's match probability from its top-1 probability, its position, the
-    product before it and the request's :meth:`engine_history`.
-
-    ``stop="lookahead"`` (default): after j draft steps, draft step j + 1 only if the best k >= j under Q̂
-    (confidences not drafted yet extrapolated from the last) is longer than j: no drafted token is discarded,
-    and a non-convex stretch of Ĉ (the m = 4/5 regime change) can be passed. ``stop="greedy"``: extend
-    while ``ΔĈ <= λ·ΔÊ[a]`` (the Delta-Space necessary condition); it drafts step k + 1 to see its
-    confidence, so a stop before K_max costs one draft step (``a`` ms). ``shared``: at batch > 1 in the
-    engine, one decision for the batch (:meth:`batch_select`); ``zero``: that decision may keep no draft of
-    a request (k = 0, one row verified).
+    ``stop="lookahead"``: draft step j + 1 only if the best k >= j under Q̂ (undrafted confidences extrapolated
+    from the last) is longer than j: no drafted token is discarded, and a non-convex stretch of Ĉ (the m = 4/5
+    regime change) can be passed. ``stop="greedy"``: extend while ``ΔĈ <= λ·ΔÊ[a]``; a stop before K_max costs
+    one draft step. ``shared``: at batch > 1 one decision for the batch (:meth:`batch_select`); ``zero``: it
+    may keep no draft of a request (k = 0).
     """
 
     reads_prices = True
@@ -243,9 +226,8 @@ class DeltaRule(Policy):
         return lam, self.model.round_prices(self.k_max, u_hat, terms=self.terms).tolist()
 
     def engine_more(self, j, c, prod, lam):
-        """Look-ahead: stop at j when ``Q̂(j) <= Q̂(k)`` for every k > j, i.e. when ``Ĉ(k) - Ĉ(j) -
-        λ·P_j·(c + c² + ... + c^(k-j)) >= 0`` (P_j the product of the confidences of steps 1..j, c step j's,
-        extrapolated to the steps not drafted yet). Greedy: extend while ``ΔĈ <= λ·ΔÊ[a]``."""
+        """Look-ahead: stop at j when ``Ĉ(k) - Ĉ(j) - λ·P_j·(c + c² + ... + c^(k-j)) >= 0`` for every k > j (P_j
+        the product of steps 1..j, c step j's confidence). Greedy: extend while ``ΔĈ <= λ·ΔÊ[a]``."""
         row, s = self.row, self.price_scale
         if lam.__class__ is tuple:  # the previous round's Ū: the request's own row
             lam, row = lam
@@ -262,8 +244,7 @@ class DeltaRule(Policy):
         return j
 
     def engine_final_keep(self, confs, keep, lam):
-        """Past its own stop a request's draft steps are paid: keep the k >= ``keep`` that minimizes
-        ``Ĉ(k) - a·k - λ·Ê[a](k)`` (the verification alone) over the drafted confidences."""
+        """Past its stop a request's draft steps are paid: keep the k >= ``keep`` minimizing ``Ĉ(k) - a·k - λ·Ê[a](k)``."""
         row, s = self.row, self.price_scale
         if lam.__class__ is tuple:
             lam, row = lam
@@ -292,11 +273,9 @@ class DeltaRule(Policy):
                 del hist[0]
 
     def engine_history(self, st) -> float:
-        """The request's ``history`` feature: of the draft steps its last :data:`HISTORY_ROUNDS` rounds seen
-        reached (every step up to the first mismatch, at most k), the share that matched; NaN before any. A
-        round's own k cuts it (a round of k drafts that all matched counts k of k), so a rule drafting short
-        reads a share a little higher than the K_max walk the model was fitted on would give: it then drafts
-        more, never less (a mean accepted length, cut at k, would read lower and draft shorter still)."""
+        """The ``history`` feature: of the draft steps the last :data:`HISTORY_ROUNDS` rounds seen reached (up to the
+        first mismatch, at most k), the share that matched; NaN before any. Cut at each round's k, it reads a
+        little higher than the K_max walk the model was fitted on: the rule then drafts more, never less."""
         hist = st[4]
         if not hist:
             return math.nan
@@ -308,12 +287,10 @@ class DeltaRule(Policy):
 
     # -- the engine's batch form (``shared``, batch > 1): one decision for the whole batch ----------
     def batch_table(self, b: int) -> list[float]:
-        """The verification part of a step of ``b`` requests keeping ``n0 + n`` draft tokens in all, n =
-        0..b·K_max - n0 (``n0 = b``, or 0 with :attr:`zero`), before :attr:`price_scale`: ``b · v(⌈(n0 + n) /
-        b⌉)``, ``v(k) = Ĉ(k) - a·k`` or, once the engine profiled them, the measured passes of k + 1 rows per
-        request (:attr:`pass_ms`). A width between two profiled ones is priced as the wider: the profile
-        times b·m rows only, and CPU kernels run rows in tiles (with AMX at batch 8, passes of 16, 32 and 48
-        rows ran faster for their width than 24, 40 and 56)."""
+        """The verification part of a step of ``b`` requests keeping ``n0 + n`` draft tokens in all (n = 0..b·K_max
+        - n0; ``n0 = b``, or 0 with :attr:`zero`), before :attr:`price_scale`: ``b · v(⌈(n0 + n) / b⌉)``, ``v(k) =
+        Ĉ(k) - a·k`` or the measured passes (:attr:`pass_ms`). A width between two profiled ones is priced as the
+        wider (CPU kernels run rows in tiles: a narrower pass may cost as much)."""
         tab = self._vtab.get(b)
         if tab is None:
             a, kk = self.model.a, self.k_max
@@ -323,9 +300,8 @@ class DeltaRule(Policy):
         return tab
 
     def _batch_gains(self, prods: list[list[float]], lams: list[float], j: int, last: int):
-        """``(t, [λ_i·P_i,t / s per request i])`` for the tokens t = 1..last (none for t = 1 unless
-        :attr:`zero`: every request keeps its first token), P past step j extrapolated with step j's
-        confidence ``P_j / P_(j-1)``."""
+        """``(t, [λ_i·P_i,t / s per request i])`` for t = 1..last (none for t = 1 unless :attr:`zero`), P past step
+        j extrapolated with step j's confidence ``P_j / P_(j-1)``."""
         inv_s = 1.0 / self.price_scale
         w = [lam * inv_s for lam in lams]
         yield 1, [wi * p[0] for wi, p in zip(w, prods)] if self.zero else []
@@ -340,9 +316,8 @@ class DeltaRule(Policy):
             yield t, gains
 
     def _batch_rounds(self, prods: list[list[float]], lams: list[float], j: int, last: int):
-        """``(J, score, n)`` for the rounds of J = j..last draft steps, lazily (a search that stops at the
-        first better J never builds the longer ones): the score ``b·a·J + min_n (V(n) - G_J(n))`` (over
-        :attr:`price_scale`), with ``G_J(n)`` the sum of the n largest gains of tokens t <= J, and its n."""
+        """``(J, score, n)`` for J = j..last draft steps, lazily: the score ``b·a·J + min_n (V(n) - G_J(n))`` (over
+        :attr:`price_scale`), ``G_J(n)`` the sum of the n largest gains of tokens t <= J, and its n."""
         b = len(prods)
         tab, a_b, gains = self.batch_table(b), b * self.model.a, []
         for t, level in self._batch_gains(prods, lams, j, last):
@@ -360,16 +335,12 @@ class DeltaRule(Policy):
 
     def batch_select(self, prods: list[list[float]], lams: list[float], j: int, last: int | None = None
                      ) -> tuple[int, list[int]]:
-        """The batch's best round from what is drafted after step ``j``: ``(J, k)``, the draft steps
-        (``j``..``last``; ``last`` = ``j`` once the drafter stopped) and the tokens each request keeps (1..J;
-        0..J with :attr:`zero`).
+        """The batch's best round after draft step ``j``: ``(J, k)``, the draft steps (``j``..``last``; ``last`` =
+        ``j`` once the drafter stopped) and the tokens each request keeps (1..J; 0..J with :attr:`zero`).
 
-        A step of the batch costs ``s·(b·a·J + V(n))``: the drafter runs J steps for every request (until
-        the last one stops) and the pass verifies ``n`` draft tokens beyond the first ones, priced by
-        :meth:`batch_table`; it gains ``λ_i·P_i,t`` for each kept token t of request i (``P`` the running
-        product of the calibrated confidences). Since ``P_i,t`` falls with t, the best n tokens for a given
-        J are the n largest gains with t <= J; J and n are searched exhaustively (at most b·K_max values).
-        Equal gains go to the later token, then the later request."""
+        A step costs ``s·(b·a·J + V(n))`` (:meth:`batch_table`) and gains ``λ_i·P_i,t`` per kept token t of
+        request i. Since ``P_i,t`` falls with t, the best n tokens for a J are the n largest gains with t <= J;
+        J and n are searched exhaustively. Equal gains go to the later token, then the later request."""
         big_j, _, n = min(self._batch_rounds(prods, lams, j, j if last is None else last), key=lambda r: r[1])
         items = sorted(((g, t, i) for t, level in self._batch_gains(prods, lams, j, big_j)
                         for i, g in enumerate(level)), reverse=True)
@@ -379,23 +350,18 @@ class DeltaRule(Policy):
         return big_j, keep
 
     def engine_batch_more(self, j: int, prods: list[list[float]], lams: list[float], last: int) -> bool:
-        """After draft step j of a batch: True to draft step j + 1, when a round of up to ``last`` steps
-        scores better than stopping now (``batch_select(...)[0] > j``, searched until the first one)."""
+        """After draft step j of a batch: True to draft on, when a longer round (up to ``last``) scores better."""
         rounds = self._batch_rounds(prods, lams, j, last)
         stop = next(rounds)[1]
         return any(q < stop for _, q, _ in rounds)
 
 
 class EmaAcceptedLength(Policy):
-    """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, EAGLE top-k = 1), per request,
-    reimplemented from the issue thread's description (SGLang shares one EMA across the batch and keys its
-    tiers on the batch size; here every request has its own).
-
-    An EMA of the accept length (accepted drafts + the bonus token; weight ``alpha`` on the newest round)
+    """SGLang-style adaptive ``speculative_num_steps`` (sglang #21599, from the issue's description), per request
+    (SGLang shares one EMA across the batch). An EMA of the accept length (weight ``alpha`` on the newest round)
     picks k among the ``steps`` (clipped to K_max; the middle one first): after ``warmup`` rounds, every
-    ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5, and
-    down only below the current step - 0.5 - ``hysteresis``.
-    """
+    ``every`` rounds the target ``EMA + 1`` moves k up to the largest step s with target >= s - 0.5, and down
+    only below the current step - 0.5 - ``hysteresis``."""
 
     markov = False
 
@@ -432,10 +398,9 @@ class EmaAcceptedLength(Policy):
 
 
 class UtilityTestAndSet(Policy):
-    """Cascade-style test-and-set of K per request (arXiv 2506.20675), from its description: a *test*
-    phase drafts each of the ``candidates`` (clipped to K_max) for ``test_rounds`` rounds, measuring tokens
-    emitted per ms; a *set* phase of ``set_rounds`` rounds drafts the best. (The paper's cap on the slowdown
-    against plain decoding needs a plain-decoding arm inside the engine: not reproduced.)"""
+    """Cascade-style test-and-set of K per request (arXiv 2506.20675, from its description): a *test* phase
+    drafts each of the ``candidates`` for ``test_rounds`` rounds, measuring tokens per ms; a *set* phase of
+    ``set_rounds`` rounds drafts the best. (The paper's slowdown cap is not reproduced.)"""
 
     markov = False
 
@@ -481,23 +446,17 @@ class UtilityTestAndSet(Policy):
 class ThroughputAware(Policy):
     """SGLang-style throughput-aware draft length (sglang PR #28045, from its description); reads no confidences.
 
-    Each round: ``k* = argmax_k E[tokens | k] / C(k)`` over k = 1..K_max, ``E[tokens | k] = 1 + sum_{t<=k}
-    prod_{s<=t} α_s`` (``α_t`` the acceptance of position t given t - 1 was accepted), ``C(k)`` a round's
-    price (in the engine the profiled pass as measured, the drafter's line and the time outside both;
-    offline the cost model at the mean Ū per m). ``α_t``: per position, counts of the rounds that reached
-    and that accepted it, decayed by ``1/window`` per round (SGLang: a sliding window of 20), plus
-    ``prior_weight`` pseudo-rounds at the fit's acceptance (the train references' static-K tokens per
-    round). An untested position fades back to the prior over ``forget_rounds`` rounds, so a position given
-    up on is tried again. Defaults (window 20, prior 4, forget 100) chosen on the batch replay of the *train*
-    references at batch 1, 4 and 8 (every setting tried within 2% there). At batch > 1 in the engine one k
-    for all, from the live requests' summed counts (the prior once).
+    Each round ``k* = argmax_k E[tokens | k] / C(k)``, ``E[tokens | k] = 1 + sum_{t<=k} prod_{s<=t} α_s``
+    (``α_t`` the acceptance of position t given t - 1), ``C(k)`` a round's price (the profiled pass, drafter
+    and time outside in the engine; the cost model at the mean Ū per m offline). ``α_t``: per position, counts
+    of rounds that reached and accepted it, decayed by ``1/window`` per round, plus ``prior_weight``
+    pseudo-rounds at the fit's acceptance; an untested position fades back to the prior over ``forget_rounds``.
+    Defaults chosen on the batch replay of the *train* references at batch 1, 4, 8 (all within 2% there). At
+    batch > 1 one k for all, from the summed counts.
 
-    ``zero`` (``throughput:zero-k``): k = 0 is a candidate too (one token at the price of a plain pass and the
-    time outside it), and a round in which every request of the batch plans k = 0 **skips the drafter** in the
-    engine (:attr:`skips_drafter`): it costs what a step of plain decoding costs, where a kept k = 0 after a
-    draft step still pays the step. The draft model then never sees that round's tokens: its KV cache has no
-    entries at those positions, so a request that drafts again later drafts from a cache with holes (fewer
-    accepted tokens, never another output: the target verifies every draft).
+    ``zero`` (``throughput:zero-k``): k = 0 is a candidate too, and a round in which every request plans k = 0
+    **skips the drafter** (:attr:`skips_drafter`), costing a plain step. The draft model's KV cache then has
+    holes at those positions (fewer accepted tokens later, never another output).
     """
 
     markov = False
@@ -592,9 +551,8 @@ class ThroughputAware(Policy):
 
 @dataclass(frozen=True)
 class CalibrationMap:
-    """A monotone map confidence -> match probability, linear between thresholds ``x`` (increasing),
-    clipped at the ends (what a fitted scikit-learn ``IsotonicRegression`` with ``out_of_bounds="clip"``
-    predicts)."""
+    """A monotone map confidence -> match probability, linear between increasing thresholds ``x``, clipped at
+    the ends (a fitted ``IsotonicRegression(out_of_bounds="clip")``)."""
 
     x: tuple[float, ...]
     y: tuple[float, ...]
@@ -625,9 +583,8 @@ class CalibrationMap:
 @dataclass(frozen=True)
 class AcceptanceModel:
     """P(draft step j matches | steps 1..j-1 matched) = ``1 / (1 + exp(-(intercept + sum_i coef_i·x_i)))``, x the
-    ``features`` (named as :data:`speclimits.control.acceptance.FEATURES` computes them; K_max ``walk_k_max``
-    for the request's history), a missing one (a request's first rounds) set to its ``fill`` (the train
-    mean). ``selection``: the forward selection's steps, ``(feature, held-out log loss)`` each."""
+    ``features`` (:data:`speclimits.control.acceptance.FEATURES`; ``walk_k_max`` the history's K_max), a missing
+    one set to its ``fill`` (the train mean). ``selection``: ``(feature, held-out log loss)`` per step."""
 
     features: tuple[str, ...]
     coef: tuple[float, ...]
@@ -652,10 +609,9 @@ class AcceptanceModel:
                                   "control fit`")
 
     def step_prob(self, p: float, j: int, log_before: float, history: float) -> float:
-        """The match probability of draft step ``j`` as the engine computes it: ``p`` the step's top-1
-        probability (clipped to [1e-6, 1 - 1e-6] by the caller), ``log_before`` the sum of the clipped log
-        top-1 probabilities of steps 1..j-1, ``history`` the request's :meth:`DeltaRule.engine_history` (NaN:
-        the fill). A few float operations (no numpy: it runs per request per draft step)."""
+        """Draft step ``j``'s match probability in float operations (no numpy): ``p`` its top-1 probability
+        (clipped by the caller), ``log_before`` the sum of the clipped log top-1 of steps 1..j-1, ``history``
+        :meth:`DeltaRule.engine_history` (NaN: the fill)."""
         z = self.intercept
         for name, c, f in zip(self.features, self.coef, self.fill):
             if name == "logit_conf":
@@ -683,14 +639,12 @@ class AcceptanceModel:
 
 @dataclass(frozen=True)
 class PolicyFit:
-    """Fitted policy parameters (the JSON the engine loads): ``k_max`` (the engine's
-    ``num_speculative_tokens``), the threshold's ``tau``, the Delta rule's ``lambda_`` (ms per token) and the
-    train Oracle's time per token it was scaled from (``lambda_oracle``), ``u_bar_mean`` ((k_max + 2,) mean Ū
-    per m, index 0 = index 1), the confidence ``calibration``, the ``cost_model`` rounds are priced with, the
-    split by reference, where the fit came from (``data``) and its curves over τ and λ (``curves``);
-    ``tokens_per_round`` of static K = 1..k_max on the replayed train references and ``lambda_ratio``, λ over
-    the best static K's time per token there (both dimensionless: they price λ in the engine's units);
-    ``acceptance`` the acceptance model (:mod:`speclimits.control.acceptance`; None in a file written before it)."""
+    """Fitted policy parameters (the JSON the engine loads): ``k_max``, the threshold's ``tau``, the Delta rule's
+    ``lambda_`` (ms per token) and the train Oracle's time per token (``lambda_oracle``), ``u_bar_mean`` ((k_max
+    + 2,) mean Ū per m, index 0 = index 1), ``calibration``, ``cost_model``, the split, ``data`` (provenance),
+    ``curves`` over τ and λ; ``tokens_per_round`` of static K = 1..k_max on the train references and
+    ``lambda_ratio``, λ over the best static K's time per token (dimensionless: they price λ in the engine's
+    units); ``acceptance`` (None in a file written before it)."""
 
     k_max: int
     tau: float
@@ -709,18 +663,15 @@ class PolicyFit:
     acceptance: AcceptanceModel | None = None
 
     def match_model(self) -> tuple["AcceptanceModel | CalibrationMap", str]:
-        """What the rule reads as each drafted position's match probability: the acceptance model, or (a policy
-        written before it) the confidence-only calibration, with the one line that says so (else "")."""
+        """The rule's match model: the acceptance model, or (an older policy) the calibration and the line saying so."""
         if self.acceptance is not None:
             return self.acceptance, ""
         return self.calibration, "policy has no acceptance model (written before it): confidence-only calibration used"
 
     # -- policies ---------------------------------------------------------------------------
     def make(self, name: str) -> Policy:
-        """The policy called ``name`` (``static:K``, ``random:SEED``, one of :data:`POLICY_NAMES`, or a Delta
-        rule with :data:`DELTA_VARIANTS`), set up with K_max and the cost model and labelled as
-        :func:`speclimits.arms.arm` reads the name: the one way a policy is configured (sections 6 and 8 and
-        the engine)."""
+        """The policy called ``name`` (``static:K``, ``random:SEED``, :data:`POLICY_NAMES` with variants), set up and
+        labelled as :func:`speclimits.arms.arm` reads it: the one way a policy is configured."""
         a, (base, mods) = arm(name), parse_policy_name(name) or ("", ())
         u = np.asarray(self.u_bar_mean)
         if a.kind == "static" and a.k is not None:
@@ -807,9 +758,8 @@ class PolicyFit:
         return cls.from_dict(d, origin=f"policy file {Path(path)}")
 
     def engine_lambda(self, model: CostModel, u_bar_mean: Any = None) -> float:
-        """λ0 in the units of ``model`` (e.g. costs profiled in the engine, wall-clock ms): the fit's
-        dimensionless ratio times the best static K's predicted time per token under ``model``
-        (``min_k Ĉ(k) / tokens_per_round[k]``); the fit's own λ when it has no ratio (an older file)."""
+        """λ0 in the units of ``model``: the fit's ratio times ``min_k Ĉ(k) / tokens_per_round[k]`` under ``model``;
+        the fit's own λ when it has no ratio (an older file)."""
         if self.lambda_ratio is None or self.tokens_per_round is None:
             return self.lambda_
         u = self.u_bar_mean if u_bar_mean is None else u_bar_mean

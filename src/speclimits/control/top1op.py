@@ -1,19 +1,16 @@
-"""The draft token choice and its top-1 probability: :class:`TokenChoice`, which the controller's greedy hook
-runs, and the one compiled call (CPU, float32) it makes both with: :func:`load` gives the compiled ``top1``
-(ids and probabilities), :func:`top1_torch` its torch fallback (the same pair), :func:`top1_probability` the
-probabilities alone (where vLLM made the token choice). In torch the pair is four dispatches (softmax, max,
-``index_select`` to the target's ids, ``tolist``), each paying call overhead with its code out of the caches
-right after the drafter's forward; the compiled function (``load_inline``) makes both in one pass per row:
-12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs in torch at 1 / 4 / 8 rows
-(``benchmarks/fused_top1_probe.py``, one thread, cold caches).
+"""The draft token choice and its top-1 probability: :class:`TokenChoice` (the controller's greedy hook) and
+the one compiled call (CPU, float32) it makes both with: :func:`load` gives the compiled ``top1`` (ids and
+probabilities), :func:`top1_torch` its torch fallback, :func:`top1_probability` the probabilities alone. Torch
+takes four dispatches, each paying call overhead with cold caches after the drafter's forward; the compiled
+function makes both in one pass per row: 12.4 / 29.7 / 52.0 µs against 41.7 / 73.4 / 112.6 µs in torch at 1 /
+4 / 8 rows (``benchmarks/fused_top1_probe.py``, one thread, cold caches).
 
 Contract: the ids equal ``x.max(-1).indices`` (mapped through ``targets``) exactly; the probabilities equal
-``x.softmax(-1).amax(-1)`` to about 1e-6 relative (a probability only sets how many tokens are drafted,
-never the output). Where a row is not finite, or ``x`` is not a contiguous float32 CPU matrix, it returns
-``(None, [])`` and the caller uses torch. The build (about 40 s, once per machine and source) is cached by
-torch under a hash of the source, the flags and this CPU's instruction-set flags; without a C++ compiler
-and ninja, or with ``SPECLIMITS_TOP1_OP=off``, the controller uses torch. ``scripts/setup.sh test`` builds
-it, the worker otherwise on first use; by hand: ``.venv/bin/python -m speclimits.control.top1op``.
+``x.softmax(-1).amax(-1)`` to about 1e-6 relative (they only set how many tokens are drafted, never the output).
+A non-finite row, or ``x`` not a contiguous float32 CPU matrix, returns ``(None, [])`` and torch is used. The
+build (about 40 s, once per machine and source) is cached by torch under a hash of the source, flags and this
+CPU's flags; without a C++ compiler and ninja, or with ``SPECLIMITS_TOP1_OP=off``, the controller uses torch.
+``scripts/setup.sh test`` builds it (by hand: ``.venv/bin/python -m speclimits.control.top1op``).
 """
 
 from __future__ import annotations
@@ -167,9 +164,8 @@ def top1_torch(x: Any, targets: Any = None) -> tuple[Any, list[float]]:
 
 
 def top1_probability(logits: Any, n_rows: int) -> list[float]:
-    """The top-1 probability of each row of a draft step's logits, as Python floats: one softmax and one
-    max in torch (the fastest form ``benchmarks/top1_probe.py`` found). ``logits`` may be an EAGLE-3 head's
-    own (vLLM's target-vocabulary logits are the same values among -inf: the same softmax, half the width)."""
+    """The top-1 probability of each row of a draft step's logits (or an EAGLE-3 head's own: the same softmax),
+    as Python floats: one softmax and one max in torch (the fastest form ``benchmarks/top1_probe.py`` found)."""
     import torch  # vLLM's own dependency (already loaded wherever this runs)
 
     if logits is None or logits.shape[0] != n_rows:
@@ -180,15 +176,10 @@ def top1_probability(logits: Any, n_rows: int) -> list[float]:
 
 
 class TokenChoice:
-    """The draft token choice on the steps whose top-1 probability the policy reads, and what it replaces.
-
-    vLLM takes each draft step's token with ``logits.argmax(-1)``. On a step whose top-1 the policy reads,
-    :meth:`top1` gives the ids (the first maximum, as the argmax) and the top-1 probabilities in one call
-    (the compiled op, or torch). The first ``trials`` read steps per row count run vLLM's argmax instead,
-    timed in place (:meth:`argmax`; the top-1 computed after the step); each later read step books that
-    median to :attr:`saved_s`, so decision time is reported net of the argmax taken over. Other steps run
-    vLLM's own. (Other exact argmax forms timed in place in earlier runs were at most 4 µs faster.)
-    """
+    """The draft token choice on the steps whose top-1 probability the policy reads: :meth:`top1` gives the ids
+    (the first maximum, as vLLM's argmax) and the probabilities in one call. The first ``trials`` read steps per
+    row count run vLLM's argmax instead, timed in place (:meth:`argmax`); each later read step books that median
+    to :attr:`saved_s`, so decision time is reported net of the argmax taken over. Other steps run vLLM's own."""
 
     def __init__(self, trials: int = 8) -> None:
         self.trials = int(trials)
@@ -231,9 +222,8 @@ class TokenChoice:
         self._no_targets = torch.empty(0, dtype=torch.long)
 
     def top1(self, logits: Any, targets: Any = None) -> tuple[Any, list[float]]:
-        """(ids, top-1 probabilities) of one step's ``logits`` (a head's own, mapped to target ids by
-        ``targets``, or None): the compiled call, or torch where it is not loaded or refuses the rows; the
-        argmax it replaced is booked to :attr:`saved_s`."""
+        """(ids, top-1 probabilities) of one step's ``logits`` (mapped through ``targets`` unless None): the compiled
+        call, or torch where it is not loaded or refuses; the argmax it replaced is booked to :attr:`saved_s`."""
         self.saved_s += self.argmax_s.get(int(logits.shape[0]), 0.0)
         op = self.op
         if op is not None:
@@ -245,10 +235,9 @@ class TokenChoice:
         return top1_torch(logits, targets)
 
     def check_head(self, head: Any, n: int, d2t: Any) -> None:
-        """Once, on the first read step: whether the head's own logits ``head`` give the same top-1 as the
-        target-vocabulary logits vLLM made of them (same rows, every finite logit of the latter among them);
-        where ``d2t`` (the head's ``draft_id_to_target_id``) maps them to increasing target ids with the same
-        argmax, :attr:`targets`."""
+        """Once, on the first read step: whether the head's own logits give the target-vocabulary logits' top-1
+        (:attr:`head_ok`); where ``d2t`` (``draft_id_to_target_id``) maps them to increasing target ids with the
+        same argmax, :attr:`targets`."""
         full = self.logits
         self.head_ok = False
         if head is None or full is None or head.shape[0] != full.shape[0] or head.shape[-1] > full.shape[-1]:
