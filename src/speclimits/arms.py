@@ -12,10 +12,8 @@ key            kind      what runs
 policy key     policy    a rule of :mod:`speclimits.control.rules` (:data:`POLICY_NAMES`, Delta variants)
 =============  ========  ====================================================================
 
-Offline, stock K and the extension's static K are one policy (``static:K``, :func:`offline_key`); the
-tables label a static K ``static K = K`` (:func:`static_label`, :func:`label_kind` reads a label back).
-It imports nothing of the package: the controller (:mod:`speclimits.control`), the Oracle's report and
-the book's views all read their arms here.
+Offline, stock K and the extension's static K are one policy (``static:K``, :func:`offline_key`); tables label
+a static K ``static K = K`` (:func:`static_label`; :func:`label_kind` reads it back). Imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ DELTA_VARIANTS = {"alone": "each request alone", "greedy-stop": "greedy stop",
 THROUGHPUT_VARIANTS = {"zero-k": "k = 0 skips the drafter"}
 #: Variants the engine cannot run: it does not count the experts a round touched, so it has no previous Ū.
 OFFLINE_ONLY = frozenset({"previous-u"})
-#: The suffix of the Delta rules priced request by request at batch > 1 (``delta:alone``, ``delta-fixed:alone``).
-ALONE = ":alone"
 #: Section 6's offline comparison: every policy and Delta variant it shows, after the static arms.
 OFFLINE_POLICY_NAMES = ("threshold", "delta-fixed", "delta-fixed:greedy-stop", "delta", "delta:previous-u",
                         "delta:raw-confidence", "ema", "cascade", "throughput")

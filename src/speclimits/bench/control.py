@@ -1,41 +1,26 @@
 """``speclimits control bench``: every policy against stock vLLM at every static K, finely interleaved.
 
-Engines, all built once in this process and kept alive: plain decoding (no speculation), one **stock**
-vLLM engine per static K (``num_speculative_tokens = K``, no extension: the reference a user would
-run), and one engine with ``num_speculative_tokens = K_max`` and the control extension, in which each
-policy is an arm (and a few static K, ``--ext-static``, to measure what the extension itself costs).
-Before anything is timed, every engine runs a warm-up generation; the controlled engine's warm-up is
-also its **profile** (:mod:`speclimits.control.profile`): the costs the policies price with are measured
-there, on this machine, and refreshed while the arms run.
+Engines, built once and kept alive: plain decoding, one **stock** engine per static K (no extension), and one
+engine at K_max with the control extension, in which each policy is an arm (plus a few static K,
+``--ext-static``, to measure the extension's own cost). Every engine is warmed up first; the controlled
+engine's warm-up is its **profile** (:mod:`speclimits.control.profile`), the costs the policies price with.
 
-A **block** is one prompt (batch 1) or one batch of prompts, cycling through the held-out references;
-every arm runs every block, in an order rotated from block to block. Per arm and block: wall and
-process CPU time, output tokens, vLLM's spec-decode counters (``vllm bench`` field names), the
-controller's rounds, k and decision time, the 1-minute load average and the controller's price scale.
+A **block** is one prompt (batch 1) or one batch, cycling through the held-out references; every arm runs every
+block, in an order rotated per block. :func:`summarize` gives per arm the median ms/token and, per stock K, the
+**paired speed ratio** (geometric mean over blocks, 95% bootstrap interval). The best stock K is chosen on the
+even blocks and compared on the odd ones (no winner's curse). Greedy outputs are compared with plain decoding
+(``lossless``), and plain decoding's with the trace's references, to which the offline prediction, priced with
+the costs profiled in this run, applies.
 
-The summary (:func:`summarize`): per arm the median ms/token over blocks and, for every stock K, the
-**paired speed ratio** (stock time / arm time in the same block; geometric mean over blocks) with a 95%
-bootstrap interval over blocks. The best stock K is chosen on the even blocks and the policies are
-compared with it on the odd ones (no winner's curse); the same comparison with the choice made on all
-blocks is given beside it. Every arm's greedy output is compared with plain decoding (``lossless``),
-and plain decoding's with the trace's greedy references: the offline prediction of every arm, priced
-with the costs profiled in this run, applies to the references the engine reproduces.
+**Sampled requests** (``--temperature``, ``--top-p``): each request of a block has a seed shared by every arm;
+the texts differ by design, so ``lossless`` is None (``tests/test_control_distribution.py`` tests it in
+distribution). On CPU every engine runs with vLLM's rejection sampler repaired (vllm-project/vllm#55005,
+:func:`speclimits.tracing.extension.fix_cpu_expand`; ``engine.fixes``). The prediction is then the expectation
+over the trace's sampled references (a trace sampled at the same temperature and top-p).
 
-**Sampled requests** (``--temperature T``, ``--top-p P``): every request of a block carries a seed, the same
-for every arm, and the arms' texts differ by design (speculation consumes the random draws in another
-order), so ``lossless`` is None: lossless in distribution is what ``tests/test_control_distribution.py``
-tests on the engine. On CPU every engine of the run, stock ones included, runs with vLLM's rejection
-sampler repaired (vllm-project/vllm#55005, :func:`speclimits.tracing.extension.fix_cpu_expand`; recorded
-in ``engine.fixes``): unrepaired, stock sampled speculative decoding is not the target's distribution.
-The offline prediction is then the expectation over the trace's sampled references (a trace sampled at
-the same temperature and top-p: ``speclimits trace --temperature``), priced as above.
-
-**A mixed workload** (``--greedy-share S`` with ``--temperature T``): a share S of the requests is greedy, the
-rest sampled, in the same batches (request g of the run, counting block by block, is greedy where
-``floor((g + 1)·S) > floor(g·S)``: the share is exact over the run, and every arm gets the same mix). The
-controller should then decide each request with a policy of its own temperature: ``--policy`` a policy set
-(``speclimits control combine``; one fitted at T, one greedy). ``lossless`` compares the greedy requests'
-texts with plain decoding's; there is no offline prediction (no one trace holds the mix's references).
+**A mixed workload** (``--greedy-share S``): request g of the run is greedy where ``floor((g + 1)·S) >
+floor(g·S)`` (an exact share, the same mix for every arm); ``--policy`` should be a policy set (``speclimits
+control combine``). ``lossless`` compares the greedy requests with plain decoding; no offline prediction.
 """
 
 from __future__ import annotations
@@ -110,14 +95,11 @@ class BenchConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "BenchConfig":
-        return cls(policy=args.policy, out=args.out, trace=args.trace, target=args.target, draft=args.draft,
-                   method=args.method, load_format=args.load_format, prompts=args.prompts, ids=args.ids,
-                   limit=args.limit, batch=int(args.batch), max_tokens=args.max_tokens, blocks=args.blocks,
-                   static=parse_static(args.static), ext_static=parse_static(args.ext_static, "--ext-static")
-                   if args.ext_static
-                   else [], policies=[p for p in args.policies.split(",") if p],
-                   profile_rounds=args.profile_rounds, seed=args.seed,
-                   temperature=float(getattr(args, "temperature", 0.0)), top_p=float(getattr(args, "top_p", 1.0)),
+        same = ("policy", "out", "trace", "target", "draft", "method", "load_format", "prompts", "ids", "limit",
+                "max_tokens", "blocks", "profile_rounds", "seed")
+        return cls(**{k: getattr(args, k) for k in same}, batch=int(args.batch), static=parse_static(args.static),
+                   ext_static=parse_static(args.ext_static, "--ext-static") if args.ext_static else [],
+                   policies=[p for p in args.policies.split(",") if p], temperature=float(getattr(args, "temperature", 0.0)), top_p=float(getattr(args, "top_p", 1.0)),
                    greedy_share=float(getattr(args, "greedy_share", 0.0) or 0.0))
 
     @property
@@ -170,8 +152,8 @@ def vllm_counters(llm: Any) -> dict[str, int]:
 
 
 def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path, others: tuple[PolicyFit, ...] = ()) -> list[Any]:
-    """The prompts to run: the fit's test references (``ids="test"``), ``"all"``, or listed ids; none that
-    ``fit`` or one of ``others`` (the other fits of a policy set) was fitted on."""
+    """The prompts to run (``ids``: ``"test"``, ``"all"`` or listed ids); none that ``fit`` or ``others`` (a
+    policy set's other fits) was fitted on."""
     path = Path(cfg.prompts) if cfg.prompts else trace / PROMPTS_FILE
     prompts = read_prompts(path)
     if cfg.ids == "all":
@@ -190,9 +172,7 @@ def choose_prompts(cfg: BenchConfig, fit: PolicyFit, trace: Path, others: tuple[
     return chosen[: cfg.limit] if cfg.limit else chosen
 
 
-# ---------------------------------------------------------------------------
-# Measurement
-# ---------------------------------------------------------------------------
+# -- Measurement -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -217,17 +197,15 @@ class Engines:
 
 
 def token_budget(cfg: BenchConfig) -> int | None:
-    """vLLM's token budget per step for the run's engines, or None for vLLM's default: sampled at batch > 1, a
-    budget that holds every prompt of a block, since vLLM-CPU cannot split the prefill of a seeded request
-    ("CPU Generator does not use offset" when a partial prefill rewinds the request's generator)."""
+    """vLLM's token budget per step, or None for its default: sampled at batch > 1, one that holds every prompt
+    of a block (vLLM-CPU cannot split a seeded request's prefill: "CPU Generator does not use offset")."""
     return cfg.batch * cfg.max_model_len if cfg.sampled and cfg.batch > 1 else None
 
 
 def build_engines(cfg: BenchConfig, fit: PolicyFit | PolicySet, warm_ids: list[list[int]], progress: Any
                   ) -> Engines:
-    """Stock engines first (they never see the extension), then the controlled one; each warmed up, the
-    controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds, then the fitted costs). ``fit``:
-    the policy JSON's fit, or set of fits, the controlled engine is armed with."""
+    """Stock engines first (they never see the extension), then the controlled one armed with ``fit`` (a fit or
+    a set); each warmed up, the controlled one profiled on ``warm_ids`` (``cfg.profile_rounds`` rounds)."""
     kw = dict(batch=cfg.batch, load_format=cfg.load_format, max_model_len=cfg.max_model_len, seed=cfg.seed)
     if token_budget(cfg):
         kw["max_num_batched_tokens"] = token_budget(cfg)
@@ -260,8 +238,8 @@ def build_engines(cfg: BenchConfig, fit: PolicyFit | PolicySet, warm_ids: list[l
 
 def run_arm(engines: Engines, key: str, ids: list[list[int]], max_tokens: int, sampling: dict[str, Any] | None = None
             ) -> tuple[dict[str, Any], list]:
-    """One arm on one block: timings, counters, controller records; and the outputs. ``sampling``:
-    ``temperature``, ``top_p`` and ``seeds`` of :func:`~speclimits.bench.engines.generate` (None: greedy)."""
+    """One arm on one block: (timings, counters and controller records; outputs). ``sampling``: the sampling
+    keywords of :func:`~speclimits.bench.engines.generate` (None: greedy)."""
     controlled = not is_reference(key)
     llm = engines.ctrl if controlled else engines.stock[arm(key).k]
     if controlled:
@@ -340,9 +318,7 @@ def measure(cfg: BenchConfig, engines: Engines, ids: list[list[int]], progress: 
     return pd.DataFrame(rows), None if cfg.sampled and not cfg.mixed else bool(lossless), plain_out
 
 
-# ---------------------------------------------------------------------------
-# Summary
-# ---------------------------------------------------------------------------
+# -- Summary ---------------------------------------------------------------------------------------------
 
 
 def per_block(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -351,11 +327,8 @@ def per_block(blocks: pd.DataFrame) -> pd.DataFrame:
     return (g["duration_s"] * 1e3 / g["total_output_tokens"]).unstack("arm")
 
 
-def paired_ratio(t_ref: np.ndarray, t_arm: np.ndarray, n_boot: int = 2000, seed: int = 0
-                 ) -> tuple[float, float, float]:
-    """Geometric-mean speed ratio ``t_ref / t_arm`` over paired blocks and its 95% percentile bootstrap
-    interval over blocks (:mod:`speclimits.bootstrap`: blocks drawn with replacement). > 1: the arm is faster."""
-    return geometric_mean_ratio(t_ref, t_arm, n_boot, seed)
+#: Geometric-mean speed ratio ``t_ref / t_arm`` over paired blocks, 95% bootstrap interval (> 1: the arm is faster).
+paired_ratio = geometric_mean_ratio
 
 
 def best_stock(table: pd.DataFrame) -> str | None:
@@ -366,11 +339,9 @@ def best_stock(table: pd.DataFrame) -> str | None:
 
 def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
                     ) -> tuple[str | None, pd.DataFrame]:
-    """What a user's workload sees: the best stock K's time per token over all blocks (all their time
-    over all their tokens; the K chosen on those same blocks, a bias toward the reference) over each
-    arm's, with a 95% percentile bootstrap interval, blocks resampled with replacement and paired (the
-    same draws for both arms). Returns ``(best stock arm, DataFrame indexed by arm with workload_ratio,
-    workload_ratio_lo, workload_ratio_hi)``; ``(None, empty)`` without a stock arm."""
+    """What a user's workload sees: the best stock K's pooled time per token over all blocks (K chosen on the
+    same blocks, a bias toward the reference) over each arm's, with a 95% paired bootstrap interval over blocks.
+    Returns ``(best stock arm, DataFrame by arm: workload_ratio, _lo, _hi)``; ``(None, empty)`` without stock."""
     table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
                                aggfunc="sum")
     dur, tok = table["duration_s"], table["total_output_tokens"]
@@ -392,20 +363,15 @@ def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
 
 
 def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """One row per arm (see the module docstring) and the choice of the best stock K.
+    """One row per arm and the choice of the best stock K.
 
-    Columns: ``ms_per_token`` (median over blocks), ``ms_per_token_lo/hi`` (interquartile range),
-    ``ms_per_token_pooled`` (all blocks' time over all their tokens: what the offline prediction predicts),
-    ``cpu_ms_per_token``, ``vs_plain`` and ``vs_stock_K`` (paired ratios; ``_lo``/``_hi`` their 95% interval),
-    ``vs_best_stock`` (best stock K chosen on even blocks, ratio on odd blocks) with its interval,
-    ``vs_best_stock_all`` (chosen and compared on all blocks), ``workload_ratio`` (:func:`workload_ratios`:
-    all blocks' time per token of the best stock K by that measure, ``choice["best_stock_workload"]``, over
-    the arm's) with its interval, acceptance length, decision time per
-    round and its share of the round (``decision_share``), mean k, wasted draft steps per request round,
-    ``price_scale`` (median over the arm's blocks of the controller's refreshed price scale) and
-    ``price_level``: the machine's speed against the profile over the arm's blocks (per block the median of
-    the price scales the controlled arms ended that block with; weighted by the arm's tokens in the
-    block), the factor :func:`with_prediction` rescales the prediction by.
+    Columns: ``ms_per_token`` (median over blocks; ``_lo``/``_hi`` interquartile range), ``ms_per_token_pooled``
+    (all time over all tokens: what the offline prediction predicts), ``cpu_ms_per_token``, paired ratios
+    ``vs_plain``, ``vs_stock_K``, ``vs_best_stock`` (chosen on even blocks, compared on odd) with 95% intervals,
+    ``vs_best_stock_all`` (chosen and compared on all blocks), :func:`workload_ratios`, acceptance length,
+    decision time per round and its ``decision_share``, mean k, wasted draft steps, ``price_scale`` (median of
+    the controller's refreshed scale) and ``price_level`` (per block the median scale of the controlled arms,
+    weighted by the arm's tokens: the factor :func:`with_prediction` rescales by).
     """
     pb = per_block(blocks)
     g = blocks.groupby("arm", sort=False)
@@ -476,22 +442,16 @@ def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any]
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# Prediction in the units of the run
-# ---------------------------------------------------------------------------
+# -- Prediction in the units of the run ------------------------------------------------------------------
 
 
 def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[str], arms: list[str],
             max_tokens: int, seed: int, groups: list[list[str]] | None = None, every_sample: bool = False
             ) -> tuple[pd.DataFrame | None, dict[str, Any] | None, str]:
-    """Offline prediction of every arm on the references ``seq_ids``, priced with the costs profiled in
-    this run (:meth:`EngineProfile.cost_model`), and the Oracle's bounds; ``(table, bounds, note)``.
-
-    At batch > 1, ``groups`` (the reference ids of each block whose references all reproduced) are
-    also replayed as the engine batches them (:func:`~speclimits.control.offline.batch_replay`: the
-    step's cost by its shape); the table's ``batch_*`` columns, and the prediction beside each arm.
-    ``every_sample``: ``seq_ids`` are prompts, and the table covers every sampled reference of each (a
-    sampled trace; the batch replay walks each prompt's first)."""
+    """Offline prediction of every arm on ``seq_ids``, priced with the costs profiled in this run, and the
+    Oracle's bounds: ``(table, bounds, note)``. At batch > 1 ``groups`` (each block's reference ids, all
+    reproduced) are also batch-replayed (:func:`~speclimits.control.offline.batch_replay`; ``batch_*`` columns).
+    ``every_sample``: ``seq_ids`` are prompts, covering every sampled reference of each."""
     from speclimits.control.profile import EngineProfile
 
     if not seq_ids:
@@ -521,20 +481,12 @@ def predict(fit: PolicyFit, trace: Path, profile: dict[str, Any], seq_ids: list[
 
 
 def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.DataFrame:
-    """``predicted_ms_per_token`` (the replay priced with the profiled costs; at batch > 1 the batch
-    replay, when there is one) and ``prediction_error`` (predicted / measured - 1) beside each arm; stock
-    K and the extension's static K share a prediction.
-
-    The replay predicts the total time of the references over their total tokens, so it is compared with
-    the same ratio measured, ``ms_per_token_pooled`` (every block's time over every block's tokens), not
-    with the median of the blocks' own ratios: the two differ where blocks differ (at batch 1 a block is one
-    prompt, and the policies' per-prompt times are skewed: up to 9% apart in the committed batch-1 run).
-
-    The prediction is priced with the costs profiled at the start of the run; where the machine's speed
-    moved during the run (the controller's price refresh measures it), ``predicted_ms_per_token_rescaled``
-    is the same prediction times the arm's ``price_level`` and ``prediction_error_rescaled`` its error:
-    what is left when the drift the controller measured is taken out (the stock arms' own times never
-    enter it)."""
+    """``predicted_ms_per_token`` (the replay priced with the profiled costs; the batch replay at batch > 1)
+    and ``prediction_error`` (predicted / measured - 1) beside each arm; stock K and the extension's static K
+    share a prediction. The replay predicts total time over total tokens, so it is compared with
+    ``ms_per_token_pooled``, not the median of the blocks' ratios (at batch 1 per-prompt times are skewed: up to
+    9% apart in the committed run). ``predicted_ms_per_token_rescaled`` / ``prediction_error_rescaled``: times the
+    arm's ``price_level``, the machine's drift during the run as the controller measured it taken out."""
     if table is None:
         return summary
     col = "batch_ms_per_token" if "batch_ms_per_token" in table else "replay_ms_per_token"
@@ -551,9 +503,8 @@ def with_prediction(summary: pd.DataFrame, table: pd.DataFrame | None) -> pd.Dat
 
 
 def resummarize(result: dict[str, Any], by: str = "") -> dict[str, Any]:
-    """A stored benchmark result with its summary recomputed from its blocks and its offline table (the
-    same bootstrap seed and size as the run), for when the summary's definitions change: nothing is
-    measured again. ``by`` is recorded as ``resummarized_by``."""
+    """A stored result with its summary recomputed from its blocks and offline table (the run's bootstrap seed
+    and size; nothing measured again); ``by`` is recorded as ``resummarized_by``."""
     cfg = result["config"]
     blocks = pd.DataFrame(result["blocks"])
     summary, choice = summarize(blocks, int(cfg.get("n_boot", 2000)), int(cfg.get("seed", 0)))
@@ -648,9 +599,8 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
 
 
 def sampled_engine_fixes() -> list[str]:
-    """Repairs this process's engines need to sample right (every engine of the run, stock ones included:
-    they are built in this process): on CPU vLLM's rejection-sampler expansion (vllm-project/vllm#55005).
-    Called once an engine was built (vLLM sets its CPU kernels up then)."""
+    """Repairs every engine of this process needs to sample right: on CPU vLLM's rejection-sampler expansion
+    (vllm-project/vllm#55005). Called once an engine was built (vLLM sets its CPU kernels up then)."""
     from speclimits.tracing import engine as eng
     from speclimits.tracing.extension import fix_cpu_expand
 
@@ -660,9 +610,8 @@ def sampled_engine_fixes() -> list[str]:
 
 
 def trace_generations(trace: Path) -> dict[str, tuple[list[int], list[int]]]:
-    """``{prompt_id: (prompt token ids, output token ids)}`` of the trace's K = 0 generations (the
-    greedy references the Oracle data follows), read with :func:`speclimits.trace.io.read_generations`
-    (``generations.jsonl`` and the shard logs of a distributed sweep); empty when the trace has none."""
+    """``{prompt_id: (prompt ids, output ids)}`` of the trace's K = 0 generations (the greedy references;
+    :func:`speclimits.trace.io.read_generations`, shard logs included); empty when there are none."""
     out: dict[str, tuple[list[int], list[int]]] = {}
     for _gid, g in sorted(read_generations(trace).items()):
         if int(g.get("K", -1)) == 0 and "prompt_token_ids" in g:
