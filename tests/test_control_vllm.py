@@ -48,6 +48,15 @@ def tiny(ce, tmp_path_factory):
 PROMPTS = [[int(x) for x in np.random.default_rng(i).integers(1, 500, size=n)] for i, n in enumerate((7, 12, 20, 9))]
 
 
+def plain_outputs(ce, target, batch, *samplings):
+    """Plain decoding's outputs of :data:`PROMPTS` on the tiny target, one list per sampling keyword dict."""
+    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=batch, load_format="dummy", max_model_len=256)
+    try:
+        return [ce.generate(llm, PROMPTS, TOKENS, **kw) for kw in samplings or ({},)]
+    finally:
+        ce.close(llm)
+
+
 def run_arms(ce, llm, prompts, names, k_max, tokens=TOKENS):
     out = {}
     for name in names:
@@ -59,9 +68,7 @@ def run_arms(ce, llm, prompts, names, k_max, tokens=TOKENS):
 @pytest.mark.parametrize("batch", [1, 4])
 def test_lossless_on_the_tiny_models(ce, tiny, batch):
     target, head = tiny
-    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=batch, load_format="dummy", max_model_len=256)
-    plain = ce.generate(llm, PROMPTS, TOKENS)
-    ce.close(llm)
+    (plain,) = plain_outputs(ce, target, batch)
     for method, draft in (("draft_model", target), ("eagle3", head)):
         llm = ce.build_llm(str(target), str(draft), method, 4, batch=batch, load_format="dummy", max_model_len=256)
         try:
@@ -91,9 +98,7 @@ def test_profile_then_policy_lossless(ce, tiny):
     same k; at k = 0 none keeps a draft), fits the costs, then applies the policy: outputs identical to
     plain decoding throughout, and the profile covers every width, one row per request included."""
     target, head = tiny
-    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
-    plain = ce.generate(llm, PROMPTS, TOKENS)
-    ce.close(llm)
+    (plain,) = plain_outputs(ce, target, 2)
     llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=2, load_format="dummy", max_model_len=256)
     try:
         info = llm.collective_rpc("speclimits_control_set", args=(policy_dict(4), "delta", 16))[0]
@@ -112,10 +117,8 @@ def test_profile_then_policy_lossless(ce, tiny):
 
 
 def test_a_policy_set_decides_greedy_and_sampled_requests_apart(ce, tiny):
-    """A policy set (``speclimits control combine``) on a batch of two greedy and two sampled requests: each
-    request is decided by the fit of its temperature, read from its sampling parameters (here a fit whose
-    calibration says every draft matches, for T = 0, and one that says none does, for T = 0.8); the greedy
-    requests' texts equal plain decoding's in the same mixed batch."""
+    """A policy set on two greedy and two sampled requests: each decided by its temperature's fit (every draft
+    matches at T = 0, none at T = 0.8); the greedy texts equal plain decoding's in the same mixed batch."""
     from dataclasses import replace
 
     from speclimits.control.policyset import PolicySet
@@ -125,9 +128,7 @@ def test_a_policy_set_decides_greedy_and_sampled_requests_apart(ce, tiny):
     doubt = replace(sure, calibration=CalibrationMap((0.0, 1.0), (0.0, 0.0)))
     greedy = [True, False, True, False]
     kw = dict(temperature=0.8, seeds=[11, 12, 13, 14], greedy=greedy)
-    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=4, load_format="dummy", max_model_len=256)
-    plain = ce.generate(llm, PROMPTS, TOKENS, **kw)
-    ce.close(llm)
+    (plain,) = plain_outputs(ce, target, 4, kw)
     llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=4, load_format="dummy", max_model_len=256)
     try:
         info = llm.collective_rpc("speclimits_control_set", args=(PolicySet((sure, doubt), (0.0, 0.8)).to_dict(),
@@ -144,19 +145,15 @@ def test_a_policy_set_decides_greedy_and_sampled_requests_apart(ce, tiny):
 
 
 def test_a_round_that_plans_no_draft_skips_the_drafter(ce, tiny):
-    """``throughput:zero-k`` with a prior that says no draft pays: after the prompts' prefill (drafted as
-    always, so that the head's cache holds them) no round drafts at all, the engine verifies one row per
-    request, and the greedy outputs equal plain decoding's. The steps without a draft to verify sample
-    through vLLM's plain sampler, not its rejection sampler (counted), and seeded sampled outputs equal plain
-    decoding's token for token."""
+    """``throughput:zero-k`` with a prior that says no draft pays: after the prefill (drafted, so the head's cache
+    holds it) no round drafts, steps sample through vLLM's plain sampler (counted), and greedy and seeded
+    sampled outputs equal plain decoding's token for token."""
     from dataclasses import replace
 
     target, head = tiny
     fit = replace(PolicyFit.from_dict(policy_dict(4)), tokens_per_round=(1.01, 1.0101, 1.0102, 1.0103))
     sampled = dict(temperature=0.9, seeds=[11, 12, 13, 14])
-    llm = ce.build_llm(str(target), None, "eagle3", 0, batch=2, load_format="dummy", max_model_len=256)
-    plain, plain_sampled = ce.generate(llm, PROMPTS, TOKENS), ce.generate(llm, PROMPTS, TOKENS, **sampled)
-    ce.close(llm)
+    plain, plain_sampled = plain_outputs(ce, target, 2, {}, sampled)
     llm = ce.build_llm(str(target), str(head), "eagle3", 4, batch=2, load_format="dummy", max_model_len=256)
     try:
         llm.collective_rpc("speclimits_control_set", args=(fit.to_dict(), "throughput:zero-k"))
@@ -180,11 +177,8 @@ def test_a_round_that_plans_no_draft_skips_the_drafter(ce, tiny):
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_offline_driver_replays_the_engine_decisions_exactly(ce, tiny, batch):
-    """The engine's round driver, recording what it was given (the price scale as refreshed, each round's
-    requests, each step's top-1 probabilities as read, each outcome when the engine observed it, one round
-    late), and a fresh offline driver of the same policy fed that record: the same k for every request of
-    every round, for a rule per kind (per-request stop, running λ with memory, the batch decision, a plan
-    from counts, plan-only rules with memory). The profile (and so the price refresh) is measured first."""
+    """The engine's driver records its inputs (price scale, rounds, top-1 as read, outcomes one round late); a
+    fresh offline driver fed that record keeps the same k every round, for a rule of each kind, after a profile."""
     from speclimits.control.driver import replay
     from speclimits.control.profile import EnginePricing, EngineProfile
 
