@@ -1,11 +1,9 @@
 """The controller inside ``vllm serve``, run by tests/test_control_serve.py in a loopback-only network namespace:
-plain greedy decoding of the prompts in this process, then ``vllm serve`` with the bundled pair and the
-ControlWorkerExtension on 127.0.0.1, armed by its environment (``SPECLIMITS_CONTROL_POLICY``: the package's
-vLLM plugin, :mod:`speclimits.control.plugin`; no call), the same prompts through ``/v1/completions``, with a
-streamed request cancelled (the client disconnects) after a few tokens before and between them; prints
-``RESULT {json}`` (both texts, the server log's arming line, what the controller drained, read through
-``/collective_rpc`` in the development mode, and vLLM's per-request speculative metrics of each served request,
-``--per-request-spec-decode-metrics detailed``). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
+plain greedy decoding of the prompts here, then ``vllm serve`` with the bundled pair and the ControlWorkerExtension
+on 127.0.0.1, armed by its environment (the package's vLLM plugin), the same prompts through ``/v1/completions``
+with a streamed request cancelled after a few tokens before and between them; prints ``RESULT {json}`` (both
+texts, the log's arming line, the controller's drain via ``/collective_rpc``, vLLM's per-request speculative
+metrics). Usage: ``python serve_scenario.py WORKDIR POLICY_JSON``."""
 
 from __future__ import annotations
 

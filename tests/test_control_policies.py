@@ -74,10 +74,9 @@ def logits_with_top1(conf: np.ndarray, vocab: int = 64):
 
 def engine_walk(fit: PolicyFit, name: str, inputs: OracleInputs, batch_keep: bool = False,
                 driver: RoundDriver | None = None) -> list[dict[int, int]]:
-    """The engine's round driver (RoundDriver: the rules' scalar form, one request at a time) on a batch of
-    all sequences, replaying the recorded greedy outcomes: the k of each round, in the order of the offline
-    rollout. ``batch_keep=False`` leaves out the batch-level keep rule, which the one-sequence offline walk
-    does not have. ``driver``: this one instead of a driver of ``fit.make(name)`` (a mixed batch's)."""
+    """The engine's round driver on a batch of all sequences, replaying the recorded outcomes: each round's k.
+    ``batch_keep=False``: without the batch-level decisions (the one-sequence walk has none). ``driver``: this
+    one instead of a driver of ``fit.make(name)`` (a mixed batch's)."""
     driver = driver or RoundDriver(fit.make(name))
     if not batch_keep:  # nor the batch-level decisions (the Delta rules' batch_select, one k for the batch)
         driver.batch_keep = driver.shared = driver.batch_plan = False
@@ -143,11 +142,9 @@ def test_calibration_map_one_value_at_a_time_is_np_interp():
 
 
 def batch_objective(pol, prods, lams, j, big_j, keep):
-    """The Delta rule's price of a batch round of ``big_j`` draft steps keeping ``keep`` (k_i in 1..J; 0..J
-    with ``zero``): step cost ``s·(b·a·J + b·v(⌈mean k⌉))`` with v(k) = Ĉ(k) - a·k, or the measured pass
-    when the engine set one (a ragged pass priced as the next width the profile times), less a gain
-    ``λ_i·P_i,t`` per kept token t >= 2 (t >= 1 with ``zero``; P extrapolated past step j with step j's
-    confidence)."""
+    """The Delta rule's price of a batch round of ``big_j`` steps keeping ``keep``, written out: ``s·(b·a·J +
+    b·v(⌈mean k⌉))`` (v the verification or the measured pass) less ``λ_i·P_i,t`` per kept token t >= 2 (>= 1
+    with ``zero``; P extrapolated past step j with step j's confidence)."""
     b, s, a = len(prods), pol.price_scale, pol.model.a
     v = pol.pass_ms if pol.pass_ms is not None else [pol.row[k] - a * k for k in range(pol.k_max + 1)]
     gain = 0.0
@@ -222,10 +219,8 @@ def test_batch_decision_is_the_brute_force_optimum(seed, zero):
 @pytest.mark.parametrize("zero", [False, True])
 @pytest.mark.parametrize("b", [2, 3, 4])
 def test_batch_stop_step_by_step_is_the_brute_force_optimum(b, zero):
-    """Step by step as the driver asks (the same ``prods`` lists, grown by a step): the batch drafts on
-    exactly when a longer round beats stopping now, and at a stop it keeps a keep vector of the least
-    objective, both found by brute force — with zero confidences, measured (non-monotone) pass prices and
-    price scales other than 1."""
+    """Step by step as the driver asks: the batch drafts on exactly when a longer round beats stopping, and keeps
+    a least-objective keep vector at a stop (brute force; zero confidences, non-monotone passes, scales != 1)."""
     rng = np.random.default_rng(b)
     k_max = 5
     fit = hand_fit(k_max=k_max, lam=6.0)
@@ -259,11 +254,8 @@ def test_batch_stop_step_by_step_is_the_brute_force_optimum(b, zero):
 
 @pytest.mark.parametrize("scale", [0.5, 2.0, 4.0])
 def test_delta_decisions_do_not_change_when_every_price_scales(scale):
-    """λ0 is a time per token at the prices the rule was set up with: when the engine's refresh scales
-    every price (the machine runs uniformly slower or faster), λ0 scales with them and no decision of
-    the fixed-λ rule changes, per request (the look-ahead stop, the keep) or for the batch. Powers of
-    two scale every float exactly, so the decisions must be equal, not close. (Before λ0 followed the
-    prices, a scale of 4 made every cost four times a token's value and the rule stopped early.)"""
+    """When the refresh scales every price, λ0 scales with them and no decision of the fixed-λ rule changes (stop,
+    keep, batch). Powers of two scale every float exactly, so the decisions must be equal, not close."""
     rng = np.random.default_rng(int(scale * 10))
     fit = hand_fit(k_max=6, lam=6.0)
     ref, pol = fit.make("delta-fixed"), fit.make("delta-fixed")
@@ -391,10 +383,8 @@ def test_a_mixed_batch_decides_each_request_by_its_own_fit(random_inputs, name):
 
 
 def test_throughput_zero_k_plans_no_draft_and_skips_the_drafter(random_inputs):
-    """``throughput:zero-k``: where the prior acceptance is so low that one token from a plain pass is worth more
-    than any draft (hand prices: 1/8.9 against 1.01/10.8 for k = 1), it plans k = 0 for every request and the
-    round skips the drafter (offline: no draft step is paid); with an acceptance that pays, the same rule drafts;
-    the stock rule never plans 0. Labels name the variant; other rules do not take it."""
+    """``throughput:zero-k`` plans k = 0 for every request and skips the drafter where no draft pays (hand prices:
+    1/8.9 against 1.01/10.8 for k = 1), drafts where it pays; the stock rule never plans 0; labels and variants."""
     from speclimits.control.offline import walk_actions
 
     low = replace(hand_fit(), tokens_per_round=tuple(1.0 + 0.01 * k for k in range(1, K + 1)))
