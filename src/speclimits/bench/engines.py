@@ -1,7 +1,5 @@
-"""Engines for the controller: a plain one and a speculative one with the control extension.
-
-Built with the tracing harness's engine arguments (:func:`speclimits.tracing.engine.engine_kwargs`:
-CPU defaults, ``async_scheduling=False``, block size 32), with the worker extension replaced by
+"""Engines for the controller, built with the tracing harness's engine arguments
+(:func:`speclimits.tracing.engine.engine_kwargs`), the worker extension replaced by
 :class:`~speclimits.control.extension.ControlWorkerExtension` (which is also the tracer).
 """
 
@@ -20,11 +18,8 @@ EXTENSION = "speclimits.control.extension.ControlWorkerExtension"
 def build_llm(target: str, draft: str | None, method: str, k: int, *, batch: int = 1, load_format: str = "auto",
               max_model_len: int = 1024, seed: int = 0, dtype: str = "float32", extension: bool = True,
               max_num_batched_tokens: int | None = None) -> Any:
-    """``vllm.LLM`` with the control extension; ``k = 0`` builds a plain (non-speculative) engine.
-
-    ``extension=False``: stock, the same engine arguments without a worker extension (what a user runs
-    with ``num_speculative_tokens = k``). ``max_num_batched_tokens``: vLLM's token budget per step (None:
-    vLLM's default)."""
+    """``vllm.LLM`` with the control extension (``extension=False``: stock, the same arguments without it); ``k =
+    0``: a plain engine. ``max_num_batched_tokens``: vLLM's token budget per step (None: vLLM's default)."""
     vllm = eng.require_vllm()
     eng.check_vllm_api()
     choice = engine_dtype(None, model_config(target), cpu_info()["flags"], dtype)  # an MLA target on AMX: bfloat16

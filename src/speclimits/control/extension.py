@@ -106,11 +106,8 @@ def check_policy(fit: PolicyFit | PolicySet, name: str) -> bool:
 
 
 class ControlWorkerExtension(TracingWorkerExtension):
-    """Mixed into vLLM's worker; see the module docstring. Call through ``collective_rpc``.
-
-    Its parts: ``speclimits_pricing`` (:class:`~speclimits.control.profile.EnginePricing`) and
-    ``speclimits_tokens`` (:class:`~speclimits.control.top1op.TokenChoice`), kept across policy switches;
-    ``speclimits_records`` (:class:`~speclimits.control.driver.RoundRecords`, what a drain returns)."""
+    """Mixed into vLLM's worker (module docstring), called through ``collective_rpc``: ``speclimits_pricing`` and
+    ``speclimits_tokens`` are kept across policy switches, ``speclimits_records`` is what a drain returns."""
 
     def speclimits_install(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The tracer's install; then, when :data:`ENV_POLICY` is set and the engine speculates, arm the policy
