@@ -1,11 +1,7 @@
 """The bound at batch > 1, per batch size: :func:`batch_bounds`, the numbers ``speclimits oracle --batch``
-prints (issue 20, item 4). The setting is :mod:`~speclimits.oracle.batch_problem`'s; the jobs:
-
-* :mod:`~speclimits.oracle.batch_pair`: the exact Oracle for b = 2 (joint state, joint k) and the exact
-  evaluation of a batch-size table at b <= 2;
-* :mod:`~speclimits.oracle.batch_tables`: every static K and the best batch-size→K table (vLLM's
-  ``num_speculative_tokens_per_batch_size`` chosen in hindsight), exact or Monte Carlo;
-* :mod:`~speclimits.oracle.batch_relaxation`: for any b, a bound no policy can beat.
+prints. The setting is :mod:`~speclimits.oracle.batch_problem`'s; :mod:`~speclimits.oracle.batch_pair`
+has the exact Oracle for b = 2, :mod:`~speclimits.oracle.batch_tables` static K and the best batch-size→K
+table, :mod:`~speclimits.oracle.batch_relaxation` the bound no policy can beat at any b.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ has the argument), in the setting of :mod:`~speclimits.oracle.batch_problem`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -13,7 +13,7 @@ from speclimits.costmodel import BatchCostModel, CostModel
 from speclimits.oracle.batch_problem import BatchProblem, group_matrix, groups
 from speclimits.oracle.batch_tables import simulate
 from speclimits.oracle.inputs import OracleInputs
-from speclimits.oracle.solver import OracleResult, solve
+from speclimits.oracle.solver import solve
 
 
 def _rho(x: float, b: int) -> float:
@@ -71,7 +71,7 @@ class RelaxationBound:
 
     ``total_ms`` = sum over requests of the batch-1 Oracle under :attr:`model` (a lower bound on the
     expected total time of every joint policy); ``plain_ms`` static K = 0 at the same b (None
-    without m = 1); ``rho`` {m: rho_b(x_m)}; ``result`` the batch-1 Oracle solved.
+    without m = 1); ``rho`` {m: rho_b(x_m)}.
     """
 
     b: int
@@ -80,7 +80,6 @@ class RelaxationBound:
     plain_ms: float | None
     model: CostModel
     rho: dict[int, float]
-    result: OracleResult = field(repr=False)
 
     @property
     def ms_per_token(self) -> float:
@@ -102,7 +101,7 @@ def relax(ctx: BatchProblem, grps: list[np.ndarray], b: int) -> RelaxationBound:
         plain = float(simulate(replace(ctx, deterministic=True), group_matrix(grps),
                                 np.zeros((1, b + 1), np.int64), 1, 0).sum())
     rho = {m: _rho(x[m], b) for m in x}
-    return RelaxationBound(b, res.bounds.oracle_ms, int(ctx.inputs.n_tokens.sum()), plain, relaxed, rho, res)
+    return RelaxationBound(b, res.bounds.oracle_ms, int(ctx.inputs.n_tokens.sum()), plain, relaxed, rho)
 
 
 def relaxation_bound(inputs: OracleInputs, model: BatchCostModel, b: int, **problem: Any) -> RelaxationBound:

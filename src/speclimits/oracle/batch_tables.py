@@ -43,10 +43,6 @@ class TableValues:
     n_samples: int = 0
     seed: int | None = None
 
-    @property
-    def ms_per_token(self) -> np.ndarray:
-        return self.total_ms / self.n_tokens
-
 
 def _draws(ctx: BatchProblem, n_samples: int, seed: int) -> np.ndarray:
     """(S, n) accepted length of every state in each sample when drafting up to k_max: ``A = #{j <= k_max :
@@ -74,13 +70,11 @@ def simulate(ctx: BatchProblem, grp: np.ndarray, tables: np.ndarray, n_samples: 
     Each round: n = active requests, k = table[n], cost ``step_ms(n, k, union(u_i), sum L_i)``; request i
     at state s_i accepts ``a_i = min(k, A(s_i))`` (:func:`_draws`) and moves ``min(a_i + 1, remaining)``.
     A request visits each state at most once, so the draws along a run are independent with the right
-    law; all tables see the same draws at the same states (common random numbers).
+    law; all tables see the same draws (common random numbers).
 
-    Shared prefixes (the best-table search, whose candidates differ in one entry n, which acts only once
-    n requests are left): with ``snapshots`` the totals come back with, for each m listed, every run's
-    state ``(pos, total)`` just before its first round with at most m active requests; ``start`` runs
-    from such a state (broadcast over the tables). A run's rounds are added to its total in the same
-    order either way, so the totals are the same to the bit as one simulation from the start.
+    With ``snapshots`` the totals come back with, for each m listed, every run's ``(pos, total)`` just
+    before its first round with at most m active requests; ``start`` runs from such a state (broadcast
+    over the tables), giving the same totals to the bit as one simulation from the start.
     """
     inp = ctx.inputs
     n_e = float(ctx.model.n_experts)
@@ -154,13 +148,10 @@ def table_values(ctx: BatchProblem, grps: list[np.ndarray], b: int, tables: np.n
 
 def evaluate_tables(inputs: OracleInputs, model: BatchCostModel, b: int, tables: Any, n_samples: int = DEFAULT_SAMPLES,
                     seed: int = 0, method: str = "auto", **problem: Any) -> TableValues:
-    """Expected total time of batch-size tables in closed batches of ``b`` (:func:`groups`).
-
-    A table gives the joint k for each number n of active requests (:meth:`BatchProblem.tables`; an int is
-    a static K). ``method`` ``auto``: deterministic transitions → one closed-batch simulation (exact);
-    probabilistic at b <= 2 → the pair Bellman evaluation (exact: :class:`PairOracle`'s equation with the
-    table's k instead of the minimum); probabilistic at b > 2 → Monte Carlo over ``n_samples`` seeded
-    closed-batch runs of every group with a 95% normal interval (common random numbers across the tables).
+    """Expected total time of batch-size tables (:meth:`BatchProblem.tables`; an int is a static K) in
+    closed batches of ``b`` (:func:`groups`). ``method`` ``auto``: deterministic → one closed-batch
+    simulation (exact); probabilistic at b <= 2 → the pair Bellman evaluation (exact); else Monte Carlo over
+    ``n_samples`` seeded runs of every group with a 95% normal interval (common random numbers).
     ``problem``: ``k_max``, ``deterministic``, ``allow_k0`` of :meth:`BatchProblem.build`.
     """
     ctx = BatchProblem.build(inputs, model, **problem)
@@ -200,13 +191,10 @@ class BestTable:
 
 def search_table(ctx: BatchProblem, grps: list[np.ndarray], b: int, n_samples: int, seed: int,
                  static: TableValues | None = None, max_sweeps: int = 20) -> BestTable:
-    """The best batch-size→K table in hindsight: k depends on the number n of active requests of the batch.
-
-    Coordinate descent from the best static K (``static``: :func:`table_values` of every static K): for
-    n = b, b - 1, ..., 1 try every k for entry n with the others fixed and keep the best (strict
-    improvements only), until a whole sweep changes nothing. The result is a **coordinate-wise optimum**
-    (no single entry can improve it), evaluated as :func:`evaluate_tables` does (exact, or Monte Carlo:
-    searched on the draws of ``seed``, reported on those of ``seed + 1``). ``max_sweeps`` 0: the best static K.
+    """The best batch-size→K table in hindsight (:class:`BestTable`): coordinate descent from the best
+    static K (``static``: :func:`table_values` of every static K): for n = b, ..., 1 try every k for entry
+    n with the others fixed and keep strict improvements, until a sweep changes nothing. Monte Carlo:
+    searched on the draws of ``seed``, reported on those of ``seed + 1``. ``max_sweeps`` 0: the best static K.
     """
     if static is None:
         static = table_values(ctx, grps, b, ctx.tables(b, list(ctx.actions)), n_samples, seed)

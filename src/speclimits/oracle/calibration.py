@@ -1,14 +1,10 @@
 """Is the draft's probability of the reference token a calibrated surrogate for acceptance?
 
-The Oracle's probabilistic transitions use ``match_prob`` as the chance that draft step i
-matches, given the chain matched so far. Under greedy verification the observed outcome is
-known too: step i matched iff ``accept_len >= i``. On the simulator the two agree by
-construction; a small trained head can be far from calibrated (its probabilities sit well
-below its greedy acceptance), and then the "bound" understates what greedy speculation
-achieves. :func:`calibration_table` and :func:`gap_interval` measure the gap;
-:func:`cross_fitted_match_prob` replaces ``match_prob`` by isotonic maps (scikit-learn), one per
-draft position, fitted to the observed matches of other sequences, keeping the ranking the
-draft's probabilities give at each position.
+``match_prob`` is the Oracle's chance that draft step i matches given the chain so far; under greedy
+verification the outcome is observed too (step i matched iff ``accept_len >= i``). A small trained head
+can be far from calibrated, and then the "bound" understates greedy speculation. :func:`calibration_table`
+and :func:`gap_interval` measure the gap; :func:`cross_fitted_match_prob` replaces ``match_prob`` by
+per-position isotonic maps fitted on other sequences, keeping the draft's ranking at each position.
 """
 
 from __future__ import annotations
@@ -24,13 +20,8 @@ from speclimits.oracle.inputs import OracleInputs
 
 
 def reached_steps(inputs: OracleInputs, k_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Which draft steps a greedy round from each state actually tested, and their outcome.
-
-    Step ``i`` (0-based) of state ``n`` is *reached* when the chain matched up to it
-    (``accept_len >= i``), is within ``k_max`` and has a reference token to match
-    (``i < N - pos - 1``). Returns ``(reached, matched)``, both (n, k_max) bool, ``matched``
-    meaning ``accept_len >= i + 1``.
-    """
+    """``(reached, matched)``, (n, k_max) bool: draft step ``i`` (0-based) of a state was tested by a
+    greedy round (``accept_len >= i``, within ``k_max``, ``i < N - pos - 1``) and matched (``accept_len >= i + 1``)."""
     k = inputs.match_prob.shape[1] if k_max is None else int(k_max)
     acc = inputs.accept_len[:, None]
     steps = np.arange(k)[None, :]
@@ -95,13 +86,10 @@ def gap_interval(inputs: OracleInputs, n_boot: int = 199, seed: int = 0) -> tupl
 
 def cross_fitted_match_prob(inputs: OracleInputs, n_folds: int = 5, seed: int = 0,
                             min_steps: int = 100) -> OracleInputs:
-    """Inputs whose ``match_prob`` is recalibrated per draft position, cross-fitted by sequence.
-
-    Sequences are split into ``n_folds`` folds (seeded); the states of each fold get maps fitted
-    on the other folds only, so no state's own outcome enters its calibrated probability. Draft
-    position i (0-based) has its own isotonic map (:func:`fit_isotonic`) fitted on the steps at
-    that position that greedy rounds tested; from the first position with fewer than
-    ``min_steps`` such steps in a training split on, positions share one pooled map.
+    """Inputs whose ``match_prob`` is recalibrated per draft position, cross-fitted by sequence: each of
+    ``n_folds`` seeded folds of sequences gets maps fitted on the other folds only. Each position has its
+    own isotonic map (:func:`fit_isotonic`) on the steps greedy rounds tested there; from the first position
+    with fewer than ``min_steps`` such steps in a training split on, positions share one pooled map.
     """
     k = inputs.k_list
     reached, matched = reached_steps(inputs)

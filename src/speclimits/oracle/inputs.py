@@ -55,7 +55,6 @@ class OracleInputs:
         for name in PER_STATE:
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name)))
 
-    # -- shape helpers ------------------------------------------------------
     @property
     def n_states(self) -> int:
         return int(len(self.pos))
@@ -113,7 +112,6 @@ class OracleInputs:
             "context_len": self.context_len, "accept_len": self.accept_len,
         })
 
-    # -- construction -------------------------------------------------------
     @classmethod
     def from_arrays(cls, n_tokens: Any, match_prob: Any, u_bar_window: Any, context_len: Any = None,
                     accept_len: Any = None, draft_conf: Any = None, seq_ids: Any = None,
@@ -146,12 +144,9 @@ class OracleInputs:
     @classmethod
     def from_frame(cls, df: pd.DataFrame, origin: str = FILE) -> "OracleInputs":
         """Validate an ``oracle.parquet`` table and build the arrays (sorted by ``seq_id``, then ``pos``).
-
-        The rules are those of ``speclimits validate``: one checker,
-        :func:`speclimits.trace.validate.check_oracle_frame`. Every defect found is reported at
-        once in a :class:`TraceFormatError` naming the file (``origin``), the column and the
-        first offending rows (row numbers of ``df`` as given).
-        """
+        The rules are ``speclimits validate``'s (:func:`speclimits.trace.validate.check_oracle_frame`):
+        every defect is reported at once in a :class:`TraceFormatError` naming the file (``origin``), the
+        column and the first offending rows of ``df``."""
         checked = read_oracle_frame(df, origin=origin)
         order = np.lexsort((checked.pos, checked.seq_id.astype(str)))
         ids, starts = np.unique(checked.seq_id[order].astype(str), return_index=True)
@@ -161,11 +156,6 @@ class OracleInputs:
             pos=checked.pos[order], context_len=checked.context_len[order], accept_len=checked.accept_len[order],
             match_prob=checked.match_prob[order], draft_conf=checked.draft_conf[order],
             u_bar_window=checked.u_bar_window[order], category=category, origin=origin)
-
-
-# ---------------------------------------------------------------------------
-# Costs
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,24 +1,19 @@
 """The one route from a trace to what the Oracle solves: inputs, cost model, surrogate, notes.
 
-Every consumer — ``speclimits oracle``, ``speclimits linguistic``, the book's Oracle and
-linguistic sections, the online policies and the benchmarks — calls :func:`prepare_oracle`,
-so that they all solve the same problem with the same defaults:
+Every consumer (``speclimits oracle``, ``speclimits linguistic``, the book, the online policies, the
+benchmarks) calls :func:`prepare_oracle`, so all solve the same problem with the same defaults:
 
 * **cost model**: the JSON given (a path or a :class:`CostModel`), else
-  :func:`speclimits.stats.fit_trace_cost_model` on the trace (the fit ``speclimits fit --out``
-  and section 3 of the book write);
-* **surrogate** for the transition probabilities (the methods page, "The Oracle"):
-  ``raw`` (the draft's probability of the reference token, as recorded), ``calibrated``
-  (that probability mapped through isotonic fits to the observed greedy matches, one per draft
-  position, cross-fitted by sequence), ``exact`` (the observed greedy match length:
-  deterministic transitions, the hindsight bound under greedy verification), or ``auto`` (the
-  default): ``calibrated`` when the trace shows a calibration gap — the observed greedy match
-  rate differs from the mean recorded probability by at least :data:`GAP_MIN`, with a 95%
-  interval over sequences that excludes 0 — and ``raw`` otherwise.
+  :func:`speclimits.stats.fit_trace_cost_model` on the trace (the fit ``speclimits fit --out`` writes);
+* **surrogate** for the transition probabilities: ``raw`` (the draft's recorded probability of the
+  reference token), ``calibrated`` (mapped through per-position isotonic fits to the observed greedy
+  matches, cross-fitted by sequence), ``exact`` (the observed greedy match length: deterministic
+  transitions), or ``auto`` (default): ``calibrated`` when the observed greedy match rate differs from
+  the mean recorded probability by at least :data:`GAP_MIN` with a 95% interval over sequences that
+  excludes 0, else ``raw``.
 
 >>> setup = prepare_oracle("data/traces/measured-eagle3")        # doctest: +SKIP
->>> result = setup.solve()                                        # doctest: +SKIP
->>> print("\\n".join(setup.notes)); print(result.summary())       # doctest: +SKIP
+>>> print("\\n".join(setup.notes)); print(setup.solve().summary())  # doctest: +SKIP
 """
 
 from __future__ import annotations

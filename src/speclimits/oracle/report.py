@@ -1,6 +1,5 @@
-"""What ``speclimits oracle`` reports and section 6 of the book shows: the bound on all
-references, by reference kind, the headline (greedy references, as in the paper) with its
-interval and with k = 0 allowed, and the validation against the measured static-K sweep.
+"""What ``speclimits oracle`` reports and section 6 of the book shows: the bound on all references, by
+reference kind, the headline with its interval and with k = 0 allowed, and the validation against the sweep.
 """
 
 from __future__ import annotations
@@ -28,11 +27,8 @@ ORACLE_POLICY = "Oracle (bound)"
 
 
 def policy_kind(label: str) -> str:
-    """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table``.
-
-    :func:`speclimits.control.compare.compare_policies` writes the kind as a column (``kind``);
-    this reads it off the two labels that function gives, for tables written before it did.
-    """
+    """``static``, ``oracle`` or ``online`` for a row label of ``PolicyComparison.table`` (tables written
+    before :func:`~speclimits.control.compare.compare_policies` added its ``kind`` column)."""
     label = str(label)
     if label == ORACLE_POLICY:
         return "oracle"
@@ -40,12 +36,8 @@ def policy_kind(label: str) -> str:
 
 
 def best_online(table: pd.DataFrame) -> tuple[str, float]:
-    """The online rule (not a static K, not the Oracle) that captures the largest share of the
-    Oracle's gain over the best static K on the held-out sequences.
-
-    ``table``: ``PolicyComparison.table`` (columns ``policy``, ``gain_captured``). Returns
-    ``(policy label, gain_captured)``; the first such row wins a tie.
-    """
+    """``(policy label, gain_captured)`` of the online rule of ``PolicyComparison.table`` that captures
+    the largest share of the Oracle's gain over the best static K (the first such row on a tie)."""
     kind = table["kind"] if "kind" in table.columns else table["policy"].map(policy_kind)
     online = table[kind == "online"]
     if online.empty:

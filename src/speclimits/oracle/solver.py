@@ -7,15 +7,9 @@ Bellman equation over state n (tokens already emitted) of a sequence of N tokens
     V(n) = min_k Q(n, k),   k*(n) = argmin_k Q(n, k)   (smallest k on ties)
 
 With ``S_j = P(a >= j)`` and ``W_j = V(min(N, n + j))`` the expectation telescopes to
-``W_1 + sum_{j=1..k} S_j · (W_{j+1} - W_j)``, a cumulative sum over k. All sequences are
-solved in lockstep by "tokens remaining" t = N - n: sorting sequences by N (longest first),
-the states with t remaining form one block, and their successors' values are the last k_max + 1
-blocks' (a ring buffer). One numpy step per t handles every sequence and every k at once.
-
-:func:`backward_induction` is the one sweep: under many cost models at once (the bootstrap's
-re-solves, :func:`first_values`), or under one with each block's Bellman step followed by the policy
-evaluations the bounds need (the Oracle's cost breakdown, rounds and accepted drafts, every static K;
-:func:`solve`). :func:`evaluate_policy` evaluates any other Markov policy.
+``W_1 + sum_{j=1..k} S_j · (W_{j+1} - W_j)``. Sequences are solved in lockstep by tokens remaining
+t = N - n (:class:`Layout`): one numpy step per t handles every sequence and every k, reading the
+last k_max + 1 blocks' values from a ring buffer.
 """
 
 from __future__ import annotations
@@ -33,11 +27,6 @@ from speclimits.errors import CostModelError
 from speclimits.oracle.inputs import CostTable, OracleInputs
 
 PART_NAMES = ("draft", "target_base", "target_expert", "target_context")
-
-
-# ---------------------------------------------------------------------------
-# Transition tables
-# ---------------------------------------------------------------------------
 
 
 def survival(inputs: OracleInputs, k_max: int, deterministic: bool = False) -> np.ndarray:
@@ -102,18 +91,15 @@ def backward_induction(inputs: OracleInputs, surv_rows, fixed: np.ndarray, slope
                        k_lo: int = 1, table: CostTable | None = None):
     """The Oracle's one solver: lockstep backward induction under B cost models at once.
 
-    Cost model b prices action k at ``fixed[b, k] + slope[b, k] * u_bar_window[n, k] + c[b] * context_len[n]``
-    (``fixed``, ``slope`` (B, k_max + 1), ``c`` (B,): :meth:`CostModel.action_terms`, in
-    :meth:`CostModel.round_prices`' order of operations); ``surv_rows(rows)`` gives those states'
-    (len(rows), k_max) P(a >= j); actions k_lo..k_max. Returns (S, B) V(0) of every sequence.
+    Model b prices action k at ``fixed[b, k] + slope[b, k] * u_bar_window[n, k] + c[b] * context_len[n]``
+    (``fixed``, ``slope`` (B, k_max + 1), ``c`` (B,): :meth:`CostModel.action_terms`); ``surv_rows(rows)``
+    gives those states' (len(rows), k_max) P(a >= j); actions k_lo..k_max. Returns (S, B) V(0).
 
-    With ``table`` (B = 1, the same model) the sweep also keeps ``V (n,)``, ``k_star (n,)``,
-    ``Q (n, k_max + 1)`` and evaluates, block by block, the Oracle's policy on :data:`ORACLE_CHANNELS` and
-    every static K, and returns ``(V, k_star, Q, oracle_first (S, 6), static_first (S, k_max))``
-    (totals from each sequence's first state). Those numbers are bit for bit :func:`evaluate_arrays`'
-    (the same operations in the same order; a test checks it), but each block's survival and costs are
-    built once, the differences ``W_{j+1} - W_j`` stored once per state, and the running sums over j are
-    ragged (static K = k stops at j = k, the Oracle at the block's largest k*).
+    With ``table`` (B = 1) it returns ``(V (n,), k_star (n,), Q (n, k_max + 1), oracle_first (S, 6),
+    static_first (S, k_max))``: in the same sweep it evaluates the Oracle's policy on :data:`ORACLE_CHANNELS`
+    and every static K from each sequence's first state, bit for bit as :func:`evaluate_arrays` would (same
+    operations in the same order; a test checks it) but with each block's survival, costs and differences
+    built once.
     """
     layout = Layout.build(inputs)
     n_models, kk = fixed.shape
@@ -273,11 +259,6 @@ def evaluate_arrays(surv: np.ndarray, actions: np.ndarray, rewards: np.ndarray, 
         v += np.take(rewards, rows, axis=0)
         out[rows] = v
     return out
-
-
-# ---------------------------------------------------------------------------
-# The result
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,14 @@
 """How sure is the bound? A cluster bootstrap of the cost model, re-solved each time.
 
-The Oracle's speedup and its gain over the best static K depend on the fitted cost model. Each
-replicate resamples the sweep's generations with replacement (:mod:`speclimits.bootstrap`),
-refits the cost model on the resampled rounds (:func:`~speclimits.stats.fit_cost_model`'s
-fit), and solves the same references again. The percentile intervals therefore describe the
-cost model's sampling uncertainty for these references; the references themselves are fixed.
-
-Nothing is refitted or re-solved from scratch (:func:`bootstrap_bound`):
-
-* **refit**: :func:`~speclimits.stats.costfit.fit_costs` with the draw counts as weights on the
-  generations, the cost-model fit itself (a generation drawn w times adds w copies of its
-  cross-products; the design decided on each replicate's own sums);
-* **static K and autoregressive** times are linear in the cost model (``fixed[k] · rounds +
-  slope[k] · ΣŪ + c · ΣL`` along a fixed policy), so one policy evaluation on the references
-  prices every replicate;
-* **the Oracle** itself is re-solved for all replicates at once
-  (:func:`~speclimits.oracle.solver.first_values`: the backward induction with the cost models
-  as a trailing axis).
-
-Same seed, same replicates: the numbers agree with resampling the rounds, refitting and re-solving
-one replicate at a time to rounding (summation order only; the tests bound the difference).
+Each replicate resamples the sweep's generations with replacement (:mod:`speclimits.bootstrap`), refits
+the cost model and solves the same references again: the percentile intervals describe the cost model's
+sampling uncertainty for these (fixed) references. Nothing is refitted or re-solved from scratch
+(:func:`bootstrap_bound`): the refit is :func:`~speclimits.stats.costfit.fit_costs` with the draw counts as
+generation weights; static K and autoregressive times are linear in the cost model (``fixed[k] · rounds +
+slope[k] · ΣŪ + c · ΣL`` along a fixed policy), so one policy evaluation prices every replicate; the
+Oracle is re-solved for all replicates at once (:func:`~speclimits.oracle.solver.first_values`). The
+numbers agree with resampling, refitting and re-solving one replicate at a time to rounding (the tests
+bound the difference).
 """
 
 from __future__ import annotations
@@ -90,11 +79,6 @@ def _quantities(bounds) -> dict[str, float]:
     return {"speedup": np.nan if bounds.speedup is None else bounds.speedup,
             "gain_over_best_static": bounds.gain_over_best_static, "ms_per_token": bounds.ms_per_token,
             "best_static_k": bounds.best_static_k}
-
-
-# ---------------------------------------------------------------------------
-# the re-solve, all replicates at once
-# ---------------------------------------------------------------------------
 
 
 def replicate_quantities(setup: OracleSetup, models: list[CostModel], k_max: int | None = None,

@@ -1,15 +1,10 @@
 """Does the Oracle's world reproduce the measured static-K sweep on the same prompts?
 
-The trace holds two views of the same work: the K sweep (``rounds.parquet``: every prompt
-generated at every static K) and the Oracle's inputs (``oracle.parquet``: the reference
-sequences of those prompts, with the surrogate transitions and counterfactual costs). Evaluating
-each static K *inside the Oracle's model* (``OracleBounds.static_ms``) must give the speedups the
-sweep measured; when it does not, the bound is a bound on a different world. This is the
-model's validation, and the book shows it beside the bound (the methods page, "The surrogate").
-
-Measured time of a K run: target plus draft time of its decode rounds, per token emitted by
-them (the prefill round, which emits the first token before any drafting, is outside both
-views). Speedup: K = 0 (plain decoding) time per token over K's.
+Evaluating each static K inside the Oracle's model (``OracleBounds.static_ms``) must give the speedups
+the sweep (``rounds.parquet``) measured on the same prompts; when it does not, the bound is a bound on
+a different world (the methods page, "The surrogate"). Measured time of a K run: target plus draft time
+of its decode rounds per token they emitted (the prefill is outside both views); speedup: K = 0 time
+per token over K's.
 """
 
 from __future__ import annotations
@@ -73,8 +68,8 @@ class SweepValidation:
 
 
 def measured_by_k(rounds: pd.DataFrame, prompt_ids: np.ndarray | list[str]) -> pd.DataFrame:
-    """Per K of the sweep, over the generations of ``prompt_ids``: ``generations``, ``tokens``
-    (emitted by decode rounds), ``ms`` (target + draft time of decode rounds), ``ms_per_token``."""
+    """Per K, over the generations of ``prompt_ids``: ``generations``, ``tokens``, ``ms``, ``ms_per_token``
+    (decode rounds only)."""
     sel = rounds["prompt_id"].astype(str).isin([str(p) for p in prompt_ids]).to_numpy()
     dec = rounds.loc[sel & (rounds["phase"].astype(str) == "decode").to_numpy()]
     if dec.empty:

@@ -104,14 +104,10 @@ PREFILL_DRAFT_MS = (0.8, 0.004)
 
 
 def paper_cost_model() -> dict[str, Any]:
-    """The planted truth of the presets, in cost-model JSON form, read from :mod:`speclimits.paper`.
-
-    ``alpha(m)`` spans ``paper.ALPHA_SMALL`` over m = 2..4 and ``paper.ALPHA_LARGE`` over m = 5..11;
-    ``beta0`` spans ``paper.BETA0_SMALL`` over m = 2..4 then drops to ``paper.BETA0_LARGE_START``; ``c``
-    is the middle of ``paper.C_RANGE`` to two significant figures; the draft line is ``paper.DRAFT``'s.
-    The shape inside a range is this module's (:data:`LARGE_ALPHA_POSITION`, :data:`LARGE_BETA0_STEP`);
-    m = 1 (K = 0, not in the paper) is planted in the small regime.
-    """
+    """The planted truth of the presets, in cost-model JSON form, from :mod:`speclimits.paper`'s ranges:
+    alpha and beta0 span the small regime over m = 2..4 and the large one over m = 5..11 (the shape inside
+    a range is :data:`LARGE_ALPHA_POSITION`, :data:`LARGE_BETA0_STEP`; m = 1 planted in the small regime);
+    ``c`` the middle of ``paper.C_RANGE`` to two significant figures; the draft line ``paper.DRAFT``'s."""
     (a_lo, a_hi), (b_lo, b_hi) = paper.ALPHA_SMALL, paper.BETA0_SMALL
     small = {1: (b_lo - BETA0_M1_BELOW_SMALL, a_lo), 2: (b_lo, a_lo), 3: ((b_lo + b_hi) / 2, (a_lo + a_hi) / 2),
              4: (b_hi, a_hi)}
@@ -127,13 +123,9 @@ def paper_cost_model() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Every parameter of the simulator. Presets are instances; override with ``replace``.
-
-    Sizes
-        ``n_prompts`` prompts; each runs once per K in ``k_values`` (K = 0 is plain decoding,
-        run on the first ``k0_share`` of prompts); ``oracle_prompts`` of them get dense
-        Oracle rows (``k_max`` drafts per state) and token rows.
-    """
+    """Every parameter of the simulator (presets are instances; override with ``replace``).
+    ``n_prompts`` prompts each run once per K in ``k_values`` (K = 0 on the first ``k0_share`` only);
+    the first ``oracle_prompts`` get dense Oracle rows (``k_max`` drafts per state) and token rows."""
 
     preset: str = "custom"
     # model shape (Qwen3-Coder-30B-A3B: 48 MoE layers, 128 experts, top-8)
@@ -304,10 +296,8 @@ def _make_reference(cfg: SimConfig, rng: np.random.Generator, idx: int, category
 
 def _window_data(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray,
                  layers: bool = False) -> dict[str, np.ndarray]:
-    """Per state n: match probs, draft confidence, greedy match length, and window routing.
-
-    ``layers``: also keep the unique experts of every layer (``u_layers``, uint16 (N, n_layers,
-    k_max + 1)), from the same draws (the batch mode needs them; nothing else changes)."""
+    """Per state n: match probs, draft confidence, greedy match length, and window routing
+    (``layers``: also ``u_layers``, see :func:`_window_routing`)."""
     n, kmax = ref.n, cfg.k_max
     idx = np.arange(n)[:, None] + np.arange(1, kmax + 1)[None, :]  # y_{n+i}, i = 1..kmax (0-based token n+i-1)
     valid = idx <= n  # token y_{n+i} exists (states n = 0..N-1, tokens y_1..y_N at indices 0..N-1)
@@ -330,12 +320,9 @@ def _window_data(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer
 
 def _window_routing(cfg: SimConfig, rho: np.ndarray, rng: np.random.Generator, layer_off: np.ndarray,
                     layers: bool = False):
-    """Unique experts per layer over windows of 1..k_max+1 positions.
-
-    ``rho`` has shape (states, k_max): the overlap of window positions 1..k_max. Returns
-    ``(sum over layers, max over layers, per layer)``: the first two (states, k_max + 1), the
-    last uint16 (states, n_layers, k_max + 1) when ``layers`` is set, else None (same draws either way).
-    """
+    """Unique experts per layer over windows of 1..k_max+1 positions, from ``rho`` (states, k_max).
+    Returns ``(sum over layers, max over layers, per layer)``, (states, k_max + 1) each; the last uint16
+    (states, n_layers, k_max + 1) when ``layers`` is set, else None (same draws either way)."""
     s, kmax = rho.shape
     E, k = cfg.n_experts, cfg.top_k
     u = np.full((s, cfg.n_layers), k, dtype=np.float32)
@@ -395,9 +382,8 @@ def _stack_walks(walks: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _streams(seed: int, n: int = 5) -> list[np.random.Generator]:
-    """The simulator's independent random streams: references, routing, timing, layer offsets, the
-    prefill tokens' routing (row 0 of ``tokens``) and, in batch mode, expert ids and step timing
-    (``SeedSequence.spawn`` gives the same first children whatever the count)."""
+    """Independent streams: references, routing, timing, layer offsets, the prefill tokens' routing and,
+    in batch mode, expert ids and step timing (``spawn`` gives the same first children whatever n)."""
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
 
 
@@ -407,13 +393,9 @@ def layer_offsets(cfg: SimConfig, seed: int) -> np.ndarray:
 
 
 def expected_new_experts(cfg: SimConfig, seed: int) -> dict[str, float]:
-    """Planted truth for the routing study: expected new experts per layer of a reference token
-    (against the previous token), by context, for a run with ``seed``.
-
-    Integrates ``top_k * (1 - clip(rho_token + off_l)) * (1 - top_k / n_experts)`` over the
-    token-level noise ``rho_token ~ clip(N(rho_context, rho_token_sd), 0, 0.98)`` and averages
-    over layers, exactly as :func:`_new_experts` draws it.
-    """
+    """Planted truth for the routing study: expected new experts per layer of a reference token, by
+    context, for a run with ``seed``: :func:`_new_experts`' mean integrated over the token-level noise
+    of ``rho`` and averaged over layers."""
     off = layer_offsets(cfg, seed)
     x = np.linspace(-8.0, 8.0, 3201)
     w = np.exp(-0.5 * x ** 2)
@@ -583,15 +565,10 @@ def _token_text(t: int, context: int, script: int, offsets: dict[str, int], cyr_
 def _token_rows(cfg: SimConfig, ref: Reference, rng: np.random.Generator, layer_off: np.ndarray,
                 rng_prefill: np.random.Generator) -> pd.DataFrame:
     """Per token (the methods page, "Reference kinds and positions"): row ``pos`` is the token the
-    context ends with at Oracle state ``pos``, so state ``pos`` drafts row ``pos + 1`` first.
-
-    Row 0 is the token the simulated prefill emitted before state 0 (it continues the first
-    segment: same planted context and script as the first reference token; its routing is drawn
-    from ``rng_prefill``, a stream of its own, so that every other draw is unchanged); rows
-    1..N are the reference tokens ``y_1..y_N`` that states 0..N-1 draft. Columns: synthetic text
-    from the context's vocabulary, the planted context label, the script, the new experts per
-    layer against the previous token, the category and ``reference_kind`` (``greedy``).
-    """
+    context ends with at Oracle state ``pos``. Row 0 is the prefill's token (the first segment's context
+    and script; routing from ``rng_prefill``, its own stream, so every other draw is unchanged); rows
+    1..N are the reference tokens ``y_1..y_N``. Columns: synthetic text, the planted context label, the
+    script, new experts per layer against the previous token, the category and ``reference_kind``."""
     sizes = [max(len(CONTEXT_PARAMS[name]["vocab"]), 1) for name in CONTEXT_NAMES]
     offsets, base = dict(zip(CONTEXT_NAMES, np.cumsum([0] + sizes[:-1]).tolist())), sum(sizes)
     context = np.concatenate([ref.context[:1], ref.context])
@@ -660,13 +637,9 @@ BATCH_PREFILL_BUDGET = 2048
 
 @dataclass(frozen=True)
 class BatchSim:
-    """The batch mode's own parameters (the rest is the :class:`SimConfig`).
-
-    ``batch_sizes``: the sweep (prompts grouped in file order, ``b`` per batch, the last batch
-    may be smaller). ``gamma_base``, ``gamma_per_row``, ``a_req``, ``b_req``: the planted
-    per-request terms (defaults :data:`BATCH_GAMMA_BASE` ... :data:`BATCH_B_REQ`).
-    ``prefill_budget``: :data:`BATCH_PREFILL_BUDGET`.
-    """
+    """The batch mode's own parameters (the rest is the :class:`SimConfig`): the batch sizes swept
+    (prompts in file order, ``b`` per batch, the last may be smaller), the planted per-request terms and
+    the prefill budget (defaults :data:`BATCH_GAMMA_BASE` ... :data:`BATCH_PREFILL_BUDGET`)."""
 
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     gamma_base: float = BATCH_GAMMA_BASE
@@ -676,9 +649,8 @@ class BatchSim:
     prefill_budget: int = BATCH_PREFILL_BUDGET
 
     def truth(self, cfg: SimConfig) -> BatchCostModel:
-        """The planted :class:`~speclimits.costmodel.BatchCostModel`: the batch-1 part is
-        ``cfg.truth()`` (the paper's values, :func:`paper_cost_model`), the per-request terms are
-        this object's."""
+        """The planted :class:`~speclimits.costmodel.BatchCostModel`: ``cfg.truth()`` plus this object's
+        per-request terms."""
         base = cfg.truth()
         return BatchCostModel.from_batch1(
             replace(base, source="planted truth of the speclimits simulator, batch mode: batch-1 part from the "
@@ -701,13 +673,9 @@ def _check_batch(batch: BatchSim) -> tuple[int, ...]:
 
 
 def _expert_sets(sizes: np.ndarray, n_experts: int, rng: np.random.Generator) -> np.ndarray:
-    """Expert ids drawn for each (row, layer): a uniformly random set of ``sizes[row, layer]`` of
-    the ``n_experts`` experts, returned packed (uint8 (rows, layers, ceil(E / 8)), bit e = expert e).
-
-    In the window process (:func:`_window_routing`) a new position's new experts are drawn
-    uniformly from the untouched ones, so given its size a window's set is uniform over the sets
-    of that size: these are the ids the simulator's per-token routing touches. Drawn by ranking
-    uniform keys (the experts of the ``size`` smallest keys of a layer; ties broken by position, so a set has exactly ``size`` ids)."""
+    """Expert ids drawn for each (row, layer): a uniformly random set of ``sizes[row, layer]`` of the
+    ``n_experts`` experts (as the window process draws them given the size), packed (uint8 (rows,
+    layers, ceil(E / 8)), bit e = expert e): the experts of the ``size`` smallest uniform keys."""
     rows, n_layers = sizes.shape
     out = np.empty((rows, n_layers, (n_experts + 7) // 8), dtype=np.uint8)
     chunk = max(1, 200_000 // max(n_layers * n_experts // 64, 1))
@@ -740,25 +708,22 @@ def simulate_batch(cfg: SimConfig, batch: BatchSim | None = None, seed: int = 0,
     ``batch.batch_sizes``, closed batches of prompts in file order, in the batch-trace contract.
 
     Tables: ``rounds`` (per request and round, plus ``b``, ``batch_id``, ``step``, ``n_drafted_next``;
-    the timings are the shared step's), ``steps`` (one row per engine step), and ``oracle`` /
-    ``tokens`` exactly as :func:`simulate` writes them for the same ``cfg`` and ``seed``.
+    timings are the shared step's), ``steps`` (one row per engine step), and ``oracle`` / ``tokens``
+    exactly as :func:`simulate` writes them for the same ``cfg`` and ``seed``.
 
-    * **Requests.** Tokens, acceptance and own routing do not depend on the batch (greedy decoding):
-      a request's rounds are the batch-1 walk of its reference at K. Every prompt runs at every K.
-    * **Steps.** A batch's prompts are prefilled in order, :attr:`BatchSim.prefill_budget` prompt tokens
-      per step (a step that prefills some and decodes others is ``mixed``); then every unfinished
-      request verifies K drafts (m = K + 1 rows) per step until it has emitted its reference.
-    * **Routing.** Each request-round draws a set of expert ids per layer independently of the others
-      (:func:`_expert_sets`), a prefill ``saturation(0.3 P)`` per layer; a step's ``u_bar`` / ``e_max``
-      are the mean / max over layers of the counted union of its rows' ids.
-    * **Cost.** :meth:`BatchSim.truth`'s ``target(n_decode, K + 1, Ū of the decoding rows, their summed
-      context)`` times ``1 + target_noise_rel * t(target_noise_df)`` plus rare spikes, zero timings on
-      ``zero_target_share`` of decode steps, plus :data:`PREFILL_TARGET_MS` per prefill token (and its
-      base on a prefill-only step, 2% noise). Drafter: ``draft(n_reqs, K)`` with noise, spikes and zeros
-      as in :func:`simulate`, plus :data:`PREFILL_DRAFT_MS`'s per-token term.
+    * **Requests**: a request's rounds are the batch-1 walk of its reference at K (greedy decoding).
+    * **Steps**: prompts are prefilled in order, :attr:`BatchSim.prefill_budget` prompt tokens per step
+      (a step that prefills some and decodes others is ``mixed``); then every unfinished request
+      verifies K drafts per step.
+    * **Routing**: each request-round draws expert ids per layer independently (:func:`_expert_sets`;
+      a prefill ``saturation(0.3 P)`` per layer); a step's ``u_bar`` / ``e_max`` are the mean / max over
+      layers of the union of its rows' ids.
+    * **Cost**: :meth:`BatchSim.truth`'s ``target(n_decode, K + 1, Ū of the decoding rows, their context)``
+      times ``1 + target_noise_rel * t(target_noise_df)``, plus spikes and zero timings as in :func:`simulate`,
+      plus :data:`PREFILL_TARGET_MS` per prefill token (its base on a prefill-only step; 2% noise); drafter
+      ``draft(n_reqs, K)`` likewise, plus :data:`PREFILL_DRAFT_MS`'s per-token term.
 
-    ``batch_sizes == (1,)`` still gives a batch trace (with ``steps``); the CLI's ``--batch 1`` writes
-    :func:`simulate`'s.
+    ``batch_sizes == (1,)`` still gives a batch trace; the CLI's ``--batch 1`` writes :func:`simulate`'s.
     """
     batch = batch or BatchSim()
     sizes = _check_batch(batch)
@@ -878,9 +843,8 @@ def _batch_tables(cfg: SimConfig, truth: BatchCostModel, refs: list[Reference], 
 
 
 def make_batch_meta(cfg: SimConfig, batch: BatchSim, seed: int) -> dict[str, Any]:
-    """meta.json of a simulated batch trace: :func:`make_meta`'s, with the batch sweep, the
-    planted :class:`BatchCostModel` as ``truth`` (a valid batch-1 cost model too) and the batch
-    mode's parameters under ``batch_simulator``."""
+    """meta.json of a simulated batch trace: :func:`make_meta`'s, with the batch sweep, the planted
+    :class:`BatchCostModel` as ``truth`` and the batch mode's parameters under ``batch_simulator``."""
     sizes = _check_batch(batch)
     meta = make_meta(cfg, seed)
     meta.update(
