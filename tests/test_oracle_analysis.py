@@ -11,7 +11,8 @@ import pytest
 from conftest import executed_notebook_text
 from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.oracle import evaluate_policy, load_inputs, solve
+from speclimits.errors import SpeclimitsError
+from speclimits.oracle import evaluate_policy, load_inputs, prepare_oracle, solve, sweep_k_max
 from speclimits.oracle.ablation import alpha_ablation
 from speclimits.oracle.delta import best_slope, delta_points, delta_space, fit_line
 from speclimits.oracle.inputs import CostTable
@@ -99,7 +100,7 @@ def test_delta_space_on_a_trace(solved):
 # -- α = 0 ablation --------------------------------------------------------------
 
 
-def test_alpha_ablation(solved):
+def test_alpha_ablation(smoke, solved):
     ab = alpha_ablation(solved)
     assert (ab.zero.value <= solved.value + 1e-9).all()
     assert ab.repriced_ms >= solved.bounds.oracle_ms - 1e-9
@@ -114,12 +115,9 @@ def test_alpha_ablation(solved):
     assert ab.zero.q[row, k + 1] - ab.zero.q[row, k] == pytest.approx(c["q0_diff"].iloc[0])
     assert c["match_prob_added"].iloc[0] == pytest.approx(solved.inputs.match_prob[row, k])
     assert ab.case_summary()["n_cases"].sum() == len(c)
-
-
-def test_alpha_ablation_without_expert_cost_changes_nothing(smoke):
+    # without an expert cost the ablation changes nothing
     _, inputs, model = smoke
-    flat = model.with_alpha_scale(0.0)
-    ab = alpha_ablation(solve(inputs, flat))
+    ab = alpha_ablation(solve(inputs, model.with_alpha_scale(0.0)))
     assert ab.moves.set_index("direction").loc["same", "share"] == 1.0
     assert ab.cases.empty and ab.repriced_ms == pytest.approx(ab.full.bounds.oracle_ms)
 
@@ -171,8 +169,6 @@ def test_policy_edge_cases(smoke):
 
 
 def test_compare_policies(smoke):
-    from speclimits.oracle import prepare_oracle
-
     tr, inputs, model = smoke
     setup = prepare_oracle(tr, model).for_kind("greedy")
     pc = compare_policies(setup, k_max=6, seed=1, n_rollouts=24)
@@ -205,9 +201,6 @@ def test_compare_policies(smoke):
 def test_compare_policies_needs_one_kind_and_honours_the_exact_surrogate(smoke):
     """A setup of several kinds is refused; under the exact surrogate every rule is evaluated on the
     observed outcomes (static K as the deterministic policy evaluation, the running rules by replay)."""
-    from speclimits.errors import SpeclimitsError
-    from speclimits.oracle import prepare_oracle
-
     tr, inputs, model = smoke
     full = prepare_oracle(tr, model, "exact")
     if len(full.kind_counts()) > 1:
@@ -229,8 +222,6 @@ def test_compare_policies_needs_one_kind_and_honours_the_exact_surrogate(smoke):
 
 
 def test_fitted_cost_model_recovers_the_planted_bound(smoke):
-    from speclimits.oracle import prepare_oracle
-
     tr, inputs, truth = smoke
     setup = prepare_oracle(tr)
     fitted, note = setup.model, setup.notes[0]
@@ -311,7 +302,6 @@ def test_figures_encode_the_results(smoke, solved):
     from chartspec import dataset_with, encodings
 
     from speclimits import figures
-    from speclimits.oracle import sweep_k_max
 
     _, inputs, model = smoke
     states = solved.to_frame()

@@ -14,7 +14,7 @@ import pytest
 from speclimits.cli import main
 from speclimits.costmodel import BatchCostModel, union_unique
 from speclimits.errors import SpeclimitsError
-from speclimits.oracle import batch_pair, solve
+from speclimits.oracle import batch_pair, prepare_oracle, solve
 from speclimits.oracle.batch import batch_bounds
 from speclimits.oracle.batch_pair import pair_oracle
 from speclimits.oracle.batch_problem import BatchProblem, group_matrix, groups, headline_references, trace_order
@@ -22,7 +22,7 @@ from speclimits.oracle.batch_relaxation import _rho, relaxation_bound, relaxed_c
 from speclimits.oracle.batch_tables import (DEFAULT_SAMPLES, EXACT_DP, EXACT_SIMULATION, MONTE_CARLO, evaluate_tables,
                                             search_table, simulate)
 
-from oracle_instances import random_inputs, random_model
+from reference_oracle import random_inputs, random_model
 
 
 def random_batch_model(rng, m_max, n_experts=32, with_m1=True, negative_alpha=False):
@@ -329,10 +329,7 @@ def test_groups_follow_the_given_order():
         groups(inputs, 2, ["0", "1"])
     with pytest.raises(SpeclimitsError, match=">= 1"):
         groups(inputs, 0)
-
-
-def test_batch1_cost_model_is_refused():
-    inputs, model, _ = instance(2, 2, 3)
+    _, model, _ = instance(2, 2, 3)  # a batch-1 cost model is refused
     with pytest.raises(Exception, match="BatchCostModel"):
         pair_oracle(inputs, model.base)
 
@@ -352,8 +349,6 @@ def measured_batch_model(tmp_path_factory):
 
 
 def test_cli_batch_json_matches_the_library(measured_batch_model, capsys):
-    from speclimits.oracle import prepare_oracle
-
     model, path = measured_batch_model
     assert main(["oracle", MEASURED, "--batch", "1,2,3", "--batch-cost-model", str(path), "--k-max", "2",
                  "--deterministic", "--json"]) == 0

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from sklearn.isotonic import IsotonicRegression
 
+from speclimits.cli import main
 from speclimits.costmodel import CostModel
-from speclimits.oracle import load_inputs, solve
+from speclimits.oracle import compare_surrogates, load_inputs, prepare_oracle, solve
 from speclimits.oracle.calibration import calibration_gap, calibration_table, cross_fitted_match_prob
 from speclimits.trace import read_trace
 
-
-def test_simulated_surrogate_is_calibrated(smoke_trace):
-    inputs = load_inputs(read_trace(smoke_trace))
-    table = calibration_table(inputs)
-    assert abs(calibration_gap(inputs)) < 0.03
-    big = table[table["states"] > 300]
-    np.testing.assert_allclose(big["mean_match_prob"], big["observed_match_rate"], atol=0.05)
+from reference_oracle import solve_python
 
 
 def test_planted_underconfidence_is_found_and_undone(smoke_trace):
     tr = read_trace(smoke_trace)
     inputs = load_inputs(tr)
+    # the simulated surrogate is calibrated ...
+    table = calibration_table(inputs)
+    assert abs(calibration_gap(inputs)) < 0.03
+    big = table[table["states"] > 300]
+    np.testing.assert_allclose(big["mean_match_prob"], big["observed_match_rate"], atol=0.05)
+    # ... a planted underconfidence is found and undone
     shy = replace(inputs, match_prob=inputs.match_prob ** 3, _cache={})  # same ranking, far less confident
     assert calibration_gap(shy) > 0.2
     fixed = cross_fitted_match_prob(shy)
@@ -45,8 +48,6 @@ def test_planted_underconfidence_is_found_and_undone(smoke_trace):
 def test_cross_fitting_by_hand(smoke_trace):
     """Position 0 of the cross-fitted map, rebuilt by hand: folds by a seeded permutation of the
     sequences, sklearn's isotonic regression on the other folds' tested steps."""
-    from sklearn.isotonic import IsotonicRegression
-
     inputs = load_inputs(read_trace(smoke_trace))
     got = cross_fitted_match_prob(inputs, n_folds=3, seed=5)
     order = np.random.default_rng(5).permutation(inputs.n_sequences)
@@ -64,9 +65,6 @@ def test_cross_fitting_by_hand(smoke_trace):
 
 def test_compare_surrogates_against_the_reference_solver(smoke_trace):
     """Each row of the comparison equals the pure-Python reference solver on the same surrogate."""
-    from speclimits.oracle import compare_surrogates, prepare_oracle
-    from reference_oracle import solve_python
-
     tr = read_trace(smoke_trace)
     model = CostModel.from_dict(tr.meta["truth"])
     setup = prepare_oracle(tr, model, "raw")
@@ -83,10 +81,6 @@ def test_compare_surrogates_against_the_reference_solver(smoke_trace):
 
 
 def test_cli_surrogate_option(smoke_trace, capsys):
-    import json
-
-    from speclimits.cli import main
-
     assert main(["oracle", str(smoke_trace), "--surrogate", "calibrated", "--k-max", "4", "--n-boot", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["surrogate"] == "calibrated q" and out["speedup"] > 1.0

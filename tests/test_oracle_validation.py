@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import json
+from dataclasses import replace
+
+import jupytext
 import numpy as np
 import pandas as pd
 import pytest
 
+from speclimits.bootstrap import HEADLINE_N_BOOT
+from speclimits.cli import main
+from speclimits.control.fit import fit_calibration, mean_u_bar, split_sequences
+from speclimits.control.offline import state_actions
+from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, StaticK
 from speclimits.costmodel import CostModel
+from speclimits.errors import TraceFormatError
 from speclimits.oracle import prepare_oracle
+from speclimits.oracle.calibration import gap_interval
+from speclimits.oracle.cli import register
+from speclimits.oracle.inputs import CostTable
+from speclimits.oracle.prepare import resolve_surrogate
+from speclimits.oracle.report import oracle_report
 from speclimits.oracle.validation import validate_against_sweep
-from speclimits.trace import new_meta, write_trace
+from speclimits.paths import BOOK_DIR, TRACES_DIR, default_trace
+from speclimits.trace import new_meta, read_table, validate_trace, write_table, write_trace
 
 MODEL = CostModel(c=0.0, beta0={1: 1.0, 2: 1.5}, alpha={1: 0.0, 2: 0.0}, a=0.25, b=0.0)
 
@@ -55,9 +73,7 @@ def test_validation_against_a_hand_computation(tiny_trace):
     assert row["rel_error"] == pytest.approx((2.0 / 1.75) / (2.2 / 1.9) - 1)
     assert v.warning is None  # 1.3% off
     assert v.to_dict()["rows"][0]["K"] == 1
-
-
-def test_validation_warns_beyond_tolerance(tiny_trace):
+    # a slow draft misses the sweep beyond the tolerance: warned
     slow_draft = CostModel(c=0.0, beta0={1: 1.0, 2: 1.5}, alpha={1: 0.0, 2: 0.0}, a=2.0, b=0.0)
     v = validate_against_sweep(prepare_oracle(tiny_trace, slow_draft, "exact"), kind="greedy")
     assert v.max_abs_rel_error > 0.05 and "K = 1" in v.warning
@@ -68,11 +84,6 @@ def test_headline_interval_and_validation_on_the_measured_trace(capsys, name, gr
     """Both measured targets (32 prompts, + 12 long-context on the twin, greedy; 12 held-out passages teacher-forced):
     the surrogate reproduces the static-K sweep within 5% on the trained target; on the twin it under-predicts the
     long drafts by up to 5.6% (K = 8), beyond the Oracle's 5% warning, asserted as measured."""
-    import json
-
-    from speclimits.cli import main
-    from speclimits.paths import TRACES_DIR
-
     assert main(["oracle", str(TRACES_DIR / name), "--n-boot", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     head = out["headline"]
@@ -91,38 +102,23 @@ def test_headline_interval_and_validation_on_the_measured_trace(capsys, name, gr
 
 
 def test_raw_surrogate_fails_validation_on_the_measured_trace():
-    from speclimits.paths import default_trace
-
     v = validate_against_sweep(prepare_oracle(default_trace(), surrogate="raw"), kind="greedy")
     assert v.max_abs_rel_error > 0.3 and v.warning  # raw q understates greedy acceptance by far
 
 
 def test_auto_rule_follows_the_calibration_gap(smoke_trace):
-    from dataclasses import replace
-
-    from speclimits.oracle.prepare import resolve_surrogate
-
     assert resolve_surrogate("auto", (0.35, 0.29, 0.39))[0] == "calibrated"
     assert resolve_surrogate("auto", (0.01, 0.005, 0.015))[0] == "raw"  # significant but negligible
     assert resolve_surrogate("auto", (0.05, -0.01, 0.11))[0] == "raw"  # large but not distinguishable from 0
     setup = prepare_oracle(smoke_trace)
     assert setup.surrogate == "raw"  # the simulator's draft is calibrated
     shy = replace(setup.raw_inputs, match_prob=setup.raw_inputs.match_prob ** 3, _cache={})
-    from speclimits.oracle.calibration import gap_interval
-
     assert resolve_surrogate("auto", gap_interval(shy))[0] == "calibrated"
 
 
 def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
     """Scrambling what only the Oracle may know (match_prob, the counterfactual window Ū) on the
     held-out sequences must not change any action of the online policies."""
-    from dataclasses import replace
-
-    from speclimits.oracle.inputs import CostTable
-    from speclimits.control.fit import fit_calibration, mean_u_bar, split_sequences
-    from speclimits.control.offline import state_actions
-    from speclimits.control.rules import CalibrationMap, ConfidenceThreshold, DeltaRule, StaticK
-
     setup = prepare_oracle(smoke_trace)
     inputs, model, k_max = setup.raw_inputs, setup.model, 6
     train_idx, test_idx = split_sequences(inputs, 0.5, seed=0)
@@ -143,9 +139,6 @@ def test_online_policies_do_not_see_the_oracles_information(smoke_trace):
 
 
 def test_reference_kind_column_is_read_and_checked(tiny_trace):
-    from speclimits.trace import read_table, validate_trace, write_table
-    from speclimits.errors import TraceFormatError
-
     oracle = read_table(tiny_trace, "oracle")
     oracle["reference_kind"] = "teacher-forced"
     write_table(tiny_trace, "oracle", oracle)
@@ -159,16 +152,6 @@ def test_reference_kind_column_is_read_and_checked(tiny_trace):
 
 def test_cli_report_and_book_use_one_headline_bootstrap_size():
     """`speclimits oracle` and section 6 print the same headline interval only with the same B."""
-    import argparse
-    import inspect
-
-    import jupytext
-
-    from speclimits.bootstrap import HEADLINE_N_BOOT
-    from speclimits.oracle.cli import register
-    from speclimits.oracle.report import oracle_report
-    from speclimits.paths import BOOK_DIR
-
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     assert parser.parse_args(["oracle", "t"]).n_boot == HEADLINE_N_BOOT

@@ -5,6 +5,8 @@ resampled rounds and statsmodels; :func:`bootstrap_bound` against :func:`direct_
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,8 +25,8 @@ from speclimits.stats import fit_cost_model
 from speclimits.stats.costfit import CostMoments, fit_costs
 from speclimits.trace import decode_rounds, read_trace
 
-from oracle_instances import random_inputs, random_model
 import reference_oracle
+from reference_oracle import random_inputs, random_model
 
 
 CASES = [(seed, k_max, allow_k0, det) for seed, k_max in [(0, 1), (1, 3), (2, 6), (3, 6)]
@@ -198,10 +200,6 @@ def test_bootstrap_bound_equals_the_direct_procedure(smoke_trace, allow_k0):
 def test_a_replicate_missing_the_top_m_is_a_failed_replicate_not_an_error(smoke_trace, tmp_path):
     """A sweep whose largest K has few generations (a user's short sweep): a resample that misses all
     of them refits a cost model without the top m. It is counted as failed and left out, not raised."""
-    import shutil
-
-    from speclimits.trace import read_trace
-
     trace = tmp_path / "thin-top"
     shutil.copytree(smoke_trace, trace)
     rounds = pd.read_parquet(trace / "rounds.parquet")

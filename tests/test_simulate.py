@@ -11,8 +11,7 @@ from speclimits import paper
 from speclimits.cli import main
 from speclimits.errors import SpeclimitsError
 from speclimits.simulate import paper_cost_model, preset, simulate
-from speclimits.trace import decode_rounds, list_column, read_trace
-from speclimits.trace import validate_trace
+from speclimits.trace import decode_rounds, list_column, read_trace, validate_trace
 
 
 def _digest(path):
@@ -28,9 +27,8 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     validate_trace(tmp_path / "a")
 
 
-def test_planted_truth_is_the_papers_values(smoke_trace):
-    """The planted truth is the appendix's numbers as speclimits.paper quotes them (read from paper.py, not copied:
-    see the monkeypatch test below)."""
+def test_planted_truth_is_the_papers_values(smoke_trace, monkeypatch):
+    """The planted truth is the appendix's numbers as speclimits.paper quotes them (read from paper.py, not copied)."""
     truth = paper_cost_model()
     by_m = {int(m): v for m, v in truth["target"]["by_m"].items()}
     alpha = {m: v["alpha"] for m, v in by_m.items()}
@@ -54,9 +52,7 @@ def test_planted_truth_is_the_papers_values(smoke_trace):
     assert "SIMULATED" in tr.meta["description"]
     assert tr.meta["truth"] == truth
     assert tr.meta["simulator"]["preset"] == "smoke"
-
-
-def test_planted_truth_follows_speclimits_paper(monkeypatch):
+    # read from speclimits.paper, not copied
     monkeypatch.setattr(paper, "ALPHA_LARGE", (0.300, 0.340))
     monkeypatch.setattr(paper, "BETA0_SMALL", (6.0, 9.0))
     monkeypatch.setattr(paper, "DRAFT", {**paper.DRAFT, "a": (0.5, 0.001)})
@@ -77,16 +73,11 @@ def planted():
     return cfg, simulate(cfg, seed=11, progress=False)
 
 
-def test_draft_time_median_per_k_on_planted_line(planted):
+def test_times_follow_the_planted_model(planted):
     cfg, tables = planted
     dec, _ = decode_rounds(tables["rounds"], timing="draft")
-    med = dec.groupby("K")["t_draft_ms"].median()
-    expected = 1.3 * med.index.to_numpy() + 0.4
-    np.testing.assert_allclose(med.to_numpy(), expected, rtol=0.01)
-
-
-def test_target_time_centred_on_planted_model(planted):
-    cfg, tables = planted
+    med = dec.groupby("K")["t_draft_ms"].median()  # the planted draft line
+    np.testing.assert_allclose(med.to_numpy(), 1.3 * med.index.to_numpy() + 0.4, rtol=0.01)
     dec, _ = decode_rounds(tables["rounds"], timing="target")
     # the planted coefficients read from the JSON form by hand, not through CostModel.target_ms
     planted = cfg.truth().to_dict()["target"]
@@ -132,11 +123,8 @@ def test_routing_shape(smoke_trace):
     assert np.all(by_m.to_numpy()[1:] < independent[1:])
     assert abs(np.corrcoef(dec["u_bar"], dec["context_len"])[0, 1]) < 0.15
     assert (dec["e_max"] >= dec["u_bar"]).all()
-
-
-def test_planted_script_change_raises_new_experts(smoke_trace):
-    tokens = read_trace(smoke_trace).tokens
-    by_ctx = tokens.groupby("context")["new_experts"].mean()
+    # a planted script change raises the new experts of a token
+    by_ctx = tr.tokens.groupby("context")["new_experts"].mean()
     assert by_ctx["script_change"] > by_ctx["prose_vocab"] + 0.2
 
 
