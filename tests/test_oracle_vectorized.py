@@ -91,15 +91,8 @@ def test_first_values_under_many_models_equal_one_solve_each(allow_k0, determini
 def resample(rounds: pd.DataFrame, counts_row: np.ndarray) -> pd.DataFrame:
     """The rounds of one replicate, each drawn copy of a generation its own generation (as the bootstrap)."""
     codes, _ = pd.factorize(rounds["generation_id"], sort=True)
-    parts = []
-    copy = 0
-    for g, w in enumerate(counts_row.astype(int)):
-        for _ in range(w):
-            part = rounds.loc[codes == g].copy()
-            part["generation_id"] = copy
-            parts.append(part)
-            copy += 1
-    return pd.concat(parts, ignore_index=True)
+    picks = np.repeat(np.arange(len(counts_row)), counts_row.astype(int))
+    return pd.concat([rounds.loc[codes == g].assign(generation_id=i) for i, g in enumerate(picks)], ignore_index=True)
 
 
 def assert_same_model(got: CostModel, want: CostModel, rtol: float = 1e-9) -> None:
