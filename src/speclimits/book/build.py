@@ -1,12 +1,11 @@
 """Build the book: jupytext sources -> executed notebooks (papermill) -> static site (Jupyter Book 1).
 
-``speclimits book`` validates the trace, stages ``_config.yml``, ``_toc.yml``, the pages and ``_static``
-(the site's CSS and a Vega bundle made by ``vl-convert``) under ``<out>/source``, executes each page
-with papermill (``trace``, ``smoke``, ``seed`` and ``results`` injected into its ``parameters`` cell;
-``cost_model`` where the cell declares it: section 3 writes it, later sections read it; the intro runs
-last and gathers every section's key results), turns marked outputs into numbered figures, runs
-``jupyter-book build -W`` with execution off, copies MathJax 3 (from the Python package
-``django-static-mathjax``) into the site and checks that no page references a CDN.
+Stages ``_config.yml``, ``_toc.yml``, the pages and ``_static`` (the site's CSS and a Vega bundle made by
+``vl-convert``) under ``<out>/source``; executes each page with ``trace``, ``smoke``, ``seed`` and
+``results`` injected (``cost_model`` where the parameters cell declares it: section 3 writes it, later
+sections read it; the intro runs last and gathers every section's key results); runs ``jupyter-book
+build -W`` with execution off, copies MathJax 3 (Python package ``django-static-mathjax``) into the site
+and checks that no page references a CDN.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,8 +56,7 @@ def toc_files(toc_path: Path = BOOK_TOC) -> list[str]:
 
 
 def mathjax_es5() -> Path:
-    """MathJax 3's es5 folder in the installed ``django-static-mathjax`` (a plain wheel of MathJax's files,
-    in the ``book`` extra; Django itself is not needed)."""
+    """MathJax 3's es5 folder in the installed ``django-static-mathjax`` (a plain wheel of its files)."""
     try:
         files = metadata.files(MATHJAX_DIST) or []
         version = metadata.version(MATHJAX_DIST)
@@ -162,11 +161,10 @@ _NAME_OPTION = re.compile(r"^:name:\s*((?:tbl|fig)-[a-z0-9-]+)\s*$", re.M)
 def link_missing_labels(nb) -> dict[str, str]:
     """Put the labels of the tables and figures a page could not show on its "cannot show" note.
 
-    A label written literally in a code cell and defined nowhere in the executed notebook (no table
-    ``:name:``, no figure mark) becomes a MyST target on the nearest note at or before that cell, so the
-    prose's ``{numref}`` resolves (:mod:`speclimits.sphinx_numref` renders "Table (not shown on this
-    trace)"). A label with no note before it stays undefined and fails the build. Returns
-    ``{label: cell index of its note}``."""
+    A label written literally in a code cell and defined nowhere in the executed notebook becomes a MyST
+    target on the nearest note at or before that cell, so the prose's ``{numref}`` resolves
+    (:mod:`speclimits.sphinx_numref`); with no note before it, it stays undefined and fails the build.
+    Returns ``{label: cell index of its note}``."""
     from speclimits.book.present import FIGURE_KEY, NOT_SHOWN_CLASS
 
     defined: set[str] = set()
@@ -287,18 +285,6 @@ def _select(notebooks: list[Path], pages: list[str], stage: Path, site: bool = T
     return [p for p in notebooks if p.stem in wanted]
 
 
-def _check_offline(html_dir: Path) -> None:
-    offenders = []
-    for page in html_dir.rglob("*.html"):
-        text = page.read_text(errors="replace")
-        for pat in CDN_PATTERNS:
-            if pat in text:
-                offenders.append(f"{page.relative_to(html_dir)} ({pat})")
-    if offenders:
-        raise SpeclimitsError("built pages still reference a CDN, so the site would not read offline: "
-                              + ", ".join(offenders[:10]))
-
-
 def default_jobs() -> int:
     """Notebooks executed at once by default: one per core, at most 2."""
     return max(1, min(2, os.cpu_count() or 1))
@@ -372,8 +358,28 @@ def _execute_all(notebooks: list[Path], stage: Path, params: dict, log, *, jobs:
     _unset_papermill_folder()
     if shared:
         os.chdir(next(iter(folders)))
+    done: set[str] = set()
+    times: dict[str, float] = {}
+    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb", disable=not progress)
     try:
-        return _run_pool(notebooks, todo, deps, run, jobs, progress)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            running: dict[Any, Path] = {}
+            while todo or running:
+                ready = [p for p in todo if deps[p.stem] <= done]
+                for src in ready[: max(1, jobs) - len(running)]:
+                    todo.remove(src)
+                    running[pool.submit(run, src)] = src
+                if not running:  # nothing ready and nothing running: a dependency is missing
+                    raise SpeclimitsError(f"book: pages {[p.name for p in todo]} wait for pages that are not built")
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    src = running.pop(fut)
+                    times[src.stem] = fut.result()  # a failed notebook raises here, naming itself
+                    done.add(src.stem)
+                    bar.update(1)
+                    bar.set_postfix_str(src.name)
+        bar.close()
+        return {p.stem: times[p.stem] for p in notebooks}
     finally:
         os.chdir(cwd)
         _unset_papermill_folder()
@@ -385,34 +391,6 @@ def _unset_papermill_folder() -> None:
     from papermill.iorw import papermill_io
 
     papermill_io.get_handler("local").cwd(None)
-
-
-def _run_pool(notebooks: list[Path], todo: list[Path], deps: dict[str, set[str]], run: Any, jobs: int,
-              progress: bool) -> dict[str, float]:
-    """Run ``run(page)`` for every page of ``todo``, up to ``jobs`` at once, each after its ``deps``."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    done: set[str] = set()
-    times: dict[str, float] = {}
-    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb", disable=not progress)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        running: dict[Any, Path] = {}
-        while todo or running:
-            ready = [p for p in todo if deps[p.stem] <= done]
-            for src in ready[: max(1, jobs) - len(running)]:
-                todo.remove(src)
-                running[pool.submit(run, src)] = src
-            if not running:  # nothing ready and nothing running: a dependency is missing
-                raise SpeclimitsError(f"book: pages {[p.name for p in todo]} wait for pages that are not built")
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                src = running.pop(fut)
-                times[src.stem] = fut.result()  # a failed notebook raises here, naming itself
-                done.add(src.stem)
-                bar.update(1)
-                bar.set_postfix_str(src.name)
-    bar.close()
-    return {p.stem: times[p.stem] for p in notebooks}
 
 
 def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | Path | None = None,
@@ -470,5 +448,11 @@ def build_book(trace: str | Path | None = None, smoke: bool = False, out: str | 
     mathjax.mkdir()
     for part in MATHJAX_PARTS:
         (shutil.copytree if (es5 / part).is_dir() else shutil.copy2)(es5 / part, mathjax / part)
-    _check_offline(html)
+    offenders = []
+    for page in html.rglob("*.html"):
+        text = page.read_text(errors="replace")
+        offenders += [f"{page.relative_to(html)} ({pat})" for pat in CDN_PATTERNS if pat in text]
+    if offenders:
+        raise SpeclimitsError("built pages still reference a CDN, so the site would not read offline: "
+                              + ", ".join(offenders[:10]))
     return html / "index.html"

@@ -1,11 +1,7 @@
-"""How the book shows numbers: captioned, numbered figures and tables, and key-results boxes.
-
-A notebook holds a :class:`Page` (``page = book_support.setup(results)``; ``page.load(trace)`` names the
-trace every later caption ends with, measured or SIMULATED). ``page.figure`` marks a chart's output with
-its label and caption (the build's :func:`speclimits.book.build.promote_figures` makes it a numbered
-myst-nb figure); ``page.table`` shows a frame as a MyST ``{table}`` directive; :class:`KeyResults` is
-the box of headline numbers at the top of a section, also written as JSON for the intro. Numbers with
-an interval are one cell, ``0.156 [0.120; 0.192]``, with the decimals the interval supports (:func:`fmt_ci`).
+"""How the book shows numbers: captioned, numbered figures and tables (:class:`Page`, whose captions end
+with the trace's data label, measured or SIMULATED), and key-results boxes (:class:`KeyResults`, also written
+as JSON for the intro). Numbers with an interval are one cell, ``0.156 [0.120; 0.192]``, with the decimals
+the interval supports (:func:`fmt_ci`).
 """
 
 from __future__ import annotations
@@ -79,12 +75,11 @@ def fmt_ci(est: Any, lo: Any = None, hi: Any = None, decimals: int | None = None
     if not finite(est):
         return "–"
     has_ci = finite(lo) and finite(hi)
-    if decimals is None:
-        decimals = decimals_for((float(hi) - float(lo)) / 2) if has_ci else None
+    if decimals is None and has_ci:
+        decimals = decimals_for((float(hi) - float(lo)) / 2)
     text = fmt_num(float(est), decimals)
     if has_ci:
-        d = decimals if decimals is not None else 3
-        text += f" [{fmt_num(float(lo), d)}; {fmt_num(float(hi), d)}]"
+        text += f" [{fmt_num(float(lo), decimals)}; {fmt_num(float(hi), decimals)}]"
     return text + (f" {unit}" if unit else "")
 
 
@@ -102,12 +97,9 @@ def fmt_se(est: Any, se: Any) -> str:
 
 def fmt_p(p: Any) -> str:
     """A p-value as a reader scans it: ``0.39``, ``2.1e-06``, or ``< 1e-300`` below double precision."""
-    try:
-        p = float(p)
-    except (TypeError, ValueError):
+    if not finite(p):
         return "–"
-    if not math.isfinite(p):
-        return "–"
+    p = float(p)
     if p <= 0:
         return "< 1e-300"
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
@@ -116,10 +108,7 @@ def fmt_p(p: Any) -> str:
 def ci_cells(est: Iterable, lo: Iterable, hi: Iterable, decimals: int | None = None,
              scale: float = 1.0) -> list[str]:
     """:func:`fmt_ci` over three columns (each value multiplied by ``scale``, e.g. 1e3 for per-1k units)."""
-    def sc(x: Any) -> Any:
-        return x * scale if finite(x) else x
-
-    return [fmt_ci(sc(e), sc(l), sc(h), decimals) for e, l, h in zip(est, lo, hi)]
+    return [fmt_ci(*(x * scale if finite(x) else x for x in row), decimals) for row in zip(est, lo, hi)]
 
 
 def ci_column(frame: pd.DataFrame, col: str, decimals: int | None = None) -> list[str]:
@@ -199,7 +188,7 @@ _NUMBER_TEXT = re.compile(r"^[-+−≈<>≤≥]?\s?\d")
 
 
 def _numeric_column(col: pd.Series) -> bool:
-    """Right-align numbers, and text columns whose every filled cell starts like a number (intervals)."""
+    """Numbers, or text whose every filled cell starts like a number (intervals): right-aligned."""
     if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
         return True
     cells = [str(v) for v in col if isinstance(v, str) and v.strip() not in ("", "–", "-")]
@@ -321,9 +310,8 @@ def _row_key(quantity: str) -> str:
 class Contrast:
     """The key results of the book built on the *other* regime's trace, shown beside this build's.
 
-    ``folder``: one ``<section>.json`` per section (as :class:`KeyResults` writes them) and
-    ``contrast.json`` (``trace`` it was computed on, ``column`` header, ``applies_to``: the trace folder
-    names whose pages show it). Rows match by quantity with numbers ignored; a row missing there shows "–"."""
+    ``folder``: a ``<section>.json`` per section (as :class:`KeyResults` writes them) and ``contrast.json``
+    (``trace``, ``column`` header, ``applies_to``: the trace folder names whose pages show it)."""
 
     folder: Path
     column: str
@@ -344,14 +332,15 @@ class Contrast:
         return cls(folder, info["column"], info["trace"])
 
     def values(self, section: str, rows: Sequence[Result]) -> list[str]:
-        """The other build's value of each of ``rows`` (quantities equal but for numbers match in order)."""
+        """The other build's value of each of ``rows``, "–" where it has none (quantities equal but for
+        their numbers match in order: the i-th row of a quantity takes the other build's i-th)."""
         path = self.folder / f"{section}.json"
         other: dict[str, list[str]] = {}
         if path.exists():
             for r in json.loads(path.read_text())["rows"]:
                 other.setdefault(_row_key(r["quantity"]), []).append(r["ours"])
         out = []
-        for r in rows:  # the i-th row of a quantity takes the other build's i-th
+        for r in rows:
             values = other.get(_row_key(r.quantity), [])
             out.append(values.pop(0) if values else "–")
         return out
@@ -467,12 +456,10 @@ class Page:
         display(_Markdown(md, md.splitlines()[3]))
 
     def shows(self, what: str, why: str | None) -> bool:
-        """True when ``why`` is None; else shows the :meth:`cannot_show` note for ``what`` and returns False
-        (``if page.shows("the pooled model", res.why_missing("pooled")):``)."""
-        if why is None:
-            return True
-        self.cannot_show(what, why)
-        return False
+        """True when ``why`` is None; else shows the :meth:`cannot_show` note for ``what`` and returns False."""
+        if why is not None:
+            self.cannot_show(what, why)
+        return why is None
 
     def key_results(self, section: str, title: str) -> KeyResults:
         """The section's :class:`KeyResults` box, writing to this page's results folder."""
