@@ -38,12 +38,8 @@ SMOKE_SIZES = {"n_boot": 99, "oracle_n_boot": 9, "n_rollouts": 8}
 
 
 def smoke_sizes(smoke: bool, **full: int) -> Any:
-    """The page's sizes (keywords named as in :data:`SMOKE_SIZES`), or the smoke sizes in a smoke
-    build: one value for one keyword, else a tuple in keyword order.
-
-    >>> smoke_sizes(True, n_boot=999), smoke_sizes(False, oracle_n_boot=199, n_rollouts=64)
-    (99, (199, 64))
-    """
+    """The page's sizes (keywords of :data:`SMOKE_SIZES`), or the smoke sizes in a smoke build: one value
+    for one keyword, else a tuple in keyword order (``smoke_sizes(True, n_boot=999) == 99``)."""
     out = tuple(SMOKE_SIZES[name] if smoke else value for name, value in full.items())
     return out[0] if len(out) == 1 else out
 

@@ -1,10 +1,8 @@
 """Sphinx extension used by the book build: numbered references that read each target page once.
 
-Sphinx 7.4's standard domain resolves every ``{numref}`` by unpickling the whole doctree of its
-target's page (``env.get_doctree``), and the book's pages embed Vega specs. This subclass of the
-standard domain (``app.add_domain(..., override=True)``) reads each page's doctree once per build
-for numref resolution only (never changed; every other caller gets a fresh doctree), and resolves a
-reference to a table or figure a page could not show to its "cannot show" note.
+Sphinx 7.4's standard domain unpickles the target page's whole doctree (which embeds Vega specs) for every
+``{numref}``; this override reads each page's doctree once per build for numref resolution only (every
+other caller gets a fresh one), and resolves a reference to what a page could not show to its note.
 """
 
 from __future__ import annotations

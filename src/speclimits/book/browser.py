@@ -1,10 +1,8 @@
-"""Open every page of a built book in headless Chromium, as a reader would, and check it.
-
-``check_site(html_dir)`` opens each page in Debian's Chromium driven by Playwright, which answers the
-site's requests from ``html_dir`` and refuses every other (the site must read offline), and checks that every chart
-rendered inside a figure, every figure and table has a numbered caption, nothing is wider than the
-content column, MathJax typeset without error, and the console logged no error, no script threw and
-no request failed. A full-page screenshot of each page goes to ``screenshots/`` (``speclimits book --check``).
+"""Open every page of a built book in headless Chromium, as a reader would, and check it
+(``speclimits book --check``): Playwright answers the site's requests from ``html_dir`` and refuses every
+other (the site must read offline); every chart must render inside a figure, every figure and table have a
+numbered caption, nothing be wider than the column, MathJax typeset, and the console stay clean. A full-page
+screenshot of each page goes to ``screenshots/``.
 """
 
 from __future__ import annotations

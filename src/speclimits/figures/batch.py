@@ -1,6 +1,4 @@
-"""Charts of the "Beyond batch 1" section: time per token against batch size per K, the unique
-experts of a step against the saturation curve of independent routing, and the bound at batch b
-against the best static K and the best batch-size table."""
+"""Charts of the "Beyond batch 1" section: time per token, unique experts of a step, the bound at batch b."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ __all__ = ["batch_time_per_token", "batch_step_union", "batch_bounds"]
 
 def batch_time_per_token(table: pd.DataFrame, value: str = "measured_ms_per_token",
                          predicted: str | None = "predicted_ms_per_token", title: str = "ms per token") -> alt.LayerChart:
-    """ms per token against batch size b (log axis), one line per K (K = 0 is plain decoding, drawn
-    black): measured as solid lines with points, the cost model's prediction (when ``predicted`` names
-    a column) as dashed lines. ``table``: one row per (b, K)."""
+    """ms per token against batch size b (log axis; ``table``: a row per (b, K)), a line per K (K = 0, plain
+    decoding, black): measured solid, the prediction (when ``predicted`` names a column) dashed."""
     df = table.copy()
     df["K"] = df["K"].astype(int)
     df["series"] = np.where(df["K"] == 0, "K = 0 (plain)", "K = " + df["K"].astype(str))
@@ -44,10 +41,9 @@ def _palette(n: int) -> list[str]:
 
 
 def batch_step_union(steps: pd.DataFrame, n_experts: int, top_k: int, seed: int = 0) -> alt.LayerChart:
-    """Unique experts per layer of an engine step against the tokens it verifies: each step (a seeded
-    sample), coloured by batch size, beside the saturation curve of uniform independent routing
-    ``E (1 - (1 - k/E)^n)`` and the expert count E. ``steps``: columns ``n_tokens``, ``u_step`` (measured)
-    and ``b``."""
+    """Unique experts per layer of an engine step (``u_step``, a seeded sample coloured by ``b``) against the
+    tokens it verifies, beside the saturation curve of uniform independent routing ``E (1 - (1 - k/E)^n)``
+    and the expert count E."""
     df = sample_rows(steps[["n_tokens", "u_step", "b"]], seed=seed).copy()
     df["b"] = df["b"].astype(int)
     n_max = max(int(df["n_tokens"].max()) if len(df) else 1, 1)
@@ -64,9 +60,8 @@ def batch_step_union(steps: pd.DataFrame, n_experts: int, top_k: int, seed: int 
 
 
 def batch_bounds(bounds: pd.DataFrame) -> alt.Chart:
-    """Speedup over plain decoding at the same batch size, per b: the bound, the best batch-size table,
-    the best static K and (b = 2) the exact Oracle. ``bounds``: long frame with ``b``, ``what`` and
-    ``speedup``."""
+    """Speedup over plain decoding at the same batch size per b (``bounds``: ``b``, ``what``, ``speedup``):
+    the bound, the best batch-size table, the best static K and (b = 2) the exact Oracle."""
     order = ["bound (relaxation)", "exact Oracle (b = 2)", "best batch→K table", "best static K"]
     present = [w for w in order if w in set(bounds["what"])]
     return alt.Chart(bounds).mark_line(point=True).encode(

@@ -12,11 +12,9 @@ from speclimits.figures._common import HEIGHT, WIDTH, tips
 
 
 def share_captured_by_batch(frames: Mapping[int, pd.DataFrame]) -> alt.VConcatChart:
-    """Share of the exact-greedy Oracle's gain over the best static K captured, per policy, offline (95%
-    interval over references) and in the engine (range over blocks): one faceted chart per batch size
-    (``{b: rows}``, :func:`speclimits.book.views.control_runs.share_long`: ``policy``, ``where``, ``share``,
-    ``lo``, ``hi``, ``batch``), stacked with one x scale. One chart of all batches would show every batch's
-    points in every panel: its layers carry their own data."""
+    """Share of the exact-greedy Oracle's gain over the best static K captured per policy, offline and in the
+    engine: a faceted chart per batch size (``{b: rows}`` of :func:`speclimits.book.views.control_runs.share_long`),
+    stacked with one x scale (one chart of all batches would draw every batch's points in every panel)."""
     def panel(long: pd.DataFrame) -> alt.FacetChart:
         # every layer inherits the facet's data (a layer with data of its own would repeat in every panel)
         base = alt.Chart().encode(y=alt.Y("policy:N", title=None), color=alt.Color("where:N", title=None),
@@ -34,10 +32,8 @@ def share_captured_by_batch(frames: Mapping[int, pd.DataFrame]) -> alt.VConcatCh
 
 
 def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
-    """The k each policy chose at the states its replayed walk visited, beside the Oracles' k*.
-
-    ``frame``: :func:`speclimits.control.offline.k_chosen_along` (``pos``, ``k_star_exact``,
-    ``k_star_surrogate`` and one column per policy)."""
+    """The k each policy chose at the states its replayed walk visited, beside the Oracles' k*
+    (``frame``: :func:`speclimits.control.offline.k_chosen_along`)."""
     cols = ["k_star_exact", "k_star_surrogate", *policies]
     long = frame.melt(id_vars="pos", value_vars=cols, var_name="who", value_name="k").dropna()
     return alt.Chart(long).mark_line(point=True, strokeWidth=1).encode(
@@ -47,10 +43,8 @@ def k_along_reference(frame: pd.DataFrame, policies: list[str]) -> alt.Chart:
 
 
 def served_speed(long: pd.DataFrame) -> alt.FacetChart:
-    """The controller's speed under served load against the best stock K at each rate and against plain decoding,
-    per metric (95% interval over repeats), against the request rate.
-    ``long``: :func:`speclimits.book.views.control.serve_long` rows (``rate``, ``metric``, ``against``, ``speed``,
-    ``lo``, ``hi``, ``concurrency``)."""
+    """The controller's speed under served load against the best stock K and plain decoding, per metric (95%
+    interval over repeats), against the request rate (``long``: :func:`speclimits.book.views.control.serve_long`)."""
     base = alt.Chart().encode(x=alt.X("rate:Q", title="request rate (req/s, Poisson)", scale=alt.Scale(type="log")),
                               color=alt.Color("against:N", title="against"))
     line = base.mark_line(point=True).encode(

@@ -15,11 +15,8 @@ _COLOURS = ("#595959", "#e6550d", "#6baed6", "#2171b5", "#08306b")
 
 
 def speed_ladder(rows: pd.DataFrame) -> alt.FacetChart:
-    """Speed over plain decoding of each mark (the best stock K and the controller, measured; the real-time
-    bound and the surrogate and exact Oracles, offline) per batch size, one panel per regime, with plain
-    decoding's 1 as a dashed line. ``rows``: :func:`speclimits.book.views.headline.headline_speeds`
-    (``regime``, ``machine``, ``batch``, ``mark``, ``harness``, ``speed``, ``over_best_static``,
-    ``best_static``, ``source``)."""
+    """Speed over plain decoding of each mark (:func:`speclimits.book.views.headline.headline_speeds` rows)
+    per batch size, a panel per regime, plain decoding's 1 dashed."""
     df = rows.copy()
     df["legend"] = df["mark"] + " (" + df["harness"] + ")"
     legend = list(dict.fromkeys(df["legend"]))  # the rows come in the legend's order

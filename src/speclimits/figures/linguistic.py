@@ -15,12 +15,9 @@ STATUS_COLORS = {"match": "#4c9a5a", "first mismatch": "#d1495b", "after mismatc
 
 
 def decision_panels(panels: pd.DataFrame, width: int = WIDTH, row_height: int = 22) -> alt.FacetChart:
-    """One panel per decision from :func:`speclimits.linguistic.gallery.panel_data`.
-
-    Target continuation on the top row, draft continuation below; cells coloured by status
-    (match green, first mismatch red, after mismatch grey) and faded past k*; a solid black
-    line after step k*, a dashed line after the modal advancement a_mode, and (α = 0 panels) a
-    dotted orange line after k* of the α = 0 re-solve."""
+    """One panel per decision (:func:`speclimits.linguistic.gallery.panel_data`): target continuation above,
+    draft below, cells coloured by status and faded past k*; a solid line after k*, a dashed one after the
+    modal advancement a_mode, and (α = 0 panels) a dotted orange one after the α = 0 re-solve's k*."""
     df = panels.copy()
     df["x0"] = df["step"] - 0.5
     df["x1"] = df["step"] + 0.5
@@ -100,9 +97,8 @@ def k_star_distribution_chart(shares: pd.DataFrame, contexts: list[str] | None =
 
 
 def routing_contrast_chart(table: pd.DataFrame) -> alt.LayerChart:
-    """Difference in new experts per layer (event step − preceding step) with 95% CIs, ours and
-    the paper's, from :func:`speclimits.linguistic.routing_table`; the step-adjusted window
-    contrast is a row of its own."""
+    """Difference in new experts per layer (event step − preceding step) with 95% CIs, ours (the
+    step-adjusted window contrast a row of its own) and the paper's (:func:`speclimits.linguistic.routing_table`)."""
     rows = []
     for r in table.itertuples(index=False):
         rows.append({"contrast": r.contrast, "source": "this trace", "diff": r.diff, "lo": r.diff_lo,

@@ -14,9 +14,8 @@ __all__ = ["oracle_value_along_sequence", "oracle_k_star_distribution", "oracle_
 
 
 def oracle_value_along_sequence(states: pd.DataFrame, seq_id: str) -> alt.VConcatChart:
-    """V(n) (ms still to spend) and k*(n) against position n for one sequence.
-
-    ``states``: :meth:`OracleResult.to_frame` (columns ``seq_id``, ``pos``, ``value_ms``, ``k_star``)."""
+    """V(n) (ms still to spend) and k*(n) against position n for one sequence of ``states``
+    (:meth:`OracleResult.to_frame`)."""
     df = states.loc[states["seq_id"] == seq_id, ["pos", "value_ms", "k_star", "remaining"]]
     base = alt.Chart(df).encode(x=alt.X("pos:Q", title="state n (tokens already emitted)"))
     value = base.mark_line().encode(y=alt.Y("value_ms:Q", title="V(n), ms to finish"),
@@ -36,10 +35,8 @@ def oracle_k_star_distribution(states: pd.DataFrame) -> alt.Chart:
 
 
 def oracle_speedup_by_k_max(sweep: pd.DataFrame) -> alt.Chart:
-    """Oracle and best-static-K speedup against K_max (from :func:`speclimits.oracle.sweep_k_max`).
-
-    Without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN) the chart
-    shows ms per token instead. (The appendix reports no Oracle speedup to draw beside it.)"""
+    """Oracle and best-static-K speedup against K_max (:func:`speclimits.oracle.sweep_k_max`); ms per token
+    instead without an autoregressive baseline (no m = 1 in the cost model: speedups are NaN)."""
     df = sweep.copy()
     if df["speedup"].notna().any():
         cols, title = ["speedup", "best_static_speedup"], "speedup over autoregressive"
@@ -77,9 +74,7 @@ def oracle_delta_space(points: pd.DataFrame, slope: float, lambda_: float, n: in
 
 
 def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
-    """Heat map of states by (k* with the full cost, k* with α = 0).
-
-    ``transitions``: :attr:`AlphaAblation.transitions` (``k_star``, ``k_star_alpha0``, ``n_states``)."""
+    """Heat map of states by (k* with the full cost, k* with α = 0) (:attr:`AlphaAblation.transitions`)."""
     base = alt.Chart(transitions).encode(
         x=alt.X("k_star_alpha0:O", title="k* with α = 0"), y=alt.Y("k_star:O", title="k* with the full cost"))
     heat = base.mark_rect().encode(color=alt.Color("n_states:Q", title="states", scale=alt.Scale(type="log")),
@@ -89,9 +84,8 @@ def oracle_ablation_moves(transitions: pd.DataFrame) -> alt.LayerChart:
 
 
 def oracle_policy_comparison(table: pd.DataFrame) -> alt.LayerChart:
-    """Expected time on held-out sequences per policy (points) with ±2 s.e. for rollout estimates.
-
-    ``table``: :attr:`PolicyComparison.table` (``policy``, ``time_ms``, ``time_se``, ``evaluation``)."""
+    """Expected time on held-out sequences per policy (:attr:`PolicyComparison.table`), ±2 s.e. for
+    rollout estimates."""
     df = table[["policy", "time_ms", "time_se", "evaluation"]].copy()
     df["lo"], df["hi"] = df["time_ms"] - 2 * df["time_se"], df["time_ms"] + 2 * df["time_se"]
     order = df.sort_values("time_ms")["policy"].tolist()

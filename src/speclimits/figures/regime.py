@@ -1,5 +1,4 @@
-"""Charts of the regime page: the designed experiment's per-expert cost by expert width, and the share
-of a verification pass that the expert term explains, and the context slope c across K."""
+"""Charts of the regime page: the designed experiment by expert width, the context slope, two CPUs."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ __all__ = ["context_slope_chart", "designed_alpha_chart", "expert_share_chart", 
 
 
 def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
-    """α(m) of the designed experiment (points, 95% intervals) for every expert width, on a log scale,
-    with the paper's regression α (m ≤ 4 and m ≥ 5, A100) as dashed reference rules.
-
-    ``fits``: :func:`speclimits.regime.designed_fits` (columns width, m, alpha, alpha_lo, alpha_hi)."""
+    """α(m) of the designed experiment (:func:`speclimits.regime.designed_fits`, 95% intervals) per expert
+    width, log scale, with the paper's regression α (m ≤ 4 and m ≥ 5, A100) as a dashed line."""
     f = fits.dropna(subset=["alpha"]).copy()
     f["width"] = f["width"].astype(str)
     color = alt.Color("width:N", title="expert width", sort=sorted(f["width"].unique(), key=int))
@@ -35,10 +32,8 @@ def designed_alpha_chart(fits: pd.DataFrame) -> alt.LayerChart:
 
 def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
     """Share of a verification pass the expert term explains, ``α(m)·Ū/(β0(m) + α(m)·Ū)`` at the natural
-    Ū of m, by expert width (one line per m); the shaded band is the paper's range (one half to three
-    quarters at m ≥ 5).
-
-    ``share``: :func:`speclimits.regime.share_by_width`."""
+    Ū of m (:func:`speclimits.regime.share_by_width`), by expert width, a line per m; the band is the
+    paper's range (one half to three quarters at m ≥ 5)."""
     s = share.copy()
     s["m"] = s["m"].astype(str)
     band = alt.Chart(pd.DataFrame({"lo": [0.5], "hi": [0.75]})).mark_rect(opacity=0.12, color="gray").encode(
@@ -53,12 +48,9 @@ def expert_share_chart(share: pd.DataFrame) -> alt.Chart:
 
 
 def context_slope_chart(slopes: dict[str, pd.DataFrame], legend: str = "target") -> alt.LayerChart:
-    """The per-K context slope c (× 10⁻³ ms/token, 95% intervals) against m for each target, with each
-    target's weighted line in m (dashed) and the paper's c on an A100 (gray rule: the same at every K).
-
-    ``slopes``: label → :attr:`speclimits.regime.ContextSlope.by_k` (columns m, c, c_se, c_line; the
-    rows of :func:`speclimits.regime.designed_context` with ``c_line`` serve as well); ``legend``: what
-    the labels are."""
+    """The per-K context slope c (10⁻³ ms/token, 95% intervals) against m per target (``slopes``: label →
+    :attr:`speclimits.regime.ContextSlope.by_k`-like rows: m, c, c_se, c_line), each target's weighted line
+    in m (dashed) and the paper's c on an A100 (gray rule); ``legend``: what the labels are."""
     frames = []
     for label, b in slopes.items():
         f = b.assign(target=label)
@@ -82,11 +74,9 @@ def context_slope_chart(slopes: dict[str, pd.DataFrame], legend: str = "target")
 
 
 def machines_chart(passes: pd.DataFrame, shares: pd.DataFrame) -> alt.HConcatChart:
-    """The same twin on several CPUs: mean T_T by m (left) and the regression's α(m) (right), one
-    colour per machine, 95% intervals as rules.
-
-    ``passes``: :func:`speclimits.regime.pass_times` rows with a ``machine`` column; ``shares``:
-    :func:`speclimits.regime.expert_share` rows likewise."""
+    """The same twin on several CPUs: mean T_T by m (``passes``: :func:`speclimits.regime.pass_times` rows)
+    and the regression's α(m) (``shares``: :func:`speclimits.regime.expert_share` rows), a colour per
+    ``machine``, 95% intervals as rules."""
     color = alt.Color("machine:N", title="CPU")
     x = alt.X("m:O", title="tokens verified per pass, m")
 

@@ -1,6 +1,4 @@
-"""Charts of the cost-model sections (factors, final model, draft model, robustness), from the small
-aggregated tables of :mod:`speclimits.stats` results (never the rounds themselves).
-"""
+"""Charts of the cost-model sections, from the small aggregated tables of :mod:`speclimits.stats` results."""
 
 from __future__ import annotations
 
@@ -102,9 +100,8 @@ def coefficients_by_m_chart(res: Any, truth: Any = None) -> alt.HConcatChart:
 
 
 def boundary_chart(res: Any) -> alt.LayerChart:
-    """Mean fold RMSE (GroupKFold) of each candidate regime split with ± 1 SE over folds (split = last
-    m of the lower regime; 'none' is the one-regime model). The grey band is the one-SE rule's
-    tolerance: no split stands unless the best split's mean + 1 SE falls below no split's mean."""
+    """Mean fold RMSE (GroupKFold) ± 1 SE of each candidate regime split (last m of the lower regime; 'none':
+    one regime); the grey band is the one-SE rule's tolerance around no split's mean."""
     c = res.boundary.curve.copy()
     c["candidate"] = ["none" if pd.isna(s) else f"m ≤ {int(s)}" for s in c["split"]]
     c["lo"] = c["fold_rmse_mean"] - c["fold_rmse_se"]
@@ -126,18 +123,13 @@ def boundary_chart(res: Any) -> alt.LayerChart:
 
 
 def mape_by_k_chart(res: Any) -> alt.LayerChart:
-    """MAPE by K with 95% cluster-bootstrap intervals (held-out generations resampled): pooled linear
-    model (out-of-fold), categorical model (out-of-fold), and the pooled form fitted without that K
-    (leave-one-K-out; left out where the trace gives none, ``res.loko`` None); log scale."""
-    mk, lk = res.mape_by_k, res.loko
-    parts = [pd.DataFrame({"K": mk["K"], "mape": mk["pooled"], "lo": mk["pooled_lo"], "hi": mk["pooled_hi"],
-                           "model": "pooled Ū + L + γK (CV)"}),
-             pd.DataFrame({"K": mk["K"], "mape": mk["categorical"], "lo": mk["categorical_lo"],
-                           "hi": mk["categorical_hi"], "model": "categorical Eq. 4 (CV)"})]
-    if lk is not None:
-        parts.append(pd.DataFrame({"K": lk["K"], "mape": lk["loko_mape"], "lo": lk["loko_lo"], "hi": lk["loko_hi"],
-                                   "model": "pooled, leave-one-K-out"}))
-    df = pd.concat(parts, ignore_index=True)
+    """MAPE by K (log scale) with 95% cluster-bootstrap intervals: pooled and categorical models (out of
+    fold) and the pooled form fitted without that K (where the trace gives it)."""
+    parts = [(res.mape_by_k, "pooled", "pooled", "pooled Ū + L + γK (CV)"),  # (table, estimate, interval, model)
+             (res.mape_by_k, "categorical", "categorical", "categorical Eq. 4 (CV)"),
+             (res.loko, "loko_mape", "loko", "pooled, leave-one-K-out")]
+    df = pd.concat([pd.DataFrame({"K": t["K"], "mape": t[est], "lo": t[f"{ci}_lo"], "hi": t[f"{ci}_hi"], "model": model})
+                    for t, est, ci, model in parts if t is not None], ignore_index=True)
     color = alt.Color("model:N", title=None)
     line = alt.Chart(df).mark_line(point=True).encode(
         x=alt.X("K:O"), y=alt.Y("mape:Q", title="MAPE (%)", scale=alt.Scale(type="log")), color=color,
@@ -200,9 +192,8 @@ def binned_residuals_chart(res: Any) -> alt.FacetChart:
 
 
 def bootstrap_chart(res: Any, param: str = "u_bar", bins: int = 40) -> alt.Chart:
-    """Histogram of the cluster-bootstrap estimates of one coefficient (pre-binned). Replicates that
-    failed (NaN: a resample that missed a cell the fit needs, counted in the fit's notes) are left out,
-    and the axis title says how many."""
+    """Histogram of the cluster-bootstrap estimates of one coefficient (pre-binned); failed replicates (NaN)
+    are left out and counted in the axis title."""
     v = res.boot[param].to_numpy(dtype=float)
     ok = np.isfinite(v)
     title = {"u_bar": "α (bootstrap)", "context_len": "c (bootstrap)", "const": "β0 (bootstrap)"}.get(param, param)

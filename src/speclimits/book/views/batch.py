@@ -22,10 +22,9 @@ def _model_paths(meta: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def measured_batch_trace(trace: Trace, batch_trace: str | Path | None = None) -> Trace | None:
-    """The measured batch trace to show beside ``trace``: ``batch_trace`` when given; else the bundled
-    batch sweep (:data:`~speclimits.paths.BATCH_TRACES`: the trained pair's and its memory-bound twin's)
-    that ran the same target and drafter as ``trace`` when ``trace`` is measured; else None (a simulated
-    trace has no measured batch sweep)."""
+    """The measured batch trace to show beside ``trace``: ``batch_trace`` when given; else, for a measured
+    ``trace``, the bundled batch sweep (:data:`~speclimits.paths.BATCH_TRACES`) of the same target and
+    drafter; else None."""
     if batch_trace is not None:
         return read_trace(batch_trace)
     if trace.simulated:
@@ -331,11 +330,11 @@ def measured_verdict(val: pd.DataFrame, worst: dict[str, Any], front: pd.DataFra
         rb = rep.loc[rep.groupby("b")["ms/token, repeat"].idxmin(), ["b", "K"]]
         agree = int((best["K"].to_numpy() == rb["K"].to_numpy()).sum())
         lo_b, hi_b = int(val["b"].min()), int(val["b"].max())
-        fall = (val.loc[val["b"] == lo_b].set_index("K")["ms_per_token"]
-                / val.loc[val["b"] == hi_b].set_index("K")["ms_per_token"])
-        fall_rep = (rep.loc[rep["b"] == lo_b].set_index("K")["ms/token, repeat"]
-                    / rep.loc[rep["b"] == hi_b].set_index("K")["ms/token, repeat"])
-        both = pd.concat([fall, fall_rep])
+
+        def fall(t: pd.DataFrame, col: str) -> pd.Series:  # time per token at the smallest b over the largest
+            return t.loc[t["b"] == lo_b].set_index("K")[col] / t.loc[t["b"] == hi_b].set_index("K")[col]
+
+        both = pd.concat([fall(val, "ms_per_token"), fall(rep, "ms/token, repeat")])
         text += (f" The repeat pass names the same best K at {agree} of {len(best)} batch sizes ("
                  + ", ".join(f"{int(r.K)}" for r in rb.itertuples()) + f"): {repeat_phrase(rep)}. On this machine "
                  "the differences between K at a given b are mostly inside the run-to-run noise; what holds in both "

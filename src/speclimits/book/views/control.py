@@ -1,7 +1,6 @@
-"""Reader tables of the online-control section (8): the offline prediction
-(:func:`speclimits.control.offline.offline_table`) and the engine benchmarks (:mod:`.control_runs`), the
-verdict per batch size and the key results. Intervals: 95% bootstrap over references (offline shares)
-and over the paired blocks (engine speed ratios); ms/token carries the interquartile range over blocks.
+"""Reader tables of the online-control section (8): the offline prediction, the engine benchmarks
+(:mod:`.control_runs`) and served load, the verdicts and key results. Intervals: 95% bootstrap over
+references (offline shares) and over paired blocks (engine ratios); ms/token carries the IQR over blocks.
 """
 
 from __future__ import annotations
@@ -37,12 +36,11 @@ def offline(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def engine(table: pd.DataFrame) -> pd.DataFrame:
-    """One benchmark result (:func:`~.control_runs.engine_table`) for the reader, a row per arm: ms/token
-    [IQR over blocks], the paired speed ratio to the best stock K [95% CI, held-out blocks], the workload
-    ratio over all blocks (:func:`~speclimits.bench.control.workload_ratios`), the pooled ms/token beside
-    the offline prediction and its error (also at the run's measured price level,
-    :func:`~speclimits.bench.control.with_prediction`), the mean k and the decision time's share of a round
-    (net of vLLM's argmax where the controller chooses the draft's tokens; the gross beside it)."""
+    """One benchmark result (:func:`~.control_runs.engine_table`) for the reader, a row per arm: ms/token,
+    the paired speed ratio to the best stock K (held-out blocks), the workload ratio (all blocks), the pooled
+    ms/token beside the offline prediction and its error (also rescaled to the run's price level), the mean k
+    and the decision time's share of a round (net of vLLM's argmax where the controller chooses the draft's
+    tokens; the gross beside it)."""
     nan = pd.Series(np.nan, index=table.index)
     pooled = table.get("ms_per_token_pooled", nan).astype(float)
     pred = [("–" if not np.isfinite(p) else (f"{m:.2f} / " if np.isfinite(m) else "") + f"{p:.2f} ({100 * e:+.0f}%"
@@ -70,41 +68,39 @@ def side_of_one(lo: Any, hi: Any) -> str:
     return "above" if float(lo) > 1 else "below" if float(hi) < 1 else "holds 1"
 
 
+def _paired(t: pd.DataFrame, arm: str, result: dict[str, Any]) -> str:
+    """``arm``'s paired speed ratio to the best stock K [95% CI] in ``t`` (indexed by arm), and that K."""
+    return f"{ci_column(t.loc[[arm]], 'vs_best_stock', 3)[0]} (K = {result['choice']['best_stock'].split(':')[-1]})"
+
+
 def replication(tables: dict[int, pd.DataFrame], runs: dict[int, dict[str, Any]],
                 again: dict[int, pd.DataFrame], runs_again: dict[int, dict[str, Any]]) -> pd.DataFrame:
-    """Each policy's paired speed ratio to the best stock K [95% CI] in the main run and in a second run of
-    the same command (each against its own best stock K, chosen on its own even blocks), for the batch
-    sizes both have; a policy is "replicated" where both intervals lie on the same side of 1 or both hold
-    it. Empty without a second run."""
-    def ratio(t: pd.DataFrame, arm: str, ref: str) -> str:
-        return f"{ci_column(t.loc[[arm]], 'vs_best_stock', 3)[0]} (K = {ref})"
-
+    """Each policy's :func:`_paired` ratio in the main run and in a second run of the same command (each
+    against its own best stock K), for the batch sizes both have; "replicated" where both intervals lie
+    on the same side of 1 or both hold it. Empty without a second run."""
     rows = []
     for batch in sorted(set(tables) & set(again)):
         a, b = tables[batch].set_index("arm"), again[batch].set_index("arm")
-        ref_a, ref_b = (r[batch]["choice"]["best_stock"].split(":")[-1] for r in (runs, runs_again))
         for arm in [x for x in a.index if is_policy(x) and x in b.index]:
             sides = tuple(side_of_one(t.loc[arm, "vs_best_stock_lo"], t.loc[arm, "vs_best_stock_hi"]) for t in (a, b))
             rows.append({"Batch": batch, "Policy": arm_name(arm),
-                         "Main run [95% CI] (best stock K)": ratio(a, arm, ref_a),
-                         "Second run [95% CI] (best stock K)": ratio(b, arm, ref_b),
+                         "Main run [95% CI] (best stock K)": _paired(a, arm, runs[batch]),
+                         "Second run [95% CI] (best stock K)": _paired(b, arm, runs_again[batch]),
                          "Interval vs 1 (main / second)": " / ".join(sides),
                          "Replicated": "yes" if sides[0] == sides[1] else "no"})
     return pd.DataFrame(rows)
 
 
 def unseen(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
-    """Per batch size and policy of benchmark results on prompts no policy was fitted or tuned on: the paired
-    speed ratio to the best stock K (chosen on the even blocks) and the workload ratio, with 95% intervals over
-    blocks, and the mean k drafted; ``Below 1``: "yes" where the workload interval lies under 1."""
+    """Per batch size and policy of benchmark results on prompts no policy was fitted or tuned on: the
+    :func:`_paired` ratio, the workload ratio [95% CI] and the mean k drafted; ``Below 1``: "yes" where the
+    workload interval lies under 1."""
     rows = []
     for batch in sorted(runs):
         t = engine_table(runs[batch]).set_index("arm")
-        ref = runs[batch]["choice"]["best_stock"].split(":")[-1]
         for key in [x for x in t.index if is_policy(x)]:
             r = t.loc[[key]]
-            rows.append({"Batch": batch, "Policy": arm_name(key),
-                         "Paired [95% CI]": f"{ci_column(r, 'vs_best_stock', 3)[0]} (K = {ref})",
+            rows.append({"Batch": batch, "Policy": arm_name(key), "Paired [95% CI]": _paired(t, key, runs[batch]),
                          "Workload [95% CI]": ci_column(r, "workload_ratio", 3)[0],
                          "Mean k": f"{float(r['mean_k'].iloc[0]):.2f}",
                          "Below 1": "yes" if float(r["workload_ratio_hi"].iloc[0]) < 1 else "no"})
@@ -217,9 +213,9 @@ def verdict(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], of
 def key_rows(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], offline_table: pd.DataFrame,
              bounds: dict[str, Any], refs: dict[int, str] | None = None, offline_ref: str | None = None
              ) -> list[Result]:
-    """Headline rows: per measured batch, the best policy's paired speed ratio to the best stock K and
-    its share of the Oracle's gain (95% intervals over blocks); the Oracle's bound. Without a benchmark,
-    the offline prediction's best policy instead. The paper has no online policy: no paper column."""
+    """Headline rows: per measured batch, the best policy's paired speed ratio to the best stock K, its
+    workload ratio and share of the Oracle's gain; the Oracle's bound. Without a benchmark, the offline
+    prediction's best policy instead. The paper has no online policy: no paper column."""
     refs = refs or {}
     rows = []
     if runs:
@@ -253,10 +249,9 @@ def key_rows(runs: dict[int, dict[str, Any]], tables: dict[int, pd.DataFrame], o
 
 
 def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
-    """The engine benchmark results to show on a page on ``trace``: those fitted on it, found in
-    ``data/control/<sub>`` (the bundled, cache-resident pair's) or ``data/control/twin/<sub>`` (the
-    memory-bound twin's); ``sub="replication"`` for the second runs. On the twin's trace without results
-    of its own, the bundled pair's (first runs only), with a note that says so."""
+    """The engine benchmark results fitted on ``trace``, from ``data/control/<sub>`` (the bundled pair's) or
+    ``data/control/twin/<sub>`` (the memory-bound twin's). On the twin's trace without results of its own,
+    the bundled pair's (first runs only), with a note that says so."""
     note = ""
     for folder in (BENCH_DIR / sub, TWIN_BENCH_DIR / sub):
         runs, note = load_bench_runs(trace.meta, folder)
@@ -270,9 +265,8 @@ def bench_runs(trace, sub: str = "") -> tuple[dict, str]:
 
 
 def regime_of(result: dict[str, Any]) -> str:
-    """The regime a benchmark result was measured in, from its target: the memory-bound twin
-    (``speclimits models twin``, wider experts, the same function) or the bundled pair as trained
-    (cache-resident on this CPU)."""
+    """The regime a benchmark result was measured in, from its target: the memory-bound twin (``speclimits
+    models twin``) or the bundled pair as trained (cache-resident on this CPU)."""
     target = Path(str(result.get("config", {}).get("target", "")))
     twin = "twin" in target.name or (target / "twin.json").exists()
     return "memory-bound twin" if twin else "cache-resident pair"
@@ -281,9 +275,8 @@ def regime_of(result: dict[str, Any]) -> str:
 def regime_contrast(runs: dict[int, dict[str, Any]], other: dict[int, dict[str, Any]], label: str,
                     other_label: str) -> pd.DataFrame:
     """The best policy against the best stock static K per batch size in two sets of benchmark results
-    (e.g. the memory-bound twin's and the cache-resident pair's): the best stock K (chosen on the even
-    blocks / over all blocks by time per token), the paired speed ratio on the held-out blocks, the workload
-    ratio over all blocks (95% intervals) and the share of the exact Oracle's gain captured in the engine."""
+    (e.g. the two regimes'): the best stock K (chosen on the even blocks / by all blocks' time per token),
+    the paired and workload ratios and the share of the exact Oracle's gain, with 95% intervals."""
     def k_of(key: str | None) -> str:
         return str(arms.arm(key).k) if key else "–"
 
@@ -421,9 +414,9 @@ BATCH_PIECES = (("delta-fixed:alone", "each request priced alone"),
 
 
 def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
-    """The batch replay of each piece of the batch decision, with the draft's confidences and with hindsight
-    (``batch-rule-offline.json`` beside the trace's engine runs): per piece and batch size, the best speed ratio
-    to the best static K over the λ scales tried (at λ as fitted in parentheses). (None, why) without one."""
+    """The batch replay of each piece of the batch decision (``batch-rule-offline.json`` beside the trace's
+    engine runs), with the draft's confidences and with hindsight: per piece and batch size, the best speed
+    ratio to the best static K over the λ scales tried (at λ as fitted in parentheses); (None, why) without."""
     runs, _ = bench_runs(trace)
     if not runs:
         return None, "no engine runs for this trace, so no batch replay of the batch rule's pieces"
@@ -450,10 +443,9 @@ def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
 
 
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False) -> pd.DataFrame:
-    """One table of :func:`speclimits.control.decompose.gap_decomposition`'s results: per rung, the loss named
-    from the rung above and, per batch size, the share of the exact Oracle's gain over the best static K
-    (replay world, 95% interval where the rung has one); ``full`` adds each batch size's speed over the best
-    static K (the download)."""
+    """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
+    from the rung above and the share of the exact Oracle's gain over the best static K (replay world);
+    ``full`` adds each batch size's speed over the best static K (the download)."""
     first = next(iter(gaps.values()))
     out = pd.DataFrame({"rung": [f"{r}. {n}" for r, n in zip(first["rung"], first["name"])],
                         "lost from the rung above": first["loss"].replace("", "–").fillna("–")})

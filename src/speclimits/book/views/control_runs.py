@@ -47,11 +47,9 @@ def is_policy(key: str) -> bool:
 
 
 def engine_table(result: dict[str, Any]) -> pd.DataFrame:
-    """One row per arm of one benchmark result: the summary (ms/token, paired ratios with their 95%
-    intervals, prediction, decision time) and the share of each Oracle's gain over the best static K
-    captured in the engine, ``(1 - 1/r) / (1 - 1/G)`` for the speed ratio r to the best stock K (its
-    interval mapped through the same monotone formula) and the Oracle's gain G on the same references
-    (offline, priced with the costs profiled in the run); beside it the offline share of the same arm."""
+    """One row per arm of one benchmark result: its summary, the share of each Oracle's gain over the best
+    static K captured in the engine, ``(1 - 1/r) / (1 - 1/G)`` for the speed ratio r to the best stock K (its
+    interval mapped alike) and the Oracle's offline gain G on the same references, and the arm's offline share."""
     s = pd.DataFrame(result["summary"]).copy()
     bounds = result.get("oracle") or {}
     for key in ("exact", "surrogate"):
@@ -99,9 +97,8 @@ def extension_overhead(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def prediction_errors(table: pd.DataFrame) -> pd.DataFrame:
-    """Arms with an offline prediction: measured (median over blocks, and pooled: what the prediction is
-    compared with) and predicted ms/token and the relative error; where the run measured the machine's
-    price level, the prediction rescaled by it and that error (:func:`~speclimits.bench.control.with_prediction`)."""
+    """Arms with an offline prediction: measured (median and pooled) and predicted ms/token, the relative
+    error, and where the run measured its price level the rescaled prediction and its error."""
     cols = ["arm", "ms_per_token", "ms_per_token_pooled", "predicted_ms_per_token", "prediction_error",
             "price_level", "predicted_ms_per_token_rescaled", "prediction_error_rescaled"]
     if "predicted_ms_per_token" not in table:

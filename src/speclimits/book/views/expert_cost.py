@@ -1,6 +1,5 @@
 """Section 3's panel on the per-expert cost measured by experiment (``benchmarks/bench_expert_cost.py``,
-one JSON per run under ``data/expert_cost/``): α(m) beside the paper's regression α and the bandwidth
-floor, and the step test at m = 4/5.
+a JSON per run under ``data/expert_cost/``): α(m) beside the paper's and the bandwidth floor, the step at m = 4/5.
 """
 
 from __future__ import annotations
@@ -44,10 +43,9 @@ def alpha_table_compact(runs: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def alpha_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run and m: α(m) and β0(m) by experiment with 95% intervals (HC3), scaled to all
-    the model's MoE layers; the bandwidth floor (one expert's bytes × layers / the measured copy
-    bandwidth) and α over it; the paper's regression α (A100, by regime) and α over its midpoint
-    (only for the paper's shape)."""
+    """One row per run and m: α(m) and β0(m) by experiment with 95% intervals (HC3), over all the model's MoE
+    layers; the bandwidth floor (one expert's bytes × layers / the measured copy bandwidth) and α over it; the
+    paper's regression α (A100, by regime; the paper's shape only) and α over its midpoint."""
     rows = []
     for run in runs:
         floor = run["floor"].get("ms_per_expert_all_layers")
@@ -67,9 +65,8 @@ def alpha_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def step_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run: mean α over m ≤ 4 and m ≥ 5 (all layers), their ratio beside the paper's
-    ≈ 3.2, the jump α(5) − α(4) with its 95% interval, where the largest adjacent jump is, and
-    whether a step at 4/5 appears with the routing held fixed."""
+    """One row per run: mean α over m ≤ 4 and m ≥ 5 and their ratio, the jump α(5) − α(4) [95% CI], where
+    the largest adjacent jump is, and whether a step at 4/5 appears with the routing held fixed."""
     rows = []
     for run in runs:
         s = run["analysis"]["step"]
@@ -86,8 +83,8 @@ def step_table(runs: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def summary(runs: list[dict[str, Any]]) -> str:
-    """What the panel rests on, in a few sentences: the runs (device, shape, path, passes, date)
-    and, where no GPU run is committed, that the paper's regime has not been measured here."""
+    """The runs the panel rests on (device, shape, path, passes, date) and, without a GPU run, that the
+    paper's regime is not measured here."""
     if not runs:
         return ("No run of `benchmarks/bench_expert_cost.py` is committed under `data/expert_cost/`: "
                 "nothing measured by experiment yet.")

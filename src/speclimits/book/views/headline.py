@@ -1,15 +1,9 @@
 """The intro's figure: per regime and batch size, the speed over plain decoding of the best stock static K
-and of the controller in vLLM (measured), and of the real-time bound and the two Oracles (offline, the gap
-decomposition of :func:`speclimits.control.decompose.gap_decomposition`), from the committed engine runs.
-
-Every mark is a speed over plain decoding. The measured ones are the engine run's paired ratios to plain
-decoding (``vs_plain``: geometric mean over all blocks). The decomposition gives the offline rungs as speeds
-over the best static K *of its own harness* (the held-out references replayed, priced by the run's fit at
-batch 1 and by the run's profiled costs at batch > 1); each is put on the plain-decoding scale by the
-measured best stock K's speed: ``offline mark = vs_plain(best stock K) x speed over the best static K``, the
-same comparison the decomposition's engine row makes. The decompositions (about 3 s each) are cached under
-``_build/cache`` by the content of their inputs: the engine run's JSON, the trace's files and the source of
-the modules they run.
+and the controller in vLLM (measured: the engine run's ``vs_plain``, geometric mean over all blocks), and of
+the real-time bound and the two Oracles (offline: :func:`speclimits.control.decompose.gap_decomposition`'s
+speed over the best static K of its own replay, times the measured best stock K's ``vs_plain``, the same
+comparison the decomposition's engine row makes). The decompositions (about 3 s each) are cached under
+``_build/cache`` by the content of their inputs.
 """
 
 from __future__ import annotations
@@ -54,9 +48,8 @@ def _digest(paths: list[Path]) -> str:
 
 
 def cache_key(trace: Path, result_path: Path, rule: str = RULE) -> str:
-    """The content key of one decomposition: the engine run's JSON, every file of the trace folder, the
-    package's top-level modules, its ``control``, ``oracle`` and ``trace`` packages and this module (which
-    writes the cache), and the rule."""
+    """The content key of one decomposition: the engine run's JSON, the trace folder's files, the source
+    the decomposition runs (:data:`_CODE`, the package's top-level modules, this module) and the rule."""
     pkg = Path(__file__).resolve().parents[2]
     code = sorted(pkg.glob("*.py")) + sorted(p for d in _CODE for p in (pkg / d).rglob("*.py")) + [Path(__file__)]
     data = [Path(result_path)] + sorted(p for p in Path(trace).iterdir() if p.is_file())
@@ -66,9 +59,8 @@ def cache_key(trace: Path, result_path: Path, rule: str = RULE) -> str:
 def decomposition_speeds(trace: Any, result: dict[str, Any], rule: str = RULE,
                          cache_dir: Path | None = CACHE_DIR) -> pd.DataFrame:
     """:func:`~speclimits.control.decompose.gap_decomposition` of one engine run (``result``: a parsed
-    ``bench-*.json`` with its ``path``) on ``trace``, its replay columns (``rung``, ``name``, ``speed_replay``,
-    ``share_replay``, ``best_static_k_replay``). Monte Carlo draws and bootstrap replicates are skipped: the
-    replay world's point estimates do not depend on them. Read from ``cache_dir`` where computed before."""
+    ``bench-*.json`` with its ``path``) on ``trace``, its :data:`_COLUMNS`, read from ``cache_dir`` where
+    computed before. No Monte Carlo or bootstrap: the replay world's point estimates do not depend on them."""
     from speclimits.control.decompose import gap_decomposition
     from speclimits.control.fit import greedy_setup
     from speclimits.control.rules import PolicyFit
@@ -95,10 +87,9 @@ def _arm(result: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def speed_marks(speeds: pd.DataFrame, result: dict[str, Any], rule: str = RULE) -> pd.DataFrame:
-    """The five marks of one engine run (:data:`MARKS`), one row each: ``mark``, ``harness``, ``speed`` (over
-    plain decoding), ``over_best_static`` (its speed over the best static K: measured, the paired ratio of the
-    two ``vs_plain``; offline, the decomposition's), ``rung`` and ``batch``; ``speeds``: the run's
-    :func:`decomposition_speeds`."""
+    """The five :data:`MARKS` of one engine run (``speeds``: its :func:`decomposition_speeds`): ``mark``,
+    ``harness``, ``speed`` over plain decoding, ``over_best_static`` (measured: the ratio of the two
+    ``vs_plain``; offline: the decomposition's), ``rung`` and ``batch``."""
     best = result["choice"]["best_stock"]
     base = float(_arm(result, best)["vs_plain"])
     by_rung = speeds.set_index("rung")["speed_replay"].astype(float)
@@ -117,12 +108,10 @@ def speed_marks(speeds: pd.DataFrame, result: dict[str, Any], rule: str = RULE) 
 
 def headline_speeds(regimes: tuple = REGIMES, batches: tuple[int, ...] | None = None, rule: str = RULE,
                     cache_dir: Path | None = CACHE_DIR) -> tuple[pd.DataFrame, list[str]]:
-    """The intro figure's rows for every regime with engine runs fitted on its trace (``regimes``: pairs of
-    trace folder and folder of its ``bench-*.json``; ``batches``: the batch sizes kept, default all): the
-    :func:`speed_marks` of each run with ``regime``, ``machine`` (the CPU that measured it), ``trace`` (the
-    trace folder's name), ``best_static``
-    (the best stock K's arm, chosen by the run on its even blocks) and ``source`` (the run's file). Returns
-    ``(rows, notes)``: a note per regime left out and why."""
+    """``(rows, notes)``: the :func:`speed_marks` of every engine run fitted on each regime's trace
+    (``regimes``: pairs of trace folder and folder of its ``bench-*.json``; ``batches``: those kept, default
+    all) with ``regime``, ``machine`` (the CPU that measured it), ``trace``, ``best_static`` (the run's
+    choice on its even blocks) and ``source`` (the run's file); a note per regime left out and why."""
     from speclimits.trace import read_trace
 
     frames, notes = [], []

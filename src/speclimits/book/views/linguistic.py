@@ -80,10 +80,8 @@ def agreement(by_context: pd.DataFrame) -> pd.DataFrame:
 
 
 def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
-    """Share of $k^\\star \\ge 4$ (ours [95% CI] beside the paper's) and of $k^\\star = 1$ per context
-    (the paper's $k^\\star = 1$, given for script changes only, is in :func:`comparison`).
-
-    ``table``: :func:`speclimits.linguistic.k_by_context` (or a study's ``k_by_fine_label``)."""
+    """Share of $k^\\star \\ge 4$ (ours [95% CI] beside the paper's) and of $k^\\star = 1$ per context of
+    ``table`` (:func:`speclimits.linguistic.k_by_context` or a study's ``k_by_fine_label``)."""
     rows = []
     for r in table.to_dict("records"):
         ctx = str(r["context"])
@@ -104,10 +102,8 @@ def k_by_context(table: pd.DataFrame, first: str = "Context") -> pd.DataFrame:
 
 
 def routing(rtab: pd.DataFrame, planted: Sequence[float] | None = None) -> pd.DataFrame:
-    """New experts per layer before and at each event, the difference [95% CI] beside the paper's.
-
-    The window contrast's step-adjusted difference is a row of its own. ``planted``: on a
-    simulated trace, the planted difference per contrast (NaN where none is planted)."""
+    """New experts per layer before and at each event, the difference [95% CI] beside the paper's (the
+    step-adjusted window contrast a row of its own); ``planted``: the planted difference per contrast."""
     rows = []
     for i, r in enumerate(rtab.to_dict("records")):
         name = CONTRAST_NAMES.get(r["contrast"], str(r["contrast"]))

@@ -37,8 +37,7 @@ def _third_party(key: str) -> str:
 
 
 def wrap(lines: str | Iterable[str], width: int = 76) -> str:
-    """Lines of printed output wrapped to the page's code column (each line on its own, indented
-    continuation), so no printed line hides behind a scroll bar."""
+    """Printed lines wrapped to the page's code column (continuations indented): no scroll bar."""
     lines = [lines] if isinstance(lines, str) else list(lines)
     return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
                      for text in lines for line in str(text).splitlines() or [""])
@@ -84,11 +83,9 @@ def calibration_sentence(gap: tuple[float, float, float], used: str) -> str:
 
 
 def validation(valid: pd.DataFrame, used: str) -> pd.DataFrame:
-    """Relative error (%) of the static-K speedup per surrogate, beside the measured speedup.
-
-    ``valid``: :func:`speclimits.oracle.validation.validation_by_surrogate`; ``used``: the label
-    of the surrogate the Oracle solves with (first error column, marked "used"). A last row gives
-    each surrogate's largest absolute error and the K where it occurs."""
+    """Relative error (%) of the static-K speedup per surrogate (``valid``:
+    :func:`speclimits.oracle.validation.validation_by_surrogate`; ``used``, the Oracle's, first) beside the
+    measured speedup; a last row gives each surrogate's largest absolute error and its K."""
     order = sorted(dict.fromkeys(valid["surrogate"]), key=lambda s: s != used)  # the used one first
     err = valid.pivot(index="K", columns="surrogate", values="rel_error")[order] * 100
     measured = valid.drop_duplicates("K").set_index("K")["measured_speedup"].reindex(err.index)
@@ -200,9 +197,8 @@ def example_sequence(report) -> tuple[str, int]:
 
 
 def k_max_sweep(sweeps: Mapping[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The bound as K_max grows, per reference kind (``sweep_k_max`` frames): ``(shown, full)``.
-
-    Shown: speedup, gain over the best static K and accepted drafts per round for each kind."""
+    """``(shown, full)``: the bound as K_max grows (``sweep_k_max`` frames by reference kind); shown: the
+    speedup, gain over the best static K and accepted drafts per round of each kind."""
     first = next(iter(sweeps.values()))
     shown = pd.DataFrame({"$K_{\\max}$": first["k_max"].astype(int).to_numpy()})
     full = []
@@ -322,10 +318,8 @@ def policy_setup(policies: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Policies on the held-out sequences against the bound: ``(shown, full)``.
-
-    Shown: the best static K on the training half (what a deployment would pick), the best static
-    K in hindsight on the held-out half (the reference), every online rule, the Oracle."""
+    """``(shown, full)``: policies on the held-out sequences against the bound; shown: the best static K on
+    the training half (what a deployment would pick) and in hindsight (the reference), every rule, the Oracle."""
     t = pc.table.copy()
     keep_static = {f"static K = {pc.best_static_k_train}", f"static K = {pc.best_static_k_test}"}
     kind = t["kind"] if "kind" in t.columns else t["policy"].map(policy_kind)
@@ -350,10 +344,8 @@ def policies(pc) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def shares(offline: pd.DataFrame) -> pd.DataFrame:
-    """The two yardsticks side by side: section 8's offline table
-    (:func:`speclimits.book.views.control.offline`) without its static K rows and its surrogate and
-    tokens-per-round columns: each rule's replayed time and its shares of the exact and surrogate Oracles'
-    gains."""
+    """The two yardsticks side by side: section 8's offline table (:func:`speclimits.book.views.control.offline`)
+    for the rules only, their replayed time and shares of the exact and surrogate Oracles' gains."""
     rules = offline[~offline["Policy"].astype(str).str.startswith("static K")]
     return rules.drop(columns=["Replay tokens per round", "Surrogate (ms/token)"]).reset_index(drop=True)
 
@@ -363,13 +355,10 @@ def shares(offline: pd.DataFrame) -> pd.DataFrame:
 
 def key_results(report, online: tuple[str, float] | None = None,
                 exact: Mapping[str, Any] | None = None) -> list[Result]:
-    """The section's headline rows: bound, gain, best static K, accepted drafts, and the shares of the
-    Oracles' gains over the best static K captured offline on the held-out sequences.
-
-    ``exact``: the best rule by its share of the exact Oracle's gain, replayed (section 8's yardstick,
-    :func:`speclimits.book.views.control.offline_best`: ``policy``, ``share``, ``share_lo``, ``share_hi``).
-    ``online``: ``(policy, share)`` of the best rule by its share of the surrogate Oracle's gain under the
-    surrogate (:func:`speclimits.oracle.report.best_online`). Either row is left out without its input."""
+    """The section's headline rows: bound, gain, best static K, accepted drafts, and the best rule's share
+    of each Oracle's gain held out: ``exact`` (:func:`speclimits.book.views.control.offline_best`, replayed)
+    and ``online`` (:func:`speclimits.oracle.report.best_online`, under the surrogate), each row left out
+    without its input."""
     bd, kind = report.headline.bounds, report.headline_kind
     sp = _estimate(report, "speedup", bd.speedup)
     rows = [

@@ -1,5 +1,4 @@
-"""Tables of the regimes page (``book/regimes.py``): the designed experiment by expert width, the two
-measured targets side by side, and the experiment against the regression."""
+"""Tables of the regimes page (``book/regimes.py``): the designed experiment, the measured targets, two CPUs."""
 
 from __future__ import annotations
 
@@ -44,9 +43,8 @@ def targets_by_m(traces: dict[str, Path], m_values: tuple[int, ...] = (1, 2, 3, 
 
 
 def experiment_vs_regression(designed: pd.DataFrame, regression: pd.DataFrame) -> pd.DataFrame:
-    """Per m: the designed experiment's α (planted Ū, causal) beside the observational regression's α
-    (Eq. 4 on the target's own rounds), both with 95% intervals, and whether the designed estimate lies
-    inside the regression's interval."""
+    """Per m: the designed experiment's α (planted Ū, causal) beside the regression's (Eq. 4 on the target's
+    own rounds), with 95% intervals, and whether the designed estimate lies inside the regression's interval."""
     d = designed.set_index("m")
     r = regression.set_index("m")
     rows = []
@@ -63,9 +61,8 @@ def experiment_vs_regression(designed: pd.DataFrame, regression: pd.DataFrame) -
 
 
 def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFrame:
-    """One row per quantity, one column per target: the longest context, the per-K c (range and
-    max/min), the homogeneity test of a constant c across K, and the weighted line c = c0 + c1·m with
-    95% intervals and its residual test (c in 10⁻³ ms per context token)."""
+    """One row per quantity, one column per target: the longest context, the per-K c (10⁻³ ms per context
+    token; range, max/min, test of one c for every K) and the weighted line c = c0 + c1·m with its test."""
     cols = {}
     for label, s in slopes.items():
         b, ln = s.by_k, s.line
@@ -85,10 +82,9 @@ def context_slope_table(slopes: dict[str, "regime.ContextSlope"]) -> pd.DataFram
 # -- the same twin on two CPUs --------------------------------------------------------------------
 
 def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = (1, 5, 11)) -> pd.DataFrame:
-    """One row per quantity, one column per machine: the CPU and its caches, T_T at a few m, α pooled
-    over m ≥ 5 (regression, inverse-variance), the expert share of a pass, the context line c0 + c1·m,
-    the cost model's R², the Oracle (speedup over plain decoding, best static K, gain over it, with
-    95% intervals over cost-model refits) and its largest error against the measured static-K sweep."""
+    """One row per quantity, one column per machine: the CPU, T_T at a few m, α pooled over m ≥ 5
+    (inverse-variance), the expert share of a pass, the context line, the cost model's R², the Oracle (95%
+    intervals over cost-model refits) and its largest error against the measured static-K sweep."""
     from speclimits.machine import describe
 
     cols = {}
@@ -127,9 +123,8 @@ def machines_table(cmp: "regime.MachineComparison", m_values: tuple[int, ...] = 
 
 
 def transfer_table(cmp: "regime.MachineComparison") -> pd.DataFrame:
-    """Per m (rows): the first machine's cost model pricing each other machine's rounds (columns per
-    machine priced): predicted / measured mean T_T with a generation-clustered 95% interval, and the
-    ratio left after one scale for every m."""
+    """Per m: the first machine's cost model pricing each other machine's rounds, predicted / measured mean
+    T_T (generation-clustered 95% interval) and the ratio left after one scale for every m."""
     out = None
     for label, t in cmp.transfer.groupby("machine", sort=False):
         cols = pd.DataFrame({

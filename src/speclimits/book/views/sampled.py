@@ -46,10 +46,9 @@ def decoding(meta: dict[str, Any]) -> str:
 
 
 def oracle_beside(traces: list[Path], k_max: int = 6) -> tuple[pd.DataFrame, list[str]]:
-    """One row per trace (its headline references: greedy, or sampled in a sampled trace): plain decoding's
-    ms/token, the best static K and its speed over plain, the Oracle's bound (k >= 1; k = 0 allowed, and the
-    share of states where it drafts nothing) over plain, and the largest error of the Oracle's model against
-    the measured static-K sweep. Returns the table and each trace's machine (for the caption)."""
+    """A row per trace (its headline references): plain decoding's ms/token, the best static K and the
+    Oracle's bound (k >= 1; k = 0 allowed, and its share of k = 0 states) over plain, and the Oracle model's
+    largest error against the measured static-K sweep; and each trace's machine (for the caption)."""
     rows, machines = [], []
     for path in traces:
         rep = oracle_report(path, k_max=k_max, n_boot=0)
@@ -116,9 +115,8 @@ def engine_beside_plain(runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
 
 def serve_by_kind(summ: dict[str, Any]) -> pd.DataFrame:
     """A mixed served run's greedy and sampled requests apart: per rate and kind, the controller's mean E2E
-    latency and its speed in it (reference / controller, > 1: faster; 95% interval over repeats) against plain
-    decoding and against the best stock K by all requests' E2E; and the share of greedy texts equal to plain
-    decoding's per arm (stock and controller)."""
+    latency and speed (> 1: faster; 95% interval over repeats) against plain decoding and the best stock K;
+    and per arm the share of greedy texts equal to plain decoding's."""
     rows = []
     for rate in summ["rates"]:
         here = [r for r in summ["rows"] if r["rate"] == rate]

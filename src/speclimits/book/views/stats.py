@@ -99,10 +99,8 @@ def draft_table(res: Any) -> pd.DataFrame:
     medape, medape_h = res.cv.mean_ci("medape")
     ours = []
     for q, est in zip(t["quantity"], t["ours"]):
-        if q.startswith("a "):
-            ours.append(fmt_ci(est, ci.loc["a", "lower"], ci.loc["a", "upper"]))
-        elif q.startswith("b "):
-            ours.append(fmt_ci(est, ci.loc["b", "lower"], ci.loc["b", "upper"]))
+        if q[:2] in ("a ", "b "):
+            ours.append(fmt_ci(est, ci.loc[q[0], "lower"], ci.loc[q[0], "upper"]))
         elif q.startswith("CV MedAPE"):
             ours.append(half_cells([medape], [medape_h])[0])
         else:

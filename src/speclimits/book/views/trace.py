@@ -42,10 +42,8 @@ def timing_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def key_results(rounds: pd.DataFrame, summary: pd.DataFrame, rates: pd.DataFrame) -> list[Result]:
-    """The section's headline rows: what was traced, and what a round yields at the ends of the K range.
-
-    The appendix quotes no per-K acceptance, so the paper column stays empty here (the third-party
-    figures in :data:`speclimits.paper.THIRD_PARTY` are deliberately not shown as the paper's)."""
+    """The section's headline rows: what was traced, and what a round yields at the ends of the K range (the
+    appendix quotes no per-K acceptance: no paper column; third-party figures are not the paper's)."""
     rk, gens = rates.set_index("K"), fmt_num(int(summary["generations"].sum()))
     drafted = [k for k in rk.index if k > 0 and np.isfinite(rk.loc[k, "acceptance"])]
     rows = [
