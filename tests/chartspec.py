@@ -31,13 +31,9 @@ def encodings(spec: dict[str, Any]) -> set[tuple[str, str]]:
     return out
 
 
-def datasets(spec: dict[str, Any]) -> list[pd.DataFrame]:
-    """The inline datasets of a spec, as DataFrames, in the order the spec lists them."""
-    return [pd.DataFrame(rows) for rows in (spec.get("datasets") or {}).values()]
-
-
 def dataset_with(spec: dict[str, Any], *columns: str) -> pd.DataFrame:
-    """The one inline dataset that has all ``columns``."""
-    found = [d for d in datasets(spec) if set(columns) <= set(d.columns)]
-    assert len(found) >= 1, f"no dataset with columns {columns}; have {[list(d.columns) for d in datasets(spec)]}"
+    """The first inline dataset of a spec that has all ``columns``."""
+    frames = [pd.DataFrame(rows) for rows in (spec.get("datasets") or {}).values()]
+    found = [d for d in frames if set(columns) <= set(d.columns)]
+    assert found, f"no dataset with columns {columns}; have {[list(d.columns) for d in frames]}"
     return found[0]

@@ -10,15 +10,11 @@ from speclimits.book import toc_files
 from speclimits.paths import BOOK_DIR, REPO_ROOT
 
 
-def test_every_notebook_is_in_the_toc_and_every_toc_page_exists():
+def test_every_notebook_is_in_the_toc_and_follows_the_house_layout():
     pages = toc_files()
-    notebooks = {f"book/{p.stem}" for p in BOOK_DIR.glob("*.py")}
-    assert notebooks == set(pages)
+    assert {f"book/{p.stem}" for p in BOOK_DIR.glob("*.py")} == set(pages)
     for page in pages:
         assert (REPO_ROOT / f"{page}.py").exists()
-
-
-def test_notebooks_follow_the_house_layout():
     for path in BOOK_DIR.glob("*.py"):
         text = path.read_text()
         assert text.count('\n# # ') == 1, f"{path.name}: exactly one H1"

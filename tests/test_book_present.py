@@ -15,7 +15,7 @@ from speclimits.errors import SpeclimitsError
 from speclimits.paths import BOOK_DIR
 
 
-def test_interval_cells_round_to_what_the_interval_supports():
+def test_number_and_interval_cells_round_to_what_the_interval_supports():
     # half-width 0.036 -> three decimals; 0.24 -> two; 2.4 -> one
     assert present.fmt_ci(0.15603, 0.11981, 0.19225) == "0.156 [0.120; 0.192]"
     assert present.fmt_ci(8.1568, 7.9168, 8.3969) == "8.16 [7.92; 8.40]"
@@ -30,9 +30,10 @@ def test_interval_cells_round_to_what_the_interval_supports():
     frame = pd.DataFrame({"x": [0.15603, 2.0], "x_lo": [0.11981, 1.0], "x_hi": [0.19225, 3.0]})
     assert present.ci_column(frame, "x") == ["0.156 [0.120; 0.192]", "2.0 [1.0; 3.0]"]
     assert present.ci_column(frame, "y") == ["–", "–"]
-
-
-def test_with_ci_puts_estimate_and_bounds_in_one_cell_in_place():
+    # an estimate with its standard error; p-values as a reader scans them
+    assert present.fmt_se(0.70501, 0.0033) == "0.7050 (0.0033)" and present.fmt_se(0.851, 0.0136) == "0.851 (0.014)"
+    assert [present.fmt_p(p) for p in (0.0, 1.6e-30, 0.393)] == ["< 1e-300", "1.6e-30", "0.39"]
+    # with_ci puts estimate and bounds in one cell, in place of the estimate
     frame = pd.DataFrame({"K": [1, 2], "alpha": [0.156, 0.138], "alpha_lower": [0.120, 0.119],
                           "alpha_upper": [0.192, 0.156], "n": [10, 20]})
     out = present.with_ci(frame, "alpha", "alpha_lower", "alpha_upper", "α (ms/expert)")

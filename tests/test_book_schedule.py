@@ -15,27 +15,24 @@ from speclimits.errors import SpeclimitsError
 from speclimits.paths import REPO_ROOT
 
 
-def _pages():
-    toc = build.toc_files()
-    return toc, [REPO_ROOT / f"{t}.py" for t in toc]
+TOC = build.toc_files()
+NOTEBOOKS = [REPO_ROOT / f"{t}.py" for t in TOC]
 
 
 def test_dependencies_of_the_book():
-    toc, notebooks = _pages()
-    deps = build.dependencies(notebooks, toc[0])
+    deps = build.dependencies(NOTEBOOKS, TOC[0])
     # the Oracle, linguistic and control sections read section 3's cost model; the intro gathers all
     for page in ("06_oracle", "07_linguistic", "08_online_control"):
         assert deps[page] == {"03_final_model"}, page
     assert deps["09_beyond_batch"] == set()  # it fits its own batch cost model
     assert deps["03_final_model"] == set() and deps["01_tracing"] == set()
-    assert deps["intro"] == {p.stem for p in notebooks} - {"intro"}
+    assert deps["intro"] == {p.stem for p in NOTEBOOKS} - {"intro"}
     # --pages: a page not executed again is not waited for
-    some = [p for p in notebooks if p.stem in ("06_oracle", "intro")]
-    assert build.dependencies(some, toc[0]) == {"06_oracle": set(), "intro": {"06_oracle"}}
+    some = [p for p in NOTEBOOKS if p.stem in ("06_oracle", "intro")]
+    assert build.dependencies(some, TOC[0]) == {"06_oracle": set(), "intro": {"06_oracle"}}
 
 
 def test_two_at_a_time_each_after_what_it_reads(monkeypatch, tmp_path):
-    toc, notebooks = _pages()
     log: list[tuple[str, str, float]] = []
     running, peak, guard, cwds = set(), [0], threading.Lock(), set()
 
@@ -54,8 +51,8 @@ def test_two_at_a_time_each_after_what_it_reads(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "_execute", fake_execute)
     here = os.getcwd()
     (tmp_path / "book").mkdir()
-    times = build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
-    assert list(times) == [p.stem for p in notebooks]
+    times = build._execute_all(NOTEBOOKS, tmp_path, {}, io.StringIO(), jobs=2, root=TOC[0], progress=False)
+    assert list(times) == [p.stem for p in NOTEBOOKS]
     at = {(kind, page): t for kind, page, t in log}
     assert peak[0] == 2
     for page in ("06_oracle", "07_linguistic", "08_online_control"):
@@ -67,16 +64,13 @@ def test_two_at_a_time_each_after_what_it_reads(monkeypatch, tmp_path):
     # chdir is process-wide), and given back afterwards
     assert cwds == {(str(tmp_path / "book"), False)} and os.getcwd() == here
     # one at a time with jobs = 1
-    log.clear(), running.clear()
+    log.clear(), running.clear(), cwds.clear()
     peak[0] = 0
-    cwds.clear()
-    build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=1, root=toc[0], progress=False)
+    build._execute_all(NOTEBOOKS, tmp_path, {}, io.StringIO(), jobs=1, root=TOC[0], progress=False)
     assert peak[0] == 1 and cwds == {(here, True)}  # one at a time: papermill changes the folder itself
 
 
 def test_a_failing_notebook_stops_the_build(monkeypatch):
-    toc, notebooks = _pages()
-
     def fake_execute(src, stage, params, log_file, lock=None, chdir=True):
         if src.stem == "02_factors":
             raise SpeclimitsError("notebook book/02_factors.py failed in cell 3: ValueError: x")
@@ -84,7 +78,7 @@ def test_a_failing_notebook_stops_the_build(monkeypatch):
 
     monkeypatch.setattr(build, "_execute", fake_execute)
     with pytest.raises(SpeclimitsError, match="02_factors"):
-        build._execute_all(notebooks, REPO_ROOT, {}, io.StringIO(), jobs=2, root=toc[0], progress=False)
+        build._execute_all(NOTEBOOKS, REPO_ROOT, {}, io.StringIO(), jobs=2, root=TOC[0], progress=False)
 
 
 def test_the_last_builds_times_order_the_pages(tmp_path, monkeypatch):
@@ -92,10 +86,9 @@ def test_the_last_builds_times_order_the_pages(tmp_path, monkeypatch):
     log.write_text("executed x\nexecution times (s): methods 2.5, 01_tracing 30.0, intro 1.9\n")
     assert build.previous_times(log) == {"methods": 2.5, "01_tracing": 30.0, "intro": 1.9}
     assert build.previous_times(tmp_path / "none.log") == {}
-    toc, notebooks = _pages()
     started = []
     monkeypatch.setattr(build, "_execute", lambda src, *a, **k: started.append(src.stem) or 0.0)
-    build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=1, root=toc[0], progress=False,
+    build._execute_all(NOTEBOOKS, tmp_path, {}, io.StringIO(), jobs=1, root=TOC[0], progress=False,
                        expected=build.previous_times(log))
     assert started[:2] == ["03_final_model", "01_tracing"] and started[-1] == "intro"
 
@@ -105,7 +98,6 @@ def test_a_build_leaves_papermills_folder_unset(monkeypatch, tmp_path):
     build unsets it before and after executing, so a later build never changes into a staging folder that is gone."""
     from papermill.iorw import local_file_io_cwd, papermill_io
 
-    toc, notebooks = _pages()
     entered = []
 
     def fake_execute(src, stage, params, log_file, lock=None, chdir=True):
@@ -121,7 +113,7 @@ def test_a_build_leaves_papermills_folder_unset(monkeypatch, tmp_path):
         for jobs in (2, 1):  # in threads (the race), and one at a time (each run restores what it found)
             handler.cwd(str(tmp_path / "gone"))  # left by an earlier build whose folder was deleted
             entered.clear()
-            build._execute_all(notebooks, tmp_path, {}, io.StringIO(), jobs=jobs, root=toc[0], progress=False)
+            build._execute_all(NOTEBOOKS, tmp_path, {}, io.StringIO(), jobs=jobs, root=TOC[0], progress=False)
             assert handler.cwd(None) is None, jobs
     finally:
         handler.cwd(None)

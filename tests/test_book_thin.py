@@ -3,7 +3,8 @@
 Library level (one simulated smoke trace per K grid): the final model names the tables the trace cannot give
 (:meth:`FinalModelResults.why_missing`), robustness moves to the largest K present, the Oracle sections cap K_max
 at the drafts the cost model prices, and a trace without Oracle data is named. End to end (``book``): the
-whole book builds on the K = 0, 2, 4 grid with the "This trace cannot show ..." sentences."""
+whole book builds on the K = 0, 2, 4 grid with the "This trace cannot show ..." sentences. ``grid_traces``
+(conftest): the thin K grids, a single-K trace and one without Oracle data."""
 
 from __future__ import annotations
 
@@ -27,16 +28,11 @@ TABLES = ("per_k", "pooled", "pooled_std", "comparison", "mape_by_k", "loko", "s
 
 
 @pytest.fixture(scope="module")
-def traces(grid_traces):  # conftest: the thin K grids, a single-K trace and one without Oracle data
-    return grid_traces
-
-
-@pytest.fixture(scope="module")
-def finals(traces):
+def finals(grid_traces):
     from speclimits.stats import fit_final_model
     from speclimits.trace import read_trace
 
-    return {grid: fit_final_model(read_trace(traces[grid]).rounds, n_boot=19) for grid in GRIDS}
+    return {grid: fit_final_model(read_trace(grid_traces[grid]).rounds, n_boot=19) for grid in GRIDS}
 
 
 @pytest.mark.parametrize("grid", list(GRIDS))
@@ -80,61 +76,58 @@ def test_skips_are_declared_by_step_not_matched_by_name():
         Skips("K = 1").add("pooled model (γ·K)", "pooled model (γ·K)")
 
 
-@pytest.mark.parametrize("grid, k_used", [("0,2,4", 4), ("0-4", 4), ("0,2,4,6", 6), ("1-6", 6)])
-def test_robustness_runs_on_the_largest_k_when_k8_is_absent(grid, k_used, traces):
+@pytest.mark.parametrize("grid, top", [("0,2,4", 4), ("0-4", 4), ("0,2,4,6", 6), ("1-6", 6)])
+def test_robustness_and_the_oracle_fall_back_to_the_largest_k_present(grid, top, grid_traces):
+    """Robustness runs on the largest K when K = 8 is absent; the Oracle's K_max is capped at the drafts the
+    cost model prices."""
+    from speclimits.oracle.prepare import priced_k_max
+    from speclimits.stats import fit_trace_cost_model
     from speclimits.stats.robustness import robust_k
     from speclimits.trace import read_trace
 
-    rounds = read_trace(traces[grid]).rounds
+    rounds = read_trace(grid_traces[grid]).rounds
     k, note = robust_k(rounds, 8)
-    assert k == k_used
-    assert "no decode rounds at K = 8" in note and f"the checks run on K = {k_used}" in note
+    assert k == top
+    assert "no decode rounds at K = 8" in note and f"the checks run on K = {top}" in note
     assert robust_k(rounds, 2 if grid != "1-6" else 1) == (2 if grid != "1-6" else 1, None)
-
-
-@pytest.mark.parametrize("grid, top", [("0,2,4", 4), ("0-4", 4), ("0,2,4,6", 6), ("1-6", 6)])
-def test_oracle_k_max_is_capped_at_the_drafts_the_cost_model_prices(grid, top, traces):
-    from speclimits.oracle.prepare import priced_k_max
-    from speclimits.stats import fit_trace_cost_model
-
-    model = fit_trace_cost_model(traces[grid])
+    model = fit_trace_cost_model(grid_traces[grid])
     k, note = priced_k_max(model, 10)
     assert k == top and f"K_max is {top} here, not 10" in note and "a sweep up to K = 10" in note
     assert priced_k_max(model, top) == (top, None)
     assert priced_k_max(model, 2) == (2, None)
 
 
-def test_single_k_trace_skips_the_draft_line_and_the_factors_it_cannot_estimate(traces, capsys):
+def test_single_k_trace_skips_the_draft_line_and_the_factors_it_cannot_estimate(grid_traces, capsys):
     from speclimits.stats.draft import draft_model_or_reason
     from speclimits.stats.factors import analyze_factors
     from speclimits.trace import read_trace
 
-    rounds = read_trace(traces["0,2"]).rounds
+    rounds = read_trace(grid_traces["0,2"]).rounds
     res, why = draft_model_or_reason(rounds)
     assert res is None and "needs >= 2 values of K > 0" in why and "this trace: K = 2;" in why
-    assert draft_model_or_reason(read_trace(traces["0-4"]).rounds)[1] is None
+    assert draft_model_or_reason(read_trace(grid_traces["0-4"]).rounds)[1] is None
 
     fac = analyze_factors(rounds)
     assert "m" not in fac.table.index and {"u_bar", "context_len", "kv_usage", "e_max"} <= set(fac.table.index)
     assert fac.skipped["factor m (budget)"].startswith("m varies only with >= 2 values of K > 0")
     assert list(fac.by_k["K"].unique()) == [2]
     # the command writes the rest and names each skipped factor in one line
-    assert main(["factors", str(traces["0,2"])]) == 0
+    assert main(["factors", str(grid_traces["0,2"])]) == 0
     out = capsys.readouterr().out
     assert "Ū (unique experts)" in out and "L (context)" in out
     lines = [line for line in out.splitlines() if line.startswith("skipped ")]
     assert any(line.startswith("skipped factor m (budget): m varies only") for line in lines)
     assert all(len(line.split(": ", 1)) == 2 for line in lines)
     # a full grid skips nothing
-    assert analyze_factors(read_trace(traces["1-6"]).rounds).skipped == {}
+    assert analyze_factors(read_trace(grid_traces["1-6"]).rounds).skipped == {}
 
 
-def test_a_trace_without_oracle_data_is_named(traces):
+def test_a_trace_without_oracle_data_is_named(grid_traces):
     from speclimits.oracle.prepare import NO_ORACLE_DATA, oracle_data_missing
 
-    assert oracle_data_missing(traces["no-oracle"]) == NO_ORACLE_DATA
+    assert oracle_data_missing(grid_traces["no-oracle"]) == NO_ORACLE_DATA
     assert "traced without --oracle" in NO_ORACLE_DATA
-    assert oracle_data_missing(traces["0-4"]) is None
+    assert oracle_data_missing(grid_traces["0-4"]) is None
 
 
 def test_cannot_show_is_one_sentence_in_a_note():
@@ -152,8 +145,6 @@ def test_cannot_show_is_one_sentence_in_a_note():
 
 
 def test_labels_a_page_could_not_show_land_on_its_note():
-    import nbformat
-
     from speclimits.book.build import link_missing_labels
     from speclimits.book.present import FIGURE_KEY, cannot_show_markdown
 
@@ -188,12 +179,12 @@ def _page_text(path) -> str:
 
 
 @pytest.mark.book
-def test_book_pages_on_a_thin_grid_say_what_they_cannot_show(traces, tmp_path):
+def test_book_pages_on_a_thin_grid_say_what_they_cannot_show(grid_traces, tmp_path):
     """Sections 3, 5 and 6 executed on a SIMULATED K = 0, 2, 4 trace (no site: the run's one full build is
     the default book; the "not shown" references are rendered in tests/test_sphinx_numref.py)."""
     from speclimits.book import build_book
 
-    pages = build_book(traces["0,2,4"], smoke=True, out=tmp_path / "site", progress=False, site=False,
+    pages = build_book(grid_traces["0,2,4"], smoke=True, out=tmp_path / "site", progress=False, site=False,
                        pages=["03_final_model", "05_robustness", "06_oracle"]) / "book"
     assert sorted(p.stem for p in pages.glob("*.ipynb")) == ["03_final_model", "05_robustness", "06_oracle"]
     final = _page_text(pages / "03_final_model.ipynb")

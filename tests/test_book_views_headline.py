@@ -31,10 +31,6 @@ def batch1(tmp_path_factory):
     return rows, notes, cache
 
 
-def _summary(result: dict, arm: str) -> dict:
-    return next(r for r in result["summary"] if r["arm"] == arm)
-
-
 def test_marks_are_the_decomposition_on_the_measured_best_stock_k(batch1):
     """Twin, batch 1: the measured marks are the run's vs_plain of the best stock K (the run's choice) and of
     the Delta rule with λ fixed; each offline mark is that best stock K's speed times the decomposition's
@@ -51,9 +47,10 @@ def test_marks_are_the_decomposition_on_the_measured_best_stock_k(batch1):
     speed = gap.set_index("name")["speed_replay"]
     ours = rows[(rows["regime"] == "memory-bound twin") & (rows["batch"] == 1)].set_index("mark")
     assert ours.index.tolist() == MARKS
-    base = _summary(res, res["choice"]["best_stock"])["vs_plain"]
+    vs_plain = {r["arm"]: r["vs_plain"] for r in res["summary"]}
+    base = vs_plain[res["choice"]["best_stock"]]
     assert ours.loc["best stock K", "speed"] == pytest.approx(base, rel=1e-12)
-    assert ours.loc["controller in vLLM", "speed"] == pytest.approx(_summary(res, "delta-fixed")["vs_plain"], rel=1e-12)
+    assert ours.loc["controller in vLLM", "speed"] == pytest.approx(vs_plain["delta-fixed"], rel=1e-12)
     for mark, rung in (("exact Oracle", "exact Oracle"), ("surrogate Oracle", "surrogate Oracle"),
                        ("real-time bound", "best causal rule, true probabilities")):
         assert ours.loc[mark, "over_best_static"] == pytest.approx(speed[rung], rel=1e-12), mark

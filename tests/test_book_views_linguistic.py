@@ -14,6 +14,7 @@ from speclimits.book.views import linguistic as lview
 from speclimits.book.views.control_runs import BENCH_DIR, engine_table, share_long
 
 NB = "\u00a0"
+BOUNDS = {"oracle_exact_gain_over_best_static": 1.266}
 
 
 def _kctx() -> pd.DataFrame:
@@ -35,9 +36,7 @@ def test_k_by_context_puts_interval_and_paper_in_one_cell_each():
     assert row["Paper $k^\\star \\ge 4$"] == f"{q['share_long']:.3f} [{q['long_lo']:.3f}; {q['long_hi']:.3f}]"
     assert out.iloc[2]["Paper $k^\\star \\ge 4$"] == "–"  # the paper has no code-vocabulary share
     assert len(out.columns) <= 6
-
-
-def test_fine_labels_drop_the_empty_paper_column():
+    # finer labels: the paper's column, empty, is dropped
     fine = _kctx().assign(context=["comment", "control_flow", "function_start"])
     out = lview.k_by_context(fine, first="Fine label")
     assert "Paper $k^\\star \\ge 4$" not in out.columns and out["Fine label"].tolist()[0] == "comment"
@@ -62,9 +61,7 @@ def test_routing_gives_the_step_adjusted_contrast_a_row_and_planted_values_a_col
     assert out.iloc[3]["Difference [95% CI]"] == "0.20 [0.03; 0.37]"
     assert out["Planted"].tolist() == ["+0.22", "+0.01", "–", "–"]
     assert "Planted" not in lview.routing(_rtab()).columns
-
-
-def test_routing_without_events_shows_dashes():
+    # no events: dashes
     empty = _rtab().assign(n_events=0, n_responses=0, before=np.nan, at=np.nan, diff=np.nan, diff_lo=np.nan,
                            diff_hi=np.nan, adjusted=np.nan)
     out = lview.routing(empty)
@@ -87,7 +84,7 @@ def _cmp() -> pd.DataFrame:
                                      "consistent"]})
 
 
-def test_key_rows_are_the_headline_quantities_beside_the_papers():
+def test_key_rows_and_the_comparison_set_ours_beside_the_papers():
     rows = lview.key_rows(_cmp(), refs={"k": "tbl-ling-k-by-context", "r": "tbl-ling-routing"})
     assert [r.quantity for r in rows][0].endswith("in code formatting")
     assert rows[0].ours == "0.67 [0.53; 0.79]" and rows[0].paper == "0.718 [0.614; 0.818]"
@@ -96,9 +93,6 @@ def test_key_rows_are_the_headline_quantities_beside_the_papers():
     assert [r.ref for r in rows] == ["tbl-ling-k-by-context"] * 3 + ["tbl-ling-routing"]
     with pytest.raises(ValueError):
         lview.key_rows(_cmp().iloc[:5])
-
-
-def test_comparison_and_differing():
     out = lview.comparison(_cmp())
     assert out["Quantity"][0] == "k* ≥ 4 at code formatting" and "↔" in out["Quantity"][4]
     assert out["Paper [95% CI]"][4] == "0.697"  # no interval in the paper
@@ -147,6 +141,9 @@ def test_engine_best_is_the_policy_with_the_highest_paired_ratio():
     assert (b.n_faster, b.n_slower, b.n_policies) == (1, 1, 2) and b.oracle_gain == 1.25
     tie = _bench(delta_ratio=(1.01, 0.97, 1.05))
     assert cview.engine_best(engine_table(tie), tie).verdict == "not distinguishable from"
+    same = _bench(1)  # the best stock K over all blocks is the split's: no second comparison
+    same["choice"]["best_stock_all_blocks"] = "stock:3"
+    assert cview.engine_best(engine_table(same), same).all_static is None
 
 
 def _offline() -> pd.DataFrame:
@@ -159,15 +156,14 @@ def _offline() -> pd.DataFrame:
 
 
 def test_verdict_names_the_outcome_per_batch():
-    bounds = {"oracle_exact_gain_over_best_static": 1.266}
     runs = {1: _bench(1), 4: _bench(4, (0.98, 0.95, 1.01))}
-    text = cview.verdict(runs, _tables(*runs.values()), _offline(), bounds)
+    text = cview.verdict(runs, _tables(*runs.values()), _offline(), BOUNDS)
     assert "1 of 2 policies beat the best static K (static K = 2)" in text  # offline: the threshold
     assert "**batch 1**: the best policy, Delta rule, running λ, was faster than stock vLLM, K = 3" in text
     assert "**batch 4**: the best policy, Delta rule, running λ, was not distinguishable from" in text
-    assert "no measured benchmark" in cview.verdict({}, {}, _offline(), bounds)
+    assert "no measured benchmark" in cview.verdict({}, {}, _offline(), BOUNDS)
     slow = _offline().assign(share_exact=[-1.0, 0.0, -0.05, -0.1])
-    assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, {}, slow, bounds)
+    assert "no policy beat the best static K (static K = 2)" in cview.verdict({}, {}, slow, BOUNDS)
 
 
 def test_verdict_names_the_best_stock_k_over_all_blocks_where_the_split_chose_another():
@@ -176,21 +172,17 @@ def test_verdict_names_the_best_stock_k_over_all_blocks_where_the_split_chose_an
     res["summary"][3].update(vs_stock_2=1.03, vs_stock_2_lo=1.01, vs_stock_2_hi=1.05)  # the Delta rule
     b = cview.engine_best(engine_table(res), res)
     assert (b.all_static, b.all_speed, b.all_speed_lo, b.all_speed_hi) == ("stock:2", 1.03, 1.01, 1.05)
-    text = cview.verdict({1: res}, _tables(res), _offline(), {"oracle_exact_gain_over_best_static": 1.266})
+    text = cview.verdict({1: res}, _tables(res), _offline(), BOUNDS)
     assert "against stock vLLM, K = 2, the best stock K over all blocks: 1.03" in text
-    same = _bench(1)
-    same["choice"]["best_stock_all_blocks"] = "stock:3"
-    assert cview.engine_best(engine_table(same), same).all_static is None
 
 
 def test_key_rows_with_and_without_a_benchmark():
-    bounds = {"oracle_exact_gain_over_best_static": 1.266}
     res = _bench(1)
-    rows = cview.key_rows({1: res}, _tables(res), _offline(), bounds, refs={1: "tbl-control-engine-batch1"})
+    rows = cview.key_rows({1: res}, _tables(res), _offline(), BOUNDS, refs={1: "tbl-control-engine-batch1"})
     assert len(rows) == 3 and rows[0].ours.startswith("1.060 [")
     assert rows[0].quantity.endswith("(faster than it)")
     assert rows[2].ours == "1.250" and all(r.ref == "tbl-control-engine-batch1" for r in rows)
-    off = cview.key_rows({}, {}, _offline(), bounds, offline_ref="tbl-control-offline")
+    off = cview.key_rows({}, {}, _offline(), BOUNDS, offline_ref="tbl-control-offline")
     assert "threshold" in off[0].quantity and off[0].ours == f"{5.0 / 4.8:.3f}" and off[2].ours == "1.266"
 
 

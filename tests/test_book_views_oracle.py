@@ -1,4 +1,5 @@
-"""The reader tables of the Oracle section show the Oracle's numbers, not other ones."""
+"""The reader tables of the Oracle section show the Oracle's numbers, not other ones; its setup printout names
+files relative to the site or the trace, not the build machine."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from speclimits.oracle.ablation import alpha_ablation
 from speclimits.control.compare import compare_policies
 from speclimits.oracle.report import best_online, oracle_report, policy_kind
 from speclimits.oracle.validation import validation_by_surrogate
+from speclimits.paths import DEFAULT_TRACE
+from speclimits.stats import fit_trace_cost_model
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def test_validation_errors_are_the_used_surrogates_in_percent(setup):
     assert t.iloc[-1][first] == f"{100 * worst.max():.1f} (K = {int(mine.loc[worst.idxmax(), 'K'])})"
 
 
-def test_k_star_shares_match_the_solution(report):
+def test_k_star_shares_and_the_breakdown_match_the_solution(report):
     t = view.k_star_shares(report)
     for kind, res in report.by_kind.items():
         col = f"{kind} (% of states)"
@@ -70,9 +73,6 @@ def test_k_star_shares_match_the_solution(report):
         expected = res.to_frame()["k_star"].value_counts(normalize=True) * 100
         got = t.set_index("$k^\\star$")[col]
         np.testing.assert_allclose(got.reindex(expected.index), expected)
-
-
-def test_breakdown_shares_sum_to_one_hundred(report):
     t = view.breakdown(report.headline.bounds)
     assert t["Share (%)"].sum() == pytest.approx(100.0)
     assert t["Expected time (ms)"].sum() == pytest.approx(sum(report.headline.bounds.breakdown_ms.values()))
@@ -161,20 +161,16 @@ def test_shares_sets_both_yardsticks_side_by_side(comparison, replayed):
         assert ours[name] == pytest.approx(theirs[name], abs=1e-9)
 
 
-def test_wrap_keeps_printed_lines_within_the_column():
-    text = view.wrap(["x " * 100, "short"], width=40)
+def test_k_max_sweep_columns_per_kind_and_wrapped_printout():
+    text = view.wrap(["x " * 100, "short"], width=40)  # printed lines stay within the column
     assert max(len(line) for line in text.splitlines()) <= 40
     assert text.splitlines()[-1] == "short"
-
-
-def test_k_max_sweep_columns_per_kind():
     sw = pd.DataFrame({"k_max": [1, 2], "speedup": [1.1, 1.2], "gain_over_best_static": [1.0, 1.05],
                        "mean_accepted": [0.5, 0.8]})
     shown, full = view.k_max_sweep({"greedy": sw, "teacher-forced": sw.assign(speedup=[0.9, 0.95])})
     assert list(shown["Speedup, teacher-forced (×)"]) == [0.9, 0.95]
     assert list(shown["Gain, greedy (×)"]) == [1.0, 1.05]
     assert len(full) == 4 and set(full["references"]) == {"greedy", "teacher-forced"}
-
 
 
 def test_for_sequences_keeps_exactly_the_named_references_in_setup_order(setup):
@@ -187,3 +183,15 @@ def test_for_sequences_keeps_exactly_the_named_references_in_setup_order(setup):
     assert int(sub.inputs.n_tokens.sum()) == int(setup.inputs.n_tokens[[0, 3]].sum())
     with pytest.raises(Exception, match="none of the 1 requested"):
         setup.for_sequences(["not-a-reference"])
+
+
+def test_setup_notes_name_no_absolute_path(tmp_path):
+    cost_model = fit_trace_cost_model(DEFAULT_TRACE).write(tmp_path / "_static" / "cost_model.json").resolve()
+    trace = DEFAULT_TRACE.resolve()
+    setup = prepare_oracle(trace, cost_model)
+    assert str(cost_model) in setup.notes[0]  # what the Oracle records (and the CLI prints)
+    lines = view.relative_paths([*setup.notes], cost_model, trace)
+    assert lines[0] == "cost model _static/cost_model.json"
+    assert not any(str(tmp_path) in line or str(trace.parent) in line for line in lines)
+    fitted = view.relative_paths(prepare_oracle(trace).notes, None, trace)
+    assert fitted[0].startswith(f"cost model fitted on {trace.name}/rounds.parquet")

@@ -29,7 +29,7 @@ def _rounds(seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_per_k_rates_match_the_summary_and_bracket_it():
+def test_per_k_rates_match_the_summary_and_bracket_it_and_feed_the_key_results():
     rounds = _rounds()
     summary = describe.per_k_summary(rounds)
     rates = describe.per_k_rates(rounds, n_boot=200, seed=3).set_index("K")
@@ -48,13 +48,7 @@ def test_per_k_rates_match_the_summary_and_bracket_it():
     assert table.set_index("K").loc[0, "Acceptance rate"] == "–"
     assert row["Decode rounds"] == 30  # prefill rows never count
     assert table.set_index("K").loc[1, "Decode rounds"] == 29  # the zero-timing round is dropped
-
-
-def test_tracing_key_results_name_the_k_range_and_the_largest_k():
-    rounds = _rounds()
-    summary = describe.per_k_summary(rounds)
-    rates = describe.per_k_rates(rounds, n_boot=50)
-    rows = {r.quantity: r for r in vt.key_results(rounds, summary, rates)}
+    rows = {r.quantity: r for r in vt.key_results(rounds, summary, describe.per_k_rates(rounds, n_boot=50))}
     assert rows["draft budgets K"].ours == "0–3"
     assert rows["generations"].ours == "18 (6 prompts)"
     assert "mean accepted tokens per round at K = 3" in rows
@@ -75,7 +69,7 @@ def _factor_res():
     return SimpleNamespace(table=table, by_k=by_k, corr=corr, k_values=(1, 10))
 
 
-def test_factor_table_puts_estimate_and_t_bounds_in_one_cell_beside_the_paper():
+def test_factor_tables_put_estimate_and_t_bounds_in_one_cell_beside_the_paper():
     t = vs.factor_table(_factor_res())
     m = t.set_index("Factor").loc["m (budget)"]
     assert m["CV $R^2$ [95% CI]"] == "0.800 [0.750; 0.850]"
@@ -85,23 +79,13 @@ def test_factor_table_puts_estimate_and_t_bounds_in_one_cell_beside_the_paper():
     st = vs.standardized_table(_factor_res()).set_index("K")
     assert st.loc[10, "$\\beta^*$ of $L$ [95% CI]"] == "0.300 [0.290; 0.310]"  # L, not Ū
     assert st.loc[1, "Paper ($L$)"] == "0.96"
-
-
-def test_factor_key_results_follow_the_data_not_the_paper():
+    # the key results follow the data, not the paper
     rows = {r.quantity: r for r in vs.key_results_factors(_factor_res())}
     h1 = rows["strongest single factor (H1)"]
     assert h1.ours == "m (budget)"  # here m has the largest CV R², whatever the paper says
     assert h1.paper == "Ū (unique experts)"
     assert rows["CV $R^2$ of m (budget)"].ours == "0.800 [0.750; 0.850]"
     assert rows["corr($\\bar U_r$, $L$)"].paper == f"{paper.CORR_U_L:g}"
-
-
-def test_number_formats():
-    assert vs.fmt_se(0.70501, 0.0033) == "0.7050 (0.0033)"
-    assert vs.fmt_se(0.851, 0.0136) == "0.851 (0.014)"
-    assert vs.fmt_p(0.0) == "< 1e-300"
-    assert vs.fmt_p(1.6e-30) == "1.6e-30"
-    assert vs.fmt_p(0.393) == "0.39"
 
 
 def test_robustness_key_results_pick_the_bootstrap_and_clustered_huber_rows():
