@@ -91,6 +91,9 @@ def _experts_range(meta: dict[str, Any]) -> tuple[float | None, float | None]:
 
 
 def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
+    """Required keys, ``source``, ``k_values``, the ``sampling`` record where there is one (a trace without
+    it is greedy: an object with a temperature, a top-p and a seed, :func:`~speclimits.trace.sampling.
+    sampling_problems`) and ``batch_sizes``."""
     for key in META_REQUIRED:
         if key not in meta:
             c.file("meta.json", f"required key '{key}' is missing")
@@ -101,7 +104,15 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
         c.file("meta.json", f"'k_values' must be a list of non-negative integers, got {ks!r}")
     if meta.get("source") == "simulator" and meta.get("simulated") is not True:
         c.file("meta.json", "a simulator trace must say \"simulated\": true")
-    _check_sampling(c, meta)
+    rec = meta.get(SAMPLING_KEY)
+    if SAMPLING_KEY in meta and not isinstance(rec, dict):
+        c.file("meta.json", f"'{SAMPLING_KEY}' must be an object {{temperature, top_p, seed}}, got {rec!r}")
+    elif isinstance(rec, dict):
+        missing = [k for k in ("temperature", "top_p", "seed") if k not in rec]
+        for k in missing:
+            c.file("meta.json", f"'{SAMPLING_KEY}.{k}' is missing")
+        for field, message in ([] if missing else sampling_problems(rec["temperature"], rec["top_p"], rec["seed"])):
+            c.file("meta.json", f"'{SAMPLING_KEY}.{field}' {message}")
     sizes = meta.get("batch_sizes")
     if sizes is not None:
         if not (isinstance(sizes, list) and sizes and all(isinstance(b, int) and b >= 1 for b in sizes)):
@@ -109,25 +120,6 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
         elif meta.get("batch_size") != max(sizes):
             c.file("meta.json", f"'batch_size' must be the largest of 'batch_sizes' {sizes}, got "
                                 f"{meta.get('batch_size')!r}")
-
-
-def _check_sampling(c: _Collector, meta: dict[str, Any]) -> None:
-    """The ``sampling`` record, where there is one (a trace without it is greedy): an object with a
-    temperature (a finite number >= 0), a top-p in (0, 1] and an integer seed
-    (:func:`~speclimits.trace.sampling.sampling_problems`)."""
-    if SAMPLING_KEY not in meta:
-        return
-    rec = meta[SAMPLING_KEY]
-    if not isinstance(rec, dict):
-        c.file("meta.json", f"'{SAMPLING_KEY}' must be an object {{temperature, top_p, seed}}, got {rec!r}")
-        return
-    missing = [k for k in ("temperature", "top_p", "seed") if k not in rec]
-    for k in missing:
-        c.file("meta.json", f"'{SAMPLING_KEY}.{k}' is missing")
-    if missing:
-        return
-    for field, message in sampling_problems(rec["temperature"], rec["top_p"], rec["seed"]):
-        c.file("meta.json", f"'{SAMPLING_KEY}.{field}' {message}")
 
 
 def sampled_trace(meta: dict[str, Any]) -> bool:
@@ -141,59 +133,78 @@ def sampled_trace(meta: dict[str, Any]) -> bool:
 
 def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     """Every rule on ``rounds.parquet`` whose columns are present and well typed, in this order:
-    timings and phase, the budget (m, K), the counts, the routing, the other ranges, and the
-    order of rounds within a generation."""
+    non-negative timings and a known phase; K >= 0, m = n_draft + 1 (or K + 1) on decode rounds and K
+    listed in meta's ``k_values``; 0 <= n_draft <= K, 0 <= n_accepted <= n_draft, 0 <= n_emitted <=
+    n_accepted + 1; the routing; KV usage in [0, 1], graph bucket >= 1 (and >= m on decode rounds),
+    context length >= 0; within a generation unique rounds, a growing context and one K; and in batch
+    traces (``b`` / ``batch_id`` present) b >= 1 and listed in meta's ``batch_sizes``, 0 <= batch_id <=
+    generation_id, one b and one batch_id per generation."""
     f = "rounds.parquet"
     ok = set(_check_columns(c, f, df, TABLES["rounds"]))
     if not ok:
         return
-    decode = _rounds_timings_and_phase(c, f, df, ok)
-    _rounds_budget(c, f, df, ok, decode, meta.get("k_values"))
-    _rounds_counts(c, f, df, ok)
-    _routing(c, f, df, ok, meta)
-    _rounds_ranges(c, f, df, ok, decode)
-    _rounds_order(c, f, df, ok)
-    _rounds_batches(c, f, df, ok, meta.get("batch_sizes"))
-
-
-def _rounds_timings_and_phase(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> np.ndarray:
-    """Non-negative timings, a known phase; returns the (n,) mask of decode rounds."""
     for col in ("t_target_ms", "t_draft_ms"):
         if col in ok:
             c.rows(f, col, df[col].to_numpy(float) < 0, "timings must not be negative")
     phase = df["phase"].astype(str).to_numpy() if "phase" in ok else np.full(len(df), "decode")
     if "phase" in ok:
         c.rows(f, "phase", ~np.isin(phase, ["prefill", "decode"]), "must be 'prefill' or 'decode'")
-    return phase == "decode"
-
-
-def _rounds_budget(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], decode: np.ndarray, ks: Any) -> None:
-    """K >= 0 and listed in meta's ``k_values``; m = n_draft + 1 (or K + 1) on decode rounds."""
-    if not {"m", "K"} <= ok:
-        return
-    m, k = df["m"].to_numpy(), df["K"].to_numpy()
-    c.rows(f, "K", k < 0, "must be >= 0")
-    if "n_draft" in ok:
-        # a drafter may propose fewer than K tokens (ngram without a match): the pass then
-        # verifies n_draft + 1 rows; with every draft proposed this is m = K + 1
-        c.rows(f, "m", decode & (m != df["n_draft"].to_numpy() + 1),
-               "must equal n_draft + 1 on decode rounds (K + 1 when all K drafts are proposed)")
-    else:
-        c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
-    if isinstance(ks, list) and ks:
-        c.rows(f, "K", ~np.isin(k, ks), f"value not listed in meta.json 'k_values' {ks}")
-
-
-def _rounds_counts(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None:
-    """0 <= n_draft <= K, 0 <= n_accepted <= n_draft, 0 <= n_emitted <= n_accepted + 1."""
-    if not {"n_draft", "n_accepted", "n_emitted"} <= ok:
-        return
-    nd, na, ne = (df[x].to_numpy() for x in ("n_draft", "n_accepted", "n_emitted"))
-    c.rows(f, "n_draft", nd < 0, "must be >= 0")
-    if "K" in ok:
-        c.rows(f, "n_draft", nd > df["K"].to_numpy(), "must not exceed K")
-    c.rows(f, "n_accepted", (na < 0) | (na > nd), "accepted must lie in [0, n_draft]")
-    c.rows(f, "n_emitted", (ne < 0) | (ne > na + 1), "emitted must lie in [0, n_accepted + 1]")
+    decode = phase == "decode"
+    if {"m", "K"} <= ok:
+        m, k, ks = df["m"].to_numpy(), df["K"].to_numpy(), meta.get("k_values")
+        c.rows(f, "K", k < 0, "must be >= 0")
+        if "n_draft" in ok:
+            # a drafter may propose fewer than K tokens (ngram without a match): the pass then verifies n_draft + 1 rows
+            c.rows(f, "m", decode & (m != df["n_draft"].to_numpy() + 1),
+                   "must equal n_draft + 1 on decode rounds (K + 1 when all K drafts are proposed)")
+        else:
+            c.rows(f, "m", decode & (m != k + 1), "must equal K + 1 on decode rounds")
+        if isinstance(ks, list) and ks:
+            c.rows(f, "K", ~np.isin(k, ks), f"value not listed in meta.json 'k_values' {ks}")
+    if {"n_draft", "n_accepted", "n_emitted"} <= ok:
+        nd, na, ne = (df[x].to_numpy() for x in ("n_draft", "n_accepted", "n_emitted"))
+        c.rows(f, "n_draft", nd < 0, "must be >= 0")
+        if "K" in ok:
+            c.rows(f, "n_draft", nd > df["K"].to_numpy(), "must not exceed K")
+        c.rows(f, "n_accepted", (na < 0) | (na > nd), "accepted must lie in [0, n_draft]")
+        c.rows(f, "n_emitted", (ne < 0) | (ne > na + 1), "emitted must lie in [0, n_accepted + 1]")
+    _routing(c, f, df, ok, meta)
+    if "kv_usage" in ok:
+        kv = df["kv_usage"].to_numpy(float)
+        c.rows(f, "kv_usage", (kv < 0) | (kv > 1), "must lie in [0, 1]")
+    if "graph_bucket" in ok:
+        gb = df["graph_bucket"].to_numpy()
+        c.rows(f, "graph_bucket", gb < 1, "must be >= 1")
+        if "m" in ok:
+            c.rows(f, "graph_bucket", decode & (gb < df["m"].to_numpy()), "padded token count must be >= m")
+    if "context_len" in ok:
+        c.rows(f, "context_len", df["context_len"].to_numpy() < 0, "must be >= 0")
+    n = len(df)
+    if {"generation_id", "round", "context_len"} <= ok:
+        order = np.lexsort((df["round"].to_numpy(), df["generation_id"].to_numpy()))
+        g, r, L = (df[x].to_numpy()[order] for x in ("generation_id", "round", "context_len"))
+        same = np.zeros(n, dtype=bool)
+        same[1:] = g[1:] == g[:-1]
+        dup = np.zeros(n, dtype=bool)
+        dup[1:] = same[1:] & (r[1:] == r[:-1])
+        c.rows(f, "round", dup, "duplicate (generation_id, round)", index=order)
+        shrink = np.zeros(n, dtype=bool)
+        shrink[1:] = same[1:] & (L[1:] <= L[:-1]) & ~dup[1:]
+        c.rows(f, "context_len", shrink, "must grow from round to round within a generation", index=order)
+    if {"generation_id", "K"} <= ok and n:
+        nk = df.groupby("generation_id", sort=False)["K"].transform("nunique").to_numpy()
+        c.rows(f, "K", nk > 1, "one generation must have a single K")
+    _listed(c, f, df, ok, "b", 1, meta.get("batch_sizes"), "batch_sizes")
+    if "batch_id" in ok:
+        bid = df["batch_id"].to_numpy()
+        c.rows(f, "batch_id", bid < 0, "must be >= 0")
+        if "generation_id" in ok:
+            c.rows(f, "batch_id", bid > df["generation_id"].to_numpy(),
+                   "must not exceed generation_id (it is the batch's first generation)")
+    for col in ("b", "batch_id"):
+        if {"generation_id", col} <= ok and n:
+            n_values = df.groupby("generation_id", sort=False)[col].transform("nunique").to_numpy()
+            c.rows(f, col, n_values > 1, f"one generation must have a single {col}")
 
 
 def _routing(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], meta: dict[str, Any],
@@ -215,41 +226,6 @@ def _routing(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], meta: dict[s
         c.rows(f, "e_max", df["e_max"].to_numpy(float) > hi + 1e-9, f"must be <= n_experts = {hi:g}")
 
 
-def _rounds_ranges(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], decode: np.ndarray) -> None:
-    """KV usage in [0, 1], graph bucket >= 1 (and >= m on decode rounds), context length >= 0."""
-    if "kv_usage" in ok:
-        kv = df["kv_usage"].to_numpy(float)
-        c.rows(f, "kv_usage", (kv < 0) | (kv > 1), "must lie in [0, 1]")
-    if "graph_bucket" in ok:
-        gb = df["graph_bucket"].to_numpy()
-        c.rows(f, "graph_bucket", gb < 1, "must be >= 1")
-        if "m" in ok:
-            c.rows(f, "graph_bucket", decode & (gb < df["m"].to_numpy()), "padded token count must be >= m")
-    if "context_len" in ok:
-        c.rows(f, "context_len", df["context_len"].to_numpy() < 0, "must be >= 0")
-
-
-def _rounds_order(c: _Collector, f: str, df: pd.DataFrame, ok: set[str]) -> None:
-    """Within a generation: rounds unique, context growing from round to round, one K."""
-    n = len(df)
-    if {"generation_id", "round", "context_len"} <= ok:
-        order = np.lexsort((df["round"].to_numpy(), df["generation_id"].to_numpy()))
-        g = df["generation_id"].to_numpy()[order]
-        r = df["round"].to_numpy()[order]
-        L = df["context_len"].to_numpy()[order]
-        same = np.zeros(n, dtype=bool)
-        same[1:] = g[1:] == g[:-1]
-        dup = np.zeros(n, dtype=bool)
-        dup[1:] = same[1:] & (r[1:] == r[:-1])
-        c.rows(f, "round", dup, "duplicate (generation_id, round)", index=order)
-        shrink = np.zeros(n, dtype=bool)
-        shrink[1:] = same[1:] & (L[1:] <= L[:-1]) & ~dup[1:]
-        c.rows(f, "context_len", shrink, "must grow from round to round within a generation", index=order)
-    if {"generation_id", "K"} <= ok and n:
-        nk = df.groupby("generation_id", sort=False)["K"].transform("nunique").to_numpy()
-        c.rows(f, "K", nk > 1, "one generation must have a single K")
-
-
 def _listed(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], col: str, minimum: int,
             allowed: Any, key: str) -> None:
     """``col`` >= ``minimum`` and, where meta.json lists ``allowed`` values (under ``key``), one of them."""
@@ -258,22 +234,6 @@ def _listed(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], col: str, min
         c.rows(f, col, values < minimum, f"must be >= {minimum}")
         if isinstance(allowed, list) and allowed:
             c.rows(f, col, ~np.isin(values, allowed), f"value not listed in meta.json '{key}' {allowed}")
-
-
-def _rounds_batches(c: _Collector, f: str, df: pd.DataFrame, ok: set[str], sizes: Any) -> None:
-    """Batch traces (``b`` / ``batch_id`` present): b >= 1 and listed in meta's ``batch_sizes``,
-    0 <= batch_id <= generation_id, and one b and one batch_id per generation."""
-    _listed(c, f, df, ok, "b", 1, sizes, "batch_sizes")
-    if "batch_id" in ok:
-        bid = df["batch_id"].to_numpy()
-        c.rows(f, "batch_id", bid < 0, "must be >= 0")
-        if "generation_id" in ok:
-            c.rows(f, "batch_id", bid > df["generation_id"].to_numpy(),
-                   "must not exceed generation_id (it is the batch's first generation)")
-    for col in ("b", "batch_id"):
-        if {"generation_id", col} <= ok and len(df):
-            n = df.groupby("generation_id", sort=False)[col].transform("nunique").to_numpy()
-            c.rows(f, col, n > 1, f"one generation must have a single {col}")
 
 
 STEPS_FILE = "steps.parquet"
@@ -427,21 +387,49 @@ def check_oracle_frame(df: pd.DataFrame, *, file: str = ORACLE_FILE, k_max: int 
     lists = _oracle_lists(c, file, df, k_max)
     if lists is None:
         return None, c.problems
-    _oracle_list_values(c, file, lists, top_k, n_experts)
-    ints = _oracle_scalars(c, file, df, lists["k_max"])
+    k_max = lists["k_max"]
+    for col in ("match_prob", "draft_conf", "accept_prob"):
+        if col in lists:
+            arr = lists[col]
+            c.rows(file, col, ~((arr >= 0) & (arr <= 1)).all(axis=1), "probabilities must be finite and in [0, 1]")
+    ubw = lists["u_bar_window"]
+    if not c.rows(file, "u_bar_window", ~(np.isfinite(ubw) & (ubw >= 0)).all(axis=1),
+                  "values must be finite and >= 0"):
+        if top_k is not None:
+            c.rows(file, "u_bar_window", (ubw < top_k - 1e-9).any(axis=1),
+                   f"entries must be >= top_k = {top_k:g} (meta.json models.target.top_k)")
+        if n_experts is not None:
+            c.rows(file, "u_bar_window", (ubw > n_experts + 1e-9).any(axis=1),
+                   f"entries must be <= n_experts = {n_experts:g} (meta.json models.target.n_experts)")
+        c.rows(file, "u_bar_window", (np.diff(ubw, axis=1) < -1e-6).any(axis=1),
+               "must not decrease as the window grows (unique experts over more tokens)")
+    # pos, context_len, accept_len as floats (NaN where not numeric)
+    ints = {col: pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
+            for col in ("pos", "context_len", "accept_len")}
+    for col in ("pos", "context_len"):
+        v = ints[col]
+        c.rows(file, col, ~(np.isfinite(v) & (v >= 0) & (v == np.round(v))), "must be an integer >= 0")
+    acc = ints["accept_len"]
+    c.rows(file, "accept_len", ~(np.isfinite(acc) & (acc >= 0) & (acc <= k_max) & (acc == np.round(acc))),
+           f"must be an integer in 0..{k_max}")
+    c.rows(file, "seq_id", df["seq_id"].isna().to_numpy(), "must not be missing")
     if "reference_kind" in df.columns:
         _reference_kind(c, file, df)
     if c.problems:
         return None, c.problems
-    _oracle_positions(c, file, df["seq_id"].astype(str).to_numpy(), ints["pos"])
-    if c.problems:
+    # per seq_id, pos = 0..N-1 exactly once: name the rows whose pos is out of range or repeats an earlier row's
+    seq, pos = df["seq_id"].astype(str).to_numpy(), ints["pos"]
+    bad = (pos >= pd.Series(seq).groupby(seq, sort=False).transform("size").to_numpy()) | \
+        pd.DataFrame({"s": seq, "p": pos}).duplicated().to_numpy()
+    if bad.any():
+        c.rows(file, "pos", bad, f"each seq_id must have pos = 0..N-1 exactly once; sequences "
+                                 f"{list(pd.unique(seq[bad])[:5])} have gaps or duplicates")
         return None, c.problems
     category = df["category"].astype(str).to_numpy() if "category" in df.columns else None
-    frame = OracleFrame(k_max=lists["k_max"], seq_id=df["seq_id"].astype(str).to_numpy().astype(object),
-                        pos=ints["pos"].astype(np.int64), context_len=ints["context_len"],
-                        accept_len=ints["accept_len"].astype(np.int64), match_prob=lists["match_prob"],
-                        draft_conf=lists["draft_conf"], u_bar_window=lists["u_bar_window"], category=category,
-                        accept_prob=lists.get("accept_prob"))
+    frame = OracleFrame(k_max=k_max, seq_id=seq.astype(object), pos=pos.astype(np.int64),
+                        context_len=ints["context_len"], accept_len=acc.astype(np.int64),
+                        match_prob=lists["match_prob"], draft_conf=lists["draft_conf"], u_bar_window=ubw,
+                        category=category, accept_prob=lists.get("accept_prob"))
     return frame, []
 
 
@@ -475,54 +463,6 @@ def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None)
     out: dict[str, Any] = {col: stack_lists(values[col], width) for col, width in widths.items()}
     out["k_max"] = k_max
     return out
-
-
-def _oracle_list_values(c: _Collector, file: str, lists: dict[str, Any], top_k: float | None,
-                        n_experts: float | None) -> None:
-    for col in ("match_prob", "draft_conf", "accept_prob"):
-        if col not in lists:
-            continue
-        arr = lists[col]
-        c.rows(file, col, ~((arr >= 0) & (arr <= 1)).all(axis=1), "probabilities must be finite and in [0, 1]")
-    ubw = lists["u_bar_window"]
-    if c.rows(file, "u_bar_window", ~(np.isfinite(ubw) & (ubw >= 0)).all(axis=1), "values must be finite and >= 0"):
-        return
-    if top_k is not None:
-        c.rows(file, "u_bar_window", (ubw < top_k - 1e-9).any(axis=1),
-               f"entries must be >= top_k = {top_k:g} (meta.json models.target.top_k)")
-    if n_experts is not None:
-        c.rows(file, "u_bar_window", (ubw > n_experts + 1e-9).any(axis=1),
-               f"entries must be <= n_experts = {n_experts:g} (meta.json models.target.n_experts)")
-    c.rows(file, "u_bar_window", (np.diff(ubw, axis=1) < -1e-6).any(axis=1),
-           "must not decrease as the window grows (unique experts over more tokens)")
-
-
-def _oracle_scalars(c: _Collector, file: str, df: pd.DataFrame, k_max: int) -> dict[str, np.ndarray]:
-    """``pos``, ``context_len``, ``accept_len`` as float arrays (NaN where not numeric); records problems."""
-    out = {col: pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float)
-           for col in ("pos", "context_len", "accept_len")}
-    for col in ("pos", "context_len"):
-        v = out[col]
-        c.rows(file, col, ~(np.isfinite(v) & (v >= 0) & (v == np.round(v))), "must be an integer >= 0")
-    acc = out["accept_len"]
-    c.rows(file, "accept_len", ~(np.isfinite(acc) & (acc >= 0) & (acc <= k_max) & (acc == np.round(acc))),
-           f"must be an integer in 0..{k_max}")
-    c.rows(file, "seq_id", df["seq_id"].isna().to_numpy(), "must not be missing")
-    return out
-
-
-def _oracle_positions(c: _Collector, file: str, seq: np.ndarray, pos: np.ndarray) -> None:
-    """Per ``seq_id``, ``pos`` must be 0..N-1 exactly once (N = the sequence's rows); names the rows
-    whose pos is out of that range or repeats an earlier row's."""
-    s = pd.Series(seq)
-    n_rows = s.groupby(s, sort=False).transform("size").to_numpy()
-    out_of_range = pos >= n_rows
-    repeated = pd.DataFrame({"s": seq, "p": pos}).duplicated().to_numpy()
-    bad = out_of_range | repeated
-    if bad.any():
-        seqs = pd.unique(seq[bad])
-        c.rows(file, "pos", bad, f"each seq_id must have pos = 0..N-1 exactly once; sequences "
-                                 f"{list(seqs[:5])} have gaps or duplicates")
 
 
 def check_oracle_context(c: _Collector, file: str, df: pd.DataFrame) -> None:
