@@ -37,20 +37,12 @@ def _table_path(root: Path, name: str) -> Path:
 
 
 def read_table(root: str | Path, name: str) -> pd.DataFrame | None:
-    """Read table ``name`` of the trace at ``root``; ``None`` when absent.
-
-    ``<name>.parquet`` may be a file or a directory of part files (files starting with
-    ``.`` or ``_`` are ignored, so half-written parts never count).
-    """
+    """Read table ``name`` of the trace at ``root`` (a file or a directory of parts); ``None`` when absent."""
     path = _table_path(Path(root), name)
     if not path.exists():
         return None
     try:
-        if path.is_dir():
-            dataset = pads.dataset(str(path), format="parquet")
-            table = dataset.to_table()
-        else:
-            table = pq.read_table(str(path))
+        table = pads.dataset(str(path), format="parquet").to_table() if path.is_dir() else pq.read_table(str(path))
     except (pa.ArrowInvalid, OSError) as exc:
         raise TraceFormatError(str(root), [Problem(path.name, None, f"cannot be read as Parquet: {exc}")]) from None
     return table.to_pandas()  # list columns come back as object arrays of arrays
@@ -110,8 +102,6 @@ class Trace:
 
     @cached_property
     def steps(self) -> pd.DataFrame | None:
-        """One row per engine step of a batch trace (``speclimits trace --batch``); None when absent
-        (every batch-1 trace)."""
         return read_table(self.path, "steps")
 
     @property
@@ -150,11 +140,8 @@ class Trace:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Open the trace directory at ``path`` (a directory with ``meta.json`` and ``rounds.parquet``).
-
-    Tables are read when first used; check a trace first with
-    :func:`speclimits.trace.validate_trace` (``speclimits validate``).
-    """
+    """Open the trace directory at ``path``; tables are read when first used (check a trace first with
+    :func:`speclimits.trace.validate_trace`, ``speclimits validate``)."""
     root = Path(path)
     return Trace(root, read_meta(root))
 
@@ -189,10 +176,7 @@ def write_meta(path: str | Path, meta: dict[str, Any]) -> None:
 
 
 def write_table(path: str | Path, name: str, df: pd.DataFrame | pa.Table) -> Path:
-    """Write table ``name`` as one Parquet file, atomically (temp file + rename).
-
-    Columns are written in contract order first, then any extra columns.
-    """
+    """Write table ``name`` as one Parquet file, atomically; contract columns first, in contract order."""
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; expected one of {sorted(TABLES)}")
     table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
@@ -240,10 +224,13 @@ def write_part(root: str | Path, table: str, name: str, df: pd.DataFrame | pa.Ta
     return target
 
 
+def _parts(folder: Path, suffix: str) -> dict[str, Path]:
+    return {p.stem: p for p in folder.glob(f"{PART_PREFIX}*.{suffix}")} if folder.is_dir() else {}
+
+
 def list_parts(root: str | Path, table: str) -> dict[str, Path]:
     """The sweep's part files of ``table`` (``part-*.parquet``) by name (file stem)."""
-    folder = _table_path(Path(root), table)
-    return {p.stem: p for p in folder.glob(f"{PART_PREFIX}*.parquet")} if folder.is_dir() else {}
+    return _parts(_table_path(Path(root), table), "parquet")
 
 
 def done_generations(root: str | Path) -> set[int]:
@@ -264,7 +251,7 @@ def remove_orphan_parts(root: str | Path) -> list[Path]:
     rounds = list_parts(root, "rounds")
     orphans = [p for table in ("tokens", "steps") for name, p in list_parts(root, table).items()
                if name not in rounds]
-    orphans += [p for name, p in _shard_logs(Path(root)).items() if name not in rounds]
+    orphans += [p for name, p in _parts(Path(root) / SHARDS_DIR, "json").items() if name not in rounds]
     for p in orphans:
         p.unlink()
     return orphans
@@ -338,10 +325,7 @@ def write_shard_log(root: str | Path, name: str, part: dict[str, Any], generatio
 
     One file per job (not appends to shared logs), so workers on several machines never write
     the same file and a retried job simply replaces its own."""
-    text = json.dumps(jsonable({"part": part, "generations": generations}), sort_keys=True) + "\n"
-    target = Path(root) / SHARDS_DIR / f"{name}.json"
-    _atomic_write(target, text.encode())
-    return target
+    return _write_json(Path(root) / SHARDS_DIR / f"{name}.json", {"part": part, "generations": generations})
 
 
 #: Where the Oracle pass of a sampled trace keeps the references it sampled (one JSON file each).
@@ -351,33 +335,25 @@ REFERENCES_DIR = "references"
 def write_reference(root: str | Path, name: str, entry: dict[str, Any]) -> Path:
     """Write one sampled reference of the Oracle pass atomically as ``references/<name>.json``
     (``entry``: ``seq_id``, ``prompt_id``, ``sample``, ``seed``, ``output_token_ids``, ...)."""
-    target = Path(root) / REFERENCES_DIR / f"{name}.json"
-    _atomic_write(target, (json.dumps(jsonable(entry), sort_keys=True) + "\n").encode())
+    return _write_json(Path(root) / REFERENCES_DIR / f"{name}.json", entry)
+
+
+def _write_json(target: Path, obj: Any) -> Path:
+    _atomic_write(target, (json.dumps(jsonable(obj), sort_keys=True) + "\n").encode())
     return target
 
 
 def read_references(root: str | Path) -> dict[str, dict[str, Any]]:
     """The sampled references on disk (:func:`write_reference`), by name; empty when there are none."""
-    folder = Path(root) / REFERENCES_DIR
-    if not folder.is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob(f"{PART_PREFIX}*.json"))}
-
-
-def _shard_logs(root: Path) -> dict[str, Path]:
-    folder = root / SHARDS_DIR
-    return {p.stem: p for p in folder.glob(f"{PART_PREFIX}*.json")} if folder.is_dir() else {}
+    return {name: json.loads(p.read_text(encoding="utf-8"))
+            for name, p in sorted(_parts(Path(root) / REFERENCES_DIR, "json").items())}
 
 
 def read_shard_logs(root: str | Path) -> dict[str, dict[str, Any]]:
     """The shard logs whose rounds part is on disk, by part name (orphans are ignored)."""
-    root = Path(root)
     on_disk = list_parts(root, "rounds")
-    out = {}
-    for name, path in sorted(_shard_logs(root).items()):
-        if name in on_disk:
-            out[name] = json.loads(path.read_text(encoding="utf-8"))
-    return out
+    return {name: json.loads(path.read_text(encoding="utf-8"))
+            for name, path in sorted(_parts(Path(root) / SHARDS_DIR, "json").items()) if name in on_disk}
 
 
 def read_parts_log(root: str | Path) -> dict[str, dict[str, Any]]:

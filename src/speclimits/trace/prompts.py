@@ -76,28 +76,23 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[Prompt]:
             raise SpeclimitsError(f"{path}, line {no}: not valid JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise SpeclimitsError(f"{path}, line {no}: expected a JSON object")
-        pid = obj.get("id", obj.get("question_id", obj.get("prompt_id", no)))
-        pid = str(pid)
+        pid = str(obj.get("id", obj.get("question_id", obj.get("prompt_id", no))))
         if pid in seen:
             raise SpeclimitsError(f"{path}, line {no}: duplicate prompt id {pid!r} (first on line {seen[pid]})")
         seen[pid] = no
         category = obj.get("category")
-        category = None if category is None else str(category)
-        ref_text = obj.get("reference")
-        ref_ids = _ids(obj["reference_token_ids"], path, no, "reference_token_ids") \
-            if "reference_token_ids" in obj else None
+        common = dict(category=None if category is None else str(category), reference_text=obj.get("reference"),
+                      reference_token_ids=_ids(obj["reference_token_ids"], path, no, "reference_token_ids")
+                      if "reference_token_ids" in obj else None)
         if "prompt_token_ids" in obj:
-            p = Prompt(pid, token_ids=_ids(obj["prompt_token_ids"], path, no, "prompt_token_ids"), category=category,
-                       reference_text=ref_text, reference_token_ids=ref_ids)
+            p = Prompt(pid, token_ids=_ids(obj["prompt_token_ids"], path, no, "prompt_token_ids"), **common)
         elif isinstance(obj.get("prompt", obj.get("text")), str):
-            p = Prompt(pid, text=obj.get("prompt", obj.get("text")), category=category,
-                       reference_text=ref_text, reference_token_ids=ref_ids)
+            p = Prompt(pid, text=obj.get("prompt", obj.get("text")), **common)
         elif "turns" in obj:
             turns = obj["turns"]
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
                 raise SpeclimitsError(f"{path}, line {no}: 'turns' must be a non-empty list of strings")
-            p = Prompt(pid, text=turns[0], category=category, chat=True,
-                       reference_text=ref_text, reference_token_ids=ref_ids)
+            p = Prompt(pid, text=turns[0], chat=True, **common)
         else:
             raise SpeclimitsError(f"{path}, line {no}: needs 'prompt' (text), 'prompt_token_ids' or 'turns' "
                                   "(Spec-Bench question.jsonl)")
