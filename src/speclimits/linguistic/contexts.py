@@ -103,24 +103,16 @@ def decision_table(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarr
 
 
 def write_decisions(decisions: pd.DataFrame, path: str | Path) -> Path:
-    """Write the per-decision table for a reader to check the join, as CSV or Parquet by suffix.
-
-    Columns: ``seq_id``, ``pos``, ``reference_kind``, ``token_pos`` (the tokens row joined: pos + 1),
-    ``token_id`` and ``text`` of the predicted token, ``label`` (and the fine label), ``k_star``,
-    ``accept_len``, ``match_prob_1``, and ``target_token_id`` / ``target_agrees`` when the trace
-    has them. ``.csv`` or ``.parquet`` / ``.pq``; any other suffix raises.
-    """
+    """Write the per-decision table (the columns a reader needs to check the join: ``token_pos`` = pos + 1,
+    the predicted token, its labels, k*, ...) as CSV (``.csv``) or Parquet (``.parquet`` / ``.pq``)."""
     path = Path(path)
     cols = [c for c in ("seq_id", "pos", "reference_kind", "token_pos", "token_id", "text", "label", "label_fine",
                         "k_star", "accept_len", "match_prob_1", "target_token_id", "target_agrees")
             if c in decisions.columns]
-    table = decisions[cols].copy()
-    if "label" in table.columns:
-        table["label"] = table["label"].astype(str)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
+    table = decisions[cols].astype({"label": str} if "label" in cols else {})
+    if path.suffix.lower() == ".csv":
         table.to_csv(path, index=False)
-    elif suffix in (".parquet", ".pq"):
+    elif path.suffix.lower() in (".parquet", ".pq"):
         table.to_parquet(path, index=False)
     else:
         raise SpeclimitsError(f"--decisions {path}: the suffix must be .csv or .parquet, got {path.suffix!r}")

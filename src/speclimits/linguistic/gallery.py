@@ -84,7 +84,15 @@ def select_gallery(decisions: pd.DataFrame, n_per_group: int = 4, exclude: Itera
     Returns ``group``, ``subtype`` and the decision's columns, in the order regular, boundary,
     counterexample.
     """
-    df, fine, k_max = _eligible(decisions, seed)
+    need = ("seq_id", "pos", "k_star", "accept_len", "label", "remaining")
+    missing = [c for c in need if c not in decisions.columns]
+    if missing:
+        raise SpeclimitsError(f"select_gallery: the decision table lacks columns {missing}")
+    k_max = int(decisions.attrs.get("k_max", decisions["accept_len"].max()))
+    df = decisions[decisions["remaining"] > k_max].astype({"seq_id": str, "label": str})
+    fine = df["label_fine"].astype(str) if "label_fine" in df.columns else pd.Series("", index=df.index)
+    df = df.iloc[np.random.default_rng(seed).permutation(len(df))]
+    fine = fine.loc[df.index]
     used: set[str] = set()
     taken = {(str(s), int(p)) for s, p in exclude}
     picked: dict[str, list[dict]] = {}
@@ -100,22 +108,6 @@ def select_gallery(decisions: pd.DataFrame, n_per_group: int = 4, exclude: Itera
 
 #: The counterexample group's subtypes, in the order the round robin visits them.
 COUNTER_SUBTYPES = ("boundary, long draft", "early mismatch, long draft", "script change, long draft")
-
-
-def _eligible(decisions: pd.DataFrame, seed: int) -> tuple[pd.DataFrame, pd.Series, int]:
-    """``(df, fine, k_max)``: the decisions whose panel lies inside the response, in a seeded random
-    order, with their fine labels (``""`` when the table has none) aligned to that order."""
-    need = ("seq_id", "pos", "k_star", "accept_len", "label", "remaining")
-    missing = [c for c in need if c not in decisions.columns]
-    if missing:
-        raise SpeclimitsError(f"select_gallery: the decision table lacks columns {missing}")
-    k_max = int(decisions.attrs.get("k_max", decisions["accept_len"].max()))
-    df = decisions[decisions["remaining"] > k_max].copy()
-    df["seq_id"] = df["seq_id"].astype(str)
-    df["label"] = df["label"].astype(str)
-    fine = df["label_fine"].astype(str) if "label_fine" in df.columns else pd.Series("", index=df.index)
-    df = df.iloc[np.random.default_rng(seed).permutation(len(df))]
-    return df, fine.loc[df.index], k_max
 
 
 def _candidates(df: pd.DataFrame, fine: pd.Series, k_max: int, full_match: int, k_long: int
