@@ -12,22 +12,15 @@ import pytest
 from speclimits.cli import build_parser, main
 
 
-def _subcommands():
-    parser = build_parser()
-    action = next(a for a in parser._actions if a.dest == "command")
-    return sorted(action.choices)
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in build_parser()._actions if a.dest == "command").choices
 
 
 def test_help_lists_the_core_commands():
-    assert {"simulate", "validate", "book"} <= set(_subcommands())
+    assert {"simulate", "validate", "book"} <= set(_subparsers())
 
 
-def _subparser(command: str) -> argparse.ArgumentParser:
-    action = next(a for a in build_parser()._actions if a.dest == "command")
-    return action.choices[command]
-
-
-@pytest.mark.parametrize("command", _subcommands())
+@pytest.mark.parametrize("command", sorted(_subparsers()))
 def test_every_subcommand_has_help(command, capsys):
     """``--help`` exits 0 and documents every argument the subcommand accepts (no option left
     out of the text), and the example in its epilog, if any, parses with today's options."""
@@ -36,7 +29,7 @@ def test_every_subcommand_has_help(command, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: speclimits {command}")
-    sub = _subparser(command)
+    sub = _subparsers()[command]
     shown = [a for a in sub._actions if a.help is not argparse.SUPPRESS]
     assert shown, command
     for action in shown:

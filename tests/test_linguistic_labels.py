@@ -95,18 +95,12 @@ def test_a_script_change_needs_letters_and_skips_punctuation():
     assert script_of("42") == "none" and script_of("ёж") == "cyrillic" and script_of("naïve") == "latin"
 
 
-def test_token_evidence_examples():
-    prose, code, markup = range(3)
-    assert np.argmax(token_evidence("_cache")) == code
-    assert np.argmax(token_evidence("camelCase")) == code
-    assert np.argmax(token_evidence(" ==")) == code
-    assert np.argmax(token_evidence("\n    ")) == code
-    assert np.argmax(token_evidence(" the")) == prose
-    assert np.argmax(token_evidence(" модель")) == prose
-    assert np.argmax(token_evidence("\\sum")) == markup
-    assert np.argmax(token_evidence("</p>")) == markup
-    assert token_evidence(",") == (0.0, 0.0, 0.0)
-    assert token_evidence("\n") == (0.0, 0.0, 0.0)
+@pytest.mark.parametrize("text, mode", [("_cache", 1), ("camelCase", 1), (" ==", 1), ("\n    ", 1), (" the", 0),
+                                        (" модель", 0), ("\\sum", 2), ("</p>", 2), (",", None), ("\n", None)])
+def test_token_evidence_examples(text, mode):
+    """The strongest evidence of a token (prose 0, code 1, markup 2; None: neutral)."""
+    ev = token_evidence(text)
+    assert np.argmax(ev) == mode if mode is not None else ev == (0.0, 0.0, 0.0)
 
 
 def _brute_force(ev, cost):

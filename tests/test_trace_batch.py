@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from speclimits.errors import SpeclimitsError, TraceFormatError
+from speclimits.errors import SpeclimitsError
 from speclimits.paths import DATA_DIR
 from speclimits.trace import find_problems, new_meta, read_generations, read_parts_log, read_trace, validate_trace
 from speclimits.trace import write_table, write_trace
@@ -19,6 +19,7 @@ from speclimits.tracing.capture import unique_per_layer
 from speclimits.tracing.prompts import Prompt
 from speclimits.tracing.records import generation_columns, step_columns, steps_by_request
 from speclimits.tracing.sweep import SweepConfig, SweepPlan
+from test_validate import assert_defect_named
 
 PROMPTS = DATA_DIR / "prompts" / "smoke.jsonl"
 
@@ -213,14 +214,7 @@ def test_synthetic_batch_trace_is_valid(batch_trace):
 
 @pytest.mark.parametrize("mutate, column, message", STEP_DEFECTS, ids=[d[2][:30] for d in STEP_DEFECTS])
 def test_step_defects_are_named(batch_trace, mutate, column, message):
-    df, row = mutate(read_trace(batch_trace).steps.copy())
-    write_table(batch_trace, "steps", df)
-    with pytest.raises(TraceFormatError) as err:
-        validate_trace(batch_trace)
-    text = str(err.value)
-    assert f"steps.parquet, column '{column}': {message}" in text, text
-    if row is not None:
-        assert f"first at row {row}" in text, text
+    assert_defect_named(batch_trace, "steps", mutate, column, message)
 
 
 def test_rounds_and_steps_must_describe_the_same_steps(batch_trace):

@@ -93,16 +93,22 @@ ORACLE_DEFECTS = [(_oracle_mutation(kind), column, message) for kind, column, me
 DEFECTS = [("rounds", *d) for d in ROUND_DEFECTS] + [("oracle", *d) for d in ORACLE_DEFECTS]
 
 
+def assert_defect_named(root, table, mutate, column, message):
+    """``table`` rewritten as ``mutate`` leaves it fails validation naming the file, column and (when
+    ``mutate`` returns one) the first row; also used by test_trace_batch."""
+    df, row = mutate(getattr(read_trace(root), table).copy())
+    write_table(root, table, df)
+    with pytest.raises(TraceFormatError) as err:
+        validate_trace(root)
+    text = str(err.value)
+    assert f"{table}.parquet, column '{column}': {message}" in text, text
+    if row is not None:
+        assert f"first at row {row}" in text, text
+
+
 @pytest.mark.parametrize("table, mutate, column, message", DEFECTS, ids=[f"{d[0]}-{d[3][:30]}" for d in DEFECTS])
 def test_defects_are_named(trace_copy, table, mutate, column, message):
-    df, row = mutate(getattr(read_trace(trace_copy), table).copy())
-    write_table(trace_copy, table, df)
-    with pytest.raises(TraceFormatError) as err:
-        validate_trace(trace_copy)
-    text = str(err.value)
-    assert f"{table}.parquet, column '{column}': {message}" in text
-    if row is not None:
-        assert f"first at row {row}" in text
+    assert_defect_named(trace_copy, table, mutate, column, message)
 
 
 def test_meta_missing_broken_or_incomplete(trace_copy):
