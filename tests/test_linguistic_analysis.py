@@ -146,11 +146,6 @@ def test_decision_table_against_a_hand_join(tmp_path):
     assert got["token_id"].tolist()[:2] == [10, 22] and not got["has_token"].iloc[2]
 
 
-def test_decision_table_needs_labels(sim):
-    with pytest.raises(SpeclimitsError, match="label_trace_tokens"):
-        ling.decision_table(sim["res"], sim["lab"].drop(columns="label"))
-
-
 # -- k* by context: planted effects --
 
 
@@ -170,7 +165,9 @@ def test_k_by_context_recovers_the_planted_ordering_and_sizes(sim, reference):
         assert small.loc[ctx, "long_lo"] <= big.loc[ctx, "share_long"] <= small.loc[ctx, "long_hi"], ctx
 
 
-def test_k_by_context_bad_column(sim):
+def test_decision_table_needs_labels_and_k_by_context_a_column(sim):
+    with pytest.raises(SpeclimitsError, match="label_trace_tokens"):
+        ling.decision_table(sim["res"], sim["lab"].drop(columns="label"))
     with pytest.raises(SpeclimitsError, match="no column 'nope'"):
         ling.k_by_context(sim["dec"], by="nope")
     fine = ling.k_by_context(sim["dec"], by="label_fine", n_boot=50)

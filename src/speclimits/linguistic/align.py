@@ -7,11 +7,9 @@ state ``pos`` predicts row ``pos + i``, so a decision is labelled with row ``pos
 mismatch after ``a`` matched drafts is row ``pos + a + 1``. S states have S + 1 token rows.
 :func:`alignment_check` tests it on a measured trace (the first draft token equals row ``pos + 1``).
 
-Routing (``new_experts``, ``experts``) of row r is that of the target pass that **reads** row r's
-token, against the pass that reads row r − 1: the rows whose experts make up the window's ``Ū``,
-so where ``accept_len >= 1`` ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s
-``new_experts`` (:func:`window_routing_check`). Older traces that stored the *producing* row are
-moved onto reading rows by ``scripts/migrate_tokens_reference.py``.
+Routing of row r is that of the pass that **reads** row r's token (:mod:`speclimits.trace.reference_tokens`),
+so where ``accept_len >= 1`` ``u_bar_window[1] − u_bar_window[0]`` equals row ``pos + 1``'s ``new_experts``
+(:func:`window_routing_check`).
 """
 
 from __future__ import annotations
@@ -106,12 +104,9 @@ def alignment_check(oracle: pd.DataFrame, tokens: pd.DataFrame, kinds: dict[str,
 
 
 def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset: int = 1) -> pd.DataFrame:
-    """The Oracle's window routing against the tokens' ``new_experts`` (see the module docs).
-
-    One row per state with ``accept_len >= 1`` and a finite ``new_experts`` at row ``pos + row_offset``
-    (1 under the convention; 2 finds the producing-row tables of older traces): ``seq_id``, ``pos``,
-    ``window_new`` (``u_bar_window[1] − u_bar_window[0]``), ``token_new`` and ``abs_diff``.
-    """
+    """The Oracle's window routing (``window_new`` = ``u_bar_window[1] − u_bar_window[0]``) against the tokens'
+    ``new_experts`` at row ``pos + row_offset`` (``token_new``; 1 under the convention, 2 finds the producing-row
+    tables of older traces), one row per state with ``accept_len >= 1`` and a finite ``token_new``."""
     require_columns(oracle, ("u_bar_window",), "oracle.parquet")
     o = oracle[oracle["accept_len"].to_numpy() >= 1]
     u = np.stack([np.asarray(v, dtype=float)[:2] for v in o["u_bar_window"]]) if len(o) else np.zeros((0, 2))
@@ -126,12 +121,9 @@ def window_routing_check(oracle: pd.DataFrame, tokens: pd.DataFrame, row_offset:
 
 
 def require_convention(states: pd.DataFrame, tokens: pd.DataFrame, origin: str = "tokens.parquet") -> None:
-    """Raise when a sequence's token rows do not cover its states' decisions (rows 0..S for S states).
-
-    ``states`` has one row per Oracle state (``seq_id``). A trace written under the old simulator
-    convention (S token rows for S states) fails here with the sequences named, rather than
-    joining every decision one token off. Sequences without any token row are not checked.
-    """
+    """Raise when a sequence's token rows do not cover its states' decisions (rows 0..S for S states, one
+    state per row of ``states``), as under the old simulator convention, naming the sequences, rather than
+    joining every decision one token off. Sequences without any token row are not checked."""
     n_states = states.groupby(states["seq_id"].astype(str)).size()
     n_tokens = tokens.groupby(tokens["seq_id"].astype(str)).size().reindex(n_states.index)
     short = n_states.index[(n_tokens < n_states + 1).fillna(False).to_numpy()]

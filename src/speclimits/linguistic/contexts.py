@@ -72,11 +72,10 @@ def decision_table(result: OracleResult, labelled: pd.DataFrame, kinds: np.ndarr
     kinds : (S,) reference kind of each sequence of ``result.inputs.seq_ids``
         (:attr:`~speclimits.oracle.OracleSetup.kinds`); None: ``reference_kind`` is ``"greedy"``.
 
-    State ``pos`` is joined to token row ``pos + 1`` (:func:`~speclimits.linguistic.align.state_tokens`).
     Returns the states that have a token row (the others are counted in ``attrs["n_unmatched"]``):
-    ``seq_id``, ``pos``, ``token_pos`` (= pos + 1), ``reference_kind``, ``remaining``, ``k_star``,
-    ``accept_len``, ``match_prob_1`` (the draft's first-step match probability), ``a_mode`` (under
-    k*), ``expected_accept``, the token columns, and ``category`` when known.
+    the Oracle's frame (``seq_id``, ``pos``, ``k_star``, ...) with ``reference_kind``, ``match_prob_1``
+    (the draft's first-step match probability), ``a_mode`` (under k*), ``token_pos`` (= pos + 1) and
+    the token columns.
     """
     if "label" not in labelled.columns:
         raise SpeclimitsError("decision_table needs labelled tokens: call label_trace_tokens(tr.tokens) first")
@@ -131,10 +130,8 @@ def k_by_context(decisions: pd.DataFrame, by: str = "label", k_long: int = K_LON
     n_boot, seed, level : bootstrap replicates (responses resampled within each context), seed and
         interval level.
 
-    Returns one row per context: ``context``, ``n_decisions``, ``n_responses``, ``share_long``,
-    ``long_lo``, ``long_hi``, ``share_k1``, ``k1_lo``, ``k1_hi``, ``mean_k_star``, and, for the
-    contexts the appendix reports, ``paper_share_long``, ``paper_long_lo``, ``paper_long_hi``,
-    ``paper_n_decisions``, ``paper_n_responses``, ``paper_share_k1``.
+    Returns one row per context (shares with their interval, counts, mean k*) and, grouped by
+    ``label`` or ``context``, the appendix's values beside them (``paper_*``; NaN where it reports none).
     """
     for col in (by, "k_star", cluster):
         if col not in decisions.columns:

@@ -177,10 +177,9 @@ def panel_data(result: OracleResult, labelled: pd.DataFrame, selection: pd.DataF
     oracle : the trace's ``oracle.parquet`` table, read for ``draft_tokens``.
     n_steps : steps per panel (default K_max of the result).
 
-    Columns: ``panel`` (title, unique), ``order``, ``group``, ``row`` (``target`` / ``draft``),
-    ``step``, ``text``, ``status``, ``past_kstar``, ``match_prob`` (q at the step), ``p_reach``
-    (P(a >= step)), ``k_star``, ``a_mode``, ``accept_len``, ``k_star_alpha0`` (NaN unless given),
-    ``label`` (context of the token the first draft predicts, row ``pos + 1``), ``draft_source``.
+    ``panel`` is the panel's (unique) title, ``row`` ``target`` or ``draft``, ``text`` the token made visible
+    (:func:`show_token`; ``raw_text`` as it is), ``p_reach`` P(a >= step) and ``label`` the context of the
+    token the first draft predicts (row ``pos + 1``).
     """
     inp = result.inputs
     n_steps = result.k_max if n_steps is None else int(n_steps)

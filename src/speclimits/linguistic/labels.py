@@ -362,9 +362,7 @@ def label_tokens(texts: Sequence[str], switch_cost: float = 2.5) -> pd.DataFrame
     texts : the decoded token strings (leading spaces kept; ``None`` is read as ``""``).
     switch_cost : the Viterbi penalty per mode change (:func:`segment_modes`).
 
-    Returns a DataFrame with one row per token: ``text``, ``script`` (latin / cyrillic / none),
-    ``mode`` (prose / code / markup), ``context`` (one of :data:`CONTEXTS`) and ``fine`` (one
-    of :data:`~speclimits.vocabulary.FINE_LABELS` or ``""``).
+    Returns one row per token: ``text``, ``script``, ``mode``, ``context`` and ``fine``.
     """
     texts = [unicodedata.normalize("NFC", "" if t is None else str(t)) for t in texts]
     modes = token_modes(texts, switch_cost)
