@@ -9,12 +9,12 @@ from speclimits.trace.io import (Trace, append_lines, columns_table, done_genera
                                  read_generations, read_meta, read_parts_log, read_shard_logs, read_table, read_trace,
                                  remove_orphan_parts, target_top_k, write_meta, write_part, write_shard_log,
                                  write_table, write_trace)
-from speclimits.trace.schema import META_REQUIRED, SCHEMA_VERSION, SOURCES, TABLES, Column, column_names
+from speclimits.trace.schema import META_REQUIRED, SCHEMA_VERSION, SOURCES, TABLES, Column
 from speclimits.trace.validate import OracleFrame, check_oracle_frame, find_problems, read_oracle_frame, validate_trace
 
 __all__ = [
     "Column", "FilterReport", "META_REQUIRED", "OracleFrame", "SCHEMA_VERSION", "SOURCES", "TABLES", "Trace",
-    "append_lines", "check_oracle_frame", "column_names", "columns_table", "decode_rounds", "done_generations",
+    "append_lines", "check_oracle_frame", "columns_table", "decode_rounds", "done_generations",
     "find_problems", "list_column", "list_parts", "new_meta", "part_name", "read_generations", "read_meta",
     "read_oracle_frame", "read_parts_log", "read_shard_logs", "read_table", "read_trace", "remove_orphan_parts",
     "target_top_k", "validate_trace", "write_meta", "write_part", "write_shard_log", "write_table", "write_trace",

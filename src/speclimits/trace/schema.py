@@ -132,11 +132,6 @@ TABLES: dict[str, tuple[Column, ...]] = {
 META_REQUIRED = ("schema_version", "source", "models", "method", "hardware", "dtype", "k_values", "seed", "created")
 
 
-def column_names(table: str, required_only: bool = False) -> list[str]:
-    """Names of the columns of ``table`` (``rounds``, ``oracle``, ``tokens`` or ``steps``)."""
-    return [c.name for c in TABLES[table] if c.required or not required_only]
-
-
 _KINDS = {c.name: c.kind for columns in TABLES.values() for c in columns}
 #: The harness writes these columns (any table) as ``large_string``, these as float64 and every other
 #: one as int64 (:func:`speclimits.trace.io.columns_table`).
