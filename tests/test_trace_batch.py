@@ -161,10 +161,12 @@ def batch_trace(tmp_path):
 
 
 def _set(col, value, row=3):
+    """Set ``df.loc[row, col]`` to ``value`` (a callable: ``value(df)``, read before the change)."""
     def mutate(df):
-        if isinstance(value, float) and not pd.api.types.is_float_dtype(df[col].dtype):
+        new = value(df) if callable(value) else value
+        if isinstance(new, float) and not pd.api.types.is_float_dtype(df[col].dtype):
             df[col] = df[col].astype(float)
-        df.loc[row, col] = value
+        df.loc[row, col] = new
         return df, row
     return mutate
 
@@ -173,16 +175,6 @@ def _phase_disagrees(df):
     row = int(np.flatnonzero((df["phase"] == "decode").to_numpy())[0])
     df.loc[row, "phase"] = "mixed"
     return df, row
-
-
-def _duplicate_step(df):
-    df.loc[4, "step"] = df.loc[3, "step"]
-    return df, 4
-
-
-def _more_tokens(df):
-    df.loc[3, "n_tokens"] += 1
-    return df, 3
 
 
 STEP_DEFECTS = [
@@ -201,8 +193,9 @@ STEP_DEFECTS = [
     (_set("t_draft_ms", float("nan")), "t_draft_ms", "must not be NaN"),
     (_set("kv_usage", 1.5), "kv_usage", "must lie in [0, 1]"),
     (_set("b", 4), "b", "value not listed in meta.json 'batch_sizes' [2]"),
-    (_duplicate_step, "step", "duplicate (batch_id, step)"),
-    (_more_tokens, "n_tokens", "must equal the sum of m over the step's rows in rounds.parquet"),
+    (_set("step", lambda df: df.loc[3, "step"], row=4), "step", "duplicate (batch_id, step)"),
+    (_set("n_tokens", lambda df: df.loc[3, "n_tokens"] + 1), "n_tokens",
+     "must equal the sum of m over the step's rows in rounds.parquet"),
 ]
 
 

@@ -26,18 +26,12 @@ def _first_decode(df: pd.DataFrame) -> int:
     return int(np.flatnonzero((df["phase"] == "decode").to_numpy())[3])
 
 
-def _set(col, value, *, decode=True):
+def _set(col, value):
     def mutate(df):
-        row = _first_decode(df) if decode else 0
+        row = _first_decode(df)
         df[col] = df[col].astype(type(value)) if isinstance(value, float) else df[col]
         df.loc[row, col] = value
         return df, row
-    return mutate
-
-
-def _drop(col):
-    def mutate(df):
-        return df.drop(columns=[col]), None
     return mutate
 
 
@@ -48,7 +42,7 @@ def _shrink_context(df):
 
 
 ROUND_DEFECTS = [
-    (_drop("t_target_ms"), "t_target_ms", "required column is missing"),
+    (lambda df: (df.drop(columns=["t_target_ms"]), None), "t_target_ms", "required column is missing"),
     (_set("t_target_ms", -1.0), "t_target_ms", "timings must not be negative"),
     (_set("t_draft_ms", float("nan")), "t_draft_ms", "must not be NaN"),
     (_set("m", 99), "m", "must equal n_draft + 1 on decode rounds"),
@@ -62,34 +56,23 @@ ROUND_DEFECTS = [
 ]
 
 
-def _oracle_mutation(kind):
+def _at(col, change, row=5):
+    """Replace the list or value ``df.at[row, col]`` by ``change(it)``."""
     def mutate(df):
-        row = 5
-        if kind == "short":
-            df.at[row, "match_prob"] = df.at[row, "match_prob"][:-1]
-        elif kind == "prob":
-            v = np.array(df.at[row, "draft_conf"], dtype=np.float32)
-            v[0] = 1.2
-            df.at[row, "draft_conf"] = v
-        elif kind == "window":
-            v = np.array(df.at[row, "u_bar_window"], dtype=float)
-            v[3] = v[2] - 1.0
-            df.at[row, "u_bar_window"] = v
-        elif kind == "pos":
-            df.loc[row, "pos"] = 77
-        elif kind == "accept":
-            df.loc[row, "accept_len"] = 11
+        df.at[row, col] = change(df.at[row, col])
         return df, row
     return mutate
 
 
-ORACLE_DEFECTS = [(_oracle_mutation(kind), column, message) for kind, column, message in [
-    ("short", "match_prob", "lists must have length 10"),
-    ("prob", "draft_conf", "probabilities must be finite and in [0, 1]"),
-    ("window", "u_bar_window", "must not decrease as the window grows"),
-    ("pos", "pos", "each seq_id must have pos = 0..N-1 exactly once"),
-    ("accept", "accept_len", "must be an integer in 0..10"),
-]]
+ORACLE_DEFECTS = [
+    (_at("match_prob", lambda v: v[:-1]), "match_prob", "lists must have length 10"),
+    (_at("draft_conf", lambda v: np.r_[1.2, v[1:]].astype(np.float32)), "draft_conf",
+     "probabilities must be finite and in [0, 1]"),
+    (_at("u_bar_window", lambda v: np.r_[v[:3], v[2] - 1.0, v[4:]].astype(float)), "u_bar_window",
+     "must not decrease as the window grows"),
+    (_at("pos", lambda v: 77), "pos", "each seq_id must have pos = 0..N-1 exactly once"),
+    (_at("accept_len", lambda v: 11), "accept_len", "must be an integer in 0..10"),
+]
 DEFECTS = [("rounds", *d) for d in ROUND_DEFECTS] + [("oracle", *d) for d in ORACLE_DEFECTS]
 
 
