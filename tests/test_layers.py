@@ -24,19 +24,14 @@ ALLOWED = {
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Top-level unit (module or sub-package of speclimits) -> the units it imports."""
+    """Top-level unit (module or sub-package of speclimits) -> the units it imports: :func:`file_graph`
+    collapsed onto the units (``from speclimits import paper`` counts too)."""
+    def unit(name: str) -> str:
+        return name.split(".")[1] if "." in name else "__init__"
+
     graph: dict[str, set[str]] = defaultdict(set)
-    for path in ROOT.rglob("*.py"):
-        parts = path.relative_to(ROOT).parts
-        unit = parts[0].removesuffix(".py")
-        graph[unit]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            for name in names:
-                bits = name.split(".")
-                if bits[0] == "speclimits" and len(bits) > 1 and bits[1] != unit:
-                    graph[unit].add(bits[1])
+    for name, targets in file_graph().items():
+        graph[unit(name)].update(unit(t) for t in targets if unit(t) != unit(name))
     return graph
 
 
