@@ -12,10 +12,8 @@ from speclimits.vocabulary import SURROGATES
 
 
 def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) -> list[int]:
-    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> the sorted unique integers, each >= ``minimum``; a
-    bad spec raises one line naming ``flag`` and an ``example`` (the K and batch-size lists of
-    every command: ``speclimits trace --k/--batch``, ``speclimits oracle/simulate/control bench --batch``,
-    ``speclimits control bench --static/--ext-static``)."""
+    """``"1-10"``, ``"0,1,2,4"`` or ``"0,2-4"`` -> the sorted unique integers, each >= ``minimum`` (every
+    command's K and batch-size lists); a bad spec raises one line naming ``flag`` and an ``example``."""
     out: set[int] = set()
     try:
         for part in str(spec).split(","):
@@ -37,8 +35,8 @@ def parse_int_list(spec: str, flag: str, example: str, noun: str, minimum: int) 
 
 
 def parse_positive_floats(spec: str, flag: str, example: str, noun: str) -> list[float]:
-    """``"0.5,1,2,4"`` -> the sorted unique positive finite numbers of a list option (the request rates of
-    ``benchmarks/bench_serve.py --rates``); a bad spec raises one line naming ``flag`` and an ``example``."""
+    """``"0.5,1,2,4"`` -> the sorted unique positive finite numbers of a list option; a bad spec raises one
+    line naming ``flag`` and an ``example``."""
     import math
 
     try:
@@ -70,8 +68,6 @@ def parse_assignments(items: list[str], flag: str = "--set") -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key.strip()] = raw
     return out
-
-
 
 
 def add_oracle_arguments(p: argparse.ArgumentParser, needs: str = "oracle.parquet") -> None:

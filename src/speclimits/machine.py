@@ -76,9 +76,8 @@ def _mib(kib: int) -> str:
 
 
 def describe(info: dict[str, Any]) -> str:
-    """One line for a page: ``"AMD EPYC (2 cores; L2 1 MiB/core, L3 32 MiB; avx2, avx512f, ...)"``.
-
-    Records written before the caches were kept read without them."""
+    """One line for a page: ``"AMD EPYC (2 cores; L2 1 MiB/core, L3 32 MiB; avx2, avx512f, ...)"`` (records
+    written before the caches were kept read without them)."""
     flags = ", ".join(info.get("flags") or []) or "no AVX2/AVX-512/AMX flags"
     caches = info.get("cache_kib") or {}
     cache = ", ".join(f"{k} {_mib(v)}" + ("/core" if k != "L3" else "") for k, v in caches.items() if k in ("L2", "L3"))
@@ -133,14 +132,10 @@ class DtypeChoice:
 def engine_dtype(requested: str | None, config: dict[str, Any], flags: Iterable[str], default: str,
                  attention_backend: str | None = None) -> DtypeChoice:
     """The dtype vLLM's CPU build can run for a target (``config``: its config.json) on a CPU with
-    ``flags``. ``requested`` None means the flag was left at ``default``; ``attention_backend``: the
-    backend asked of vLLM by name, if any.
-
-    On a CPU with AMX, vLLM serves an MLA target with its AMX MLA backend (unless the reference
-    backend ``CPU_MLA`` is asked for), which takes bfloat16 weights only. Left at the default, the
-    dtype becomes bfloat16 (``reason`` says why); another dtype asked for explicitly raises a
-    :class:`~speclimits.errors.SpeclimitsError` naming the flags that work, before any engine is
-    built. Every other case runs what was asked."""
+    ``flags`` (``requested`` None: the flag was left at ``default``; ``attention_backend``: the backend
+    asked of vLLM by name, if any). On a CPU with AMX, an MLA target runs on the AMX MLA backend (unless
+    ``CPU_MLA`` is asked for), which takes bfloat16 weights only: left at the default the dtype becomes
+    bfloat16 (``reason`` says why), another dtype asked for raises before any engine is built."""
     from speclimits.errors import SpeclimitsError
 
     wanted = requested if requested is not None else default
