@@ -103,20 +103,16 @@ def _cli(args: argparse.Namespace) -> int:
         tag = "headline, as the paper" if kind == out["headline_reference_kind"] else "apart, not pooled"
         print(f"\n=== {kind} references ({tag}): {block['n_decisions_kind']:,} decisions, "
               f"{block['n_responses_kind']} responses ===")
-        _print_tables(block)
+        cols = ["context", "n_decisions", "n_responses", "share_long", "long_lo", "long_hi", "share_k1", "k1_lo",
+                "k1_hi", "paper_share_long"]
+        print("k* by context (share of k* >= 4 and of k* = 1, 95% bootstrap CIs over responses):")
+        print(pd.DataFrame(block["k_by_context"]).reindex(columns=cols).round(3).to_string(index=False))
+        print("new experts per layer, event step vs the step before (95% CI of the difference):")
+        cols = ["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi", "adjusted",
+                "paper_diff"]
+        print(pd.DataFrame(block["routing"]).reindex(columns=cols).round(3).to_string(index=False))
+        if block["routing_note"]:
+            print(f"note: {block['routing_note']}")
     if "decisions_file" in out:
         print(f"\nper-decision table written to {out['decisions_file']}")
     return 0
-
-
-def _print_tables(block: dict[str, Any]) -> None:
-    cols = ["context", "n_decisions", "n_responses", "share_long", "long_lo", "long_hi", "share_k1", "k1_lo",
-            "k1_hi", "paper_share_long"]
-    print("k* by context (share of k* >= 4 and of k* = 1, 95% bootstrap CIs over responses):")
-    print(pd.DataFrame(block["k_by_context"]).reindex(columns=cols).round(3).to_string(index=False))
-    print("new experts per layer, event step vs the step before (95% CI of the difference):")
-    cols = ["contrast", "n_events", "n_responses", "before", "at", "diff", "diff_lo", "diff_hi", "adjusted",
-            "paper_diff"]
-    print(pd.DataFrame(block["routing"]).reindex(columns=cols).round(3).to_string(index=False))
-    if block["routing_note"]:
-        print(f"note: {block['routing_note']}")
