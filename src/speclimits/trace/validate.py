@@ -122,15 +122,6 @@ def check_meta(c: _Collector, meta: dict[str, Any]) -> None:
                                 f"{meta.get('batch_size')!r}")
 
 
-def sampled_trace(meta: dict[str, Any]) -> bool:
-    """True for a trace whose requests were sampled (meta.json's ``sampling`` with a temperature > 0)."""
-    rec = meta.get(SAMPLING_KEY)
-    try:
-        return isinstance(rec, dict) and float(rec.get("temperature", 0)) > 0
-    except (TypeError, ValueError):
-        return False
-
-
 def check_rounds(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     """Every rule on ``rounds.parquet`` whose columns are present and well typed, in this order:
     non-negative timings and a known phase; K >= 0, m = n_draft + 1 (or K + 1) on decode rounds and K
@@ -465,29 +456,29 @@ def _oracle_lists(c: _Collector, file: str, df: pd.DataFrame, k_max: int | None)
     return out
 
 
-def check_oracle_context(c: _Collector, file: str, df: pd.DataFrame) -> None:
-    """``context_len`` = prompt length + ``pos`` within each sequence: how the harness and the
-    simulator record a trace. Checked on trace files only: the Oracle itself prices any
-    non-negative context, so in-memory what-if inputs (``OracleInputs.from_arrays``) may set it freely."""
-    pos = df["pos"].to_numpy()
-    seq = df["seq_id"].astype(str).to_numpy()
-    offset = pd.Series(df["context_len"].to_numpy() - pos).groupby(seq, sort=False).transform("nunique").to_numpy()
-    c.rows(file, "context_len", offset > 1, "must equal prompt length + pos within a sequence")
-
-
 def check_oracle(c: _Collector, df: pd.DataFrame, meta: dict[str, Any]) -> None:
     """The trace-level checks of ``oracle.parquet``: :func:`check_oracle_frame` with the limits
-    meta.json gives (``oracle.k_max``, the target's ``top_k`` and ``n_experts``), then
-    :func:`check_oracle_context`; ``accept_prob`` present exactly when the trace is sampled
-    (:func:`sampled_trace`; its values are checked with the other probabilities)."""
+    meta.json gives (``oracle.k_max``, the target's ``top_k`` and ``n_experts``); then ``context_len``
+    = prompt length + ``pos`` within each sequence, how the harness and the simulator record a trace
+    (trace files only: the Oracle prices any non-negative context, so in-memory what-if inputs may set
+    it freely); and ``accept_prob`` present exactly when the trace is sampled (meta.json's ``sampling``
+    with a temperature > 0; its values are checked with the other probabilities)."""
     lo, hi = _experts_range(meta)
     k_max = (meta.get("oracle") or {}).get("k_max")
     frame, problems = check_oracle_frame(df, file=ORACLE_FILE, k_max=None if k_max is None else int(k_max),
                                          top_k=lo, n_experts=hi)
     c.problems.extend(problems)
     if frame is not None:
-        check_oracle_context(c, ORACLE_FILE, df)
-    sampled, has = sampled_trace(meta), "accept_prob" in df.columns
+        seq = df["seq_id"].astype(str).to_numpy()
+        offset = pd.Series(df["context_len"].to_numpy() - df["pos"].to_numpy()).groupby(seq, sort=False)
+        c.rows(ORACLE_FILE, "context_len", offset.transform("nunique").to_numpy() > 1,
+               "must equal prompt length + pos within a sequence")
+    rec = meta.get(SAMPLING_KEY)
+    try:
+        sampled = isinstance(rec, dict) and float(rec.get("temperature", 0)) > 0
+    except (TypeError, ValueError):
+        sampled = False
+    has = "accept_prob" in df.columns
     if sampled and not has:
         c.file(ORACLE_FILE, "required column is missing (meta.json 'sampling' has a temperature > 0: a sampled "
                             "trace records the acceptance probability of each draft)", "accept_prob")
