@@ -1,19 +1,11 @@
-"""The cost model at batch > 1: fit, validation by (b, K), the union of a step's experts, and where
-speculation stops paying.
+"""The cost model at batch > 1 (:class:`speclimits.costmodel.BatchCostModel`): fit, validation by (b, K),
+the union of a step's experts, and where speculation stops paying.
 
-A batch trace has a ``steps`` table, one row per engine step shared by ``n_reqs`` requests
-(:data:`speclimits.trace.schema.STEPS_COLUMNS`). The model (:class:`speclimits.costmodel.BatchCostModel`)::
-
-    target(n, m, Ū, L) = beta0(m) + gamma(m) * (n - 1) + alpha(m) * Ū + c * L
-    draft(n, k)        = a * k + b + (n - 1) * (a_req * k + b_req)          (0 at k = 0)
-
-with Ū the step's unique experts per layer and L its summed context, each part fitted by OLS
-(statsmodels) on the **uniform decode steps** (every request decoding at the same m) with standard
-errors clustered by batch; steps with a zero timing are left out of that part. At n = 1 it is the
-batch-1 model (:func:`speclimits.stats.fit_cost_model`, its alpha(1) convention included); with
-b = 1 only, ``gamma``, ``a_req`` and ``b_req`` are not identified and set to 0 (noted). Prefill, mixed
-and non-uniform steps are not modelled: :func:`validate_by_batch_k` counts them as measured on both
-sides and reports their share.
+Each part is fitted by OLS (statsmodels) on a batch trace's **uniform decode steps** (``steps`` table;
+every request decoding at the same m), SEs clustered by batch, zero timings left out of that part. At
+n = 1 it is the batch-1 model (its alpha(1) convention included); with b = 1 only, ``gamma``, ``a_req``
+and ``b_req`` are set to 0 (noted). Prefill, mixed and non-uniform steps are not modelled:
+:func:`validate_by_batch_k` counts them as measured on both sides and reports their share.
 """
 
 from __future__ import annotations
@@ -31,21 +23,15 @@ from statsmodels.stats.sandwich_covariance import cov_cluster
 
 from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve
 from speclimits.errors import CostModelError, SpeclimitsError
-from speclimits.stats.costfit import m1_convention
+from speclimits.stats.costfit import _donor, m1_convention
 from speclimits.trace import Trace, read_trace
 
-#: Columns of the steps table this module reads.
 STEP_COLUMNS = ("batch_id", "b", "K", "step", "n_reqs", "n_decode", "n_tokens", "m_max", "u_bar", "context_total",
                 "t_target_ms", "t_draft_ms", "phase", "n_drafted_next")
 
 BATCH1_NOTE = ("m = {m}: alpha({m}) := alpha({donor}) = {alpha:.4g}, beta0({m}) = intercept({m}) - alpha({m}) * {tk:g}: "
                "u_bar does not vary beyond what n explains at this m (every step has the same Ū, as at batch 1 "
                "where an m = 1 pass touches top_k experts), so alpha({m}) is not identified from the data")
-
-
-# ---------------------------------------------------------------------------
-# reading
-# ---------------------------------------------------------------------------
 
 
 def trace_steps(trace: Trace | str | Path) -> pd.DataFrame:
@@ -65,8 +51,7 @@ def trace_steps(trace: Trace | str | Path) -> pd.DataFrame:
 
 
 def _batch_trace(trace: Trace | str | Path) -> tuple[Trace, pd.DataFrame, pd.DataFrame | None, int, int]:
-    """A batch trace's parts: the trace, its steps, its rounds where they join the steps (``batch_id``,
-    ``step``; else None), and the target's ``n_experts`` and ``top_k`` from meta.json."""
+    """The trace, its steps, its rounds where they join the steps (else None), meta's ``n_experts``, ``top_k``."""
     tr = trace if isinstance(trace, Trace) else read_trace(trace)
     steps = trace_steps(tr)
     n_experts = ((tr.meta.get("models") or {}).get("target") or {}).get("n_experts")
@@ -78,15 +63,9 @@ def _batch_trace(trace: Trace | str | Path) -> tuple[Trace, pd.DataFrame, pd.Dat
 
 
 def uniform_decode_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The steps the batch cost model is fitted on, with ``m``, ``n`` and ``k`` columns added.
-
-    Kept: phase ``'decode'`` (every request decoding) and every request at the same m. With
-    ``rounds`` (needs ``batch_id`` and ``step``), the step's decode rows must all have ``m ==
-    m_max`` and there must be ``n_reqs`` of them; without, ``n_tokens == n_reqs * m_max``.
-    Added: ``m = m_max``, ``n = n_reqs`` and ``k = n_drafted_next / n_reqs`` (drafts per request
-    proposed in the step: K where the drafter ran for every request). Zero timings are kept here
-    (the fits drop them per part).
-    """
+    """The steps the batch cost model is fitted on: phase ``'decode'`` with every request at the same m
+    (with ``rounds``: the step's ``n_reqs`` decode rows all at ``m_max``; without: ``n_tokens == n_reqs *
+    m_max``), plus ``m = m_max``, ``n = n_reqs``, ``k = n_drafted_next / n_reqs``. Zero timings are kept."""
     missing = [c for c in STEP_COLUMNS if c not in steps.columns]
     if missing:
         raise SpeclimitsError(f"steps table lacks column(s) {missing}")
@@ -111,19 +90,13 @@ def uniform_decode_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None
     return out
 
 
-# ---------------------------------------------------------------------------
-# the fit
-# ---------------------------------------------------------------------------
-
-
 #: Covariances :func:`fit_batch_steps` can put behind its intervals.
 COV_TYPES = ("jackknife", "cr1")
 
 
 @dataclass(frozen=True)
 class _Fit:
-    """One OLS: statsmodels' estimates, the covariance behind the intervals (``cov``, of type
-    ``cov_type``) and statsmodels' own cluster-robust one (``cov_cr1``)."""
+    """One OLS: estimates, the covariance behind the intervals (``cov``) and statsmodels' CR1 (``cov_cr1``)."""
 
     params: pd.Series
     cov: pd.DataFrame
@@ -135,14 +108,12 @@ class _Fit:
     cov_type: str
 
     def var(self, name: str) -> tuple[float, float]:
-        """The variance of ``name`` under ``cov`` and under ``cov_cr1``."""
         return self.cov.loc[name, name], self.cov_cr1.loc[name, name]
 
 
 def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray, cov_type: str = "jackknife") -> _Fit:
-    """statsmodels OLS of ``y`` on ``x`` clustered by ``groups`` (the batches): statsmodels'
-    cluster-robust covariance (CR1, t(G - 1)) as ``cov_cr1``, and behind the intervals the cluster
-    jackknife (statsmodels' CV3, the default) or CR1."""
+    """statsmodels OLS clustered by ``groups`` (batches): CR1 as ``cov_cr1``; behind the intervals the
+    cluster jackknife (CV3, default) or CR1."""
     if cov_type not in COV_TYPES:
         raise SpeclimitsError(f"cov_type must be one of {COV_TYPES}, got {cov_type!r}")
     codes = pd.factorize(groups, sort=True)[0]
@@ -164,25 +135,17 @@ def _ols(y: np.ndarray, x: pd.DataFrame, groups: np.ndarray, cov_type: str = "ja
 
 def _put(out: dict[str, Any], res: _Fit, name: str, est: float, var: tuple[float, float] | None,
          m: int | None = None) -> None:
-    """Record one coefficient in ``out``: the estimate at ``out[name]`` (``[m]``), its ``se``, ``se_cr1`` and
-    95% ``ci`` at ``out[kind][name]`` (``[str(m)]``) from ``var``, its variances under ``res.cov`` and
-    ``res.cov_cr1``; None where it was set by a convention (``var`` None)."""
+    """Record one coefficient: ``out[name]`` (``[m]``) and its ``se``, ``se_cr1``, 95% ``ci`` at
+    ``out[kind][name]`` (``[str(m)]``) from ``var`` (its two variances; None: set by a convention)."""
     se = None if var is None else math.sqrt(max(float(var[0]), 0.0))
     values = (None,) * 3 if var is None else (se, math.sqrt(max(float(var[1]), 0.0)),
                                               [float(est) - res.q * se, float(est) + res.q * se])
     for kind, v in zip(("se", "se_cr1", "ci"), values):
-        if m is None:
-            out[kind][name] = v
-        else:
-            out[kind][name][str(m)] = v
-    if m is None:
-        out[name] = float(est)
-    else:
-        out[name][m] = float(est)
+        (out[kind] if m is None else out[kind][name])[name if m is None else str(m)] = v
+    (out if m is None else out[name])[name if m is None else m] = float(est)
 
 
 def _fit_info(res: _Fit, notes: list[str]) -> dict[str, Any]:
-    """The parts of a fit's record other than its coefficients."""
     return {"notes": notes, "n_steps": res.nobs, "n_clusters": res.n_clusters, "r2": res.rsquared,
             "t_quantile": res.q, "cov_type": res.cov_type}
 
@@ -199,7 +162,7 @@ def _residual_varies(u: np.ndarray, n1: np.ndarray) -> bool:
 
 
 def _fit_target(df: pd.DataFrame, top_k: int, cov_type: str) -> dict[str, Any]:
-    """Target part: one OLS with beta0, gamma, alpha per m and a shared c (see the module docstring)."""
+    """Target part: one OLS with beta0, gamma, alpha per m and a shared c."""
     if df.empty:
         raise SpeclimitsError("no uniform decode steps with a non-zero target time to fit")
     m = df["m"].to_numpy()
@@ -232,7 +195,7 @@ def _fit_target(df: pd.DataFrame, top_k: int, cov_type: str) -> dict[str, Any]:
             _put(out, res, "alpha", p[a_name], res.var(a_name), mv)
             _put(out, res, "beta0", p[b_name], res.var(b_name), mv)
         else:  # the batch-1 convention (costfit.m1_convention)
-            donor, tk = min(ident, key=lambda v: (abs(v - mv), v)), float(top_k)
+            donor, tk = _donor((mv,), [(v,) for v in ident])[0], float(top_k)
             (alpha, a_var, beta0, b_var), (_, a_cr1, _, b_cr1) = (
                 m1_convention(p, cov, b_name, f"alpha[{donor}]", tk) for cov in (res.cov, res.cov_cr1))
             _put(out, res, "alpha", alpha, (a_var, a_cr1), mv)
@@ -277,11 +240,7 @@ def _fit_draft(df: pd.DataFrame, cov_type: str) -> dict[str, Any]:
 def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, n_experts: int, top_k: int,
                     batch_sizes: Sequence[int] | None = None, cov_type: str = "jackknife",
                     source: str = "") -> BatchCostModel:
-    """:func:`fit_batch_cost_model` on tables: ``steps`` (and ``rounds`` for the uniformity check).
-
-    ``batch_sizes``: fit on the steps of these b only (default all). ``cov_type``: the covariance
-    behind the intervals, ``"jackknife"`` (default) or ``"cr1"`` (see :func:`fit_batch_cost_model`).
-    """
+    """:func:`fit_batch_cost_model` on tables: ``steps`` (and ``rounds`` for the uniformity check)."""
     uni = uniform_decode_steps(steps, rounds)
     if batch_sizes is not None:
         uni = uni.loc[uni["b"].isin([int(b) for b in batch_sizes])].reset_index(drop=True)
@@ -316,18 +275,15 @@ def fit_batch_steps(steps: pd.DataFrame, rounds: pd.DataFrame | None = None, *, 
 
 def fit_batch_cost_model(trace: Trace | str | Path, *, batch_sizes: Sequence[int] | None = None,
                          cov_type: str = "jackknife") -> BatchCostModel:
-    """Fit the :class:`~speclimits.costmodel.BatchCostModel` of a batch trace (see the module docstring).
+    """Fit the :class:`~speclimits.costmodel.BatchCostModel` of a batch trace (``batch_sizes``: those b only).
 
-    Drafter steps: K > 0, ``k = n_drafted_next / n_reqs`` drafts per request; standard errors clustered
-    by batch (``batch_id``). ``batch_sizes``: fit on those b only
-    (b = 1 only: the batch-1 model). ``extra["fit"]`` (the JSON's ``batch.fit``) holds every
-    coefficient's 95% interval (``ci95``) and standard errors (null where set by a convention), which
-    were identified, the steps, clusters, R² and notes; ``n_experts`` and ``top_k`` come from meta.json.
+    ``extra["fit"]`` (the JSON's ``batch.fit``) holds every coefficient's 95% interval (``ci95``) and SEs
+    (null where set by a convention), what was identified, the steps, clusters, R² and notes.
 
     **Intervals.** ``cov_type="jackknife"`` (default): the cluster jackknife (CV3, leave one batch out),
-    t(G - 1). statsmodels' CR1 (``se_cr1``; ``cov_type="cr1"`` to use it) is too small here: gamma(m)
-    rests mostly on the few large batches, high-leverage clusters whose residuals OLS shrinks (on the
-    simulator the estimates spread 1.2-1.35x the mean CR1 standard error; ``tests/test_stats_batch.py``).
+    t(G - 1). statsmodels' CR1 (``se_cr1``; ``cov_type="cr1"``) is too small here: gamma(m) rests mostly on
+    the few large batches, high-leverage clusters whose residuals OLS shrinks (on the simulator the
+    estimates spread 1.2-1.35x the mean CR1 SE).
     """
     tr, steps, rounds, n_experts, top_k = _batch_trace(trace)
     return fit_batch_steps(steps, rounds, n_experts=n_experts, top_k=top_k,
@@ -336,8 +292,7 @@ def fit_batch_cost_model(trace: Trace | str | Path, *, batch_sizes: Sequence[int
 
 
 def coefficient_table(model: BatchCostModel) -> pd.DataFrame:
-    """The fitted coefficients with their 95% intervals: one row per (part, name, m); columns
-    ``estimate``, ``lower``, ``upper`` (NaN where the coefficient was set by a convention)."""
+    """One row per (part, name, m): ``estimate``, ``lower``, ``upper`` (NaN where set by a convention)."""
     fit = (model.extra or {}).get("fit", {})
     ci_t = fit.get("target", {}).get("ci95", {})
     ci_d = fit.get("draft", {}).get("ci95", {})
@@ -369,11 +324,6 @@ def model_summary(model: BatchCostModel) -> str:
     return head + table + "".join(f"\nnote: {n}" for n in fit.get("notes", []))
 
 
-# ---------------------------------------------------------------------------
-# validation by (b, K)
-# ---------------------------------------------------------------------------
-
-
 def _step_prediction(model: BatchCostModel, uni: pd.DataFrame) -> np.ndarray:
     """Model time (target + drafter) of uniform decode steps."""
     target = model.target_ms(uni["n"].to_numpy(), uni["m"].to_numpy(), uni["u_bar"].to_numpy(),
@@ -382,8 +332,7 @@ def _step_prediction(model: BatchCostModel, uni: pd.DataFrame) -> np.ndarray:
 
 
 def batch_folds(steps: pd.DataFrame, folds: int = 2) -> pd.Series:
-    """Fold of every batch (indexed by ``batch_id``): within each (b, K) the batches, in
-    ``batch_id`` order, alternate over folds 0, 1, ..., folds - 1."""
+    """Fold of every batch (by ``batch_id``): within each (b, K) the batches alternate over the folds."""
     if folds < 2:
         raise SpeclimitsError(f"cross-fitting needs folds >= 2, got {folds}")
     ids = steps[["b", "K", "batch_id"]].drop_duplicates().sort_values(["b", "K", "batch_id"])
@@ -395,20 +344,14 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
                         folds: int = 2) -> pd.DataFrame:
     """Measured against predicted time per emitted token, per (b, K), cross-fitted by batch.
 
-    **Measured** ``ms_per_token``: the sum of ``t_target_ms + t_draft_ms`` over *every* step of
-    (b, K) (prefill and mixed included) over the tokens the rounds of (b, K) emitted
-    (``n_emitted``, the prefill's token included).
-
-    **Predicted**: the same sum with each uniform decode step with non-zero timings priced by a
-    model; every other step (prefill, mixed, non-uniform, a zero timing, a drafter that proposed
-    nothing at K > 0) counts as measured on both sides. ``unmodelled_share`` is their share of the
-    measured time: the errors are the modelled steps' errors diluted by that share.
-
-    ``pred_cross`` / ``err_cross_pct``: each batch priced by the model fitted on the other folds'
-    batches (:func:`batch_folds`; a (b, K) with one batch is an extrapolation from the other b at that
-    K); ``pred_model`` / ``err_model_pct``: priced by ``model`` (default: fitted on the whole trace).
-    Errors are ``100 * (predicted - measured) / measured``. Returns a DataFrame sorted by b, K;
-    ``attrs["worst"]`` (:func:`worst_error`) names the (b, K) with the largest cross-fitted |error|.
+    **Measured** ``ms_per_token``: ``t_target_ms + t_draft_ms`` summed over *every* step of (b, K) over
+    the tokens its rounds emitted. **Predicted**: the same sum with each uniform decode step with
+    non-zero timings priced by a model; every other step counts as measured on both sides
+    (``unmodelled_share``: their share of the measured time, which dilutes the errors).
+    ``pred_cross``/``err_cross_pct``: each batch priced by the model fitted on the other folds'
+    batches (:func:`batch_folds`); ``pred_model``/``err_model_pct``: by ``model`` (default: fitted on the
+    whole trace). Errors are ``100 * (predicted - measured) / measured``; ``attrs["worst"]``:
+    :func:`worst_error`.
     """
     tr, steps, use_rounds, n_experts, top_k = _batch_trace(trace)
     rounds = tr.rounds
@@ -451,10 +394,9 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
     tokens = rounds.groupby(["b", "K"])["n_emitted"].sum()
     out = agg.join(pu, how="left").join(tokens.rename("tokens"), how="left").fillna({"cross": 0.0, "model": 0.0})
     out["ms_per_token"] = out["measured_ms"] / out["tokens"]
-    out["pred_cross"] = (out["unmodelled_ms"] + out["cross"]) / out["tokens"]
-    out["pred_model"] = (out["unmodelled_ms"] + out["model"]) / out["tokens"]
-    out["err_cross_pct"] = 100 * (out["pred_cross"] - out["ms_per_token"]) / out["ms_per_token"]
-    out["err_model_pct"] = 100 * (out["pred_model"] - out["ms_per_token"]) / out["ms_per_token"]
+    for kind in ("cross", "model"):
+        out[f"pred_{kind}"] = (out["unmodelled_ms"] + out[kind]) / out["tokens"]
+        out[f"err_{kind}_pct"] = 100 * (out[f"pred_{kind}"] - out["ms_per_token"]) / out["ms_per_token"]
     out["unmodelled_share"] = out["unmodelled_ms"] / out["measured_ms"]
     out = out.reset_index().sort_values(["b", "K"]).reset_index(drop=True)
     out = out[["b", "K", "n_batches", "n_steps", "n_modelled", "tokens", "measured_ms", "ms_per_token", "pred_cross",
@@ -467,8 +409,7 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
 
 
 def worst_error(validation: pd.DataFrame, column: str = "err_cross_pct") -> dict[str, Any]:
-    """The (b, K) row of a :func:`validate_by_batch_k` table with the largest |``column``|, as a dict
-    (``b``, ``K``, ``error_pct``, ``ms_per_token``, ``predicted``, ``text``)."""
+    """The (b, K) row with the largest |``column``|, as a dict with a ``text`` line."""
     if validation.empty:
         raise SpeclimitsError("empty validation table")
     i = int(np.nanargmax(np.abs(validation[column].to_numpy(dtype=float))))
@@ -491,20 +432,13 @@ def validation_summary(validation: pd.DataFrame) -> str:
             + "\n" + worst_error(validation)["text"])
 
 
-# ---------------------------------------------------------------------------
-# the union of a step's experts
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class UnionTable:
     """Measured Ū of the uniform decode steps against independent routing and the saturation curve.
 
-    ``steps``: one row per uniform decode step: ``batch_id``, ``b``, ``K``, ``step``, ``n``, ``m``,
-    ``n_tokens``, ``u_measured`` (the step's Ū), ``u_independent`` (the union of its requests' own Ū
-    under independent routing), ``u_saturation`` (:func:`saturation_curve` of its tokens) and the
-    ratios measured over each. ``by_batch_k``: per (b, K) the counts, means and the standard error of
-    the mean ``ratio_independent`` over batches (per-batch means, their sd / sqrt(batches)).
+    ``steps``: per step ``u_measured``, ``u_independent`` (the union of its requests' own Ū under
+    independent routing), ``u_saturation`` (:func:`saturation_curve` of its tokens) and the ratios.
+    ``by_batch_k``: per (b, K) counts, means and the SE of ``ratio_independent`` over batches.
     """
 
     steps: pd.DataFrame
@@ -522,14 +456,9 @@ class UnionTable:
 
 
 def step_union_table(trace: Trace | str | Path) -> UnionTable:
-    """:class:`UnionTable` of a batch trace: per uniform decode step, its measured Ū, the
-    independent-routing union of its requests' own Ū (``rounds.u_bar`` of the requests in the
-    step, joined on ``(batch_id, step)``) and ``saturation_curve(n_tokens, E, top_k)``.
-
-    The independent union uses each request's Ū averaged over layers (what ``rounds`` records);
-    with routing that differs by layer in the same way for every request it slightly
-    overstates the mean over layers of the per-layer unions.
-    """
+    """:class:`UnionTable` of a batch trace (requests joined to steps on ``(batch_id, step)``). The
+    independent union uses each request's Ū averaged over layers (what ``rounds`` records), so it
+    slightly overstates the mean of the per-layer unions."""
     tr, steps, rounds, E, top_k = _batch_trace(trace)
     if rounds is None:
         raise SpeclimitsError(f"trace {tr.path}: rounds table lacks batch_id / step (needed to join requests to steps)")
@@ -556,21 +485,10 @@ def step_union_table(trace: Trace | str | Path) -> UnionTable:
     return UnionTable(out, summ.reset_index(), E, top_k)
 
 
-# ---------------------------------------------------------------------------
-# where speculation stops paying
-# ---------------------------------------------------------------------------
-
-
 def speedup_frontier(validation: pd.DataFrame, column: str = "ms_per_token") -> pd.DataFrame:
-    """Per K > 0: the smallest b at which ``column`` (default the measured ms per token) at K no
-    longer beats K = 0 (plain decoding) at the same b: "where speculation stops paying".
-
-    Columns: ``K``, ``b_stop`` (the first b, in increasing order, with ms/token at K >= ms/token at
-    K = 0; NaN when K beats plain at every b of the table), ``last_b_paying`` (the largest b
-    below ``b_stop`` at which it still beats plain; NaN when it never does), ``resumes`` (True
-    when K beats plain again at some b above ``b_stop``), and ``speedup_b{b}`` = ms/token at
-    K = 0 over ms/token at K, per b. Only the b with a K = 0 row count.
-    """
+    """Per K > 0, where speculation stops paying: ``b_stop``, the first b at which ``column`` at K no
+    longer beats K = 0 (NaN: never), ``last_b_paying`` (largest b below it that pays; NaN: none),
+    ``resumes`` (pays again above ``b_stop``), ``speedup_b{b}`` = K = 0 over K. Only b with a K = 0 row."""
     for col in ("b", "K", column):
         if col not in validation.columns:
             raise SpeclimitsError(f"validation table lacks column {col!r}")

@@ -1,11 +1,9 @@
-"""The cost-model fit: the joint categorical target model (Eq. 4) and the draft line, on cell moments.
+"""The one cost-model fit: the joint categorical target model (Eq. 4) and the draft line, on cell moments.
 
-One fit, :func:`fit_costs`, on a trace's decode rounds (:class:`CostMoments`) with each generation
-weighted: unweighted, the full sample with standard errors clustered by generation
-(:func:`fit_cost_model`: ``speclimits fit``, the Oracle's preparation, ``control.fit``); with (B, G)
-draw counts, B cluster-bootstrap replicates (the Oracle's bootstrap), each one weighted sum of
-per-generation ``X'X``, ``X'y`` and a p x p solve under the same design rules, decided on the
-replicate's own sums.
+:func:`fit_costs` fits a trace's decode rounds (:class:`CostMoments`) with each generation weighted:
+unweighted, the full sample with SEs clustered by generation (:func:`fit_cost_model`); with (B, G)
+draw counts, B cluster-bootstrap replicates (the Oracle's), each under the same design rules decided
+on the replicate's own sums.
 """
 
 from __future__ import annotations
@@ -27,13 +25,7 @@ from speclimits.stats.draft import DRAFT_DESIGN
 from speclimits.stats.requirements import REQUIREMENTS
 from speclimits.trace import FilterReport, Trace, decode_rounds, read_trace
 
-#: Base variables of the target fit.
 TARGET_BASE = ("u_bar", "context_len")
-
-
-# ---------------------------------------------------------------------------
-# joint categorical model (Eq. 4)
-# ---------------------------------------------------------------------------
 
 
 def _m_key(members: Sequence[int]) -> str:
@@ -43,12 +35,8 @@ def _m_key(members: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class MPooling:
-    """Which m values the joint model fits together (the sparse-cell rule of :func:`pool_sparse_m`).
-
-    ``groups``: tuples of m values, ascending; a singleton is an m fitted on its own, a longer tuple
-    shares one ``beta0`` and one ``alpha``. ``notes``: one line per pooled group (or per m kept below
-    the minimum).
-    """
+    """Which m values the joint model fits together (:func:`pool_sparse_m`): ``groups`` of m, ascending (a
+    longer tuple shares one ``beta0`` and one ``alpha``); ``notes``: one line per pooled or too-thin group."""
 
     groups: tuple[tuple[int, ...], ...]
     notes: tuple[str, ...] = ()
@@ -57,7 +45,6 @@ class MPooling:
 
     @property
     def pooled(self) -> dict[str, list[int]]:
-        """``{label: members}`` of the groups with more than one m."""
         return {_m_key(g): list(g) for g in self.groups if len(g) > 1}
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,15 +54,10 @@ class MPooling:
 
 def pool_sparse_m(mom: CellMoments, min_rounds: int = vocabulary.MIN_CELL_ROUNDS,
                   min_generations: int = vocabulary.MIN_CELL_GENERATIONS) -> MPooling:
-    """The sparse-cell rule: which m values the joint model (Eq. 4) fits together.
-
-    An m is *sparse* when it has fewer than ``min_rounds`` decode rounds or rounds from fewer than
-    ``min_generations`` generations (an n-gram or draft-model trace: most rounds at m = 1, a handful
-    at larger m). Going up from the smallest m >= 2, a sparse m is pooled with the next larger m until
-    the group meets both minimums; a sparse group left at the top joins the group below it. A pooled
-    group shares one ``beta0`` and one ``alpha`` and is named in the notes. m = 1 is never pooled (Ū is
-    constant there: :func:`fit_joint`'s convention).
-    """
+    """The sparse-cell rule: an m with fewer than ``min_rounds`` decode rounds or ``min_generations``
+    generations (an n-gram trace: a handful of rounds at m > 1) is pooled, going up from m = 2, with the
+    next larger m until the group meets both; a sparse group left at the top joins the one below.
+    m = 1 is never pooled (Ū is constant there: :func:`fit_joint`'s convention)."""
     cells = mom.cells
     ms = sorted(int(v) for v in cells["m"].unique())
     n_rounds = {m: int(mom.n[cells["m"].to_numpy() == m].sum()) for m in ms}
@@ -124,24 +106,21 @@ def _u_sums(mom: CellMoments, members: Sequence[int]) -> tuple[float, float, flo
 
 
 def _identified(n, s1, s2):
-    """Whether α is identified in a group of m from its rows ``n``, ΣŪ ``s1``, ΣŪ² ``s2`` (arrays or
-    scalars): Ū's variance above 1e-10 of max(1, mean²). Where it is not (Ū constant, as at m = 1),
-    the donor rule of :func:`_donor` supplies α."""
+    """Whether α is identified from rows ``n``, ΣŪ ``s1``, ΣŪ² ``s2`` (arrays or scalars): Ū's variance
+    above 1e-10 of max(1, mean²). Where not (Ū constant, as at m = 1), :func:`_donor` supplies α."""
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = s1 / n
         return s2 / n - mean ** 2 > 1e-10 * np.maximum(1.0, mean ** 2)
 
 
 def _donor(group: tuple[int, ...], ident: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """The identified group whose α a group with unidentified α takes: the nearest in m (the smaller on a tie)."""
+    """The identified group whose α an unidentified one takes: the nearest in m (the smaller on a tie)."""
     return min(ident, key=lambda v: (abs(v[0] - group[0]), v[0]))
 
 
 def joint_design(groups: Sequence[Sequence[int]], unidentified: Sequence[Sequence[int]] = ()) -> Design:
-    """Eq. 4 on groups of m values: ``beta0[g]`` per group, ``alpha[g]`` where identified, shared ``c``.
-
-    ``g`` is the group's label (:func:`_m_key`: ``"5"`` for an m on its own). A term is active on the
-    cells whose m is in its group, so the design applies to any moments (e.g. every K's rounds)."""
+    """Eq. 4 on groups of m: ``beta0[g]`` per group, ``alpha[g]`` where identified, shared ``c``; a term is
+    active on the cells whose m is in its group (``g``: :func:`_m_key`)."""
     unident = {tuple(int(m) for m in g) for g in unidentified}
     terms = []
     for g in groups:
@@ -156,13 +135,9 @@ def joint_design(groups: Sequence[Sequence[int]], unidentified: Sequence[Sequenc
 
 @dataclass(frozen=True)
 class JointResults:
-    """The joint categorical fit: the regression and its per-m coefficient table.
-
-    ``by_m`` has one row per m: ``K``, ``n``, ``beta0``, ``beta0_se``, ``beta0_lower``/``upper``,
-    ``alpha`` (...), ``identified`` (False where the m = 1 convention supplied α); the m of a
-    pooled group (``pooling``, :func:`pool_sparse_m`) repeat the group's coefficients.
-    ``c``/``c_se`` the shared context coefficient; ``top_k`` and ``notes`` record conventions.
-    """
+    """The joint categorical fit: ``by_m`` one row per m (``K``, ``n``, ``beta0``/``alpha`` with ``_se``,
+    ``_lower``, ``_upper``; ``identified`` False where the m = 1 convention supplied α; a pooled group's
+    m repeat its coefficients); ``top_k`` and ``notes`` record the conventions."""
 
     ols: OLSResults
     by_m: pd.DataFrame
@@ -199,20 +174,18 @@ class JointResults:
 
 def m1_convention(p: pd.Series, cov: pd.DataFrame, b_name: str, a_name: str, tk: float
                   ) -> tuple[float, float, float, float]:
-    """The m = 1 convention where α is not identified (Ū constant, = top_k, as in plain decoding): α := the
-    nearest identified m's (``a_name``, α(1) := α(2)), β0 := intercept ``b_name`` - α·tk. Returns α, var α,
-    β0, var β0 from the estimates ``p`` and their covariance ``cov``."""
+    """The m = 1 convention where α is not identified (Ū constant = top_k): α := the nearest identified
+    m's (``a_name``), β0 := intercept ``b_name`` - α·tk. Returns α, var α, β0, var β0."""
     alpha, alpha_var = p[a_name], cov.loc[a_name, a_name]
     return (alpha, alpha_var, p[b_name] - alpha * tk,
             cov.loc[b_name, b_name] + tk ** 2 * alpha_var - 2 * tk * cov.loc[b_name, a_name])
 
 
 def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | None = None) -> JointResults:
-    """Fit Eq. 4 jointly on every cell of ``mom``; apply the m = 1 convention where α is unidentified.
+    """Fit Eq. 4 jointly on every cell of ``mom``, the m = 1 convention where α is unidentified.
 
-    ``top_k`` is the constant Ū of an m = 1 pass (the target's experts per token); when None it is
-    taken from the data (the constant Ū observed at that m). Sparse m are pooled by
-    :func:`pool_sparse_m` (``pooling``: a rule already decided, e.g. on the full sample).
+    ``top_k``: the constant Ū of an m = 1 pass (None: the constant Ū observed). ``pooling``: a sparse-m
+    rule already decided (default :func:`pool_sparse_m` on ``mom``).
     """
     pooling = pooling or pool_sparse_m(mom)
     unident = [g for g in pooling.groups if not _identified(*_u_sums(mom, g))]
@@ -254,22 +227,12 @@ def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | 
                         pooling)
 
 
-# ---------------------------------------------------------------------------
-# the cost model, on generations weighted
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, eq=False)
 class CostMoments:
-    """A trace's rounds as the cost-model fit reads them.
-
-    ``target``: decode rounds with a non-zero target time (K = 0 gives m = 1), base ``u_bar``,
-    ``context_len``; ``draft``: decode rounds with K >= 1 and a non-zero draft time (None when there
-    are none); ``report``: what the target's filter left out; ``pooling``: the sparse-cell rule on these
-    rounds; ``top_k``: the target's experts per token (None: the constant Ū observed at m = 1).
-    ``target_gen`` (C,) / ``draft_gen``: each cell's generation, the column of the (B, G) weights of
-    :func:`fit_costs` (G = ``n_generations``, every generation of the rounds, sorted).
-    """
+    """A trace's rounds as the cost-model fit reads them: ``target`` (decode rounds with a target time;
+    base Ū, L) and ``draft`` (K >= 1 with a draft time; None when none) moments, the target filter's
+    ``report``, the sparse-m ``pooling``, ``top_k`` (None: observed), and ``target_gen``/``draft_gen``:
+    each cell's column in :func:`fit_costs`' (B, G) weights (G = ``n_generations``, sorted)."""
 
     target: CellMoments
     draft: CellMoments | None
@@ -293,8 +256,8 @@ class CostMoments:
 
 
 def _draft_line(xtx: np.ndarray, xty: np.ndarray, one_k: bool) -> tuple[float, float]:
-    """``(a, b)`` of ``T_D = a·K + b`` from the draft design's ``X'X``, ``X'y``; with a single K > 0 (slope
-    and intercept collinear) the line through the origin, ``a = ΣT_D / ΣK``, ``b = 0``."""
+    """``(a, b)`` of ``T_D = a·K + b`` from ``X'X``, ``X'y``; with a single K > 0 the line through the
+    origin, ``a = ΣT_D / ΣK``, ``b = 0``."""
     if one_k:
         return float(xty[0] / xtx[0, 1]), 0.0
     b, a = solve_normal(xtx, xty, DRAFT_DESIGN.columns)
@@ -304,13 +267,10 @@ def _draft_line(xtx: np.ndarray, xty: np.ndarray, one_k: bool) -> tuple[float, f
 def fit_costs(mom: CostMoments, weights: np.ndarray | None = None, source: str = "") -> list[CostModel | None]:
     """The cost models of ``mom`` with each generation weighted.
 
-    ``weights`` None: the full sample, one model, standard errors clustered by generation, row
-    counts and conventions in ``extra["fit"]``; raises where a part cannot be fitted. ``weights``
-    (B, G) draw counts (:func:`speclimits.bootstrap.draw_counts` over ``mom.n_generations``): B
-    replicates, each drawn copy of a generation its own generation, no ``extra``; None for a
-    replicate whose design cannot be solved (α identified at no group, a singular design). The
-    groups of m are the full sample's; which are present and where α is identified, each
-    replicate's own.
+    ``weights`` None: one model on the full sample, SEs, row counts and conventions in ``extra["fit"]``;
+    raises where a part cannot be fitted. ``weights`` (B, G) draw counts: B replicates without ``extra``,
+    None where the design cannot be solved; the groups of m are the full sample's, which are present
+    and identified each replicate's own.
     """
     if mom.draft is None:
         raise SpeclimitsError(f"the draft line T_D = a·K + b cannot be fitted: {REQUIREMENTS['draft']} (no decode "
@@ -371,8 +331,7 @@ def fit_costs(mom: CostMoments, weights: np.ndarray | None = None, source: str =
 
 
 def _fit_full(mom: CostMoments, source: str) -> CostModel:
-    """:func:`fit_costs` on the full sample: the joint model (:func:`fit_joint`) and the draft line with
-    their clustered standard errors."""
+    """:func:`fit_costs` on the full sample: :func:`fit_joint` and the draft line, with clustered SEs."""
     joint = fit_joint(mom.target, top_k=mom.top_k, pooling=mom.pooling)
     d = mom.draft
     if d.cells["K"].nunique() == 1:
@@ -414,23 +373,17 @@ def _fit_full(mom: CostMoments, source: str) -> CostModel:
 
 
 def fit_cost_model(rounds: pd.DataFrame, top_k: int | None = None, source: str = "") -> CostModel:
-    """The cost model (the JSON of :mod:`speclimits.costmodel`) of a trace's ``rounds`` table.
-
-    Target: the joint categorical model (free ``beta0(m)``, ``alpha(m)``, shared ``c``) on every
-    decode round with a non-zero target time, K = 0 included (m = 1, see :func:`m1_convention`; ``top_k``
-    from ``meta["models"]["target"]["top_k"]``, else the constant Ū observed at m = 1). Draft:
-    ``T_D = a·K + b`` on decode rounds with K >= 1 and a non-zero draft time. Standard errors, row
-    counts and conventions go to ``extra`` (the JSON's ``"fit"``).
-    """
+    """The cost model of a trace's ``rounds``: Eq. 4 on every decode round with a target time (K = 0
+    gives m = 1: :func:`m1_convention`, ``top_k`` from meta, else observed) and ``T_D = a·K + b`` on K >= 1
+    with a draft time; SEs, row counts and conventions in ``extra["fit"]``."""
     return fit_costs(CostMoments.of(rounds, top_k), source=source)[0]
 
 
 def fill_missing_m(beta0: dict[int, float], alpha: dict[int, float]
                    ) -> tuple[dict[int, float], dict[int, float], list[int]]:
-    """Every m between the smallest and the largest present, the missing ones (a K grid with gaps,
-    e.g. K = 0, 2, 4: m = 2 and 4 absent) interpolated linearly in m from the nearest present m on
-    either side, so that the Oracle can price every draft length up to the largest. Returns the
-    completed ``beta0``, ``alpha`` and the interpolated m values (ascending)."""
+    """Every m between the smallest and largest present, the missing ones (a K grid with gaps) interpolated
+    linearly from the nearest present m on either side, so the Oracle prices every draft length. Returns
+    the completed ``beta0``, ``alpha`` and the interpolated m (ascending)."""
     ms = sorted(beta0)
     filled = [m for m in range(ms[0], ms[-1] + 1) if m not in beta0]
     if not filled:
@@ -445,14 +398,9 @@ def fill_missing_m(beta0: dict[int, float], alpha: dict[int, float]
 
 
 def fit_trace_cost_model(trace: Trace | str | Path) -> CostModel:
-    """The cost model of a trace: the one route from a trace to a cost-model JSON.
-
-    :func:`fit_cost_model` on the trace's ``rounds`` with the target's ``top_k`` from
-    ``meta.json``. ``speclimits fit --out``, the book's section 3 and the Oracle's default (no
-    cost model given) all call this, so they write and solve with the same bytes. The recorded
-    ``source`` names the trace by its directory name and its source label, not by the path it
-    was opened with, so the JSON does not depend on the working directory or the machine.
-    """
+    """The one route from a trace to a cost-model JSON (``speclimits fit --out``, section 3, the Oracle's
+    default): :func:`fit_cost_model` with meta's ``top_k``; ``source`` names the trace by its folder name,
+    so the bytes do not depend on the path or machine."""
     tr = trace if isinstance(trace, Trace) else read_trace(trace)
     return fit_cost_model(tr.rounds, top_k=tr.top_k,
                           source=f"speclimits fit on trace {tr.path.resolve().name} ({tr.source_label})")
