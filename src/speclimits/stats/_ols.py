@@ -1,13 +1,11 @@
 """OLS from per-cell sufficient statistics, with standard errors clustered by generation.
 
-Every regression here has columns that are *base variables* (``const``, ``u_bar``,
-``context_len``, ...) times quantities constant within a **cell** (one generation at one m), so
-``X_c = Z_c A_c`` and the per-cell cross-products ``X_c'X_c = A_c' (Z_c'Z_c) A_c``,
-``X_c'y_c = A_c' Z_c'y_c`` follow from the cell moments (:class:`CellMoments`). One pass over the
-rows serves every fit, fold and bootstrap resample; cluster scores ``s_g = X_g'y_g - X_g'X_g b`` are
-linear in the moments too, so clustered covariances are exact (statsmodels' ``cov_type="cluster"``
-correction, t with ``G - 1`` df; tests check the match). Row-level quantities (MAPE, residuals)
-use the kept rows: the prediction of a row is ``Z_row · (A_cell β)``.
+Every design column is a *base variable* (``const``, ``u_bar``, ``context_len``, ...) times a quantity
+constant within a **cell** (one generation at one m), so ``X_c = Z_c A_c``, ``X_c'X_c = A_c' (Z_c'Z_c) A_c``
+and ``X_c'y_c = A_c' Z_c'y_c`` follow from the cell moments (:class:`CellMoments`): one pass over the
+rows serves every fit, fold and bootstrap resample. Cluster scores are linear in the moments too, so
+clustered covariances are exact (statsmodels' ``cov_type="cluster"``, t with ``G - 1`` df). Row-level
+quantities (MAPE, residuals) use the kept rows: a row's prediction is ``Z_row · (A_cell β)``.
 """
 
 from __future__ import annotations
@@ -38,25 +36,12 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return float(v.mean()), float(sps.t.interval(level, v.size - 1)[1] * v.std(ddof=1) / math.sqrt(v.size))
 
 
-# ---------------------------------------------------------------------------
-# sufficient statistics
-# ---------------------------------------------------------------------------
-
-
 @dataclass
 class CellMoments:
-    """Per-cell moments of the base variables and the response, plus the rows they came from.
-
-    Attributes
-    ----------
-    names : base variable names, ``("const", *base)``; q of them.
-    zz : (C, q, q) ``Z_c'Z_c`` per cell.  zy : (C, q) ``Z_c'y_c``.  yy : (C,) ``y_c'y_c``.
-    n : (C,) rows per cell.
-    cells : DataFrame with C rows: ``generation_id``, ``m``, ``K``, ``cluster`` (0..G-1 code of the
-        generation), and ``category`` when the rounds have one.
-    z : (N, q) row-level base variables; y : (N,) response; cell_of_row : (N,) cell index per row.
-    response : name of the response column.
-    """
+    """Per-cell moments of the base variables ``names`` = ``("const", *base)`` (q) and the response:
+    ``zz`` (C, q, q), ``zy`` (C, q), ``yy`` and ``n`` (C,); ``cells``: ``generation_id``, ``m``, ``K``,
+    ``cluster`` (0..G-1) and ``category``/``prompt_id`` where the rounds have them; the rows they came
+    from: ``z`` (N, q), ``y`` (N,), ``cell_of_row`` (N,)."""
 
     names: tuple[str, ...]
     zz: np.ndarray
@@ -72,11 +57,8 @@ class CellMoments:
     @classmethod
     def from_rounds(cls, rounds: pd.DataFrame, response: str = "t_target_ms",
                     base: Sequence[str] = BASE_VARS) -> "CellMoments":
-        """Moments of ``rounds`` (already filtered, e.g. by :func:`speclimits.trace.decode_rounds`).
-
-        Cells are (generation_id, m) pairs. Raises :class:`SpeclimitsError` naming a missing column
-        or the first row with a non-finite value.
-        """
+        """Moments of the (filtered) ``rounds``, cells by (generation_id, m); raises naming a missing
+        column or the first row with a non-finite value."""
         need = ["generation_id", "K", "m", response, *base]
         missing = [c for c in need if c not in rounds.columns]
         if missing:
@@ -119,13 +101,12 @@ class CellMoments:
         cells["cluster"] = pd.factorize(cells["generation_id"], sort=True)[0]
         return cls(("const", *base), zz, zy, yy, n, cells, z, y, cell_of_row, response)
 
-    # -- selection ----------------------------------------------------------
     @property
     def n_rows(self) -> int:
         return int(self.n.sum())
 
     def subset(self, cell_mask: np.ndarray) -> "CellMoments":
-        """The moments of the cells where ``cell_mask`` is True (rows follow their cells)."""
+        """The cells where ``cell_mask`` is True (rows follow their cells)."""
         cell_mask = np.asarray(cell_mask, dtype=bool)
         idx = np.flatnonzero(cell_mask)
         new_index = np.full(len(cell_mask), -1)
@@ -156,28 +137,17 @@ class CellMoments:
         return int(self.cells["cluster"].max()) + 1 if len(self.cells) else 0
 
     def recluster(self, column: str) -> "CellMoments":
-        """The same moments with clusters defined by a cell column (e.g. ``prompt_id``: one prompt's
-        generations at every K form one cluster). For standard errors only; folds stay by generation."""
+        """The same moments clustered by a cell column (e.g. ``prompt_id``), for standard errors only."""
         cells = self.cells.copy()
         cells["cluster"] = pd.factorize(cells[column], sort=True)[0]
         return CellMoments(self.names, self.zz, self.zy, self.yy, self.n, cells, self.z, self.y,
                            self.cell_of_row, self.response)
 
 
-# ---------------------------------------------------------------------------
-# designs
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Term:
-    """One design column: ``base`` variable times a cell-level multiplier, active on some cells.
-
-    ``name`` is the column name; ``base`` a base variable (``const`` for intercept-like terms);
-    ``mult`` a cell attribute (``K``, ``m``) or ``None`` (1); ``active`` a function of the cells
-    frame returning a boolean mask (``None`` = all cells); ``scale`` a function of the cells frame
-    returning a per-cell multiplier (e.g. ``log m``, ``max(m - 4, 0)``; ``None`` = 1).
-    """
+    """One design column ``name``: ``base`` variable times the cell attribute ``mult`` (None: 1), on the
+    cells where ``active(cells)`` (None: all), times ``scale(cells)`` (e.g. ``log m``; None: 1)."""
 
     name: str
     base: str
@@ -227,7 +197,7 @@ class Design:
         return a
 
     def rows(self, mom: CellMoments) -> np.ndarray:
-        """The row-level design matrix (N, p) (for tests and row-level diagnostics such as Breusch–Pagan)."""
+        """The row-level design matrix (N, p) (e.g. for Breusch–Pagan)."""
         a = self.matrices(mom)
         return np.einsum("nq,nqp->np", mom.z, a[mom.cell_of_row])
 
@@ -256,59 +226,32 @@ def solve_normal(xtx: np.ndarray, xty: np.ndarray, columns: Sequence[str]) -> np
 
 
 def solve_batch(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
-    """Batched solve for (B, p, p) and (B, p), equilibrated.
-
-    A system that cannot be solved (a resample that drew no generation with rows in some column's
-    cells, so the column is zero, or a design collinear in that resample: condition number above
-    1e13, as :func:`solve_normal` refuses) gives a row of NaN instead of raising; the callers count
-    those replicates and leave them out of the intervals."""
+    """Batched, equilibrated solve for (B, p, p) and (B, p): a system :func:`solve_normal` would refuse (a
+    zero column: a resample that missed its cells; condition above 1e13) gives a row of NaN."""
     d = np.sqrt(np.einsum("bii->bi", xtx))
     bad = ~(d > 0).all(axis=1)
-    if bad.any():  # keep the well-posed systems exactly as they are; park the others on the identity
-        xtx, xty, d = xtx.copy(), xty.copy(), d.copy()
-        xtx[bad], xty[bad], d[bad] = np.eye(xtx.shape[1]), 0.0, 1.0
+    d = np.where(bad[:, None], 1.0, d)
     s = xtx / (d[:, :, None] * d[:, None, :])
     with np.errstate(invalid="ignore", divide="ignore"):
         bad |= ~(np.linalg.cond(s) <= 1e13)  # collinear in this resample (as solve_normal refuses)
-    if bad.any():
-        s, xty, d = s.copy(), xty.copy(), d.copy()
+    if bad.any():  # keep the well-posed systems exactly as they are; park the others on the identity
+        xty = xty.copy()
         s[bad], xty[bad], d[bad] = np.eye(s.shape[1]), 0.0, 1.0
-    try:
-        out = np.linalg.solve(s, (xty / d)[..., None])[..., 0] / d
-    except np.linalg.LinAlgError:  # some replicate is singular: solve one at a time
-        out = np.full(xty.shape, np.nan)
-        for b in range(len(s)):
-            try:
-                out[b] = np.linalg.solve(s[b], xty[b] / d[b]) / d[b]
-            except np.linalg.LinAlgError:
-                pass
+    out = np.linalg.solve(s, (xty / d)[..., None])[..., 0] / d  # every system left has condition <= 1e13
     out[bad] = np.nan
     return out
 
 
 def failed_replicates(beta: np.ndarray) -> int:
-    """How many rows of a (B, p) replicate matrix are unusable (non-finite): resamples that missed
-    every generation of some cell the design needs, or whose design was singular."""
+    """How many rows of a (B, p) replicate matrix are non-finite (unsolvable resamples)."""
     return int((~np.isfinite(np.asarray(beta, dtype=float)).all(axis=1)).sum())
-
-
-# ---------------------------------------------------------------------------
-# results
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class OLSResults:
-    """A fitted linear model with cluster-robust covariance (statsmodels-like).
-
-    Attributes
-    ----------
-    params, bse : Series indexed by column name (ms units of the response per unit of the column).
-    cov : DataFrame (p x p), cluster-robust covariance with statsmodels' small-sample correction.
-    nobs, n_clusters : rows and generations fitted. df_t : ``n_clusters - 1``, the t reference df.
-    rsquared, rmse : in-sample. col_mean, col_sd : means / sds of the design columns (for β*).
-    y_mean, y_sd : of the response.
-    """
+    """A fitted linear model (statsmodels-like): ``params``/``bse`` by column, ``cov`` cluster-robust with
+    statsmodels' correction, t with ``df_t = n_clusters - 1``; in-sample ``rsquared``, ``rmse``; design
+    column and response means/sds (for β*)."""
 
     params: pd.Series
     cov: pd.DataFrame
@@ -340,7 +283,7 @@ class OLSResults:
         return pd.Series(2 * sps.t.sf(np.abs(self.tvalues.to_numpy()), self.df_t), index=self.params.index)
 
     def conf_int(self, alpha: float = 0.05) -> pd.DataFrame:
-        """Two-sided ``1 - alpha`` t-intervals (``n_clusters - 1`` df); columns ``lower``, ``upper``."""
+        """Two-sided ``1 - alpha`` t-intervals; columns ``lower``, ``upper``."""
         q = sps.t.ppf(1 - alpha / 2, self.df_t)
         return pd.DataFrame({"lower": self.params - q * self.bse, "upper": self.params + q * self.bse})
 
@@ -364,9 +307,8 @@ class OLSResults:
 
 
 def cluster_cov(xtx: np.ndarray, scores: np.ndarray, clusters: np.ndarray, nobs: int) -> np.ndarray:
-    """The cluster-robust covariance ``(X'X)⁻¹ (Σ_g s_g s_g') (X'X)⁻¹`` with statsmodels' small-sample
-    factor ``G/(G-1) · (N-1)/(N-p)`` (NaN for one cluster): ``scores`` (rows or cells, p) are summed
-    within ``clusters`` (codes 0..G-1); ``nobs`` N rows. statsmodels' ``cov_type="cluster"`` on the rows."""
+    """``(X'X)⁻¹ (Σ_g s_g s_g') (X'X)⁻¹`` times ``G/(G-1) · (N-1)/(N-p)`` (NaN for one cluster; statsmodels'
+    ``cov_type="cluster"``): ``scores`` (rows or cells, p) summed within ``clusters`` (0..G-1)."""
     g, p = int(clusters.max()) + 1, scores.shape[1]
     s = np.zeros((g, p))
     np.add.at(s, clusters, scores)
@@ -411,24 +353,27 @@ def predict(mom: CellMoments, design: Design, params: np.ndarray | pd.Series,
 
 def held_out_fits(mom: CellMoments, design: Design, cell_group: np.ndarray,
                   xp: tuple[np.ndarray, np.ndarray] | None = None):
-    """For each value ``g`` of ``cell_group`` (C,), ascending: ``(g, β)``, ``design`` fitted on the cells of
-    every other group (a fold, a K left out). ``xp``: the per-cell cross-products, when already made."""
+    """``(g, β)`` for each value ``g`` of ``cell_group`` (C,), ascending: ``design`` fitted on every other
+    group's cells (a fold, a K left out). ``xp``: the per-cell cross-products, when already made."""
     xtx_c, xty_c = xp if xp is not None else cross_products(mom, design.matrices(mom))
     for g in np.unique(cell_group):
         tr = cell_group != g
         yield g, solve_normal(xtx_c[tr].sum(0), xty_c[tr].sum(0), design.columns)
 
 
-# ---------------------------------------------------------------------------
-# cross-validation by generation
-# ---------------------------------------------------------------------------
+def held_out_predictions(mom: CellMoments, design: Design, cell_group: np.ndarray) -> np.ndarray:
+    """(N,) prediction of every row by ``design`` fitted on the cells of every other group (:func:`held_out_fits`)."""
+    a = design.matrices(mom)
+    row_group = cell_group[mom.cell_of_row]
+    out = np.full(mom.n_rows, np.nan)
+    for g, beta in held_out_fits(mom, design, cell_group, cross_products(mom, a)):
+        rows = row_group == g
+        out[rows] = predict(mom, design, beta, a, rows)
+    return out
 
 
 def group_folds(mom: CellMoments, n_splits: int = 5) -> np.ndarray:
-    """Fold (0..n_splits-1) of every cluster by scikit-learn's ``GroupKFold`` on the rows.
-
-    A generation is never split: the fold is a property of the cluster. Returns (G,) ints.
-    """
+    """(G,) fold of every cluster by scikit-learn's ``GroupKFold`` on the rows (a generation is never split)."""
     g = mom.n_clusters
     if g < n_splits:
         raise SpeclimitsError(f"GroupKFold({n_splits}) needs at least {n_splits} generations; got {g}")
@@ -443,11 +388,8 @@ def group_folds(mom: CellMoments, n_splits: int = 5) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CVResult:
-    """Out-of-sample metrics of one design across GroupKFold folds.
-
-    ``folds`` has one row per fold: ``r2``, ``rmse``, ``mape`` (%), ``medape`` (%), ``n_test``.
-    ``oof`` is the (N,) out-of-fold prediction of every row (same order as the moments' rows).
-    """
+    """Out-of-sample metrics of one design: ``folds`` one row per fold (``r2``, ``rmse``, ``mape`` and
+    ``medape`` in %, ``n_test``); ``oof`` the (N,) out-of-fold prediction of every row."""
 
     label: str
     folds: pd.DataFrame
@@ -473,19 +415,14 @@ def ape(y: np.ndarray, yhat: np.ndarray) -> np.ndarray:
 
 
 def cross_validate(mom: CellMoments, design: Design, folds: np.ndarray) -> CVResult:
-    """Fit on all folds but one, score on the held-out one, for every fold (GroupKFold by generation).
-
-    R² is ``1 - SSE/SST`` around the held-out fold's mean (as scikit-learn's ``r2_score``).
-    """
-    a = design.matrices(mom)
+    """Fit on all folds but one, score the held-out one; R² around the held-out fold's mean (``r2_score``)."""
     cell_fold = folds[mom.cells["cluster"].to_numpy()]
     row_fold = cell_fold[mom.cell_of_row]
-    oof = np.full(mom.n_rows, np.nan)
+    oof = held_out_predictions(mom, design, cell_fold)
     recs = []
-    for f, beta in held_out_fits(mom, design, cell_fold, cross_products(mom, a)):
+    for f in np.unique(cell_fold):
         rows = row_fold == f
-        yhat = oof[rows] = predict(mom, design, beta, a, rows)
-        y = mom.y[rows]
+        y, yhat = mom.y[rows], oof[rows]
         sse = float(((y - yhat) ** 2).sum())
         sst = float(((y - y.mean()) ** 2).sum())
         e = ape(y, yhat)
@@ -504,11 +441,6 @@ def cv_fold_sse(mom: CellMoments, design: Design, folds: np.ndarray) -> tuple[np
         sse.append(mom.yy[te].sum() - 2 * beta @ xty_c[te].sum(0) + beta @ xtx_c[te].sum(0) @ beta)
         n.append(mom.n[te].sum())
     return np.array(sse, dtype=float), np.array(n, dtype=float)
-
-
-# ---------------------------------------------------------------------------
-# cluster bootstrap from sufficient statistics
-# ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -535,8 +467,8 @@ class ClusterSums:
         return cls(tuple(design.columns), xtx_g, xty_g, per(mom.yy), per(mom.zy[:, 0]), per(mom.n))
 
     def replicates(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Estimates (B, p) and in-sample R² (B,) of each resample (``weights`` (B, G) draw counts); a
-        resample whose design cannot be solved gives NaN (:func:`solve_batch`, :func:`failed_replicates`)."""
+        """Estimates (B, p) and in-sample R² (B,) of each resample (``weights`` (B, G) draw counts; NaN where
+        unsolvable)."""
         xtx_b = np.einsum("bg,gij->bij", weights, self.xtx)
         xty_b = weights @ self.xty
         beta = solve_batch(xtx_b, xty_b)
@@ -546,11 +478,7 @@ class ClusterSums:
 
 
 def cluster_bootstrap(mom: CellMoments, design: Design, weights: np.ndarray) -> pd.DataFrame:
-    """OLS estimates for each resample of generations; ``weights`` from :func:`speclimits.bootstrap.draw_counts`.
-
-    Resampling a generation ``w`` times adds ``w`` copies of its ``X'X`` and ``X'y``, so each
-    resample is a weighted sum of per-cluster cross-products and one small solve.
-    Returns (n_boot, p) DataFrame of estimates.
-    """
+    """(n_boot, p) OLS estimates of each resample of generations (``weights``: draw counts): a generation
+    drawn ``w`` times adds ``w`` copies of its ``X'X`` and ``X'y``."""
     beta, _ = ClusterSums.of(mom, design).replicates(weights)
     return pd.DataFrame(beta, columns=design.columns)

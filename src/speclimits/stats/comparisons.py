@@ -1,9 +1,6 @@
-"""What the final model is compared with: the pooled linear model, MAPE by K, leave-one-K-out,
-the specification ladder, other smooth parameterizations of m, interpolation vs transfer, and
-the sensitivity of the standard errors to the choice of cluster.
-
-Every function takes the :class:`CellMoments` of the section's rounds (K >= 1) and returns a
-DataFrame; out-of-sample numbers use the section's GroupKFold ``folds`` (by generation).
+"""What the final model is compared with: the pooled linear model, MAPE by K, leave-one-K-out, the
+specification ladder, smooth parameterizations of m, interpolation vs transfer, and SEs clustered by
+prompt. Each takes the section's :class:`CellMoments` (K >= 1); held-out numbers use its GroupKFold folds.
 """
 
 from __future__ import annotations
@@ -14,8 +11,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_products,
-                                   cross_validate, fit_ols, held_out_fits, predict, t_interval)
+from speclimits.stats._ols import (CellMoments, CVResult, Design, OLSResults, Term, ape, cross_validate, fit_ols,
+                                   held_out_predictions, predict, t_interval)
 from speclimits.stats.m_split import FIXED_SPLIT
 from speclimits.stats.requirements import REQUIREMENTS, Skips
 
@@ -35,16 +32,10 @@ LADDER = [
 ]
 
 
-# ---------------------------------------------------------------------------
-# pooled comparison
-# ---------------------------------------------------------------------------
-
-
 def comparison_table(fits: dict[str, OLSResults], cvs: dict[str, CVResult]) -> pd.DataFrame:
-    """Ū + L, the pooled model with γK and the categorical model: in-sample R², GroupKFold R², RMSE,
-    MAPE (mean and 95% t half-width over folds). ``fits`` and ``cvs`` keyed ``base``, ``pooled``,
-    ``categorical``. ``attrs``: ``pooled_drmse`` (mean, half-width of the paired fold RMSE
-    reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
+    """Ū + L, pooled (γK) and categorical (``fits``, ``cvs`` keyed ``base``, ``pooled``, ``categorical``):
+    in-sample R², GroupKFold R², RMSE, MAPE (mean, 95% t half-width). ``attrs``: ``pooled_drmse`` (paired
+    fold RMSE reduction by γK), ``pooled_drmse_pct``, ``mape_ratio`` (Ū + L over categorical)."""
     rows = []
     for name, key in (("Ū + L", "base"), ("Ū + L + γK (pooled)", "pooled"), ("categorical (Eq. 4)", "categorical")):
         r = {"model": name, "r2": fits[key].rsquared}
@@ -65,8 +56,7 @@ def pooled_standardized(pooled: OLSResults) -> pd.DataFrame:
 
 
 def mape_by_k(mom: CellMoments, oof: dict[str, np.ndarray], per_k: pd.DataFrame) -> pd.DataFrame:
-    """MAPE (%) by K of out-of-fold predictions (``oof`` keyed ``pooled``, ``categorical``) and the per-K
-    fits' own CV MAPE."""
+    """MAPE (%) by K of the out-of-fold predictions ``oof`` beside the per-K fits' own CV MAPE."""
     pooled, cat, within = _by_k(mom, oof["pooled"]), _by_k(mom, oof["categorical"]), per_k.set_index("K")["cv_mape"]
     return pd.DataFrame([{"K": k, "pooled": pooled[k], "categorical": cat[k], "per_k": float(within.loc[k])}
                          for k in pooled])
@@ -78,20 +68,9 @@ def _by_k(mom: CellMoments, pred: np.ndarray) -> dict[int, float]:
     return {int(k): float(ape(mom.y[row_k == k], pred[row_k == k]).mean()) for k in np.unique(row_k)}
 
 
-# ---------------------------------------------------------------------------
-# leave one K out, and other smooth parameterizations of m
-# ---------------------------------------------------------------------------
-
-
 def loko_predictions(mom: CellMoments, design: Design) -> np.ndarray:
     """(N,) prediction of every row by ``design`` fitted on the rounds of all other K."""
-    a = design.matrices(mom)
-    row_k = mom.row_attr("K")
-    out = np.full(mom.n_rows, np.nan)
-    for k, beta in held_out_fits(mom, design, mom.cells["K"].to_numpy(), cross_products(mom, a)):
-        rows = row_k == k
-        out[rows] = predict(mom, design, beta, a, rows)
-    return out
+    return held_out_predictions(mom, design, mom.cells["K"].to_numpy())
 
 
 def loko_table(mom: CellMoments, loko_pred: np.ndarray, per_k: pd.DataFrame) -> pd.DataFrame:
@@ -108,9 +87,8 @@ def _in_m(name: str, fn: Callable[[np.ndarray], np.ndarray]) -> list[Term]:
 
 
 def smooth_designs(hinge_at: int = FIXED_SPLIT) -> dict[str, tuple[str, Design]]:
-    """Smooth parameterizations of β0(m) and α(m) (one shared c), for leave-one-K-out: ``{name:
-    (requirement key, design)}``. linear, quadratic and log m, and a hinge (piecewise linear in m,
-    kink after ``hinge_at``, fixed in advance, not tuned inside the folds)."""
+    """Smooth forms of β0(m) and α(m) (shared c) for leave-one-K-out, ``{name: (requirement key, design)}``:
+    linear, quadratic, log m and a hinge after ``hinge_at`` (fixed in advance, not tuned in the folds)."""
     const, u, ctx = Term("const", "const"), Term("u_bar", "u_bar"), Term("context_len", "context_len")
     forms = {
         "linear m (β0 and α linear in m)": ("smooth_linear", _in_m("m", lambda m: m)),
@@ -124,11 +102,9 @@ def smooth_designs(hinge_at: int = FIXED_SPLIT) -> dict[str, tuple[str, Design]]
 
 def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips
                  ) -> tuple[pd.DataFrame | None, dict[str, np.ndarray]]:
-    """Leave-one-K-out MAPE (%) of each smooth parameterization: the mean over K and the worst K.
-
-    The pooled form (γK) comes first (left out when ``pooled_loko`` is None). Returns the table and
-    the (N,) predictions by form. A form that some leave-one-K-out fit cannot identify is left out and
-    recorded in ``skips``; the table is None when no form is left."""
+    """Leave-one-K-out MAPE (%) of each smooth form (the pooled γK first, when given): the mean over K
+    and the worst K; returns the table (None when no form is left) and the (N,) predictions by form.
+    A form some fit cannot identify is left out and recorded in ``skips``."""
     preds = {POOLED_LOKO_FORM: pooled_loko} if pooled_loko is not None else {}
     for name, (need, d) in smooth_designs().items():
         pred = skips.run("smooth", f"smooth form '{name}'", lambda: loko_predictions(mom, d), REQUIREMENTS[need])
@@ -145,18 +121,11 @@ def smooth_table(mom: CellMoments, pooled_loko: np.ndarray | None, skips: Skips
     return pd.DataFrame(rows).set_index("form"), preds
 
 
-# ---------------------------------------------------------------------------
-# specification ladder
-# ---------------------------------------------------------------------------
-
-
 def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_cat: CVResult | None,
                  skips: Skips) -> tuple[pd.DataFrame, dict[str, tuple[Design, CVResult]]]:
     """Nested specifications plus the categorical form: in-sample R², GroupKFold MAPE (mean, 95% t
-    half-width), RMSE. Returns the table and ``{spec: (design, cv)}``.
-
-    A specification the trace cannot identify (e.g. linear m on a single K) keeps its row with NaN
-    numbers and is recorded in ``skips``; the categorical row has NaN CV numbers when ``cv_cat`` is None."""
+    half-width), RMSE; returns the table and ``{spec: (design, cv)}``. An unidentified specification keeps
+    a row of NaN and is recorded in ``skips``."""
     rows, fitted = [], {}
 
     def row(name: str, r2: float = np.nan, cv: CVResult | None = None) -> None:
@@ -176,19 +145,10 @@ def ladder_table(mom: CellMoments, folds: np.ndarray, cat_fit: OLSResults, cv_ca
     return pd.DataFrame(rows).set_index("spec"), fitted
 
 
-# ---------------------------------------------------------------------------
-# interpolation within a regime vs transfer across the boundary
-# ---------------------------------------------------------------------------
-
-
 def interpolation_table(mom: CellMoments, fits: dict[int, OLSResults], split: int | None) -> pd.DataFrame:
-    """Predict each K's rounds with coefficients taken from other Ks' per-K fits.
-
-    ``interpolate``: the mean of the coefficients of m-1 and m+1 (both present); ``within regime``
-    when all three m lie in one regime (every m when ``split`` is None), ``across boundary`` when
-    the pair straddles it. ``transfer``: the boundary m's predicted with the coefficients of the
-    adjacent m on the other side. Columns: ``K``, ``m``, ``scheme``, ``relation``, ``sources``, ``mape`` (%).
-    """
+    """Each K's rounds predicted with other Ks' per-K coefficients: ``interpolate`` (the mean of m-1's and
+    m+1's; ``within regime`` or ``across boundary``) and ``transfer`` (a boundary m with the adjacent m's on
+    the other side); ``mape`` in %."""
     by_m = {int(f_k) + 1: fit for f_k, fit in fits.items()}
     regime = (lambda m: 0 if split is None or m <= split else 1)
 
@@ -210,19 +170,9 @@ def interpolation_table(mom: CellMoments, fits: dict[int, OLSResults], split: in
     return pd.DataFrame(rows, columns=["K", "m", "scheme", "relation", "sources", "mape"])
 
 
-# ---------------------------------------------------------------------------
-# standard errors clustered by generation and by prompt
-# ---------------------------------------------------------------------------
-
-
 def cluster_sensitivity(mom: CellMoments, fits: Sequence[tuple[str, Design, OLSResults]]) -> pd.DataFrame:
-    """The SEs of each model's coefficients clustered by generation (as reported) and by prompt
-    (one prompt's generations at every K form one cluster: the same question recurs across K).
-
-    ``fits``: ``(model label, design, fit clustered by generation)``. Columns: ``model``, ``term``,
-    ``coef``, ``se_generation``, ``se_prompt``, ``ratio`` (prompt over generation), ``n_generations``,
-    ``n_prompts``. Empty when the rounds carry no ``prompt_id``.
-    """
+    """The SEs of each ``(label, design, fit)`` clustered by generation (as reported) and by prompt (one
+    prompt's generations at every K form one cluster); empty when the rounds carry no ``prompt_id``."""
     cols = ["model", "term", "coef", "se_generation", "se_prompt", "ratio", "n_generations", "n_prompts"]
     if "prompt_id" not in mom.cells.columns:
         return pd.DataFrame(columns=cols)
