@@ -1,10 +1,9 @@
 """Residual diagnostics and the Huber fit of the robustness section, on row-level arrays.
 
-Breusch–Pagan in both versions: the **classic** test (1979, half the explained sum of squares of
-``e²/σ̂²``) assumes normal errors, so heavy tails alone can make it reject; the **studentized** one
-(Koenker 1981, ``n·R²`` of ``e²``) is robust to that, but rare large spikes swamp it. The binned
-residuals come with a clustered Wald test that every bin mean is zero: a shape test, since for a
-regressor of the model the linear slope of OLS residuals is zero by construction.
+Breusch–Pagan in both versions: the **classic** test (1979) assumes normal errors, so heavy tails alone
+can make it reject; the **studentized** one (Koenker 1981) is robust to that, but rare large spikes swamp
+it. The binned residuals come with a clustered Wald test that every bin mean is zero: a shape test,
+since for a regressor of the model the linear slope of OLS residuals is zero by construction.
 """
 
 from __future__ import annotations
@@ -24,11 +23,9 @@ from speclimits.stats._ols import CellMoments, Design, cluster_cov, fit_ols
 
 
 def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
-    """Classic and studentized Breusch–Pagan tests of ``resid`` (N,) on ``exog`` (N, p), whose column
-    space must contain the constant: statsmodels' ``het_breuschpagan`` with ``robust=False`` and ``True``.
-    It wants a constant column, which a categorical design spans without having one (one is added
-    then), and counts columns, so p-values here take df = rank(exog) - 1. Returns ``classic_lm``,
-    ``classic_p``, ``koenker_lm``, ``koenker_p``, ``df`` and ``n``."""
+    """Classic and studentized Breusch–Pagan tests (statsmodels' ``het_breuschpagan``, ``robust`` False and
+    True) of ``resid`` on ``exog``, whose column space contains the constant (a column is added where a
+    categorical design spans it without one); p-values take df = rank(exog) - 1."""
     x = np.asarray(exog, dtype=float)
     df = int(np.linalg.matrix_rank(x)) - 1
     if not (np.ptp(x, axis=0) == 0).any():
@@ -43,12 +40,9 @@ def breusch_pagan(resid: np.ndarray, exog: np.ndarray) -> dict[str, float]:
 
 
 def huber_fit(y: np.ndarray, x: np.ndarray, clusters: np.ndarray, t: float = 1.345) -> dict[str, Any]:
-    """Huber regression of ``y`` (N,) on ``x`` (N, p) by statsmodels RLM (MAD scale, HuberT(t)).
-
-    Returns ``params`` (p,), ``cov_rlm`` (RLM's covariance H1, rows independent), ``cov_cluster``
-    (sandwich clustered by ``clusters``: bread ``Σψ'(u)xx'``, scores ``ψ(u)x``, times the scale²),
-    ``scale``, ``df_t`` (clusters - 1) and ``n``.
-    """
+    """Huber regression by statsmodels RLM (MAD scale, HuberT(t)): ``params``, ``cov_rlm`` (RLM's H1, rows
+    independent), ``cov_cluster`` (sandwich by ``clusters``: bread ``Σψ'(u)xx'``, scores ``ψ(u)x``, times
+    scale²), ``scale``, ``df_t`` (clusters - 1), ``n``."""
     norm = sm.robust.norms.HuberT(t=t)
     rlm = sm.RLM(y, x, M=norm).fit()
     s = float(rlm.scale)
@@ -61,8 +55,7 @@ def huber_fit(y: np.ndarray, x: np.ndarray, clusters: np.ndarray, t: float = 1.3
 
 
 def cluster_mean(values: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
-    """Mean of ``values`` and its SE clustered by ``clusters`` (an intercept-only OLS with
-    statsmodels' cluster correction)."""
+    """Mean and SE clustered by ``clusters`` (intercept-only OLS with statsmodels' correction)."""
     v = np.asarray(values, dtype=float)
     codes, _ = pd.factorize(clusters)
     g = codes.max() + 1
@@ -100,8 +93,7 @@ def bin_means_wald(resid: np.ndarray, bins: np.ndarray, clusters: np.ndarray) ->
 
 
 def binned_residuals(resid: np.ndarray, values: np.ndarray, clusters: np.ndarray, n_bins: int = 10) -> pd.DataFrame:
-    """Mean residual per quantile bin of ``values``: columns ``bin``, ``center`` (mean value), ``mean_resid``,
-    ``se`` (clustered by generation), ``n``, ``n_clusters``."""
+    """Mean residual per quantile bin of ``values`` (``center``: mean value; ``se`` clustered)."""
     v = np.asarray(values, dtype=float)
     b = quantile_bins(v, n_bins)
     rows = []
@@ -115,13 +107,8 @@ def binned_residuals(resid: np.ndarray, values: np.ndarray, clusters: np.ndarray
 
 def trend_test(resid: np.ndarray, values: np.ndarray, cells: pd.DataFrame, name: str,
                n_bins: int = 10) -> dict[str, float]:
-    """OLS slope of the residual on ``values`` with SEs clustered by generation, and the clustered Wald
-    test of the bin means (:func:`bin_means_wald`).
-
-    ``cells``: per row ``generation_id``, ``K``, ``m`` (the cell keys). Returns ``slope`` (ms per unit),
-    ``se``, ``t``, ``p`` (t with generations - 1 df), ``slope_per_sd`` (ms per sd of the variable),
-    ``wald_f``, ``wald_df``, ``wald_p``.
-    """
+    """Clustered OLS slope of the residual on ``values`` (``slope``, ``se``, ``t``, ``p``, ``slope_per_sd``)
+    and :func:`bin_means_wald`; ``cells``: per row ``generation_id``, ``K``, ``m``."""
     df = cells[["generation_id", "K", "m"]].assign(resid=np.asarray(resid, float), **{name: np.asarray(values, float)})
     fit = fit_ols(CellMoments.from_rounds(df, response="resid", base=(name,)), Design.linear(name))
     slope, se = float(fit.params[name]), float(fit.bse[name])

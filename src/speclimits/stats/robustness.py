@@ -1,11 +1,7 @@
-"""Robustness of the per-K fit ``T_T ~ Ū + L`` on one K (the paper used K = 8).
-
-Re-estimations of α and c: a cluster bootstrap over generations (the full-sample estimate with
-the bootstrap percentile interval), Huber M-estimation (RLM's unclustered interval and a
-generation-clustered sandwich), 1% trimming by |residual|, separate fits on the two halves of
-the run **in run order** (see :func:`run_order`), leave-one-category-out; c across the per-K
-fits; binned mean residuals with clustered SEs and a trend test per variable; both Breusch–Pagan
-tests at this K and pooled over every K (the final categorical model's residuals); corr(Ū, L).
+"""Robustness of the per-K fit ``T_T ~ Ū + L`` on one K (the paper used K = 8): α and c re-estimated by
+a cluster bootstrap, Huber M-estimation, 1% trimming, the two halves of the run **in run order** and
+leave-one-category-out; c across the per-K fits; binned residuals with trend tests; both Breusch–Pagan
+tests at this K and pooled (the categorical model's residuals); corr(Ū, L).
 """
 
 from __future__ import annotations
@@ -30,17 +26,11 @@ BIN_VARS = ("context_len", "kv_usage", "round")
 
 @dataclass(frozen=True)
 class RobustnessResults:
-    """Robustness checks on one K.
-
-    ``estimates``: one row per method/refit (``method``, ``variant``, ``n``, ``alpha``, ``c`` and their
-    95% ``_lower``/``_upper``; ``interval`` says how the interval was made). ``ranges``: min–max of α
-    (ms/expert) and c (1e-3 ms/token) over the estimates, and of c across the per-K fits.
-    ``boot``: (n_boot, 3) bootstrap estimates. ``c_by_k``: c of the per-K fits (all K >= 1).
-    ``bins``: mean residual by decile of ``context_len``, ``kv_usage``, ``round`` with clustered SEs;
-    ``trends``: per variable the clustered slope of the residual on it. ``breusch_pagan``: one row
-    per (``scope``: this K / pooled, ``version``: classic / studentized) with ``lm``, ``df``, ``p``, ``n``.
-    ``corr_u_l``: on this K and pooled. ``loo_by``: what leave-one-out removed. ``halves``: how the
-    run was ordered (``order_by``) and the categories in each half.
+    """Robustness checks on one K. ``estimates``: one row per method/refit (``alpha``, ``c`` with 95%
+    ``_lower``/``_upper``; ``interval`` says how it was made); ``ranges``: min–max of α and c (1e-3) over
+    them and of c across the per-K fits (``c_by_k``); ``boot``: bootstrap estimates; ``bins``/``trends``:
+    binned residuals and clustered slopes; ``breusch_pagan``: per scope and version; ``halves``: the run
+    order used and the categories in each half.
     """
 
     k: int
@@ -104,9 +94,8 @@ CLUSTERED_T = "t, SE clustered by generation"
 
 
 def _refit_row(method: str, variant: str, mom: CellMoments) -> dict[str, Any]:
-    """A refit on a subset (a run half, one category left out, the trimmed rounds) as one row; where the
-    subset does not identify the fit (Ū or L constant in it: a thin trace), a row of NaN whose variant
-    says why, instead of an error that would lose every other check."""
+    """A refit on a subset as one row; where the subset does not identify the fit (a thin trace), a row of
+    NaN whose variant says why, instead of an error that would lose every other check."""
     try:
         return _row(method, variant, CLUSTERED_T, fit_ols(mom, BASE_DESIGN))
     except SpeclimitsError as exc:
@@ -114,9 +103,8 @@ def _refit_row(method: str, variant: str, mom: CellMoments) -> dict[str, Any]:
 
 
 def run_order(dk: pd.DataFrame) -> tuple[pd.Series, str]:
-    """The generations of ``dk`` in the order they ran: by the engine step of their first round when
-    the trace records ``step`` (a measured sweep), else by ``generation_id`` (the order the sweep or
-    the simulator produced them). Returns (generation ids in run order, description of the key)."""
+    """(generation ids in the order they ran, description of the key): by the engine step of their first
+    round when the trace records ``step``, else by ``generation_id``."""
     if "step" in dk.columns:
         first = dk.groupby("generation_id")["step"].min().sort_values(kind="stable")
         return pd.Series(first.index), "engine step of each generation's first round (run order)"
@@ -132,8 +120,7 @@ def _bootstrap_row(mom: CellMoments, base: OLSResults, n_boot: int, seed: int) -
     return row, boot
 
 
-def _huber_rows(dk: pd.DataFrame) -> list[dict]:
-    x = np.column_stack([np.ones(len(dk)), dk["u_bar"].to_numpy(float), dk["context_len"].to_numpy(float)])
+def _huber_rows(dk: pd.DataFrame, x: np.ndarray) -> list[dict]:
     h = diag.huber_fit(dk["t_target_ms"].to_numpy(float), x, dk["generation_id"].to_numpy())
     rows = []
     for label, cov, q in (("RLM covariance, not clustered", h["cov_rlm"], sps.norm.ppf(0.975)),
@@ -173,8 +160,7 @@ def _leave_one_out_rows(mom: CellMoments, n_blocks: int) -> tuple[list[dict], st
 
 
 def context_slope_by_k(mom: CellMoments) -> pd.DataFrame:
-    """c of the per-K fits ``T_T ~ Ū + L`` (generation-clustered SEs): columns ``K``, ``c``, ``c_se``, one
-    row per K of ``mom`` that identifies the fit (a K whose Ū or L does not vary is left out)."""
+    """``K``, ``c``, ``c_se`` of the per-K fits ``T_T ~ Ū + L``, for every K of ``mom`` that identifies one."""
     rows = []
     for k in sorted(int(v) for v in mom.cells["K"].unique()):
         try:
@@ -196,10 +182,8 @@ def _residual_checks(dk: pd.DataFrame, resid: np.ndarray, n_bins: int) -> tuple[
     return pd.concat(bins, ignore_index=True)[cols], pd.DataFrame(trends)
 
 
-def _bp_table(dk: pd.DataFrame, resid: np.ndarray, all_mom: CellMoments, k: int) -> pd.DataFrame:
-    """Both Breusch–Pagan versions at this K (regressors const, Ū, L) and pooled over every K (the
-    joint categorical model's residuals, its design columns as regressors)."""
-    x = np.column_stack([np.ones(len(dk)), dk["u_bar"].to_numpy(float), dk["context_len"].to_numpy(float)])
+def _bp_table(x: np.ndarray, resid: np.ndarray, all_mom: CellMoments, k: int) -> pd.DataFrame:
+    """Both Breusch–Pagan versions at this K (``x``: const, Ū, L) and pooled over every K (the categorical model)."""
     joint = fit_joint(all_mom)
     x_all = joint.design.rows(all_mom)
     resid_all = all_mom.y - predict(all_mom, joint.design, joint.params)
@@ -213,9 +197,8 @@ def _bp_table(dk: pd.DataFrame, resid: np.ndarray, all_mom: CellMoments, k: int)
 
 
 def robust_k(rounds: pd.DataFrame, k: int = 8) -> tuple[int, str | None]:
-    """The K the robustness checks run on: ``k`` when the trace has decode rounds at it, else the
-    largest K > 0 it has (the closest to the paper's long drafts), with one sentence saying why.
-    Raises where the trace has no decode rounds with K > 0."""
+    """The K the checks run on: ``k`` when the trace has decode rounds at it, else its largest K > 0, with
+    one sentence saying why; raises where there are no decode rounds with K > 0."""
     dec, _ = decode_rounds(rounds, timing="target")
     present = sorted(int(v) for v in dec["K"].unique() if v >= 1)
     if not present:
@@ -229,11 +212,8 @@ def robust_k(rounds: pd.DataFrame, k: int = 8) -> tuple[int, str | None]:
 
 def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed: int = 0, n_bins: int = 10,
                       trim: float = 0.01, n_blocks: int = 14) -> RobustnessResults:
-    """Run the robustness checks on the decode rounds of budget ``k``.
-
-    Leave-one-out uses the ``category`` column when the rounds have one with at least two values,
-    otherwise ``n_blocks`` consecutive blocks of generations (by ``generation_id``).
-    """
+    """Run the robustness checks on the decode rounds of budget ``k``; leave-one-out by ``category`` (two
+    values or more), else by ``n_blocks`` consecutive blocks of generations."""
     dec, report = decode_rounds(rounds, timing="target")
     if k not in set(dec["K"].unique().tolist()):
         raise SpeclimitsError(f"no decode rounds with K = {k} in the trace (K present: {sorted(dec['K'].unique())})")
@@ -241,11 +221,12 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     mom = CellMoments.from_rounds(dk)
     base = fit_ols(mom, BASE_DESIGN)
     boot_row, boot = _bootstrap_row(mom, base, n_boot, seed)
-    resid = dk["t_target_ms"].to_numpy(float) - predict(mom, BASE_DESIGN, base.params)  # moments keep dk's row order
+    x = BASE_DESIGN.rows(mom)  # const, Ū, L; the moments keep dk's row order
+    resid = dk["t_target_ms"].to_numpy(float) - predict(mom, BASE_DESIGN, base.params)
     keep = np.abs(resid) <= np.quantile(np.abs(resid), 1 - trim)
     halves, halves_info = _halves_rows(dk, mom)
     loo, loo_by = _leave_one_out_rows(mom, n_blocks)
-    rows = [_row("OLS (clustered SE)", "all rounds", CLUSTERED_T, base), boot_row, *_huber_rows(dk),
+    rows = [_row("OLS (clustered SE)", "all rounds", CLUSTERED_T, base), boot_row, *_huber_rows(dk, x),
             _refit_row("trimmed", f"{100 * trim:g}% largest |residual| dropped", CellMoments.from_rounds(dk.loc[keep])),
             *halves, *loo]
 
@@ -255,4 +236,4 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     corr = {"k": float(np.corrcoef(dk["u_bar"], dk["context_len"])[0, 1]),
             "pooled": float(np.corrcoef(all_mom.column("u_bar"), all_mom.column("context_len"))[0, 1])}
     return RobustnessResults(k, base, pd.DataFrame(rows), boot, c_by_k, bins, trends,
-                             _bp_table(dk, resid, all_mom, k), corr, loo_by, halves_info, report)
+                             _bp_table(x, resid, all_mom, k), corr, loo_by, halves_info, report)
