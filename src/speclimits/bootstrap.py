@@ -1,12 +1,10 @@
-"""The cluster bootstrap every section uses: resample whole clusters (generations, responses,
-reference sequences) with replacement, and read percentile intervals off the replicates.
+"""The cluster bootstrap every section uses: resample whole clusters with replacement and read
+percentile intervals off the replicates.
 
-A replicate is a vector of draw counts over the ``C`` clusters (it sums to ``C``): cluster ``g``
-is drawn ``w_g`` times. Statistics that are sums over clusters then need no resampled copy of
-the data: with per-cluster sums in a (C, J) matrix ``S`` and the counts in a (B, C) matrix ``W``,
-the replicate sums are ``W @ S`` (used for OLS cross-products, shares and means). Statistics
-that are not sums (a line search, a re-solve) take :func:`resample_indices` instead, drawn from
-the same counts so that both views of one seed agree.
+A replicate is a vector of draw counts over the ``C`` clusters (summing to ``C``), so a statistic that
+is a sum over clusters needs no resampled copy of the data: replicate sums are ``W @ S`` for counts ``W``
+(B, C) and per-cluster sums ``S`` (C, J). Statistics that are not sums take :func:`resample_indices`,
+drawn from the same counts so that both views of one seed agree.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ HEADLINE_N_BOOT = 199
 
 
 def draw_counts(n_clusters: int, n_boot: int, seed: int | np.random.Generator = 0) -> np.ndarray:
-    """(n_boot, n_clusters) float draw counts; each row sums to ``n_clusters``.
-
-    ``seed`` is an integer seed or a ``numpy.random.Generator`` (consumed in place).
-    """
+    """(n_boot, n_clusters) float draw counts; ``seed``: an int or a ``Generator`` (consumed in place)."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     if n_clusters == 0:
         return np.zeros((n_boot, 0))
@@ -30,8 +25,7 @@ def draw_counts(n_clusters: int, n_boot: int, seed: int | np.random.Generator = 
 
 
 def draw_indices(n: int, n_boot: int, seed: int | np.random.Generator = 0) -> np.ndarray:
-    """(n_boot, n) indices of ``n`` paired units drawn with replacement, uniformly: the replicates of a
-    statistic that is not a sum (a mean of log ratios over paired benchmark blocks, read row by row)."""
+    """(n_boot, n) indices of ``n`` paired units drawn uniformly with replacement."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     return rng.integers(0, n, size=(n_boot, n))
 
@@ -56,9 +50,8 @@ def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> tuple[fl
 
 def geometric_mean_ratio(num: np.ndarray, den: np.ndarray, n_boot: int = 2000, seed: int | np.random.Generator = 0
                          ) -> tuple[float, float, float]:
-    """``(estimate, lo, hi)``: the geometric mean of ``num / den`` over paired units (benchmark blocks, repeats)
-    and its 95% percentile bootstrap interval, units drawn with replacement (:func:`draw_indices`); pairs with a
-    non-finite log ratio are left out; NaN where no pair is left, and no interval with fewer than two."""
+    """``(estimate, lo, hi)``: the geometric mean of ``num / den`` over paired units and its 95% percentile
+    bootstrap interval; non-finite log ratios left out (NaN: no pair left; no interval below two)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         lr = np.log(np.asarray(num, dtype=float)) - np.log(np.asarray(den, dtype=float))
     lr = lr[np.isfinite(lr)]
@@ -73,11 +66,8 @@ def geometric_mean_ratio(num: np.ndarray, den: np.ndarray, n_boot: int = 2000, s
 
 def ratio_bootstrap(num: np.ndarray, den: np.ndarray, n_boot: int, seed: int | np.random.Generator = 0,
                     level: float = 0.95):
-    """Estimate and percentile interval of ``sum(num) / sum(den)``, clusters as the resampling unit.
-
-    ``num`` and ``den`` are (C,) per-cluster sums (or (C, J): then J ratios are returned as arrays,
-    all from the same replicates). Returns ``(estimate, lo, hi)``.
-    """
+    """``(estimate, lo, hi)`` of ``sum(num) / sum(den)`` over clusters from (C,) per-cluster sums (or (C, J):
+    J ratios as arrays, from the same replicates)."""
     num = np.asarray(num, dtype=float)
     den = np.asarray(den, dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):

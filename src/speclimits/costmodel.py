@@ -47,8 +47,8 @@ def _by_m(values: Mapping[int, float], m: np.ndarray) -> np.ndarray:
 
 
 def _write(path: str | Path, data: dict[str, Any], *checks: tuple[str, Mapping[str, float]]) -> Path:
-    """Write ``data`` as strict JSON after ``checks`` ``(what, {name: coefficient})``: a non-finite
-    coefficient raises :class:`CostModelError` instead of writing a file that ``read`` would refuse."""
+    """Write ``data`` as strict JSON; a non-finite coefficient of ``checks`` ``(what, {name: value})``
+    raises :class:`CostModelError` instead of writing a file that ``read`` would refuse."""
     for what, values in checks:
         bad = [name for name, v in values.items() if not np.isfinite(v)]
         if bad:
@@ -61,16 +61,8 @@ def _write(path: str | Path, data: dict[str, Any], *checks: tuple[str, Mapping[s
 
 @dataclass(frozen=True)
 class CostModel:
-    """Round-cost model.
-
-    Attributes
-    ----------
-    c : ms per context token (shared across m).
-    beta0 : ``{m: intercept in ms}``.
-    alpha : ``{m: ms per unique expert}``.
-    a, b : draft time ``a * k + b`` in ms.
-    source : free text: where the numbers came from (fit on which trace, planted truth, hand edit).
-    """
+    """Round-cost model: ``c`` ms per context token (shared across m), ``beta0`` ``{m: ms}``, ``alpha``
+    ``{m: ms per unique expert}``, draft time ``a * k + b`` ms; ``source``: where the numbers came from."""
 
     c: float
     beta0: Mapping[int, float]
@@ -80,7 +72,6 @@ class CostModel:
     source: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
-    # -- construction -----------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "cost model") -> "CostModel":
         """Build from the JSON structure; errors name the missing or bad field."""
@@ -142,7 +133,6 @@ class CostModel:
         """The same model with every ``alpha(m)`` multiplied by ``scale`` (0 = the α = 0 ablation)."""
         return replace(self, alpha={m: v * scale for m, v in self.alpha.items()})
 
-    # -- evaluation -------------------------------------------------------
     @property
     def ms(self) -> list[int]:
         """The m values the model covers, sorted."""
@@ -170,9 +160,7 @@ class CostModel:
         return np.where(k_arr > 0, self.a * k_arr + self.b, 0.0)
 
     def round_ms(self, k: Any, u_bar: Any, context_len: Any) -> np.ndarray:
-        """Cost of a speculative round (ms) that drafts ``k`` tokens and verifies ``m = k + 1`` rows:
-        ``draft_ms(k) + target_ms(k + 1, u_bar, context_len)`` (arrays broadcast). ``k = 0`` is a
-        plain autoregressive step (no draft cost, m = 1)."""
+        """Cost (ms) of a round drafting ``k`` tokens and verifying ``m = k + 1`` rows (k = 0: a plain step)."""
         k_arr = np.asarray(k, dtype=np.int64)
         return self.draft_ms(k_arr) + self.target_ms(k_arr + 1, u_bar, context_len)
 
@@ -186,19 +174,17 @@ class CostModel:
         return beta0, alpha
 
     def action_terms(self, k_max: int) -> tuple[np.ndarray, np.ndarray]:
-        """The round cost of action k = 0..k_max as a line in Ū and L, for vectorised solvers:
-        ``round_ms(k, u, L) = fixed[k] + slope[k] * u + c * L`` with ``fixed[k] = draft_ms(k) +
-        beta0(k + 1)`` and ``slope[k] = alpha(k + 1)`` (NaN where the model has no m = k + 1)."""
+        """The round cost of k = 0..k_max as a line, ``round_ms(k, u, L) = fixed[k] + slope[k] * u + c * L``
+        (``fixed[k] = draft_ms(k) + beta0(k + 1)``, ``slope[k] = alpha(k + 1)``; NaN where m = k + 1 is absent)."""
         beta0, alpha = self.coefficients_by_m(k_max + 1)
         ks = np.arange(k_max + 1)
         return self.draft_ms(ks) + beta0[ks + 1], alpha[ks + 1]
 
     def round_prices(self, k_max: int, u_bar: Any, context_len: Any = None,
                      terms: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """The price of a round of k = 0..k_max, :meth:`round_ms` in its line form: ``fixed[k] + slope[k] ·
-        u_bar[..., k]`` (+ ``c · context_len[...]`` when given), ``u_bar`` (..., k_max + 1) the Ū of each
-        action's window of m = k + 1 rows. The one formula the Oracle, the policies, their fit, the profiled
-        prices and the offline replay price a round with. ``terms``: :meth:`action_terms`, computed once."""
+        """:meth:`round_ms` of k = 0..k_max in its line form, ``fixed[k] + slope[k] · u_bar[..., k]`` (+ ``c ·
+        context_len[...]`` when given): the one formula every solver and policy prices a round with.
+        ``terms``: :meth:`action_terms`, computed once."""
         fixed, slope = self.action_terms(k_max) if terms is None else terms
         out = np.array(u_bar, dtype=float)
         out *= slope
@@ -208,57 +194,37 @@ class CostModel:
         return out
 
     def mean_round_prices(self, k_max: int, u_bar_by_m: Any) -> np.ndarray:
-        """(k_max + 1,) the price of a round of k = 0..k_max without the context term, at a Ū per m
-        (``u_bar_by_m[m]``, m = 1..k_max + 1; e.g. the policy fit's mean Ū per m): what the controller
-        prices a request's round at (NaN where the model has no m = k + 1)."""
+        """(k_max + 1,) round prices without the context term at a Ū per m (``u_bar_by_m[m]``): what the
+        controller prices a request's round at."""
         u = np.asarray(u_bar_by_m, dtype=float)
         return self.round_prices(k_max, u[np.arange(1, k_max + 2)])
 
 
-# ---------------------------------------------------------------------------
-# Batch > 1: requests that share one verification pass
-# ---------------------------------------------------------------------------
-
-
 def union_unique(u: Any, n_experts: int, axis: int = -1) -> np.ndarray:
-    """Unique experts per layer of a pass whose requests route independently.
-
-    ``u`` holds each request's own unique-expert count (per layer, or its mean over layers) along
-    ``axis``; with E = ``n_experts`` experts a request that touches u of them misses a given expert
-    with probability 1 - u/E, so the pass touches ``E * (1 - prod_i (1 - u_i / E))``. One request
-    gives back its own u; the union never exceeds E or the sum of the u_i.
-    """
+    """Unique experts per layer of a pass whose requests (their own counts ``u`` along ``axis``) route
+    independently: ``E * (1 - prod_i (1 - u_i / E))``."""
     frac = np.clip(np.asarray(u, dtype=float) / float(n_experts), 0.0, 1.0)
     return float(n_experts) * (1.0 - np.prod(1.0 - frac, axis=axis))
 
 
 def saturation_curve(n_tokens: Any, n_experts: int, top_k: int) -> np.ndarray:
-    """Expected unique experts per layer when ``n_tokens`` tokens each route to ``top_k`` distinct
-    experts of ``n_experts``, uniformly and independently: ``E * (1 - (1 - k/E) ** n)``. The knee
-    sits near E / k tokens; an MoE's real routing is skewed, so a measured pass touches fewer."""
+    """Expected unique experts per layer when ``n_tokens`` tokens each route uniformly to ``top_k`` of
+    ``n_experts``: ``E * (1 - (1 - k/E) ** n)`` (real routing is skewed, so a measured pass touches fewer)."""
     n = np.asarray(n_tokens, dtype=float)
     return float(n_experts) * (1.0 - (1.0 - float(top_k) / float(n_experts)) ** n)
 
 
 @dataclass(frozen=True)
 class BatchCostModel:
-    """Step cost when ``n`` requests share one engine step (one verification pass, one drafter call).
-
-    Every request of a step verifies ``m = k + 1`` rows (vLLM drafts the same k for all). With Ū
-    the unique experts per layer of the *whole step* and ``L_total`` the summed context::
+    """Step cost when ``n`` requests share one engine step, each verifying ``m = k + 1`` rows, with Ū the
+    unique experts per layer of the *whole step* and ``L_total`` the summed context::
 
         target(n, m, Ū, L_total) = beta0(m) + gamma(m) * (n - 1) + alpha(m) * Ū + c * L_total
         draft(n, k)              = a * k + b + (n - 1) * (a_req * k + b_req)     (0 when k = 0)
 
-    At n = 1 this is exactly the batch-1 model ``base`` (:class:`CostModel`). JSON: the batch-1
-    format with one more section, so that a batch cost model is also a valid batch-1 one::
-
-        {"target": ..., "draft": ..., "source": ...,
-         "batch": {"n_experts": 32, "top_k": 4,
-                   "by_m": {"1": {"gamma": 0.9}, ...},
-                   "draft": {"a_req": 0.05, "b_req": 0.1}, ...}}
-
-    Other keys of ``"batch"`` (intervals, the fit's diagnostics) are kept in ``extra``.
+    At n = 1 this is the batch-1 model ``base``. JSON: the batch-1 format plus a ``"batch"`` section
+    (``n_experts``, ``top_k``, ``by_m.<m>.gamma``, ``draft.a_req``/``b_req``; other keys kept in ``extra``),
+    so a batch cost model is also a valid batch-1 one.
     """
 
     base: CostModel
@@ -328,10 +294,8 @@ class BatchCostModel:
         return np.where(k_arr > 0, self.base.a * k_arr + self.base.b + extra, 0.0)
 
     def step_terms(self, k_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-        """:meth:`step_ms` as a line for vectorised solvers (the batch counterpart of
-        :meth:`CostModel.action_terms`): ``(fixed, per_req, alpha, c)`` indexed by k = 0..k_max with
-        ``step_ms(n, k, Ū, L) = fixed[k] + (n - 1) per_req[k] + alpha[k] Ū + c L``, ``fixed = draft(1, k) +
-        beta0(k + 1)``, ``per_req = gamma(k + 1) + [k > 0](a_req k + b_req)``; NaN where there is no m = k + 1."""
+        """:meth:`step_ms` as a line (the batch :meth:`CostModel.action_terms`): ``(fixed, per_req, alpha, c)``
+        by k = 0..k_max, ``step_ms = fixed[k] + (n - 1) per_req[k] + alpha[k] Ū + c L`` (NaN: no m = k + 1)."""
         ks = np.arange(k_max + 1)
         fixed, alpha = self.base.action_terms(k_max)
         gamma = np.array([self.gamma.get(int(k) + 1, np.nan) for k in ks])
@@ -340,8 +304,7 @@ class BatchCostModel:
 
     def step_prices(self, n: Any, k: Any, u_step: Any, context_total: Any,
                     terms: tuple[np.ndarray, np.ndarray, np.ndarray, float]) -> np.ndarray:
-        """:meth:`step_ms` from :meth:`step_terms` (``terms``, computed once for ``k_max``): the price of a step
-        of ``n`` requests drafting ``k`` each, for arrays of integer ``k`` (the Oracle's batch solvers)."""
+        """:meth:`step_ms` from :meth:`step_terms` for arrays of integer ``k`` (the Oracle's batch solvers)."""
         fixed, per_req, alpha, c = terms
         return fixed[k] + (n - 1.0) * per_req[k] + alpha[k] * u_step + c * context_total
 

@@ -23,34 +23,27 @@ from speclimits.errors import SpeclimitsError
 from speclimits.models.twin import file_sha256
 
 
-def target_record(target: Path) -> dict[str, Any]:
-    """How a target folder was made: its twin recipe (``twin.json``) or, for a trained model, the hash
-    of its weights and its expert width."""
+def record(trace: Path, target: Path, command: str) -> dict[str, Any]:
+    """Add ``regime`` to ``trace``'s meta.json and return it: how the target was made (its twin recipe, or
+    a trained model's weights hash), its expert width, its routed experts over the trace CPU's
+    last-level cache, the command and the load average."""
     import json
 
-    from speclimits.models.twin import read_recipe
+    from speclimits.machine import cache_ratio
+    from speclimits.models.twin import DTYPE_BYTES, read_recipe
+    from speclimits.trace import read_meta, write_meta
 
+    meta = read_meta(trace)
     target = Path(target)
     recipe = read_recipe(target)
     config = json.loads((target / "config.json").read_text())
     width = config.get("moe_intermediate_size", config.get("intermediate_size"))
     if recipe is not None:
-        return {"regime_target": "memory-bound twin", "expert_width": width, "twin": recipe}
-    weights = sorted(target.glob("*.safetensors"))
-    return {"regime_target": "trained target", "expert_width": width,
-            "weights_sha256": file_sha256(weights[0]) if weights else None}
-
-
-def record(trace: Path, target: Path, command: str) -> dict[str, Any]:
-    """Add ``regime`` (target recipe, its routed experts over the trace CPU's last-level cache, command,
-    load average) to ``trace``'s meta.json; returns it."""
-    from speclimits.trace import read_meta, write_meta
-
-    from speclimits.machine import cache_ratio
-    from speclimits.models.twin import DTYPE_BYTES
-
-    meta = read_meta(trace)
-    made = target_record(target)
+        made = {"regime_target": "memory-bound twin", "expert_width": width, "twin": recipe}
+    else:
+        weights = sorted(target.glob("*.safetensors"))
+        made = {"regime_target": "trained target", "expert_width": width,
+                "weights_sha256": file_sha256(weights[0]) if weights else None}
     params = (made.get("twin") or {}).get("experts_params_total")
     ratio = cache_ratio(params * DTYPE_BYTES.get(str(meta.get("dtype")), 4), meta.get("cpu")) if params else None
     llc = {"experts_over_llc": round(ratio, 2)} if ratio else {}
@@ -68,10 +61,8 @@ def decode_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def designed_alpha(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
-    """α(m), β0(m) with ``level`` intervals from a designed-experiment trace's ``rounds`` table
-    (columns ``m``, ``u_bar``, ``t_target_ms``, ``phase``): per m, OLS of T_T on the planted Ū with
-    HC3 standard errors (:func:`speclimits.planted.fit_expert_cost`). One row per m; m = 1 has a
-    single Ū (= top_k), so its α is not identified (NaN, with a note)."""
+    """α(m), β0(m) with ``level`` intervals from a designed-experiment trace's rounds: per m, OLS of T_T
+    on the planted Ū, HC3 SEs (:func:`speclimits.planted.fit_expert_cost`; m = 1: α NaN, with a note)."""
     from speclimits.planted import fit_expert_cost
 
     d = decode_rounds(rounds)
@@ -95,8 +86,6 @@ def pooled_alpha(fit: pd.DataFrame, m_min: int = 5) -> dict[str, float]:
     return {"alpha": a, "lo": a - 1.96 * se, "hi": a + 1.96 * se, "m_min": m_min}
 
 
-# -- the designed experiments of every width, and the share of a pass they explain ---------------
-
 def designed_traces() -> dict[int, Path]:
     """The designed-experiment traces of ``data/traces``, by expert width: folders named ``designed-w<width>``."""
     from speclimits.paths import TRACES_DIR
@@ -119,11 +108,9 @@ def designed_fits(traces: dict[int, Path]) -> pd.DataFrame:
 
 
 def share_by_width(fits: pd.DataFrame, natural_u: pd.Series, m_values: tuple[int, ...] = (2, 5, 9, 11)) -> pd.DataFrame:
-    """For every width and m: the designed line's pass time at the *natural* Ū of m and the share of it
-    that the expert term explains, ``α(m)·Ū / (β0(m) + α(m)·Ū)``.
-
-    ``natural_u``: mean Ū by m of the target's own routing (one series serves every width: the twin
-    routes exactly as its source)."""
+    """Per width and m: the designed line's pass time at the *natural* Ū of m (``natural_u``: mean Ū by m
+    of the target's own routing; the twin routes as its source) and its expert share
+    ``α(m)·Ū / (β0(m) + α(m)·Ū)``."""
     f = fits[fits["m"].isin(m_values) & np.isfinite(fits["alpha"])].copy()
     f["u_natural"] = f["m"].map(natural_u)
     f["expert_ms"] = f["alpha"] * f["u_natural"]
@@ -133,9 +120,8 @@ def share_by_width(fits: pd.DataFrame, natural_u: pd.Series, m_values: tuple[int
 
 
 def regression_alpha(rounds: pd.DataFrame) -> pd.DataFrame:
-    """The observational α(m) of the joint categorical model (Eq. 4 with a shared c), one row per m:
-    ``m``, ``alpha``, ``alpha_lo``, ``alpha_hi`` (95%, generation-clustered) and ``identified``: the
-    regression beside the experiment."""
+    """The observational α(m) of the joint categorical model (Eq. 4): per m ``alpha`` with a 95%
+    generation-clustered interval and ``identified``."""
     from speclimits.stats import CellMoments, fit_joint
 
     dec = decode_rounds(rounds)
@@ -146,17 +132,12 @@ def regression_alpha(rounds: pd.DataFrame) -> pd.DataFrame:
                          "identified": b["identified"]}).reset_index(drop=True)
 
 
-# -- the context slope c: flat in m on the paper's GPU, growing with m on this CPU -------------------
-
 @dataclass(frozen=True)
 class ContextSlope:
-    """The context coefficient c of ``T_T = β0 + α·Ū + c·L`` fitted per K, and whether it depends on m.
-
-    ``by_k``: one row per K ≥ 1 (``K``, ``m`` = K + 1, ``c``, ``c_se``: generation-clustered, ms/token;
-    ``c_line``: the weighted line's value at m). ``flat``: the inverse-variance mean c and the
-    homogeneity test of the per-K c around it (``q``, ``df``, ``p``). ``line``: weighted least squares
-    of c on m (``c0``, ``c1`` and SEs; ``q``, ``df``, ``p``: the residual test). ``spread``: max/min of
-    the per-K c; ``spread_line``: of c over the line."""
+    """The context coefficient c of ``T_T = β0 + α·Ū + c·L`` per K and whether it depends on m: ``by_k``
+    (``K``, ``m``, ``c``, ``c_se`` in ms/token, ``c_line``), ``flat`` (inverse-variance mean and its
+    homogeneity test ``q``, ``df``, ``p``), ``line`` (:func:`slope_line`), ``spread`` (max/min of c) and
+    ``spread_line`` (of c over the line)."""
 
     by_k: pd.DataFrame
     flat: dict[str, float]
@@ -166,11 +147,9 @@ class ContextSlope:
 
 
 def context_slope(rounds: pd.DataFrame) -> ContextSlope:
-    """Per-K fits of ``T_T ~ Ū + L`` (OLS, SEs clustered by generation) and two descriptions of how c
-    moves across K: one constant (the paper's model; its c spans 1.098–1.107 × 10⁻³ ms/token over K on
-    an A100) and a line in m. A pass's only work that grows with the context is attention; where
-    the line's slope is positive, attention costs per query row (m rows × L keys), as on a CPU,
-    rather than one read of the KV cache shared by the rows, as on the paper's GPU."""
+    """Per-K fits of ``T_T ~ Ū + L`` and two descriptions of c across K: one constant (the paper's model)
+    and a line in m. A positive slope means attention costs per query row (m rows × L keys), as on a
+    CPU, rather than one shared read of the KV cache, as on the paper's GPU."""
     from scipy import stats as sps
 
     from speclimits.stats import CellMoments
@@ -180,7 +159,6 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     dec = dec[dec["K"] >= 1]
     if dec.empty:
         raise SpeclimitsError("the context slope needs decode rounds with K >= 1")
-    # the per-K fits of section 5 ("c across the per-K fits")
     by_k = context_slope_by_k(CellMoments.from_rounds(dec, base=("u_bar", "context_len")))
     by_k["m"] = by_k["K"] + 1
     by_k["context_max"] = by_k["K"].map(dec.groupby("K")["context_len"].max()).astype(int)
@@ -198,8 +176,6 @@ def context_slope(rounds: pd.DataFrame) -> ContextSlope:
     return ContextSlope(by_k, flat, line, float(c.max() / c.min()), float(ratio.max() / ratio.min()))
 
 
-# -- the designed experiment on the context cost: planted context lengths at fixed m -----------------
-
 #: context lengths planted by :func:`planted_context_prompts` (tokens; the long-context prompts reach ~1,400)
 CONTEXT_GRID = (64, 448, 832, 1216)
 
@@ -207,12 +183,9 @@ CONTEXT_GRID = (64, 448, 832, 1216)
 def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRID, n_sources: int = 12,
                             seed: int = 0) -> list[dict[str, Any]]:
     """Prompts of planted lengths for the context-cost experiment: the first ``length`` token ids of
-    each of ``n_sources`` prompts spread over ``source`` (a token-id prompt file such as
-    ``data/prompts/long-context.jsonl``). Each source is a **block**: its lengths run one after the
-    other, in a seeded random order, so that the machine's drift (on a shared host it moves a pass by
-    several ms over a minute) is nearly constant within a block and :func:`designed_context` can
-    remove it with one intercept per block. Ids read ``<source>-L<length>``. Raises when a source is
-    shorter than the longest length."""
+    ``n_sources`` prompts spread over ``source``. Each source is a **block** whose lengths run back to
+    back in a seeded order, so the machine's drift is nearly constant within it and
+    :func:`designed_context` removes it with one intercept per block. Ids read ``<source>-L<length>``."""
     from speclimits.trace.prompts import read_prompts
 
     sources = [p for p in read_prompts(source) if p.token_ids is not None]
@@ -232,13 +205,9 @@ def planted_context_prompts(source: Path, lengths: tuple[int, ...] = CONTEXT_GRI
 
 def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """c(m) from the context experiment's trace: per m, OLS of T_T on the context length and the planted
-    Ū, one row per m with ``c``, ``c_lo``, ``c_hi`` (ms per context token), ``n``, ``generations`` and
-    the context range. Both regressors are set by design: the length by the prompt, Ū by the planted
-    routing, drawn independently of it. Where every ``prompt_id`` names a block (``<source>-L<length>``, as
-    :func:`planted_context_prompts` writes them) each block gets its own intercept, so c is read within
-    blocks, away from the machine's drift. Standard errors are clustered by generation: the rounds of
-    one generation share its length and the machine's state while it ran, so the generations, not
-    the rounds, are the replicates."""
+    Ū (both set by design), ``c``, ``c_lo``, ``c_hi`` in ms per token. Where every ``prompt_id`` names a
+    block (:func:`planted_context_prompts`) each block gets its own intercept, removing the drift. SEs
+    are clustered by generation (its rounds share its length and the machine's state)."""
     import statsmodels.api as sm
 
     d = decode_rounds(rounds)
@@ -262,9 +231,8 @@ def designed_context(rounds: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
 
 
 def slope_line(by_m: pd.DataFrame) -> dict[str, float]:
-    """Weighted least squares of ``c`` on ``m`` (weights 1/c_se²): ``c0``, ``c1`` with SEs scaled up by
-    the residual dispersion where it exceeds 1 (as :func:`context_slope`'s line), and the line's
-    residual test ``p``."""
+    """WLS of ``c`` on ``m`` (weights 1/c_se²): ``c0``, ``c1`` with SEs scaled up (never down) by the residual
+    dispersion, and the residual test ``q``, ``df``, ``p``."""
     import statsmodels.api as sm
     from scipy import stats as sps
 
@@ -276,8 +244,6 @@ def slope_line(by_m: pd.DataFrame) -> dict[str, float]:
     return {"c0": float(wls.params[0]), "c0_se": float(np.sqrt(cov[0, 0])), "c1": float(wls.params[1]),
             "c1_se": float(np.sqrt(cov[1, 1])), "q": q, "df": len(c) - 2, "p": float(sps.chi2.sf(q, len(c) - 2))}
 
-
-# -- the same work on two CPUs: what the cost physics keeps and what a machine changes ----------------
 
 def _cluster_mean(y: np.ndarray, groups: np.ndarray) -> tuple[float, float, float]:
     """Mean of ``y`` with a 95% interval clustered by ``groups`` (statsmodels OLS on a constant)."""
@@ -300,9 +266,8 @@ def pass_times(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def expert_share(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per identified m: the regression's α(m) (:func:`regression_alpha`) and the share of a mean pass
-    it explains at the trace's own mean Ū, ``α(m)·Ū(m) / T_T(m)`` (``share``, with ``share_lo``/``share_hi``
-    from α's 95% interval)."""
+    """Per identified m: :func:`regression_alpha` and the share of a mean pass it explains,
+    ``α(m)·Ū(m) / T_T(m)`` (``share``, ``share_lo``/``share_hi`` from α's interval)."""
     alpha = regression_alpha(rounds)
     passes = pass_times(rounds).set_index("m")
     a = alpha[alpha["identified"]].copy()
@@ -313,12 +278,10 @@ def expert_share(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer_error(model: Any, rounds: pd.DataFrame) -> pd.DataFrame:
-    """How one machine's cost model prices another machine's rounds: per m, the measured mean T_T,
-    the predicted mean (``model.target_ms`` at each round's m, Ū and context), their ratio
-    ``predicted / measured`` with a generation-clustered 95% interval, the mean absolute percentage
-    error per round (``mape``), and the ratio left after one scale for all m (``ratio_rescaled``: the
-    prediction times total measured / total predicted). A ratio that is off by one factor at every m
-    is a machine's speed; one that moves with m is a shape that did not transfer."""
+    """How one machine's cost model prices another's rounds: per m the measured and predicted mean T_T,
+    ``ratio`` predicted / measured (generation-clustered 95% interval), ``mape`` per round, and
+    ``ratio_rescaled`` after one scale for all m. One factor at every m is a machine's speed; a ratio
+    that moves with m is a shape that did not transfer."""
     d = decode_rounds(rounds)
     d = d[d["m"].isin(model.ms)]
     pred = np.asarray(model.target_ms(d["m"].to_numpy(), d["u_bar"].to_numpy(float), d["context_len"].to_numpy(float)))
@@ -340,12 +303,10 @@ def transfer_error(model: Any, rounds: pd.DataFrame) -> pd.DataFrame:
 
 def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, n_boot: int = 999,
                       seed: int = 0) -> dict[str, Any]:
-    """Whether one machine's decisions serve another: the Oracle's policy solved with ``source``'s
-    cost model and the static K that is best under it, each evaluated on ``target_setup`` (its inputs
-    and its own cost model), against the target's own Oracle and best static K. ``share_of_gain``: the
-    part of the target Oracle's gain over its best static K that the transferred policy keeps, with a
-    95% percentile interval over reference sequences resampled (``share_lo``, ``share_hi``);
-    ``static_loss``: how much slower the source's best static K is than the target's own."""
+    """Whether one machine's decisions serve another: the Oracle's policy and best static K under
+    ``source``'s cost model, evaluated on ``target_setup``. ``share_of_gain``: the part of the target
+    Oracle's gain over its best static K the transferred policy keeps (95% interval over reference
+    sequences resampled); ``static_loss``: how much slower the source's best static K is."""
     from speclimits.bootstrap import draw_indices
     from speclimits.oracle import evaluate_policy
 
@@ -369,9 +330,8 @@ def decision_transfer(source: Any, target_setup: Any, k_max: int | None = None, 
 
 
 def same_outputs(reference: Path, other: Path) -> tuple[int, int]:
-    """How many generations of ``reference`` (matched on K and prompt id) ``other`` produced with the
-    same output tokens: ``(equal, matched)``. Other kernels round differently, so greedy outputs can
-    part between CPUs; the cost comparison is of like work only where they do not."""
+    """``(equal, matched)``: generations of ``reference`` (by K and prompt id) that ``other`` produced with
+    the same output tokens (other kernels round differently, so greedy outputs can part)."""
     from speclimits.trace import read_generations
 
     def outputs(folder: Path) -> dict[tuple[int, str], list[int]]:
@@ -385,16 +345,10 @@ def same_outputs(reference: Path, other: Path) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class MachineComparison:
-    """The same sweep measured on several CPUs (label -> trace), side by side.
-
-    ``cpus``: label -> the trace's recorded CPU (:func:`speclimits.machine.cpu_info`'s dict). ``passes``:
-    :func:`pass_times` with a ``machine`` column; ``shares``: :func:`expert_share` likewise; ``slopes``:
-    label -> :class:`ContextSlope` (None where the trace cannot give it); ``models``: label -> the fitted
-    cost model (``speclimits fit``); ``oracle``: label -> the Oracle report (headline references, bootstrap
-    interval, validation; None without Oracle data); ``transfer``: :func:`transfer_error` of the first
-    machine's model on each other machine's rounds (``machine`` = the priced one); ``decisions``: label ->
-    :func:`decision_transfer` from the first machine to it (where both have Oracle data); ``outputs``:
-    label -> :func:`same_outputs` against the first machine; ``notes``: one line per thing left out, and why."""
+    """The same sweep measured on several CPUs, by label: recorded ``cpus``; :func:`pass_times` and
+    :func:`expert_share` with a ``machine`` column; ``slopes`` (:class:`ContextSlope` or None); fitted cost
+    ``models``; ``oracle`` reports (None without Oracle data); the first machine's model and decisions
+    carried to the others (``transfer``, ``decisions``, ``outputs``: :func:`same_outputs`); ``notes``."""
 
     cpus: dict[str, dict[str, Any]]
     passes: pd.DataFrame
@@ -409,10 +363,8 @@ class MachineComparison:
 
 
 def compare_machines(traces: dict[str, Path], n_boot: int = 99, seed: int = 0) -> MachineComparison:
-    """:class:`MachineComparison` of ``traces`` (label -> trace folder; the first is the reference whose
-    cost model and decisions are carried to the others). ``n_boot``: the Oracle's bootstrap replicates.
-    What a trace cannot give (a context slope from fewer than three K, an Oracle without ``oracle.parquet``)
-    is left out with a note; the Oracle runs up to the longest draft its cost model prices."""
+    """:class:`MachineComparison` of ``traces`` (label -> folder; the first is the reference). What a trace
+    cannot give is left out with a note; the Oracle runs up to the longest draft its cost model prices."""
     from speclimits.oracle.prepare import oracle_data_missing, prepare_oracle
     from speclimits.oracle.report import oracle_report
     from speclimits.stats import fit_cost_model

@@ -1,12 +1,10 @@
 """Where (and whether) the budget regime changes: a parsimonious rule on a cross-validated curve.
 
-Candidates: "no split" (intercept, slope in m, α and c shared by every m) and, for each m but the
-largest, ``m <= s | m > s`` (per regime a free intercept, slope in m and α; c shared), each scored
-by GroupKFold(5) by generation. **The rule** (one standard error, Hastie, Tibshirani & Friedman
-§7.10): ``s*``, the candidate with the smallest mean fold RMSE, is declared only if no split's mean
-fold RMSE exceeds ``s*``'s by more than ``s*``'s SE (sd of its fold RMSEs / sqrt(folds)).
-**Stability**: the rule is repeated inside every outer training set (nested CV) and the split kept
-only if every outer fold selects it; otherwise "no regime", with why.
+Candidates: "no split" and, for each m but the largest, ``m <= s | m > s`` (:func:`regime_design`), each
+scored by GroupKFold(5) by generation. **The rule** (one standard error, Hastie, Tibshirani & Friedman
+§7.10): ``s*``, the smallest mean fold RMSE, is declared only if no split's exceeds it by more than
+``s*``'s SE. **Stability**: the rule is repeated inside every outer training set (nested CV) and the
+split kept only if every outer fold selects it; otherwise "no regime", with why.
 """
 
 from __future__ import annotations
@@ -42,12 +40,9 @@ def regime_design(split: int | None, ms: Sequence[int]) -> Design:
 
 
 def split_curve(mom: CellMoments, n_splits: int = 5) -> pd.DataFrame:
-    """CV error of every candidate split: one row per candidate (``split`` NaN = no split).
-
-    Columns: ``cv_rmse`` (sqrt of pooled held-out SSE / rows), ``fold_rmse_mean``, ``fold_rmse_se``
-    (sd / sqrt(folds)), ``d_vs_none`` (mean paired fold-RMSE reduction against no split) and
-    ``d_vs_none_se`` (its SE). ``attrs["fold_rmse"]`` holds the (candidates, folds) matrix.
-    """
+    """CV error of every candidate split (``split`` NaN = no split): ``cv_rmse`` (pooled), ``fold_rmse_mean``
+    and ``_se``, ``d_vs_none`` (paired fold-RMSE reduction against no split) and ``_se``;
+    ``attrs["fold_rmse"]``: the (candidates, folds) matrix."""
     folds = group_folds(mom, n_splits)
     ms = sorted(int(v) for v in mom.cells["m"].unique())
     splits: list[int | None] = [None, *ms[:-1]]
@@ -100,13 +95,9 @@ def _outer_folds(mom: CellMoments, n_splits: int) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class BoundaryResults:
-    """Whether and where the regime changes (see the module docstring for the rule).
-
-    ``split``: the reported boundary (last m of the lower regime) or None (no regime).
-    ``rule_split``: the one-SE rule on all the data; ``argmin_split``: the plain argmin of the curve.
-    ``curve``: :func:`split_curve`. ``outer``: per outer fold ``selected`` (the rule inside the
-    training folds; None = no split), ``argmin``, ``test_rmse``, ``test_mape``. ``n_agree``: outer
-    folds selecting ``rule_split``. ``reason``: one sentence saying why ``split`` is what it is.
+    """Whether and where the regime changes: ``split`` (last m of the lower regime, or None), the rule's
+    ``rule_split`` and the curve's ``argmin_split`` on all data, ``curve`` (:func:`split_curve`), ``outer``
+    (per outer fold the rule's selection and the held-out error), ``n_agree`` and a one-sentence ``reason``.
     """
 
     split: int | None

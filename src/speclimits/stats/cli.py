@@ -1,7 +1,5 @@
-"""``speclimits factors`` and ``speclimits fit``.
-
-The command functions import the statistics modules when they run, not at registration, so that
-``speclimits --help`` and the other subcommands do not pay for scipy/statsmodels/scikit-learn.
+"""``speclimits factors`` and ``speclimits fit``; the statistics modules are imported when a command runs,
+so ``speclimits --help`` does not pay for scipy/statsmodels/scikit-learn.
 """
 
 from __future__ import annotations
@@ -106,15 +104,11 @@ def _fit_batch(args: argparse.Namespace) -> int:
         if args.out is not None:
             print(f"wrote batch cost model {args.out}", file=sys.stderr)
         return 0
-    print(f"{args.trace}: {tr.source_label}")
-    print(sb.model_summary(model))
-    print()
-    print(sb.validation_summary(validation))
-    print()
-    print(union.summary())
-    print()
-    print("Where speculation stops paying (measured ms per token at K against K = 0, per b):")
-    print(frontier.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"{args.trace}: {tr.source_label}\n{sb.model_summary(model)}")
+    for block in (sb.validation_summary(validation), union.summary(),
+                  "Where speculation stops paying (measured ms per token at K against K = 0, per b):\n"
+                  + frontier.to_string(index=False, float_format=lambda v: f"{v:.4g}")):
+        print(f"\n{block}")
     if args.out is not None:
         print(f"\nwrote batch cost model {args.out}")
     return 0
@@ -154,7 +148,6 @@ def _fit(args: argparse.Namespace) -> int:
         except SpeclimitsError as exc:
             skipped[f"robustness checks at K = {args.robustness_k}"] = str(exc)
     lines = [f"skipped {name}: {why}" for name, why in skipped.items()]
-    notes = list(cost.extra.get("fit", {}).get("notes", []))
     if args.json:
         out = {"trace": str(args.trace), "source": tr.source_label, "cost_model": cost.to_dict(),
                "final": None if final is None else final.to_dict(),
@@ -165,32 +158,23 @@ def _fit(args: argparse.Namespace) -> int:
         print(dumps(out, indent=1))
         for line in lines:
             print(f"speclimits fit: {line}", file=sys.stderr)
+        if args.out is not None:
+            print(f"wrote cost model {args.out}", file=sys.stderr)
     else:
         print(f"{args.trace}: {tr.source_label}")
-        if final is not None:
-            print(final.summary())
-            print()
-            print(final.joint.summary())
-        else:
-            print(_cost_summary(cost, notes))
-        if draft is not None:
-            print()
-            print(draft.summary())
-        if robust is not None:
-            print()
-            print(robust.summary())
+        print(_cost_summary(cost) if final is None else f"{final.summary()}\n\n{final.joint.summary()}")
+        for part in (draft, robust):
+            if part is not None:
+                print(f"\n{part.summary()}")
         rest = [line for line in lines if final is None or line not in final.skipped_lines()]
         if rest:
-            print()
-            print("\n".join(rest))
+            print("\n" + "\n".join(rest))
         if args.out is not None:
             print(f"\nwrote cost model {args.out}")
-    if args.json and args.out is not None:
-        print(f"wrote cost model {args.out}", file=sys.stderr)
     return 0
 
 
-def _cost_summary(cost, notes: list[str]) -> str:
+def _cost_summary(cost) -> str:
     """The cost model as text (when the final-model section, which prints the joint fit, is skipped)."""
     import pandas as pd
 
@@ -198,4 +182,4 @@ def _cost_summary(cost, notes: list[str]) -> str:
     return ("Cost model: target beta0(m) + alpha(m)·Ū + c·L, draft a·K + b\n"
             + by_m.to_string(float_format=lambda v: f"{v:.5g}")
             + f"\nc = {cost.c:.4e} ms/token, a = {cost.a:.4g} ms/step, b = {cost.b:.4g} ms"
-            + "".join(f"\nnote: {n}" for n in notes))
+            + "".join(f"\nnote: {n}" for n in cost.extra.get("fit", {}).get("notes", [])))

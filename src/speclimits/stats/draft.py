@@ -1,9 +1,7 @@
-"""Draft-time model ``T_D = a·K + b`` (the draft head is dense: no routing term), on decode rounds with
-K >= 1 and a non-zero draft time, SEs clustered by generation, GroupKFold(5) for the CV MedAPE.
-
-A zero draft time is a failed measurement (the round did draft), so the reported line excludes those
-rounds; :attr:`DraftResults.zero_comparison` shows it fitted with them too (the appendix fits "all
-925,752 rounds" and reports 0.3% of records with a zero timing without saying which it did).
+"""Draft-time model ``T_D = a·K + b`` (the draft head is dense: no routing term) on decode rounds with
+K >= 1 and a non-zero draft time (a zero is a failed measurement), SEs clustered by generation.
+:attr:`DraftResults.zero_comparison` fits it with the zeros too (the appendix fits "all 925,752
+rounds" and reports 0.3% zero timings without saying which it did).
 """
 
 from __future__ import annotations
@@ -25,15 +23,9 @@ DRAFT_DESIGN = Design.linear("K", label="a·K + b")
 
 @dataclass(frozen=True)
 class DraftResults:
-    """The draft section.
-
-    ``ols`` the fit; ``by_k``: per K mean T_D, the line's value and the deviation (%);
-    ``cv`` GroupKFold metrics (``medape`` is the paper's CV MedAPE); ``tail_share`` share of rounds
-    with |residual| > 1 ms; ``zero_share_draft`` share of decode rounds (K >= 1) with a zero draft
-    time; ``zero_share_any`` share with a zero target or draft time; ``residual_quantiles``.
-    ``zero_comparison``: the line with zero-draft-time rounds excluded (reported) and included
-    (rows), columns ``n``, ``n_zero``, ``a``, ``a_se``, ``b``, ``b_se``, ``r2``.
-    """
+    """The draft section: the fit, ``by_k`` (mean T_D, the line, deviation %), ``cv`` (``medape`` is the
+    paper's CV MedAPE), ``tail_share`` (|residual| > 1 ms), shares of zero draft (``zero_share_draft``) or
+    any (``zero_share_any``) timing, and ``zero_comparison`` (the line without and with the zeros)."""
 
     ols: OLSResults
     by_k: pd.DataFrame
@@ -57,7 +49,7 @@ class DraftResults:
         return self.ols.conf_int(alpha).rename({"K": "a", "const": "b"})
 
     def table(self) -> pd.DataFrame:
-        """The headline numbers, one row per ``quantity`` (``key`` a stable id): ``ours``, ``se_or_ci``."""
+        """The headline numbers by ``quantity``: ``key``, ``ours``, ``se_or_ci``."""
         ci = self.conf_int()
         rows = [
             ("a (ms/step)", "a", self.params["a"], self.bse["a"]),
@@ -105,10 +97,8 @@ def fit_draft_model(rounds: pd.DataFrame, n_splits: int = 5) -> DraftResults:
 
 
 def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[DraftResults | None, str | None]:
-    """:func:`fit_draft_model`, or None and why the trace cannot give the draft-model section: the
-    requirement (:data:`speclimits.stats.requirements.REQUIREMENTS` ``["draft"]``), what this trace has and the
-    fit's own message (what ``speclimits fit`` prints as its skipped line; e.g. an n-gram trace
-    with one K > 0)."""
+    """:func:`fit_draft_model`, or None and why not: the requirement, what this trace has and the fit's
+    own message (``speclimits fit``'s skipped line)."""
     try:
         return fit_draft_model(rounds, n_splits=n_splits), None
     except SpeclimitsError as exc:
@@ -119,7 +109,7 @@ def draft_model_or_reason(rounds: pd.DataFrame, n_splits: int = 5) -> tuple[Draf
 
 
 def _zero_comparison(rounds: pd.DataFrame, fit: OLSResults) -> pd.DataFrame:
-    """The draft line without and with the rounds whose draft time is zero (decode rounds, K >= 1)."""
+    """The draft line without and with the rounds whose draft time is zero."""
     keep = (rounds["phase"].astype(str).to_numpy() == "decode") & (rounds["K"].to_numpy() > 0)
     mom = CellMoments.from_rounds(rounds.loc[keep].reset_index(drop=True), response="t_draft_ms", base=())
     with_zeros = fit_ols(mom, DRAFT_DESIGN)

@@ -41,16 +41,9 @@ FACTOR_REQUIREMENTS = {
 
 @dataclass(frozen=True)
 class FactorResults:
-    """Table A2, the H3 associations and the factor correlations.
-
-    Attributes
-    ----------
-    table : one row per factor: ``r2``, ``r2_ci`` (95% t half-width, 4 df), ``rmse``, ``rmse_ci``,
-        ``drmse`` / ``drmse_ci`` (paired RMSE reduction of Ū + factor over Ū alone, ms).
-    folds : per factor and fold: ``r2``, ``rmse``, ``rmse_with_u`` (Ū + factor), ``n_test``.
-    by_k : per K and term (``u_bar``, ``context_len``): standardized β* with 95% CI (clustered).
-    corr : Pearson correlations of the factors and T_T over the pooled rows.
-    report : the decode-round filter report; n_rows, n_generations, k_values.
+    """Table A2 (per factor ``r2``, ``rmse`` and ``drmse``, the paired RMSE reduction of Ū + factor over Ū
+    alone in ms, each with a 95% t half-width ``_ci``) with its ``folds``, the H3 associations ``by_k``
+    (standardized β* with clustered 95% CI) and the Pearson ``corr`` of the factors and T_T.
     """
 
     table: pd.DataFrame
@@ -61,16 +54,14 @@ class FactorResults:
     n_rows: int
     n_generations: int
     k_values: tuple[int, ...]
-    #: ``{what: why, and what sweep would allow it}`` for each factor or K the trace cannot give
-    #: (left out of ``table`` / ``by_k``)
+    #: ``{what: why}`` for each factor or K the trace cannot give (left out of ``table`` / ``by_k``)
     skipped: dict[str, str] = field(default_factory=dict)
 
     def skipped_lines(self) -> list[str]:
-        """One line per factor (or K) this trace cannot give: ``"skipped <what>: <why>"``."""
         return [f"skipped {name}: {why}" for name, why in self.skipped.items()]
 
     def why_missing(self) -> str | None:
-        """The ``skipped`` entries as one text (``"<what>: <why>; ..."``), or None when nothing is skipped."""
+        """The ``skipped`` entries as one text, or None."""
         return "; ".join(f"{name}: {why}" for name, why in self.skipped.items()) or None
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,16 +82,11 @@ class FactorResults:
 
 
 def analyze_factors(rounds: pd.DataFrame, n_splits: int = 5) -> FactorResults:
-    """Run the factor analysis on the ``rounds`` table of a trace.
-
-    Decode rounds with a non-zero target time (:func:`speclimits.trace.decode_rounds`) and K >= 1 (the
-    paper's sweep; K = 0 only feeds m = 1). Each factor is fitted alone and together with Ū by OLS on
-    four folds and scored on the fifth (GroupKFold by generation).
-
-    A factor the trace cannot score (constant on its rounds, e.g. m on a sweep with one K > 0) and a
-    K whose associations cannot be fitted are left out and named in ``skipped`` with why
-    (:data:`FACTOR_REQUIREMENTS`); so is the whole cross-validated table when there are too few
-    generations for the folds. Raises only when there are no decode rounds with K >= 1.
+    """The factor analysis on the decode rounds with a target time and K >= 1: each factor fitted alone
+    and with Ū on four folds and scored on the fifth (GroupKFold by generation). A factor the trace
+    cannot score, a K whose associations cannot be fitted, or the whole table when there are too few
+    generations, is left out and named in ``skipped`` (:data:`FACTOR_REQUIREMENTS`); raises only without
+    decode rounds at K >= 1.
     """
     dec, report = decode_rounds(rounds, timing="target")
     dec = dec.loc[dec["K"].to_numpy() >= 1].reset_index(drop=True)
@@ -117,9 +103,7 @@ def analyze_factors(rounds: pd.DataFrame, n_splits: int = 5) -> FactorResults:
     except SpeclimitsError as exc:
         skipped["cross-validated factor table (Table A2)"] = f"{FACTOR_REQUIREMENTS['cv']} (this trace: {have}; {exc})"
         base = None
-    for name, label in FACTORS.items():
-        if base is None:
-            break
+    for name, label in FACTORS.items() if base is not None else ():
         try:
             alone = cross_validate(mom, Design.linear(name), folds)
             both = base if name == "u_bar" else cross_validate(mom, Design.linear("u_bar", name), folds)
@@ -157,6 +141,5 @@ def analyze_factors(rounds: pd.DataFrame, n_splits: int = 5) -> FactorResults:
                          mom.n_rows, mom.n_clusters, tuple(ks), skipped)
 
 
-#: Columns of :attr:`FactorResults.table` (before ``factor`` becomes the index) and of ``by_k``.
 TABLE_COLUMNS = ["factor", "label", "r2", "r2_ci", "rmse", "rmse_ci", "drmse", "drmse_ci"]
 BY_K_COLUMNS = ["K", "term", "beta_std", "lower", "upper"]

@@ -1,8 +1,6 @@
 """The final target-time model (Eq. 4) and everything the appendix compares it with: per-K OLS
-``T_T ~ Ū + L``, the joint categorical model (:func:`speclimits.stats.costfit.fit_joint`), the
-comparisons of :mod:`~speclimits.stats.comparisons`, the regime rule (:mod:`~speclimits.stats.boundary`)
-with the rows that depend on the split in m (:mod:`~speclimits.stats.m_split`), and 95%
-cluster-bootstrap intervals (:mod:`~speclimits.stats.uncertainty`) on the headline cells.
+``T_T ~ Ū + L``, the joint categorical model, the comparisons, the regime rule with the rows that
+depend on the split in m, and 95% cluster-bootstrap intervals on the headline cells.
 """
 
 from __future__ import annotations
@@ -25,16 +23,10 @@ from speclimits.stats.requirements import REQUIREMENTS, TABLES, Skip, Skips
 from speclimits.trace import FilterReport, decode_rounds
 
 
-# ---------------------------------------------------------------------------
-# per-K fits
-# ---------------------------------------------------------------------------
-
-
 def fit_per_k(mom: CellMoments, n_splits: int, skips: Skips) -> tuple[pd.DataFrame, dict[int, OLSResults]]:
-    """Per-K OLS ``T_T ~ Ū + L`` with clustered SEs and GroupKFold metrics within each K: the table
-    (:data:`PER_K_COLUMNS`, one row per K) and the fits by K. A K whose fit is not identified is left
-    out, and one with too few generations for the folds gets NaN CV columns, each recorded in ``skips``.
-    """
+    """Per-K OLS ``T_T ~ Ū + L`` with GroupKFold metrics within each K: the table (:data:`PER_K_COLUMNS`)
+    and the fits by K. An unidentified K is left out, one too thin for the folds gets NaN CV columns
+    (each recorded in ``skips``)."""
     rows, fits = [], {}
     for k in sorted(int(v) for v in mom.cells["K"].unique()):
         sub = mom.where(K=k)
@@ -59,28 +51,17 @@ def fit_per_k(mom: CellMoments, n_splits: int, skips: Skips) -> tuple[pd.DataFra
     return pd.DataFrame(rows, columns=PER_K_COLUMNS), fits
 
 
-#: Columns of the per-K table (:func:`fit_per_k`).
 PER_K_COLUMNS = ["K", "m", "n", "n_generations"] + [f"{name}{suffix}" for name in ("beta0", "alpha", "c")
                                                      for suffix in ("", "_se", "_lower", "_upper")] + [
     f"cv_{met}{suffix}" for met in ("r2", "rmse", "mape") for suffix in ("", "_ci")]
 
 
-# ---------------------------------------------------------------------------
-# the whole section
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FinalModelResults:
-    """Everything of the final-model section; tables are DataFrames.
-
-    ``regimes``: the rows that depend on the split in m (:func:`~speclimits.stats.m_split.split_rows`) at
-    the rule's split and at the appendix's; ``interpolation`` / ``interpolation_paper``: interpolation vs
-    transfer at those two. ``smooth``: leave-one-K-out MAPE of the smooth forms in m. ``cluster_se``: the
-    SEs clustered by generation and by prompt. Columns ending ``_lo``/``_hi`` are 95% cluster-bootstrap
-    intervals (``n_boot`` resamples of generations within K); ``intervals`` holds the scalar ones.
-    A table the trace cannot give is None and its step recorded in ``skips``
-    (:mod:`~speclimits.stats.requirements`). ``notes``: bootstrap replicates that missed a cell.
+    """Everything of the final-model section (tables are DataFrames). ``regimes``: the split rows at the
+    rule's split and the appendix's, ``interpolation``/``interpolation_paper`` at those two. Columns
+    ending ``_lo``/``_hi`` are 95% cluster-bootstrap intervals (``n_boot`` resamples of generations within
+    K); ``intervals`` holds the scalar ones. A table the trace cannot give is None, its step in ``skips``.
     """
 
     per_k: pd.DataFrame
@@ -107,7 +88,6 @@ class FinalModelResults:
 
     @property
     def skipped(self) -> dict[str, str]:
-        """``{name: why}`` of everything this trace cannot give (what ``speclimits fit`` prints)."""
         return {s.name: s.why for s in self.skips}
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,19 +111,15 @@ class FinalModelResults:
                 "notes": list(self.notes)}
 
     def headline(self) -> pd.DataFrame:
-        """The section's headline numbers, one row per quantity (see :func:`headline_table`)."""
         return headline_table(self)
 
     def skipped_lines(self) -> list[str]:
-        """One line per table this trace cannot give: ``"skipped <table>: <why>"``."""
         return [f"skipped {name}: {why}" for name, why in self.skipped.items()]
 
     def why_missing(self, *tables: str) -> str | None:
-        """Why the trace cannot give the tables named (attributes, keys of
-        :data:`~speclimits.stats.requirements.TABLES`), or None when every one of them is there: the
-        skips of the first step each missing table rests on, ``"<name>: <why>"`` joined by ``"; "``
-        (one reason alone: its ``why``). A partial table (a smooth form or a per-K fit left out)
-        counts as there; :meth:`skipped_within` names what it lacks."""
+        """Why the trace cannot give the tables named (keys of :data:`~speclimits.stats.requirements.TABLES`),
+        or None when all are there: the skips of the first step each missing table rests on, ``"<name>:
+        <why>"`` joined by ``"; "`` (one reason alone: its ``why``). A partial table counts as there."""
         reasons: list[str] = []
         for name in tables:
             steps = TABLES[name]
@@ -158,8 +134,7 @@ class FinalModelResults:
         return "; ".join(reasons) if reasons else None
 
     def skipped_within(self, *steps: str) -> str | None:
-        """The skips at ``steps`` (e.g. ``"smooth"``, ``"ladder"``, ``"per_k"``: parts left out of a
-        table that is shown), ``"<name>: <why>"`` joined by ``"; "``, or None."""
+        """The skips at ``steps`` (parts left out of a table that is shown), joined by ``"; "``, or None."""
         return "; ".join(f"{s.name}: {s.why}" for s in self.skips if s.step in steps) or None
 
     def summary(self) -> str:
@@ -186,7 +161,6 @@ class FinalModelResults:
         return "\n\n".join(parts)
 
 
-#: Columns of :func:`headline_table` (index: ``quantity``).
 HEADLINE_COLUMNS = ["basis", "key", "shape", "est", "lo", "hi", "est2", "lo2", "hi2", "se", "se_prompt", "half",
                     "note"]
 
@@ -206,11 +180,10 @@ def _pooled_row(res: FinalModelResults, key: str, quantity: str, term: str, scal
 
 
 def headline_table(res: FinalModelResults) -> pd.DataFrame:
-    """See :meth:`FinalModelResults.headline`: numbers only (the book's view writes the cells).
+    """The section's headline numbers (the book's view writes the cells, beside the paper's by ``key``).
 
-    Index ``quantity`` (in the quantity's unit, e.g. 1e-3 ms/token for c); columns
-    :data:`HEADLINE_COLUMNS`: ``basis`` (the split a regime-dependent row uses, else "—"), ``key`` (a
-    stable id), ``shape`` (how the numbers read):
+    Index ``quantity`` (in its unit, e.g. 1e-3 ms/token for c); columns :data:`HEADLINE_COLUMNS`:
+    ``basis`` (the split a regime-dependent row uses, else "—"), ``key``, ``shape`` (how the numbers read):
 
     * ``split``: ``est`` the rule's last small m (NaN: no split), ``note`` its reason;
     * ``range``: ``est``–``est2`` (min–max), ``lo``/``hi`` the interval of the minimum, ``lo2``/``hi2``
@@ -220,8 +193,7 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
     * ``pair``: two numbers ``est`` and ``est2``, each with its interval (``lo``/``hi``, ``lo2``/``hi2``);
     * ``reduction``: ``est`` ms (``est2`` %), ``half`` the t half-width over folds.
 
-    ``note``: text that stands in for an interval. Intervals are 95% (cluster bootstrap unless the note
-    says otherwise). The book's view sets the paper's values beside them, by ``key``.
+    ``note``: text that stands in for an interval. Intervals are 95% (cluster bootstrap unless noted).
     """
     pk, b, iv = res.per_k, res.boundary, res.intervals
     mk, comp, lad = res.mape_by_k, res.comparison, res.ladder
@@ -292,13 +264,9 @@ def headline_table(res: FinalModelResults) -> pd.DataFrame:
     return out.set_index("quantity")
 
 
-# -- steps of fit_final_model ------------------------------------------------
-
-
 def _per_k_replicates(mom: CellMoments, per_k: pd.DataFrame, weights: np.ndarray,
                       failed: dict[str, int]) -> dict[str, pd.DataFrame]:
-    """(B, nK) bootstrap replicates of the per-K α, β0 and c (columns: m, in per_k's order); the
-    replicates of a K that could not be solved are NaN and counted in ``failed``."""
+    """(B, nK) bootstrap replicates of the per-K α, β0 and c (columns: m); unsolvable ones counted in ``failed``."""
     reps = unc.coefficient_replicates(mom, cmp.BASE_DESIGN, weights, [("K", int(k)) for k in per_k["K"]])
     for k, rep in reps.items():
         if failed_replicates(rep.to_numpy()):
@@ -311,9 +279,8 @@ def _per_k_replicates(mom: CellMoments, per_k: pd.DataFrame, weights: np.ndarray
 
 def _metric_intervals(mom: CellMoments, folds: np.ndarray, weights: np.ndarray, ladder: pd.DataFrame,
                       fitted: dict[str, tuple[Design, CVResult]], failed: dict[str, int]) -> pd.DataFrame:
-    """The ladder with 95% bootstrap intervals: ``r2_lo/hi`` (refitted), ``cv_mape_lo/hi`` (held-out
-    errors resampled, fold fits fixed). Replicates whose refit cannot be solved (a resample that
-    missed every generation of a cell) are left out of the R² interval and counted in ``failed``."""
+    """The ladder with 95% bootstrap intervals: ``r2_lo/hi`` (refitted; unsolvable replicates counted in
+    ``failed``), ``cv_mape_lo/hi`` (held-out errors resampled, fold fits fixed)."""
     out = ladder.copy()
     for spec, (design, cv) in fitted.items():
         r2 = ClusterSums.of(mom, design).replicates(weights)[1]
@@ -327,8 +294,8 @@ def _metric_intervals(mom: CellMoments, folds: np.ndarray, weights: np.ndarray, 
 
 def _split_tables(mom: CellMoments, per_k: pd.DataFrame, fits: dict[int, OLSResults], reps: dict[str, pd.DataFrame],
                   split: int | None, rule: bool = True) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.DataFrame]:
-    """Split rows and interpolation tables at the rule's split (``rule`` False: the rule was
-    skipped, no rows and no table for it) and at :data:`FIXED_SPLIT`."""
+    """Split rows and interpolation tables at the rule's split (unless ``rule`` is False: skipped) and at
+    :data:`FIXED_SPLIT`."""
     interp = cmp.interpolation_table(mom, fits, split) if rule else None
     interp_paper = cmp.interpolation_table(mom, fits, FIXED_SPLIT)
     rule_label = "rule: no regime" if split is None else f"rule: m ≤ {split} | m > {split}"
@@ -339,7 +306,7 @@ def _split_tables(mom: CellMoments, per_k: pd.DataFrame, fits: dict[int, OLSResu
 
 
 def _missing(requirement: str, folds, pooled, cvs: dict[str, Any]) -> str:
-    """``requirement``, and which of its inputs this trace lacks (each named above in ``skipped``)."""
+    """``requirement``, and which of its inputs this trace lacks."""
     lacking = [name for name, ok in (("the folds", folds is not None), ("the pooled model", pooled is not None),
                                      ("the cross-validation of Ū + L", cvs.get("base") is not None),
                                      ("the categorical model's cross-validation", cvs.get("categorical") is not None))
@@ -348,12 +315,10 @@ def _missing(requirement: str, folds, pooled, cvs: dict[str, Any]) -> str:
 
 
 def fit_final_model(rounds: pd.DataFrame, n_splits: int = 5, n_boot: int = 999, seed: int = 0) -> FinalModelResults:
-    """Fit the final model and its comparisons on the decode rounds with K >= 1.
-
-    ``n_boot`` cluster-bootstrap resamples (generations within K, ``seed``) give the 95% intervals.
-    Each comparison table is computed only where the trace identifies it (:data:`REQUIREMENTS`);
-    the others are None and recorded in ``skips``. Raises :class:`SpeclimitsError` only when there
-    is no section at all: no decode rounds with K >= 1, or no m at which α is identified.
+    """Fit the final model and its comparisons on the decode rounds with K >= 1, with ``n_boot``
+    cluster-bootstrap resamples (generations within K) behind the 95% intervals. A table the trace does
+    not identify (:data:`REQUIREMENTS`) is None and recorded in ``skips``; raises only when there is no
+    section at all (no decode rounds with K >= 1, or α identified at no m).
     """
     dec, report = decode_rounds(rounds, timing="target")
     mom = CellMoments.from_rounds(dec.loc[dec["K"].to_numpy() >= 1].reset_index(drop=True))

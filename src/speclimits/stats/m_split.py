@@ -1,10 +1,9 @@
 """The rows of the final-model section that depend on where m is split, with 95% intervals.
 
-A *basis* is a split (last m of the small regime: the rule's, possibly None, or the appendix's
-:data:`FIXED_SPLIT`) and a label. Its rows: α and β0 ranges per regime, β0 at the first large m, the
-ratio of mean α over the large regime to mean α over the small one, and interpolation within a regime
-vs transfer across the boundary. The interval of a range's minimum is the percentile interval of the
-per-K bootstrap replicates' minima (:mod:`speclimits.stats.uncertainty`); likewise the maximum.
+A *basis* is a split (the rule's, possibly None, or the appendix's :data:`FIXED_SPLIT`) and a label;
+its rows: α and β0 ranges per regime, β0 at the first large m, the α level ratio, and interpolation vs
+transfer. A range's minimum has the percentile interval of the per-K bootstrap replicates' minima;
+likewise the maximum.
 """
 
 from __future__ import annotations
@@ -22,13 +21,11 @@ FIXED_SPLIT = 4
 
 COLUMNS = ["basis", "key", "quantity", "shape", "est_min", "est_max", "min_lo", "min_hi", "max_lo", "max_hi"]
 
-#: Split-row columns -> the headline table's generic ones (:func:`speclimits.stats.final.headline_table`).
 AS_HEADLINE = {"est_min": "est", "min_lo": "lo", "min_hi": "hi", "est_max": "est2", "max_lo": "lo2", "max_hi": "hi2"}
 
 
 def as_headline(rows: pd.DataFrame) -> pd.DataFrame:
-    """Split rows in the headline table's columns (``est``, ``lo``, ``hi``, ``est2``, ``lo2``, ``hi2``);
-    a ``value`` row's ``est2`` is dropped (it repeats ``est``)."""
+    """Split rows in the headline table's columns (a ``value`` row's ``est2`` dropped: it repeats ``est``)."""
     out = rows.rename(columns=AS_HEADLINE)
     out.loc[out["shape"] == "value", ["est2", "lo2", "hi2"]] = np.nan
     return out
@@ -56,14 +53,9 @@ def _value_row(basis: str, key: str, quantity: str, est: float, reps: np.ndarray
 
 def split_rows(per_k: pd.DataFrame, alpha_reps: pd.DataFrame, beta0_reps: pd.DataFrame,
                 interp: pd.DataFrame, split: int | None, basis: str) -> pd.DataFrame:
-    """The split rows at ``split`` (None: one regime over every m).
-
-    ``per_k``: the per-K table (``m``, ``alpha``, ``beta0``); ``alpha_reps``/``beta0_reps``: (B, nK)
-    bootstrap replicates with one column per m (same order as ``per_k``); ``interp``: the
-    interpolation table at this split. Columns: :data:`COLUMNS`: numbers, a stable ``key`` per
-    quantity and ``shape`` (``range``: min–max, ``value``: one number in ``est_min``); the book's
-    view formats them beside the paper's.
-    """
+    """The split rows (:data:`COLUMNS`) at ``split`` (None: one regime) from the per-K table, its (B, nK)
+    bootstrap replicates (columns in ``per_k``'s order) and the interpolation table at this split;
+    ``shape`` ``range`` (min–max) or ``value`` (``est_min``)."""
     m = per_k["m"].to_numpy()
     al, b0 = per_k["alpha"].to_numpy(), per_k["beta0"].to_numpy()
     ar, br = alpha_reps.to_numpy(), beta0_reps.to_numpy()

@@ -1,9 +1,6 @@
-"""What each table of the final-model section needs of a sweep, as data.
-
-:data:`REQUIREMENTS` says what each step needs (the text a skip quotes; ``speclimits fit --help``
-and the methods page say the same in words, :data:`speclimits.vocabulary.MINIMUM_SWEEP`);
-:data:`TABLES` names the steps each table of :class:`speclimits.stats.final.FinalModelResults`
-rests on; :class:`Skips` records what a trace cannot give by step, never by the text of its name.
+"""What each table of the final-model section needs of a sweep, as data: :data:`REQUIREMENTS` (the text
+a skip quotes), :data:`TABLES` (the steps each table rests on) and :class:`Skips` (what a trace cannot
+give, recorded by step, never by the text of its name).
 """
 
 from __future__ import annotations
@@ -12,9 +9,7 @@ from typing import Any, Callable, NamedTuple
 
 from speclimits.errors import SpeclimitsError
 
-#: Step -> what it needs (a sweep's K > 0 rounds; in an EAGLE-style sweep every round at K
-#: verifies m = K + 1 rows). The cost model itself (Eq. 4 per m present, the draft line) needs only
-#: rounds at some m whose Ū varies.
+#: Step -> what it needs of a sweep's K > 0 rounds (the cost model itself needs only an m whose Ū varies).
 REQUIREMENTS = {
     "per_k": "a per-K fit needs rounds at that K whose Ū and L vary",
     "per_k_cv": "per-K cross-validation needs >= 5 generations at that K (GroupKFold(5) by generation)",
@@ -42,8 +37,7 @@ REQUIREMENTS = {
 #: The steps a skip is recorded at: a requirement's key, or ``smooth`` (any smooth form in m).
 STEPS = (*REQUIREMENTS, "smooth")
 
-#: Table (an attribute of ``FinalModelResults``) -> the steps whose skip leaves it None or empty, in
-#: the order they explain it (the first step skipped is the reason given).
+#: Table -> the steps whose skip leaves it None or empty (the first step skipped is the reason given).
 TABLES: dict[str, tuple[str, ...]] = {
     "per_k": ("per_k",), "pooled": ("pooled",), "pooled_std": ("pooled",), "comparison": ("comparison",),
     "mape_by_k": ("mape_by_k",), "loko": ("leave_one_k_out",), "smooth": ("leave_one_k_out",),
@@ -53,8 +47,7 @@ TABLES: dict[str, tuple[str, ...]] = {
 
 
 class Skip(NamedTuple):
-    """One thing a trace cannot give: its ``step`` (one of :data:`STEPS`), its ``name`` as printed
-    (``"per-K fit at K = 3"``) and ``why`` (the requirement and what this trace has)."""
+    """One thing a trace cannot give: its ``step``, ``name`` as printed, and ``why``."""
 
     step: str
     name: str
@@ -62,7 +55,7 @@ class Skip(NamedTuple):
 
 
 class Skips:
-    """Collects the :class:`Skip` records of one fit; ``have`` describes the trace (its K and generations)."""
+    """Collects the :class:`Skip` records of one fit; ``have`` describes the trace."""
 
     def __init__(self, have: str):
         self.have, self.records = have, []

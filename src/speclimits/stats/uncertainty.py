@@ -1,11 +1,9 @@
 """95% intervals for the final-model section's headline cells, by a cluster bootstrap over generations.
 
-One matrix of draw counts ``W`` (B, G) serves every cell, generations resampled **within each K**
-(each K is its own sweep over the same prompts). Coefficients (per-K α, β0, R²) are refitted on
-every resample from per-generation cross-products; held-out errors (CV MAPE, MAPE by K,
-leave-one-K-out) keep the out-of-fold predictions fixed and resample the scored generations, so
-their interval covers which generations were scored, not the refits. Intervals are percentile
-intervals around the full-sample estimate, which is always the value reported.
+One matrix of draw counts ``W`` (B, G) serves every cell, generations resampled **within each K**.
+Coefficients are refitted on every resample; held-out errors keep the out-of-fold predictions fixed and
+resample the scored generations (their interval covers which generations were scored, not the refits).
+The full-sample estimate is always the value reported.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ def stratified_counts(mom: CellMoments, n_boot: int, seed: int = 0, by: str = "K
 
 def coefficient_replicates(mom: CellMoments, design: Design, weights: np.ndarray,
                            groups: Sequence[tuple[str, int]]) -> dict[int, pd.DataFrame]:
-    """Per group (``(attr, value)``, e.g. ``("K", 8)``) the (B, p) bootstrap estimates of ``design``
-    fitted on that group's cells, using the columns of ``weights`` that belong to its generations."""
+    """Per group ``(attr, value)`` (e.g. ``("K", 8)``) the (B, p) bootstrap estimates of ``design`` on its cells."""
     codes = dict(zip(mom.cells["generation_id"], mom.cells["cluster"]))
     out = {}
     for attr, value in groups:
@@ -46,8 +43,7 @@ def coefficient_replicates(mom: CellMoments, design: Design, weights: np.ndarray
 
 
 def ape_sums(mom: CellMoments, yhat: np.ndarray, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-generation sums of the absolute percentage error of ``yhat`` and row counts ((G,), (G,)),
-    over the rows where ``rows`` is True (all rows by default)."""
+    """Per-generation sums of the APE of ``yhat`` and row counts over ``rows`` (default all)."""
     rows = np.ones(mom.n_rows, bool) if rows is None else rows
     cl = mom.row_attr("cluster")[rows]
     g = mom.n_clusters
