@@ -1,5 +1,6 @@
-"""Every analysis command on the bundled measured trace (the book's default), and the one route:
-``speclimits oracle``, ``speclimits linguistic`` and a cost-model JSON hand-off solve the same Oracle."""
+"""Every analysis command on the bundled measured trace (the book's default; ``fit`` and ``factors`` on it:
+test_stats_cli_book.py), and the one route: ``speclimits oracle``, ``speclimits linguistic`` and a
+cost-model JSON hand-off solve the same Oracle."""
 
 from __future__ import annotations
 
@@ -30,17 +31,6 @@ def measured():
 def test_validate_measured(capsys, measured):
     assert main(["validate", str(MEASURED)]) == 0
     assert "valid" in capsys.readouterr().out.lower()
-
-
-def test_factors_and_fit_measured(capsys, tmp_path, measured):
-    factors = run_json(capsys, "factors", str(MEASURED), "--json")
-    assert factors  # a dict of tables; its content is checked in the stats tests
-    out = tmp_path / "cost_model.json"
-    fit = run_json(capsys, "fit", str(MEASURED), "--json", "--out", str(out))
-    assert fit and out.exists()
-    data = json.loads(out.read_text())
-    # the K sweep is 0..10: the model covers m = 1..11
-    assert sorted(int(m) for m in data["target"]["by_m"]) == list(range(1, 12))
 
 
 def test_oracle_and_linguistic_solve_the_same_oracle(capsys, tmp_path, measured):

@@ -54,11 +54,12 @@ def test_book_cost_model_is_what_fit_out_writes(default_book, tmp_path, capsys):
     assert built.read_bytes() == (tmp_path / "cli.json").read_bytes()
 
 
-def test_fit_and_factors_on_the_bundled_measured_trace(capsys):
+def test_fit_and_factors_on_the_bundled_measured_trace(tmp_path, capsys):
     """The book's default trace: no regime is declared (the CV curve is flat), the paper-split rows are
-    there, both Breusch–Pagan versions are reported, and the cost model is the fit's."""
-    assert main(["fit", str(MEASURED), "--json", "--robustness-k", "8"]) == 0
+    there, both Breusch–Pagan versions are reported, and the cost model (printed and written) is the fit's."""
+    assert main(["fit", str(MEASURED), "--json", "--robustness-k", "8", "--out", str(tmp_path / "cm.json")]) == 0
     d = json.loads(capsys.readouterr().out)
+    assert json.loads((tmp_path / "cm.json").read_text())["target"] == d["cost_model"]["target"]
     b = d["final"]["boundary"]
     assert b["split"] is None and b["argmin_split"] == 10  # the plain argmin would have said 10
     bases = {r["basis"] for r in d["final"]["regimes"]}
@@ -72,13 +73,7 @@ def test_fit_and_factors_on_the_bundled_measured_trace(capsys):
     assert main(["factors", str(MEASURED), "--json"]) == 0
     f = json.loads(capsys.readouterr().out)
     assert f["n_generations"] == 440 and f["k_values"] == list(range(1, 11))
-
-
-def test_factors_json(smoke_trace, capsys):
-    assert main(["factors", str(smoke_trace), "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert [r["factor"] for r in d["table_a2"]] == ["u_bar", "m", "context_len", "kv_usage", "graph_bucket", "e_max"]
-    assert d["k_values"] == list(range(1, 11))
+    assert [r["factor"] for r in f["table_a2"]] == ["u_bar", "m", "context_len", "kv_usage", "graph_bucket", "e_max"]
 
 
 def test_fit_text_and_bad_trace(smoke_trace, tmp_path, capsys):

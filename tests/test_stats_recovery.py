@@ -31,9 +31,10 @@ def _sim(seed: int, **kw):
     return cfg, simulate(cfg, seed=seed)["rounds"]
 
 
-def _mean_truth(cfg) -> CostModel:
-    """The planted model as a conditional mean: the simulator adds rare positive spikes (share x mean)."""
-    t = cfg.truth()
+def _mean_truth(cfg, t: CostModel | None = None) -> CostModel:
+    """The planted model ``t`` (default ``cfg.truth()``) as a conditional mean: the simulator adds rare positive
+    spikes (share x mean), which land on the intercepts beta0(m) and the drafter's b."""
+    t = cfg.truth() if t is None else t
     shift_t = cfg.target_spike_share * cfg.target_spike_mean_ms
     shift_d = cfg.draft_spike_share * cfg.draft_spike_mean_ms
     return CostModel(c=t.c, beta0={m: v + shift_t for m, v in t.beta0.items()}, alpha=dict(t.alpha), a=t.a,

@@ -265,35 +265,24 @@ def _prompts(tmp_path: Path, ids: list[int]) -> Path:
     return p
 
 
-@pytest.mark.parametrize("case, expect", [
-    ("missing-target", "--target /no/such/model: no such folder"),
-    ("bad-k", "--k expects e.g. '1-10' or '0,1,2,4', got '3-1'"),
-    ("bad-batch", "--batch expects e.g. '1,2,4,8' or '1-4', got 'x'"),
-    ("missing-draft", "--draft /no/such/head: no such folder"),
-    ("no-draft", "--method eagle3 needs --draft DIR"),
-    ("vocab", "prompt 'far': prompt_token_ids has token id 500 (position 1), beyond the vocabulary"),
-    ("no-config", "the folder has no config.json"),
-    ("ngram-oracle", "--oracle reads the draft's probabilities; --method ngram has none"),
+@pytest.mark.parametrize("case, change, expect", [
+    ("missing-target", {"--target": "/no/such/model"}, "--target /no/such/model: no such folder"),
+    ("bad-k", {"--k": "3-1"}, "--k expects e.g. '1-10' or '0,1,2,4', got '3-1'"),
+    ("bad-batch", {"--batch": "x"}, "--batch expects e.g. '1,2,4,8' or '1-4', got 'x'"),
+    ("missing-draft", {"--method": "draft_model", "--draft": "/no/such/head"}, "--draft /no/such/head: no such folder"),
+    ("no-draft", {"--method": "eagle3"}, "--method eagle3 needs --draft DIR"),
+    ("vocab", {}, "prompt 'far': prompt_token_ids has token id 500 (position 1), beyond the vocabulary"),
+    ("no-config", {}, "the folder has no config.json"),
+    ("ngram-oracle", {"--oracle": None}, "--oracle reads the draft's probabilities; --method ngram has none"),
 ])
-def test_trace_bad_input_is_one_line_before_vllm(case, expect, tmp_path, capsys, no_vllm):
+def test_trace_bad_input_is_one_line_before_vllm(case, change, expect, tmp_path, capsys, no_vllm):
     model = _model_dir(tmp_path)
     prompts = _prompts(tmp_path, [7, 500, 3] if case == "vocab" else [7, 8])
     args = {"--target": str(model), "--prompts": str(prompts), "--out": str(tmp_path / "tr"), "--k": "0,2",
-            "--method": "ngram"}
-    if case == "missing-target":
-        args["--target"] = "/no/such/model"
-    elif case == "bad-k":
-        args["--k"] = "3-1"
-    elif case == "bad-batch":
-        args["--batch"] = "x"
-    elif case == "missing-draft":
-        args.update({"--method": "draft_model", "--draft": "/no/such/head"})
-    elif case == "no-draft":
-        args["--method"] = "eagle3"
-    elif case == "no-config":
+            "--method": "ngram", **change}
+    if case == "no-config":
         (model / "config.json").unlink()
-    argv = ["trace"] + [v for kv in args.items() for v in kv] + (["--oracle"] if case == "ngram-oracle" else [])
-    assert main(argv) == 2
+    assert main(["trace"] + [v for kv in args.items() for v in kv if v is not None]) == 2
     err = _one_line(capsys, "speclimits trace: error: ")
     assert expect in err
     if case == "vocab":
@@ -356,13 +345,8 @@ def test_one_default_dtype_for_every_engine_command():
 
     assert DEFAULT_DTYPE == "float32"
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    trace = sub.choices["trace"]
-    # left unset, --dtype resolves to the default wherever the CPU's engine can run it (speclimits.machine)
-    from speclimits.machine import engine_dtype
-
-    assert trace.get_default("dtype") is None
-    assert engine_dtype(None, {"architectures": ["Qwen3MoeForCausalLM"]}, ["avx512f", "amx_tile"], DEFAULT_DTYPE).dtype \
-        == DEFAULT_DTYPE
+    # left unset, --dtype resolves to the default wherever the CPU's engine can run it (test_machine.py)
+    assert sub.choices["trace"].get_default("dtype") is None
     assert SweepConfig.__dataclass_fields__["dtype"].default == DEFAULT_DTYPE
     for name, fn in inspect.getmembers(control_engine, inspect.isfunction):
         param = inspect.signature(fn).parameters.get("dtype")
