@@ -1,10 +1,6 @@
-"""Cost-model statistics: factor analysis, the final target model (Eq. 4), the draft model,
-robustness checks, and the cost-model fit the Oracle reads.
-
-Every fit uses the decode rounds with a non-zero timing (:func:`speclimits.trace.decode_rounds`),
-OLS with standard errors clustered by generation, and GroupKFold(5) by generation for
-out-of-sample metrics. Results objects carry ``to_dict()`` (what ``speclimits fit --json`` prints) and,
-where a command prints them as text, ``summary()``.
+"""Cost-model statistics: factor analysis, the final target model (Eq. 4), the draft model, robustness
+checks, and the cost-model fit the Oracle reads; OLS on decode rounds with SEs clustered by generation,
+GroupKFold(5) by generation out of sample. Results carry ``to_dict()`` (``--json``) and ``summary()`` (text).
 """
 
 from speclimits.stats._ols import (CellMoments, ClusterSums, CVResult, Design, OLSResults, cluster_bootstrap,

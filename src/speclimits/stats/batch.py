@@ -382,15 +382,14 @@ def validate_by_batch_k(trace: Trace | str | Path, model: BatchCostModel | None 
     measured_step = steps["t_target_ms"].to_numpy(dtype=float) + steps["t_draft_ms"].to_numpy(dtype=float)
     modelled = pd.MultiIndex.from_arrays([steps["batch_id"].to_numpy(), steps["step"].to_numpy()]).isin(
         pd.MultiIndex.from_arrays([uni["batch_id"].to_numpy(), uni["step"].to_numpy()]))
-    meas_uni = uni["t_target_ms"].to_numpy(dtype=float) + uni["t_draft_ms"].to_numpy(dtype=float)
     base = pd.DataFrame({"b": steps["b"].to_numpy(), "K": steps["K"].to_numpy(), "measured": measured_step,
                          "unmodelled": np.where(modelled, 0.0, measured_step), "one": 1.0,
                          "modelled": modelled.astype(float), "batch_id": steps["batch_id"].to_numpy()})
     agg = base.groupby(["b", "K"]).agg(n_batches=("batch_id", "nunique"), n_steps=("one", "sum"),
                                        n_modelled=("modelled", "sum"), measured_ms=("measured", "sum"),
                                        unmodelled_ms=("unmodelled", "sum"))
-    pu = pd.DataFrame({"b": uni["b"].to_numpy(), "K": uni["K"].to_numpy(), "cross": cross, "model": in_model,
-                       "meas": meas_uni}).groupby(["b", "K"]).sum()
+    pu = pd.DataFrame({"b": uni["b"].to_numpy(), "K": uni["K"].to_numpy(), "cross": cross,
+                       "model": in_model}).groupby(["b", "K"]).sum()
     tokens = rounds.groupby(["b", "K"])["n_emitted"].sum()
     out = agg.join(pu, how="left").join(tokens.rename("tokens"), how="left").fillna({"cross": 0.0, "model": 0.0})
     out["ms_per_token"] = out["measured_ms"] / out["tokens"]
