@@ -166,11 +166,9 @@ class CostModel:
 
     def coefficients_by_m(self, m_max: int) -> tuple[np.ndarray, np.ndarray]:
         """``(beta0, alpha)`` indexed by m = 0..m_max; NaN where the model has no such m (always at 0)."""
-        beta0 = np.full(m_max + 1, np.nan)
-        alpha = np.full(m_max + 1, np.nan)
-        for m in range(1, m_max + 1):
-            if m in self.beta0:
-                beta0[m], alpha[m] = self.beta0[m], self.alpha[m]
+        ms = [m for m in range(1, m_max + 1) if m in self.beta0]
+        beta0, alpha = np.full(m_max + 1, np.nan), np.full(m_max + 1, np.nan)
+        beta0[ms], alpha[ms] = [self.beta0[m] for m in ms], [self.alpha[m] for m in ms]
         return beta0, alpha
 
     def action_terms(self, k_max: int) -> tuple[np.ndarray, np.ndarray]:

@@ -90,10 +90,8 @@ def designed_traces() -> dict[int, Path]:
     """The designed-experiment traces of ``data/traces``, by expert width: folders named ``designed-w<width>``."""
     from speclimits.paths import TRACES_DIR
 
-    out = {}
-    for p in sorted(TRACES_DIR.glob("designed-w*")):
-        if (p / "rounds.parquet").exists() and p.name[len("designed-w"):].isdigit():
-            out[int(p.name[len("designed-w"):])] = p
+    out = {int(p.name[len("designed-w"):]): p for p in sorted(TRACES_DIR.glob("designed-w*"))
+           if (p / "rounds.parquet").exists() and p.name[len("designed-w"):].isdigit()}
     return dict(sorted(out.items()))
 
 

@@ -11,7 +11,7 @@ quantities (MAPE, residuals) use the kept rows: a row's prediction is ``Z_row ·
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -138,10 +138,7 @@ class CellMoments:
 
     def recluster(self, column: str) -> "CellMoments":
         """The same moments clustered by a cell column (e.g. ``prompt_id``), for standard errors only."""
-        cells = self.cells.copy()
-        cells["cluster"] = pd.factorize(cells[column], sort=True)[0]
-        return CellMoments(self.names, self.zz, self.zy, self.yy, self.n, cells, self.z, self.y,
-                           self.cell_of_row, self.response)
+        return replace(self, cells=self.cells.assign(cluster=pd.factorize(self.cells[column], sort=True)[0]))
 
 
 @dataclass(frozen=True)

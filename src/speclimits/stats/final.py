@@ -271,10 +271,8 @@ def _per_k_replicates(mom: CellMoments, per_k: pd.DataFrame, weights: np.ndarray
     for k, rep in reps.items():
         if failed_replicates(rep.to_numpy()):
             failed[f"per-K fit at K = {k}"] = failed_replicates(rep.to_numpy())
-    out = {}
-    for name, col in (("alpha", "u_bar"), ("beta0", "const"), ("c", "context_len")):
-        out[name] = pd.DataFrame({int(m): reps[int(k)][col].to_numpy() for k, m in zip(per_k["K"], per_k["m"])})
-    return out
+    return {name: pd.DataFrame({int(m): reps[int(k)][col].to_numpy() for k, m in zip(per_k["K"], per_k["m"])})
+            for name, col in (("alpha", "u_bar"), ("beta0", "const"), ("c", "context_len"))}
 
 
 def _metric_intervals(mom: CellMoments, folds: np.ndarray, weights: np.ndarray, ladder: pd.DataFrame,

@@ -111,15 +111,6 @@ def run_order(dk: pd.DataFrame) -> tuple[pd.Series, str]:
     return pd.Series(np.sort(dk["generation_id"].unique())), "generation_id (the order the sweep produced them)"
 
 
-def _bootstrap_row(mom: CellMoments, base: OLSResults, n_boot: int, seed: int) -> tuple[dict, pd.DataFrame]:
-    boot = cluster_bootstrap(mom, BASE_DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
-    a, c = percentile_interval(boot["u_bar"].to_numpy()), percentile_interval(boot["context_len"].to_numpy())
-    row = _row("cluster bootstrap", f"{n_boot} resamples of generations", "bootstrap percentile",
-               alpha=float(base.params["u_bar"]), c=float(base.params["context_len"]), n=base.nobs,
-               ci=(a[0], a[1], c[0], c[1]))
-    return row, boot
-
-
 def _huber_rows(dk: pd.DataFrame, x: np.ndarray) -> list[dict]:
     h = diag.huber_fit(dk["t_target_ms"].to_numpy(float), x, dk["generation_id"].to_numpy())
     rows = []
@@ -220,7 +211,11 @@ def robustness_checks(rounds: pd.DataFrame, k: int = 8, n_boot: int = 999, seed:
     dk = dec.loc[dec["K"].to_numpy() == k].reset_index(drop=True)
     mom = CellMoments.from_rounds(dk)
     base = fit_ols(mom, BASE_DESIGN)
-    boot_row, boot = _bootstrap_row(mom, base, n_boot, seed)
+    boot = cluster_bootstrap(mom, BASE_DESIGN, draw_counts(mom.n_clusters, n_boot, seed))
+    a, c = percentile_interval(boot["u_bar"].to_numpy()), percentile_interval(boot["context_len"].to_numpy())
+    boot_row = _row("cluster bootstrap", f"{n_boot} resamples of generations", "bootstrap percentile",
+                    alpha=float(base.params["u_bar"]), c=float(base.params["context_len"]), n=base.nobs,
+                    ci=(a[0], a[1], c[0], c[1]))
     x = BASE_DESIGN.rows(mom)  # const, Ū, L; the moments keep dk's row order
     resid = dk["t_target_ms"].to_numpy(float) - predict(mom, BASE_DESIGN, base.params)
     keep = np.abs(resid) <= np.quantile(np.abs(resid), 1 - trim)
