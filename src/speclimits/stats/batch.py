@@ -23,7 +23,7 @@ from statsmodels.stats.sandwich_covariance import cov_cluster
 
 from speclimits.costmodel import BatchCostModel, CostModel, saturation_curve
 from speclimits.errors import CostModelError, SpeclimitsError
-from speclimits.stats.costfit import _donor, m1_convention
+from speclimits.stats.costfit import alpha_donor, m1_convention
 from speclimits.trace import Trace, read_trace
 
 STEP_COLUMNS = ("batch_id", "b", "K", "step", "n_reqs", "n_decode", "n_tokens", "m_max", "u_bar", "context_total",
@@ -195,7 +195,7 @@ def _fit_target(df: pd.DataFrame, top_k: int, cov_type: str) -> dict[str, Any]:
             _put(out, res, "alpha", p[a_name], res.var(a_name), mv)
             _put(out, res, "beta0", p[b_name], res.var(b_name), mv)
         else:  # the batch-1 convention (costfit.m1_convention)
-            donor, tk = _donor((mv,), [(v,) for v in ident])[0], float(top_k)
+            donor, tk = alpha_donor((mv,), [(v,) for v in ident])[0], float(top_k)
             (alpha, a_var, beta0, b_var), (_, a_cr1, _, b_cr1) = (
                 m1_convention(p, cov, b_name, f"alpha[{donor}]", tk) for cov in (res.cov, res.cov_cr1))
             _put(out, res, "alpha", alpha, (a_var, a_cr1), mv)

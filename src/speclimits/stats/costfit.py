@@ -107,13 +107,13 @@ def _u_sums(mom: CellMoments, members: Sequence[int]) -> tuple[float, float, flo
 
 def _identified(n, s1, s2):
     """Whether α is identified from rows ``n``, ΣŪ ``s1``, ΣŪ² ``s2`` (arrays or scalars): Ū's variance
-    above 1e-10 of max(1, mean²). Where not (Ū constant, as at m = 1), :func:`_donor` supplies α."""
+    above 1e-10 of max(1, mean²). Where not (Ū constant, as at m = 1), :func:`alpha_donor` supplies α."""
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = s1 / n
         return s2 / n - mean ** 2 > 1e-10 * np.maximum(1.0, mean ** 2)
 
 
-def _donor(group: tuple[int, ...], ident: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+def alpha_donor(group: tuple[int, ...], ident: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
     """The identified group whose α an unidentified one takes: the nearest in m (the smaller on a tie)."""
     return min(ident, key=lambda v: (abs(v[0] - group[0]), v[0]))
 
@@ -206,7 +206,7 @@ def fit_joint(mom: CellMoments, top_k: float | None = None, pooling: MPooling | 
             alpha, alpha_var = ols.params[a_name], ols.cov.loc[a_name, a_name]
             beta0, beta0_var = ols.params[b_name], ols.cov.loc[b_name, b_name]
         else:  # the m = 1 convention (m1_convention)
-            d, (n, s1, _) = _m_key(_donor(g, ident)), _u_sums(mom, g)
+            d, (n, s1, _) = _m_key(alpha_donor(g, ident)), _u_sums(mom, g)
             u_obs = float(s1 / n)
             tk = float(top_k) if top_k is not None else u_obs
             if top_k is not None and abs(tk - u_obs) > 1e-6:
@@ -318,7 +318,7 @@ def fit_costs(mom: CostMoments, weights: np.ndarray | None = None, source: str =
                 if g in unident:  # the m = 1 convention (m1_convention), as fit_joint
                     j = groups.index(g)
                     tk = mom.top_k if mom.top_k is not None else float(s1[b, j] / n[b, j])
-                    a_g = float(p[f"alpha[{_m_key(_donor(g, ident))}]"])
+                    a_g = float(p[f"alpha[{_m_key(alpha_donor(g, ident))}]"])
                     b_g = float(p[f"beta0[{key_g}]"] - a_g * tk)
                 else:
                     a_g, b_g = float(p[f"alpha[{key_g}]"]), float(p[f"beta0[{key_g}]"])
