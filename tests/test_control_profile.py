@@ -157,11 +157,13 @@ def test_price_refresh_follows_a_slowdown_and_ignores_a_stall():
 
 def test_cpu_info_reads_model_and_kernel_flags(tmp_path):
     f = tmp_path / "cpuinfo"
-    f.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse2 avx2 fma avx512f amx_tile\n"
-                 "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu\n")
+    f.write_text("processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: Test CPU 9000\n"
+                 "flags\t\t: fpu sse2 avx2 fma avx512f amx_tile\n"
+                 "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: Test CPU 9000\nflags\t\t: fpu\n")
     info = cpu_info(f)
     assert info["model"] == "Test CPU 9000" and info["flags"] == ["avx2", "fma", "avx512f", "amx_tile"]
-    assert "avx512f" in describe(info)
+    assert (info["family"], info["model_id"]) == (26, 2)  # the first processor's, as its name and flags
+    assert "avx512f" in describe(info) and describe(info).startswith("Test CPU 9000 (family 26 model 2; ")
     assert set(cpu_info()["flags"]) <= set(KERNEL_FLAGS)
 
 

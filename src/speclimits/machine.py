@@ -53,8 +53,10 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", every_flag: bool = False,
              sysfs: str | Path = SYSFS_CACHE) -> dict[str, Any]:
     """``{"model": ..., "flags": [...], "cores": n, "cache_kib": {"L1d": .., "L2": .., "L3": ..}}``: the
     first processor's model name, which of :data:`KERNEL_FLAGS` it has (in that order; ``every_flag``:
-    all its flags, sorted), the logical core count and :func:`cache_kib`."""
-    model, flags = platform.processor() or platform.machine(), set()
+    all its flags, sorted), the logical core count and :func:`cache_kib`; ``"family"`` and ``"model_id"``
+    (``cpu family`` and ``model`` of /proc/cpuinfo) where given, since one model name ("AMD EPYC") covers
+    CPU generations that pick other kernels."""
+    model, flags, ids = platform.processor() or platform.machine(), set(), {}
     try:
         text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -64,11 +66,13 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo", every_flag: bool = False,
         key = key.strip()
         if key == "model name" and value.strip():
             model = value.strip()
+        elif key in ("cpu family", "model") and value.strip().isdigit():
+            ids["family" if key == "cpu family" else "model_id"] = int(value)
         elif key == "flags":
             flags = set(value.split())
             break
     chosen = sorted(flags) if every_flag else [f for f in KERNEL_FLAGS if f in flags]
-    return {"model": model, "flags": chosen, "cores": os.cpu_count(), "cache_kib": cache_kib(sysfs)}
+    return {"model": model, **ids, "flags": chosen, "cores": os.cpu_count(), "cache_kib": cache_kib(sysfs)}
 
 
 def _mib(kib: int) -> str:
@@ -76,12 +80,14 @@ def _mib(kib: int) -> str:
 
 
 def describe(info: dict[str, Any]) -> str:
-    """One line for a page: ``"AMD EPYC (2 cores; L2 1 MiB/core, L3 32 MiB; avx2, avx512f, ...)"`` (records
-    written before the caches were kept read without them)."""
+    """One line for a page: ``"AMD EPYC (family 26 model 2; 2 cores; L2 1 MiB/core, L3 32 MiB; avx2, ...)"``
+    (records written before the family, model or caches were kept read without them)."""
     flags = ", ".join(info.get("flags") or []) or "no AVX2/AVX-512/AMX flags"
     caches = info.get("cache_kib") or {}
     cache = ", ".join(f"{k} {_mib(v)}" + ("/core" if k != "L3" else "") for k, v in caches.items() if k in ("L2", "L3"))
-    return f"{info.get('model', '?')} ({info.get('cores', '?')} cores; " + (f"{cache}; " if cache else "") + f"{flags})"
+    ids = f"family {info['family']} model {info['model_id']}; " if "family" in info and "model_id" in info else ""
+    return (f"{info.get('model', '?')} ({ids}{info.get('cores', '?')} cores; " + (f"{cache}; " if cache else "")
+            + f"{flags})")
 
 
 def has_amx(flags: Iterable[str]) -> bool:
