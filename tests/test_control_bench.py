@@ -333,6 +333,38 @@ def test_bench_batch_option_takes_the_shared_list_syntax(tmp_path):
         BenchConfig.from_args(argparse.Namespace(**{**vars(args), "batch": 1, "ext_static": "a"}))
 
 
+def test_crossfit_ratio_runs_the_k_chosen_on_one_half_on_the_other():
+    """Two stock Ks that swap places between the halves: in hindsight (all blocks) the reference is the better
+    of the two everywhere's average; cross-fitted, each half runs the K the *other* half chose, its worse one.
+    The planted times give both figures in closed form; with one clearly best K the two ratios agree."""
+    from speclimits.bench.control import crossfit_ratios, workload_ratios
+
+    rows = []
+    for block in range(20):
+        even = block % 2 == 0
+        # stock:1 takes 10 ms/token on even blocks and 13 on odd; stock:2 the reverse but 12 / 10.5
+        for name, ms in (("stock:1", 10.0 if even else 13.0), ("stock:2", 12.0 if even else 10.5),
+                         ("delta", 10.0)):
+            rows.append(dict(block=block, arm=name, duration_s=ms * 0.1, total_output_tokens=100))
+    blocks = pd.DataFrame(rows)
+    chosen, c = crossfit_ratios(blocks, n_boot=300)
+    assert chosen == ["stock:1", "stock:2"]  # even blocks choose K = 1, odd blocks K = 2
+    # run crossed: K = 1 on the odd blocks (13), K = 2 on the even ones (12): 12.5 ms/token
+    assert c.loc["delta", "crossfit_ratio"] == pytest.approx(12.5 / 10.0)
+    best, w = workload_ratios(blocks, n_boot=300)
+    assert best == "stock:2"  # 11.25 ms/token over all blocks against 11.5
+    assert w.loc["delta", "workload_ratio"] == pytest.approx(11.25 / 10.0)
+    assert c.loc["stock:2", "crossfit_ratio"] == pytest.approx(12.5 / 11.25)
+    # no noise, so every replicate chooses the same: the interval is the point
+    assert c.loc["delta", "crossfit_ratio_lo"] == pytest.approx(1.25) == c.loc["delta", "crossfit_ratio_hi"]
+    # one K best on every block: the cross-fitted reference is that K, as in hindsight
+    _, c2 = crossfit_ratios(hand_blocks(), n_boot=300)
+    _, w2 = workload_ratios(hand_blocks(), n_boot=300)
+    assert c2.loc["delta", "crossfit_ratio"] == pytest.approx(w2.loc["delta", "workload_ratio"])
+    s, choice = summarize(hand_blocks(), n_boot=100)
+    assert choice["crossfit_stock"] == ["stock:2", "stock:2"] and "crossfit_ratio_lo" in s
+
+
 def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
     """The workload ratio recovers the planted 1.08, and the figures quoted for the committed batch-1 runs."""
     from speclimits.book.views.control_runs import engine_table

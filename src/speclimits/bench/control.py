@@ -362,13 +362,60 @@ def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
     return best, out
 
 
+def _crossfit_reference(dur: np.ndarray, tok: np.ndarray, even: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pooled time per token of the stock K chosen on one half of the blocks and run on the other, both ways:
+    ``(reference, K index chosen on the even blocks, on the odd ones)``. ``dur``, ``tok``: (..., stock arms,
+    blocks), a leading axis per bootstrap replicate (the blocks' weights already applied)."""
+    d_e, d_o = dur[..., even].sum(-1), dur[..., ~even].sum(-1)
+    t_e, t_o = tok[..., even].sum(-1), tok[..., ~even].sum(-1)
+    k_e, k_o = np.argmin(d_e / t_e, axis=-1), np.argmin(d_o / t_o, axis=-1)
+
+    def take(a: np.ndarray, k: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(a, np.asarray(k)[..., None], axis=-1)[..., 0]
+
+    return (take(d_o, k_e) + take(d_e, k_o)) / (take(t_o, k_e) + take(t_e, k_o)), k_e, k_o
+
+
+def crossfit_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
+                    ) -> tuple[list[str] | None, pd.DataFrame]:
+    """The workload ratio against a stock K chosen *out of sample*: the K best on the even blocks runs the odd
+    ones and the K best on the odd blocks runs the even ones (two-fold cross-fitting), their pooled time per
+    token over each arm's over all blocks. :func:`workload_ratios` picks the K on the blocks it is compared on,
+    the best of several noisy arms in hindsight, which flatters the reference; this is what a user who tunes K on
+    one sample of the work and runs it on another gets. The 95% interval redraws the blocks within each half
+    and chooses again in every replicate, so the choice's own luck is in it. Returns ``([K on even, K on odd],
+    DataFrame by arm: crossfit_ratio, _lo, _hi)``; ``(None, empty)`` with no stock arm or under two blocks."""
+    cols = ["crossfit_ratio", "crossfit_ratio_lo", "crossfit_ratio_hi"]
+    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
+                               aggfunc="sum")
+    dur, tok = table["duration_s"], table["total_output_tokens"]
+    stock = [a for a in dur.columns if arm(a).kind == "stock"]
+    even = np.arange(len(dur)) % 2 == 0
+    if not stock or even.all():
+        return None, pd.DataFrame(columns=cols)
+    s_dur, s_tok = dur[stock].to_numpy().T, tok[stock].to_numpy().T  # (stock arms, blocks)
+    ref, k_e, k_o = _crossfit_reference(s_dur, s_tok, even)
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((n_boot, len(dur)))
+    for half in (even, ~even):  # blocks drawn within each half: both halves keep their sizes
+        counts[:, half] = draw_counts(int(half.sum()), n_boot, rng)
+    ref_reps = _crossfit_reference(counts[:, None, :] * s_dur, counts[:, None, :] * s_tok, even)[0]
+    rows = {}
+    for a in dur.columns:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = ref_reps / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
+        rows[a] = (float(ref / (dur[a].sum() / tok[a].sum())), *percentile_interval(reps))
+    return [stock[int(k_e)], stock[int(k_o)]], pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+
+
 def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
     """One row per arm and the choice of the best stock K.
 
     Columns: ``ms_per_token`` (median over blocks; ``_lo``/``_hi`` interquartile range), ``ms_per_token_pooled``
     (all time over all tokens: what the offline prediction predicts), ``cpu_ms_per_token``, paired ratios
     ``vs_plain``, ``vs_stock_K``, ``vs_best_stock`` (chosen on even blocks, compared on odd) with 95% intervals,
-    ``vs_best_stock_all`` (chosen and compared on all blocks), :func:`workload_ratios`, acceptance length,
+    ``vs_best_stock_all`` (chosen and compared on all blocks), :func:`workload_ratios`, :func:`crossfit_ratios`, acceptance length,
     decision time per round and its ``decision_share``, mean k, wasted draft steps, ``price_scale`` (median of
     the controller's refreshed scale) and ``price_level`` (per block the median scale of the controlled arms,
     weighted by the arm's tokens: the factor :func:`with_prediction` rescales by).
@@ -402,6 +449,8 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
         out["vs_best_stock_all"] = [paired_ratio(pb[allb].to_numpy(), pb[a].to_numpy(), 0)[0] for a in out.index]
     choice["best_stock_workload"], work = workload_ratios(blocks, n_boot, seed)
     out = out.join(work)
+    choice["crossfit_stock"], cross = crossfit_ratios(blocks, n_boot, seed)
+    out = out.join(cross)
     if "decide_us" in blocks:
         cols = ["decide_us", "drafting_calls", "duration_s"] + (["decide_gross_us"] if "decide_gross_us" in blocks else [])
         per = g[cols].sum(min_count=1)
@@ -429,7 +478,8 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
 def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any], lossless: bool | None) -> str:
     cols = ["arm", "ms_per_token", "cpu_ms_per_token", "vs_plain", "vs_best_stock", "vs_best_stock_lo",
             "vs_best_stock_hi", "workload_ratio", "workload_ratio_lo", "workload_ratio_hi",
-            "spec_decode_acceptance_length", "decision_share", "mean_k"]
+            "crossfit_ratio", "crossfit_ratio_lo", "crossfit_ratio_hi", "spec_decode_acceptance_length",
+            "decision_share", "mean_k"]
     cols += [c for c in ("predicted_ms_per_token", "prediction_error", "prediction_error_rescaled") if c in summary]
     how = (f"temperature {cfg.temperature:g}, top-p {cfg.top_p:g} (lossless in distribution: tested apart)"
            if cfg.sampled else f"greedy; lossless: {lossless}")
@@ -437,7 +487,10 @@ def summary_text(summary: pd.DataFrame, cfg: BenchConfig, choice: dict[str, Any]
         how = (f"mixed: {cfg.greedy_share:g} of the requests greedy, the rest at temperature {cfg.temperature:g}, "
                f"top-p {cfg.top_p:g}; the greedy requests lossless: {lossless}")
     lines = [f"batch {cfg.batch}, {cfg.blocks} blocks, {cfg.max_tokens} tokens per prompt, {how}; "
-             f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)",
+             f"best stock K: {choice['best_stock']} (chosen on {choice['best_stock_chosen_on']}, ratios on the others)"
+             + (f"; workload: {choice['best_stock_workload']} (chosen on all blocks), cross-fitted: "
+                f"{' / '.join(choice['crossfit_stock'])} (chosen on even / odd blocks, run on the others)"
+                if choice.get("crossfit_stock") else ""),
              summary[[c for c in cols if c in summary]].to_string(index=False, float_format=lambda v: f"{v:.3f}")]
     return "\n".join(lines)
 
