@@ -386,7 +386,9 @@ if oracle_ok and sampled.SAMPLED_TRACE.exists() and Path(str(tr.path)).name == T
                "and with k = 0 allowed: a round that drafts nothing) over plain decoding, and the largest error "
                "of the Oracle's cost model against the measured static-K sweep.")
 else:
-    print(wrap("the sampled twin trace is compared on the twin's own page (the default book)"))
+    page.cannot_show("the sampled requests (the Oracle at temperature 0.7 and the engine runs below)",
+                     "they are measured on the memory-bound twin (data/traces/twin-eagle3-t07 and "
+                     "data/control/twin/t07/), so the book built on the twin's trace shows them (the default book)")
 
 # %% [markdown]
 # In the engine, the policy fitted on the sampled trace's train prompts runs the 22 held-out ones at temperature
@@ -407,7 +409,9 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name:
     else:
         print(wrap(t07_note))
 else:
-    print(wrap("the sampled engine runs are shown on the twin's own page (the default book)"))
+    page.cannot_show("the engine runs on sampled requests",
+                     "they are measured on the memory-bound twin, so the book built on the twin's trace shows them "
+                     "(the default book)")
 
 # %% [markdown]
 # **Rounds that draft nothing.** Inside a speculative engine the EAGLE head runs its first step every round,
