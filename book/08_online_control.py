@@ -361,7 +361,9 @@ if oracle_ok:
                    f"{describe(next(iter(fresh.values()))['engine']['cpu'])}; "
                    + "; ".join(f"batch {b}: {r['config']['blocks']} blocks" for b, r in sorted(fresh.items()))
                    + "). Paired: on the odd blocks against the stock K chosen on the even ones; workload: all "
-                   "blocks' time per token against the stock K best over them; 95% intervals over blocks. "
+                   "blocks' time per token against the stock K best over them (chosen in hindsight); cross-fitted: "
+                   "against the stock K chosen on the other half of the blocks (even for odd, odd for even), what a "
+                   "user who tunes K on one sample of the work gets; 95% intervals over blocks. "
                    "\"Below 1\": the workload interval lies under 1.")
     else:
         print(wrap("no run on unseen prompts for this trace (data/control/twin/fresh/ is the twin's)"))

@@ -254,5 +254,6 @@ def test_bench_runs_are_those_fitted_on_the_trace_in_either_regime():
         assert len(rows) == len(pol) >= 6 and {"delta:acceptance", "delta-fixed:acceptance"} <= set(pol)
         for a in pol:  # "Below 1" exactly where the workload interval lies under 1
             assert rows.loc[cview.arm_name(a), "Below 1"] == ("yes" if t.loc[a, "workload_ratio_hi"] < 1 else "no")
+            assert rows.loc[cview.arm_name(a), "Cross-fitted [95% CI]"].startswith(f"{t.loc[a, 'crossfit_ratio']:.3f} [")
     table = cview.regime_contrast(runs, ref, "memory-bound twin", "cache-resident")
     assert len(table) == 6 and table["Regime"].tolist()[:3] == ["memory-bound twin"] * 3
