@@ -337,29 +337,40 @@ def best_stock(table: pd.DataFrame) -> str | None:
     return min(stock, key=lambda a: table[a].median()) if stock else None
 
 
+def _block_sums(blocks: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(blocks × arms) total duration and total tokens, and the stock K arms among the columns."""
+    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
+                               aggfunc="sum")
+    dur, tok = table["duration_s"], table["total_output_tokens"]
+    return dur, tok, [a for a in dur.columns if arm(a).kind == "stock"]
+
+
+def _pooled_ratios(dur: pd.DataFrame, tok: pd.DataFrame, ref: float, ref_reps: np.ndarray, counts: np.ndarray,
+                   cols: list[str]) -> pd.DataFrame:
+    """Per arm: the reference's pooled time per token over the arm's, and its 95% interval from the replicates
+    (``counts``: the blocks' draw counts, ``ref_reps``: the reference in each replicate)."""
+    pooled, rows = dur.sum() / tok.sum(), {}
+    for a in dur.columns:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps = ref_reps / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
+        rows[a] = (float(ref / pooled[a]), *percentile_interval(reps))
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+
+
 def workload_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
                     ) -> tuple[str | None, pd.DataFrame]:
     """What a user's workload sees: the best stock K's pooled time per token over all blocks (K chosen on the
     same blocks, a bias toward the reference) over each arm's, with a 95% paired bootstrap interval over blocks.
     Returns ``(best stock arm, DataFrame by arm: workload_ratio, _lo, _hi)``; ``(None, empty)`` without stock."""
-    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
-                               aggfunc="sum")
-    dur, tok = table["duration_s"], table["total_output_tokens"]
-    pooled = dur.sum() / tok.sum()
-    stock = [a for a in dur.columns if arm(a).kind == "stock"]
+    cols = ["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"]
+    dur, tok, stock = _block_sums(blocks)
     if not stock:
-        return None, pd.DataFrame(columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
-    best = min(stock, key=lambda a: pooled[a])
+        return None, pd.DataFrame(columns=cols)
+    pooled = dur.sum() / tok.sum()
+    best = min(stock, key=lambda a: pooled[a])  # (the same division as _pooled_ratios': the reference's ratio is 1)
     counts = draw_counts(len(dur), n_boot, seed)
-    ref = (counts @ dur[best].to_numpy()) / (counts @ tok[best].to_numpy())
-    rows = {}
-    for a in dur.columns:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            reps = ref / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
-        rows[a] = (float(pooled[best] / pooled[a]), *percentile_interval(reps))
-    out = pd.DataFrame.from_dict(rows, orient="index",
-                                 columns=["workload_ratio", "workload_ratio_lo", "workload_ratio_hi"])
-    return best, out
+    ref_reps = (counts @ dur[best].to_numpy()) / (counts @ tok[best].to_numpy())
+    return best, _pooled_ratios(dur, tok, float(pooled[best]), ref_reps, counts, cols)
 
 
 def _crossfit_reference(dur: np.ndarray, tok: np.ndarray, even: np.ndarray
@@ -387,10 +398,7 @@ def crossfit_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
     and chooses again in every replicate, so the choice's own luck is in it. Returns ``([K on even, K on odd],
     DataFrame by arm: crossfit_ratio, _lo, _hi)``; ``(None, empty)`` with no stock arm or under two blocks."""
     cols = ["crossfit_ratio", "crossfit_ratio_lo", "crossfit_ratio_hi"]
-    table = blocks.pivot_table(index="block", columns="arm", values=["duration_s", "total_output_tokens"],
-                               aggfunc="sum")
-    dur, tok = table["duration_s"], table["total_output_tokens"]
-    stock = [a for a in dur.columns if arm(a).kind == "stock"]
+    dur, tok, stock = _block_sums(blocks)
     even = np.arange(len(dur)) % 2 == 0
     if not stock or even.all():
         return None, pd.DataFrame(columns=cols)
@@ -401,12 +409,7 @@ def crossfit_ratios(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0
     for half in (even, ~even):  # blocks drawn within each half: both halves keep their sizes
         counts[:, half] = draw_counts(int(half.sum()), n_boot, rng)
     ref_reps = _crossfit_reference(counts[:, None, :] * s_dur, counts[:, None, :] * s_tok, even)[0]
-    rows = {}
-    for a in dur.columns:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            reps = ref_reps / ((counts @ dur[a].to_numpy()) / (counts @ tok[a].to_numpy()))
-        rows[a] = (float(ref / (dur[a].sum() / tok[a].sum())), *percentile_interval(reps))
-    return [stock[int(k_e)], stock[int(k_o)]], pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+    return [stock[int(k_e)], stock[int(k_o)]], _pooled_ratios(dur, tok, float(ref), ref_reps, counts, cols)
 
 
 def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -415,10 +418,10 @@ def summarize(blocks: pd.DataFrame, n_boot: int = 2000, seed: int = 0) -> tuple[
     Columns: ``ms_per_token`` (median over blocks; ``_lo``/``_hi`` interquartile range), ``ms_per_token_pooled``
     (all time over all tokens: what the offline prediction predicts), ``cpu_ms_per_token``, paired ratios
     ``vs_plain``, ``vs_stock_K``, ``vs_best_stock`` (chosen on even blocks, compared on odd) with 95% intervals,
-    ``vs_best_stock_all`` (chosen and compared on all blocks), :func:`workload_ratios`, :func:`crossfit_ratios`, acceptance length,
-    decision time per round and its ``decision_share``, mean k, wasted draft steps, ``price_scale`` (median of
-    the controller's refreshed scale) and ``price_level`` (per block the median scale of the controlled arms,
-    weighted by the arm's tokens: the factor :func:`with_prediction` rescales by).
+    ``vs_best_stock_all`` (chosen and compared on all blocks), :func:`workload_ratios`, :func:`crossfit_ratios`,
+    acceptance length, decision time per round and its ``decision_share``, mean k, wasted draft steps,
+    ``price_scale`` (median of the controller's refreshed scale) and ``price_level`` (per block the median scale
+    of the controlled arms, weighted by the arm's tokens: the factor :func:`with_prediction` rescales by).
     """
     pb = per_block(blocks)
     g = blocks.groupby("arm", sort=False)
