@@ -369,6 +369,40 @@ if oracle_ok:
         print(wrap("no run on unseen prompts for this trace (data/control/twin/fresh/ is the twin's)"))
 
 # %% [markdown]
+# **Where the gain goes on the unseen prompts.** Those prompts are not in the trace the policy was fitted on, so
+# `data/control/twin/fresh/trace/` traces them alone (plain decoding and K = 2, with the Oracle's data: each
+# position's draft chain and its matches; used for nothing else, no policy is fitted on it). On it the ladder of
+# {numref}`tbl-control-gap` is replayed on the very prompts the engine ran, for one machine's newest run at each
+# batch size (the running-λ Delta rule, the one arm all three ran). The third rung is the ceiling of the rule's
+# class: fed each drafted position's *true* match probability, with its λ chosen in hindsight. A controller of
+# this class that reads better predictions can climb to it, not past it.
+
+# %% tags=["hide-input"]
+if oracle_ok:
+    ugaps, uruns, unote = view.unseen_gaps(tr, n_rollouts=n_rollouts, n_boot=n_boot, seed=seed)
+    if ugaps:
+        first = next(iter(uruns.values()))
+        page.table(view.decomposition(ugaps, full=True), "tbl-control-gap-unseen",
+                   "Where the exact Oracle's gain over the best static K goes on prompts no policy was fitted or tuned "
+                   "on, rung by rung: offline replays on a trace of those prompts (`data/control/twin/fresh/trace`), "
+                   "priced as in the runs (batch 1: the policy's cost model; batch > 1: each run's profiled passes), "
+                   "and the engine's row measured ("
+                   + ", ".join(f"batch {b} `{r['file']}`" for b, r in sorted(uruns.items()))
+                   + f"; the Delta rule with running λ; {view.regime_of(first)}, {describe(first['engine']['cpu'])}). "
+                   "Speed over the best static K and share of the exact Oracle's gain, 95% bootstrap intervals over "
+                   "references (batch 1) or blocks (batch > 1); the engine's speed is its paired ratio to the best "
+                   "stock K; no interval where the rung is a per-request Oracle at batch > 1.")
+        ceiling = {b: g.iloc[2] for b, g in ugaps.items()}
+        print(wrap("The ceiling of the rule's class on these prompts (true match probabilities, λ in hindsight): "
+                   + "; ".join(f"batch {b}: {r['speed_replay']:.3f}x [{r['speed_replay_lo']:.3f}; "
+                               f"{r['speed_replay_hi']:.3f}] the best static K, {r['share_replay']:.2f} of the "
+                               f"exact Oracle's gain" for b, r in sorted(ceiling.items()))
+                   + ". Between it and the exact Oracle lie the information a real-time rule does not have (which "
+                   "drafts will match, and the match probabilities of positions not yet drafted)."))
+    else:
+        print(wrap(unote))
+
+# %% [markdown]
 # **Sampled requests.** Everything above is greedy. `data/traces/twin-eagle3-t07` is the twin traced at
 # temperature 0.7 (top-p 1) on one machine, with two sampled references per prompt; along a sampled reference
 # a draft matches with the target's probability of it, which is the probability vLLM's rejection sampler

@@ -107,3 +107,51 @@ def test_cli_names_the_data_and_prints_every_rung(smoke_trace, tmp_path, capsys)
     out = capsys.readouterr().out
     assert out.startswith("SIMULATED data") and all(name in out for name, _, _ in RUNGS)
     assert (tmp_path / "d-batch1.csv").exists()
+
+
+def _bench(ids: list[str], max_tokens: int, rule: str = "delta-fixed") -> dict:
+    """A batch-1 benchmark result as the decomposition reads it: its prompts, token budget and the rule's row."""
+    return {"config": {"batch": 1, "max_tokens": max_tokens, "blocks": len(ids)}, "prompt_ids": ids,
+            "choice": {"best_stock": "stock:2"},
+            "summary": [{"arm": rule, "ms_per_token": 5.0, "vs_best_stock": 1.04, "vs_best_stock_lo": 0.99,
+                         "vs_best_stock_hi": 1.09}]}
+
+
+def test_a_benchmark_on_other_prompts_is_decomposed_on_its_own_references(smoke_policy, table):
+    """A benchmark on prompts outside the policy's held-out split (prompts it never saw, traced apart) replays
+    its rungs on the prompts the engine ran; one on the held-out split keeps the split's order and figures."""
+    fit, setup = smoke_policy
+    n = int(setup.raw_inputs.n_tokens.max()) + 1
+    other = [str(s) for s in fit.train_seq_ids][:4]
+    got = gap_decomposition(fit, setup, bench=_bench(other, n), n_rollouts=32, n_boot=199)
+    assert got.attrs["references"] == other
+    want = gap_decomposition(fit, setup, seq_ids=other, n_rollouts=32, n_boot=199)
+    for w in ("replay", "surrogate"):
+        np.testing.assert_allclose(got[f"ms_per_token_{w}"].to_numpy()[:6], want[f"ms_per_token_{w}"].to_numpy()[:6],
+                                   rtol=1e-12)
+    assert got.loc[6, "speed_replay"] == 1.04  # the engine's row: the benchmark's measured ratio
+    test = [str(s) for s in fit.test_seq_ids]
+    same = gap_decomposition(fit, setup, bench=_bench(test[::-1], n), n_rollouts=32, n_boot=199)
+    assert same.attrs["references"] == test
+    np.testing.assert_allclose(same["share_replay"].to_numpy()[:6], table["share_replay"].to_numpy()[:6], rtol=1e-12)
+
+
+def test_cli_decomposes_the_rule_asked_for_and_refuses_two_files_of_one_batch(smoke_trace, smoke_policy, tmp_path,
+                                                                                capsys):
+    import json
+
+    from speclimits.cli import main
+
+    fit, setup = smoke_policy
+    fit.write(tmp_path / "p.json")
+    b = tmp_path / "b1.json"
+    b.write_text(json.dumps(_bench([str(s) for s in fit.test_seq_ids], int(setup.raw_inputs.n_tokens.max()) + 1,
+                                   rule="delta")))
+    args = ["control", "decompose", str(tmp_path / "p.json"), "--trace", str(smoke_trace), "--bench", str(b)]
+    assert main(args + ["--out", str(tmp_path / "d")]) == 2  # the bench ran `delta`, not the default delta-fixed
+    assert "no arm 'delta-fixed'" in capsys.readouterr().err
+    assert main(args + ["--rule", "delta", "--out", str(tmp_path / "d")]) == 0
+    assert (tmp_path / "d-batch1.csv").exists()
+    capsys.readouterr()
+    assert main(args[:-1] + [str(b), str(b), "--rule", "delta", "--out", str(tmp_path / "e")]) == 2
+    assert "share one" in capsys.readouterr().err and not (tmp_path / "e-batch1.csv").exists()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from speclimits.errors import SpeclimitsError
+
 #: ``control fit``'s K_max when none is given (the committed benchmarks' engines run K_max = 6)
 DEFAULT_FIT_K_MAX = 6
 
@@ -46,8 +48,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_combine)
     d = sub.add_parser("decompose", help="where the Oracle's gain goes: one row per rung, on the held-out references")
     d.add_argument("policy", help="policy JSON written by `control fit` (its split and prices are used)")
-    d.add_argument("--trace", default=None, help="trace directory (default: the one the policy was fitted on)")
-    d.add_argument("--bench", nargs="*", default=[], help="bench result JSON files: one table per batch size")
+    d.add_argument("--trace", default=None,
+                   help="trace directory (default: the one the policy was fitted on); for a benchmark on prompts the "
+                        "policy never saw, a trace of those prompts (`speclimits trace --k 0,2 --oracle`): the rungs "
+                        "are then replayed on the prompts the engine ran")
+    d.add_argument("--bench", nargs="*", default=[], help="bench result JSON files: one table per file")
+    d.add_argument("--rule", default="delta-fixed",
+                   help="the Delta rule whose engine arm is decomposed (delta, delta-fixed; default: delta-fixed); "
+                        "every benchmark given must have run it")
     d.add_argument("--out", default=None, help="write PREFIX-batchB.csv per table")
     d.set_defaults(func=run_decompose)
 
@@ -93,14 +101,20 @@ def run_decompose(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace or fit.data["trace"])
     print(trace.source_label)
     setup = greedy_setup(trace, fit.cost_model)
-    for bench in [json.loads(open(b).read()) for b in args.bench] or [None]:
-        table = gap_decomposition(fit, setup, bench=bench)
+    benches = [json.loads(open(b).read()) for b in args.bench]
+    batches = [int(b["config"]["batch"]) for b in benches]
+    if args.out and len(set(batches)) < len(batches):
+        raise SpeclimitsError(f"control decompose: --out writes one PREFIX-batchB.csv per batch size, and the bench "
+                              f"files {', '.join(args.bench)} share one (batches {batches}): run one call per file")
+    for bench in benches or [None]:
+        table = gap_decomposition(fit, setup, rule=args.rule, bench=bench)
         batch = int(table["batch"].iloc[0])
         acc = table.attrs["acceptance"]
         print(f"batch {batch} ({table.attrs['shown']} shown; acceptance model {acc['from']}: "
               f"{' + '.join(acc['features']) or 'intercept only'}):")
-        print(table[["rung", "name", "ms_per_token_replay", "speed_replay", "share_replay", "share_replay_lo",
-                     "share_replay_hi", "loss"]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print(table[["rung", "name", "ms_per_token_replay", "speed_replay", "speed_replay_lo", "speed_replay_hi",
+                     "share_replay", "share_replay_lo", "share_replay_hi", "loss"]].to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"))
         if args.out:
             table.to_csv(f"{args.out}-batch{batch}.csv", index=False)
     return 0

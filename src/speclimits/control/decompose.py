@@ -113,8 +113,9 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
                       acceptance: AcceptanceModel | None = None) -> pd.DataFrame:
     """The gap between the exact Oracle and the engine, one row per rung, on held-out greedy references.
 
-    ``setup``: the greedy Oracle setup of the fit's trace. ``seq_ids``: default ``fit.test_seq_ids`` (at batch > 1
-    the benchmark's blocks). ``rule``: the Delta rule's key the engine ran. ``bench``: a ``speclimits control
+    ``setup``: the greedy Oracle setup of the fit's trace, or of a trace of the benchmark's prompts (a benchmark
+    on prompts the policy never saw). ``seq_ids``: default ``fit.test_seq_ids``, or with a benchmark its own
+    prompts where they are others (at batch > 1 the benchmark's blocks). ``rule``: the Delta rule's key the engine ran. ``bench``: a ``speclimits control
     bench`` result for the engine's row; its batch sets the table's (none: batch 1, no engine row). ``n_states``:
     truncate each reference. ``lambda_grid``: the λ searched for the best causal rule (default the fit's λ and
     :data:`~speclimits.control.fit.LAMBDA_GRID` times ``lambda_oracle``). ``n_rollouts``, ``seed``: Monte Carlo
@@ -151,12 +152,27 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
     lambdas = np.unique(np.concatenate([[fit.lambda_], fit.lambda_oracle * LAMBDA_GRID])) if lambda_grid is None \
         else np.unique(np.concatenate([[fit.lambda_], np.asarray(lambda_grid, dtype=float)]))
     if batch == 1:
-        out = _batch1(fit, setup, list(fit.test_seq_ids) if seq_ids is None else list(seq_ids), rule, bench,
+        out = _batch1(fit, setup, _batch1_references(fit, bench) if seq_ids is None else list(seq_ids), rule, bench,
                       n_states, lambdas, n_rollouts, seed, n_boot, acceptance)
     else:
         out = _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acceptance)
     out.attrs["acceptance"] = {"from": acc_from, **acceptance.to_dict()}
     return out
+
+
+def _bench_references(bench: dict[str, Any]) -> list[str]:
+    """The references a benchmark ran whole (a prompt run on a part of its reference has none to replay)."""
+    return [str(i) for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
+
+
+def _batch1_references(fit: PolicyFit, bench: dict[str, Any] | None) -> list[str]:
+    """Batch 1's references: the policy's held-out split, or the benchmark's own prompts where it ran others (the
+    benchmark on prompts the policy never saw, with a trace of them: the rungs then price what the engine ran)."""
+    test = [str(s) for s in fit.test_seq_ids]
+    if bench is None:
+        return test
+    ran = _bench_references(bench)
+    return test if set(ran) == set(test) else ran
 
 
 def _frame(rows: list[dict[str, Any]], batch: int) -> pd.DataFrame:
@@ -228,8 +244,7 @@ def _engine(fit: PolicyFit, setup: OracleSetup, rule: str, bench: dict[str, Any]
     out: dict[str, Any] = {}
     e = _engine_row(bench, rule)
     if gain is None:  # the exact Oracle and the best static K replayed on the benchmark's own references
-        ids = [i for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
-        raw, _ = select(setup, ids, int(bench["config"]["max_tokens"]) - 1)
+        raw, _ = select(setup, _bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
         o = solve(raw, fit.cost_model, k_max=fit.k_max, deterministic=True)
         gain = o.bounds.gain_over_best_static
     out.update({"ms_per_token_replay": e["ms"], "speed_replay": e["speed"], "speed_replay_lo": e["lo"],
@@ -252,8 +267,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
     prof = EngineProfile.from_dict(bench["profile"])
     priced = prof.priced(fit)
     model = priced.cost_model
-    ids = [i for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
-    raw, sur = select(setup, ids, int(bench["config"]["max_tokens"]) - 1)
+    raw, sur = select(setup, _bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}
     all_ids = bench["prompt_ids"]
     blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}  # the prompts each measured block ran

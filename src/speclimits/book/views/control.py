@@ -445,6 +445,40 @@ def batch_pieces(trace) -> tuple[pd.DataFrame | None, str]:
     return table, str(path.relative_to(BENCH_DIR.parent.parent))
 
 
+#: The runs on the unseen prompts that section 8 decomposes, per batch size (one machine's newest, all running the
+#: running-λ Delta rule), and the trace of those prompts that prices their rungs (``data/control/twin/fresh/``).
+FRESH_DECOMPOSED = {1: "amd-epyc-c/bench-batch1.json", 4: "amd-epyc-c/overhead/bench-batch4.json",
+                    8: "amd-epyc-c/b8/bench-batch8.json"}
+FRESH_TRACE = "trace"
+
+
+def unseen_gaps(trace, rule: str = "delta", n_rollouts: int = 64, n_boot: int = 999, seed: int = 0
+                ) -> tuple[dict[int, pd.DataFrame], dict[int, dict[str, Any]], str]:
+    """The gap decomposition of the benchmarks on unseen prompts (:data:`FRESH_DECOMPOSED`), its rungs replayed
+    on a trace of those prompts: ``(tables by batch, results by batch, note)``; empty with a note off the twin's
+    trace or where a file is missing. The policy is each result's own (``policy_fit``)."""
+    from speclimits.control.decompose import gap_decomposition
+    from speclimits.control.fit import greedy_setup
+    from speclimits.control.rules import PolicyFit
+    from speclimits.trace import read_trace
+
+    folder = TWIN_BENCH_DIR / "fresh"
+    if Path(str(trace.path)).name != TWIN_TRACE.name:
+        return {}, {}, "the runs on unseen prompts are the memory-bound twin's: no decomposition of them here"
+    missing = [str(folder / f) for f in [FRESH_TRACE, *FRESH_DECOMPOSED.values()] if not (folder / f).exists()]
+    if missing:
+        return {}, {}, f"no decomposition of the runs on unseen prompts: missing {', '.join(missing)}"
+    fresh = read_trace(folder / FRESH_TRACE)
+    gaps, runs = {}, {}
+    for batch, name in sorted(FRESH_DECOMPOSED.items()):
+        res = dict(read_json(folder / name, "benchmark result", ValueError), file=f"fresh/{name}")
+        fit = PolicyFit.from_dict(res["policy_fit"], origin=str(folder / name))
+        gaps[batch] = gap_decomposition(fit, greedy_setup(fresh, fit.cost_model), rule=rule, bench=res,
+                                        n_rollouts=n_rollouts, n_boot=n_boot, seed=seed)
+        runs[batch] = res
+    return gaps, runs, ""
+
+
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False) -> pd.DataFrame:
     """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
     from the rung above and the share of the exact Oracle's gain over the best static K (replay world);
