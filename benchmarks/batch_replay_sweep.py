@@ -67,18 +67,21 @@ def hindsight(raw):
     return replace(raw, draft_conf=(j < raw.accept_len[:, None]).astype(raw.draft_conf.dtype))
 
 
-def sweep(path: Path, scales: list[float], with_hindsight: bool = False, estimate_m1: bool = False) -> pd.DataFrame:
+def sweep(path: Path, scales: list[float], with_hindsight: bool = False, estimate_m1: bool = False,
+          trace: Path | None = None) -> pd.DataFrame:
     res = json.loads(path.read_text())
     fit = PolicyFit.from_dict({**res["policy_fit"], "curves": {}}, origin=str(path))
     prof, m1 = profile_of(res, estimate_m1)
     model = prof.cost_model(fit.cost_model, fit.u_bar_mean, fit.k_max)
     priced = replace(fit, cost_model=model, lambda_=fit.engine_lambda(model))
-    trace = Path(res["config"].get("trace") or fit.data["trace"])
+    trace = Path(trace or res["config"].get("trace") or fit.data["trace"])
     if not trace.exists():  # recorded on another checkout: the bundled trace of that name
         trace = ROOT / "data" / "traces" / trace.name
     setup = greedy_setup(trace, fit.cost_model)
     ids, parted = res["prompt_ids"], res["reference_parts_at"]
-    same = [i for i in ids if parted.get(i, 0) is None]
+    # a prompt whose plain decoding left the trace's reference is not replayed; a run on prompts outside its
+    # policy's trace checked none (``--trace``: their references are taken whole, as control decompose does)
+    same = [i for i in ids if parted.get(i) is None]
     raw, _ = select(setup, same, n_states=int(res["config"]["max_tokens"]) - 1)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}
     groups = [[ids[i] for i in block_prompts(ids, prof.batch, b)] for b in range(int(res["config"]["blocks"]))]
@@ -112,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="a run profiled without passes of one row per request: estimate that pass from the run's "
                          "plain-decoding arm (the replay then prices a batch's tail differently from the run's own "
                          "prediction)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="the trace holding the runs' prompts (default: the one each run's policy was fitted on); "
+                         "for runs on prompts no policy saw, a trace of those prompts (data/control/twin/fresh/trace)")
     ap.add_argument("--json", type=Path, default=None, help="write every table here (one entry per file)")
     args = ap.parse_args(argv)
     scales = [float(x) for x in args.scales.split(",") if x]
     out = {}
     for path in args.results:
-        table = sweep(path, scales, args.hindsight, args.estimate_m1)
+        table = sweep(path, scales, args.hindsight, args.estimate_m1, args.trace)
         m1_ms = table.attrs["m1_pass_ms"]
         m1 = table.attrs["m1_pass"] + ("" if m1_ms is None else f", {m1_ms:.1f} ms")
         print(f"{path} (batch {table.attrs['batch']}; batch replay, priced with the costs profiled in that run; "

@@ -382,16 +382,17 @@ if oracle_ok:
     ugaps, uruns, unote = view.unseen_gaps(tr, n_rollouts=n_rollouts, n_boot=n_boot, seed=seed)
     if ugaps:
         first = next(iter(uruns.values()))
-        page.table(view.decomposition(ugaps, full=True), "tbl-control-gap-unseen",
+        page.table(view.decomposition(ugaps, column="speed"), "tbl-control-gap-unseen",
                    "Where the exact Oracle's gain over the best static K goes on prompts no policy was fitted or tuned "
                    "on, rung by rung: offline replays on a trace of those prompts (`data/control/twin/fresh/trace`), "
                    "priced as in the runs (batch 1: the policy's cost model; batch > 1: each run's profiled passes), "
                    "and the engine's row measured ("
                    + ", ".join(f"batch {b} `{r['file']}`" for b, r in sorted(uruns.items()))
                    + f"; the Delta rule with running λ; {view.regime_of(first)}, {describe(first['engine']['cpu'])}). "
-                   "Speed over the best static K and share of the exact Oracle's gain, 95% bootstrap intervals over "
-                   "references (batch 1) or blocks (batch > 1); the engine's speed is its paired ratio to the best "
-                   "stock K; no interval where the rung is a per-request Oracle at batch > 1.")
+                   "Speed over the best static K, 95% bootstrap intervals over references (batch 1) or blocks "
+                   "(batch > 1); the engine's speed is its paired ratio to the best stock K; no interval where the "
+                   "rung is a per-request Oracle at batch > 1. The download adds each rung's share of the exact "
+                   "Oracle's gain.", full=view.decomposition(ugaps, full=True))
         ceiling = {b: g.iloc[2] for b, g in ugaps.items()}
         print(wrap("The ceiling of the rule's class on these prompts (true match probabilities, λ in hindsight): "
                    + "; ".join(f"batch {b}: {r['speed_replay']:.3f}x [{r['speed_replay_lo']:.3f}; "

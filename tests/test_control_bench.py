@@ -289,6 +289,20 @@ def test_batch_replay_sweep_with_hindsight_keeps_only_matching_drafts():
     assert zero["mean_k"] < at.loc[("delta-fixed", "hindsight"), "mean_k"]  # it drops the first drafts that fail
 
 
+def test_batch_replay_sweep_replays_a_run_on_unseen_prompts_on_a_trace_of_them():
+    """A run on prompts outside its policy's trace checked no reference (``reference_parts_at`` empty): with
+    ``--trace`` a trace of those prompts, every prompt is replayed, and knowing the outcomes beats the confidences."""
+    fresh = DATA_DIR / "control" / "twin" / "fresh"
+    run = fresh / "amd-epyc-c" / "b8" / "bench-batch8.json"
+    assert json.loads(run.read_text())["reference_parts_at"] == {}
+    table = sweep_module().sweep(run, [1.0], with_hindsight=True, trace=fresh / "trace")
+    static = table[table["arm"].str.startswith("static:")].set_index("arm")
+    for k in range(1, 7):
+        assert static.loc[f"static:{k}", "mean_k"] == k and 1 < static.loc[f"static:{k}", "tokens_per_round"] <= k + 1
+    at = table[table["lambda_scale"] == 1.0].set_index(["arm", "confidence"])
+    assert at.loc[("delta", "hindsight"), "ms_per_token"] < at.loc[("delta", "draft"), "ms_per_token"]
+
+
 def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path):
     """Generations in shard logs are read too; a shard without its rounds part (a killed worker) is not."""
     from speclimits.trace.io import append_lines, write_part, write_shard_log

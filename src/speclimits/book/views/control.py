@@ -479,15 +479,19 @@ def unseen_gaps(trace, rule: str = "delta", n_rollouts: int = 64, n_boot: int = 
     return gaps, runs, ""
 
 
-def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False) -> pd.DataFrame:
+def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False, column: str = "share") -> pd.DataFrame:
     """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
-    from the rung above and the share of the exact Oracle's gain over the best static K (replay world);
-    ``full`` adds each batch size's speed over the best static K (the download)."""
+    from the rung above and the share of the exact Oracle's gain over the best static K (replay world), or with
+    ``column="speed"`` the speed over the best static K; ``full``: both per batch size (the download)."""
+    if column not in ("share", "speed"):
+        raise ValueError("column must be 'share' or 'speed'")
     first = next(iter(gaps.values()))
     out = pd.DataFrame({"rung": [f"{r}. {n}" for r, n in zip(first["rung"], first["name"])],
                         "lost from the rung above": first["loss"].replace("", "–").fillna("–")})
     for batch, gap in sorted(gaps.items()):
         if full:
             out[f"batch {batch}: speed"] = ci_column(gap, "speed_replay", 3)
-        out[f"batch {batch}: share" if full else f"batch {batch}"] = ci_column(gap, "share_replay", 3)
+            out[f"batch {batch}: share"] = ci_column(gap, "share_replay", 3)
+        else:
+            out[f"batch {batch}"] = ci_column(gap, f"{column}_replay", 3)
     return out
