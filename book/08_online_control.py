@@ -371,8 +371,8 @@ if oracle_ok:
 # %% [markdown]
 # **Where the gain goes on the unseen prompts.** Those prompts are not in the trace the policy was fitted on, so
 # `data/control/twin/fresh/trace/` traces them alone (plain decoding and K = 2, with the Oracle's data: each
-# position's draft chain and its matches; used for nothing else, no policy is fitted on it). On it the ladder of
-# {numref}`tbl-control-gap` is replayed on the very prompts the engine ran, for one machine's newest run at each
+# position's draft chain and its matches; used for nothing else, no policy is fitted on it). On it the ladder
+# above is replayed on the very prompts the engine ran, for one machine's newest run at each
 # batch size (the running-λ Delta rule, the one arm all three ran). The third rung is the ceiling of the rule's
 # class: fed each drafted position's *true* match probability, with its λ chosen in hindsight. A controller of
 # this class that reads better predictions can climb to it, not past it.
@@ -401,7 +401,32 @@ if oracle_ok:
                    + ". Between it and the exact Oracle lie the information a real-time rule does not have (which "
                    "drafts will match, and the match probabilities of positions not yet drafted)."))
     else:
-        print(wrap(unote))
+        page.cannot_show("where the gain goes on the unseen prompts, and how well the rules' inputs predict a match "
+                         "there", unote)
+
+# %% [markdown]
+# **How well the rules' inputs predict a match.** The prediction rung of the ladders above is the acceptance
+# model (a logistic regression on what the engine knows when it decides, fitted on the train references) against
+# the draft's confidence alone (its isotonic calibration). {numref}`tbl-control-acceptance` scores both on the
+# held-out references and on the unseen prompts' trace, per draft step that a greedy round reached;
+# {numref}`fig-control-prediction-bias` shows, per draft step, how far each model's mean prediction is from the
+# observed match rate.
+
+# %% tags=["hide-input"]
+if oracle_ok and ugaps:
+    acc_scores, acc_bias = view.acceptance_scores(tr, uruns[min(uruns)])
+    page.table(acc_scores, "tbl-control-acceptance",
+               "The policy's two predictions of a draft match (the policy of the runs on unseen prompts, "
+               f"`{uruns[min(uruns)]['file']}`), fitted on the train references of this trace and scored on its "
+               "held-out references and on the trace of the unseen prompts: area under the ROC curve, log loss "
+               "(nats per step) and Brier score over the draft steps the greedy rounds reached (offline; no timing).")
+
+# %% tags=["hide-input"]
+if oracle_ok and ugaps:
+    page.figure(control_figures.prediction_bias(acc_bias), "fig-control-prediction-bias",
+                "Mean predicted match probability minus the observed match rate per draft step, by model and set "
+                "of references (the steps of the table above). Below zero the model expects fewer matches than "
+                "there are, and a rule reading it stops early.")
 
 # %% [markdown]
 # **Sampled requests.** Everything above is greedy. `data/traces/twin-eagle3-t07` is the twin traced at

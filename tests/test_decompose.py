@@ -155,3 +155,25 @@ def test_cli_decomposes_the_rule_asked_for_and_refuses_two_files_of_one_batch(sm
     capsys.readouterr()
     assert main(args[:-1] + [str(b), str(b), "--rule", "delta", "--out", str(tmp_path / "e")]) == 2
     assert "share one" in capsys.readouterr().err and not (tmp_path / "e-batch1.csv").exists()
+
+
+def test_acceptance_scores_weigh_each_steps_bias_by_its_steps(smoke_trace, smoke_policy):
+    """Section 8's prediction table: per draft step the bias is the mean prediction less the observed match rate
+    over the steps reached (the reliability bins pooled by their counts), and the scores are the held-out ones."""
+    from speclimits.book.views.control import acceptance_scores
+    from speclimits.control.acceptance import acceptance_frame, compare_acceptance, fit_acceptance, predict
+    from speclimits.control.offline import select
+
+    fit, setup = smoke_policy
+    scores, bias = acceptance_scores(setup.trace, {"policy_fit": fit.to_dict()}, unseen=None)
+    assert scores["Steps of"].tolist() == ["held-out references"] * 2 and set(bias["set"]) == {"held-out references"}
+    train = select(setup, [str(x) for x in fit.train_seq_ids])[0]
+    test = select(setup, [str(x) for x in fit.test_seq_ids])[0]
+    want, _ = compare_acceptance(fit, train, test)
+    np.testing.assert_allclose(scores["AUC"].to_numpy(), want["auc"].round(3).to_numpy())
+    frame = acceptance_frame(test, fit.k_max)
+    model = fit.acceptance or fit_acceptance(acceptance_frame(train, fit.k_max), fit.k_max)
+    p = predict(model, frame)
+    direct = (frame.assign(d=p - frame["matched"].astype(float)).groupby("position")["d"].mean())
+    got = bias[bias["model"] == "acceptance model"].set_index("position")["bias"]
+    np.testing.assert_allclose(got.sort_index().to_numpy(), direct.sort_index().to_numpy(), rtol=1e-9, atol=1e-12)

@@ -54,3 +54,16 @@ def served_speed(long: pd.DataFrame) -> alt.FacetChart:
     one = alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(y=alt.datum(1.0))
     return alt.layer(one, err, line, data=long).properties(width=WIDTH * 0.45, height=HEIGHT * 0.8).facet(
         column=alt.Column("metric:N", title=None)).configure_legend(orient="bottom")
+
+
+def prediction_bias(bias: pd.DataFrame) -> alt.FacetChart:
+    """Per draft step, the mean predicted match probability minus the observed match rate of each model (rows of
+    :func:`speclimits.book.views.control.acceptance_scores`), one panel per set of references: below zero, the
+    model expects fewer matches than there are (a rule reading it stops early)."""
+    base = alt.Chart().encode(x=alt.X("position:O", title="draft step j"), color=alt.Color("model:N", title=None))
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("bias:Q", title="mean predicted − observed match rate"),
+        tooltip=["set", "model", "position", alt.Tooltip("bias:Q", format="+.3f"), "n"])
+    zero = alt.Chart().mark_rule(strokeDash=[4, 3], color="gray").encode(y=alt.datum(0.0))
+    return alt.layer(zero, line, data=bias).properties(width=WIDTH * 0.45, height=HEIGHT * 0.8).facet(
+        column=alt.Column("set:N", title=None))

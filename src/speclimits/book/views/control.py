@@ -479,6 +479,39 @@ def unseen_gaps(trace, rule: str = "delta", n_rollouts: int = 64, n_boot: int = 
     return gaps, runs, ""
 
 
+def acceptance_scores(trace, run: dict[str, Any], unseen: Any = TWIN_BENCH_DIR / "fresh" / FRESH_TRACE
+                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """How well the policy that ``run`` (a benchmark result) ran predicts which drafts match: its acceptance model
+    and the confidence-only calibration (:func:`speclimits.control.acceptance.compare_acceptance`), both fitted on
+    the policy's train references of ``trace``, scored on its held-out references and on the unseen prompts'
+    trace ``unseen`` (default ``data/control/twin/fresh/trace``; None or absent: none). Returns ``(scores, bias)``: per set and model AUC,
+    log loss, Brier and steps; per set, model and draft step the mean predicted minus the observed match rate."""
+    from speclimits.control.acceptance import compare_acceptance
+    from speclimits.control.fit import greedy_setup
+    from speclimits.control.offline import select
+    from speclimits.control.rules import PolicyFit
+    from speclimits.trace import read_trace
+
+    fit = PolicyFit.from_dict(run["policy_fit"], origin=str(run.get("file", "benchmark result")))
+    setup = greedy_setup(trace, fit.cost_model)
+    train = select(setup, [str(x) for x in fit.train_seq_ids])[0]
+    sets = {"held-out references": select(setup, [str(x) for x in fit.test_seq_ids])[0]}
+    if unseen is not None and (Path(unseen) / "meta.json").exists():
+        sets["unseen prompts"] = greedy_setup(read_trace(unseen), fit.cost_model).raw_inputs
+    scores, bias = [], []
+    for name, test in sets.items():
+        sc, rel = compare_acceptance(fit, train, test)
+        scores.append(sc.assign(set=name))
+        w = rel.assign(err=rel["n"] * (rel["mean_predicted"] - rel["observed"]))
+        g = w.groupby(["model", "position"], sort=False)[["err", "n"]].sum().reset_index()
+        bias.append(g.assign(bias=g["err"] / g["n"], set=name)[["set", "model", "position", "bias", "n"]])
+    out = pd.concat(scores, ignore_index=True)
+    out = pd.DataFrame({"Steps of": out["set"], "Model": out["model"], "Features": out["features"],
+                        "AUC": out["auc"].round(3), "Log loss": out["log_loss"].round(3),
+                        "Brier": out["brier"].round(3), "Steps": out["n"].astype(int)})
+    return out, pd.concat(bias, ignore_index=True)
+
+
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False, column: str = "share") -> pd.DataFrame:
     """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
     from the rung above and the share of the exact Oracle's gain over the best static K (replay world), or with
