@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from speclimits.bench.control import block_prompts
+from speclimits.control.decompose import bench_references
 from speclimits.control.fit import greedy_setup
 from speclimits.control.offline import batch_replay, select
 from speclimits.control.profile import EngineProfile
@@ -78,10 +79,10 @@ def sweep(path: Path, scales: list[float], with_hindsight: bool = False, estimat
     if not trace.exists():  # recorded on another checkout: the bundled trace of that name
         trace = ROOT / "data" / "traces" / trace.name
     setup = greedy_setup(trace, fit.cost_model)
-    ids, parted = res["prompt_ids"], res["reference_parts_at"]
+    ids = res["prompt_ids"]
     # a prompt whose plain decoding left the trace's reference is not replayed; a run on prompts outside its
     # policy's trace checked none (``--trace``: their references are taken whole, as control decompose does)
-    same = [i for i in ids if parted.get(i) is None]
+    same = bench_references(res)
     raw, _ = select(setup, same, n_states=int(res["config"]["max_tokens"]) - 1)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}
     groups = [[ids[i] for i in block_prompts(ids, prof.batch, b)] for b in range(int(res["config"]["blocks"]))]

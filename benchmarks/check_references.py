@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from speclimits.bench.control import block_prompts, load_tokenizer, trace_generations
+from speclimits.bench.control import block_prompts, first_departure, load_tokenizer, trace_generations
 from speclimits.bench.engines import build_llm, close, generate, model_len
 from speclimits.tracing.prompts import read_prompts, tokenize
 
@@ -44,9 +44,7 @@ def check(trace: Path, prompts_file: Path, target: str, batches: list[int], bloc
             for blk in range(blocks):
                 idx = block_prompts(ids, b, blk)
                 for i, o in zip(idx, generate(llm, [ids[i] for i in idx], max_tokens)):
-                    ref = rec[prompts[i].id][1][:max_tokens]
-                    first = next((t for t, (x, y) in enumerate(zip(ref, o)) if x != y), None)
-                    parted.setdefault(prompts[i].id, []).append(first)
+                    parted.setdefault(prompts[i].id, []).append(first_departure(rec[prompts[i].id][1][:max_tokens], o))
         finally:
             close(llm)
         out["first_departure"][str(b)] = parted

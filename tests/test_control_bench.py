@@ -303,6 +303,24 @@ def test_batch_replay_sweep_replays_a_run_on_unseen_prompts_on_a_trace_of_them()
     assert at.loc[("delta", "hindsight"), "ms_per_token"] < at.loc[("delta", "draft"), "ms_per_token"]
 
 
+def test_replay_plus_the_prefill_prices_the_measured_batch4_run():
+    """``benchmarks/replay_vs_measured.py`` on the committed batch-4 run on unseen prompts: the replay of each stock K
+    alone is 13-14 % optimistic; with each block's prefill (the trace's round 0 of plain decoding) it is within 1 %."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("replay_vs_measured", Path(__file__).parents[1] / "benchmarks" /
+                                                  "replay_vs_measured.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fresh = DATA_DIR / "control" / "twin" / "fresh"
+    t = mod.compare(fresh / "amd-epyc-c" / "overhead" / "bench-batch4.json", fresh / "trace")
+    assert t["arm"].tolist() == ["stock:2", "stock:3", "stock:4"]
+    assert (t["replay_error"] < -0.12).all() and (t["with_prefill_error"].abs() < 0.01).all()
+    pre = mod.prefill_ms(fresh / "trace")
+    assert len(pre) == 24 and t.attrs["prefill_ms_per_prompt"] == pytest.approx(pre.mean())
+    np.testing.assert_allclose(t["replay_plus_prefill"] - t["replay"], t.attrs["prefill_ms_per_token"])
+
+
 def test_trace_generations_reads_the_shard_logs_of_a_distributed_trace(tmp_path):
     """Generations in shard logs are read too; a shard without its rounds part (a killed worker) is not."""
     from speclimits.trace.io import append_lines, write_part, write_shard_log

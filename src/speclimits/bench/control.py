@@ -608,11 +608,7 @@ def run_benchmark(cfg: BenchConfig, progress: Any = print) -> dict[str, Any]:
         if cfg.sampled:  # plain decoding's samples are other draws than the trace's: nothing to reproduce
             break
         if p.id in recorded and i in plain:
-            ref, out = recorded[p.id][1][: cfg.max_tokens], plain[i]
-            first = next((t for t, (x, y) in enumerate(zip(ref, out)) if x != y), None)
-            if first is None and len(ref) < len(out):
-                first = len(ref)
-            parted[p.id] = first
+            parted[p.id] = first_departure(recorded[p.id][1][: cfg.max_tokens], plain[i])
     same = [pid for pid, first in parted.items() if first is None]
     if cfg.sampled:  # the prediction is the expectation over the trace's sampled references of these prompts
         same = [p.id for p in prompts if p.id in recorded]
@@ -663,6 +659,15 @@ def sampled_engine_fixes() -> list[str]:
     eng.require_vllm()
     fix = None if eng.cuda_available() else fix_cpu_expand()
     return [fix] if fix else []
+
+
+def first_departure(ref: list[int], out: list[int]) -> int | None:
+    """The first position where decoded tokens ``out`` leave the reference ``ref`` (None: ``out`` is ``ref`` or a
+    prefix of it; ``len(ref)`` where ``out`` runs past a shorter reference)."""
+    first = next((t for t, (x, y) in enumerate(zip(ref, out)) if x != y), None)
+    if first is None and len(ref) < len(out):
+        first = len(ref)
+    return first
 
 
 def trace_generations(trace: Path) -> dict[str, tuple[list[int], list[int]]]:

@@ -160,7 +160,7 @@ def gap_decomposition(fit: PolicyFit, setup: OracleSetup, seq_ids: list[str] | N
     return out
 
 
-def _bench_references(bench: dict[str, Any]) -> list[str]:
+def bench_references(bench: dict[str, Any]) -> list[str]:
     """The references a benchmark ran whole (a prompt run on a part of its reference has none to replay)."""
     return [str(i) for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
 
@@ -171,7 +171,7 @@ def _batch1_references(fit: PolicyFit, bench: dict[str, Any] | None) -> list[str
     test = [str(s) for s in fit.test_seq_ids]
     if bench is None:
         return test
-    ran = _bench_references(bench)
+    ran = bench_references(bench)
     return test if set(ran) == set(test) else ran
 
 
@@ -244,7 +244,7 @@ def _engine(fit: PolicyFit, setup: OracleSetup, rule: str, bench: dict[str, Any]
     out: dict[str, Any] = {}
     e = _engine_row(bench, rule)
     if gain is None:  # the exact Oracle and the best static K replayed on the benchmark's own references
-        raw, _ = select(setup, _bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
+        raw, _ = select(setup, bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
         o = solve(raw, fit.cost_model, k_max=fit.k_max, deterministic=True)
         gain = o.bounds.gain_over_best_static
     out.update({"ms_per_token_replay": e["ms"], "speed_replay": e["speed"], "speed_replay_lo": e["lo"],
@@ -267,7 +267,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
     prof = EngineProfile.from_dict(bench["profile"])
     priced = prof.priced(fit)
     model = priced.cost_model
-    raw, sur = select(setup, _bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
+    raw, sur = select(setup, bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
     index = {str(s): i for i, s in enumerate(raw.seq_ids)}
     all_ids = bench["prompt_ids"]
     blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}  # the prompts each measured block ran
