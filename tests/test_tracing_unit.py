@@ -292,6 +292,12 @@ def test_oracle_rows_from_results(sampled):
     np.testing.assert_allclose(np.stack(df["match_prob"]), [[0.5, 0.6], [0.6, 0.7], [0.7, 0.0]])
     np.testing.assert_allclose(df["u_bar_window"].iloc[0], [2.0, 2.5, 3.5])
     assert set(df["reference_kind"]) == {ref.kind} and ("accept_prob" in df.columns) == sampled
+    assert "target_conf" not in df.columns  # the acceptance study's features: only where every state has them
+    for pos in results:
+        results[pos].update(draft_conf2=np.array([0.05, 0.1]), draft_entropy=np.array([0.4, 0.7]), target_conf=0.2 * pos)
+    feats = oracle_rows(ref, 2, results, sampled=sampled)
+    np.testing.assert_allclose(np.stack(feats["draft_entropy"]), [[0.4, 0.7]] * 3)
+    assert feats["target_conf"].tolist() == [0.0, 0.2, 0.4] and np.stack(feats["draft_conf2"]).shape == (3, 2)
     if sampled:  # accept_prob 0 past the end, as match_prob; which reference of which prompt
         np.testing.assert_allclose(np.stack(df["accept_prob"]), [[0.4, 0.25], [0.5, 0.25], [0.6, 0.0]])
         assert set(df["prompt_id"]) == {"p"} and set(df["sample"]) == {1} and df["sample"].dtype == np.int64

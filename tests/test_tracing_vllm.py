@@ -313,6 +313,12 @@ def test_eagle3_sweep_through_the_cli(tiny_moe, tmp_path, capsys):
     assert (ubw[:, 0] == 4).all() and (np.diff(ubw, axis=1) >= 0).all() and (ubw <= 16).all()
     # with dummy weights the head's drafts are random: vLLM accepted none, and the trace agrees
     assert s["vllm_accepted"] == 0 and (o["accept_len"] == 0).all()
+    # the acceptance study's features: the second probability under the top one, an entropy at least what
+    # the top-1 mass forces (H >= -log p_max), the target's top-1 probability
+    conf2, ent = np.stack(o["draft_conf2"]), np.stack(o["draft_entropy"])
+    assert ((conf2 >= 0) & (conf2 <= conf) & (conf + conf2 <= 1 + 1e-6)).all()
+    assert (np.isfinite(ent) & (ent >= -np.log(conf) - 1e-4)).all()
+    assert ((o["target_conf"] > 0) & (o["target_conf"] <= 1)).all()
 
 
 class _FakeLLM:

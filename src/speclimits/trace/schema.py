@@ -82,6 +82,13 @@ ORACLE_COLUMNS: tuple[Column, ...] = (
            required=False),
     Column("sample", "int", "which sampled reference of the prompt (0: its sweep generation; sampled traces only)",
            required=False),
+    Column("draft_conf2", "list_float", "K_max floats: the draft's second-highest probability at chain step i (traces "
+                                        "made after issue 57's feature study; absent before)", required=False),
+    Column("draft_entropy", "list_float", "K_max floats: the entropy in nats of the draft's distribution at chain "
+                                          "step i (same traces)", required=False),
+    Column("target_conf", "float", "the target's top-1 probability at the state's last verified position: the "
+                                   "distribution its step emitting y_{n} was taken from, before the reference token "
+                                   "was written in (same traces)", required=False),
 )
 
 TOKENS_COLUMNS: tuple[Column, ...] = (

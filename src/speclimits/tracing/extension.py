@@ -358,9 +358,17 @@ class TracingWorkerExtension:
         import torch
 
         plan = self._speclimits_oracle or {}
+        if logits is None:
+            return {}
+        for b, r in enumerate(step.reqs):  # every planned request: the target's confidence at its prefill
+            ext = external_request_id(r["req_id"])
+            if ext in plan and _completes_prefill(r):
+                row = b if spec is None else int(spec.bonus_logits_indices[b])
+                conf = float(torch.softmax(logits[row].float(), dim=-1).max().item())
+                self._speclimits_oracle_out.setdefault(ext, {})["target_conf"] = conf
         mine = [(b, r) for b, r in enumerate(step.reqs)
                 if (plan.get(external_request_id(r["req_id"])) or {}).get("sampled")]
-        if not mine or logits is None:
+        if not mine:
             return {}
         argmax: dict[int, int] = {}
         for b, r in mine:
@@ -404,12 +412,15 @@ class TracingWorkerExtension:
             raise _unsupported(f"the drafter's compute_logits returned {logits.shape[0]} rows for {n} requests "
                                "(expected one row per request per draft step)")
         probs = torch.softmax(logits.float(), dim=-1)
-        top_p, top_i = probs.max(dim=-1)
+        top2 = probs.topk(2, dim=-1)
+        top_p, top_i = top2.values[:, 0], top2.indices[:, 0]
+        entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)
         idx = len(step.draft_logits)
         ref = torch.tensor([self._speclimits_ref_token(r, idx) for r in step.reqs], device=probs.device)
         ref_p = probs.gather(1, ref.clamp(min=0).unsqueeze(1)).squeeze(1)
         ref_p = torch.where(ref >= 0, ref_p, torch.zeros_like(ref_p))
-        step.draft_logits.append({"top_p": to_numpy(top_p), "top_i": to_numpy(top_i), "ref_p": to_numpy(ref_p)})
+        step.draft_logits.append({"top_p": to_numpy(top_p), "top_i": to_numpy(top_i), "ref_p": to_numpy(ref_p),
+                                  "second_p": to_numpy(top2.values[:, 1]), "entropy": to_numpy(entropy)})
 
     def _speclimits_ref_token(self, r: dict[str, Any], i: int) -> int:
         entry = (self._speclimits_oracle or {}).get(external_request_id(r["req_id"]))
@@ -481,6 +492,8 @@ class TracingWorkerExtension:
                 res["draft_conf"] = np.array([d["top_p"][b] for d in step.draft_logits], dtype=np.float64)
                 res["draft_tokens"] = np.array([d["top_i"][b] for d in step.draft_logits], dtype=np.int64)
                 res["chain_prob"] = np.array([d["ref_p"][b] for d in step.draft_logits], dtype=np.float64)
+                res["draft_conf2"] = np.array([d["second_p"][b] for d in step.draft_logits], dtype=np.float64)
+                res["draft_entropy"] = np.array([d["entropy"][b] for d in step.draft_logits], dtype=np.float64)
             elif r["n_out_before"] >= 1 and r["n_spec"] > 0 and "u_window" not in res and routing is not None:
                 rows = routing[r["row_offset"]: r["row_offset"] + r["n_sched"]]
                 res["u_window"] = cumulative_unique(rows, self._speclimits_n_experts)

@@ -28,6 +28,11 @@ Rows of ``oracle.parquet`` (contract columns of :mod:`speclimits.trace.schema` f
 ``accept_len_engine``   accepted drafts reported by vLLM's rejection sampler (in a sampled trace one draw)
 ``forced``              the reference token differs from the target's choice at step A (its sample when
                         greedy, its argmax when sampled)
+``draft_conf2``, ``draft_entropy``  per chain step the draft's second-highest probability and its entropy (nats)
+``target_conf``         the target's top-1 probability at step A, before the reference token is written in: at
+                        state pos the distribution y_{pos+1} was chosen from (the engine's last verified
+                        position). These three are the candidate acceptance features of
+                        :mod:`speclimits.control.acceptance`.
 
 **Sampled traces** (``--temperature T > 0``, :mod:`speclimits.trace.sampling`). Each prompt gets
 ``samples`` references (``--oracle-samples``): sample 0 is its sweep generation at the smallest K
@@ -122,6 +127,7 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
                               f"({len(missing)} in all); the engine verified fewer drafts than k_max = {k_max} "
                               "(check max_model_len)")
     tf = np.array([float(results[p]["chain_prob"][0]) for p in range(n_states)])  # step-1 prob of y_{p+2}
+    feats = all({"draft_conf2", "draft_entropy", "target_conf"} <= set(results[p]) for p in range(n_states))
     rows = []
     P = len(ref.prompt_ids)
     for p in range(n_states):
@@ -145,6 +151,10 @@ def oracle_rows(ref: Reference, k_max: int, results: dict[int, dict[str, Any]], 
                      "draft_tokens": chain, "e_max_window": u.max(axis=1),
                      "accept_len_engine": int(res.get("n_sampled_verify", 0)) - 1,
                      "forced": bool(res.get("forced", False))})
+        if feats:  # the candidate acceptance features
+            rows[-1].update({"draft_conf2": np.clip(np.asarray(res["draft_conf2"], dtype=float), 0.0, 1.0),
+                             "draft_entropy": np.maximum(np.asarray(res["draft_entropy"], dtype=float), 0.0),
+                             "target_conf": float(np.clip(res["target_conf"], 0.0, 1.0))})
         if sampled:
             acc = np.asarray(res["accept_prob"], dtype=float)
             if acc.size != k_max:
