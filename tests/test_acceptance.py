@@ -164,3 +164,75 @@ def test_a_model_the_engine_cannot_compute_is_refused(smoke_policy):
     with pytest.raises(SpeclimitsError, match="u_bar_prev, which the engine does not know"):
         replace(fit, acceptance=model).make("delta:acceptance")
     assert set(fit.acceptance.features) <= set(ENGINE_FEATURES)
+
+
+def _features_study():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("acceptance_features", Path(__file__).parents[1] / "benchmarks" /
+                                                  "acceptance_features.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_trace_features_join_their_own_states_and_refuse_others(smoke_policy, tmp_path):
+    """``benchmarks/acceptance_features.py``: each row gets its state's margin, entropy and target confidence at
+    its draft step; a features file of other states (another accepted length) or with states missing is refused,
+    naming the state."""
+    import pandas as pd
+
+    mod = _features_study()
+    fit, setup = smoke_policy
+    raw = select(setup, list(fit.train_seq_ids))[0]
+    frame = acceptance_frame(raw, K_MAX)
+    rng = np.random.default_rng(0)
+    n, k = raw.n_states, raw.draft_conf.shape[1]
+    conf2 = raw.draft_conf * rng.uniform(0, 1, size=(n, k)) * (1 - raw.draft_conf)
+    ent, tc = rng.uniform(0, 3, size=(n, k)), rng.uniform(0.05, 0.95, size=n)
+    df = pd.DataFrame({"seq_id": raw.seq_ids[raw.seq_index].astype(str), "pos": raw.pos, "accept_len": raw.accept_len,
+                       "draft_conf": list(raw.draft_conf), "draft_conf2": list(conf2), "draft_entropy": list(ent),
+                       "target_conf": tc}).sample(frac=1.0, random_state=1)  # any row order
+    df.to_parquet(tmp_path / "f.parquet")
+    feats = mod.read_features(tmp_path / "f.parquet")
+    out = mod.with_trace_features(frame, raw, feats, "f.parquet")
+    s, j = frame["state"].to_numpy(), frame["position"].to_numpy().astype(int) - 1
+    np.testing.assert_allclose(out["margin"], raw.draft_conf[s, j] - conf2[s, j], atol=1e-6)
+    np.testing.assert_allclose(out["entropy"], ent[s, j])
+    np.testing.assert_allclose(out["logit_target_conf"], np.log(tc[s] / (1 - tc[s])))
+    bad = df.copy()
+    first = bad.index[0]
+    bad.loc[first, "accept_len"] = int(bad.loc[first, "accept_len"]) + 1
+    bad.to_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(SpeclimitsError, match="bad.parquet: state .* traced on other text"):
+        mod.with_trace_features(frame, raw, mod.read_features(tmp_path / "bad.parquet"), "bad.parquet")
+    df.iloc[1:].to_parquet(tmp_path / "short.parquet")
+    with pytest.raises(SpeclimitsError, match="short.parquet: no features for 1 states"):
+        mod.with_trace_features(frame, raw, mod.read_features(tmp_path / "short.parquet"), "short.parquet")
+    df.drop(columns="target_conf").to_parquet(tmp_path / "old.parquet")
+    with pytest.raises(SpeclimitsError, match="old.parquet: missing columns \\['target_conf'\\]"):
+        mod.read_features(tmp_path / "old.parquet")
+
+
+def test_the_committed_feature_study_is_what_the_script_computes():
+    """On the twin's committed features (held-out references only, no unseen trace): the forward selection keeps
+    the top-1/top-2 margin (a lower held-out log loss and a higher AUC than the engine's features), and the
+    study's committed figures are these."""
+    import json
+
+    from speclimits.paths import DATA_DIR
+
+    mod = _features_study()
+    out = mod.study(mod.ROOT / "data/control/twin/fresh/policy.json", DATA_DIR / "control/twin/features/twin-eagle3.parquet")
+    assert "margin" in out["selected"] and "entropy" not in out["selected"]
+    scores = list(out["held_out_scores"].values())
+    assert scores[1]["log_loss"] < scores[0]["log_loss"] - 0.01 and scores[1]["auc"] > scores[0]["auc"] + 0.01
+    committed = json.loads((DATA_DIR / "control/twin/features/study.json").read_text())
+    assert committed["held_out_scores"].keys() == out["held_out_scores"].keys()
+    for name, m in out["held_out_scores"].items():
+        assert committed["held_out_scores"][name] == pytest.approx(m)
+    assert committed["lambda_scales"] == out["lambda_scales"]
+    got, want = out["batch1_held_out"], committed["batch1_held_out"]
+    assert {k: v.get("speed", v.get("ratio")) for k, v in got.items() if isinstance(v, dict)} == pytest.approx(
+        {k: v.get("speed", v.get("ratio")) for k, v in want.items() if isinstance(v, dict)})

@@ -13,8 +13,10 @@ on features of a greedy round from a state of ``oracle.parquet``, at draft step 
 
 The engine's model chooses among :data:`ENGINE_FEATURES` only (the last two are for the study: on the twin's
 trace ``u_bar_prev`` lowered the held-out log loss by 0.0004 nats per step). Label: step j matched, on the steps
-a round reached (:func:`~speclimits.oracle.calibration.reached_steps`), as ``fit_calibration`` fits. The traces
-lack the draft's entropy, its top-1/top-2 margin and the target's top-1 probability: the model cannot use them.
+a round reached (:func:`~speclimits.oracle.calibration.reached_steps`), as ``fit_calibration`` fits. The draft's
+entropy, its top-1/top-2 margin and the target's top-1 probability are recorded by Oracle mode since commit 1eb1618
+but not read by the engine: ``benchmarks/acceptance_features.py`` found that the margin lowers the held-out log
+loss by 0.015 nats per step on the twin yet makes the rules no faster (``data/control/twin/features/README.md``).
 """
 
 from __future__ import annotations
