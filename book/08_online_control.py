@@ -429,6 +429,31 @@ if oracle_ok and ugaps:
                 "there are, and a rule reading it stops early.")
 
 # %% [markdown]
+# **Would other signals predict better, and would the rule gain?** The engine's model reads the draft's top-1
+# probability and the request's recent matches. The draft's top-1/top-2 margin and entropy and the target's
+# top-1 probability at the last verified position were traced again for the same references
+# (`data/control/twin/features/`) and offered to the same forward selection. {numref}`tbl-control-features`
+# scores the models; {numref}`tbl-control-features-speed` replays the Delta rules fed each model's probabilities
+# (each at its own λ, tuned on the train references) and gives the selected model's rule over the engine's,
+# paired (offline; no timing).
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name and view.FEATURE_STUDY.exists():
+    feat_scores, feat_speed = view.feature_study()
+    page.table(feat_scores, "tbl-control-features",
+               "Acceptance models fitted on the twin's train references, scored per reached draft step on its "
+               "held-out references and on the unseen prompts: the engine's features, the forward selection's "
+               "choice among them and the three new signals, and the engine's features with each new signal "
+               "(`benchmarks/acceptance_features.py`; measured traces, AMD EPYC C; offline).")
+    page.table(feat_speed, "tbl-control-features-speed",
+               "The Delta rules fed the selected model's probabilities over the same rules fed the engine model's "
+               "(> 1: faster), paired, 95 % bootstrap interval over references (batch 1) or the run's blocks "
+               "(batch > 1, priced with that run's profile). A sharper prediction moves no decision that pays.")
+else:
+    page.cannot_show("the study of the acceptance features the engine does not read",
+                     "it is stored for the twin only (data/control/twin/features/study.json)")
+
+# %% [markdown]
 # **Sampled requests.** Everything above is greedy. `data/traces/twin-eagle3-t07` is the twin traced at
 # temperature 0.7 (top-p 1) on one machine, with two sampled references per prompt; along a sampled reference
 # a draft matches with the target's probability of it, which is the probability vLLM's rejection sampler

@@ -236,3 +236,24 @@ def test_the_committed_feature_study_is_what_the_script_computes():
     got, want = out["batch1_held_out"], committed["batch1_held_out"]
     assert {k: v.get("speed", v.get("ratio")) for k, v in got.items() if isinstance(v, dict)} == pytest.approx(
         {k: v.get("speed", v.get("ratio")) for k, v in want.items() if isinstance(v, dict)})
+
+
+def test_the_book_shows_the_feature_study_as_stored(tmp_path):
+    """Section 8's two tables read ``study.json``: one row per scored model with its held-out and unseen scores,
+    one row per replay with each rule's paired ratio and interval; without an unseen trace, only the held-out
+    replay."""
+    import json
+
+    from speclimits.book.views.control import FEATURE_STUDY, feature_study
+
+    scores, speed = feature_study()
+    d = json.loads(FEATURE_STUDY.read_text())
+    assert scores["Model"].tolist() == list(d["held_out_scores"])
+    assert scores["Log loss, held-out"].tolist() == [round(m["log_loss"], 4) for m in d["held_out_scores"].values()]
+    assert len(speed) == 2 + len(d["unseen"]["runs"])
+    x = d["batch1_held_out"]["delta: selected over engine's model"]
+    assert speed.iloc[0, 1] == f"{x['ratio']:.3f} [{x['lo']:.3f}; {x['hi']:.3f}]"
+    del d["unseen"]
+    (tmp_path / "s.json").write_text(json.dumps(d))
+    scores, speed = feature_study(tmp_path / "s.json")
+    assert len(speed) == 1 and scores["AUC, unseen"].isna().all()

@@ -512,6 +512,36 @@ def acceptance_scores(trace, run: dict[str, Any], unseen: Any = TWIN_BENCH_DIR /
     return out, pd.concat(bias, ignore_index=True)
 
 
+#: ``benchmarks/acceptance_features.py``'s output on the twin (the features the engine does not read)
+FEATURE_STUDY = TWIN_BENCH_DIR / "features" / "study.json"
+
+
+def feature_study(path: Any = FEATURE_STUDY) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The acceptance-feature study (``benchmarks/acceptance_features.py``): per model its held-out and
+    unseen-prompt AUC and log loss; per replay the selected model's rule over the engine model's, paired, with
+    its interval, for each Delta rule. A missing or broken file raises ``ValueError`` naming it."""
+    d = read_json(path, "feature study", ValueError)
+    unseen = d.get("unseen", {})
+    rows = []
+    for name, m in d["held_out_scores"].items():
+        u = unseen.get("scores", {}).get(name, {})
+        rows.append({"Model": name, "AUC, held-out": round(m["auc"], 3), "Log loss, held-out": round(m["log_loss"], 4),
+                     "AUC, unseen": round(u.get("auc", np.nan), 3), "Log loss, unseen": round(u.get("log_loss", np.nan), 4)})
+    replays = {f"batch 1, held-out references ({d['references']['held_out']})": d["batch1_held_out"]}
+    if unseen:
+        replays[f"batch 1, unseen prompts ({unseen['references']})"] = unseen["batch1"]
+        for file, r in unseen.get("runs", {}).items():
+            replays[f"batch {r['batch']}, unseen, `{str(file).removeprefix('data/control/twin/')}`"] = r
+    ratios = []
+    for label, r in replays.items():
+        row = {"Replay": label}
+        for rule in ("delta", "delta-fixed"):
+            x = r.get(f"{rule}: selected over engine's model")
+            row[arm_name(rule)] = fmt_ci(x["ratio"], x["lo"], x["hi"], decimals=3) if x else "–"
+        ratios.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(ratios)
+
+
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False, column: str = "share") -> pd.DataFrame:
     """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
     from the rung above and the share of the exact Oracle's gain over the best static K (replay world), or with
