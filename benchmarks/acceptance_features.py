@@ -19,7 +19,8 @@ For the policy's train / held-out split of its trace this script
    model's match probabilities, precomputed per state and draft step (the rule's ``raw-confidence`` path; the
    ``history`` feature along the K_max walk, as fitted), each model's rule at its own λ (tuned on the train
    references over :data:`LAMBDA_SCALES`): speed over the best static K, 95 % bootstrap interval over
-   references, and the selected model's rule over the engine model's, paired; on the held-out references, and
+   references, the selected model's rule over the engine model's, paired, and the share of rounds in which the
+   two choose the same k; on the held-out references, and
    on a second trace's references the policy never saw (``--unseen-trace`` with ``--unseen-features``);
 3. with ``--bench`` (runs on those unseen prompts), replays the same at batch > 1, the run's blocks, priced with
    the run's profile (:func:`~speclimits.control.offline.batch_replay`), interval over blocks.
@@ -166,6 +167,27 @@ def batch1(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.ndar
     return speeds(times)
 
 
+def same_k(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.ndarray, dict[str, float]]]
+           ) -> dict[str, float]:
+    """Per rule, the share of the states both models' batch-1 walks visit at which they choose the same k."""
+    from speclimits.control.offline import walk_actions
+
+    out = {}
+    for rule in RULES:
+        acts = []
+        for q, lam in models.values():
+            x = fed(inputs, q)
+            per_seq = []
+            for s in range(x.n_sequences):
+                sub = x.subset([s])
+                pol = scaled(fit, lam[rule]).make(rule + ":raw-confidence")
+                per_seq.append(walk_actions(pol.bind(sub, CostTable.build(sub, fit.cost_model, fit.k_max)), sub))
+            acts.append(np.concatenate(per_seq))
+        both = ~np.isnan(acts[0]) & ~np.isnan(acts[1])
+        out[rule] = float((acts[0][both] == acts[1][both]).mean())
+    return out
+
+
 def batch_b(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.ndarray, dict[str, float]]],
             bench: dict[str, Any]) -> dict[str, Any]:
     """Batch > 1: the run's blocks replayed alone, priced with its profile (as the gap decomposition does)."""
@@ -219,6 +241,7 @@ def study(policy: Path, features: Path, unseen: tuple[Path, Path] | None = None,
         return {k: (match_table(m, x, f, origin), lam[k]) for k, m in fed_models.items()}
 
     out["batch1_held_out"] = batch1(fit, test, tables(test, feats, str(features)))
+    out["same_k_held_out"] = same_k(fit, test, tables(test, feats, str(features)))
     if unseen is not None:
         u_trace, u_feats_path = unseen
         u_setup = greedy_setup(u_trace, fit.cost_model)
@@ -229,6 +252,7 @@ def study(policy: Path, features: Path, unseen: tuple[Path, Path] | None = None,
                          "scores": {name: A.metrics(u_frame["matched"], A.predict(m, u_frame))
                                     for name, m in scored.items()}}
         out["unseen"]["batch1"] = batch1(fit, u_all, tables(u_all, u_feats, str(u_feats_path)))
+        out["unseen"]["same_k"] = same_k(fit, u_all, tables(u_all, u_feats, str(u_feats_path)))
         out["unseen"]["runs"] = {}
         for b in benches:
             bench = json.loads(Path(b).read_text())
@@ -252,6 +276,8 @@ def report(out: dict[str, Any]) -> str:
              f"held-out references ({out['references']['held_out']}): auc / log loss / brier"]
     for name, m in out["held_out_scores"].items():
         lines.append(f"  {name:50s} {m['auc']:.3f} / {m['log_loss']:.4f} / {m['brier']:.4f}")
+    lines += ["", "batch 1, held-out references: share of rounds (states both walks visit) where the two models' "
+              "rules choose the same k: " + ", ".join(f"{r} {v:.3f}" for r, v in out["same_k_held_out"].items())]
     lines += ["", "λ over the fit's, tuned per model and rule on the train references: "
               + "; ".join(f"{k}: " + ", ".join(f"{r} {v:g}" for r, v in d.items()) for k, d in out["lambda_scales"].items()),
               "", *_speed_lines("batch 1, held-out references: speed over the best static K", out["batch1_held_out"])]
@@ -260,7 +286,8 @@ def report(out: dict[str, Any]) -> str:
         lines += ["", f"unseen prompts ({u['references']}, {u['trace']}): auc / log loss / brier"]
         for name, m in u["scores"].items():
             lines.append(f"  {name:50s} {m['auc']:.3f} / {m['log_loss']:.4f} / {m['brier']:.4f}")
-        lines += ["", *_speed_lines("batch 1, unseen prompts", u["batch1"])]
+        lines += ["", *_speed_lines("batch 1, unseen prompts", u["batch1"]),
+                  "  same k (states both walks visit): " + ", ".join(f"{r} {v:.3f}" for r, v in u["same_k"].items())]
         for path, r in u["runs"].items():
             lines += ["", *_speed_lines(f"batch {r['batch']}, {r['blocks']} blocks of {path}", r)]
     return "\n".join(lines)
