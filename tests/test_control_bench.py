@@ -417,3 +417,34 @@ def test_workload_ratio_recovers_a_known_ratio_and_the_committed_figures():
         assert w.loc[arm, "workload_ratio_lo"] > 1.0
         table = engine_table(res).set_index("arm")  # a result summarized before the ratio gets it on reading
         assert table.loc[arm, "workload_ratio"] == w.loc[arm, "workload_ratio"]
+
+
+def test_the_tail_of_a_batch_is_priced_as_the_hand_count_says():
+    """``benchmarks/batch_tails.py``: two requests of 6 tokens, one whose drafts always match and one whose
+    never do, at static K = 2 with a step of 10 ms + 1 ms per row: the fast one is done after 2 rounds (3 tokens
+    each), the slow one needs 6; rounds 1-2 are the full batch, 3-6 the tail."""
+    import importlib.util
+
+    from speclimits.control.profile import EngineProfile
+    from speclimits.oracle.inputs import OracleInputs
+
+    spec = importlib.util.spec_from_file_location("batch_tails", Path(__file__).parents[1] / "benchmarks" /
+                                                  "batch_tails.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n, k = 6, 2
+    acc = np.concatenate([np.full(n, 6), np.zeros(n, dtype=int)])
+    inp = OracleInputs(seq_ids=np.array(["fast", "slow"]), offsets=np.array([0, n, 2 * n]),
+                       pos=np.tile(np.arange(n), 2), context_len=np.tile(np.arange(n) + 10, 2), accept_len=acc,
+                       match_prob=np.zeros((2 * n, 6)), draft_conf=np.full((2 * n, 6), 0.5),
+                       u_bar_window=np.ones((2 * n, 7)))
+    prof = EngineProfile(batch=2, verify_ms={m: 10.0 + 2 * m for m in range(1, 8)},
+                         pass_ms={m: 10.0 + 2 * m for m in range(1, 8)}, draft_ms0=0.0, draft_ms1=0.0, other_ms=0.0,
+                         n_steps=1)
+    r = mod.replay_static(inp, [[0, 1]], prof, k)
+    full = 2 * (10.0 + 2 * (k + 1))  # two full-batch rounds of 2·3 rows: tokens 3 + 1 each
+    tail_rows = k + 1  # the slow request alone: 3 rows, the profile's line below its narrowest width (2 rows)
+    tail_step = prof.pass_at(tail_rows)
+    assert r["full_batch_ms_per_token"] == pytest.approx(full / 8)
+    assert r["block_ms_per_token"] == pytest.approx((full + 4 * tail_step) / 12)
+    assert r["tail_share"] == pytest.approx(4 * tail_step / (full + 4 * tail_step))
