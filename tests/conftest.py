@@ -77,6 +77,17 @@ def simulated_pages(smoke_trace, tmp_path_factory):
     return out
 
 
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py``, imported from its file (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def executed_notebook_text(build, name: str) -> str:
     """The executed notebook ``book/<name>`` of a build folder, as JSON text."""
     return (build / "source" / "book" / f"{name}.ipynb").read_text()

@@ -167,14 +167,9 @@ def test_a_model_the_engine_cannot_compute_is_refused(smoke_policy):
 
 
 def _features_study():
-    import importlib.util
-    from pathlib import Path
+    from conftest import benchmark_module
 
-    spec = importlib.util.spec_from_file_location("acceptance_features", Path(__file__).parents[1] / "benchmarks" /
-                                                  "acceptance_features.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("acceptance_features")
 
 
 def test_trace_features_join_their_own_states_and_refuse_others(smoke_policy, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from speclimits.bench.control import (block_prompts, paired_ratio, parse_static, per_block, summarize, trace_generations,
                                       with_prediction)
+from conftest import benchmark_module
 from speclimits.errors import SpeclimitsError
 from speclimits.paths import DATA_DIR
 
@@ -240,13 +241,7 @@ def test_tiny_benchmark_sampled(smoke_trace, tmp_path, capsys):
 
 def sweep_module():
     """``benchmarks/batch_replay_sweep.py``, imported from its file."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("batch_replay_sweep", Path(__file__).parents[1] / "benchmarks" /
-                                                  "batch_replay_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module("batch_replay_sweep")
 
 
 def test_batch_replay_sweep_reproduces_the_committed_prediction():
@@ -306,12 +301,7 @@ def test_batch_replay_sweep_replays_a_run_on_unseen_prompts_on_a_trace_of_them()
 def test_replay_plus_the_prefill_prices_the_measured_batch4_run():
     """``benchmarks/replay_vs_measured.py`` on the committed batch-4 run on unseen prompts: the replay of each stock K
     alone is 13-14 % optimistic; with each block's prefill (the trace's round 0 of plain decoding) it is within 1 %."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("replay_vs_measured", Path(__file__).parents[1] / "benchmarks" /
-                                                  "replay_vs_measured.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_module("replay_vs_measured")
     fresh = DATA_DIR / "control" / "twin" / "fresh"
     t = mod.compare(fresh / "amd-epyc-c" / "overhead" / "bench-batch4.json", fresh / "trace")
     assert t["arm"].tolist() == ["stock:2", "stock:3", "stock:4"]
@@ -423,15 +413,10 @@ def test_the_tail_of_a_batch_is_priced_as_the_hand_count_says():
     """``benchmarks/batch_tails.py``: two requests of 6 tokens, one whose drafts always match and one whose
     never do, at static K = 2 with a step of 10 ms + 1 ms per row: the fast one is done after 2 rounds (3 tokens
     each), the slow one needs 6; rounds 1-2 are the full batch, 3-6 the tail."""
-    import importlib.util
-
     from speclimits.control.profile import EngineProfile
     from speclimits.oracle.inputs import OracleInputs
 
-    spec = importlib.util.spec_from_file_location("batch_tails", Path(__file__).parents[1] / "benchmarks" /
-                                                  "batch_tails.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_module("batch_tails")
     n, k = 6, 2
     acc = np.concatenate([np.full(n, 6), np.zeros(n, dtype=int)])
     inp = OracleInputs(seq_ids=np.array(["fast", "slow"]), offsets=np.array([0, n, 2 * n]),
