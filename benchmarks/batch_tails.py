@@ -15,6 +15,10 @@ Offline and deterministic::
 
     .venv/bin/python benchmarks/batch_tails.py data/control/twin/fresh/amd-epyc-c/b8-all/bench-batch8.json \\
         --trace data/control/twin/fresh/trace --json data/control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json
+
+``--measured TRACE`` also reads a batch trace (``speclimits trace --batch B``, its ``steps.parquet``): the same
+split from the engine's own timed steps (target and drafter time of each step; tokens from ``rounds.parquet``),
+per K of the trace.
 """
 
 from __future__ import annotations
@@ -80,13 +84,41 @@ def run_tails(bench_path: Path, trace: Path) -> pd.DataFrame:
     return t
 
 
+def measured_tails(trace: Path) -> pd.DataFrame:
+    """Per K of a batch trace: time per token (target + drafter time of each decoding step over the tokens the step
+    emitted) in steps with every request of the batch decoding and in all decoding steps, and the share of the
+    decoding time in steps with fewer; the batches and steps counted."""
+    from speclimits.trace import read_trace
+
+    tr = read_trace(trace)
+    if tr.steps is None:
+        raise SpeclimitsError(f"{trace}: no steps.parquet (a batch trace is made with speclimits trace --batch B)")
+    emitted = tr.rounds.groupby(["batch_id", "step"])["n_emitted"].sum().rename("emitted").reset_index()
+    st = tr.steps.merge(emitted, on=["batch_id", "step"], how="left").fillna({"emitted": 0})
+    st = st[st["phase"] != "prefill"].assign(t=lambda d: d["t_target_ms"] + d["t_draft_ms"])
+    rows = []
+    for (b, k), g in st.groupby(["b", "K"]):
+        full = g[g["n_decode"] == b]
+        rows.append({"b": int(b), "K": int(k), "batches": int(g["batch_id"].nunique()),
+                     "full_batch_steps": len(full), "tail_steps": int(len(g) - len(full)),
+                     "full_batch_ms_per_token": full["t"].sum() / full["emitted"].sum(),
+                     "block_ms_per_token": g["t"].sum() / g["emitted"].sum(),
+                     "tail_share": 1.0 - full["t"].sum() / g["t"].sum()})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bench", type=Path, nargs="+", help="benchmark results (batch > 1)")
-    ap.add_argument("--trace", type=Path, required=True, help="a trace of the runs' prompts (their greedy references)")
+    ap.add_argument("bench", type=Path, nargs="*", help="benchmark results (batch > 1)")
+    ap.add_argument("--trace", type=Path, help="a trace of the runs' prompts (their greedy references)")
+    ap.add_argument("--measured", type=Path, help="a batch trace of the same prompts: the split from its timed steps")
     ap.add_argument("--json", type=Path, help="write the tables here")
     args = ap.parse_args(argv)
+    if args.bench and args.trace is None:
+        ap.error("replaying benchmark runs needs --trace (a trace of their prompts)")
+    if not args.bench and args.measured is None:
+        ap.error("give benchmark runs (with --trace) or --measured TRACE")
     out: dict[str, Any] = {"produced_by": "benchmarks/batch_tails.py " + " ".join(argv if argv is not None
                                                                                    else sys.argv[1:]), "runs": {}}
     for b in args.bench:
@@ -98,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{b} (batch {t.attrs['batch']}, {t.attrs['blocks']} blocks): per static K")
         print(t.round(3).to_string(index=False))
         out["runs"][str(b)] = {**t.attrs, "rows": t.to_dict(orient="records")}
+    if args.measured is not None:
+        try:
+            m = measured_tails(args.measured)
+        except (SpeclimitsError, OSError) as exc:
+            print(f"batch_tails: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.measured} (measured: the engine's timed steps)")
+        print(m.round(3).to_string(index=False))
+        out["measured"] = {"trace": str(args.measured), "rows": m.to_dict(orient="records")}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

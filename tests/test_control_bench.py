@@ -433,3 +433,16 @@ def test_the_tail_of_a_batch_is_priced_as_the_hand_count_says():
     assert r["full_batch_ms_per_token"] == pytest.approx(full / 8)
     assert r["block_ms_per_token"] == pytest.approx((full + 4 * tail_step) / 12)
     assert r["tail_share"] == pytest.approx(4 * tail_step / (full + 4 * tail_step))
+
+
+def test_the_measured_tail_grows_with_k_as_the_committed_split_says():
+    """``benchmarks/batch_tails.py --measured`` on the committed batch-8 trace of the unseen prompts: the share of
+    decoding time after a batch's first request finished grows with K, and the figures are the committed ones."""
+    mod = benchmark_module("batch_tails")
+    trace = DATA_DIR / "control/twin/fresh/amd-epyc-c/b8-trace"
+    m = mod.measured_tails(trace)
+    assert m["K"].tolist() == [1, 2, 4, 6] and (m["b"] == 8).all() and (m["batches"] == 3).all()
+    assert m["tail_share"].is_monotonic_increasing and (m["block_ms_per_token"] > m["full_batch_ms_per_token"]).all()
+    committed = json.loads((DATA_DIR / "control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json").read_text())
+    for want, got in zip(committed["measured"]["rows"], m.to_dict(orient="records"), strict=True):
+        assert want == pytest.approx(got)
