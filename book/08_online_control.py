@@ -405,6 +405,28 @@ if oracle_ok:
                          "there", unote)
 
 # %% [markdown]
+# **Why a per-round choice loses in the benchmark's batches.** A block runs its requests to the end, so its time is
+# its slowest request's: after the fast requests finish, the slow ones run on in steps that cost almost a full step
+# and emit few tokens. Every rule here decides round by round, and no rule prices that tail.
+# {numref}`tbl-control-batch-tails` measures it on the unseen prompts at batch 8 (`benchmarks/batch_tails.py`).
+
+# %% tags=["hide-input"]
+if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name and view.BATCH_TAILS.exists():
+    tails = view.batch_tails()
+    page.table(tails, "tbl-control-batch-tails",
+               f"The batch's tail at batch {tails.attrs['batch']} per static K, on the unseen prompts: the share of "
+               "decoding time after a batch's first request finished, measured (a batch trace, "
+               f"`{tails.attrs['trace']}`, {tails.attrs['batches']} batches per K, the engine's timed target and "
+               f"drafter steps; the memory-bound twin on {describe(tails.attrs['cpu'])}) and in the replay of the "
+               "benchmark's 24 blocks priced "
+               "with that run's profile; and each K's measured time per token over K = 2's, in steps with the whole "
+               "batch decoding and over whole batches. Per step a longer draft costs little; per batch it costs the "
+               "tail.")
+else:
+    page.cannot_show("the batch's tail", "it is measured for the twin only "
+                     "(data/control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json)")
+
+# %% [markdown]
 # **How well the rules' inputs predict a match.** The prediction rung of the ladders above is the acceptance
 # model (a logistic regression on what the engine knows when it decides, fitted on the train references) against
 # the draft's confidence alone (its isotonic calibration). {numref}`tbl-control-acceptance` scores both on the

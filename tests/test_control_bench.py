@@ -446,3 +446,18 @@ def test_the_measured_tail_grows_with_k_as_the_committed_split_says():
     committed = json.loads((DATA_DIR / "control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json").read_text())
     for want, got in zip(committed["measured"]["rows"], m.to_dict(orient="records"), strict=True):
         assert want == pytest.approx(got)
+
+
+def test_the_book_sets_the_measured_tail_beside_the_replayed_one():
+    """Section 8's tail table: per K of the batch trace its measured tail share, the replay's for the run of the
+    same batch size, and times per token relative to K = 2 (1 at K = 2)."""
+    from speclimits.book.views.control import BATCH_TAILS, batch_tails
+
+    t = batch_tails()
+    d = json.loads(BATCH_TAILS.read_text())
+    assert t["K"].tolist() == [r["K"] for r in d["measured"]["rows"]] and t.attrs["batch"] == 8
+    assert t["Tail % (measured)"].tolist() == [round(100 * r["tail_share"], 1) for r in d["measured"]["rows"]]
+    two = t.set_index("K").loc[2]
+    assert two["Time/token vs K = 2, full steps"] == 1 and two["Time/token vs K = 2, batches"] == 1
+    replay = next(r for r in d["runs"].values() if r["batch"] == 8)
+    assert t.set_index("K").loc[6, "Tail % (replay)"] == round(100 * replay["rows"][5]["tail_share"], 1)

@@ -18,7 +18,7 @@ from speclimits.arms import policy_label as arm_name  # "stock:2" -> "stock vLLM
 from speclimits.book.present import Result, ci_column, fmt_ci
 from speclimits.book.views.control_runs import (BENCH_DIR, TWIN_BENCH_DIR, engine_table, is_policy, load_bench_runs)
 from speclimits.jsonutil import read_json
-from speclimits.paths import BUNDLED_TRACE, TWIN_TRACE
+from speclimits.paths import BUNDLED_TRACE, REPO_ROOT, TWIN_TRACE
 from speclimits.trace import read_meta
 
 
@@ -540,6 +540,35 @@ def feature_study(path: Any = FEATURE_STUDY) -> tuple[pd.DataFrame, pd.DataFrame
             row[arm_name(rule)] = fmt_ci(x["ratio"], x["lo"], x["hi"], decimals=3) if x else "–"
         ratios.append(row)
     return pd.DataFrame(rows), pd.DataFrame(ratios)
+
+
+#: ``benchmarks/batch_tails.py``'s output on the unseen prompts (replayed runs and the measured batch trace)
+BATCH_TAILS = TWIN_BENCH_DIR / "fresh" / "amd-epyc-c" / "decomposition" / "batch-tails.json"
+
+
+def batch_tails(path: Any = BATCH_TAILS) -> pd.DataFrame:
+    """The batch's tail per static K: measured (the batch trace's timed steps) beside the replay of the benchmark
+    run at the same batch size whose K are the trace's (the first such run): the share of decoding time after the
+    batch's first request finished, and each K's time per token over K = 2's, per full-batch step and per block."""
+    d = read_json(path, "batch-tail split", ValueError)
+    meas = pd.DataFrame(d["measured"]["rows"]).set_index("K")
+    b = int(meas["b"].iloc[0])
+    run = next((r for r in d["runs"].values() if int(r["batch"]) == b), None)
+    rep = pd.DataFrame(run["rows"]).set_index("K") if run else None
+
+    def rel(t: pd.DataFrame, col: str) -> pd.Series:
+        return t[col] / t.loc[2, col] if 2 in t.index else t[col] * np.nan
+
+    out = pd.DataFrame({"K": meas.index,
+                        "Tail % (measured)": (100 * meas["tail_share"]).round(1).to_numpy(),
+                        "Tail % (replay)": [round(100 * rep["tail_share"].get(k, np.nan), 1) if rep is not None
+                                               else np.nan for k in meas.index],
+                        "Time/token vs K = 2, full steps": rel(meas, "full_batch_ms_per_token").round(3).to_numpy(),
+                        "Time/token vs K = 2, batches": rel(meas, "block_ms_per_token").round(3).to_numpy()})
+    trace = d["measured"]["trace"]
+    meta = read_meta(REPO_ROOT / trace)
+    out.attrs = {"batch": b, "batches": int(meas["batches"].iloc[0]), "trace": trace, "cpu": meta.get("cpu", {})}
+    return out
 
 
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False, column: str = "share") -> pd.DataFrame:
