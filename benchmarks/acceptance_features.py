@@ -154,16 +154,16 @@ def batch1(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.ndar
     model's precomputed probabilities at that model's λ scale per rule."""
     table, accept = CostTable.build(inputs, fit.cost_model, fit.k_max), inputs.accept_len[None, :].astype(np.int16)
 
-    def run(name: str, x: OracleInputs, tab: CostTable) -> np.ndarray:
-        return rollout(fit.make(name).bind(x, tab), accept)["time_ms"].to_numpy()
+    def run(name: str, x: OracleInputs, tab: CostTable, f: PolicyFit = fit) -> np.ndarray:
+        return rollout(f.make(name).bind(x, tab), accept)["time_ms"].to_numpy()
 
     times = {f"static:{k}": run(f"static:{k}", inputs, table) for k in range(1, fit.k_max + 1)}
     for rule in RULES:
         times[f"{rule} | calibrated confidence"] = run(rule, inputs, table)
         for label, (q, lam) in models.items():
             x = fed(inputs, q)
-            times[f"{rule} | {label}"] = rollout(scaled(fit, lam[rule]).make(rule + ":raw-confidence").bind(
-                x, CostTable.build(x, fit.cost_model, fit.k_max)), accept)["time_ms"].to_numpy()
+            times[f"{rule} | {label}"] = run(rule + ":raw-confidence", x, CostTable.build(x, fit.cost_model, fit.k_max),
+                                             scaled(fit, lam[rule]))
     return speeds(times)
 
 
@@ -211,6 +211,8 @@ def batch_b(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.nda
 
 def study(policy: Path, features: Path, unseen: tuple[Path, Path] | None = None, benches: list[Path] = ()
           ) -> dict[str, Any]:
+    """Steps 1–3 of the module docstring for the policy file ``policy`` and the features of its trace; ``unseen``:
+    ``(trace, features)`` of prompts the policy never saw; ``benches``: runs on those prompts (batch > 1)."""
     fit = PolicyFit.read(policy)
     setup = greedy_setup(ROOT / fit.data["trace"], fit.cost_model)
     feats = read_features(features)

@@ -412,8 +412,8 @@ class TracingWorkerExtension:
             raise _unsupported(f"the drafter's compute_logits returned {logits.shape[0]} rows for {n} requests "
                                "(expected one row per request per draft step)")
         probs = torch.softmax(logits.float(), dim=-1)
+        top_p, top_i = probs.max(dim=-1)  # the token as the drafter's argmax picks it (first of equal maxima)
         top2 = probs.topk(2, dim=-1)
-        top_p, top_i = top2.values[:, 0], top2.indices[:, 0]
         entropy = -(probs * torch.log(probs.clamp(min=1e-30))).sum(dim=-1)
         idx = len(step.draft_logits)
         ref = torch.tensor([self._speclimits_ref_token(r, idx) for r in step.reqs], device=probs.device)
