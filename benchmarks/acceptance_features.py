@@ -48,7 +48,7 @@ import pandas as pd
 
 from speclimits.bootstrap import draw_counts, percentile_interval
 from speclimits.control import acceptance as A
-from speclimits.control.decompose import bench_references
+from speclimits.control.decompose import bench_blocks, bench_references
 from speclimits.control.fit import greedy_setup
 from speclimits.control.offline import batch_replay, rollout, select
 from speclimits.control.profile import EngineProfile
@@ -193,9 +193,7 @@ def batch_b(fit: PolicyFit, inputs: OracleInputs, models: dict[str, tuple[np.nda
     """Batch > 1: the run's blocks replayed alone, priced with its profile (as the gap decomposition does)."""
     prof = EngineProfile.from_dict(bench["profile"])
     priced = prof.priced(fit)
-    index = {str(s): i for i, s in enumerate(inputs.seq_ids)}
-    blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}
-    groups = [[index[str(bench["prompt_ids"][i])] for i in blocks[b]] for b in sorted(blocks)]
+    groups = bench_blocks(bench, inputs.seq_ids)[0]
 
     def run(name: str, x: OracleInputs, f: PolicyFit = priced) -> np.ndarray:
         return np.array([batch_replay(f, x, [g], [name], prof)[name]["ms_per_token"]

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from speclimits.control.decompose import bench_references
+from speclimits.control.decompose import bench_blocks, bench_references
 from speclimits.control.fit import greedy_setup
 from speclimits.control.offline import select
 from speclimits.control.profile import EngineProfile
@@ -73,9 +73,7 @@ def run_tails(bench_path: Path, trace: Path) -> pd.DataFrame:
     prof = EngineProfile.from_dict(bench["profile"])
     setup = greedy_setup(trace, fit.cost_model)
     raw, _ = select(setup, bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
-    index = {str(s): i for i, s in enumerate(raw.seq_ids)}
-    blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}
-    groups = [[index[str(bench["prompt_ids"][i])] for i in blocks[b]] for b in sorted(blocks)]
+    groups = bench_blocks(bench, raw.seq_ids)[0]
     rows = [{"K": k, **replay_static(raw, groups, prof, k)} for k in range(1, fit.k_max + 1)]
     t = pd.DataFrame(rows)
     for col, speed in (("full_batch_ms_per_token", "speed_full_batch"), ("block_ms_per_token", "speed_block")):

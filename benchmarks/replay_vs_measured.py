@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from speclimits.control.decompose import bench_references
+from speclimits.control.decompose import bench_blocks, bench_references
 from speclimits.control.fit import greedy_setup
 from speclimits.control.offline import batch_replay, select
 from speclimits.control.profile import EngineProfile
@@ -50,11 +50,7 @@ def compare(path: Path, trace: Path | None = None) -> pd.DataFrame:
     setup = greedy_setup(read_trace(trace), fit.cost_model)
     ids = bench_references(res)
     raw, _ = select(setup, ids, n_states=int(res["config"]["max_tokens"]) - 1)
-    index = {str(s): i for i, s in enumerate(raw.seq_ids)}
-    blocks = {int(r["block"]): r["prompts"] for r in res["blocks"]}
-    names = [[str(res["prompt_ids"][i]) for i in blocks[b]] for b in sorted(blocks)]
-    names = [g for g in names if all(x in index for x in g)]
-    groups = [[index[x] for x in g] for g in names]
+    groups, names = bench_blocks(res, raw.seq_ids)
     pre = prefill_ms(trace)
     tokens = float(sum(raw.n_tokens[g].sum() for g in groups))
     prefill = float(sum(pre.reindex(g).sum() for g in names)) / tokens

@@ -165,6 +165,16 @@ def bench_references(bench: dict[str, Any]) -> list[str]:
     return [str(i) for i in bench["prompt_ids"] if bench.get("reference_parts_at", {}).get(i) is None]
 
 
+def bench_blocks(bench: dict[str, Any], seq_ids: Any) -> tuple[list[list[int]], list[list[str]]]:
+    """The blocks a benchmark measured, in block order, as indices into ``seq_ids`` (the replay's references) and
+    as prompt ids; a block with a prompt outside ``seq_ids`` (run on part of its reference) is left out."""
+    index = {str(s): i for i, s in enumerate(seq_ids)}
+    blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}  # the prompts each measured block ran
+    names = [[str(bench["prompt_ids"][i]) for i in blocks[b]] for b in sorted(blocks)]
+    names = [g for g in names if all(x in index for x in g)]
+    return [[index[x] for x in g] for g in names], names
+
+
 def _batch1_references(fit: PolicyFit, bench: dict[str, Any] | None) -> list[str]:
     """Batch 1's references: the policy's held-out split, or the benchmark's own prompts where it ran others (the
     benchmark on prompts the policy never saw, with a trace of them: the rungs then price what the engine ran)."""
@@ -268,11 +278,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
     priced = prof.priced(fit)
     model = priced.cost_model
     raw, sur = select(setup, bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
-    index = {str(s): i for i, s in enumerate(raw.seq_ids)}
-    all_ids = bench["prompt_ids"]
-    blocks = {int(r["block"]): r["prompts"] for r in bench["blocks"]}  # the prompts each measured block ran
-    groups = [[all_ids[i] for i in blocks[b]] for b in sorted(blocks)]
-    groups = [[index[x] for x in g] for g in groups if all(x in index for x in g)]
+    groups = bench_blocks(bench, raw.seq_ids)[0]
     truth_raw = _truth(raw, sur)
     static = [f"static:{k}" for k in range(1, fit.k_max + 1)]
     scale = priced.lambda_ / fit.lambda_  # λ in the profiled units, the grid scaled as the fit's λ is
