@@ -102,7 +102,9 @@ def measured_tails(trace: Path) -> pd.DataFrame:
                      "full_batch_ms_per_token": full["t"].sum() / full["emitted"].sum(),
                      "block_ms_per_token": g["t"].sum() / g["emitted"].sum(),
                      "tail_share": 1.0 - full["t"].sum() / g["t"].sum()})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["simulated"] = bool(tr.meta.get("simulated", tr.meta.get("source") == "simulator"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         except (SpeclimitsError, OSError) as exc:
             print(f"batch_tails: {exc}", file=sys.stderr)
             return 2
-        print(f"{args.measured} (measured: the engine's timed steps)")
+        sim = m.attrs["simulated"]
+        print(f"{args.measured} ({'SIMULATED: the simulator' if sim else 'measured: the engine'}'s timed steps)")
         print(m.round(3).to_string(index=False))
-        out["measured"] = {"trace": str(args.measured), "rows": m.to_dict(orient="records")}
+        out["measured"] = {"trace": str(args.measured), "simulated": sim, "rows": m.to_dict(orient="records")}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -415,7 +415,8 @@ if oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name and view.BATCH_TAILS
     tails = view.batch_tails()
     page.table(tails, "tbl-control-batch-tails",
                f"The batch's tail at batch {tails.attrs['batch']} per static K, on the unseen prompts: the share of "
-               "decoding time after a batch's first request finished, measured (a batch trace, "
+               "decoding time after a batch's first request finished, "
+               f"{'SIMULATED' if tails.attrs['simulated'] else 'measured'} (a batch trace, "
                f"`{tails.attrs['trace']}`, {tails.attrs['batches']} batches per K, the engine's timed target and "
                f"drafter steps; the memory-bound twin on {describe(tails.attrs['cpu'])}) and in the replay of the "
                "benchmark's 24 blocks priced "

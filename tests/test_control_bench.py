@@ -461,3 +461,20 @@ def test_the_book_sets_the_measured_tail_beside_the_replayed_one():
     assert two["Time/token vs K = 2, full steps"] == 1 and two["Time/token vs K = 2, batches"] == 1
     replay = next(r for r in d["runs"].values() if r["batch"] == 8)
     assert t.set_index("K").loc[6, "Tail % (replay)"] == round(100 * replay["rows"][5]["tail_share"], 1)
+
+
+def test_a_simulated_batch_trace_is_split_and_labelled_simulated(tmp_path, capsys):
+    """``batch_tails.py --measured`` on a batch trace the repository does not hold (the simulator's, K = 0, 2, 4 at
+    batch 1 and 4): batch 1 has no tail, batch 4 has one, and the output says SIMULATED."""
+    from speclimits.cli import main
+
+    out = tmp_path / "sim"
+    assert main(["simulate", "--preset", "smoke", "--set", "k_values=[0,2,4]", "--batch", "1,4", "--out", str(out),
+                 "--quiet"]) == 0
+    mod = benchmark_module("batch_tails")
+    m = mod.measured_tails(out)
+    assert m.attrs["simulated"] and sorted(set(m["K"])) == [0, 2, 4]
+    assert (m[m["b"] == 1]["tail_share"] == 0).all() and (m[m["b"] == 4]["tail_share"] > 0).all()
+    assert mod.main(["--measured", str(out), "--json", str(tmp_path / "t.json")]) == 0
+    assert "SIMULATED" in capsys.readouterr().out
+    assert json.loads((tmp_path / "t.json").read_text())["measured"]["simulated"] is True

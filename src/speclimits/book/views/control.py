@@ -567,7 +567,8 @@ def batch_tails(path: Any = BATCH_TAILS) -> pd.DataFrame:
                         "Time/token vs K = 2, batches": rel(meas, "block_ms_per_token").round(3).to_numpy()})
     trace = d["measured"]["trace"]
     meta = read_meta(REPO_ROOT / trace)
-    out.attrs = {"batch": b, "batches": int(meas["batches"].iloc[0]), "trace": trace, "cpu": meta.get("cpu", {})}
+    out.attrs = {"batch": b, "batches": int(meas["batches"].iloc[0]), "trace": trace, "cpu": meta.get("cpu", {}),
+                 "simulated": bool(d["measured"].get("simulated", meta.get("simulated", False)))}
     return out
 
 
