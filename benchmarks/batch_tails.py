@@ -19,6 +19,15 @@ Offline and deterministic::
 ``--measured TRACE`` also reads a batch trace (``speclimits trace --batch B``, its ``steps.parquet``): the same
 split from the engine's own timed steps (target and drafter time of each step; tokens from ``rounds.parquet``),
 per K of the trace.
+
+``--plan`` replays a rule that plans for the tail (:func:`tail_weights`): the Delta rule with each request's λ
+scaled by ``s · (R / R_max)^γ``, R a request's rounds still to go (its tokens left over its tokens per round so
+far, with a prior of 2 rounds at 2 tokens) and R_max the batch's largest, so the request that will end the block
+is priced at ``s·λ`` and the ones ahead of it draft less. Everything it reads the engine knows when it decides
+(a request's max_tokens, its output so far). Per rule: unweighted; (γ, s) chosen on the policy's train
+references (groups of b, three seeded shuffles, the run's profile) and run on the run's blocks; and the best
+(γ, s) of the grid on the run's blocks (hindsight: the planner's bound). ``true``: the rule fed the true match
+probabilities (the decomposition's third rung), the bound of this planner with perfect per-position information.
 """
 
 from __future__ import annotations
@@ -27,17 +36,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from speclimits.control.decompose import bench_blocks, bench_references
+from speclimits.control.decompose import bench_blocks, bench_references, true_probabilities
 from speclimits.control.fit import greedy_setup
-from speclimits.control.offline import select
+from speclimits.control.offline import batch_replay, select
 from speclimits.control.profile import EngineProfile
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
+from speclimits.paths import REPO_ROOT
 from speclimits.oracle.inputs import OracleInputs
 
 
@@ -82,6 +92,70 @@ def run_tails(bench_path: Path, trace: Path) -> pd.DataFrame:
     return t
 
 
+#: the planner's grid: γ, how steeply a request's value falls with its lead; s, the factor on the last request's λ
+PLAN_GAMMAS = (1.0, 2.0, 3.0)
+PLAN_SCALES = (0.8, 1.0, 1.3, 1.7, 2.2)
+#: the rules replayed with it (the engine's Delta rules); "true" is delta-fixed fed the true match probabilities
+PLAN_RULES = ("delta", "delta-fixed", "delta:acceptance", "delta-fixed:acceptance", "true")
+PRIOR_ROUNDS, PRIOR_RATE = 2.0, 2.0
+
+
+def tail_weights(gamma: float, scale: float) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """``weigh(left, done, rounds)`` for :func:`~speclimits.control.offline.batch_replay`: per live request
+    ``scale · (R / max R)^gamma``, ``R = left / rate`` its rounds to go, ``rate`` its tokens per round so far
+    (prior: :data:`PRIOR_ROUNDS` rounds at :data:`PRIOR_RATE` tokens)."""
+    def weigh(left: np.ndarray, done: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+        to_go = left / ((done + PRIOR_ROUNDS * PRIOR_RATE) / (rounds + PRIOR_ROUNDS))
+        return scale * (to_go / to_go.max()) ** gamma
+    return weigh
+
+
+def _speeds(priced: PolicyFit, raw: OracleInputs, truth: OracleInputs, groups: list[list[int]], prof: EngineProfile,
+            rule: str, grid: list[tuple[float, float]]) -> tuple[np.ndarray, float]:
+    """The rule's ms per token at each (γ, s) of ``grid`` (first: unweighted) and the best static K's."""
+    name, inputs = ("delta-fixed:raw-confidence", truth) if rule == "true" else (rule, raw)
+    static = batch_replay(priced, raw, groups, [f"static:{k}" for k in range(1, priced.k_max + 1)], prof)
+    ms = [batch_replay(priced, inputs, groups, [name], prof, None if g is None else tail_weights(g, sc))[name]
+          ["ms_per_token"] for g, sc in grid]
+    return np.array(ms), min(r["ms_per_token"] for r in static.values())
+
+
+def plan_study(bench_path: Path, trace: Path, seed: int = 0, rules: tuple[str, ...] = PLAN_RULES) -> pd.DataFrame:
+    """Per rule of ``rules``: its speed over the best static K on the run's blocks unweighted, with the
+    (γ, s) chosen on the train references, and with the best (γ, s) on the blocks (hindsight)."""
+    bench = json.loads(Path(bench_path).read_text())
+    fit = PolicyFit.from_dict(bench["policy_fit"], origin=str(bench_path))
+    prof = EngineProfile.from_dict(bench["profile"])
+    priced = prof.priced(fit)
+    n_states = int(bench["config"]["max_tokens"]) - 1
+    raw, sur = select(greedy_setup(trace, fit.cost_model), bench_references(bench), n_states)
+    groups = bench_blocks(bench, raw.seq_ids)[0]
+    policy_trace = Path(bench["config"]["trace"])  # the trace the policy was fitted on (its train references)
+    if not policy_trace.is_absolute() and not policy_trace.exists():
+        policy_trace = REPO_ROOT / policy_trace
+    train_raw, train_sur = select(greedy_setup(policy_trace, fit.cost_model),
+                                  [str(s) for s in fit.train_seq_ids], n_states)
+    rng, b, train_groups = np.random.default_rng(seed), prof.batch, []
+    for _ in range(3):
+        perm = rng.permutation(train_raw.n_sequences).tolist()
+        train_groups += [perm[i:i + b] for i in range(0, len(perm) - b + 1, b)]
+    grid = [(None, None)] + [(g, sc) for g in PLAN_GAMMAS for sc in PLAN_SCALES]
+    rows = []
+    train_truth, truth = true_probabilities(train_raw, train_sur), true_probabilities(raw, sur)
+    for rule in rules:
+        tr_ms, _ = _speeds(priced, train_raw, train_truth, train_groups, prof, rule, grid)
+        ms, best = _speeds(priced, raw, truth, groups, prof, rule, grid)
+        pick, hind = 1 + int(np.argmin(tr_ms[1:])), 1 + int(np.argmin(ms[1:]))
+        rows.append({"rule": rule, "unweighted": best / ms[0], "train_gamma": grid[pick][0],
+                     "train_scale": grid[pick][1], "train_chosen": best / ms[pick], "hindsight_gamma": grid[hind][0],
+                     "hindsight_scale": grid[hind][1], "hindsight": best / ms[hind],
+                     "train_gain": float(tr_ms[0] / tr_ms[pick])})
+    t = pd.DataFrame(rows)
+    t.attrs = {"batch": b, "blocks": len(groups), "train_references": train_raw.n_sequences,
+               "train_groups": len(train_groups), "cpu": bench.get("engine", {}).get("cpu", {})}
+    return t
+
+
 def measured_tails(trace: Path) -> pd.DataFrame:
     """Per K of a batch trace: time per token (target + drafter time of each decoding step over the tokens the step
     emitted) in steps with every request of the batch decoding and in all decoding steps, and the share of the
@@ -113,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("bench", type=Path, nargs="*", help="benchmark results (batch > 1)")
     ap.add_argument("--trace", type=Path, help="a trace of the runs' prompts (their greedy references)")
     ap.add_argument("--measured", type=Path, help="a batch trace of the same prompts: the split from its timed steps")
+    ap.add_argument("--plan", action="store_true",
+                    help="also replay the Delta rules with the tail planner's weights (minutes per run)")
     ap.add_argument("--json", type=Path, help="write the tables here")
     args = ap.parse_args(argv)
     if args.bench and args.trace is None:
@@ -130,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{b} (batch {t.attrs['batch']}, {t.attrs['blocks']} blocks): per static K")
         print(t.round(3).to_string(index=False))
         out["runs"][str(b)] = {**t.attrs, "rows": t.to_dict(orient="records")}
+        if args.plan:
+            p = plan_study(b, args.trace)
+            print(f"  a rule that plans for the tail (γ, s chosen on {p.attrs['train_references']} train references "
+                  f"in {p.attrs['train_groups']} groups, or in hindsight on the blocks); speed over the best static K")
+            print(p.round(3).to_string(index=False))
+            out.setdefault("plan", {})[str(b)] = {**p.attrs, "rows": p.to_dict(orient="records")}
     if args.measured is not None:
         try:
             m = measured_tails(args.measured)

@@ -428,6 +428,42 @@ else:
                      "(data/control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json)")
 
 # %% [markdown]
+# **A rule that plans for the tail.** Everything the block's end depends on is known when the rule decides: each
+# request's tokens left (its max_tokens less its output) and its tokens per round so far, hence its rounds to go
+# R. The planner (`benchmarks/batch_tails.py --plan`, offline) scales each request's λ by s·(R / R_max)^γ: the
+# request that will end the block keeps the rule's price of a token (times s), the ones ahead of it draft less.
+# {numref}`tbl-control-tail-plan` replays it on the benchmark runs' blocks, with (γ, s) chosen on the policy's
+# train references and, as its bound, in hindsight on the blocks themselves.
+
+# %% tags=["hide-input"]
+plan = view.tail_plan() if (oracle_ok and Path(str(tr.path)).name == TWIN_TRACE.name
+                            and view.BATCH_TAILS.exists()) else None
+if plan is not None and len(plan):
+    best_true = plan[plan["Rule"].str.contains("true")]["Tail planner, best (γ, s) in hindsight"].max()
+    page.table(plan, "tbl-control-tail-plan",
+               "The Delta rules with and without the tail planner, offline: each run's blocks of unseen prompts "
+               "(the memory-bound twin) replayed with that run's profile (measured on the CPU named; the replay is "
+               "computed, not timed), speed over the best static K of the same replay. Fed the true match "
+               f"probabilities, with (γ, s) in hindsight, the planner reaches at most {best_true:.3f}x the best "
+               f"static K. ({plan.attrs['produced_by']})")
+    own = plan[~plan["Rule"].str.contains("true")]
+    for b, g in own.groupby("Batch"):
+        gain = g["Tail planner, (γ, s) from train"] - g["Per round (today)"]
+        print(wrap(f"Batch {b}: with (γ, s) from the train references the planner moves the engine's Delta rules "
+                   f"from {g['Per round (today)'].min():.3f}–{g['Per round (today)'].max():.3f} to "
+                   f"{g['Tail planner, (γ, s) from train'].min():.3f}–{g['Tail planner, (γ, s) from train'].max():.3f}"
+                   f" of the best static K ({(gain > 0).sum()} of {len(g)} rule-runs faster, change "
+                   f"{gain.min():+.3f} to {gain.max():+.3f})."))
+    top = own["Tail planner, (γ, s) from train"].max()
+    print(wrap(f"The best of them reaches {top:.3f}x the best static K. "
+               + ("It is not in the engine: it keeps the rules under the best static K, and under served load (no "
+                  "tail) it would stop pricing tokens that matter." if top < 1 else
+                  "Under served load (no tail) it would stop pricing tokens that matter.")))
+else:
+    page.cannot_show("a rule that plans for the tail", "it is replayed for the twin only "
+                     "(batch_tails.py --plan, data/control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json)")
+
+# %% [markdown]
 # **How well the rules' inputs predict a match.** The prediction rung of the ladders above is the acceptance
 # model (a logistic regression on what the engine knows when it decides, fitted on the train references) against
 # the draft's confidence alone (its isotonic calibration). {numref}`tbl-control-acceptance` scores both on the

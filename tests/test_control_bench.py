@@ -13,7 +13,7 @@ from speclimits.bench.control import (block_prompts, paired_ratio, parse_static,
                                       with_prediction)
 from conftest import benchmark_module
 from speclimits.errors import SpeclimitsError
-from speclimits.paths import DATA_DIR
+from speclimits.paths import DATA_DIR, REPO_ROOT
 
 #: ms/token of each arm before the block's own drift; the policy is 8% faster than the best stock K.
 TRUE_MS = {"plain": 10.0, "stock:1": 7.0, "stock:2": 6.0, "stock:3": 6.3, "static:2": 6.06, "delta": 6.0 / 1.08}
@@ -461,6 +461,49 @@ def test_the_book_sets_the_measured_tail_beside_the_replayed_one():
     assert two["Time/token vs K = 2, full steps"] == 1 and two["Time/token vs K = 2, batches"] == 1
     replay = next(r for r in d["runs"].values() if r["batch"] == 8)
     assert t.set_index("K").loc[6, "Tail % (replay)"] == round(100 * replay["rows"][5]["tail_share"], 1)
+
+
+def test_the_tail_planner_prices_the_request_that_ends_the_block():
+    """``batch_tails.tail_weights``: rounds to go = tokens left over tokens per round so far (prior: 2 rounds at
+    2 tokens); the request with the most rounds to go gets ``s``, the others ``s · (R / R_max)^γ``."""
+    mod = benchmark_module("batch_tails")
+    w = mod.tail_weights(2.0, 1.5)
+    left, done, rounds = np.array([60.0, 60.0, 10.0]), np.array([40.0, 20.0, 90.0]), np.array([10.0, 10.0, 30.0])
+    rate = (done + 4.0) / (rounds + 2.0)  # 44/12, 24/12, 94/32
+    to_go = left / rate
+    assert w(left, done, rounds) == pytest.approx(1.5 * (to_go / to_go.max()) ** 2)
+    assert w(left, done, rounds)[1] == pytest.approx(1.5)  # the slower of the two with 60 tokens left
+    assert (np.diff(w(np.array([5.0, 10.0, 20.0]), np.zeros(3), np.zeros(3))) > 0).all()
+    assert mod.tail_weights(0.0, 1.0)(left, done, rounds) == pytest.approx(np.ones(3))
+
+
+def test_the_tail_planner_replay_reproduces_the_committed_bound():
+    """``batch_tails.plan_study`` on the committed batch-8 run (EPYC C, b8-all) for the rule fed the true match
+    probabilities: the train references' choice and the hindsight bound are the committed ones."""
+    mod = benchmark_module("batch_tails")
+    run = "data/control/twin/fresh/amd-epyc-c/b8-all/bench-batch8.json"
+    committed = json.loads((DATA_DIR / "control/twin/fresh/amd-epyc-c/decomposition/batch-tails.json").read_text())
+    want = next(r for r in committed["plan"][run]["rows"] if r["rule"] == "true")
+    got = mod.plan_study(REPO_ROOT / run, DATA_DIR / "control/twin/fresh/trace", rules=("true",))
+    assert got.attrs["batch"] == 8 and got.attrs["blocks"] == committed["plan"][run]["blocks"]
+    assert got.iloc[0].to_dict() == pytest.approx(want)
+
+
+def test_the_book_shows_the_tail_planner_beside_todays_rules():
+    """Section 8's planner table: one row per replayed run and rule, the committed speeds; the planner fed the
+    true probabilities in hindsight is the class's bound, and every figure is of the same replay's best static K."""
+    from speclimits.book.views.control import BATCH_TAILS, tail_plan
+
+    d = json.loads(BATCH_TAILS.read_text())
+    t = tail_plan()
+    assert len(t) == sum(len(v["rows"]) for v in d["plan"].values()) and set(t["Batch"]) == {4, 8}
+    first = d["plan"][next(iter(d["plan"]))]["rows"][0]
+    row = t.iloc[0]
+    assert row["Per round (today)"] == round(first["unweighted"], 3)
+    assert row["Tail planner, (γ, s) from train"] == round(first["train_chosen"], 3)
+    assert (t["Tail planner, best (γ, s) in hindsight"] > 0.9).all()
+    assert t["Profile measured on"].str.startswith("AMD EPYC").all()
+    assert t[t["Rule"].str.contains("true")]["Tail planner, best (γ, s) in hindsight"].max() < 1.05
 
 
 def test_a_simulated_batch_trace_is_split_and_labelled_simulated(tmp_path, capsys):

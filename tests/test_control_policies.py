@@ -587,6 +587,50 @@ def test_batch_replay_of_static_k_counts_the_shared_steps(random_inputs):
     assert shared["delta-fixed"]["wasted_draft_steps"] < shared["delta-fixed:alone"]["wasted_draft_steps"]
 
 
+def test_a_weighed_batch_replay_scales_each_requests_value_of_a_token(random_inputs):
+    """``batch_replay(weigh=...)``: weights of 1 replay the rule unchanged; a request whose tokens are worth
+    nothing keeps the fewest drafts the rule allows and one worth much more the most, so the kept k move apart;
+    a rule with no value of a token (static K) cannot be weighed."""
+    from speclimits.control.offline import batch_replay
+
+    prof, fit, name = flat_profile(3), hand_fit(), "delta-fixed"
+    plain = batch_replay(fit, random_inputs, [[0, 1, 2]], [name], prof)[name]
+    ones = batch_replay(fit, random_inputs, [[0, 1, 2]], [name], prof, weigh=lambda left, done, r: np.ones(len(left)))
+    assert ones[name] == plain
+    seen = []
+
+    def lopsided(left, done, rounds):
+        seen.append((left.copy(), done.copy(), rounds.copy()))
+        return np.where(np.arange(len(left)) == 0, 1e-6, 50.0)
+
+    orig, keeps = RoundDriver.run_round, []
+
+    def spy(self, rids, conf, k_call, weights=None):
+        out = orig(self, rids, conf, k_call, weights)
+        if len(rids) == 3:
+            keeps.append(out[0])
+        return out
+
+    RoundDriver.run_round = spy
+    try:
+        batch_replay(fit, random_inputs, [[0, 1, 2]], [name], prof)
+        before, keeps[:] = np.array(keeps), []
+        batch_replay(fit, random_inputs, [[0, 1, 2]], [name], prof, weigh=lopsided)
+        after = np.array(keeps)
+    finally:
+        RoundDriver.run_round = orig
+    # the worthless request keeps fewer drafts than before and than the others; the others keep more
+    assert after[:, 0].mean() < before[:, 0].mean() and (after[:, 0] <= after[:, 1:].min(axis=1)).all()
+    assert after[:, 1:].mean() > before[:, 1:].mean()
+    # what the weigh function is given: tokens left, emitted and rounds so far, per live request
+    left, done, rounds = seen[0]
+    assert (done == 0).all() and (rounds == 0).all() and (left == random_inputs.n_tokens[:3]).all()
+    left, done, rounds = seen[1]
+    assert (rounds == 1).all() and (left + done == random_inputs.n_tokens[:3]).all() and (done >= 1).all()
+    with pytest.raises(SpeclimitsError, match="weighed"):
+        batch_replay(fit, random_inputs, [[0, 1, 2]], ["static:2"], prof, weigh=lopsided)
+
+
 def test_rollout_of_a_memory_policy_is_seeded(random_inputs):
     table = CostTable.build(random_inputs, cost_model(), K)
     pol = UtilityTestAndSet().bind(random_inputs, table)

@@ -46,7 +46,7 @@ RUNGS = (
 WORLDS = ("replay", "surrogate")
 
 
-def _truth(inputs: OracleInputs, sur: OracleInputs) -> OracleInputs:
+def true_probabilities(inputs: OracleInputs, sur: OracleInputs) -> OracleInputs:
     """``inputs`` with each state's draft confidences replaced by the surrogate's match probabilities."""
     return replace(inputs, draft_conf=sur.match_prob.astype(inputs.draft_conf.dtype))
 
@@ -61,7 +61,7 @@ def _batch1_times(fit: PolicyFit, setup: OracleSetup, raw: OracleInputs, sur: Or
     truth_name = rule + ":raw-confidence"
     t_raw = CostTable.build(raw, model, k_max)
     replay_accept = raw.accept_len[None, :].astype(np.int16)
-    truth_raw, truth_sur = _truth(raw, sur), _truth(sur, sur)
+    truth_raw, truth_sur = true_probabilities(raw, sur), true_probabilities(sur, sur)
     o_exact = solve(raw, model, k_max=k_max, deterministic=True)
     o_sur = solve(sur, model, k_max=k_max, deterministic=det)
     rep = {n: rollout(fit.make(n).bind(raw, t_raw), replay_accept)["time_ms"].to_numpy() for n in static + [rule]}
@@ -279,7 +279,7 @@ def _batch_b(fit, setup, rule, bench, lambdas, seed, n_boot, acc_model) -> pd.Da
     model = priced.cost_model
     raw, sur = select(setup, bench_references(bench), int(bench["config"]["max_tokens"]) - 1)
     groups = bench_blocks(bench, raw.seq_ids)[0]
-    truth_raw = _truth(raw, sur)
+    truth_raw = true_probabilities(raw, sur)
     static = [f"static:{k}" for k in range(1, fit.k_max + 1)]
     scale = priced.lambda_ / fit.lambda_  # λ in the profiled units, the grid scaled as the fit's λ is
 

@@ -91,9 +91,10 @@ class RoundDriver:
             st = self.state[rid] = self.policy_of(rid).engine_state()
         return st
 
-    def begin(self, rids: list[str], k_call: int) -> EngineRound:
+    def begin(self, rids: list[str], k_call: int, weights: list[float] | None = None) -> EngineRound:
         """The round's caps (0..k_call; 0: the request keeps no draft, though the drafter runs one step) and
-        contexts, before drafting."""
+        contexts, before drafting. ``weights``: per request a factor on the value the rule puts on its tokens (its
+        λ; offline only: the block-aware planner of ``benchmarks/batch_tails.py``)."""
         pol, hi, n = self.policy, max(k_call, 1), len(rids)
         pols = None
         if self.parts is not None:  # a mixed batch: each request's own policy, at the batch's price scale
@@ -107,7 +108,10 @@ class RoundDriver:
             p = pol if pols is None else pols[i]
             cap.append(min(max(p.engine_plan(st) if batch is None else batch[i], 0), hi))
             if not self.plan_only:
-                ctx.append(p.engine_context(st))
+                c = p.engine_context(st)
+                if weights is not None:  # λ, or (λ, the request's price row)
+                    c = (c[0] * weights[i], c[1]) if c.__class__ is tuple else c * weights[i]
+                ctx.append(c)
         shared = self.shared and n > 1
         rnd = EngineRound(rids, cap, ctx, k_call, self.batch_keep and n > 1 and not shared, shared)
         rnd.pols = pols
@@ -204,10 +208,11 @@ class RoundDriver:
                     for i, k in enumerate(keep)]
         return keep
 
-    def run_round(self, rids: list[str], conf: Any, k_call: int) -> tuple[list[int], int]:
+    def run_round(self, rids: list[str], conf: Any, k_call: int, weights: list[float] | None = None
+                  ) -> tuple[list[int], int]:
         """One whole round from recorded top-1 probabilities ``conf`` (row i for request i, >= k_call columns),
-        as the engine's hooks drive it. Returns (kept k, steps drafted)."""
-        rnd = self.begin(rids, k_call)
+        as the engine's hooks drive it (``weights``: :meth:`begin`'s). Returns (kept k, steps drafted)."""
+        rnd = self.begin(rids, k_call, weights)
         if rnd.skip:  # no draft step (the engine also drafts on prefill: offline every state is a decode)
             return self.finish(rnd), 0
         rows = conf.tolist() if hasattr(conf, "tolist") else conf  # Python floats, as the engine reads them
@@ -256,7 +261,9 @@ class LoggingDriver(RoundDriver):
         self.log: list[list[Any]] = []
         self._scale = math.nan
 
-    def begin(self, rids: list[str], k_call: int) -> EngineRound:
+    def begin(self, rids: list[str], k_call: int, weights: list[float] | None = None) -> EngineRound:
+        if weights is not None:  # the engine gives none, and the log would not replay them
+            raise ValueError("a logged round takes no weights")
         if self.policy.price_scale != self._scale:
             self._scale = self.policy.price_scale
             self.log.append(["scale", self._scale])

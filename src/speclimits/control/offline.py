@@ -213,12 +213,14 @@ def walk_actions(pol: Any, raw: OracleInputs) -> np.ndarray:
 # -- Batch > 1: the engine's round driver on a batch of greedy references --------------------------
 
 
-def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any
-                 ) -> dict[str, dict[str, float]]:
+def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], names: list[str], profile: Any,
+                 weigh: Any = None) -> dict[str, dict[str, float]]:
     """Replay the greedy references at batch > 1 as the engine runs them: per group (indices into ``raw``, one
     engine batch) every round goes through the round driver, a step costs
     :meth:`~speclimits.control.profile.EngineProfile.step_ms` and the price refresh is replayed; ``fit`` comes
-    priced with the profile. Per name: ``ms_per_token``, ``tokens_per_round``, ``mean_k``, ``wasted_draft_steps``."""
+    priced with the profile. Per name: ``ms_per_token``, ``tokens_per_round``, ``mean_k``, ``wasted_draft_steps``.
+    ``weigh(left, done, rounds)``: per live request of a round (its tokens left, emitted and rounds so far, arrays)
+    a factor on the rule's λ (:meth:`RoundDriver.begin`), for a rule that reads one."""
     from speclimits.control.profile import EnginePricing
 
     out: dict[str, dict[str, float]] = {}
@@ -226,6 +228,8 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
         total_ms = tokens = rounds = ks_sum = wasted = 0.0
         for group in groups:
             pol = fit.make(name)
+            if weigh is not None and not getattr(pol, "reads_prices", False):
+                raise SpeclimitsError(f"{name}: only a rule that puts a value on tokens (the Delta rule) can be weighed")
             if getattr(pol, "uses_pass_prices", False):
                 pol.pass_ms = profile.pass_prices(pol.k_max)
                 pol.outside_ms = profile.other_ms / profile.batch
@@ -236,11 +240,14 @@ def batch_replay(fit: PolicyFit, raw: OracleInputs, groups: list[list[int]], nam
             seq = np.asarray(group, dtype=np.int64)
             n = raw.n_tokens[seq].astype(np.int64)
             pos = np.zeros(len(group), dtype=np.int64)
+            played = np.zeros(len(group), dtype=np.int64)  # rounds per request
             while (pos < n).any():
                 live = np.flatnonzero(pos < n)
                 rows = raw.offsets[seq[live]] + pos[live]
                 lr = [rids[i] for i in live]
-                keep, drafted = driver.run_round(lr, raw.draft_conf[rows], pol.k_max)
+                w = None if weigh is None else list(map(float, weigh(n[live] - pos[live], pos[live], played[live])))
+                keep, drafted = driver.run_round(lr, raw.draft_conf[rows], pol.k_max, w)
+                played[live] += 1
                 k = np.asarray(keep, dtype=np.int64)
                 emitted = np.minimum(np.minimum(k, raw.accept_len[rows]) + 1, n[live] - pos[live])
                 step = profile.step_ms(float((k + 1).sum()), drafted)

@@ -572,6 +572,30 @@ def batch_tails(path: Any = BATCH_TAILS) -> pd.DataFrame:
     return out
 
 
+def tail_plan(path: Any = BATCH_TAILS) -> pd.DataFrame:
+    """``batch_tails.py --plan``: per replayed run (its batch size and the CPU its profile was measured on) and
+    Delta rule, the speed over the best static K unweighted, with the tail planner's (γ, s) chosen on the train
+    references, and with the best (γ, s) in hindsight; empty where the file has no planner replay."""
+    from speclimits.machine import describe
+
+    d = read_json(path, "batch-tail split", ValueError)
+    rows = []
+    for run, v in d.get("plan", {}).items():
+        cpu = v.get("cpu") or {}
+        where = cpu.get("model", "?") + (f", family {cpu['family']} model {cpu['model_id']}" if "family" in cpu
+                                         else f", L1d {cpu.get('cache_kib', {}).get('L1d', '?')} KiB")
+        for r in v["rows"]:
+            rule = "Delta rule, fixed λ, true match probabilities" if r["rule"] == "true" else arm_name(r["rule"])
+            rows.append({"Batch": int(v["batch"]), "Profile measured on": where, "Run": run.split("fresh/")[-1],
+                         "Rule": rule, "Per round (today)": round(r["unweighted"], 3),
+                         "Tail planner, (γ, s) from train": round(r["train_chosen"], 3),
+                         "Tail planner, best (γ, s) in hindsight": round(r["hindsight"], 3)})
+    out = pd.DataFrame(rows)
+    out.attrs = {"cpus": sorted({describe(v.get("cpu") or {}) for v in d.get("plan", {}).values()}),
+                 "produced_by": d.get("produced_by", "")}
+    return out
+
+
 def decomposition(gaps: dict[int, pd.DataFrame], full: bool = False, column: str = "share") -> pd.DataFrame:
     """:func:`speclimits.control.decompose.gap_decomposition` per batch size in one table: per rung, the loss
     from the rung above and the share of the exact Oracle's gain over the best static K (replay world), or with
