@@ -200,14 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.bench:
         try:
             t = run_tails(b, args.trace)
-        except (SpeclimitsError, KeyError) as exc:
+            p = plan_study(b, args.trace) if args.plan else None
+        except (SpeclimitsError, KeyError, OSError) as exc:
             print(f"batch_tails: {b}: {exc}", file=sys.stderr)
             return 2
         print(f"{b} (batch {t.attrs['batch']}, {t.attrs['blocks']} blocks): per static K")
         print(t.round(3).to_string(index=False))
         out["runs"][str(b)] = {**t.attrs, "rows": t.to_dict(orient="records")}
-        if args.plan:
-            p = plan_study(b, args.trace)
+        if p is not None:
             print(f"  a rule that plans for the tail (γ, s chosen on {p.attrs['train_references']} train references "
                   f"in {p.attrs['train_groups']} groups, or in hindsight on the blocks); speed over the best static K")
             print(p.round(3).to_string(index=False))

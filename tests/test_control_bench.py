@@ -489,6 +489,19 @@ def test_the_tail_planner_replay_reproduces_the_committed_bound():
     assert got.iloc[0].to_dict() == pytest.approx(want)
 
 
+def test_the_tail_planner_names_a_missing_policy_trace(tmp_path, capsys):
+    """``--plan`` needs the trace the run's policy was fitted on (its train references): a run whose trace is gone
+    fails with the run and the trace named, not a traceback."""
+    mod = benchmark_module("batch_tails")
+    bench = json.loads((DATA_DIR / "control/twin/fresh/amd-epyc-c/b8-all/bench-batch8.json").read_text())
+    bench["config"]["trace"] = str(tmp_path / "gone")
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert mod.main([str(tmp_path / "bench.json"), "--trace", str(DATA_DIR / "control/twin/fresh/trace"),
+                     "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "bench.json" in err and "gone" in err
+
+
 def test_the_book_shows_the_tail_planner_beside_todays_rules():
     """Section 8's planner table: one row per replayed run and rule, the committed speeds; the planner fed the
     true probabilities in hindsight is the class's bound, and every figure is of the same replay's best static K."""
