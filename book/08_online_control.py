@@ -407,7 +407,7 @@ if oracle_ok:
 # %% [markdown]
 # **Why a per-round choice loses in the benchmark's batches.** A block runs its requests to the end, so its time is
 # its slowest request's: after the fast requests finish, the slow ones run on in steps that cost almost a full step
-# and emit few tokens. Every rule here decides round by round, and no rule prices that tail.
+# and emit few tokens. Every rule in the engine decides round by round, and none prices that tail.
 # {numref}`tbl-control-batch-tails` measures it on the unseen prompts at batch 8 (`benchmarks/batch_tails.py`).
 
 # %% tags=["hide-input"]
