@@ -68,8 +68,8 @@ def driver_decisions(batch: int, names=DRIVER_POLICIES) -> pd.DataFrame:
     drivers: list[object] = []  # held, so that no two drivers share an id
     log: list[tuple] = []
 
-    def run_round(self, rids, conf, k_call):
-        keep, drafted = orig(self, rids, conf, k_call)
+    def run_round(self, rids, conf, k_call, weights=None):
+        keep, drafted = orig(self, rids, conf, k_call, weights)
         if not drivers or drivers[-1] is not self:
             drivers.append(self)
         log.append((len(drivers) - 1, [int(r) for r in rids], list(keep), int(drafted)))
