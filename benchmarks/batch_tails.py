@@ -47,8 +47,8 @@ from speclimits.control.offline import batch_replay, select
 from speclimits.control.profile import EngineProfile
 from speclimits.control.rules import PolicyFit
 from speclimits.errors import SpeclimitsError
-from speclimits.paths import REPO_ROOT
 from speclimits.oracle.inputs import OracleInputs
+from speclimits.paths import REPO_ROOT
 
 
 def replay_static(raw: OracleInputs, groups: list[list[int]], prof: EngineProfile, k: int) -> dict[str, float]:
@@ -110,14 +110,12 @@ def tail_weights(gamma: float, scale: float) -> Callable[[np.ndarray, np.ndarray
     return weigh
 
 
-def _speeds(priced: PolicyFit, raw: OracleInputs, truth: OracleInputs, groups: list[list[int]], prof: EngineProfile,
-            rule: str, grid: list[tuple[float, float]]) -> tuple[np.ndarray, float]:
-    """The rule's ms per token at each (γ, s) of ``grid`` (first: unweighted) and the best static K's."""
+def _ms(priced: PolicyFit, raw: OracleInputs, truth: OracleInputs, groups: list[list[int]], prof: EngineProfile,
+        rule: str, grid: list[tuple[float, float]]) -> np.ndarray:
+    """The rule's ms per token at each (γ, s) of ``grid`` (None: unweighted)."""
     name, inputs = ("delta-fixed:raw-confidence", truth) if rule == "true" else (rule, raw)
-    static = batch_replay(priced, raw, groups, [f"static:{k}" for k in range(1, priced.k_max + 1)], prof)
-    ms = [batch_replay(priced, inputs, groups, [name], prof, None if g is None else tail_weights(g, sc))[name]
-          ["ms_per_token"] for g, sc in grid]
-    return np.array(ms), min(r["ms_per_token"] for r in static.values())
+    return np.array([batch_replay(priced, inputs, groups, [name], prof, None if g is None else tail_weights(g, sc))
+                     [name]["ms_per_token"] for g, sc in grid])
 
 
 def plan_study(bench_path: Path, trace: Path, seed: int = 0, rules: tuple[str, ...] = PLAN_RULES) -> pd.DataFrame:
@@ -142,9 +140,11 @@ def plan_study(bench_path: Path, trace: Path, seed: int = 0, rules: tuple[str, .
     grid = [(None, None)] + [(g, sc) for g in PLAN_GAMMAS for sc in PLAN_SCALES]
     rows = []
     train_truth, truth = true_probabilities(train_raw, train_sur), true_probabilities(raw, sur)
+    static = batch_replay(priced, raw, groups, [f"static:{k}" for k in range(1, priced.k_max + 1)], prof)
+    best = min(r["ms_per_token"] for r in static.values())  # the best static K's ms per token on the blocks
     for rule in rules:
-        tr_ms, _ = _speeds(priced, train_raw, train_truth, train_groups, prof, rule, grid)
-        ms, best = _speeds(priced, raw, truth, groups, prof, rule, grid)
+        tr_ms = _ms(priced, train_raw, train_truth, train_groups, prof, rule, grid)
+        ms = _ms(priced, raw, truth, groups, prof, rule, grid)
         pick, hind = 1 + int(np.argmin(tr_ms[1:])), 1 + int(np.argmin(ms[1:]))
         rows.append({"rule": rule, "unweighted": best / ms[0], "train_gamma": grid[pick][0],
                      "train_scale": grid[pick][1], "train_chosen": best / ms[pick], "hindsight_gamma": grid[hind][0],

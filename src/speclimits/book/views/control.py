@@ -576,8 +576,6 @@ def tail_plan(path: Any = BATCH_TAILS) -> pd.DataFrame:
     """``batch_tails.py --plan``: per replayed run (its batch size and the CPU its profile was measured on) and
     Delta rule, the speed over the best static K unweighted, with the tail planner's (γ, s) chosen on the train
     references, and with the best (γ, s) in hindsight; empty where the file has no planner replay."""
-    from speclimits.machine import describe
-
     d = read_json(path, "batch-tail split", ValueError)
     rows = []
     for run, v in d.get("plan", {}).items():
@@ -591,8 +589,7 @@ def tail_plan(path: Any = BATCH_TAILS) -> pd.DataFrame:
                          "Tail planner, (γ, s) from train": round(r["train_chosen"], 3),
                          "Tail planner, best (γ, s) in hindsight": round(r["hindsight"], 3)})
     out = pd.DataFrame(rows)
-    out.attrs = {"cpus": sorted({describe(v.get("cpu") or {}) for v in d.get("plan", {}).values()}),
-                 "produced_by": d.get("produced_by", "")}
+    out.attrs = {"produced_by": d.get("produced_by", "")}
     return out
 
 
